@@ -1,0 +1,206 @@
+"""The ``gpusim`` command: list presets, show a configuration, run ops, the demo.
+
+Each subcommand is a function ``cmd_NAME(args)`` plus an entry in :data:`COMMANDS` that adds its
+arguments; ``gpusim --help`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gpusim import ops as gops
+from gpusim.errors import GpusimError
+from gpusim.units import QuantityError, parse_quantity
+
+OP_NAMES = {
+    "gemm": gops.Gemm,
+    "elementwise": gops.Elementwise,
+    "softmax": gops.RowReduce,
+    "layernorm": gops.RowReduce,
+    "rmsnorm": gops.RowReduce,
+    "allreduce": gops.AllReduce,
+    "reducescatter": gops.ReduceScatter,
+    "allgather": gops.AllGather,
+    "alltoall": gops.AllToAll,
+    "sendrecv": gops.SendRecv,
+}
+SIZE_FIELDS = {"nbytes"}
+INT_FIELDS = {"m", "n", "k", "batch", "elements", "rows", "cols", "src", "dst", "channels"}
+BOOL_FIELDS = {"trans_a", "trans_b"}
+
+
+def _parse_int(text: str, field: str, spec: str) -> int:
+    try:
+        if field in SIZE_FIELDS:
+            return int(parse_quantity(text, "bytes"))
+        value = float(text)
+    except (ValueError, QuantityError) as exc:
+        raise GpusimError(f"op {spec!r}: field {field!r} expects a number, got {text!r}") from exc
+    if value != int(value):
+        raise GpusimError(f"op {spec!r}: field {field!r} expects a whole number, got {text!r}")
+    return int(value)
+
+
+def parse_op(spec: str) -> gops.Op:
+    """Parse ``"gemm m=8192 n=8192 k=8192 dtype=fp16"`` (or ``allreduce nbytes=64MiB``...) into an op."""
+    words = spec.split()
+    if not words or words[0].lower() not in OP_NAMES:
+        raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}")
+    name = words[0].lower()
+    fields: dict[str, object] = {}
+    for word in words[1:]:
+        if "=" not in word:
+            raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}")
+        key, value = word.split("=", 1)
+        key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
+        if key in INT_FIELDS or key in SIZE_FIELDS:
+            fields[key] = _parse_int(value, key, spec)
+        elif key in BOOL_FIELDS:
+            fields[key] = value.lower() in ("1", "true", "yes", "t")
+        elif key == "ranks":
+            fields[key] = [int(r) for r in value.split(",")]
+        else:
+            fields[key] = value
+    if OP_NAMES[name] is gops.RowReduce:
+        fields.setdefault("kind", name)
+    try:
+        return OP_NAMES[name](**fields)
+    except TypeError as exc:
+        raise GpusimError(f"op {spec!r}: {exc}") from exc
+
+
+def _overrides(pairs: list[str] | None) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise GpusimError(f"--set expects PATH=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            result[key] = int(value)
+        except ValueError:
+            try:
+                result[key] = float(value)
+            except ValueError:
+                result[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return result
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print the known presets."""
+    from gpusim.config.loader import list_presets
+
+    presets = list_presets()
+    print("GPUs:  " + ", ".join(presets["gpus"]))
+    print("Nodes: " + ", ".join(presets["nodes"]))
+    return 0
+
+
+def cmd_show_config(args: argparse.Namespace) -> int:
+    """Print a preset's resolved configuration as YAML."""
+    from gpusim.system import load_system
+
+    system = load_system(args.name, _overrides(args.set))
+    print(system.to_yaml(), end="")
+    gpu = system.gpu
+    print(
+        f"# derived: {gpu.matrix_flops_per_s('fp16') / 1e12:.1f} TFLOP/s fp16 matrix peak, "
+        f"{gpu.hbm.bandwidth_bytes_per_s / 1e12:.3f} TB/s HBM, {gpu.l2.bandwidth_bytes_per_s / 1e12:.2f} TB/s L2"
+    )
+    return 0
+
+
+def write_outputs(result, out: Path, title: str) -> None:
+    """Write a result's tables, a timeline plot and a Perfetto trace into ``out``."""
+    import matplotlib.pyplot as plt
+
+    from gpusim import plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    result.ops.to_csv(out / "ops.csv", index=False)
+    result.summary().to_csv(out / "summary.csv", index=False)
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6))
+    plot.timeline(result.ops, ax=axes[0], gpus=[0])
+    axes[0].set_title(title)
+    plot.dram_bandwidth(result.dram_bandwidth(0), ax=axes[1], title="GPU 0 DRAM traffic")
+    fig.tight_layout()
+    fig.savefig(out / "timeline.png", dpi=120)
+    plt.close(fig)
+    result.to_perfetto(out / "timeline.perfetto.json")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Simulate ops given on the command line."""
+    import pandas as pd
+
+    from gpusim.simulate import run
+    from gpusim.system import load_system
+
+    system = load_system(args.system, _overrides(args.set))
+    op_list = [parse_op(spec) for spec in args.op]
+    result = run(system, op_list, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s", "gb_per_s"]].to_string(index=False))
+    print(f"total {result.time_s * 1e3:.3f} ms simulated; {result.stats['events']} events in {result.stats['wall_s']:.2f} s")
+    if args.out:
+        write_outputs(result, Path(args.out), f"{system.name}")
+        print(f"wrote {args.out}/ (ops.csv, summary.csv, timeline.png, timeline.perfetto.json)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main demo (see :mod:`gpusim.demo`)."""
+    from gpusim.demo import main as demo_main
+
+    return demo_main(Path(args.out), quick=args.quick)
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--system", required=True, help="preset name or YAML file")
+    parser.add_argument("--op", action="append", required=True, help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16"')
+    parser.add_argument("--mode", default="full", choices=["full", "symmetric"])
+    parser.add_argument("--policy", default=None, help="memory-controller policy (fr-fcfs, fcfs, round-robin, t3-mca)")
+    parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
+    parser.add_argument("--out", help="folder for ops.csv, summary.csv, timeline.png and a Perfetto trace")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="preset name or YAML file")
+    parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
+
+
+def _add_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="out/demo", help="output folder")
+    parser.add_argument("--quick", action="store_true", help="a smaller case")
+
+
+COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], None] | None, str]] = {
+    "list": (cmd_list, None, "list hardware presets"),
+    "show-config": (cmd_show_config, _add_show, "print a preset's resolved configuration"),
+    "run": (cmd_run, _add_run, "simulate ops on a system"),
+    "demo": (cmd_demo, _add_demo, "run the main demo"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gpusim`` command."""
+    parser = argparse.ArgumentParser(prog="gpusim", description="Cycle-approximate multi-GPU simulator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (handler, add_arguments, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if add_arguments is not None:
+            add_arguments(command)
+        command.set_defaults(handler=handler)
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except GpusimError as exc:
+        print(f"gpusim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

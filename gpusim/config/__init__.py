@@ -1,0 +1,45 @@
+"""Hardware descriptions (pydantic models) and the loading of ``hwconfigs/`` presets."""
+
+from gpusim.config.gpu import (
+    DTYPE_BYTES,
+    DTYPES,
+    CuConfig,
+    DmaConfig,
+    GpuConfig,
+    HbmConfig,
+    L2Config,
+    McaConfig,
+    MemCtrlConfig,
+    NmcConfig,
+)
+from gpusim.config.loader import list_presets, load_gpu_config, load_system_config
+from gpusim.config.node import (
+    CollectiveConfig,
+    LinkConfig,
+    NetworkConfig,
+    SwitchConfig,
+    SystemConfig,
+    TopologyConfig,
+)
+
+__all__ = [
+    "DTYPES",
+    "DTYPE_BYTES",
+    "CollectiveConfig",
+    "CuConfig",
+    "DmaConfig",
+    "GpuConfig",
+    "HbmConfig",
+    "L2Config",
+    "LinkConfig",
+    "McaConfig",
+    "MemCtrlConfig",
+    "NetworkConfig",
+    "NmcConfig",
+    "SwitchConfig",
+    "SystemConfig",
+    "TopologyConfig",
+    "list_presets",
+    "load_gpu_config",
+    "load_system_config",
+]

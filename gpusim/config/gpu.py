@@ -1,0 +1,365 @@
+"""Hardware description of one GPU: compute units, L2, HBM, memory controller, near-memory ALUs, DMA.
+
+All rates are per the whole GPU unless the field says ``per_cu`` / ``per_channel``.  Timing
+parameters of the DRAM are in DRAM command-clock cycles (``*_cycles``) as in datasheets; everything
+else carries its unit in its name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Hertz, Model, Nanoseconds, PositiveInt
+
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+class CuConfig(Model):
+    """Resources and rates of one compute unit (an SM on NVIDIA GPUs).
+
+    Attributes
+    ----------
+    max_threads
+        Resident threads per CU.
+    max_workgroups
+        Resident workgroups (thread blocks) per CU.
+    wavefront_size
+        Threads per wavefront (warp).
+    max_wavefronts
+        Resident wavefronts per CU.
+    lds_bytes
+        Local data share (shared memory) per CU, bytes.
+    register_file_bytes
+        Vector register file per CU, bytes.
+    matrix_flops_per_cycle
+        Dense matrix-unit (tensor/matrix core) FLOPs per cycle per CU, by input dtype.
+    vector_flops_per_cycle
+        Vector ALU FLOPs per cycle per CU, by dtype (an FMA counts 2).
+    max_inflight_bytes
+        Bytes of memory requests one CU can have outstanding (miss-status registers x line size);
+        with the loaded memory latency this bounds one CU's memory bandwidth (Little's law).
+    """
+
+    max_threads: PositiveInt = 2048
+    max_workgroups: PositiveInt = 32
+    wavefront_size: PositiveInt = 64
+    max_wavefronts: PositiveInt = 40
+    lds_bytes: Bytes = 65536
+    register_file_bytes: Bytes = 262144
+    matrix_flops_per_cycle: dict[str, float]
+    vector_flops_per_cycle: dict[str, float]
+    max_inflight_bytes: Bytes = 32768
+
+
+class L2Config(Model):
+    """The last-level cache shared by all CUs of a GPU.
+
+    Attributes
+    ----------
+    capacity_bytes
+        Total capacity.
+    block_bytes
+        Granularity of the simulated cache (LRU over address blocks of this size).
+    banks, bytes_per_cycle_per_bank, clock_hz
+        Together they give the L2's peak bandwidth to the CUs.
+    hit_latency_ns
+        Load-to-use latency of an L2 hit.
+    remote_writes_allocate
+        Whether writes arriving over links from peer GPUs allocate in this L2 (NVIDIA-like) or go to
+        DRAM (the dissertation's model).
+    """
+
+    capacity_bytes: Bytes
+    block_bytes: Bytes = 16384
+    banks: PositiveInt
+    bytes_per_cycle_per_bank: Bytes = 64
+    clock_hz: Hertz
+    hit_latency_ns: Nanoseconds = 200.0
+    remote_writes_allocate: bool = False
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Peak L2 bandwidth to the CUs, bytes/s."""
+        return self.banks * self.bytes_per_cycle_per_bank * self.clock_hz
+
+
+class HbmConfig(Model):
+    """High-bandwidth memory: stacks of channels, each with bank groups of banks and row buffers.
+
+    Attributes
+    ----------
+    stacks, channels_per_stack
+        Independent channels (pseudo-channels) in all = stacks x channels_per_stack.
+    bank_groups, banks_per_group
+        Banks per channel = bank_groups x banks_per_group.
+    row_bytes
+        Row-buffer (page) size of one bank.
+    burst_bytes
+        Bytes moved by one column command (bus width x burst length).
+    clock_hz
+        DRAM command clock; the ``t_*_cycles`` timings count this clock.
+    t_rp_cycles, t_rcd_cycles, t_ras_cycles, t_cl_cycles
+        Precharge, activate-to-column, activate-to-precharge and column (CAS) latencies.
+    t_ccd_s_cycles, t_ccd_l_cycles
+        Column-to-column spacing to a different / the same bank group.
+    t_ccd_wl_cycles
+        Spacing after a near-bank op-and-store (read-modify-write at the bank), same bank group.
+    t_wtr_cycles, t_rtw_cycles
+        Bus turnaround write-to-read and read-to-write.
+    refresh_overhead
+        Fraction of time a channel is unavailable because of refresh (a derating).
+    interleave_bytes
+        Consecutive addresses stay on one channel for this many bytes, then move to the next.
+    capacity_bytes
+        Total capacity.
+    lockstep_channels
+        Simulation granularity: this many physical channels are simulated as one channel working
+        in lockstep (bursts, rows and interleave units ``lockstep_channels`` times wider; the same
+        bandwidth and timing).  Fewer, wider channels cost fewer simulated requests.
+    """
+
+    stacks: PositiveInt
+    channels_per_stack: PositiveInt
+    bank_groups: PositiveInt = 4
+    banks_per_group: PositiveInt = 4
+    row_bytes: Bytes = 2048
+    burst_bytes: Bytes = 32
+    clock_hz: Hertz
+    t_rp_cycles: float = Field(14, ge=0)
+    t_rcd_cycles: float = Field(14, ge=0)
+    t_ras_cycles: float = Field(33, ge=0)
+    t_cl_cycles: float = Field(14, ge=0)
+    t_ccd_s_cycles: float = Field(1, gt=0)
+    t_ccd_l_cycles: float = Field(2, gt=0)
+    t_ccd_wl_cycles: float = Field(4, gt=0)
+    t_wtr_cycles: float = Field(4, ge=0)
+    t_rtw_cycles: float = Field(4, ge=0)
+    refresh_overhead: float = Field(0.04, ge=0, lt=1)
+    interleave_bytes: Bytes = 4096
+    capacity_bytes: Bytes = 32 * 2**30
+    lockstep_channels: PositiveInt = 1
+
+    @property
+    def channels(self) -> int:
+        """Number of physical channels."""
+        return self.stacks * self.channels_per_stack
+
+    @property
+    def sim_channels(self) -> int:
+        """Number of simulated (lockstep-ganged) channels."""
+        return self.channels // self.lockstep_channels
+
+    @property
+    def sim_interleave_bytes(self) -> int:
+        """Interleave unit of a simulated channel."""
+        return int(self.interleave_bytes) * self.lockstep_channels
+
+    @property
+    def sim_row_bytes(self) -> int:
+        """Row-buffer size of a simulated channel's bank (the lockstep rows together)."""
+        return int(self.row_bytes) * self.lockstep_channels
+
+    @property
+    def sim_burst_bytes(self) -> int:
+        """Bytes of one column command of a simulated channel."""
+        return int(self.burst_bytes) * self.lockstep_channels
+
+    @property
+    def banks_per_channel(self) -> int:
+        """Banks in one channel."""
+        return self.bank_groups * self.banks_per_group
+
+    @property
+    def channel_bandwidth_bytes_per_s(self) -> float:
+        """Peak data-bus bandwidth of one physical channel, bytes/s."""
+        return self.burst_bytes * self.clock_hz / self.t_ccd_s_cycles
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Peak bandwidth of all channels together, bytes/s."""
+        return self.channels * self.channel_bandwidth_bytes_per_s
+
+    @model_validator(mode="after")
+    def _check_geometry(self) -> HbmConfig:
+        if self.interleave_bytes % self.burst_bytes:
+            raise ValueError(
+                f"interleave_bytes ({self.interleave_bytes:.0f}) must be a multiple of burst_bytes "
+                f"({self.burst_bytes:.0f})"
+            )
+        if self.t_ccd_l_cycles < self.t_ccd_s_cycles:
+            raise ValueError("t_ccd_l_cycles must be at least t_ccd_s_cycles")
+        if self.channels % self.lockstep_channels:
+            raise ValueError(
+                f"lockstep_channels ({self.lockstep_channels}) must divide the channel count ({self.channels})"
+            )
+        return self
+
+
+class McaConfig(Model):
+    """T3's communication-aware memory-controller arbitration (dissertation section 8.3.5).
+
+    Attributes
+    ----------
+    thresholds
+        Candidate queue-occupancy thresholds as fractions of the queue size, most restrictive
+        first; the last may be ``1.0`` (no limit).  The dissertation's 5, 10, 30 of Accel-Sim's
+        64-entry queue and "no limit" are the defaults.
+    intensity_cutoffs
+        Memory intensity (mean queue occupancy fraction observed during the kernel's first,
+        isolated stage) above which the threshold at the same index is chosen.
+    starvation_limit_ns
+        The communication stream is served regardless once it has waited this long.
+    """
+
+    thresholds: tuple[float, ...] = (5 / 64, 10 / 64, 30 / 64, 1.0)
+    intensity_cutoffs: tuple[float, ...] = (0.5, 0.25, 0.1, 0.0)
+    starvation_limit_ns: Nanoseconds = 20000.0
+
+    @model_validator(mode="after")
+    def _check(self) -> McaConfig:
+        if len(self.thresholds) != len(self.intensity_cutoffs):
+            raise ValueError("thresholds and intensity_cutoffs must have the same length")
+        return self
+
+
+class MemCtrlConfig(Model):
+    """Memory controller, one per HBM channel.
+
+    Attributes
+    ----------
+    queue_entries
+        Capacity of the request queue; a full queue back-pressures requesters.
+    max_request_bytes
+        Largest single request (contiguous bytes of one channel) the controller schedules.
+    policy
+        Default arbitration policy name (see :mod:`gpusim.hw.memctrl`).
+    latency_ns
+        Fixed latency added to each DRAM access for the on-chip network and controller pipeline.
+    schedule_window_ns
+        The controller commits requests to the channel up to this far ahead of the data bus
+        (its command queue); arrivals within the window cannot overtake committed requests.
+        Larger windows cost fewer simulation events.
+    mca
+        Parameters of the T3-MCA policy.
+    """
+
+    queue_entries: PositiveInt = 32
+    max_request_bytes: Bytes = 16384
+    policy: str = "fr-fcfs"
+    latency_ns: Nanoseconds = 250.0
+    schedule_window_ns: Nanoseconds = 200.0
+    mca: McaConfig = McaConfig()
+
+
+class NmcConfig(Model):
+    """Near-bank ALUs in the HBM (dissertation sections 2.5.2, 6.2.2, 8.3.3).
+
+    Attributes
+    ----------
+    enabled
+        Whether the memory supports op-and-store and NMC commands.
+    banks_per_alu
+        1 for an ALU at every bank; 4 for one per bank group of 4, and so on.
+    temp_storage_bytes
+        Temporary storage (registers) per ALU.
+    simd_bytes
+        Data width of an ALU, equal to the bank's column (burst) width.
+    op_cycles
+        Extra ALU cycles per column of data for an operation; memory timing already covers
+        load/store.  Operations not listed are not supported.
+    """
+
+    enabled: bool = True
+    banks_per_alu: PositiveInt = 1
+    temp_storage_bytes: Bytes = 256
+    simd_bytes: Bytes = 32
+    op_cycles: dict[str, float] = {
+        "add": 0.0,
+        "mul": 0.0,
+        "fma": 0.0,
+        "scale": 0.0,
+        "shift": 0.0,
+        "div": 8.0,
+        "sqrt": 8.0,
+        "rsqrt": 8.0,
+    }
+
+
+class DmaConfig(Model):
+    """DMA (copy) engines of one GPU.
+
+    Attributes
+    ----------
+    engines
+        Independent engines.
+    queue_entries
+        Commands an engine can hold.
+    bandwidth_bytes_per_s
+        Peak rate of one engine.
+    block_bytes
+        Granularity at which an engine reads and sends data.
+    setup_ns
+        Time from a command becoming ready to its first read.
+    """
+
+    engines: PositiveInt = 4
+    queue_entries: PositiveInt = 256
+    bandwidth_bytes_per_s: Bandwidth = 100e9
+    block_bytes: Bytes = 65536
+    setup_ns: Nanoseconds = 500.0
+
+
+class GpuConfig(Model):
+    """One GPU.
+
+    Attributes
+    ----------
+    name, description, vendor
+        Identification; ``sources`` lists where the numbers came from.
+    num_cus
+        Compute units (SMs).
+    clock_hz
+        Compute clock.
+    gemm_efficiency
+        Calibrated fraction of the matrix-unit peak that GEMM inner loops sustain, per dtype (the
+        one efficiency per GPU and dtype DESIGN.md allows).
+    vector_efficiency
+        Calibrated fraction of the vector peak that element-wise kernels sustain.
+    kernel_launch_ns
+        Time from a kernel reaching the head of its queue to its first workgroup starting.
+    """
+
+    name: str
+    description: str = ""
+    vendor: Literal["nvidia", "amd", "other"] = "other"
+    sources: list[str] = []
+    num_cus: PositiveInt
+    clock_hz: Hertz
+    cu: CuConfig
+    gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
+    vector_efficiency: Fraction = 0.5
+    kernel_launch_ns: Nanoseconds = 5000.0
+    l2: L2Config
+    hbm: HbmConfig
+    memctrl: MemCtrlConfig = MemCtrlConfig()
+    nmc: NmcConfig = NmcConfig()
+    dma: DmaConfig = DmaConfig()
+
+    @model_validator(mode="after")
+    def _check_dtypes(self) -> GpuConfig:
+        for table in ("matrix_flops_per_cycle", "vector_flops_per_cycle"):
+            for dtype in getattr(self.cu, table):
+                if dtype not in DTYPES:
+                    raise ValueError(f"cu.{table}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+        return self
+
+    def matrix_flops_per_s(self, dtype: str) -> float:
+        """Peak matrix FLOP/s of the whole GPU for ``dtype`` (0 when it has no matrix unit for it)."""
+        return self.num_cus * self.cu.matrix_flops_per_cycle.get(dtype, 0.0) * self.clock_hz
+
+    def vector_flops_per_s(self, dtype: str) -> float:
+        """Peak vector FLOP/s of the whole GPU for ``dtype``."""
+        return self.num_cus * self.cu.vector_flops_per_cycle.get(dtype, 0.0) * self.clock_hz

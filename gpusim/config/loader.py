@@ -1,0 +1,218 @@
+"""Loading hardware presets (``hwconfigs/*.yaml``) and applying overrides.
+
+A GPU preset lives in ``hwconfigs/gpus/NAME.yaml``; a node preset in ``hwconfigs/nodes/NAME.yaml``
+names its GPU preset (``gpu: v100-sxm2``) or describes it inline.  Overrides are dotted paths into
+the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path may drop the
+unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the value must
+then say its unit.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gpusim.config.gpu import GpuConfig
+from gpusim.config.node import SystemConfig
+from gpusim.config.quantities import UNIT_SUFFIXES
+from gpusim.errors import ConfigError, UnknownPresetError
+from gpusim.units import QuantityError, parse_quantity
+
+HWCONFIG_ENV = "GPUSIM_HWCONFIGS"
+
+
+def hwconfig_dirs() -> list[Path]:
+    """Folders searched for presets: ``$GPUSIM_HWCONFIGS`` (os.pathsep-separated), then the repository's."""
+    dirs = [Path(p) for p in os.environ.get(HWCONFIG_ENV, "").split(os.pathsep) if p]
+    dirs.append(Path(__file__).resolve().parents[2] / "hwconfigs")
+    return dirs
+
+
+def _preset_files(kind: str) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for root in reversed(hwconfig_dirs()):
+        folder = root / kind
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.yaml")):
+                files[path.stem] = path
+    return files
+
+
+def list_presets() -> dict[str, list[str]]:
+    """Names of the known presets, as ``{"gpus": [...], "nodes": [...]}``."""
+    return {"gpus": sorted(_preset_files("gpus")), "nodes": sorted(_preset_files("nodes"))}
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+    return data
+
+
+def _is_gpu_description(data: dict[str, Any]) -> bool:
+    return "num_cus" in data
+
+
+def _gpu_data(ref: Any, origin: Path) -> tuple[dict[str, Any], Path]:
+    if isinstance(ref, dict):
+        return ref, origin
+    if not isinstance(ref, str):
+        raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
+    candidate = (origin.parent / ref) if origin.suffix else Path(ref)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return _read_yaml(candidate), candidate
+    gpus = _preset_files("gpus")
+    if ref not in gpus:
+        raise ConfigError(f"{origin}: field 'gpu': unknown GPU preset {ref!r}; known: {', '.join(sorted(gpus))}")
+    return _read_yaml(gpus[ref]), gpus[ref]
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as ``LinkConfig | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        for arg in typing.get_args(annotation):
+            model = _model_of(arg)
+            if model is not None:
+                return model
+    return None
+
+
+def _is_mapping(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict
+
+
+def _resolve_path(path: str, value: Any) -> tuple[list[str], Any]:
+    """Map an override path onto field names; check values given to unit-less aliases."""
+    model: type[BaseModel] | None = SystemConfig
+    keys: list[str] = []
+    parts = path.split(".")
+    for index, part in enumerate(parts):
+        if model is None:
+            keys.append(part)  # inside a free-form mapping (e.g. a dtype table)
+            continue
+        fields = model.model_fields
+        if part in fields:
+            name = part
+        else:
+            aliases = [f for f in fields for suffix in UNIT_SUFFIXES if f == part + suffix]
+            if not aliases:
+                where = ".".join(parts[:index]) or "the system"
+                raise ConfigError(
+                    f"override {path!r}: {where} has no field {part!r}; known fields: {', '.join(sorted(fields))}"
+                )
+            name = aliases[0]
+            if index == len(parts) - 1:
+                kind = next(k for suffix, k in UNIT_SUFFIXES.items() if name.endswith(suffix))
+                try:
+                    parse_quantity(value, kind, require_unit=True)
+                except QuantityError as exc:
+                    raise ConfigError(f"override {path!r} (field {name!r}): {exc}") from exc
+        keys.append(name)
+        annotation = fields[name].annotation
+        model = _model_of(annotation)
+        if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
+            raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
+    return keys, value
+
+
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
+    """Write overrides into ``data`` in place; return resolved dotted path -> the user's path."""
+    resolved: dict[str, str] = {}
+    for path, value in overrides.items():
+        keys, value = _resolve_path(path, value)
+        node = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = {}
+                node[key] = child
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {path!r}: {key!r} is not a mapping in the preset")
+            node = child
+        node[keys[-1]] = value
+        resolved[".".join(keys)] = path
+    return resolved
+
+
+def _format_validation(exc: ValidationError, sources: dict[str, str], overridden: dict[str, str]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
+        if origin is None:
+            origin = sources["gpu"] if loc.startswith("gpu.") or loc == "gpu" else sources["system"]
+            field = loc[4:] if loc.startswith("gpu.") and sources["gpu"] != sources["system"] else loc
+        else:
+            field = loc
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown field (misspelled?)"
+        got = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
+        lines.append(f"{origin}: field '{field}': {message}{got}")
+    return "\n".join(lines)
+
+
+def load_system_config(name_or_path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> SystemConfig:
+    """Load a node or GPU preset (or a YAML file) into a validated :class:`SystemConfig`.
+
+    Parameters
+    ----------
+    name_or_path
+        A preset name (``"t3-ring8"``, ``"mi210"``) or a path to a YAML file.  A GPU on its own
+        becomes a one-GPU system.
+    overrides
+        Dotted paths to replace, e.g. ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.
+
+    Raises
+    ------
+    UnknownPresetError
+        For a name that is neither a preset nor a file; the message lists the known presets.
+    ConfigError
+        For invalid contents; the message names the file or override, the field and what was expected.
+    """
+    ref = os.fspath(name_or_path)
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+        source = path
+    else:
+        presets = {**_preset_files("gpus"), **_preset_files("nodes")}
+        if ref not in presets:
+            raise UnknownPresetError(ref, list(presets))
+        source = presets[ref]
+    raw = _read_yaml(source)
+    if _is_gpu_description(raw):
+        gpu_raw, gpu_source = raw, source
+        data: dict[str, Any] = {"name": raw.get("name", path.stem), "num_gpus": 1}
+    else:
+        gpu_raw, gpu_source = _gpu_data(raw.get("gpu"), source)
+        data = {key: value for key, value in raw.items() if key != "gpu"}
+    data = copy.deepcopy(data)
+    data["gpu"] = copy.deepcopy(gpu_raw)
+    overridden = _apply_overrides(data, overrides or {})
+    try:
+        return SystemConfig.model_validate(data)
+    except ValidationError as exc:
+        sources = {"system": str(source), "gpu": str(gpu_source)}
+        raise ConfigError(_format_validation(exc, sources, overridden)) from None
+
+
+def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:
+    """Load just a GPU description (a GPU preset, or the GPU of a node preset)."""
+    return load_system_config(name_or_path).gpu

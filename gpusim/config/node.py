@@ -1,0 +1,171 @@
+"""Hardware description of a node (GPUs and the links between them) and of a multi-node system."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from gpusim.config.gpu import GpuConfig
+from gpusim.config.quantities import Bandwidth, Bytes, Model, Nanoseconds, PositiveInt
+
+TopologyKind = Literal["ring", "fully_connected", "switch", "hybrid_cube_mesh", "custom"]
+
+
+class LinkConfig(Model):
+    """A point-to-point GPU link (one direction of it is simulated as a server).
+
+    Attributes
+    ----------
+    bandwidth_bytes_per_s
+        Bandwidth of one direction of one link.  A "150 GB/s bidirectional" link is 75 GB/s here.
+    latency_ns
+        Time of flight of a packet (after its last byte left the sender).
+    packet_bytes
+        Messages are cut into packets of at most this size; one simulation event per packet.
+    """
+
+    bandwidth_bytes_per_s: Bandwidth
+    latency_ns: Nanoseconds = 500.0
+    packet_bytes: Bytes = 65536
+
+
+class TopologyConfig(Model):
+    """How the GPUs of a node are connected.
+
+    Attributes
+    ----------
+    kind
+        ``ring`` (GPU i to i+1 and i-1), ``fully_connected`` (every pair), ``switch`` (every GPU to
+        one non-blocking switch), ``hybrid_cube_mesh`` (DGX-1), or ``custom`` (``edges``).
+    links_per_pair
+        Parallel links between two connected GPUs (their bandwidths add).
+    edges
+        For ``custom``: pairs ``[a, b]`` or triples ``[a, b, links]`` of connected GPUs.
+    """
+
+    kind: TopologyKind
+    links_per_pair: PositiveInt = 1
+    edges: list[list[int]] = []
+
+    @model_validator(mode="after")
+    def _check_edges(self) -> TopologyConfig:
+        if self.kind == "custom" and not self.edges:
+            raise ValueError("a custom topology needs 'edges'")
+        for edge in self.edges:
+            if len(edge) not in (2, 3):
+                raise ValueError(f"edge {edge} must be [a, b] or [a, b, links]")
+        return self
+
+
+class SwitchConfig(Model):
+    """A non-blocking switch inside a node (NVSwitch): each GPU has one port to it.
+
+    Attributes
+    ----------
+    port_bandwidth_bytes_per_s
+        Bandwidth of one GPU's port, per direction.
+    latency_ns
+        Latency through the switch.
+    """
+
+    port_bandwidth_bytes_per_s: Bandwidth
+    latency_ns: Nanoseconds = 700.0
+
+
+class NetworkConfig(Model):
+    """The network that joins several identical nodes (one NIC per GPU by default).
+
+    Attributes
+    ----------
+    nic_bandwidth_bytes_per_s
+        Bandwidth of one NIC per direction.
+    nics_per_gpu
+        NICs attached to each GPU; their bandwidths add.
+    latency_ns
+        End-to-end latency between NICs through the fabric.
+    """
+
+    nic_bandwidth_bytes_per_s: Bandwidth
+    nics_per_gpu: PositiveInt = 1
+    latency_ns: Nanoseconds = 3000.0
+    packet_bytes: Bytes = 65536
+
+
+class CollectiveConfig(Model):
+    """How the collective library on this node runs (NCCL/RCCL-like defaults).
+
+    Attributes
+    ----------
+    cus
+        CUs a CU-driven collective kernel occupies (NCCL "channels").
+    slice_bytes
+        Pipelining granularity of a CU-driven collective: bytes one CU moves per step.
+    sync_ns
+        Cost of one flag handshake between neighbouring GPUs (a small remote write + poll).
+    launch_ns
+        Extra set-up time of a collective kernel beyond a normal kernel launch.
+    """
+
+    cus: PositiveInt = 16
+    slice_bytes: Bytes = 524288
+    sync_ns: Nanoseconds = 1000.0
+    launch_ns: Nanoseconds = 5000.0
+
+
+class SystemConfig(Model):
+    """A complete system: ``nodes`` identical nodes of ``num_gpus`` GPUs each.
+
+    Attributes
+    ----------
+    name, description, sources
+        Identification and provenance.
+    gpu
+        The GPU of every node.
+    num_gpus
+        GPUs per node.
+    topology, links, switch
+        The intra-node interconnect; ``switch`` is required for a switch topology.
+    nodes
+        Number of nodes; more than one needs ``network``.
+    network
+        The inter-node network.
+    collectives
+        Collective-library behaviour.
+    """
+
+    name: str
+    description: str = ""
+    sources: list[str] = []
+    gpu: GpuConfig
+    num_gpus: PositiveInt = 1
+    topology: TopologyConfig = TopologyConfig(kind="fully_connected")
+    links: LinkConfig | None = None
+    switch: SwitchConfig | None = None
+    nodes: PositiveInt = 1
+    network: NetworkConfig | None = None
+    collectives: CollectiveConfig = CollectiveConfig()
+
+    @model_validator(mode="after")
+    def _check_interconnect(self) -> SystemConfig:
+        if self.num_gpus > 1:
+            if self.topology.kind == "switch":
+                if self.switch is None:
+                    raise ValueError("a switch topology needs 'switch' (port bandwidth, latency)")
+            elif self.links is None:
+                raise ValueError(f"a {self.topology.kind} topology of {self.num_gpus} GPUs needs 'links'")
+        if self.topology.kind == "hybrid_cube_mesh" and self.num_gpus != 8:
+            raise ValueError("hybrid_cube_mesh is defined for 8 GPUs")
+        for edge in self.topology.edges:
+            for gpu in edge[:2]:
+                if not 0 <= gpu < self.num_gpus:
+                    raise ValueError(f"topology edge {edge} names GPU {gpu}; GPUs are 0..{self.num_gpus - 1}")
+        if self.nodes > 1 and self.network is None:
+            raise ValueError(f"{self.nodes} nodes need 'network' (NIC bandwidth, latency)")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the whole system."""
+        return self.num_gpus * self.nodes
+

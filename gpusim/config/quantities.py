@@ -1,0 +1,48 @@
+"""Pydantic field types for quantities with units.
+
+A field whose name ends in a unit (``_bytes``, ``_bytes_per_s``, ``_ns``, ``_hz``) accepts either a
+bare number in that unit or a string with any unit of the same kind (``"1 TB/s"``).  Values must be
+positive unless the type says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from gpusim.units import parse_quantity
+
+
+def _parser(kind: str):
+    def parse(value: object) -> float:
+        return parse_quantity(value, kind)  # type: ignore[arg-type]
+
+    return BeforeValidator(parse)
+
+
+Bytes = Annotated[float, _parser("bytes"), Field(gt=0)]
+"""A positive size in bytes."""
+Bandwidth = Annotated[float, _parser("bandwidth"), Field(gt=0)]
+"""A positive rate in bytes per second."""
+Nanoseconds = Annotated[float, _parser("time"), Field(ge=0)]
+"""A non-negative duration in ns."""
+Hertz = Annotated[float, _parser("frequency"), Field(gt=0)]
+"""A positive frequency in Hz."""
+PositiveInt = Annotated[int, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+"""A number in (0, 1]."""
+
+UNIT_SUFFIXES = {
+    "_bytes_per_s": "bandwidth",
+    "_bytes": "bytes",
+    "_ns": "time",
+    "_hz": "frequency",
+}
+"""Field-name suffixes that carry a unit, longest first, and the quantity kind each implies."""
+
+
+class Model(BaseModel):
+    """Base of every hardware description: frozen, and unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

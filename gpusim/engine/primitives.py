@@ -1,0 +1,180 @@
+"""Small synchronisation primitives on top of simpy, built to spend as few events as possible.
+
+* :class:`Join` waits for many parts that each report *when* they complete, and costs one event.
+* :class:`Credits` is a FIFO counting semaphore that costs an event only when someone must wait.
+* :class:`Pipe` is a FIFO server whose occupancy is computed rather than simulated: reserving it
+  returns the time the work finishes and costs no event at all.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import simpy
+from simpy.events import NORMAL, Event
+
+
+def succeed_at(env: simpy.Environment, event: Event, delay: float, value: object = None) -> Event:
+    """Trigger ``event`` successfully ``delay`` ns from now (like a timeout, but on an existing event)."""
+    event._ok = True
+    event._value = value
+    env.schedule(event, NORMAL, max(0.0, delay))
+    return event
+
+
+class Join:
+    """Completion of a group of parts whose finishing times become known one by one.
+
+    Each part is announced with :meth:`add` and later reports its completion time with
+    :meth:`done_at` (which may be in the future).  After :meth:`close` the join's ``event``
+    fires at the latest reported time once every part has reported.
+
+    Parameters
+    ----------
+    env
+        The simpy environment.
+    """
+
+    __slots__ = ("env", "event", "pending", "latest", "closed")
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.event: Event = Event(env)
+        self.pending = 0
+        self.latest = env.now
+        self.closed = False
+
+    def add(self, parts: int = 1) -> None:
+        """Announce ``parts`` more parts."""
+        self.pending += parts
+
+    def done_at(self, time_ns: float) -> None:
+        """One part completes at absolute time ``time_ns``."""
+        if time_ns > self.latest:
+            self.latest = time_ns
+        self.pending -= 1
+        if self.closed and self.pending == 0:
+            succeed_at(self.env, self.event, self.latest - self.env.now)
+
+    def extend_to(self, time_ns: float) -> None:
+        """Make the join complete no earlier than ``time_ns`` (without adding a part)."""
+        if time_ns > self.latest:
+            self.latest = time_ns
+
+    def close(self) -> Event:
+        """No more parts will be added; return the event to wait on."""
+        self.closed = True
+        if self.pending == 0 and not self.event.triggered:
+            succeed_at(self.env, self.event, self.latest - self.env.now)
+        return self.event
+
+
+class Credits:
+    """A FIFO counting semaphore of ``capacity`` units.
+
+    Parameters
+    ----------
+    env
+        The simpy environment.
+    capacity
+        Units available when nobody holds any.
+    """
+
+    __slots__ = ("env", "capacity", "available", "_waiters")
+
+    def __init__(self, env: simpy.Environment, capacity: float):
+        self.env = env
+        self.capacity = capacity
+        self.available = capacity
+        self._waiters: deque[tuple[float, Event]] = deque()
+
+    def take(self, amount: float) -> Event | None:
+        """Take ``amount`` units; return ``None`` if granted now, else an event that fires when granted."""
+        amount = min(amount, self.capacity)
+        if not self._waiters and self.available >= amount:
+            self.available -= amount
+            return None
+        event = Event(self.env)
+        self._waiters.append((amount, event))
+        return event
+
+    def give(self, amount: float) -> None:
+        """Return ``amount`` units and wake waiters in FIFO order."""
+        self.available = min(self.capacity, self.available + min(amount, self.capacity))
+        while self._waiters and self.available >= self._waiters[0][0]:
+            wanted, event = self._waiters.popleft()
+            self.available -= wanted
+            event.succeed()
+
+    @property
+    def in_use(self) -> float:
+        """Units currently taken."""
+        return self.capacity - self.available
+
+
+class Pipe:
+    """A first-come-first-served server of fixed rate whose schedule is computed, not simulated.
+
+    Parameters
+    ----------
+    ns_per_unit
+        Service time of one unit of work (a byte, a FLOP), in ns.
+    """
+
+    __slots__ = ("ns_per_unit", "free_at", "busy_ns")
+
+    def __init__(self, ns_per_unit: float):
+        self.ns_per_unit = ns_per_unit
+        self.free_at = 0.0
+        self.busy_ns = 0.0
+
+    def reserve(self, now: float, units: float) -> float:
+        """Queue ``units`` of work arriving at ``now``; return the time it finishes."""
+        duration = units * self.ns_per_unit
+        start = self.free_at if self.free_at > now else now
+        self.free_at = start + duration
+        self.busy_ns += duration
+        return self.free_at
+
+
+class Countdown:
+    """Like :class:`Join`, but calls a function instead of firing an event (no event at all).
+
+    Parameters
+    ----------
+    on_zero
+        Called as ``on_zero(latest_ns)`` once closed and every part has reported.
+    """
+
+    __slots__ = ("pending", "latest", "closed", "on_zero")
+
+    def __init__(self, on_zero):
+        self.pending = 0
+        self.latest = 0.0
+        self.closed = False
+        self.on_zero = on_zero
+
+    def add(self, parts: int = 1) -> None:
+        """Announce ``parts`` more parts."""
+        self.pending += parts
+
+    def extend_to(self, time_ns: float) -> None:
+        """Complete no earlier than ``time_ns``."""
+        if time_ns > self.latest:
+            self.latest = time_ns
+
+    def done_at(self, time_ns: float) -> None:
+        """One part completes at ``time_ns``."""
+        if time_ns > self.latest:
+            self.latest = time_ns
+        self.pending -= 1
+        if self.closed and self.pending == 0:
+            self.on_zero(self.latest)
+
+    def close(self, now: float) -> None:
+        """No more parts; report now if nothing is pending."""
+        self.closed = True
+        if self.latest < now:
+            self.latest = now
+        if self.pending == 0:
+            self.on_zero(self.latest)

@@ -1,0 +1,123 @@
+"""The simulation: a simpy environment (time in ns), a seeded random generator and a recorder."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+
+class CountingEnvironment(simpy.Environment):
+    """A simpy environment that counts the events it schedules (for event budgets)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_scheduled = 0
+
+    def schedule(self, event, priority=1, delay=0):
+        self.events_scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+@dataclass
+class Span:
+    """One interval on a timeline: a kernel, an op or a phase.
+
+    Attributes
+    ----------
+    name, category
+        What ran; category is e.g. ``"kernel"``, ``"op"``, ``"dma"``, ``"sync"``.
+    gpu, lane
+        Where: a GPU index and a lane (stream name, ``dma0``...).
+    start_ns, end_ns
+        When.
+    args
+        Extra fields shown in the timeline and kept in results.
+    """
+
+    name: str
+    category: str
+    gpu: int
+    lane: str
+    start_ns: float
+    end_ns: float
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder:
+    """Collects what happened: spans, DRAM and link traffic binned in time, and counters.
+
+    Parameters
+    ----------
+    bin_ns
+        Width of the time bins for traffic, ns.
+    """
+
+    def __init__(self, bin_ns: float = 5000.0):
+        self.bin_ns = bin_ns
+        self.spans: list[Span] = []
+        self.dram: defaultdict[tuple[int, int, str, str, int], float] = defaultdict(float)
+        self.links: defaultdict[tuple[str, int, int, int], float] = defaultdict(float)
+        self.counters: defaultdict[str, float] = defaultdict(float)
+
+    def span(self, span: Span) -> None:
+        """Record a finished interval."""
+        self.spans.append(span)
+
+    def dram_access(self, gpu: int, channel: int, stream: str, direction: str, time_ns: float, nbytes: float) -> None:
+        """Record ``nbytes`` moved by a DRAM channel at ``time_ns``."""
+        self.dram[(gpu, channel, stream, direction, int(time_ns // self.bin_ns))] += nbytes
+
+    def link_transfer(self, link: str, src: int, dst: int, time_ns: float, nbytes: float) -> None:
+        """Record ``nbytes`` leaving on ``link`` at ``time_ns``."""
+        self.links[(link, src, dst, int(time_ns // self.bin_ns))] += nbytes
+
+    def count(self, name: str, amount: float = 1.0) -> None:
+        """Add to a named counter."""
+        self.counters[name] += amount
+
+
+class Simulation:
+    """A simpy environment plus the state every component shares.
+
+    Parameters
+    ----------
+    seed
+        Seed of the random generator; the same seed and inputs give identical results.
+    bin_ns
+        Width of the time bins in which DRAM and link traffic is recorded, ns.
+    """
+
+    def __init__(self, seed: int = 0, bin_ns: float = 5000.0):
+        self.env = CountingEnvironment()
+        self.rng = np.random.default_rng(seed)
+        self.recorder = Recorder(bin_ns)
+
+    @property
+    def now(self) -> float:
+        """Current simulated time, ns."""
+        return self.env.now
+
+    def process(self, generator) -> simpy.Process:
+        """Start a simpy process."""
+        return self.env.process(generator)
+
+    def timeout(self, delay_ns: float) -> simpy.Timeout:
+        """An event ``delay_ns`` from now."""
+        return self.env.timeout(delay_ns)
+
+    def event(self) -> simpy.Event:
+        """A fresh untriggered event."""
+        return self.env.event()
+
+    def run(self, until: float | simpy.Event | None = None) -> None:
+        """Advance the simulation (to ``until``, or until nothing is left to do)."""
+        self.env.run(until=until)
+
+    @property
+    def events_scheduled(self) -> int:
+        """Events scheduled so far."""
+        return self.env.events_scheduled

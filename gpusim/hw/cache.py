@@ -1,0 +1,142 @@
+"""The L2: a capacity-limited LRU over fixed-size address blocks, shared by all CUs of a GPU.
+
+Hits are dictionary operations, not events.  Every access costs L2 bandwidth (a :class:`Pipe`)
+and the hit latency.  A missing block becomes part of a DRAM read; a second access to a block
+whose fill is still in flight waits for that fill (miss-status merging) instead of reading DRAM
+again.  Writes allocate (the block becomes dirty) unless the buffer is uncached; evicting a dirty
+block writes back its dirty bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from gpusim.config.gpu import L2Config
+from gpusim.engine.primitives import Join, Pipe
+from gpusim.units import NS_PER_S
+
+
+class Fill:
+    """A DRAM fill of some L2 blocks, done when all of its requests are done."""
+
+    __slots__ = ("pending", "latest", "dependents")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.latest = 0.0
+        self.dependents: list[Join] = []
+
+    def done_at(self, time_ns: float) -> None:
+        """One request of the fill completes at ``time_ns``."""
+        if time_ns > self.latest:
+            self.latest = time_ns
+        self.pending -= 1
+        if self.pending == 0:
+            for join in self.dependents:
+                join.done_at(self.latest)
+            self.dependents = []
+
+    def wait(self, join: Join, now: float) -> None:
+        """Make ``join`` wait for this fill."""
+        if self.pending == 0:
+            join.extend_to(self.latest)
+        else:
+            join.add()
+            self.dependents.append(join)
+
+
+@dataclass
+class CacheStats:
+    """Access counts of the L2, in blocks and bytes."""
+
+    hits: int = 0
+    misses: int = 0
+    merged: int = 0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    writebacks: int = 0
+    evictions: int = 0
+
+
+class L2Cache:
+    """LRU state and bandwidth of one GPU's L2.
+
+    Parameters
+    ----------
+    config
+        Capacity, block size, bandwidth and latency.
+    """
+
+    def __init__(self, config: L2Config):
+        self.block_bytes = int(config.block_bytes)
+        self.capacity_blocks = max(1, int(config.capacity_bytes // self.block_bytes))
+        self.hit_latency = config.hit_latency_ns
+        self.pipe = Pipe(NS_PER_S / config.bandwidth_bytes_per_s)
+        self.remote_writes_allocate = config.remote_writes_allocate
+        # block id -> dirty bytes (0 when clean)
+        self.blocks: OrderedDict[int, int] = OrderedDict()
+        self.fills: dict[int, Fill] = {}
+        self.stats = CacheStats()
+
+    def lookup(self, block: int, now: float) -> Fill | bool:
+        """Touch ``block`` for reading.
+
+        Returns
+        -------
+        Fill or bool
+            ``True`` on a hit, the in-flight :class:`Fill` if the block is being fetched, ``False``
+            on a miss.
+        """
+        blocks = self.blocks
+        if block in blocks:
+            blocks.move_to_end(block)
+            fill = self.fills.get(block)
+            if fill is not None:
+                if fill.pending == 0 and fill.latest <= now:
+                    del self.fills[block]
+                    self.stats.hits += 1
+                    return True
+                self.stats.merged += 1
+                return fill
+            self.stats.hits += 1
+            return True
+        self.stats.misses += 1
+        return False
+
+    def insert(self, block: int, dirty_bytes: int, fill: Fill | None = None) -> list[tuple[int, int]]:
+        """Allocate ``block`` (or add to its dirty bytes); return evicted dirty blocks ``(block, bytes)``."""
+        blocks = self.blocks
+        if block in blocks:
+            blocks.move_to_end(block)
+            if dirty_bytes:
+                blocks[block] = min(self.block_bytes, blocks[block] + dirty_bytes)
+        else:
+            blocks[block] = dirty_bytes
+        if fill is not None:
+            self.fills[block] = fill
+        evicted: list[tuple[int, int]] = []
+        while len(blocks) > self.capacity_blocks:
+            victim, dirty = blocks.popitem(last=False)
+            self.fills.pop(victim, None)
+            self.stats.evictions += 1
+            if dirty:
+                self.stats.writebacks += 1
+                evicted.append((victim, dirty))
+        return evicted
+
+    def invalidate(self, block: int) -> None:
+        """Drop ``block`` (its data was replaced behind the cache, e.g. by a near-memory update)."""
+        if self.blocks.pop(block, None) is not None:
+            self.fills.pop(block, None)
+
+    def flush(self) -> list[tuple[int, int]]:
+        """Write back and clean every dirty block; return them as ``(block, bytes)``."""
+        dirty = [(block, size) for block, size in self.blocks.items() if size]
+        for block, _ in dirty:
+            self.blocks[block] = 0
+        return dirty
+
+    def bandwidth_done(self, now: float, nbytes: float) -> float:
+        """Reserve L2 bandwidth for ``nbytes``; return when they have passed, including hit latency."""
+        return self.pipe.reserve(now, nbytes) + self.hit_latency

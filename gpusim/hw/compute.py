@@ -1,0 +1,274 @@
+"""Compute units and the workgroup dispatcher.
+
+A kernel is a grid of workgroups (WGs) with per-WG resources (threads, LDS, registers) that fix how
+many fit on a CU at once (occupancy).  The dispatcher places WGs on CUs with room, in a
+configurable order, until the kernel's grid is exhausted; the set resident at once is a *stage*
+(a *wave*).  Several kernels may be dispatched concurrently (streams); their WGs then share CUs.
+
+A CU's arithmetic is a fluid server: the CU's peak rate is shared by its resident WGs, and one WG
+can use at most ``min(1, wavefronts / simds)`` of it.  A CU's memory-level parallelism is a second
+fluid server: it cannot move bytes faster than ``max_inflight_bytes`` per unloaded memory latency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from gpusim.config.gpu import CuConfig
+from gpusim.engine.primitives import Pipe
+
+SIMDS_PER_CU = 4
+"""Issue slots of a CU (SIMDs on AMD, SM sub-partitions on NVIDIA); a WG needs this many
+wavefronts to use a CU's whole arithmetic rate."""
+
+
+@dataclass(frozen=True)
+class WorkgroupShape:
+    """Resources one workgroup holds on its CU.
+
+    Attributes
+    ----------
+    threads
+        Threads per WG.
+    lds_bytes
+        Local data share per WG, bytes.
+    registers_per_thread
+        32-bit vector registers per thread.
+    """
+
+    threads: int
+    lds_bytes: int = 0
+    registers_per_thread: int = 64
+
+    def wavefronts(self, wavefront_size: int) -> int:
+        """Wavefronts per WG."""
+        return -(-self.threads // wavefront_size)
+
+    def register_bytes(self) -> int:
+        """Register-file bytes per WG."""
+        return self.threads * self.registers_per_thread * 4
+
+
+def occupancy(shape: WorkgroupShape, cu: CuConfig) -> int:
+    """How many WGs of ``shape`` fit on one CU at once (0 if none fits)."""
+    limits = [
+        cu.max_workgroups,
+        cu.max_threads // shape.threads,
+        cu.max_wavefronts // shape.wavefronts(cu.wavefront_size),
+        int(cu.register_file_bytes) // shape.register_bytes(),
+    ]
+    if shape.lds_bytes:
+        limits.append(int(cu.lds_bytes) // shape.lds_bytes)
+    return max(0, min(limits))
+
+
+class ComputeUnit:
+    """One CU: free resources, a fluid arithmetic server and a fluid memory server.
+
+    Parameters
+    ----------
+    index
+        CU index within the GPU.
+    config
+        Per-CU resources.
+    inflight_ns_per_byte
+        Unloaded memory latency divided by the bytes the CU can have in flight, ns/byte.
+    """
+
+    __slots__ = ("index", "config", "free_threads", "free_wgs", "free_waves", "free_lds", "free_regs", "math", "mem")
+
+    def __init__(self, index: int, config: CuConfig, inflight_ns_per_byte: float):
+        self.index = index
+        self.config = config
+        self.free_threads = config.max_threads
+        self.free_wgs = config.max_workgroups
+        self.free_waves = config.max_wavefronts
+        self.free_lds = int(config.lds_bytes)
+        self.free_regs = int(config.register_file_bytes)
+        self.math = Pipe(1.0)
+        self.mem = Pipe(inflight_ns_per_byte)
+
+    def fits(self, shape: WorkgroupShape) -> bool:
+        """Whether a WG of ``shape`` fits now."""
+        return (
+            self.free_wgs > 0
+            and self.free_threads >= shape.threads
+            and self.free_waves >= shape.wavefronts(self.config.wavefront_size)
+            and self.free_lds >= shape.lds_bytes
+            and self.free_regs >= shape.register_bytes()
+        )
+
+    def take(self, shape: WorkgroupShape) -> None:
+        """Reserve a WG's resources."""
+        self.free_wgs -= 1
+        self.free_threads -= shape.threads
+        self.free_waves -= shape.wavefronts(self.config.wavefront_size)
+        self.free_lds -= shape.lds_bytes
+        self.free_regs -= shape.register_bytes()
+
+    def give(self, shape: WorkgroupShape) -> None:
+        """Release a WG's resources."""
+        self.free_wgs += 1
+        self.free_threads += shape.threads
+        self.free_waves += shape.wavefronts(self.config.wavefront_size)
+        self.free_lds += shape.lds_bytes
+        self.free_regs += shape.register_bytes()
+
+    def compute(self, now: float, flops: float, flops_per_ns: float, wavefronts: int) -> float:
+        """Run ``flops`` at a CU peak of ``flops_per_ns``; return the finishing time, ns."""
+        full = flops / flops_per_ns
+        share = min(1.0, wavefronts / SIMDS_PER_CU)
+        return max(self.math.reserve(now, full), now + full / share)
+
+    def memory(self, now: float, nbytes: float) -> float:
+        """Earliest time the CU can have moved ``nbytes`` given its memory-level parallelism, ns."""
+        return self.mem.reserve(now, nbytes)
+
+
+WorkgroupBody = Callable[[int, ComputeUnit], Generator]
+
+
+@dataclass
+class Kernel:
+    """A grid launch.
+
+    Attributes
+    ----------
+    name
+        Shown in results and timelines.
+    num_wgs
+        Workgroups in the grid.
+    shape
+        Per-WG resources.
+    body
+        ``body(wg_index, cu)`` returns the generator a WG runs.
+    cu_mask
+        CUs the kernel may use (``None``: all).
+    wg_order
+        The WG index dispatched ``i``-th (``None``: in index order); used to stagger T3 GEMMs.
+    info
+        Extra facts for results (FLOPs, bytes, implementation).
+    """
+
+    name: str
+    num_wgs: int
+    shape: WorkgroupShape
+    body: WorkgroupBody
+    cu_mask: Sequence[int] | None = None
+    wg_order: Sequence[int] | None = None
+    info: dict = field(default_factory=dict)
+
+
+class KernelRun:
+    """A kernel being dispatched: progress, and an event that fires when its last WG ends."""
+
+    __slots__ = ("kernel", "cus", "allowed", "dispatched", "finished", "done", "start_ns", "end_ns", "cursor")
+
+    def __init__(self, env: simpy.Environment, kernel: Kernel, cus: list[ComputeUnit]):
+        self.kernel = kernel
+        self.cus = cus
+        self.allowed = None if kernel.cu_mask is None else frozenset(kernel.cu_mask)
+        self.dispatched = 0
+        self.finished = 0
+        self.done = env.event()
+        self.start_ns: float | None = None
+        self.end_ns: float | None = None
+        self.cursor = 0
+
+
+class Dispatcher:
+    """Places workgroups of the running kernels on CUs with room.
+
+    Parameters
+    ----------
+    env
+        The simpy environment.
+    cus
+        The GPU's CUs.
+    policy
+        ``"round_robin"``: concurrent kernels take turns placing one WG each;
+        ``"fifo"``: the earliest kernel places all it can first.
+    """
+
+    def __init__(self, env: simpy.Environment, cus: list[ComputeUnit], policy: str = "round_robin"):
+        if policy not in ("round_robin", "fifo"):
+            raise ValueError(f"unknown dispatch policy {policy!r}; known: round_robin, fifo")
+        self.env = env
+        self.cus = cus
+        self.policy = policy
+        self.active: list[KernelRun] = []
+        self._turn = 0
+
+    def launch(self, kernel: Kernel) -> KernelRun:
+        """Start dispatching ``kernel``; the returned run's ``done`` event fires when it ends."""
+        if kernel.num_wgs <= 0:
+            raise ValueError(f"kernel {kernel.name!r} has no workgroups")
+        allowed = self.cus if kernel.cu_mask is None else [self.cus[i] for i in kernel.cu_mask]
+        if not allowed:
+            raise ValueError(f"kernel {kernel.name!r} has an empty CU mask")
+        if not any(occupancy(kernel.shape, cu.config) for cu in allowed):
+            raise ValueError(f"a workgroup of kernel {kernel.name!r} ({kernel.shape}) fits on no CU")
+        run = KernelRun(self.env, kernel, allowed)
+        self.active.append(run)
+        self._dispatch(None)
+        return run
+
+    def _place(self, run: KernelRun, cu: ComputeUnit) -> None:
+        kernel = run.kernel
+        sequence = run.dispatched
+        wg = sequence if kernel.wg_order is None else kernel.wg_order[sequence]
+        run.dispatched += 1
+        cu.take(kernel.shape)
+        if run.start_ns is None:
+            run.start_ns = self.env.now
+        self.env.process(self._run(run, wg, cu))
+
+    def _run(self, run: KernelRun, wg: int, cu: ComputeUnit):
+        yield from run.kernel.body(wg, cu)
+        cu.give(run.kernel.shape)
+        run.finished += 1
+        if run.finished == run.kernel.num_wgs:
+            run.end_ns = self.env.now
+            run.done.succeed(run)
+        self._dispatch(cu)
+
+    def _find_cu(self, run: KernelRun) -> ComputeUnit | None:
+        cus = run.cus
+        count = len(cus)
+        shape = run.kernel.shape
+        for step in range(count):
+            cu = cus[(run.cursor + step) % count]
+            if cu.fits(shape):
+                run.cursor = (run.cursor + step + 1) % count
+                return cu
+        return None
+
+    def _dispatch(self, freed: ComputeUnit | None) -> None:
+        """Place WGs while any fit; after a WG ends only its CU can have gained room."""
+        active = self.active
+        placed = True
+        while placed and active:
+            placed = False
+            start = 0 if self.policy == "fifo" else self._turn % len(active)
+            runs = active[start:] + active[:start]
+            for position, run in enumerate(runs):
+                if run.dispatched >= run.kernel.num_wgs:
+                    continue
+                if freed is not None:
+                    if (run.allowed is not None and freed.index not in run.allowed) or not freed.fits(
+                        run.kernel.shape
+                    ):
+                        continue
+                    cu = freed
+                else:
+                    cu = self._find_cu(run)
+                    if cu is None:
+                        continue
+                self._place(run, cu)
+                placed = True
+                self._turn = start + position + 1
+                break
+            self.active = active = [run for run in active if run.dispatched < run.kernel.num_wgs]

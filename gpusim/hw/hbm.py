@@ -1,0 +1,269 @@
+"""HBM: the address mapping and the timing of one channel's banks, row buffers and data bus.
+
+Granularity (DESIGN.md section 2): a request is a contiguous range of one channel.  It is split
+into *row segments* (the part of the request that falls into one row of one bank).  A segment
+costs a row activation when its row is not open (precharge + activate, overlapped with other
+banks' transfers) and then ``n`` bursts.  Bursts to one bank group are spaced ``t_ccd_l`` apart
+(``t_ccd_wl`` for near-bank op-and-store); the shared data bus moves one burst every ``t_ccd_s``.
+Segments to different bank groups therefore overlap and together reach the bus peak, while a
+stream confined to one bank group gets ``t_ccd_s / t_ccd_l`` of it.  The schedule is computed
+arithmetically: a channel costs no simulation events of its own.
+
+Address mapping (low to high bits): ``interleave_bytes`` of contiguous addresses on one channel,
+then the channel, then the next unit of the same channel.  Inside a channel, row-sized pieces
+rotate over bank groups first, then over the banks of a group, then rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpusim.config.gpu import HbmConfig
+from gpusim.units import cycles_to_ns
+
+READ = "read"
+WRITE = "write"
+UPDATE = "update"
+"""Near-bank op-and-store: the bank reads, combines and writes back the incoming data."""
+
+KINDS = (READ, WRITE, UPDATE)
+
+
+class AddressMap:
+    """Maps GPU physical addresses to channels and, inside a channel, to banks and rows.
+
+    Parameters
+    ----------
+    hbm
+        The memory's description.
+    max_request_bytes
+        Longest contiguous piece of one physical channel that becomes a single request.
+
+    Channels, interleave units and rows are those of the simulated (lockstep) channels.
+    """
+
+    def __init__(self, hbm: HbmConfig, max_request_bytes: float):
+        self.channels = hbm.sim_channels
+        self.interleave = hbm.sim_interleave_bytes
+        self.row_bytes = hbm.sim_row_bytes
+        self.bank_groups = hbm.bank_groups
+        self.banks_per_group = hbm.banks_per_group
+        self.max_request = max(int(max_request_bytes) * hbm.lockstep_channels, self.interleave)
+
+    def split(self, addr: int, nbytes: int) -> list[tuple[int, int, int]]:
+        """Cut ``[addr, addr + nbytes)`` into per-channel requests.
+
+        Returns
+        -------
+        list of (channel, channel_address, nbytes)
+            Contiguous pieces of single channels, each at most ``max_request_bytes`` long, in the
+            order their first bytes appear in the range.
+        """
+        interleave, channels, longest = self.interleave, self.channels, self.max_request
+        end = addr + nbytes
+        first_unit = addr // interleave
+        last_unit = (end - 1) // interleave
+        if last_unit - first_unit < channels:
+            pieces = []
+            position = addr
+            for unit in range(first_unit, last_unit + 1):
+                stop = min(end, (unit + 1) * interleave)
+                pieces.append((unit % channels, (unit // channels) * interleave + position - unit * interleave, stop - position))
+                position = stop
+            return pieces
+        # Each channel receives one contiguous run of its own address space.
+        pieces = []
+        for step in range(channels):
+            unit = first_unit + step
+            channel = unit % channels
+            head = addr - unit * interleave if step == 0 else 0
+            start = (unit // channels) * interleave + head
+            units_on_channel = (last_unit - unit) // channels + 1
+            last_of_channel = unit + (units_on_channel - 1) * channels
+            tail = min(end, (last_of_channel + 1) * interleave) - last_of_channel * interleave
+            length = (units_on_channel - 1) * interleave + tail - head
+            while length > 0:
+                size = min(longest, length)
+                pieces.append((channel, start, size))
+                start += size
+                length -= size
+        return pieces
+
+    def bank_row(self, ch_addr: int) -> tuple[int, int]:
+        """Bank index and row of the byte at channel address ``ch_addr``."""
+        piece = ch_addr // self.row_bytes
+        groups = self.bank_groups
+        group = piece % groups
+        return group * self.banks_per_group + (piece // groups) % self.banks_per_group, piece // (
+            groups * self.banks_per_group
+        )
+
+    def segments(self, ch_addr: int, nbytes: int):
+        """Yield ``(bank, bank_group, row, nbytes)`` for the row segments of a channel range."""
+        row_bytes, groups, per_group = self.row_bytes, self.bank_groups, self.banks_per_group
+        end = ch_addr + nbytes
+        position = ch_addr
+        while position < end:
+            piece = position // row_bytes
+            take = min((piece + 1) * row_bytes, end) - position
+            group = piece % groups
+            bank = group * per_group + (piece // groups) % per_group
+            yield bank, group, piece // (groups * per_group), take
+            position += take
+
+
+@dataclass
+class ChannelStats:
+    """What one channel did.
+
+    Attributes
+    ----------
+    bytes_read, bytes_written, bytes_updated
+        Data moved by kind of request.
+    activations
+        Row activations.
+    row_hits
+        Segments that found their row open.
+    busy_ns
+        Time the data bus was occupied.
+    """
+
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    bytes_updated: float = 0.0
+    activations: int = 0
+    row_hits: int = 0
+    busy_ns: float = 0.0
+
+
+class HbmChannel:
+    """Timing state of one channel: open rows, bank and bank-group availability, the data bus.
+
+    Parameters
+    ----------
+    hbm
+        The memory's description.
+    address_map
+        The mapping shared by all channels of the GPU.
+    """
+
+    def __init__(self, hbm: HbmConfig, address_map: AddressMap):
+        clock = hbm.clock_hz
+        derate = 1.0 / (1.0 - hbm.refresh_overhead)
+        self.map = address_map
+        self.burst_bytes = hbm.sim_burst_bytes
+        self.t_rp = cycles_to_ns(hbm.t_rp_cycles, clock)
+        self.t_rcd = cycles_to_ns(hbm.t_rcd_cycles, clock)
+        self.t_ras = cycles_to_ns(hbm.t_ras_cycles, clock)
+        self.t_cl = cycles_to_ns(hbm.t_cl_cycles, clock)
+        self.t_ccd_s = cycles_to_ns(hbm.t_ccd_s_cycles, clock) * derate
+        self.t_ccd_l = cycles_to_ns(hbm.t_ccd_l_cycles, clock) * derate
+        self.t_ccd_wl = cycles_to_ns(hbm.t_ccd_wl_cycles, clock) * derate
+        self.t_wtr = cycles_to_ns(hbm.t_wtr_cycles, clock)
+        self.t_rtw = cycles_to_ns(hbm.t_rtw_cycles, clock)
+        banks = hbm.banks_per_channel
+        self.open_row = [-1] * banks
+        self.bank_free = [0.0] * banks
+        self.activated_at = [-math.inf] * banks
+        self.group_free = [0.0] * hbm.bank_groups
+        self.bus_free = 0.0
+        self.last_write = False
+        self.stats = ChannelStats()
+
+    @property
+    def activation_ns(self) -> float:
+        """Precharge plus activate: the cost of opening a new row, ns."""
+        return self.t_rp + self.t_rcd
+
+    def row_is_open(self, ch_addr: int) -> bool:
+        """Whether the first row segment of ``ch_addr`` would hit an open row."""
+        bank, row = self.map.bank_row(ch_addr)
+        return self.open_row[bank] == row
+
+    def access(self, ch_addr: int, nbytes: int, kind: str, now: float) -> float:
+        """Schedule a request issued at ``now``; return when its last data beat is done, ns.
+
+        For reads the column latency ``t_cl`` is included; writes and updates are done when their
+        data has been written into the banks.
+        """
+        is_write = kind != READ
+        spacing = self.t_ccd_wl if kind == UPDATE else self.t_ccd_l
+        if is_write != self.last_write:
+            turnaround = self.t_rtw if is_write else self.t_wtr
+            self.bus_free = max(self.bus_free, now) + turnaround
+            self.last_write = is_write
+        stats = self.stats
+        end = now
+        row_bytes = self.map.row_bytes
+        groups = self.map.bank_groups
+        per_group = self.map.banks_per_group
+        open_row, bank_free, group_free = self.open_row, self.bank_free, self.group_free
+        burst = self.burst_bytes
+        t_ccd_s = self.t_ccd_s
+        position = ch_addr
+        stop = ch_addr + nbytes
+        while position < stop:
+            piece = position // row_bytes
+            size = min((piece + 1) * row_bytes, stop) - position
+            position += size
+            group = piece % groups
+            bank = group * per_group + (piece // groups) % per_group
+            row = piece // (groups * per_group)
+            if open_row[bank] == row:
+                ready = bank_free[bank]
+                stats.row_hits += 1
+            else:
+                act = bank_free[bank] if bank_free[bank] > now else now
+                if open_row[bank] >= 0:
+                    act = max(act, self.activated_at[bank] + self.t_ras) + self.t_rp
+                self.activated_at[bank] = act
+                open_row[bank] = row
+                ready = act + self.t_rcd
+                stats.activations += 1
+            bursts = -(-size // burst)
+            start = max(ready, group_free[group], now)
+            group_end = start + bursts * spacing
+            bus_occupancy = bursts * t_ccd_s
+            self.bus_free = (self.bus_free if self.bus_free > start else start) + bus_occupancy
+            stats.busy_ns += bus_occupancy
+            seg_end = group_end if group_end > self.bus_free else self.bus_free
+            group_free[group] = group_end
+            bank_free[bank] = seg_end
+            if seg_end > end:
+                end = seg_end
+        if kind == READ:
+            stats.bytes_read += nbytes
+            return end + self.t_cl
+        if kind == WRITE:
+            stats.bytes_written += nbytes
+        else:
+            stats.bytes_updated += nbytes
+        return end
+
+    def all_bank_command(self, columns: int, rows: int, write_back: bool, extra_cycles_ns: float, now: float) -> float:
+        """Run a near-memory command in every bank of the channel at once (all-bank mode).
+
+        Each bank opens ``rows`` rows in turn and processes ``columns`` columns of them in
+        total, one column per ``t_ccd_l`` (``t_ccd_wl`` when results are written back to the
+        bank), plus ``extra_cycles_ns`` of ALU time per column.  The data never crosses the
+        channel's bus, but the bus cannot serve ordinary requests meanwhile.
+
+        Returns
+        -------
+        float
+            Completion time, ns.
+        """
+        start = max(now, self.bus_free, max(self.bank_free))
+        spacing = (self.t_ccd_wl if write_back else self.t_ccd_l) + extra_cycles_ns
+        duration = rows * (self.t_rp + self.t_rcd) + columns * spacing
+        end = start + duration
+        self.bus_free = end
+        for bank in range(len(self.bank_free)):
+            self.bank_free[bank] = end
+            self.open_row[bank] = -1
+        for group in range(len(self.group_free)):
+            self.group_free[group] = end
+        self.stats.activations += rows * len(self.bank_free)
+        self.stats.busy_ns += duration
+        return end

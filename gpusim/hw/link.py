@@ -1,0 +1,141 @@
+"""Links between GPUs and the interconnect that moves packets over them.
+
+Each direction of a link is a FIFO server of fixed bandwidth plus a time of flight.  A message is
+cut into packets; each packet reserves every link on its route in turn (store and forward) and
+costs one simulation event: its arrival, when its data is handed to the destination GPU's memory.
+End-to-end flow control bounds the bytes a sender may have in flight towards one destination:
+credits come back when the destination's memory controllers accept the packet's data, so a
+congested memory back-pressures the senders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpusim.engine.primitives import Countdown, Credits, Pipe
+from gpusim.engine.simulation import Simulation
+from gpusim.hw.memory import MemorySystem
+from gpusim.hw.topology import Topology
+from gpusim.units import NS_PER_S
+
+
+class Link:
+    """One direction of a physical link (or switch port, or NIC).
+
+    Parameters
+    ----------
+    name
+        ``"gpu0->gpu1"``.
+    bandwidth_bytes_per_s
+        Rate of this direction.
+    latency_ns
+        Time of flight.
+    kind
+        ``"link"``, ``"switch_port"`` or ``"nic"``.
+    """
+
+    __slots__ = ("name", "pipe", "latency", "kind", "bytes_sent")
+
+    def __init__(self, name: str, bandwidth_bytes_per_s: float, latency_ns: float, kind: str):
+        self.name = name
+        self.pipe = Pipe(NS_PER_S / bandwidth_bytes_per_s)
+        self.latency = latency_ns
+        self.kind = kind
+        self.bytes_sent = 0.0
+
+
+class Interconnect:
+    """All links of a system, and packet transfers over them.
+
+    Parameters
+    ----------
+    sim
+        The simulation.
+    topology
+        Graph and routes.
+    memory_of
+        The memory system that receives data addressed to a rank.  In symmetric mode every rank
+        maps to the one simulated GPU, which so receives its neighbours' (mirrored) traffic.
+    credit_packets
+        Packets a sender may have in flight towards one destination.
+    """
+
+    def __init__(
+        self,
+        sim: Simulation,
+        topology: Topology,
+        memory_of: Callable[[int], MemorySystem],
+        credit_packets: int = 8,
+    ):
+        self.sim = sim
+        self.env = sim.env
+        self.topology = topology
+        self.memory_of = memory_of
+        self.credit_packets = credit_packets
+        config = topology.config
+        self.packet_bytes = int(config.links.packet_bytes) if config.links else 65536
+        self.network_packet_bytes = int(config.network.packet_bytes) if config.network else self.packet_bytes
+        self.links: dict[tuple[str, str], Link] = {}
+        for u, v, data in topology.graph.edges(data=True):
+            self.links[(u, v)] = Link(f"{u}->{v}", data["bandwidth_bytes_per_s"], data["latency_ns"], data["kind"])
+        self._routes: dict[tuple[int, int], tuple[list[Link], int]] = {}
+        self._credits: dict[tuple[int, int], Credits] = {}
+
+    def _route(self, src: int, dst: int) -> tuple[list[Link], int]:
+        key = (src, dst)
+        route = self._routes.get(key)
+        if route is None:
+            links = [self.links[edge] for edge in self.topology.route(src, dst)]
+            packet = self.network_packet_bytes if any(link.kind == "nic" for link in links) else self.packet_bytes
+            route = self._routes[key] = (links, packet)
+            self._credits[key] = Credits(self.env, packet * self.credit_packets)
+        return route
+
+    def transfer(self, src: int, dst: int, addr: int, nbytes: int, kind: str, done: Countdown | None = None):
+        """Send ``nbytes`` from GPU ``src`` to ``addr`` in GPU ``dst``'s memory (a simpy generator).
+
+        The generator returns once the last packet has left ``src`` (it yields while waiting for
+        flow-control credits).  ``done``, if given, gets one part per packet, completed when the
+        destination's memory has accepted that packet's data.
+
+        Parameters
+        ----------
+        kind
+            ``"write"`` or ``"update"`` (near-memory op-and-store at the destination).
+        """
+        if src == dst:
+            raise ValueError(f"transfer from GPU {src} to itself")
+        links, packet = self._route(src, dst)
+        credits = self._credits[(src, dst)]
+        record = self.sim.recorder.link_transfer
+        env = self.env
+        offset = 0
+        while offset < nbytes:
+            size = min(packet, nbytes - offset)
+            wait = credits.take(size)
+            if wait is not None:
+                yield wait
+            t = env.now
+            for link in links:
+                start = max(t, link.pipe.free_at)
+                record(link.name, src, dst, start, size)
+                link.bytes_sent += size
+                t = link.pipe.reserve(t, size) + link.latency
+            if done is not None:
+                done.pending += 1
+            arrival = env.timeout(t - env.now)
+            arrival.callbacks.append(self._arrival_callback(dst, addr + offset, size, kind, credits, done))
+            offset += size
+
+    def _arrival_callback(self, dst: int, addr: int, size: int, kind: str, credits: Credits, done: Countdown | None):
+        def arrive(_event) -> None:
+            def accepted(time_ns: float) -> None:
+                credits.give(size)
+                if done is not None:
+                    done.done_at(time_ns)
+
+            admission = Countdown(accepted)
+            self.memory_of(dst).accept_remote(addr, size, kind, admission)
+            admission.close(self.env.now)
+
+        return arrive

@@ -1,0 +1,322 @@
+"""Memory controllers: one per HBM channel, a finite queue, admission and arbitration policies.
+
+Arbitration policies are pure functions ``pick(queue, now, view) -> index`` of the request to
+serve next (Ciw style, testable without a simulation).  ``view`` answers questions about the
+channel (is a request's row open? which stream was served last?).  Admission rules decide whether
+a waiting request may enter the queue; T3-MCA uses one to keep communication from filling it.
+
+The controller serves its queue as a simpy process that wakes once per request (or once per group
+of requests that it can schedule at once): it picks a request, computes its timing on the
+channel, tells the requester when it will be done, and sleeps until the data bus is close to free.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpusim.config.gpu import McaConfig, MemCtrlConfig
+from gpusim.engine.component import Component
+from gpusim.engine.simulation import Simulation
+from gpusim.hw.hbm import READ, HbmChannel
+from gpusim.hw.request import COMM, COMPUTE, NMC, MemRequest
+
+
+class ChannelView(Protocol):
+    """What a policy may ask about the channel it arbitrates.
+
+    Attributes
+    ----------
+    open_row
+        Open row of each bank (-1 when closed); a request hits when
+        ``open_row[request.bank] == request.row``.
+    last_stream
+        Stream of the request served last.
+    """
+
+    open_row: list[int]
+    last_stream: str | None
+
+
+def fcfs(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
+    """First come, first served."""
+    return 0
+
+
+def fr_fcfs(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
+    """First-ready FCFS: the oldest request that hits an open row, else the oldest."""
+    open_row = view.open_row
+    for index, request in enumerate(queue):
+        if open_row[request.bank] == request.row:
+            return index
+    return 0
+
+
+def _fr_fcfs_of(queue: Sequence[MemRequest], view: ChannelView, streams: tuple[str, ...]) -> int | None:
+    first = None
+    open_row = view.open_row
+    for index, request in enumerate(queue):
+        if request.stream in streams:
+            if open_row[request.bank] == request.row:
+                return index
+            if first is None:
+                first = index
+    return first
+
+
+def round_robin_streams(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
+    """Alternate between the compute stream and the others; fall back when one is empty.
+
+    Within a stream, first-ready FCFS.  This is the naive policy the dissertation shows is not
+    enough to protect a GEMM from bursty communication (section 8.3.5).
+    """
+    prefer_compute = view.last_stream != COMPUTE
+    order = ((COMPUTE,), (COMM, NMC)) if prefer_compute else ((COMM, NMC), (COMPUTE,))
+    for streams in order:
+        index = _fr_fcfs_of(queue, view, streams)
+        if index is not None:
+            return index
+    return 0
+
+
+def compute_first(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
+    """T3-MCA's pick: compute-stream requests first (first-ready FCFS), then the rest."""
+    index = _fr_fcfs_of(queue, view, (COMPUTE,))
+    if index is not None:
+        return index
+    return fr_fcfs(queue, now, view)
+
+
+PickFn = Callable[[Sequence[MemRequest], float, ChannelView], int]
+
+PICK_POLICIES: dict[str, PickFn] = {
+    "fcfs": fcfs,
+    "fr-fcfs": fr_fcfs,
+    "round-robin": round_robin_streams,
+    "t3-mca": compute_first,
+}
+"""Arbitration policies by name."""
+
+
+@dataclass
+class McaState:
+    """T3-MCA's GPU-wide state: the communication threshold and the intensity it was chosen from.
+
+    The threshold is a fraction of the queue capacity; ``None`` means no limit.  While
+    ``observing``, controllers add queue-occupancy samples that :meth:`choose` turns into the
+    kernel's memory intensity.
+    """
+
+    config: McaConfig
+    threshold: float | None = None
+    observing: bool = False
+    samples: float = 0.0
+    occupancy_sum: float = 0.0
+    chosen: list[tuple[float, float | None]] = field(default_factory=list)
+
+    def observe(self) -> None:
+        """Start measuring the memory intensity of the running (isolated) kernel stage."""
+        self.observing = True
+        self.samples = 0.0
+        self.occupancy_sum = 0.0
+
+    def sample(self, occupancy_fraction: float) -> None:
+        """Add one queue-occupancy sample (fraction of capacity)."""
+        if self.observing:
+            self.samples += 1
+            self.occupancy_sum += occupancy_fraction
+
+    def choose(self) -> float | None:
+        """Stop observing; pick the threshold for the measured intensity and return it."""
+        self.observing = False
+        intensity = self.occupancy_sum / self.samples if self.samples else 0.0
+        self.threshold = None
+        for threshold, cutoff in zip(self.config.thresholds, self.config.intensity_cutoffs):
+            if intensity >= cutoff:
+                self.threshold = None if threshold >= 1.0 else threshold
+                break
+        self.chosen.append((intensity, self.threshold))
+        return self.threshold
+
+    def release(self) -> None:
+        """Kernel boundary: drain communication without a limit."""
+        self.threshold = None
+        self.observing = False
+
+
+class Arbiter:
+    """A GPU's memory-controller policy: a pick function plus admission rules.
+
+    Parameters
+    ----------
+    name
+        One of :data:`PICK_POLICIES`.
+    mca
+        MCA parameters (used by ``"t3-mca"``).
+    """
+
+    def __init__(self, name: str, mca: McaConfig):
+        if name not in PICK_POLICIES:
+            raise ValueError(f"unknown memory-controller policy {name!r}; known: {', '.join(PICK_POLICIES)}")
+        self.name = name
+        self.pick: PickFn = PICK_POLICIES[name]
+        self.mca = McaState(mca) if name == "t3-mca" else None
+
+    def may_admit(self, stream: str, occupancy: int, capacity: int, waited_ns: float) -> bool:
+        """Whether a request of ``stream`` that has waited ``waited_ns`` may enter a queue holding ``occupancy``."""
+        if occupancy >= capacity:
+            return False
+        mca = self.mca
+        if mca is None or stream == COMPUTE or mca.threshold is None:
+            return True
+        return occupancy < mca.threshold * capacity or waited_ns >= mca.config.starvation_limit_ns
+
+
+ADMISSION_ORDER = (COMPUTE, NMC, COMM)
+
+
+class MemoryController(Component):
+    """The controller of one HBM channel.
+
+    It has no process of its own: a request that finds the channel idle is scheduled at once; a
+    request that finds it busy waits in the queue, and the controller wakes (one event) when the
+    data bus is about to run dry, schedules as many queued requests as fit in its window, and
+    sleeps again.
+
+    Parameters
+    ----------
+    sim
+        The simulation.
+    name, parent
+        Position in the component hierarchy.
+    gpu
+        Index of the GPU it belongs to (for recording).
+    index
+        Channel index within the GPU.
+    channel
+        The channel's timing model.
+    config
+        Queue size, latency, scheduling window.
+    arbiter
+        The GPU's policy (shared by its channels).
+    """
+
+    def __init__(
+        self,
+        sim: Simulation,
+        name: str,
+        parent: Component,
+        gpu: int,
+        index: int,
+        channel: HbmChannel,
+        config: MemCtrlConfig,
+        arbiter: Arbiter,
+    ):
+        super().__init__(sim, name, parent)
+        self.gpu = gpu
+        self.index = index
+        self.channel = channel
+        self.capacity = config.queue_entries
+        self.latency = config.latency_ns
+        self.low_water = channel.activation_ns
+        self.high_water = channel.activation_ns + config.schedule_window_ns
+        self.arbiter = arbiter
+        self.queue: list[MemRequest] = []
+        self.waiting: dict[str, deque[MemRequest]] = {stream: deque() for stream in ADMISSION_ORDER}
+        self.waiting_count = 0
+        self.last_stream: str | None = None
+        self.max_occupancy = 0
+        self.enqueue_observers: list[Callable[[MemRequest, float], None]] = []
+        self._wakeup_pending = False
+        self._pumping = False
+        self._bin_ns = sim.recorder.bin_ns
+        self._traffic = sim.recorder.dram
+
+    @property
+    def open_row(self) -> list[int]:
+        """Open row of each bank of the channel (-1: closed)."""
+        return self.channel.open_row
+
+    # -- requests in ------------------------------------------------------------------------
+    def submit(self, request: MemRequest) -> None:
+        """Offer a request; it enters the queue now or waits (in arrival order) until admitted."""
+        request.bank, request.row = self.channel.map.bank_row(request.ch_addr)
+        if (
+            not self.waiting[request.stream]
+            and len(self.queue) < self.capacity
+            and self.arbiter.may_admit(request.stream, len(self.queue), self.capacity, 0.0)
+        ):
+            self._enqueue(request)
+            self._pump()
+        else:
+            self.waiting[request.stream].append(request)
+            self.waiting_count += 1
+
+    def _enqueue(self, request: MemRequest) -> None:
+        now = self.env.now
+        queue = self.queue
+        queue.append(request)
+        if len(queue) > self.max_occupancy:
+            self.max_occupancy = len(queue)
+        if request.admission:
+            for join in request.admission:
+                join.done_at(now)
+        for observer in self.enqueue_observers:
+            observer(request, now)
+
+    def _admit_waiting(self) -> None:
+        now = self.env.now
+        admitted = True
+        while admitted and len(self.queue) < self.capacity:
+            admitted = False
+            for stream in ADMISSION_ORDER:
+                waiting = self.waiting[stream]
+                if waiting and self.arbiter.may_admit(
+                    stream, len(self.queue), self.capacity, now - waiting[0].arrival_ns
+                ):
+                    self._enqueue(waiting.popleft())
+                    self.waiting_count -= 1
+                    admitted = True
+                    break
+
+    # -- service ----------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Schedule queued requests while the bus has room in the window; then arrange a wake-up."""
+        if self._pumping:
+            return
+        self._pumping = True
+        env = self.env
+        queue = self.queue
+        channel = self.channel
+        pick = self.arbiter.pick
+        mca = self.arbiter.mca
+        now = env.now
+        limit = now + self.high_water
+        while queue and channel.bus_free <= limit:
+            if mca is not None:
+                mca.sample(len(queue) / self.capacity)
+            request = queue.pop(pick(queue, now, self) if len(queue) > 1 else 0)
+            end = channel.access(request.ch_addr, request.nbytes, request.kind, now)
+            done = end + self.latency if request.kind == READ else end
+            request.done_ns = done
+            self.last_stream = request.stream
+            key = (self.gpu, self.index, request.stream, request.kind, int(now // self._bin_ns))
+            self._traffic[key] += request.nbytes
+            if request.completion:
+                for join in request.completion:
+                    join.done_at(done)
+            if request.on_done is not None:
+                request.on_done(request, done)
+            if self.waiting_count:
+                self._admit_waiting()
+        self._pumping = False
+        if queue and not self._wakeup_pending:
+            self._wakeup_pending = True
+            wake = env.timeout(max(0.0, channel.bus_free - self.low_water - now))
+            wake.callbacks.append(self._wake)
+
+    def _wake(self, _event) -> None:
+        self._wakeup_pending = False
+        self._pump()

@@ -1,0 +1,171 @@
+"""A GPU's memory path: CU requests through the L2 to the memory controllers of the HBM channels."""
+
+from __future__ import annotations
+
+from gpusim.engine.primitives import Join
+from gpusim.hw.cache import Fill, L2Cache
+from gpusim.hw.hbm import READ, UPDATE, WRITE, AddressMap
+from gpusim.hw.memctrl import MemoryController
+from gpusim.hw.request import COMM, COMPUTE, MemRequest
+
+
+class MemorySystem:
+    """Routes reads, writes and near-memory updates of one GPU to its L2 and DRAM.
+
+    Parameters
+    ----------
+    env
+        The simpy environment.
+    l2
+        The GPU's L2.
+    address_map
+        Address-to-channel mapping.
+    controllers
+        One memory controller per channel.
+    """
+
+    def __init__(self, env, l2: L2Cache, address_map: AddressMap, controllers: list[MemoryController]):
+        self.env = env
+        self.l2 = l2
+        self.map = address_map
+        self.controllers = controllers
+
+    # -- DRAM -------------------------------------------------------------------------------
+    def dram(
+        self,
+        addr: int,
+        nbytes: int,
+        kind: str,
+        stream: str,
+        completion: Join | Fill | None = None,
+        admission: Join | None = None,
+        tag: object = None,
+    ) -> int:
+        """Send ``[addr, addr + nbytes)`` straight to the memory controllers.
+
+        Parameters
+        ----------
+        completion
+            Waits until the data of every request is done (read data back, or written).
+        admission
+            Waits until every request has entered its controller's queue (posted writes).
+        tag
+            Attached to each request (seen by enqueue observers such as the T3 tracker).
+
+        Returns
+        -------
+        int
+            Number of requests sent.
+        """
+        now = self.env.now
+        pieces = self.map.split(addr, nbytes)
+        controllers = self.controllers
+        for channel, ch_addr, size in pieces:
+            completions = None
+            if completion is not None:
+                completion.pending += 1
+                completions = [completion]
+            admissions = None
+            if admission is not None:
+                admission.pending += 1
+                admissions = [admission]
+            controllers[channel].submit(
+                MemRequest(channel, ch_addr, size, kind, stream, now, completions, admissions, None, tag)
+            )
+        return len(pieces)
+
+    # -- through the L2 ---------------------------------------------------------------------
+    def read(self, addr: int, nbytes: int, join: Join, stream: str = COMPUTE, cached: bool = True) -> None:
+        """Read ``nbytes`` at ``addr``; ``join`` completes when the data has arrived at the CU."""
+        if not cached:
+            self.dram(addr, nbytes, READ, stream, completion=join)
+            return
+        l2 = self.l2
+        now = self.env.now
+        join.extend_to(l2.bandwidth_done(now, nbytes))
+        l2.stats.bytes_read += nbytes
+        size = l2.block_bytes
+        end = addr + nbytes
+        run_first = -1
+        block = addr // size
+        last = (end - 1) // size
+        while block <= last:
+            state = l2.lookup(block, now)
+            if state is False:
+                if run_first < 0:
+                    run_first = block
+            else:
+                if run_first >= 0:
+                    self._fill(run_first, block - 1, addr, end, join, stream)
+                    run_first = -1
+                if state is not True:
+                    state.wait(join, now)
+            block += 1
+        if run_first >= 0:
+            self._fill(run_first, last, addr, end, join, stream)
+
+    def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str) -> None:
+        size = self.l2.block_bytes
+        start = max(addr, first * size)
+        stop = min(end, (last + 1) * size)
+        fill = Fill()
+        self.dram(start, stop - start, READ, stream, completion=fill)
+        fill.wait(join, self.env.now)
+        for block in range(first, last + 1):
+            self._writeback(self.l2.insert(block, 0, fill), join)
+
+    def write(
+        self,
+        addr: int,
+        nbytes: int,
+        join: Join,
+        stream: str = COMPUTE,
+        cached: bool = True,
+        kind: str = WRITE,
+        tag: object = None,
+    ) -> None:
+        """Write (or, with ``kind="update"``, op-and-store) ``nbytes`` at ``addr``.
+
+        Writes are posted: ``join`` completes when the data is in the L2 (and any write-backs it
+        caused are queued), or, uncached, when the requests are in the controllers' queues.
+        Updates always bypass the L2, since the bank's ALU combines them with DRAM contents.
+        """
+        if kind == UPDATE or not cached:
+            self._invalidate(addr, nbytes)
+            self.dram(addr, nbytes, kind, stream, admission=join, tag=tag)
+            return
+        l2 = self.l2
+        join.extend_to(l2.bandwidth_done(self.env.now, nbytes))
+        l2.stats.bytes_written += nbytes
+        size = l2.block_bytes
+        end = addr + nbytes
+        block = addr // size
+        while block * size < end:
+            written = min(end, (block + 1) * size) - max(addr, block * size)
+            self._writeback(l2.insert(block, written), join)
+            block += 1
+
+    def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:
+        """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
+        if kind == WRITE and self.l2.remote_writes_allocate:
+            self.write(addr, nbytes, admission, stream=COMM)
+        else:
+            self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)
+
+    def flush(self, join: Join) -> None:
+        """Write back every dirty L2 block (e.g. at the end of a kernel that must be visible in DRAM)."""
+        self._writeback(self.l2.flush(), join)
+
+    def _writeback(self, evicted: list[tuple[int, int]], join: Join | None) -> None:
+        size = self.l2.block_bytes
+        for block, dirty in evicted:
+            self.dram(block * size, dirty, WRITE, COMPUTE, admission=join)
+
+    def _invalidate(self, addr: int, nbytes: int) -> None:
+        size = self.l2.block_bytes
+        blocks = self.l2.blocks
+        if not blocks:
+            return
+        for block in range(addr // size, (addr + nbytes - 1) // size + 1):
+            if block in blocks:
+                self.l2.invalidate(block)

@@ -1,0 +1,553 @@
+"""Collectives as today's libraries run them, on the same memory and link models as compute.
+
+**CU-driven** (NCCL/RCCL): on every rank a kernel of ``channels`` workgroups, one per CU.  Each
+workgroup owns a slice of every chunk and walks the algorithm's steps; per step and slice it waits
+for the flag that says its neighbour's data has arrived, reads the received copy and/or its local
+copy (through the L2), reduces on the CU, and stores the result straight into the next rank's
+memory (remote stores over the links).  Received data lands in a double-buffered staging area;
+a sender waits for the receiver's acknowledgement before it reuses a staging slot.
+
+**DMA-driven**: the ranks' DMA engines move the chunks; reductions are near-memory op-and-store
+updates at the destination (needs ``nmc.enabled``).  No CU is used.
+
+Algorithms: ``ring`` (reduce-scatter, all-gather, all-reduce = both fused as in NCCL), ``direct``
+(every rank writes to every other over its own links; all-to-all always), ``hierarchical``
+(reduce-scatter inside each node, all-reduce across nodes between GPUs of the same local index,
+all-gather inside each node).  Across several nodes the ring variant uses one ring per channel,
+each leaving a node through a different GPU's NIC, as NCCL does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simpy.events import Event
+
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.engine.primitives import Countdown, Join, succeed_at
+from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape
+from gpusim.hw.dma import DmaCommand
+from gpusim.hw.gpu import Buffer
+from gpusim.hw.hbm import UPDATE, WRITE
+from gpusim.hw.request import COMM
+
+MIN_CHANNEL_BYTES = 65536
+"""A channel (CU) gets at least this much of a chunk; small collectives use fewer channels."""
+COLLECTIVE_SHAPE = WorkgroupShape(threads=256, lds_bytes=0, registers_per_thread=64)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a ring program for one rank.
+
+    Attributes
+    ----------
+    index
+        Global step number (flags are keyed by it).
+    chunk
+        Chunk the step works on.
+    recv
+        Where received data for this step sits: ``"stage"`` (reduce later), ``"out"`` (final
+        position) or ``None`` (nothing received).
+    read_local
+        Whether the local input chunk is read (to reduce or to send).
+    reduce
+        Whether received and local data are added on the CU.
+    send
+        Where the result goes on the next rank: ``"stage"``, ``"out"`` or ``None``.
+    write_out
+        Whether the result is written to the local output.
+    forward_from_out
+        Whether the data sent is read from the local output (all-gather forwarding).
+    """
+
+    index: int
+    chunk: int
+    recv: str | None
+    read_local: bool
+    reduce: bool
+    send: str | None
+    write_out: bool
+    forward_from_out: bool = False
+
+
+def ring_program(kind: str, position: int, n: int) -> list[Step]:
+    """The steps of ring reduce-scatter (``rs``), all-gather (``ag``) or all-reduce (``ar``) at ``position``."""
+    steps: list[Step] = []
+    if kind in ("rs", "ar"):
+        for k in range(n):
+            chunk = (position - k - 1) % n
+            first, last = k == 0, k == n - 1
+            if last:
+                send = "out" if kind == "ar" else None
+                steps.append(Step(k, chunk, "stage", True, True, send, True))
+            else:
+                steps.append(Step(k, chunk, None if first else "stage", True, not first, "stage", False))
+    if kind in ("ag", "ar"):
+        offset = n - 1 if kind == "ar" else 0
+        start = 1 if kind == "ar" else 0
+        for j in range(start, n):
+            chunk = (position - j) % n
+            if j == 0:
+                steps.append(Step(offset + j, chunk, None, False, False, "out", False, True))
+            elif j == n - 1:
+                steps.append(Step(offset + j, chunk, "out", False, False, None, False))
+            else:
+                steps.append(Step(offset + j, chunk, "out", False, False, "out", False, True))
+    return steps
+
+
+def ring_orders(ctx, group: list[int], channels: int) -> list[list[int]]:
+    """One ring (an order of ``group``) per channel.
+
+    Inside a node the topology's ring order is used; across nodes each channel's ring leaves every
+    node through a different local GPU, so the channels spread over all NICs.
+    """
+    topology = ctx.machine.topology
+    per_node = ctx.config.num_gpus
+    nodes: dict[int, list[int]] = {}
+    for rank in group:
+        nodes.setdefault(topology.node_of(rank), []).append(rank)
+    local_order = topology.ring_order
+    rings = []
+    for channel in range(channels):
+        ring: list[int] = []
+        for node_ranks in nodes.values():
+            ordered = sorted(node_ranks, key=lambda r: local_order.index(r % per_node))
+            if len(nodes) > 1:
+                shift = (channel + 1) % len(ordered)
+                ordered = ordered[shift:] + ordered[:shift]
+            ring.extend(ordered)
+        rings.append(ring)
+    return rings
+
+
+class Flags:
+    """Arrival and acknowledgement flags of one collective, shared by all ranks taking part.
+
+    Flags are keyed by the rank whose memory they live in; in symmetric mode every rank maps to
+    the simulated GPU, so a flag raised "at rank 1" is the one rank 0 waits for.
+    """
+
+    def __init__(self, ctx):
+        self.env = ctx.env
+        self.machine = ctx.machine
+        self.sync_ns = ctx.config.collectives.sync_ns
+        self._events: dict[tuple, Event] = {}
+
+    def event(self, what: str, rank: int, *key: int) -> Event:
+        """The flag ``what`` at ``rank`` for ``key`` (created on first use)."""
+        full = (what, self.machine.gpu(rank).index, *key)
+        event = self._events.get(full)
+        if event is None:
+            event = self._events[full] = Event(self.env)
+        return event
+
+    def raise_at(self, what: str, rank: int, time_ns: float, *key: int) -> None:
+        """Raise a flag at absolute time ``time_ns`` plus the flag's own latency."""
+        event = self.event(what, rank, *key)
+        if not event.triggered:
+            succeed_at(self.env, event, time_ns + self.sync_ns - self.env.now)
+
+
+def _channels_for(ctx, op, chunk_bytes: int) -> int:
+    configured = getattr(op, "channels", None) or ctx.config.collectives.cus
+    configured = min(configured, ctx.gpu.config.num_cus)
+    return max(1, min(configured, math.ceil(chunk_bytes / MIN_CHANNEL_BYTES)))
+
+
+class RingKernel:
+    """A CU-driven ring collective on one rank.
+
+    Parameters
+    ----------
+    ctx
+        The op context of this rank.
+    kind
+        ``"rs"``, ``"ag"`` or ``"ar"``.
+    group
+        Ranks taking part.
+    nbytes
+        Full array size (input of rs/ar, output of ag).
+    inp, out, stage
+        This rank's input, output and staging buffers (same addresses on every rank).
+    flags
+        The collective's shared flags.
+    channels
+        Workgroups (CUs).
+    tag
+        Distinguishes several ring phases of one op in the flags.
+    """
+
+    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0):
+        self.ctx = ctx
+        self.gpu = ctx.gpu
+        self.env = ctx.env
+        self.kind = kind
+        self.n = len(group)
+        self.nbytes = nbytes
+        self.chunk = math.ceil(nbytes / self.n)
+        self.inp, self.out, self.stage = inp, out, stage
+        self.flags = flags
+        self.tag = tag
+        self.rings = ring_orders(ctx, group, channels)
+        self.channels = channels
+        self.piece = math.ceil(self.chunk / channels)
+        slice_bytes = int(ctx.config.collectives.slice_bytes)
+        self.slices = max(1, math.ceil(self.piece / slice_bytes))
+        self.slice = math.ceil(self.piece / self.slices)
+        self.elem_bytes = DTYPE_BYTES[ctx.op.dtype]
+        self.flops_per_ns = self.gpu.vector_flops_per_ns("fp32")
+        self.kernel = Kernel(
+            name=f"{kind}_ring_{channels}ch",
+            num_wgs=channels,
+            shape=COLLECTIVE_SHAPE,
+            body=self._workgroup,
+            info={"impl": f"ring_{kind}", "channels": channels},
+        )
+
+    def _range(self, chunk: int, channel: int, slice_index: int) -> tuple[int, int]:
+        """Offset within the array and length of one slice of one channel's piece of ``chunk``."""
+        start = chunk * self.chunk + channel * self.piece + slice_index * self.slice
+        stop = min(
+            chunk * self.chunk + min((channel + 1) * self.piece, self.chunk),
+            start + self.slice,
+            self.nbytes,
+        )
+        return start, max(0, stop - start)
+
+    def _stage_addr(self, step_index: int, chunk_offset: int) -> int:
+        slot = step_index % 2
+        return self.stage.addr + slot * self.chunk + chunk_offset
+
+    def _workgroup(self, channel: int, cu: ComputeUnit):
+        env = self.env
+        ring = self.rings[channel]
+        me = self.ctx.rank
+        position = ring.index(me)
+        nxt = ring[(position + 1) % self.n]
+        memory = self.gpu.memory
+        interconnect = self.ctx.machine.interconnect
+        flags = self.flags
+        tag = self.tag
+        pending_writes = Join(env)
+        for step in ring_program(self.kind, position, self.n):
+            for s in range(self.slices):
+                offset, size = self._range(step.chunk, channel, s)
+                if size == 0:
+                    continue
+                in_chunk = offset - step.chunk * self.chunk
+                if step.recv is not None:
+                    arrived = flags.event("data", me, tag, step.index, channel, s)
+                    if not arrived.processed:
+                        yield arrived
+                reads = Join(env)
+                moved = 0
+                if step.recv == "stage" and step.reduce:
+                    memory.read(self._stage_addr(step.index, in_chunk), size, reads, COMM, self.stage.cached)
+                    moved += size
+                if step.read_local:
+                    memory.read(self.inp.addr + offset, size, reads, COMM, self.inp.cached)
+                    moved += size
+                if step.forward_from_out:
+                    memory.read(self.out.addr + offset, size, reads, COMM, self.out.cached)
+                    moved += size
+                if step.reduce:
+                    elements = size / self.elem_bytes
+                    reads.extend_to(cu.compute(env.now, elements, self.flops_per_ns, COLLECTIVE_SHAPE.threads // 64))
+                reads.extend_to(cu.memory(env.now, moved + (size if step.send else 0)))
+                yield reads.close()
+                if step.recv == "stage":
+                    flags.raise_at("ack", me, env.now, tag, step.index, channel, s)
+                if step.write_out:
+                    memory.write(self.out.addr + offset, size, pending_writes, COMM, self.out.cached)
+                if step.send is not None:
+                    if step.send == "stage":
+                        target = self._stage_addr(step.index + 1, in_chunk)
+                        if step.index >= 2:  # the slot was last filled for step index - 1
+                            freed = flags.event("ack", nxt, tag, step.index - 1, channel, s)
+                            if not freed.processed:
+                                yield freed
+                    else:
+                        target = self.out.addr + offset
+                    delivered = Countdown(self._arrival(nxt, step.index + 1, channel, s))
+                    yield from interconnect.transfer(me, nxt, target, size, WRITE, delivered)
+                    delivered.close(env.now)
+        yield pending_writes.close()
+
+    def _arrival(self, rank: int, step_index: int, channel: int, slice_index: int) -> Callable[[float], None]:
+        def arrived(time_ns: float) -> None:
+            self.flags.raise_at("data", rank, time_ns, self.tag, step_index, channel, slice_index)
+
+        return arrived
+
+
+class DirectKernel:
+    """A CU-driven direct collective: every rank writes to every other rank over its own links.
+
+    ``kind`` is ``"rs"`` (chunk j goes to rank j's staging slot, then rank j reduces all copies),
+    ``"ag"`` (rank i's chunk goes to every rank's output), ``"a2a"`` (chunk j to rank j) or ``"ar"``
+    (``rs`` then ``ag``).
+    """
+
+    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0):
+        self.ctx = ctx
+        self.gpu = ctx.gpu
+        self.env = ctx.env
+        self.kind = kind
+        self.group = group
+        self.n = len(group)
+        self.nbytes = nbytes
+        self.chunk = math.ceil(nbytes / self.n)
+        self.inp, self.out, self.stage = inp, out, stage
+        self.flags = flags
+        self.tag = tag
+        self.channels = channels
+        self.piece = math.ceil(self.chunk / channels)
+        self.elem_bytes = DTYPE_BYTES[ctx.op.dtype]
+        self.flops_per_ns = self.gpu.vector_flops_per_ns("fp32")
+        self.kernel = Kernel(
+            name=f"{kind}_direct_{channels}ch",
+            num_wgs=channels,
+            shape=COLLECTIVE_SHAPE,
+            body=self._workgroup,
+            info={"impl": f"direct_{kind}", "channels": channels},
+        )
+
+    def _piece(self, chunk: int, channel: int) -> tuple[int, int]:
+        start = chunk * self.chunk + channel * self.piece
+        stop = min(chunk * self.chunk + min((channel + 1) * self.piece, self.chunk), self.nbytes)
+        return start, max(0, stop - start)
+
+    def _scatter(self, cu, channel, phase, source: Buffer, chunks: Callable[[int, int], tuple[int, int, bool]]):
+        """Send a piece to every other rank.
+
+        ``chunks(dst_index, my_index)`` gives the chunk read here, the chunk position written
+        there, and whether it lands in the destination's staging area (slot = distance between
+        the ranks, so mirrored traffic in symmetric mode lands in distinct slots).
+        """
+        env = self.env
+        me = self.ctx.rank
+        my_index = self.group.index(me)
+        interconnect = self.ctx.machine.interconnect
+        for j, dst in enumerate(self.group):
+            if dst == me:
+                continue
+            distance = (j - my_index) % self.n
+            src_chunk, dst_chunk, staged = chunks(j, my_index)
+            offset, size = self._piece(src_chunk, channel)
+            if size == 0:
+                continue
+            reads = Join(env)
+            self.gpu.memory.read(source.addr + offset, size, reads, COMM, source.cached)
+            reads.extend_to(cu.memory(env.now, 2 * size))
+            yield reads.close()
+            within = offset - src_chunk * self.chunk
+            if staged:
+                target = self.stage.addr + distance * self.chunk + within
+            else:
+                target = self.out.addr + dst_chunk * self.chunk + within
+            delivered = Countdown(self._arrival(dst, phase, distance, channel))
+            yield from interconnect.transfer(me, dst, target, size, WRITE, delivered)
+            delivered.close(env.now)
+
+    def _gather_wait(self, phase: int, channel: int):
+        me = self.ctx.rank
+        for distance in range(1, self.n):
+            arrived = self.flags.event("data", me, self.tag, phase, distance, channel)
+            if not arrived.processed:
+                yield arrived
+
+    def _workgroup(self, channel: int, cu: ComputeUnit):
+        env = self.env
+        me_index = self.group.index(self.ctx.rank)
+        if self.kind in ("rs", "ar"):
+            yield from self._scatter(cu, channel, 0, self.inp, lambda j, me: (j, j, True))
+            yield from self._gather_wait(0, channel)
+            offset, size = self._piece(me_index, channel)
+            if size:
+                within = offset - me_index * self.chunk
+                reads = Join(env)
+                for distance in range(1, self.n):
+                    addr = self.stage.addr + distance * self.chunk + within
+                    self.gpu.memory.read(addr, size, reads, COMM, self.stage.cached)
+                self.gpu.memory.read(self.inp.addr + offset, size, reads, COMM, self.inp.cached)
+                elements = size / self.elem_bytes * (self.n - 1)
+                reads.extend_to(cu.compute(env.now, elements, self.flops_per_ns, COLLECTIVE_SHAPE.threads // 64))
+                reads.extend_to(cu.memory(env.now, size * (self.n + 1)))
+                yield reads.close()
+                written = Join(env)
+                self.gpu.memory.write(self.out.addr + offset, size, written, COMM, self.out.cached)
+                yield written.close()
+        if self.kind in ("ag", "ar"):
+            source = self.out
+            yield from self._scatter(cu, channel, 1, source, lambda j, me: (me, me, False))
+            yield from self._gather_wait(1, channel)
+        if self.kind == "a2a":
+            yield from self._scatter(cu, channel, 0, self.inp, lambda j, me: (j, me, False))
+            yield from self._gather_wait(0, channel)
+
+    def _arrival(self, rank: int, phase: int, distance: int, channel: int) -> Callable[[float], None]:
+        def arrived(time_ns: float) -> None:
+            self.flags.raise_at("data", rank, time_ns, self.tag, phase, distance, channel)
+
+        return arrived
+
+
+def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: Flags, tag: int = 0):
+    """A DMA-driven ring collective on this rank (a generator).
+
+    Reduce-scatter updates the next rank's copy of each chunk in place with near-memory
+    op-and-store (so it needs NMC); all-gather writes chunks into the next rank's buffer.  Each
+    step's chunk is split over the GPU's DMA engines; a step starts when the previous rank's update
+    of that chunk (and part) has arrived.
+    """
+    gpu = ctx.gpu
+    env = ctx.env
+    if kind in ("rs", "ar") and not gpu.config.nmc.enabled:
+        raise ValueError(f"{ctx.op.label}: a DMA-driven reduction needs near-memory op-and-store (gpu.nmc.enabled)")
+    n = len(group)
+    chunk = math.ceil(nbytes / n)
+    engines = gpu.dma
+    parts = len(engines)
+    part = math.ceil(chunk / parts)
+    ring = ring_orders(ctx, group, 1)[0]
+    position = ring.index(ctx.rank)
+    nxt = ring[(position + 1) % n]
+    me = ctx.rank
+    plan: list[tuple[int, int, str]] = []  # (step index, chunk, update/write)
+    if kind in ("rs", "ar"):
+        plan += [(k, (position - k - 1) % n, UPDATE) for k in range(n - 1)]
+    if kind in ("ag", "ar"):
+        base = n - 1 if kind == "ar" else 0
+        plan += [(base + j, (position - j + (1 if kind == "ar" else 0)) % n, WRITE) for j in range(n - 1)]
+    for step_index, chunk_index, op_kind in plan:
+        finished = Join(env)
+        for p, engine in enumerate(engines):
+            start = chunk_index * chunk + p * part
+            size = min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
+            if size <= 0:
+                continue
+            if step_index > 0:
+                arrived = flags.event("data", me, tag, step_index, p)
+                if not arrived.processed:
+                    yield arrived
+            finished.add()
+
+            def done(time_ns: float, step=step_index, p=p, finished=finished) -> None:
+                flags.raise_at("data", nxt, time_ns, tag, step + 1, p)
+                finished.done_at(time_ns)
+
+            engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + start, op_kind, buf.cached, done))
+        yield finished.close()
+    last = (plan[-1][0] + 1) if plan else 0
+    for p in range(parts):
+        arrived = flags.event("data", me, tag, last, p)
+        if not arrived.processed:
+            yield arrived
+
+
+def _node_groups(ctx, group: list[int]) -> tuple[list[int], list[int]]:
+    """This rank's node-local group and its cross-node group (same local index)."""
+    topology = ctx.machine.topology
+    per_node = ctx.config.num_gpus
+    me = ctx.rank
+    local = [r for r in group if topology.node_of(r) == topology.node_of(me)]
+    cross = [r for r in group if r % per_node == me % per_node]
+    return local, cross
+
+
+def _algorithm(ctx, op, group: list[int]) -> str:
+    if op.algorithm != "auto":
+        return op.algorithm
+    if op.collective == "alltoall":
+        return "direct"
+    return "ring"
+
+
+def execute_collective(ctx, op):
+    """Run a collective on ``ctx``'s rank (a generator on the op's stream)."""
+    group = ctx.group
+    if ctx.rank not in group:
+        return
+    n = len(group)
+    ctx.info.update(bytes=op.nbytes)
+    if n == 1:
+        return
+    kind = {"allreduce": "ar", "reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}[op.collective]
+    algorithm = _algorithm(ctx, op, group)
+    shared = ctx.shared()
+    flags = shared.setdefault("flags", Flags(ctx))
+    if kind == "ag":
+        inp = out = ctx.tensor(op.out or op.input, op.nbytes)
+    else:
+        inp = ctx.tensor(op.input, op.nbytes)
+        out = ctx.tensor(op.out, op.nbytes) if op.out is not None or kind != "ar" else inp
+    chunk = math.ceil(op.nbytes / n)
+    if op.driver == "dma":
+        if kind == "a2a" or algorithm != "ring":
+            raise ValueError(f"{op.label}: DMA-driven collectives support the ring algorithm for rs/ag/ar")
+        yield ctx.env.timeout(ctx.config.collectives.launch_ns)
+        yield from dma_ring(ctx, kind, group, op.nbytes, inp, flags)
+        ctx.info.update(impl=f"dma_ring_{kind}")
+        return
+    overhead = ctx.gpu.config.kernel_launch_ns + ctx.config.collectives.launch_ns
+    if algorithm == "hierarchical":
+        yield from _hierarchical(ctx, op, kind, group, inp, out, flags, overhead)
+        return
+    stage = ctx.tensor(None, chunk * (n if algorithm == "direct" else 2))
+    channels = _channels_for(ctx, op, chunk)
+    if algorithm == "ring":
+        if kind == "a2a":
+            raise ValueError(f"{op.label}: all-to-all has no ring algorithm; use 'direct'")
+        kernel = RingKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
+    elif algorithm == "direct":
+        kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
+    else:
+        raise ValueError(f"{op.label}: unknown algorithm {algorithm!r}")
+    yield from ctx.launch(kernel.kernel, overhead)
+    ctx.info.update(impl=kernel.kernel.info["impl"], channels=channels)
+
+
+def _hierarchical(ctx, op, kind, group, inp, out, flags, overhead):
+    """Reduce-scatter inside the node, all-reduce across nodes, all-gather inside the node."""
+    if kind != "ar":
+        raise ValueError(f"{op.label}: the hierarchical algorithm is defined for all-reduce")
+    local, cross = _node_groups(ctx, group)
+    local_chunk = math.ceil(op.nbytes / len(local))
+    stage = ctx.tensor(None, local_chunk * 2)
+    phases = [("rs", local, op.nbytes), ("ar", cross, local_chunk), ("ag", local, op.nbytes)]
+    for tag, (phase, ranks, size) in enumerate(phases):
+        if len(ranks) == 1:
+            continue
+        channels = _channels_for(ctx, op, math.ceil(size / len(ranks)))
+        cross_stage = ctx.tensor(None, math.ceil(size / len(ranks)) * 2) if phase == "ar" else stage
+        kernel = RingKernel(ctx, phase, ranks, size, inp, out, cross_stage, flags, channels, tag=tag)
+        yield from ctx.launch(kernel.kernel, overhead)
+    ctx.info.update(impl="hierarchical_ar")
+
+
+def execute_sendrecv(ctx, op):
+    """Run a :class:`gpusim.ops.SendRecv` on ``ctx``'s rank: the sender's DMA engine copies the data."""
+    shared = ctx.shared()
+    flags = shared.setdefault("flags", Flags(ctx))
+    buf = ctx.tensor(op.input if ctx.rank == op.src else op.out, op.nbytes)
+    if ctx.machine.mode != "full":
+        raise ValueError(f"{op.label}: send/recv needs full mode (the two ranks do different work)")
+    if ctx.rank == op.src:
+        finished = Join(ctx.env)
+        finished.add()
+
+        def done(time_ns: float) -> None:
+            flags.raise_at("data", op.dst, time_ns, 0)
+            finished.done_at(time_ns)
+
+        ctx.gpu.dma[0].submit(DmaCommand(buf.addr, op.nbytes, op.dst, buf.addr, WRITE, buf.cached, done, "send"))
+        yield finished.close()
+    elif ctx.rank == op.dst:
+        arrived = flags.event("data", op.dst, 0)
+        if not arrived.processed:
+            yield arrived
+    ctx.info.update(impl="dma_copy", bytes=op.nbytes)

@@ -1,0 +1,179 @@
+"""Streaming kernels: element-wise ops, row reductions (softmax, layernorm), split-K reductions.
+
+A streaming kernel reads some tensors, computes a few FLOPs per element and writes some tensors.
+Its real grid has one workgroup per ``threads x bytes_per_thread`` of data; the simulation runs at
+most one *logical* workgroup per resident slot, each looping over its share of the data in a few
+chunks (prefetching the next chunk while it computes and writes the current one).  A kernel with
+fewer real workgroups than slots runs exactly those, so small kernels are latency- and
+parallelism-bound as on hardware.  Row reductions whose rows do not fit on chip read each row
+several times; the re-reads go through the L2 and hit there only if the row is still resident.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.engine.primitives import Join
+from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.gpu import Buffer, Gpu
+from gpusim.hw.request import COMPUTE
+
+BYTES_PER_THREAD = 16
+"""Bytes of each tensor one thread handles (vectorised 16-byte accesses)."""
+MAX_CHUNKS = 8
+"""Chunks per logical workgroup (simulation granularity)."""
+ON_CHIP_ROW_BYTES = 8192
+"""A row this long (in fp32) or shorter stays on chip; longer rows need several passes."""
+
+
+class StreamingKernel:
+    """A memory-streaming kernel on one GPU.
+
+    Parameters
+    ----------
+    gpu
+        The GPU.
+    name
+        Kernel name.
+    reads, writes
+        ``(buffer, nbytes)`` of every tensor read / written (each workgroup handles the same
+        fraction of every tensor).
+    flops
+        Total FLOPs (vector units).
+    dtype
+        Compute dtype of the FLOPs.
+    passes
+        Times each chunk of the *first* read tensor is read (row reductions: > 1).
+    rows
+        If given, chunks hold whole rows of the first read tensor (``rows`` rows in all).
+    threads
+        Threads per workgroup.
+    """
+
+    def __init__(
+        self,
+        gpu: Gpu,
+        name: str,
+        reads: list[tuple[Buffer, int]],
+        writes: list[tuple[Buffer, int]],
+        flops: float,
+        dtype: str = "fp32",
+        passes: int = 1,
+        rows: int | None = None,
+        threads: int = 256,
+    ):
+        self.gpu = gpu
+        self.reads = reads
+        self.writes = writes
+        self.flops = flops
+        self.passes = passes
+        self.flops_per_ns = gpu.vector_flops_per_ns(dtype)
+        largest = max([n for _, n in reads + writes] + [1])
+        if rows is not None:
+            real = rows
+        else:
+            real = max(1, math.ceil(largest / (threads * BYTES_PER_THREAD)))
+        shape = WorkgroupShape(threads, 0, 32)
+        slots = gpu.config.num_cus * max(1, occupancy(shape, gpu.config.cu))
+        self.workgroups = min(real, slots)
+        units = rows if rows is not None else math.ceil(largest / BYTES_PER_THREAD)
+        per_wg = math.ceil(units / self.workgroups)
+        self.chunks = max(1, min(MAX_CHUNKS, per_wg))
+        self.units = units
+        self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
+        self.kernel = Kernel(
+            name=name,
+            num_wgs=self.workgroups,
+            shape=shape,
+            body=self._workgroup,
+            info={"flops": flops, "bytes": sum(n for _, n in reads) * passes + sum(n for _, n in writes)},
+        )
+
+    def _span(self, wg: int, chunk: int) -> tuple[float, float]:
+        """Fraction of every tensor that chunk ``chunk`` of workgroup ``wg`` covers, as [start, stop)."""
+        per_wg = self.units / self.workgroups
+        lo = wg * per_wg + chunk * per_wg / self.chunks
+        hi = wg * per_wg + (chunk + 1) * per_wg / self.chunks
+        return math.floor(lo) / self.units, math.floor(hi) / self.units
+
+    def _fetch(self, cu: ComputeUnit, wg: int, chunk: int) -> Join:
+        env = self.gpu.env
+        join = Join(env)
+        lo, hi = self._span(wg, chunk)
+        total = 0
+        for index, (buffer, nbytes) in enumerate(self.reads):
+            start, stop = int(lo * nbytes), int(hi * nbytes)
+            if stop > start:
+                for _ in range(self.passes if index == 0 else 1):
+                    self.gpu.memory.read(buffer.addr + start, stop - start, join, COMPUTE, buffer.cached)
+                    total += stop - start
+        join.extend_to(cu.memory(env.now, total))
+        return join
+
+    def _workgroup(self, wg: int, cu: ComputeUnit):
+        env = self.gpu.env
+        memory = self.gpu.memory
+        pending = self._fetch(cu, wg, 0) if self.reads else None
+        written = Join(env)
+        for chunk in range(self.chunks):
+            if pending is not None:
+                yield pending.close()
+            lo, hi = self._span(wg, chunk)
+            done = cu.compute(env.now, self.flops * (hi - lo), self.flops_per_ns, self.wavefronts)
+            if chunk + 1 < self.chunks and self.reads:
+                pending = self._fetch(cu, wg, chunk + 1)
+                pending.extend_to(done)
+            else:
+                pending = None
+                yield env.timeout(max(0.0, done - env.now))
+            size = 0
+            for buffer, nbytes in self.writes:
+                start, stop = int(lo * nbytes), int(hi * nbytes)
+                if stop > start:
+                    memory.write(buffer.addr + start, stop - start, written, COMPUTE, buffer.cached)
+                    size += stop - start
+            written.extend_to(cu.memory(env.now, size))
+            if pending is None and chunk + 1 < self.chunks:
+                yield env.timeout(max(0.0, written.latest - env.now))
+        yield written.close()
+
+
+def execute_elementwise(ctx, op):
+    """Run a :class:`gpusim.ops.Elementwise` on ``ctx``'s rank."""
+    from gpusim.ops import ELEMENTWISE_KINDS
+
+    n_in, n_out, flops = ELEMENTWISE_KINDS[op.kind]
+    nbytes = op.elements * DTYPE_BYTES[op.dtype]
+    names_in = list(op.inputs or []) + [None] * n_in
+    reads = [(ctx.tensor(names_in[i], nbytes), nbytes) for i in range(n_in)]
+    writes = [(ctx.tensor(op.out if i == 0 else None, nbytes), nbytes) for i in range(n_out)]
+    kernel = StreamingKernel(ctx.gpu, f"{op.kind}_kernel", reads, writes, flops * op.elements, "fp32")
+    yield from ctx.launch(kernel.kernel)
+    ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
+
+
+def execute_row_reduce(ctx, op):
+    """Run a :class:`gpusim.ops.RowReduce` on ``ctx``'s rank."""
+    from gpusim.ops import ROW_REDUCE_KINDS
+
+    passes_when_long, flops = ROW_REDUCE_KINDS[op.kind]
+    size = DTYPE_BYTES[op.dtype]
+    nbytes = op.rows * op.cols * size
+    out_bytes = op.rows * size if op.kind == "sum" else nbytes
+    passes = 1 if op.cols * 4 <= ON_CHIP_ROW_BYTES else passes_when_long
+    reads = [(ctx.tensor(op.input, nbytes), nbytes)]
+    writes = [(ctx.tensor(op.out, out_bytes), out_bytes)]
+    rows_per_wg = max(1, (BYTES_PER_THREAD * 256) // (op.cols * size))
+    kernel = StreamingKernel(
+        ctx.gpu,
+        f"{op.kind}_kernel",
+        reads,
+        writes,
+        flops * op.rows * op.cols,
+        "fp32",
+        passes=passes,
+        rows=math.ceil(op.rows / rows_per_wg),
+    )
+    yield from ctx.launch(kernel.kernel)
+    ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.rows * op.cols, bytes=nbytes + out_bytes, passes=passes)

@@ -1,0 +1,417 @@
+"""Tiled GEMM: a kernel library, a BLAS-like selection heuristic, and the workgroup model.
+
+Each workgroup computes one ``tile_m x tile_n`` output tile (of one batch entry, and of one K
+split).  It loops over K in simulation steps: it requests its A and B slices for the next step
+through the L2 (double buffering) while it computes the current step's FLOPs on its CU, then writes
+its output tile.  Tile and wave quantization, L2 reuse between the workgroups resident together and
+the read-then-write bursts of each stage come out of this and of the dispatcher, not out of a
+formula.
+
+Memory layout (a simplification documented in docs/model.md): A and B are stored as contiguous
+*slices* (``tile x k_step`` panels) and C as contiguous tiles in row-major tile order, so a stage's
+output is a contiguous address range and every slice maps onto whole channels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+
+from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
+from gpusim.engine.primitives import Join
+from gpusim.hw.compute import SIMDS_PER_CU, ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.gpu import Buffer, Gpu
+from gpusim.hw.request import COMPUTE
+
+ACCUMULATOR_BYTES = 4
+TARGET_K_STEPS = 16
+"""Simulation steps per workgroup aimed at: the K loop is simulated in about this many steps."""
+
+
+@dataclass(frozen=True)
+class GemmKernelSpec:
+    """One GEMM kernel implementation of the library.
+
+    Attributes
+    ----------
+    tile_m, tile_n
+        Output tile (macro tile) of one workgroup.
+    tile_k
+        K depth staged in LDS per iteration.
+    threads
+        Threads per workgroup.
+    split_k
+        Number of workgroups sharing one output tile along K (partials reduced afterwards).
+    lds_buffers
+        LDS copies of the A and B panels (2 = double buffering).
+    """
+
+    tile_m: int
+    tile_n: int
+    tile_k: int = 32
+    threads: int = 256
+    split_k: int = 1
+    lds_buffers: int = 2
+
+    @property
+    def name(self) -> str:
+        """Kernel name in the style of Tensile's macro-tile names."""
+        split = f"_SK{self.split_k}" if self.split_k > 1 else ""
+        return f"MT{self.tile_m}x{self.tile_n}x{self.tile_k}_T{self.threads}{split}"
+
+    def shape(self, dtype: str) -> WorkgroupShape:
+        """Per-workgroup resources for inputs of ``dtype``."""
+        lds = (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[dtype] * self.lds_buffers
+        accumulators = self.tile_m * self.tile_n * ACCUMULATOR_BYTES // self.threads // 4
+        return WorkgroupShape(self.threads, lds, accumulators + 40)
+
+    def with_split(self, split_k: int) -> GemmKernelSpec:
+        """The same tile with ``split_k`` K splits."""
+        return GemmKernelSpec(self.tile_m, self.tile_n, self.tile_k, self.threads, split_k, self.lds_buffers)
+
+
+LIBRARY: tuple[GemmKernelSpec, ...] = (
+    GemmKernelSpec(256, 256, 32, 256),
+    GemmKernelSpec(256, 128, 32, 256),
+    GemmKernelSpec(128, 256, 32, 256),
+    GemmKernelSpec(128, 128, 32, 256),
+    GemmKernelSpec(128, 128, 64, 256),
+    GemmKernelSpec(128, 64, 32, 256),
+    GemmKernelSpec(64, 128, 32, 256),
+    GemmKernelSpec(128, 64, 64, 128),
+    GemmKernelSpec(64, 64, 32, 256),
+    GemmKernelSpec(64, 64, 64, 128),
+    GemmKernelSpec(64, 32, 32, 128),
+    GemmKernelSpec(32, 64, 32, 128),
+    GemmKernelSpec(32, 32, 32, 64),
+    GemmKernelSpec(16, 64, 64, 64),
+    GemmKernelSpec(64, 16, 64, 64),
+)
+"""The kernel library: macro tiles from large (high reuse, few workgroups) to small."""
+
+SPLIT_K_FACTORS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """The shape of one (batched) GEMM: C[m, n] = A[m, k] B[k, n], ``batch`` times.
+
+    Attributes
+    ----------
+    m, n, k
+        Dimensions.
+    dtype
+        Input dtype (C is written in the same dtype; accumulation is fp32).
+    trans_a, trans_b
+        Transposes (they change the contiguous dimension of A and B, see :func:`run_bytes`).
+    batch
+        Independent GEMMs of the same shape (strided batched GEMM).
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "fp16"
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        """Useful floating-point operations, 2 m n k per batch entry."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def min_bytes(self) -> float:
+        """Compulsory DRAM traffic: read A and B once, write C once."""
+        return (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype_bytes * self.batch
+
+
+def tiles(problem: GemmProblem, spec: GemmKernelSpec) -> tuple[int, int]:
+    """Tiles along M and N."""
+    return math.ceil(problem.m / spec.tile_m), math.ceil(problem.n / spec.tile_n)
+
+
+def num_workgroups(problem: GemmProblem, spec: GemmKernelSpec) -> int:
+    """Workgroups of the grid."""
+    tm, tn = tiles(problem, spec)
+    return tm * tn * problem.batch * spec.split_k
+
+
+def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus: int | None = None) -> float:
+    """A BLAS-heuristic estimate of a kernel's time: wave-quantized compute versus memory, ns.
+
+    This is what a library heuristic knows without running: it picks the kernel; the simulation
+    then decides how long it really takes.
+    """
+    cus = cus or gpu.num_cus
+    shape = spec.shape(problem.dtype)
+    resident = occupancy(shape, gpu.cu)
+    if resident == 0:
+        return math.inf
+    groups = num_workgroups(problem, spec)
+    peak = gpu.cu.matrix_flops_per_cycle.get(problem.dtype) or gpu.cu.vector_flops_per_cycle.get("fp32", 1.0)
+    per_cu_flops_per_ns = peak * gpu.clock_hz * 1e-9
+    share = min(1.0, shape.wavefronts(gpu.cu.wavefront_size) / SIMDS_PER_CU)
+    tile_flops = 2.0 * spec.tile_m * spec.tile_n * math.ceil(problem.k / spec.split_k)
+    per_cu = math.ceil(groups / cus)
+    concurrent = min(per_cu, resident)
+    compute = per_cu * tile_flops / (per_cu_flops_per_ns * min(1.0, share * concurrent))
+    l2_bytes = groups * (spec.tile_m + spec.tile_n) * math.ceil(problem.k / spec.split_k) * problem.dtype_bytes
+    partials = problem.m * problem.n * problem.batch * ACCUMULATOR_BYTES * spec.split_k if spec.split_k > 1 else 0
+    dram_bytes = problem.min_bytes + partials
+    memory = max(l2_bytes / gpu.l2.bandwidth_bytes_per_s, dram_bytes / gpu.hbm.bandwidth_bytes_per_s) * 1e9
+    reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.bandwidth_bytes_per_s * 1e9
+    return max(compute, memory) + reduction + (gpu.kernel_launch_ns if spec.split_k > 1 else 0.0)
+
+
+def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
+    """Every library kernel, with the split-K factors that make sense for ``problem``."""
+    result = []
+    for spec in library:
+        for split in SPLIT_K_FACTORS:
+            if split > 1 and problem.k // split < 4 * spec.tile_k:
+                break
+            result.append(spec.with_split(split))
+    return result
+
+
+HEURISTIC_TOLERANCE = 0.03
+"""Kernels estimated within this fraction of the fastest count as equally fast; the heuristic then
+prefers the largest tile (most reuse), as BLAS heuristics do."""
+
+
+def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) -> GemmKernelSpec:
+    """The kernel a BLAS library's heuristic would pick.
+
+    The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
+    one with the largest output tile, then the fewest K splits.
+    """
+    estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem)]
+    fastest = min(estimate for estimate, _ in estimates)
+    near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
+    return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, spec.tile_k))
+
+
+def k_step(problem: GemmProblem, spec: GemmKernelSpec) -> int:
+    """K depth of one simulation step: a multiple of ``tile_k``, about :data:`TARGET_K_STEPS` steps per split."""
+    per_split = math.ceil(problem.k / spec.split_k)
+    steps = max(1, min(math.ceil(per_split / spec.tile_k), TARGET_K_STEPS))
+    return math.ceil(math.ceil(per_split / steps) / spec.tile_k) * spec.tile_k
+
+
+def padded_k(problem: GemmProblem, spec: GemmKernelSpec) -> int:
+    """K extent of one split rounded up to whole simulation steps (the slices' address space)."""
+    step = k_step(problem, spec)
+    return math.ceil(math.ceil(problem.k / spec.split_k) / step) * step
+
+
+StoreFn = Callable[[int, int, int, Join], Generator | None]
+"""``store(wg, c_offset, nbytes, join)``: write a finished tile; may be a generator to wait in."""
+
+
+class GemmKernel:
+    """A GEMM lowered to a grid of workgroups on one GPU.
+
+    Parameters
+    ----------
+    gpu
+        The GPU it runs on.
+    problem
+        The GEMM.
+    spec
+        The kernel implementation.
+    a, b, c
+        Buffers of A, B and C (C receives the result; with split-K, fp32 partials go to a
+        workspace and a reduction follows, see :attr:`reduction`).
+    store
+        Replaces the default tile write (used by T3 to send tiles to remote memory or to update).
+    c_cached
+        Whether C is written through the L2.
+    wg_order
+        Dispatch order of the workgroups (T3 staggering).
+    cu_mask
+        CUs the kernel may use.
+    name
+        Kernel name in results.
+    """
+
+    def __init__(
+        self,
+        gpu: Gpu,
+        problem: GemmProblem,
+        spec: GemmKernelSpec,
+        a: Buffer,
+        b: Buffer,
+        c: Buffer,
+        store: StoreFn | None = None,
+        wg_order: list[int] | None = None,
+        cu_mask: list[int] | None = None,
+        name: str | None = None,
+    ):
+        self.gpu = gpu
+        self.problem = problem
+        self.spec = spec
+        self.a, self.b, self.c = a, b, c
+        self.store = store
+        self.tiles_m, self.tiles_n = tiles(problem, spec)
+        self.k_per_split = math.ceil(problem.k / spec.split_k)
+        self.k_step = k_step(problem, spec)
+        self.steps = math.ceil(self.k_per_split / self.k_step)
+        self.flops_per_ns = gpu.matrix_flops_per_ns(problem.dtype)
+        self.wavefronts = spec.shape(problem.dtype).wavefronts(gpu.config.cu.wavefront_size)
+        self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if spec.split_k > 1 else problem.dtype_bytes)
+        self.kernel = Kernel(
+            name=name or f"gemm_{spec.name}",
+            num_wgs=num_workgroups(problem, spec),
+            shape=spec.shape(problem.dtype),
+            body=self._workgroup,
+            cu_mask=cu_mask,
+            wg_order=wg_order,
+            info={
+                "impl": spec.name,
+                "flops": problem.flops,
+                "workgroups": num_workgroups(problem, spec),
+                "occupancy": occupancy(spec.shape(problem.dtype), gpu.config.cu),
+            },
+        )
+
+    # -- geometry -------------------------------------------------------------------------------
+    def tile_of(self, wg: int) -> tuple[int, int, int, int]:
+        """``(batch, tile_row, tile_col, split)`` computed by workgroup ``wg``."""
+        split = wg % self.spec.split_k
+        tile = wg // self.spec.split_k
+        per_batch = self.tiles_m * self.tiles_n
+        batch, within = divmod(tile, per_batch)
+        row, col = divmod(within, self.tiles_n)
+        return batch, row, col, split
+
+    def c_range(self, wg: int) -> tuple[int, int]:
+        """Byte offset and length in C of workgroup ``wg``'s output tile."""
+        p, s = self.problem, self.spec
+        batch, row, col, split = self.tile_of(wg)
+        rows = min(s.tile_m, p.m - row * s.tile_m)
+        cols = min(s.tile_n, p.n - col * s.tile_n)
+        tile_index = (batch * self.tiles_m + row) * self.tiles_n + col
+        if s.split_k > 1:
+            tile_index = tile_index * s.split_k + split
+        return tile_index * self.tile_bytes, rows * cols * (self.tile_bytes // (s.tile_m * s.tile_n))
+
+    # -- workgroup ------------------------------------------------------------------------------
+    def _fetch(self, cu: ComputeUnit, batch: int, row: int, col: int, split: int, step: int) -> Join:
+        p, s = self.problem, self.spec
+        gpu = self.gpu
+        env = gpu.env
+        k0 = split * self.k_per_split + step * self.k_step
+        depth = max(0, min(self.k_step, p.k - k0, (split + 1) * self.k_per_split - k0))
+        rows = min(s.tile_m, p.m - row * s.tile_m)
+        cols = min(s.tile_n, p.n - col * s.tile_n)
+        size = p.dtype_bytes
+        slices_per_row = self.steps * s.split_k
+        slice_index = split * self.steps + step
+        a_offset = ((batch * self.tiles_m + row) * slices_per_row + slice_index) * s.tile_m * self.k_step * size
+        b_offset = ((batch * self.tiles_n + col) * slices_per_row + slice_index) * s.tile_n * self.k_step * size
+        a_bytes = rows * depth * size
+        b_bytes = cols * depth * size
+        join = Join(env)
+        memory = gpu.memory
+        if a_bytes:
+            memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached)
+        if b_bytes:
+            memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached)
+        join.extend_to(cu.memory(env.now, a_bytes + b_bytes))
+        return join
+
+    def _workgroup(self, wg: int, cu: ComputeUnit):
+        env = self.gpu.env
+        batch, row, col, split = self.tile_of(wg)
+        step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step
+        pending = self._fetch(cu, batch, row, col, split, 0)
+        yield pending.close()
+        for step in range(self.steps):
+            compute_done = cu.compute(env.now, step_flops, self.flops_per_ns, self.wavefronts)
+            if step + 1 < self.steps:
+                pending = self._fetch(cu, batch, row, col, split, step + 1)
+                pending.extend_to(compute_done)
+                yield pending.close()
+            else:
+                yield env.timeout(compute_done - env.now)
+        offset, nbytes = self.c_range(wg)
+        join = Join(env)
+        if self.store is None:
+            self.gpu.memory.write(self.c.addr + offset, nbytes, join, COMPUTE, self.c.cached)
+        else:
+            waiting = self.store(wg, offset, nbytes, join)
+            if waiting is not None:
+                yield from waiting
+        join.extend_to(cu.memory(env.now, nbytes))
+        yield join.close()
+
+
+def find_spec(name: str) -> GemmKernelSpec:
+    """The library kernel called ``name`` (split-K suffix allowed)."""
+    for spec in LIBRARY:
+        for split in SPLIT_K_FACTORS:
+            if spec.with_split(split).name == name:
+                return spec.with_split(split)
+    known = ", ".join(spec.name for spec in LIBRARY)
+    raise ValueError(f"unknown GEMM kernel {name!r}; library kernels: {known} (optionally with _SK2.._SK16)")
+
+
+def problem_of(op) -> GemmProblem:
+    """The :class:`GemmProblem` of a :class:`gpusim.ops.Gemm`."""
+    return GemmProblem(op.m, op.n, op.k, op.dtype, op.trans_a, op.trans_b, op.batch)
+
+
+def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | None = None):
+    """Run a :class:`gpusim.ops.Gemm` on ``ctx``'s rank (a generator for the op's stream).
+
+    The kernel is ``spec``, else the op's named kernel, else the library heuristic's choice for
+    the CUs the stream may use.  With split-K, fp32 partial tiles go to a workspace and an
+    element-wise reduction kernel writes C.
+    """
+    from gpusim.kernels.elementwise import StreamingKernel
+
+    problem = problem_of(op)
+    gpu = ctx.gpu
+    if spec is None:
+        if op.kernel is not None:
+            spec = find_spec(op.kernel)
+        else:
+            spec = choose_kernel(problem, gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
+    size = problem.dtype_bytes
+    tiles_m, tiles_n = tiles(problem, spec)
+    k_extent = padded_k(problem, spec) * spec.split_k
+    a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
+    b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
+    c = ctx.tensor(op.out, tiles_m * tiles_n * problem.batch * spec.tile_m * spec.tile_n * size)
+    if spec.split_k > 1:
+        workspace = ctx.tensor(None, tiles_m * tiles_n * problem.batch * spec.split_k * spec.tile_m * spec.tile_n * 4)
+        target = workspace
+    else:
+        target = c
+    kernel = GemmKernel(gpu, problem, spec, a, b, target, store=store, name=f"gemm_{spec.name}")
+    yield from ctx.launch(kernel.kernel)
+    if spec.split_k > 1:
+        partial_bytes = problem.m * problem.n * problem.batch * 4
+        reduction = StreamingKernel(
+            gpu,
+            name=f"splitk_reduce_{spec.split_k}",
+            reads=[(workspace, partial_bytes * spec.split_k)],
+            writes=[(c, problem.m * problem.n * problem.batch * size)],
+            flops=float(problem.m * problem.n * problem.batch * spec.split_k),
+            dtype="fp32",
+        )
+        yield from ctx.launch(reduction.kernel)
+    ctx.info.update(
+        impl=spec.name,
+        flops=problem.flops,
+        workgroups=kernel.kernel.num_wgs,
+        bytes=problem.min_bytes,
+    )

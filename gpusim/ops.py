@@ -1,0 +1,411 @@
+"""Operators that gpusim can simulate: the public vocabulary of ``gpusim.run``.
+
+Every op validates its parameters on construction and raises :class:`gpusim.errors.OpError`
+naming the field and what was expected.  Ops name tensors by string (``out="c"``); a later op that
+names the same tensor reads the same memory (and may hit in the L2).  Unnamed tensors are private.
+Compute ops run on every rank in ``ranks`` (default: all); collectives span ``ranks``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import OpError
+
+if TYPE_CHECKING:
+    from gpusim.sched.executor import OpContext
+
+_ids = itertools.count()
+
+
+def _check_positive_int(op: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise OpError(f"{op}: field '{name}' must be a positive integer, got {value!r}")
+
+
+def _check_dtype(op: str, dtype: object) -> None:
+    if dtype not in DTYPE_BYTES:
+        raise OpError(f"{op}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+
+
+def _check_ranks(op: str, ranks: object) -> None:
+    if ranks is None:
+        return
+    if not isinstance(ranks, (list, tuple)) or not ranks:
+        raise OpError(f"{op}: field 'ranks' must be a non-empty list of GPU indices, got {ranks!r}")
+    for rank in ranks:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise OpError(f"{op}: field 'ranks' must hold non-negative integers, got {rank!r}")
+    if len(set(ranks)) != len(ranks):
+        raise OpError(f"{op}: field 'ranks' repeats a GPU: {list(ranks)}")
+
+
+@dataclass
+class Op:
+    """Base of all operators.
+
+    Attributes
+    ----------
+    name
+        Label in results (default: derived from the op).
+    ranks
+        GPUs it runs on (``None``: all GPUs of the system).
+    category
+        (class attribute) ``gemm``, ``elementwise``, ``reduction``, ``collective``... as in results.
+    """
+
+    name: str | None = field(default=None, kw_only=True)
+    ranks: tuple[int, ...] | list[int] | None = field(default=None, kw_only=True)
+    category: ClassVar[str] = "op"
+
+    def __post_init__(self) -> None:
+        _check_ranks(type(self).__name__, self.ranks)
+        self.uid = next(_ids)
+
+    @property
+    def label(self) -> str:
+        """Name shown in results."""
+        return self.name or self.describe()
+
+    def describe(self) -> str:
+        """A short description of the op's parameters."""
+        return self.category
+
+    def run_on(self, ctx: OpContext):
+        """The generator that executes this op on one rank (defined by each op)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Gemm(Op):
+    """C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched).
+
+    Attributes
+    ----------
+    m, n, k
+        Dimensions (positive).
+    dtype
+        Input and output dtype; accumulation is fp32.
+    trans_a, trans_b
+        Whether A / B are transposed.
+    batch
+        Batch count.
+    a, b, out
+        Tensor names (optional).
+    kernel
+        Force a kernel implementation by name (e.g. ``"MT128x128x32_T256"``); default: the
+        library heuristic's choice.
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "fp16"
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+    a: str | None = None
+    b: str | None = None
+    out: str | None = None
+    kernel: str | None = None
+    category: ClassVar[str] = "gemm"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            _check_positive_int("Gemm", name, getattr(self, name))
+        _check_dtype("Gemm", self.dtype)
+        super().__post_init__()
+
+    @property
+    def flops(self) -> float:
+        """2 m n k batch."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    def describe(self) -> str:
+        batch = f"x{self.batch}" if self.batch > 1 else ""
+        return f"gemm {self.m}x{self.n}x{self.k}{batch} {self.dtype}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.gemm import execute_gemm
+
+        return execute_gemm(ctx, self)
+
+
+ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
+    "copy": (1, 1, 0.0),
+    "add": (2, 1, 1.0),
+    "mul": (2, 1, 1.0),
+    "scale": (1, 1, 1.0),
+    "relu": (1, 1, 1.0),
+    "gelu": (1, 1, 14.0),
+    "sigmoid": (1, 1, 10.0),
+    "tanh": (1, 1, 10.0),
+    "dropout": (1, 2, 4.0),
+    "bias_gelu": (2, 1, 15.0),
+    "residual_dropout": (2, 2, 5.0),
+    "fill": (0, 1, 0.0),
+}
+"""Element-wise kinds: (tensors read, tensors written, FLOPs per element)."""
+
+
+@dataclass
+class Elementwise(Op):
+    """An element-wise kernel over ``elements`` values.
+
+    Attributes
+    ----------
+    kind
+        One of :data:`ELEMENTWISE_KINDS`.
+    elements
+        Elements per tensor.
+    dtype
+        Element dtype.
+    inputs, out
+        Tensor names (optional).
+    """
+
+    kind: str
+    elements: int
+    dtype: str = "fp16"
+    inputs: tuple[str, ...] | None = None
+    out: str | None = None
+    category: ClassVar[str] = "elementwise"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ELEMENTWISE_KINDS:
+            raise OpError(
+                f"Elementwise: field 'kind' must be one of {', '.join(ELEMENTWISE_KINDS)}, got {self.kind!r}"
+            )
+        _check_positive_int("Elementwise", "elements", self.elements)
+        _check_dtype("Elementwise", self.dtype)
+        super().__post_init__()
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.elements} {self.dtype}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.elementwise import execute_elementwise
+
+        return execute_elementwise(ctx, self)
+
+
+ROW_REDUCE_KINDS: dict[str, tuple[int, float]] = {
+    "softmax": (3, 5.0),
+    "layernorm": (2, 8.0),
+    "rmsnorm": (2, 5.0),
+    "sum": (1, 1.0),
+}
+"""Row-reduction kinds: (reads of each row when it does not fit on chip, FLOPs per element).
+Softmax reads a long row for its maximum, its sum of exponentials and the normalisation;
+layernorm for its statistics (one Welford pass) and the normalisation."""
+
+
+@dataclass
+class RowReduce(Op):
+    """A row-wise reduction over an ``rows x cols`` matrix (softmax, layernorm), output the same size.
+
+    Attributes
+    ----------
+    kind
+        One of :data:`ROW_REDUCE_KINDS`.
+    rows, cols
+        Matrix shape.
+    dtype
+        Element dtype.
+    """
+
+    kind: str
+    rows: int
+    cols: int
+    dtype: str = "fp16"
+    input: str | None = None
+    out: str | None = None
+    category: ClassVar[str] = "reduction"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROW_REDUCE_KINDS:
+            raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
+        _check_positive_int("RowReduce", "rows", self.rows)
+        _check_positive_int("RowReduce", "cols", self.cols)
+        _check_dtype("RowReduce", self.dtype)
+        super().__post_init__()
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.rows}x{self.cols} {self.dtype}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.elementwise import execute_row_reduce
+
+        return execute_row_reduce(ctx, self)
+
+
+COLLECTIVE_ALGORITHMS = ("ring", "direct", "hierarchical", "auto")
+
+
+@dataclass
+class Collective(Op):
+    """Base of collectives over ``ranks``.
+
+    Attributes
+    ----------
+    nbytes
+        Size of each rank's input (all-reduce, reduce-scatter, all-to-all) or output (all-gather).
+    dtype
+        Element dtype (reductions add in this dtype).
+    algorithm
+        ``ring``, ``direct`` (each rank talks to every other), ``hierarchical`` (across nodes),
+        or ``auto`` (ring within a node, hierarchical across nodes).
+    driver
+        ``"cu"`` (a kernel on the configured number of CUs, as NCCL/RCCL) or ``"dma"``.
+    channels
+        CUs a CU-driven collective uses (default: the node's ``collectives.cus``).
+    input, out
+        Tensor names (optional).
+    """
+
+    nbytes: int
+    dtype: str = "fp16"
+    algorithm: str = "auto"
+    driver: str = "cu"
+    channels: int | None = None
+    input: str | None = None
+    out: str | None = None
+    category: ClassVar[str] = "collective"
+    collective: ClassVar[str] = "collective"
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        _check_positive_int(name, "nbytes", self.nbytes)
+        _check_dtype(name, self.dtype)
+        if self.algorithm not in COLLECTIVE_ALGORITHMS:
+            raise OpError(f"{name}: field 'algorithm' must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, got {self.algorithm!r}")
+        if self.driver not in ("cu", "dma"):
+            raise OpError(f"{name}: field 'driver' must be 'cu' or 'dma', got {self.driver!r}")
+        if self.channels is not None:
+            _check_positive_int(name, "channels", self.channels)
+        super().__post_init__()
+
+    def describe(self) -> str:
+        from gpusim.units import format_bytes
+
+        return f"{self.collective} {format_bytes(self.nbytes)}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.collectives import execute_collective
+
+        return execute_collective(ctx, self)
+
+
+@dataclass
+class AllReduce(Collective):
+    """Every rank ends with the element-wise sum of all ranks' ``nbytes`` arrays."""
+
+    collective: ClassVar[str] = "allreduce"
+
+
+@dataclass
+class ReduceScatter(Collective):
+    """Rank i ends with the sum of chunk i (``nbytes / n``) of every rank's array."""
+
+    collective: ClassVar[str] = "reducescatter"
+
+
+@dataclass
+class AllGather(Collective):
+    """Every rank ends with all ranks' chunks; ``nbytes`` is the gathered (output) size."""
+
+    collective: ClassVar[str] = "allgather"
+
+
+@dataclass
+class AllToAll(Collective):
+    """Rank i sends chunk j of its ``nbytes`` array to rank j."""
+
+    collective: ClassVar[str] = "alltoall"
+
+
+@dataclass
+class SendRecv(Op):
+    """Rank ``src`` sends ``nbytes`` to rank ``dst`` (pipeline-parallel activations).
+
+    Attributes
+    ----------
+    nbytes
+        Message size.
+    src, dst
+        Sender and receiver ranks.
+    """
+
+    nbytes: int
+    src: int = 0
+    dst: int = 1
+    input: str | None = None
+    out: str | None = None
+    category: ClassVar[str] = "sendrecv"
+
+    def __post_init__(self) -> None:
+        _check_positive_int("SendRecv", "nbytes", self.nbytes)
+        for field_name in ("src", "dst"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise OpError(f"SendRecv: field '{field_name}' must be a non-negative integer, got {value!r}")
+        if self.src == self.dst:
+            raise OpError(f"SendRecv: 'src' and 'dst' must differ, both are {self.src}")
+        if self.ranks is None:
+            self.ranks = (self.src, self.dst)
+        super().__post_init__()
+
+    def describe(self) -> str:
+        from gpusim.units import format_bytes
+
+        return f"send {self.src}->{self.dst} {format_bytes(self.nbytes)}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.collectives import execute_sendrecv
+
+        return execute_sendrecv(ctx, self)
+
+
+@dataclass
+class Delay(Op):
+    """A fixed amount of time on a stream (e.g. a measured duration that is not simulated).
+
+    Attributes
+    ----------
+    seconds
+        Duration.
+    """
+
+    seconds: float = 0.0
+    category: ClassVar[str] = "delay"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seconds, (int, float)) or self.seconds < 0:
+            raise OpError(f"Delay: field 'seconds' must be a non-negative number, got {self.seconds!r}")
+        super().__post_init__()
+
+    def describe(self) -> str:
+        return f"delay {self.seconds * 1e6:.3g} us"
+
+    def run_on(self, ctx: OpContext):
+        yield ctx.sim.timeout(self.seconds * 1e9)
+
+
+__all__ = [
+    "AllGather",
+    "AllReduce",
+    "AllToAll",
+    "Collective",
+    "Delay",
+    "ELEMENTWISE_KINDS",
+    "Elementwise",
+    "Gemm",
+    "Op",
+    "ROW_REDUCE_KINDS",
+    "ReduceScatter",
+    "RowReduce",
+    "SendRecv",
+]

@@ -1,0 +1,77 @@
+"""Matplotlib plots of results.  Every function takes a DataFrame (or Result) and ``ax=None`` and
+returns the Axes it drew on."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+
+def _axes(ax):
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.5))
+    return ax
+
+
+def timeline(ops: pd.DataFrame, ax=None, gpus: list[int] | None = None):
+    """Gantt chart of ops per GPU and stream (``Result.ops``)."""
+    ax = _axes(ax)
+    frame = ops if gpus is None else ops[ops["gpu"].isin(gpus)]
+    lanes = sorted({(int(g), s) for g, s in zip(frame["gpu"], frame["stream"])})
+    index = {lane: i for i, lane in enumerate(lanes)}
+    kinds = sorted(frame["kind"].unique())
+    colours = {kind: f"C{i}" for i, kind in enumerate(kinds)}
+    for row in frame.itertuples(index=False):
+        y = index[(int(row.gpu), row.stream)]
+        ax.barh(y, row.duration_s * 1e3, left=row.start_s * 1e3, color=colours[row.kind], edgecolor="k", linewidth=0.3)
+    ax.set_yticks(range(len(lanes)), [f"GPU{g} {s}" for g, s in lanes])
+    ax.set_xlabel("time (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds]
+    ax.legend(handles, kinds, loc="upper right", fontsize="small")
+    ax.invert_yaxis()
+    return ax
+
+
+def dram_bandwidth(bandwidth: pd.DataFrame, ax=None, title: str | None = None):
+    """DRAM bandwidth over time per stream and direction (``Result.dram_bandwidth(gpu)``)."""
+    ax = _axes(ax)
+    for column in bandwidth.columns:
+        if column == "t_s":
+            continue
+        ax.plot(bandwidth["t_s"] * 1e3, bandwidth[column], label=column, linewidth=1)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("DRAM GB/s")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize="small")
+    return ax
+
+
+def bars(frame: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None, ylabel: str | None = None):
+    """Grouped bar chart of ``y`` by ``x`` (and ``hue``)."""
+    ax = _axes(ax)
+    if hue is None:
+        ax.bar(frame[x].astype(str), frame[y])
+    else:
+        table = frame.pivot_table(index=x, columns=hue, values=y, aggfunc="first", sort=False)
+        table.plot.bar(ax=ax, rot=30)
+    ax.set_ylabel(ylabel or y)
+    ax.set_xlabel(x)
+    return ax
+
+
+def measured_vs_simulated(frame: pd.DataFrame, measured: str = "measured_s", simulated: str = "simulated_s",
+                          ax=None, label: str | None = None):
+    """Scatter of simulated against measured times on log axes, with the ideal line."""
+    ax = _axes(ax)
+    ax.loglog(frame[measured] * 1e3, frame[simulated] * 1e3, "o", markersize=4, label=label)
+    low = min(frame[measured].min(), frame[simulated].min()) * 1e3
+    high = max(frame[measured].max(), frame[simulated].max()) * 1e3
+    ax.loglog([low, high], [low, high], "k--", linewidth=0.8)
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("simulated (ms)")
+    return ax

@@ -1,0 +1,181 @@
+"""Executing ops on streams: per-rank stream processes, dependencies, kernel launches, records.
+
+An op runs on a rank inside an :class:`OpContext`, which gives it the rank's GPU, its tensors and a
+way to launch kernels.  Ops on one stream of a rank run one after another; ops on different
+streams run concurrently and share the GPU.  Collectives additionally share per-op state across
+the ranks that take part (flags that say a neighbour's data has arrived).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from simpy.events import Event
+
+from gpusim.engine.simulation import Simulation, Span
+from gpusim.hw.compute import Kernel, KernelRun
+from gpusim.hw.gpu import Buffer, Gpu
+from gpusim.hw.system import Machine
+
+if TYPE_CHECKING:
+    from gpusim.ops import Op
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A queue of ops on each GPU.
+
+    Attributes
+    ----------
+    name
+        Stream name (ops naming the same stream run in order).
+    cu_mask
+        CUs its kernels may use (``None``: all) — CU masking / CU partitioning.
+    """
+
+    name: str = "compute"
+    cu_mask: tuple[int, ...] | None = None
+
+
+@dataclass
+class OpRecord:
+    """What happened to one op on one rank."""
+
+    op: Op
+    rank: int
+    stream: str
+    start_ns: float
+    end_ns: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class OpContext:
+    """What an op's executor sees while it runs on one rank.
+
+    Attributes
+    ----------
+    executor, machine, sim
+        The run's executor, simulated machine and simulation.
+    op, rank, gpu, stream
+        The op, the rank it runs on, that rank's (simulated) GPU and the stream.
+    group
+        The ranks the op spans.
+    info
+        Facts the executor adds to the op's record (implementation, FLOPs, bytes...).
+    """
+
+    def __init__(self, executor: Executor, op: Op, rank: int, stream: Stream, group: list[int]):
+        self.executor = executor
+        self.machine = executor.machine
+        self.sim = executor.sim
+        self.env = executor.sim.env
+        self.op = op
+        self.rank = rank
+        self.gpu: Gpu = self.machine.gpu(rank)
+        self.stream = stream
+        self.group = group
+        self.info: dict[str, Any] = {}
+
+    @property
+    def config(self):
+        """The system's configuration."""
+        return self.machine.config
+
+    @property
+    def cu_mask(self) -> tuple[int, ...] | None:
+        """CUs this op's kernels may use."""
+        return self.stream.cu_mask
+
+    def tensor(self, name: str | None, nbytes: int, cached: bool = True) -> Buffer:
+        """The buffer of tensor ``name`` on this rank's GPU (allocated at first use, ``nbytes`` long).
+
+        An unnamed tensor is private to this op.  A named tensor that exists but is smaller than
+        ``nbytes`` (e.g. a consumer that pads its tiles more) is moved to a new, larger buffer.
+        """
+        return self.executor.tensor(self.rank, name, nbytes, cached, self.op)
+
+    def shared(self) -> dict[str, Any]:
+        """State shared by all ranks taking part in this op (e.g. arrival flags)."""
+        return self.executor.shared.setdefault(self.op.uid, {})
+
+    def launch(self, kernel: Kernel, overhead_ns: float | None = None) -> Generator[Event, Any, KernelRun]:
+        """Launch ``kernel`` on this rank's GPU after the launch overhead; return when it ends."""
+        if kernel.cu_mask is None and self.cu_mask is not None:
+            kernel.cu_mask = self.cu_mask
+        delay = self.gpu.config.kernel_launch_ns if overhead_ns is None else overhead_ns
+        if delay:
+            yield self.env.timeout(delay)
+        run = self.gpu.dispatcher.launch(kernel)
+        yield run.done
+        self.sim.recorder.span(
+            Span(kernel.name, "kernel", self.rank, self.stream.name, run.start_ns, run.end_ns, dict(kernel.info))
+        )
+        return run
+
+
+class Executor:
+    """Runs ops on the simulated machine.
+
+    Parameters
+    ----------
+    sim
+        The simulation.
+    machine
+        The simulated hardware.
+    on_op_done
+        Called after every (op, rank) finishes, e.g. to advance a progress bar.
+    """
+
+    def __init__(self, sim: Simulation, machine: Machine, on_op_done=None):
+        self.sim = sim
+        self.machine = machine
+        self.records: list[OpRecord] = []
+        self.shared: dict[int, dict[str, Any]] = {}
+        self._tensors: dict[int, dict[str, Buffer]] = {}
+        self._on_op_done = on_op_done
+
+    def tensor(self, rank: int, name: str | None, nbytes: int, cached: bool, op: Op) -> Buffer:
+        """See :meth:`OpContext.tensor`."""
+        gpu = self.machine.gpu(rank)
+        key = gpu.index
+        if name is None:
+            return gpu.alloc(f"{op.label}#{op.uid}", nbytes, cached)
+        table = self._tensors.setdefault(key, {})
+        buffer = table.get(name)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = table[name] = gpu.alloc(name, nbytes, cached)
+        return buffer
+
+    def group_of(self, op: Op) -> list[int]:
+        """Ranks ``op`` runs on (checked against the machine)."""
+        ranks = list(range(self.machine.num_ranks)) if op.ranks is None else list(op.ranks)
+        for rank in ranks:
+            if rank >= self.machine.num_ranks:
+                raise ValueError(
+                    f"{op.label}: rank {rank} does not exist; {self.machine.config.name} has "
+                    f"ranks 0..{self.machine.num_ranks - 1}"
+                )
+        return ranks
+
+    def submit(self, op: Op, rank: int, stream: Stream, after: list[Event] | None = None) -> Event:
+        """Run ``op`` on ``rank`` once every event in ``after`` has fired; return its completion event."""
+        done = self.sim.event()
+        self.sim.process(self._execute(op, rank, stream, after or [], done))
+        return done
+
+    def _execute(self, op: Op, rank: int, stream: Stream, after: list[Event], done: Event):
+        for event in after:
+            if not event.processed:
+                yield event
+        ctx = OpContext(self, op, rank, stream, self.group_of(op))
+        start = self.sim.now
+        yield from op.run_on(ctx)
+        end = self.sim.now
+        self.records.append(OpRecord(op, rank, stream.name, start, end, ctx.info))
+        args = {"category": op.category, "op_id": op.uid, **ctx.info}
+        self.sim.recorder.span(Span(op.label, "op", rank, stream.name, start, end, args))
+        if self._on_op_done is not None:
+            self._on_op_done()
+        done.succeed()

@@ -1,0 +1,162 @@
+"""``gpusim.run``: simulate ops (or a trace) on a system and return a :class:`Result`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gpusim.engine.simulation import Simulation
+from gpusim.errors import OpError, SimulationError
+from gpusim.hw.system import Machine
+from gpusim.ops import Op
+from gpusim.results import Result, build_result
+from gpusim.sched.executor import Executor, Stream
+from gpusim.system import System, load_system
+
+
+def _as_stream(stream: str | Stream) -> Stream:
+    if isinstance(stream, Stream):
+        return stream
+    if isinstance(stream, str) and stream:
+        return Stream(stream)
+    raise OpError(f"a stream must be a non-empty name or a gpusim.Stream, got {stream!r}")
+
+
+def _progress_bar(total: int, enabled: bool, description: str):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, unit="op", leave=False)
+
+
+def prepare(
+    system: System | str,
+    mode: str = "full",
+    memory_policy: str | None = None,
+    dispatch_policy: str = "round_robin",
+    seed: int = 0,
+    bin_s: float = 5e-6,
+    on_op_done=None,
+) -> tuple[System, Simulation, Machine, Executor]:
+    """Build a simulation, its machine and an executor (for callers that submit ops themselves)."""
+    if isinstance(system, str):
+        system = load_system(system)
+    if not isinstance(system, System):
+        raise TypeError(f"expected a gpusim.System or a preset name, got {type(system).__name__}")
+    sim = Simulation(seed=seed, bin_ns=bin_s * 1e9)
+    machine = Machine(sim, system.config, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
+                      topology=system.topology)
+    executor = Executor(sim, machine, on_op_done=on_op_done)
+    return system, sim, machine, executor
+
+
+def finish(system: System, sim: Simulation, machine: Machine, executor: Executor, expected: int, wall_start: float) -> Result:
+    """Run the simulation to the end, check every op finished, and build the result."""
+    sim.run()
+    if len(executor.records) != expected:
+        done = {(r.op.uid, r.rank) for r in executor.records}
+        raise SimulationError(
+            f"simulation stopped with {expected - len(executor.records)} of {expected} op executions unfinished "
+            f"(a deadlock: an op waits for data that never comes); finished: {sorted(done)[:10]}..."
+        )
+    wall = time.perf_counter() - wall_start
+    stats = {
+        "events": sim.events_scheduled,
+        "wall_s": wall,
+        "events_per_s": sim.events_scheduled / wall if wall > 0 else float("nan"),
+        "mode": machine.mode,
+        "simulated_gpus": len(machine.gpus),
+    }
+    for rank, gpu in machine.gpus.items():
+        l2 = gpu.l2.stats
+        sim.recorder.count(f"gpu{rank}.l2_hits", l2.hits)
+        sim.recorder.count(f"gpu{rank}.l2_misses", l2.misses)
+        sim.recorder.count(f"gpu{rank}.l2_merged", l2.merged)
+        sim.recorder.count(f"gpu{rank}.dram_activations", sum(ch.stats.activations for ch in gpu.channels))
+        sim.recorder.count(f"gpu{rank}.mc_max_queue", max(mc.max_occupancy for mc in gpu.controllers))
+    return build_result(executor.records, sim.recorder, system.config.model_dump(mode="json"), stats)
+
+
+def run(
+    system: System | str,
+    ops: Op | Sequence[Op] | Any,
+    streams: Sequence[str | Stream] | None = None,
+    *,
+    mode: str = "full",
+    memory_policy: str | None = None,
+    dispatch_policy: str = "round_robin",
+    seed: int = 0,
+    progress: bool = False,
+    bin_s: float = 5e-6,
+) -> Result:
+    """Simulate ``ops`` on ``system``.
+
+    Parameters
+    ----------
+    system
+        A :class:`System` (see :func:`gpusim.load_system`) or a preset name.
+    ops
+        One op, a list of ops, or a :class:`gpusim.trace.Trace` (replayed as a DAG).
+    streams
+        For a list of ops: the stream of each op (a name or a :class:`gpusim.Stream` with a CU
+        mask).  Ops on one stream run in order; ops on different streams of a GPU run concurrently
+        and share its CUs, L2 and HBM.  Default: all ops on one stream.
+    mode
+        ``"full"`` simulates every GPU; ``"symmetric"`` simulates GPU 0 and mirrors its
+        neighbours' traffic into it (for work that every GPU does alike).
+    memory_policy
+        Memory-controller arbitration for all GPUs (``fr-fcfs``, ``fcfs``, ``round-robin``,
+        ``t3-mca``); default: each GPU's configured policy.
+    dispatch_policy
+        How concurrent kernels share CUs: ``round_robin`` or ``fifo``.
+    seed
+        Random seed (the same inputs and seed give identical results).
+    progress
+        Show a progress bar of finished ops.
+    bin_s
+        Time resolution of the DRAM and link traffic in the result, s.
+
+    Returns
+    -------
+    Result
+    """
+    wall_start = time.perf_counter()
+    if hasattr(ops, "replay"):
+        return ops.replay(system, mode=mode, memory_policy=memory_policy, seed=seed, progress=progress, bin_s=bin_s)
+    op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Iterable) else None
+    if not op_list or not all(isinstance(op, Op) for op in op_list):
+        raise OpError(f"run() takes an op, a non-empty list of ops, or a trace; got {ops!r}")
+    if streams is None:
+        stream_list = [Stream()] * len(op_list)
+    else:
+        stream_list = [_as_stream(s) for s in streams]
+        if len(stream_list) != len(op_list):
+            raise OpError(f"streams has {len(stream_list)} entries for {len(op_list)} ops")
+    bar = None
+
+    def advance() -> None:
+        if bar is not None:
+            bar.update()
+
+    system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
+    last: dict[tuple[int, str], Any] = {}
+    expected = 0
+    plans = []
+    for op, stream in zip(op_list, stream_list):
+        group = executor.group_of(op)
+        for rank in group:
+            if machine.is_simulated(rank):
+                plans.append((op, rank, stream))
+    bar = _progress_bar(len(plans), progress, system.name)
+    for op, rank, stream in plans:
+        key = (rank, stream.name)
+        previous = last.get(key)
+        last[key] = executor.submit(op, rank, stream, [previous] if previous is not None else [])
+        expected += 1
+    try:
+        return finish(system, sim, machine, executor, expected, wall_start)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,45 @@
+"""L2: LRU capacity, hits as dictionary operations, write-allocate, miss merging, write-back."""
+
+from gpusim.config import L2Config
+from gpusim.engine import Join, Simulation
+from gpusim.hw.cache import Fill, L2Cache
+
+CONFIG = L2Config(capacity_bytes=4 * 16384, block_bytes=16384, banks=4, clock_hz=1e9)
+
+
+def test_lru_evicts_least_recently_used():
+    l2 = L2Cache(CONFIG)
+    for block in range(4):
+        l2.insert(block, 0)
+    assert l2.lookup(0, 0.0) is True  # 0 becomes most recent
+    l2.insert(4, 0)
+    assert l2.lookup(1, 0.0) is False
+    assert l2.lookup(0, 0.0) is True
+    assert len(l2.blocks) <= l2.capacity_blocks
+
+
+def test_dirty_blocks_are_written_back_on_eviction():
+    l2 = L2Cache(CONFIG)
+    l2.insert(0, 1000)
+    l2.insert(0, 20000)
+    for block in range(1, 5):
+        evicted = l2.insert(block, 0)
+    assert evicted == [(0, 16384)]
+    assert l2.stats.writebacks == 1
+
+
+def test_second_miss_waits_for_the_first_fill():
+    sim = Simulation()
+    l2 = L2Cache(CONFIG)
+    fill = Fill()
+    fill.pending = 1
+    l2.insert(7, 0, fill)
+    join = Join(sim.env)
+    state = l2.lookup(7, 0.0)
+    assert state is fill
+    state.wait(join, 0.0)
+    fill.done_at(500.0)
+    event = join.close()
+    sim.run()
+    assert event.processed and sim.now == 500.0
+    assert l2.stats.merged == 1

@@ -1,0 +1,78 @@
+"""Collectives: analytic bounds, symmetric versus full mode, algorithms, drivers."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+
+RING8 = gpusim.load_system("t3-ring8")
+LINK = RING8.config.links.bandwidth_bytes_per_s
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(4096, 32 * 2**20), st.sampled_from([2, 4, 8]))
+def test_ring_allreduce_never_beats_the_bandwidth_bound(nbytes, n):
+    system = RING8.with_overrides({"num_gpus": n})
+    result = gpusim.run(system, ops.AllReduce(nbytes), mode="symmetric")
+    bound = 2 * (n - 1) / n * nbytes / LINK + system.config.links.latency_ns * 1e-9
+    assert result.time_s >= bound
+
+
+def test_large_ring_allreduce_approaches_link_bandwidth():
+    nbytes = 64 * 2**20
+    result = gpusim.run(RING8, ops.AllReduce(nbytes), mode="symmetric")
+    bus_bandwidth = 2 * 7 / 8 * nbytes / result.time_s
+    assert 0.85 * LINK < bus_bandwidth <= LINK
+
+
+@pytest.mark.parametrize("op", [ops.AllReduce(8 * 2**20), ops.ReduceScatter(8 * 2**20), ops.AllGather(8 * 2**20)])
+def test_symmetric_mode_agrees_with_full_mode(op):
+    full = gpusim.run(RING8, op, mode="full")
+    symmetric = gpusim.run(RING8, op, mode="symmetric")
+    assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
+    assert full.ops["gpu"].nunique() == 8 and symmetric.ops["gpu"].nunique() == 1
+
+
+def test_link_bytes_match_the_ring_volume():
+    nbytes = 8 * 2**20
+    result = gpusim.run(RING8, ops.AllReduce(nbytes), mode="full")
+    per_link = result.links.groupby("link")["bytes"].sum()
+    sent = per_link[[f"gpu{i}->gpu{(i + 1) % 8}" for i in range(8)]]
+    assert sent.sum() == pytest.approx(8 * 2 * 7 / 8 * nbytes, rel=0.001)
+
+
+def test_fewer_cus_slow_the_collective():
+    nbytes = 32 * 2**20
+    all_cus = gpusim.run(RING8, ops.AllReduce(nbytes), mode="symmetric").time_s
+    few = gpusim.run(RING8, ops.AllReduce(nbytes, channels=2), mode="symmetric").time_s
+    assert few > 1.2 * all_cus
+
+
+def test_direct_and_alltoall_on_fully_connected():
+    system = RING8.with_overrides({"topology.kind": "fully_connected", "num_gpus": 4})
+    for op in (ops.AllReduce(4 * 2**20, algorithm="direct"), ops.AllToAll(4 * 2**20)):
+        full = gpusim.run(system, op, mode="full")
+        symmetric = gpusim.run(system, op, mode="symmetric")
+        assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
+
+
+def test_dma_driven_reduce_scatter_uses_no_cu_and_less_dram():
+    nbytes = 16 * 2**20
+    cu = gpusim.run(RING8, ops.ReduceScatter(nbytes), mode="symmetric")
+    dma = gpusim.run(RING8, ops.ReduceScatter(nbytes, driver="dma"), mode="symmetric")
+    assert dma.kernels.empty or not (dma.kernels["name"].str.contains("ring")).any()
+    assert dma.dram["bytes"].sum() < cu.dram["bytes"].sum()
+    assert (dma.dram["direction"] == "update").any()
+
+
+def test_collective_on_missing_rank_is_an_error():
+    with pytest.raises(ValueError, match="rank 9 does not exist"):
+        gpusim.run(RING8, ops.AllReduce(1024, ranks=[0, 9]))
+
+
+def test_sendrecv_moves_data_between_two_gpus():
+    result = gpusim.run(RING8, ops.SendRecv(2**20, src=0, dst=1))
+    assert set(result.ops["gpu"]) == {0, 1}
+    assert result.time_s >= 2**20 / LINK

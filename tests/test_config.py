@@ -1,0 +1,90 @@
+"""Loading presets, overrides, and clear errors for bad configurations."""
+
+import textwrap
+
+import pytest
+
+import gpusim
+from gpusim.config import load_system_config
+from gpusim.errors import ConfigError, UnknownPresetError
+
+
+def test_t3_table_8_1_numbers():
+    system = gpusim.load_system("t3-ring8")
+    gpu = system.gpu
+    assert system.num_gpus == 8
+    assert gpu.num_cus == 80
+    assert gpu.clock_hz == 1.4e9
+    assert gpu.l2.capacity_bytes == 16 * 2**20
+    assert gpu.hbm.bandwidth_bytes_per_s == pytest.approx(1.024e12)
+    assert system.config.links.bandwidth_bytes_per_s == 75e9
+    assert system.config.links.latency_ns == 500
+
+
+def test_overrides_with_aliases():
+    system = gpusim.load_system("t3-ring8", {"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"})
+    assert system.gpu.num_cus == 160
+    assert system.config.links.bandwidth_bytes_per_s == 300e9
+    assert system.with_overrides({"gpu.num_cus": 40}).gpu.num_cus == 40
+
+
+def test_unknown_preset_lists_known():
+    with pytest.raises(UnknownPresetError) as info:
+        gpusim.load_system("no-such-gpu")
+    assert "t3-ring8" in str(info.value)
+    assert "known presets" in str(info.value)
+
+
+def test_unitless_bandwidth_override_is_an_error():
+    with pytest.raises(ConfigError, match="links.bandwidth.*unit"):
+        gpusim.load_system("t3-ring8", {"links.bandwidth": 300})
+
+
+def test_negative_bandwidth_is_an_error():
+    with pytest.raises(ConfigError, match="links.bandwidth_bytes_per_s.*greater than 0"):
+        gpusim.load_system("t3-ring8", {"links.bandwidth_bytes_per_s": "-3 GB/s"})
+
+
+def test_misspelled_override_names_field():
+    with pytest.raises(ConfigError, match="no field 'num_cu'.*num_cus"):
+        gpusim.load_system("t3-ring8", {"gpu.num_cu": 3})
+
+
+def test_misspelled_key_in_file_names_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            name: bad
+            gpu: t3-table8.1
+            num_gpus: 2
+            topology: {kind: ring}
+            links: {bandwith_bytes_per_s: 10 GB/s}
+            """
+        )
+    )
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert "bandwith_bytes_per_s" in message
+    assert "unknown field" in message
+
+
+def test_invalid_yaml_names_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="broken.yaml.*not valid YAML"):
+        load_system_config(path)
+
+
+def test_gpu_preset_is_a_single_gpu_system():
+    system = gpusim.load_system("t3-table8.1")
+    assert system.num_gpus == 1
+
+
+def test_every_preset_loads():
+    for kind, names in gpusim.list_presets().items():
+        for name in names:
+            system = gpusim.load_system(name)
+            assert system.gpu.num_cus > 0, (kind, name)

@@ -1,0 +1,90 @@
+"""GEMM: library, heuristic, quantization, and the roofline as an invariant."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.config import load_gpu_config
+from gpusim.kernels.gemm import GemmProblem, choose_kernel, find_spec, num_workgroups
+
+GPU = load_gpu_config("t3-table8.1")
+SYSTEM = gpusim.load_system("t3-table8.1")
+
+
+def gemm_time(m, n, k, **kwargs):
+    result = gpusim.run(SYSTEM, ops.Gemm(m, n, k, **kwargs))
+    return result.ops.iloc[0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(16, 3000), st.integers(16, 3000), st.integers(16, 3000))
+def test_gemm_never_beats_its_rooflines(m, n, k):
+    row = gemm_time(m, n, k)
+    flops_bound = 2 * m * n * k / GPU.matrix_flops_per_s("fp16")
+    bytes_bound = (m * k + k * n + m * n) * 2 / GPU.hbm.bandwidth_bytes_per_s
+    assert row.duration_s >= max(flops_bound, bytes_bound)
+
+
+def test_large_gemm_is_near_the_calibrated_compute_peak():
+    row = gemm_time(4096, 4096, 4096)
+    achieved = row.flops / row.duration_s
+    sustained = GPU.matrix_flops_per_s("fp16") * GPU.gemm_efficiency["fp16"]
+    assert 0.75 * sustained < achieved <= sustained
+
+
+def test_wave_quantization_shows():
+    spec = find_spec("MT256x128x32_T256")  # one workgroup per CU (registers)
+    per_wave = GPU.num_cus
+    launch = GPU.kernel_launch_ns * 1e-9
+    full = gemm_time(256 * per_wave, 128, 4096, kernel=spec.name).duration_s - launch
+    one_more = gemm_time(256 * (per_wave + 1), 128, 4096, kernel=spec.name).duration_s - launch
+    assert one_more > 1.8 * full
+
+
+def test_identical_runs_give_identical_results():
+    first = gemm_time(1000, 1500, 700)
+    second = gemm_time(1000, 1500, 700)
+    assert first.duration_s == second.duration_s
+
+
+def test_heuristic_prefers_big_tiles_for_big_gemms_and_split_k_for_skinny_ones():
+    big = choose_kernel(GemmProblem(8192, 8192, 8192), GPU)
+    assert big.tile_m * big.tile_n >= 128 * 128 and big.split_k == 1
+    skinny = choose_kernel(GemmProblem(64, 64, 65536), GPU)
+    assert skinny.split_k > 1
+    assert num_workgroups(GemmProblem(64, 64, 65536), skinny) > 1
+
+
+def test_split_k_adds_a_reduction_kernel():
+    result = gpusim.run(SYSTEM, ops.Gemm(64, 64, 65536, kernel="MT64x64x32_T256_SK8"))
+    assert any(result.kernels["name"].str.startswith("splitk_reduce"))
+
+
+def test_named_kernel_and_errors():
+    with pytest.raises(ValueError, match="unknown GEMM kernel"):
+        gpusim.run(SYSTEM, ops.Gemm(64, 64, 64, kernel="MT1x1"))
+
+
+@pytest.mark.parametrize("field", ["m", "n", "k"])
+@pytest.mark.parametrize("value", [0, -5, 2.5])
+def test_gemm_rejects_bad_dimensions(field, value):
+    kwargs = {"m": 8, "n": 8, "k": 8, field: value}
+    with pytest.raises(gpusim.OpError, match=f"field '{field}'"):
+        ops.Gemm(**kwargs)
+
+
+def test_gemm_rejects_unknown_dtype():
+    with pytest.raises(gpusim.OpError, match="dtype"):
+        ops.Gemm(8, 8, 8, dtype="fp13")
+
+
+def test_stages_read_then_write():
+    result = gpusim.run(SYSTEM, ops.Gemm(4096, 4096, 2048), bin_s=2e-6)
+    bandwidth = result.dram_bandwidth(0)
+    writes = bandwidth["compute_write"] > 0
+    assert writes.any() and (~writes).sum() > writes.sum()  # bursty writes between read phases
+    assert math.isclose(result.dram_totals()["bytes"].sum() > 0, True)
