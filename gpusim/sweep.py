@@ -131,7 +131,7 @@ def sweep(
     keys = [point_key(fn, point) for point in points]
     results: dict[int, list[Row]] = {}
     todo = []
-    for index, (point, key) in enumerate(zip(points, keys)):
+    for index, key in enumerate(keys):
         cached = store.get(key) if store is not None else None
         if cached is not None:
             results[index] = cached
@@ -152,7 +152,8 @@ def sweep(
 
     try:
         if scheduler is not None and todo:
-            from dask.distributed import Client, as_completed as dask_completed
+            from dask.distributed import Client
+            from dask.distributed import as_completed as dask_completed
 
             with Client(scheduler) as client:
                 futures = {client.submit(_call, fn, points[i], pure=False): i for i in todo}

@@ -5,6 +5,7 @@ import pytest
 
 from gpusim.sweep import point_key, sweep
 
+
 def square(x, y=1):
     return {"value": x * x * y}
 
