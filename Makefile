@@ -20,11 +20,11 @@ demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/gpusim demo --out out/demo
 
 test: $(TEST_VENV)/.installed
-	$(TEST_VENV)/bin/ruff check gpusim tests validation benchmarks
+	$(TEST_VENV)/bin/ruff check gpusim tests $(wildcard validation benchmarks)
 	$(TEST_VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 lint: $(TEST_VENV)/.installed
-	$(TEST_VENV)/bin/ruff check gpusim tests validation benchmarks
+	$(TEST_VENV)/bin/ruff check gpusim tests $(wildcard validation benchmarks)
 
 benchmark: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python benchmarks/run_benchmarks.py --out docs/benchmarks.md
