@@ -228,6 +228,7 @@ class MemoryController(Component):
         self.waiting_count = 0
         self.last_stream: str | None = None
         self.max_occupancy = 0
+        self.served = 0
         self.enqueue_observers: list[Callable[[MemRequest, float], None]] = []
         self._wakeup_pending = False
         self._pumping = False
@@ -301,6 +302,7 @@ class MemoryController(Component):
             end = channel.access(request.ch_addr, request.nbytes, request.kind, now)
             done = end + self.latency if request.kind == READ else end
             request.done_ns = done
+            self.served += 1
             self.last_stream = request.stream
             key = (self.gpu, self.index, request.stream, request.kind, int(now // self._bin_ns))
             self._traffic[key] += request.nbytes

@@ -1,0 +1,146 @@
+"""Simulator-speed benchmarks: a bare simpy loop against gpusim on the cases the issues name.
+
+Each case runs in its own process (so its peak memory can be read) on one core.  With ``--out``
+the table replaces the part of that Markdown file between the core-benchmarks markers; without it
+the table is printed.
+
+    python benchmarks/run_benchmarks.py --out docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import simpy
+
+CASES = {
+    "gemm-8192-mi210": {
+        "what": "8192^3 fp16 GEMM on mi210",
+        "system": "mi210",
+        "ops": ["gemm m=8192 n=8192 k=8192 dtype=fp16"],
+        "mode": "full",
+        "target_s": 5.0,
+    },
+    "allreduce-256MiB-t3-ring8-full": {
+        "what": "256 MiB ring all-reduce on t3-ring8, full mode (8 GPUs)",
+        "system": "t3-ring8",
+        "ops": ["allreduce nbytes=256MiB"],
+        "mode": "full",
+        "target_s": 5.0,
+    },
+    "tnlg-fc2-gemm-rs-symmetric": {
+        "what": "T-NLG FC-2 (TP=8) GEMM + ring reduce-scatter on t3-ring8, symmetric mode",
+        "system": "t3-ring8",
+        "ops": ["gemm m=8192 n=4256 k=2128 dtype=fp16 out=c", "reducescatter nbytes=69730304 input=c"],
+        "mode": "symmetric",
+        "target_s": None,
+    },
+    "tnlg-fc2-gemm-rs-full": {
+        "what": "T-NLG FC-2 (TP=8) GEMM + ring reduce-scatter on t3-ring8, full mode (8 GPUs)",
+        "system": "t3-ring8",
+        "ops": ["gemm m=8192 n=4256 k=2128 dtype=fp16 out=c", "reducescatter nbytes=69730304 input=c"],
+        "mode": "full",
+        "target_s": 30.0,
+    },
+}
+
+
+START = "<!-- core-benchmarks:start -->"
+END = "<!-- core-benchmarks:end -->"
+
+
+def bare_simpy_rate(events: int = 1_000_000) -> float:
+    """Bare timeouts per second of simpy in this process."""
+    env = simpy.Environment()
+
+    def ticker():
+        for _ in range(events):
+            yield env.timeout(1.0)
+
+    env.process(ticker())
+    start = time.perf_counter()
+    env.run()
+    return events / (time.perf_counter() - start)
+
+
+def run_case(name: str) -> dict:
+    """Run one case in this process and return its measurements."""
+    import gpusim
+    from gpusim.cli import parse_op
+
+    case = CASES[name]
+    ops = [parse_op(spec) for spec in case["ops"]]
+    system = gpusim.load_system(case["system"])
+    start = time.perf_counter()
+    result = gpusim.run(system, ops, mode=case["mode"])
+    wall = time.perf_counter() - start
+    requests = sum(v for k, v in result.counters.items() if k.endswith(".dram_requests"))
+    return {
+        "case": name,
+        "wall_s": wall,
+        "simulated_s": result.time_s,
+        "events": result.stats["events"],
+        "events_per_s": result.stats["events"] / wall,
+        "dram_requests": requests,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "bare_simpy_events_per_s": bare_simpy_rate(300_000),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", help="Markdown file to write (default: print)")
+    parser.add_argument("--case", action="append", help="run only these cases")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_case(args.one)))
+        return 0
+    rows = []
+    for name in args.case or list(CASES):
+        output = subprocess.run(
+            ["taskset", "-c", "0", sys.executable, __file__, "--one", name],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip().splitlines()[-1]
+        rows.append(json.loads(output))
+        print(f"{name}: {rows[-1]['wall_s']:.2f} s", file=sys.stderr)
+    lines = [
+        "| case | wall (s) | target (s) | simulated time | simpy events | events/s | ratio to bare simpy | DRAM requests | requests/s | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        case = CASES[row["case"]]
+        target = f"{case['target_s']:.0f}" if case["target_s"] else "-"
+        lines.append(
+            f"| {case['what']} | {row['wall_s']:.2f} | {target} | {row['simulated_s'] * 1e3:.3f} ms | {row['events']:,} | "
+            f"{row['events_per_s']:,.0f} | {row['events_per_s'] / row['bare_simpy_events_per_s']:.0%} | "
+            f"{row['dram_requests']:,.0f} | {row['dram_requests'] / row['wall_s']:,.0f} | {row['peak_rss_mib']:.0f} |"
+        )
+    header = (
+        f"Measured {date.today()} on {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+        f"one core per case (taskset), bare simpy: {rows[0]['bare_simpy_events_per_s']:,.0f} timeouts/s.\n\n"
+    )
+    text = header + "\n".join(lines) + "\n"
+    if args.out:
+        path = Path(args.out)
+        page = path.read_text() if path.exists() else f"{START}\n{END}\n"
+        if START not in page:
+            page += f"\n{START}\n{END}\n"
+        before, rest = page.split(START, 1)
+        _, after = rest.split(END, 1)
+        path.write_text(f"{before}{START}\n{text}{END}{after}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
