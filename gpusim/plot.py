@@ -95,3 +95,18 @@ def measured_and_simulated(frame: pd.DataFrame, x: str, by: str | None = None, m
     ax.set_ylabel("time (ms)")
     ax.legend(fontsize="x-small", ncol=2)
     return ax
+
+
+def relative_error(frame: pd.DataFrame, x: str = "measured_s", error: str = "error", ax=None,
+                   xlabel: str | None = None, tolerance: float | None = None):
+    """Signed relative error (simulated / measured - 1) of each point against ``x`` (log axis)."""
+    ax = _axes(ax)
+    scale = 1e3 if x.endswith("_s") else 1.0
+    ax.semilogx(frame[x] * scale, frame[error] * 100, "o", markersize=3)
+    ax.axhline(0.0, color="k", linewidth=0.8)
+    if tolerance is not None:
+        for sign in (-1, 1):
+            ax.axhline(sign * tolerance * 100, color="r", linewidth=0.8, linestyle="--")
+    ax.set_xlabel(xlabel or (f"{x[:-2]} (ms)" if x.endswith("_s") else x))
+    ax.set_ylabel("error (%)")
+    return ax
