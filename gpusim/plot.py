@@ -75,3 +75,38 @@ def measured_vs_simulated(frame: pd.DataFrame, measured: str = "measured_s", sim
     ax.set_xlabel("measured (ms)")
     ax.set_ylabel("simulated (ms)")
     return ax
+
+
+def measured_and_simulated(frame: pd.DataFrame, x: str, by: str | None = None, measured: str = "measured_s",
+                           simulated: str = "simulated_s", ax=None, xlabel: str | None = None, logx: bool = True):
+    """Measured (lines) and simulated (markers) times against ``x``, one colour per value of ``by``."""
+    ax = _axes(ax)
+    groups = [(None, frame)] if by is None else list(frame.groupby(by, sort=True))
+    for index, (value, part) in enumerate(groups):
+        part = part.sort_values(x)
+        label = "" if value is None else f"{by}={value} "
+        colour = f"C{index}"
+        ax.plot(part[x], part[measured] * 1e3, "-", color=colour, linewidth=1, label=f"{label}measured")
+        ax.plot(part[x], part[simulated] * 1e3, "o", color=colour, markersize=3, label=f"{label}simulated")
+    if logx:
+        ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel("time (ms)")
+    ax.legend(fontsize="x-small", ncol=2)
+    return ax
+
+
+def relative_error(frame: pd.DataFrame, x: str = "measured_s", error: str = "error", ax=None,
+                   xlabel: str | None = None, tolerance: float | None = None):
+    """Signed relative error (simulated / measured - 1) of each point against ``x`` (log axis)."""
+    ax = _axes(ax)
+    scale = 1e3 if x.endswith("_s") else 1.0
+    ax.semilogx(frame[x] * scale, frame[error] * 100, "o", markersize=3)
+    ax.axhline(0.0, color="k", linewidth=0.8)
+    if tolerance is not None:
+        for sign in (-1, 1):
+            ax.axhline(sign * tolerance * 100, color="r", linewidth=0.8, linestyle="--")
+    ax.set_xlabel(xlabel or (f"{x[:-2]} (ms)" if x.endswith("_s") else x))
+    ax.set_ylabel("error (%)")
+    return ax

@@ -356,6 +356,14 @@ class GpuConfig(Model):
                     raise ValueError(f"cu.{table}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
         return self
 
+    @property
+    def unloaded_miss_latency_ns(self) -> float:
+        """Latency of an L2 miss on an idle memory: L2, network, activate, column, one burst train, ns."""
+        hbm = self.hbm
+        transfer = hbm.interleave_bytes / hbm.channel_bandwidth_bytes_per_s * 1e9  # one unit of one channel
+        dram = (hbm.t_rcd_cycles + hbm.t_cl_cycles) / hbm.clock_hz * 1e9
+        return self.l2.hit_latency_ns + self.memctrl.latency_ns + dram + transfer
+
     def matrix_flops_per_s(self, dtype: str) -> float:
         """Peak matrix FLOP/s of the whole GPU for ``dtype`` (0 when it has no matrix unit for it)."""
         return self.num_cus * self.cu.matrix_flops_per_cycle.get(dtype, 0.0) * self.clock_hz

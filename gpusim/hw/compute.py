@@ -7,7 +7,11 @@ configurable order, until the kernel's grid is exhausted; the set resident at on
 
 A CU's arithmetic is a fluid server: the CU's peak rate is shared by its resident WGs, and one WG
 can use at most ``min(1, wavefronts / simds)`` of it.  A CU's memory-level parallelism is a second
-fluid server: it cannot move bytes faster than ``max_inflight_bytes`` per unloaded memory latency.
+fluid server (Little's law): it cannot move bytes faster than ``max_inflight_bytes`` per access
+latency, where bytes served by the L2 cost the L2 hit latency and bytes fetched from DRAM the
+unloaded miss latency.  A kernel's own memory-level parallelism (the bytes one of its WGs keeps in
+flight, e.g. a GEMM's prefetched K-tile) is a per-WG server of the same kind, see
+:class:`InflightLimit`.
 """
 
 from __future__ import annotations
@@ -75,13 +79,20 @@ class ComputeUnit:
     config
         Per-CU resources.
     inflight_ns_per_byte
-        Unloaded memory latency divided by the bytes the CU can have in flight, ns/byte.
+        Unloaded DRAM (L2 miss) latency divided by the bytes the CU can have in flight, ns/byte.
+    hit_latency_ratio
+        L2 hit latency divided by the miss latency: a byte served by the L2 occupies in-flight
+        capacity for this fraction of the time a DRAM byte does.
     """
 
-    __slots__ = ("index", "config", "free_threads", "free_wgs", "free_waves", "free_lds", "free_regs", "math", "mem")
+    __slots__ = (
+        "index", "config", "free_threads", "free_wgs", "free_waves", "free_lds", "free_regs", "math", "mem",
+        "hit_latency_ratio",
+    )  # fmt: skip
 
-    def __init__(self, index: int, config: CuConfig, inflight_ns_per_byte: float):
+    def __init__(self, index: int, config: CuConfig, inflight_ns_per_byte: float, hit_latency_ratio: float = 1.0):
         self.index = index
+        self.hit_latency_ratio = hit_latency_ratio
         self.config = config
         self.free_threads = config.max_threads
         self.free_wgs = config.max_workgroups
@@ -123,9 +134,48 @@ class ComputeUnit:
         share = min(1.0, wavefronts / SIMDS_PER_CU)
         return max(self.math.reserve(now, full), now + full / share)
 
-    def memory(self, now: float, nbytes: float) -> float:
-        """Earliest time the CU can have moved ``nbytes`` given its memory-level parallelism, ns."""
-        return self.mem.reserve(now, nbytes)
+    def miss_equivalent(self, nbytes: float, missed: float | None = None) -> float:
+        """Bytes at DRAM latency that occupy in-flight capacity as long as ``nbytes`` of which
+        ``missed`` came from DRAM and the rest from the L2 (``None``: all from DRAM)."""
+        if missed is None:
+            return nbytes
+        return missed + (nbytes - missed) * self.hit_latency_ratio
+
+    def memory(self, now: float, nbytes: float, missed: float | None = None) -> float:
+        """Earliest time the CU can have moved ``nbytes`` (``missed`` of them from DRAM, the rest
+        from the L2; ``None``: all from DRAM) given its memory-level parallelism, ns."""
+        return self.mem.reserve(now, self.miss_equivalent(nbytes, missed))
+
+
+class InflightLimit:
+    """The memory-level parallelism of one workgroup: it keeps at most ``inflight_bytes`` in flight.
+
+    With the unloaded miss latency this bounds the WG's own bandwidth (Little's law), whatever the
+    CU could do; a kernel that prefetches one K-tile, or whose threads load 16 bytes each, cannot
+    stream faster than that tile (or those bytes) per memory latency.
+
+    Parameters
+    ----------
+    cu
+        The CU the WG runs on (for the hit/miss latency ratio).
+    inflight_bytes
+        Bytes the WG keeps in flight.
+    miss_latency_ns
+        Unloaded DRAM latency, ns.
+    """
+
+    __slots__ = ("cu", "pipe")
+
+    def __init__(self, cu: ComputeUnit, inflight_bytes: float, miss_latency_ns: float):
+        self.cu = cu
+        self.pipe = Pipe(miss_latency_ns / max(1.0, inflight_bytes))
+
+    def memory(self, now: float, nbytes: float, missed: float | None = None) -> float:
+        """Earliest time the WG (and its CU) can have moved ``nbytes``, ``missed`` of them from DRAM, ns."""
+        cu = self.cu
+        own = self.pipe.reserve(now, cu.miss_equivalent(nbytes, missed))
+        shared = cu.memory(now, nbytes, missed)
+        return own if own > shared else shared
 
 
 WorkgroupBody = Callable[[int, ComputeUnit], Generator]

@@ -14,7 +14,6 @@ from gpusim.hw.hbm import AddressMap, HbmChannel
 from gpusim.hw.link import Interconnect
 from gpusim.hw.memctrl import Arbiter, MemoryController
 from gpusim.hw.memory import MemorySystem
-from gpusim.units import cycles_to_ns
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,10 @@ class Gpu(Component):
         ]
         self.l2 = L2Cache(config.l2)
         self.memory = MemorySystem(self.env, self.l2, self.address_map, self.controllers)
-        inflight_ns_per_byte = self.unloaded_memory_latency_ns / config.cu.max_inflight_bytes
-        self.cus = [ComputeUnit(i, config.cu, inflight_ns_per_byte) for i in range(config.num_cus)]
+        miss_latency = self.unloaded_memory_latency_ns
+        inflight_ns_per_byte = miss_latency / config.cu.max_inflight_bytes
+        hit_ratio = min(1.0, config.l2.hit_latency_ns / miss_latency)
+        self.cus = [ComputeUnit(i, config.cu, inflight_ns_per_byte, hit_ratio) for i in range(config.num_cus)]
         self.dispatcher = Dispatcher(self.env, self.cus, dispatch_policy)
         self.dma: list[DmaEngine] = []
         self._next_addr = 0
@@ -94,10 +95,7 @@ class Gpu(Component):
     @property
     def unloaded_memory_latency_ns(self) -> float:
         """Latency of an L2 miss on an idle memory: L2, network, activate, column, one burst train, ns."""
-        hbm = self.config.hbm
-        transfer = hbm.interleave_bytes / hbm.channel_bandwidth_bytes_per_s * 1e9  # one unit of one channel
-        dram = cycles_to_ns(hbm.t_rcd_cycles + hbm.t_cl_cycles, hbm.clock_hz)
-        return self.config.l2.hit_latency_ns + self.config.memctrl.latency_ns + dram + transfer
+        return self.config.unloaded_miss_latency_ns
 
     def attach_dma(self, interconnect: Interconnect) -> None:
         """Create the DMA engines once the links exist."""

@@ -75,11 +75,18 @@ class MemorySystem:
         return len(pieces)
 
     # -- through the L2 ---------------------------------------------------------------------
-    def read(self, addr: int, nbytes: int, join: Join, stream: str = COMPUTE, cached: bool = True) -> None:
-        """Read ``nbytes`` at ``addr``; ``join`` completes when the data has arrived at the CU."""
+    def read(self, addr: int, nbytes: int, join: Join, stream: str = COMPUTE, cached: bool = True) -> int:
+        """Read ``nbytes`` at ``addr``; ``join`` completes when the data has arrived at the CU.
+
+        Returns
+        -------
+        int
+            Bytes that come from DRAM (L2 misses, including those merged with a fill in flight);
+            the rest hit in the L2.
+        """
         if not cached:
             self.dram(addr, nbytes, READ, stream, completion=join)
-            return
+            return nbytes
         l2 = self.l2
         now = self.env.now
         join.extend_to(l2.bandwidth_done(now, nbytes))
@@ -89,6 +96,7 @@ class MemorySystem:
         run_first = -1
         block = addr // size
         last = (end - 1) // size
+        missed = 0
         while block <= last:
             state = l2.lookup(block, now)
             if state is False:
@@ -96,15 +104,17 @@ class MemorySystem:
                     run_first = block
             else:
                 if run_first >= 0:
-                    self._fill(run_first, block - 1, addr, end, join, stream)
+                    missed += self._fill(run_first, block - 1, addr, end, join, stream)
                     run_first = -1
                 if state is not True:
                     state.wait(join, now)
+                    missed += min(end, (block + 1) * size) - max(addr, block * size)
             block += 1
         if run_first >= 0:
-            self._fill(run_first, last, addr, end, join, stream)
+            missed += self._fill(run_first, last, addr, end, join, stream)
+        return missed
 
-    def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str) -> None:
+    def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str) -> int:
         size = self.l2.block_bytes
         start = max(addr, first * size)
         stop = min(end, (last + 1) * size)
@@ -113,6 +123,7 @@ class MemorySystem:
         fill.wait(join, self.env.now)
         for block in range(first, last + 1):
             self._writeback(self.l2.insert(block, 0, fill), join)
+        return stop - start
 
     def write(
         self,

@@ -15,7 +15,7 @@ import math
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.engine.primitives import Join
-from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.request import COMPUTE
 
@@ -23,6 +23,9 @@ BYTES_PER_THREAD = 16
 """Bytes of each tensor one thread handles (vectorised 16-byte accesses)."""
 MAX_CHUNKS = 8
 """Chunks per logical workgroup (simulation granularity)."""
+MAX_ROW_CHUNKS = 64
+"""Chunks per logical workgroup of a multi-pass row reduction: a chunk is one real workgroup's rows,
+so that the rows waiting in the L2 for their next pass are those of the resident workgroups."""
 ON_CHIP_ROW_BYTES = 8192
 """A row this long (in fp32) or shorter stays on chip; longer rows need several passes."""
 
@@ -79,9 +82,12 @@ class StreamingKernel:
         self.workgroups = min(real, slots)
         units = rows if rows is not None else math.ceil(largest / BYTES_PER_THREAD)
         per_wg = math.ceil(units / self.workgroups)
-        self.chunks = max(1, min(MAX_CHUNKS, per_wg))
+        most = MAX_ROW_CHUNKS if passes > 1 and rows is not None else MAX_CHUNKS
+        self.chunks = max(1, min(most, per_wg))
         self.units = units
         self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
+        self.inflight_bytes = threads * BYTES_PER_THREAD * max(1, len(reads))
+        self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.kernel = Kernel(
             name=name,
             num_wgs=self.workgroups,
@@ -97,43 +103,53 @@ class StreamingKernel:
         hi = wg * per_wg + (chunk + 1) * per_wg / self.chunks
         return math.floor(lo) / self.units, math.floor(hi) / self.units
 
-    def _fetch(self, cu: ComputeUnit, wg: int, chunk: int) -> Join:
+    def _fetch(self, limit: InflightLimit, wg: int, chunk: int, pass_index: int = 0) -> Join:
+        """Request one chunk's data: every read tensor on the first pass, the first tensor again on
+        later passes (a row re-read after the previous pass's result is known)."""
         env = self.gpu.env
         join = Join(env)
         lo, hi = self._span(wg, chunk)
         total = 0
-        for index, (buffer, nbytes) in enumerate(self.reads):
+        missed = 0
+        for buffer, nbytes in self.reads if pass_index == 0 else self.reads[:1]:
             start, stop = int(lo * nbytes), int(hi * nbytes)
             if stop > start:
-                for _ in range(self.passes if index == 0 else 1):
-                    self.gpu.memory.read(buffer.addr + start, stop - start, join, COMPUTE, buffer.cached)
-                    total += stop - start
-        join.extend_to(cu.memory(env.now, total))
+                missed += self.gpu.memory.read(buffer.addr + start, stop - start, join, COMPUTE, buffer.cached)
+                total += stop - start
+        join.extend_to(limit.memory(env.now, total, missed))
         return join
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
         memory = self.gpu.memory
-        pending = self._fetch(cu, wg, 0) if self.reads else None
+        limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
+        pending = self._fetch(limit, wg, 0) if self.reads else None
         written = Join(env)
         for chunk in range(self.chunks):
-            if pending is not None:
-                yield pending.close()
             lo, hi = self._span(wg, chunk)
+            if pending is not None:
+                # Passes of a row reduction depend on each other: each re-read starts when the
+                # previous pass's data has arrived (and the row may have left the L2 meanwhile).
+                for pass_index in range(1, self.passes):
+                    yield pending.close()
+                    pending = self._fetch(limit, wg, chunk, pass_index)
+                yield pending.close()
             done = cu.compute(env.now, self.flops * (hi - lo), self.flops_per_ns, self.wavefronts)
             if chunk + 1 < self.chunks and self.reads:
-                pending = self._fetch(cu, wg, chunk + 1)
+                pending = self._fetch(limit, wg, chunk + 1)
                 pending.extend_to(done)
             else:
                 pending = None
                 yield env.timeout(max(0.0, done - env.now))
             size = 0
+            uncached = 0
             for buffer, nbytes in self.writes:
                 start, stop = int(lo * nbytes), int(hi * nbytes)
                 if stop > start:
                     memory.write(buffer.addr + start, stop - start, written, COMPUTE, buffer.cached)
                     size += stop - start
-            written.extend_to(cu.memory(env.now, size))
+                    uncached += 0 if buffer.cached else stop - start
+            written.extend_to(cu.memory(env.now, size, uncached))
             if pending is None and chunk + 1 < self.chunks:
                 yield env.timeout(max(0.0, written.latest - env.now))
         yield written.close()
@@ -153,6 +169,16 @@ def execute_elementwise(ctx, op):
     ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
 
 
+MAX_ROW_THREADS = 1024
+
+
+def row_reduce_threads(row_bytes: int) -> int:
+    """Threads of a row-reduction workgroup, as PyTorch's block softmax sizes them: one thread per
+    16-byte vector of the row, a power of two between 64 and :data:`MAX_ROW_THREADS`."""
+    vectors = max(1, row_bytes // BYTES_PER_THREAD)
+    return max(64, min(MAX_ROW_THREADS, 1 << (vectors - 1).bit_length()))
+
+
 def execute_row_reduce(ctx, op):
     """Run a :class:`gpusim.ops.RowReduce` on ``ctx``'s rank."""
     from gpusim.ops import ROW_REDUCE_KINDS
@@ -164,7 +190,8 @@ def execute_row_reduce(ctx, op):
     passes = 1 if op.cols * 4 <= ON_CHIP_ROW_BYTES else passes_when_long
     reads = [(ctx.tensor(op.input, nbytes), nbytes)]
     writes = [(ctx.tensor(op.out, out_bytes), out_bytes)]
-    rows_per_wg = max(1, (BYTES_PER_THREAD * 256) // (op.cols * size))
+    threads = row_reduce_threads(op.cols * size)
+    rows_per_wg = max(1, (BYTES_PER_THREAD * threads) // (op.cols * size))
     kernel = StreamingKernel(
         ctx.gpu,
         f"{op.kind}_kernel",
@@ -174,6 +201,7 @@ def execute_row_reduce(ctx, op):
         "fp32",
         passes=passes,
         rows=math.ceil(op.rows / rows_per_wg),
+        threads=threads,
     )
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.rows * op.cols, bytes=nbytes + out_bytes, passes=passes)

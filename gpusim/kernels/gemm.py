@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
-from gpusim.hw.compute import SIMDS_PER_CU, ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.compute import SIMDS_PER_CU, ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.request import COMPUTE
 
@@ -65,6 +65,11 @@ class GemmKernelSpec:
         lds = (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[dtype] * self.lds_buffers
         accumulators = self.tile_m * self.tile_n * ACCUMULATOR_BYTES // self.threads // 4
         return WorkgroupShape(self.threads, lds, accumulators + 40)
+
+    def inflight_bytes(self, dtype: str) -> int:
+        """Bytes one workgroup keeps in flight: the A and B panels of the K-tiles it prefetches
+        while computing the current one (``lds_buffers - 1`` of them)."""
+        return (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[dtype] * max(1, self.lds_buffers - 1)
 
     def with_split(self, split_k: int) -> GemmKernelSpec:
         """The same tile with ``split_k`` K splits."""
@@ -159,16 +164,24 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     peak = gpu.cu.matrix_flops_per_cycle.get(problem.dtype) or gpu.cu.vector_flops_per_cycle.get("fp32", 1.0)
     per_cu_flops_per_ns = peak * gpu.clock_hz * 1e-9
     share = min(1.0, shape.wavefronts(gpu.cu.wavefront_size) / SIMDS_PER_CU)
-    tile_flops = 2.0 * spec.tile_m * spec.tile_n * math.ceil(problem.k / spec.split_k)
+    k_per_split = math.ceil(problem.k / spec.split_k)
+    tile_flops = 2.0 * spec.tile_m * spec.tile_n * k_per_split
     per_cu = math.ceil(groups / cus)
     concurrent = min(per_cu, resident)
     compute = per_cu * tile_flops / (per_cu_flops_per_ns * min(1.0, share * concurrent))
-    l2_bytes = groups * (spec.tile_m + spec.tile_n) * math.ceil(problem.k / spec.split_k) * problem.dtype_bytes
+    wg_bytes = (spec.tile_m + spec.tile_n) * k_per_split * problem.dtype_bytes
+    l2_bytes = groups * wg_bytes
     partials = problem.m * problem.n * problem.batch * ACCUMULATOR_BYTES * spec.split_k if spec.split_k > 1 else 0
     dram_bytes = problem.min_bytes + partials
     memory = max(l2_bytes / gpu.l2.bandwidth_bytes_per_s, dram_bytes / gpu.hbm.bandwidth_bytes_per_s) * 1e9
+    # Little's law: a CU moves at most its WGs' (and its own) in-flight bytes per access latency.
+    miss_latency = gpu.unloaded_miss_latency_ns
+    hit_latency = min(gpu.l2.hit_latency_ns, miss_latency)
+    latency = hit_latency + min(1.0, problem.min_bytes / l2_bytes) * (miss_latency - hit_latency)
+    inflight = min(concurrent * spec.inflight_bytes(problem.dtype), gpu.cu.max_inflight_bytes)
+    parallelism = per_cu * wg_bytes * latency / inflight
     reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.bandwidth_bytes_per_s * 1e9
-    return max(compute, memory) + reduction + (gpu.kernel_launch_ns if spec.split_k > 1 else 0.0)
+    return max(compute, memory, parallelism) + reduction + (gpu.kernel_launch_ns if spec.split_k > 1 else 0.0)
 
 
 def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
@@ -267,6 +280,8 @@ class GemmKernel:
         self.flops_per_ns = gpu.matrix_flops_per_ns(problem.dtype)
         self.wavefronts = spec.shape(problem.dtype).wavefronts(gpu.config.cu.wavefront_size)
         self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if spec.split_k > 1 else problem.dtype_bytes)
+        self.inflight_bytes = spec.inflight_bytes(problem.dtype)
+        self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.kernel = Kernel(
             name=name or f"gemm_{spec.name}",
             num_wgs=num_workgroups(problem, spec),
@@ -304,7 +319,7 @@ class GemmKernel:
         return tile_index * self.tile_bytes, rows * cols * (self.tile_bytes // (s.tile_m * s.tile_n))
 
     # -- workgroup ------------------------------------------------------------------------------
-    def _fetch(self, cu: ComputeUnit, batch: int, row: int, col: int, split: int, step: int) -> Join:
+    def _fetch(self, cu: InflightLimit, batch: int, row: int, col: int, split: int, step: int) -> Join:
         p, s = self.problem, self.spec
         gpu = self.gpu
         env = gpu.env
@@ -321,23 +336,25 @@ class GemmKernel:
         b_bytes = cols * depth * size
         join = Join(env)
         memory = gpu.memory
+        missed = 0
         if a_bytes:
-            memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached)
+            missed += memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached)
         if b_bytes:
-            memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached)
-        join.extend_to(cu.memory(env.now, a_bytes + b_bytes))
+            missed += memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached)
+        join.extend_to(cu.memory(env.now, a_bytes + b_bytes, missed))
         return join
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
         batch, row, col, split = self.tile_of(wg)
         step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step
-        pending = self._fetch(cu, batch, row, col, split, 0)
+        limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
+        pending = self._fetch(limit, batch, row, col, split, 0)
         yield pending.close()
         for step in range(self.steps):
             compute_done = cu.compute(env.now, step_flops, self.flops_per_ns, self.wavefronts)
             if step + 1 < self.steps:
-                pending = self._fetch(cu, batch, row, col, split, step + 1)
+                pending = self._fetch(limit, batch, row, col, split, step + 1)
                 pending.extend_to(compute_done)
                 yield pending.close()
             else:
@@ -350,7 +367,7 @@ class GemmKernel:
             waiting = self.store(wg, offset, nbytes, join)
             if waiting is not None:
                 yield from waiting
-        join.extend_to(cu.memory(env.now, nbytes))
+        join.extend_to(cu.memory(env.now, nbytes, 0 if self.c.cached and self.store is None else None))
         yield join.close()
 
 
