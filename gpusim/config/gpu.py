@@ -109,6 +109,9 @@ class HbmConfig(Model):
         Spacing after a near-bank op-and-store (read-modify-write at the bank), same bank group.
     t_wtr_cycles, t_rtw_cycles
         Bus turnaround write-to-read and read-to-write.
+    t_wr_cycles
+        Write recovery: from the last write data into a bank to a precharge of that bank (default
+        16 ns at 1 GHz; DRAMsim3's HBM2 configuration has tWR = 8 cycles of 2 ns).
     refresh_overhead
         Fraction of time a channel is unavailable because of refresh (a derating).
     interleave_bytes
@@ -137,6 +140,7 @@ class HbmConfig(Model):
     t_ccd_wl_cycles: float = Field(4, gt=0)
     t_wtr_cycles: float = Field(4, ge=0)
     t_rtw_cycles: float = Field(4, ge=0)
+    t_wr_cycles: float = Field(16, ge=0)
     refresh_overhead: float = Field(0.04, ge=0, lt=1)
     interleave_bytes: Bytes = 4096
     capacity_bytes: Bytes = 32 * 2**30
@@ -257,6 +261,12 @@ class MemCtrlConfig(Model):
 class NmcConfig(Model):
     """Near-bank ALUs in the HBM (dissertation sections 2.5.2, 6.2.2, 8.3.3).
 
+    Every ALU executes the instructions the GPU broadcasts to all channels; all banks of a channel
+    run the same instruction (all-bank mode).  An instruction processes one column (``simd_bytes``
+    of SIMD words) per column command; back-to-back commands are ``t_ccd_l`` apart, an
+    op-and-store (read, combine and write back the same column) ``t_ccd_wl`` (dissertation section
+    8.4.1: "NMC operations can be issued ... with the same column-to-column access (CCDL) delay").
+
     Attributes
     ----------
     enabled
@@ -264,12 +274,19 @@ class NmcConfig(Model):
     banks_per_alu
         1 for an ALU at every bank; 4 for one per bank group of 4, and so on.
     temp_storage_bytes
-        Temporary storage (registers) per ALU.
+        Temporary storage (registers) per ALU.  The default, 256 B per bank, is Samsung HBM-PIM's
+        general register file (Lee et al., ISCA 2021: 16 x 256-bit entries per unit shared by two
+        banks).
     simd_bytes
-        Data width of an ALU, equal to the bank's column (burst) width.
+        Data width of an ALU; the bank's column (burst) width.  A narrower ALU needs several passes
+        per column.
     op_cycles
-        Extra ALU cycles per column of data for an operation; memory timing already covers
-        load/store.  Operations not listed are not supported.
+        ALU issue cycles (DRAM command clock) per ``simd_bytes`` of data, by operation; an
+        instruction costs the larger of this and its column spacing.  The operations of section
+        6.2.2 (add, mul and their fused forms, shift, scale by an immediate) issue every cycle.
+        Divide and square root are not in section 6.2.2; the default assumes an iterative unit
+        (8 cycles per SIMD word, e.g. radix-8 digit recurrence over a 24-bit mantissa).
+        Operations not listed are not supported.
     """
 
     enabled: bool = True
@@ -277,15 +294,23 @@ class NmcConfig(Model):
     temp_storage_bytes: Bytes = 256
     simd_bytes: Bytes = 32
     op_cycles: dict[str, float] = {
-        "add": 0.0,
-        "mul": 0.0,
-        "fma": 0.0,
-        "scale": 0.0,
-        "shift": 0.0,
+        "mov": 1.0,
+        "add": 1.0,
+        "sub": 1.0,
+        "mul": 1.0,
+        "fma": 1.0,
+        "max": 1.0,
+        "shift": 1.0,
         "div": 8.0,
         "sqrt": 8.0,
-        "rsqrt": 8.0,
     }
+
+    @model_validator(mode="after")
+    def _check_ops(self) -> NmcConfig:
+        for op, cycles in self.op_cycles.items():
+            if cycles <= 0:
+                raise ValueError(f"op_cycles[{op!r}] must be positive, got {cycles}")
+        return self
 
 
 class DmaConfig(Model):

@@ -241,29 +241,23 @@ class HbmChannel:
             stats.bytes_updated += nbytes
         return end
 
-    def all_bank_command(self, columns: int, rows: int, write_back: bool, extra_cycles_ns: float, now: float) -> float:
-        """Run a near-memory command in every bank of the channel at once (all-bank mode).
+    @property
+    def free_at(self) -> float:
+        """When every bank and the data bus have finished the work scheduled so far, ns."""
+        return max(self.bus_free, max(self.bank_free), max(self.group_free))
 
-        Each bank opens ``rows`` rows in turn and processes ``columns`` columns of them in
-        total, one column per ``t_ccd_l`` (``t_ccd_wl`` when results are written back to the
-        bank), plus ``extra_cycles_ns`` of ALU time per column.  The data never crosses the
-        channel's bus, but the bus cannot serve ordinary requests meanwhile.
+    def occupy_all_banks(self, start: float, end: float, activations: int) -> None:
+        """Give the whole channel to near-memory commands from ``start`` to ``end`` (ns).
 
-        Returns
-        -------
-        float
-            Completion time, ns.
+        All banks run the commands in lockstep (all-bank mode, :mod:`gpusim.hw.nmc` computes
+        their timing): ordinary requests cannot use the channel meanwhile, and every row is closed
+        afterwards.  ``activations`` counts the row activations of all banks together.
         """
-        start = max(now, self.bus_free, max(self.bank_free))
-        spacing = (self.t_ccd_wl if write_back else self.t_ccd_l) + extra_cycles_ns
-        duration = rows * (self.t_rp + self.t_rcd) + columns * spacing
-        end = start + duration
-        self.bus_free = end
         for bank in range(len(self.bank_free)):
-            self.bank_free[bank] = end
+            self.bank_free[bank] = max(self.bank_free[bank], end)
             self.open_row[bank] = -1
         for group in range(len(self.group_free)):
-            self.group_free[group] = end
-        self.stats.activations += rows * len(self.bank_free)
-        self.stats.busy_ns += duration
-        return end
+            self.group_free[group] = max(self.group_free[group], end)
+        self.bus_free = max(self.bus_free, end)
+        self.stats.activations += activations
+        self.stats.busy_ns += end - start
