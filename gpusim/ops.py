@@ -394,6 +394,78 @@ class Delay(Op):
         yield ctx.sim.timeout(self.seconds * 1e9)
 
 
+OPTIMIZER_ALGORITHMS = ("sgd", "adam", "adamw", "lamb", "adan")
+"""Optimizers: SGD with momentum, Adam, AdamW, LAMB, Adan."""
+OPTIMIZER_IMPLS = ("unfused", "fused", "multi_unfused", "multi_fused", "nmc")
+"""Where and how an optimizer runs (see :class:`Optimizer`)."""
+
+
+@dataclass
+class Optimizer(Op):
+    """One optimizer step over a model's parameter tensors, on the GPU or on near-memory ALUs.
+
+    Attributes
+    ----------
+    algorithm
+        One of :data:`OPTIMIZER_ALGORITHMS`.
+    sizes
+        Elements of every parameter tensor (each has a gradient and the optimizer's state).
+    impl
+        ``unfused``: one GPU kernel per element-wise step and tensor (eager PyTorch);
+        ``fused``: fused kernel(s) per tensor; ``multi_unfused``: each step over tensor lists
+        (``torch._foreach_*``); ``multi_fused``: fused kernel(s) over tensor lists (apex);
+        ``nmc``: near-bank ALUs, with the GPU reducing partial sums across banks.
+    dtype
+        Dtype of parameters, gradients and state.
+    grad_norm
+        For LAMB on ``nmc``: how the global gradient norm is computed: ``banks`` (partial sums in
+        the banks, reduced by the GPU, as the other norms) or ``gpu`` (a GPU kernel reads all
+        gradients).
+    prefix
+        Prefix of the tensor names (``prefix.p0``, ``prefix.g0``...), so that steps share memory.
+    """
+
+    algorithm: str
+    sizes: tuple[int, ...] | list[int]
+    impl: str = "multi_fused"
+    dtype: str = "fp32"
+    grad_norm: str = "banks"
+    prefix: str = "optimizer"
+    category: ClassVar[str] = "optimizer"
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in OPTIMIZER_ALGORITHMS:
+            raise OpError(
+                f"Optimizer: field 'algorithm' must be one of {', '.join(OPTIMIZER_ALGORITHMS)}, got {self.algorithm!r}"
+            )
+        if self.impl not in OPTIMIZER_IMPLS:
+            raise OpError(f"Optimizer: field 'impl' must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.impl!r}")
+        if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, (list, tuple)) or not self.sizes:
+            raise OpError(f"Optimizer: field 'sizes' must be a non-empty list of tensor sizes, got {self.sizes!r}")
+        for size in self.sizes:
+            _check_positive_int("Optimizer", "sizes", size)
+        self.sizes = tuple(self.sizes)
+        _check_dtype("Optimizer", self.dtype)
+        if self.grad_norm not in ("banks", "gpu"):
+            raise OpError(f"Optimizer: field 'grad_norm' must be 'banks' or 'gpu', got {self.grad_norm!r}")
+        if not isinstance(self.prefix, str) or not self.prefix:
+            raise OpError(f"Optimizer: field 'prefix' must be a non-empty string, got {self.prefix!r}")
+        super().__post_init__()
+
+    @property
+    def parameters(self) -> int:
+        """Parameters updated."""
+        return sum(self.sizes)
+
+    def describe(self) -> str:
+        return f"{self.algorithm} {self.impl} {len(self.sizes)} tensors {self.parameters / 1e6:.1f}M {self.dtype}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.optimizer import execute_optimizer
+
+        return execute_optimizer(ctx, self)
+
+
 __all__ = [
     "AllGather",
     "AllReduce",
@@ -403,7 +475,10 @@ __all__ = [
     "ELEMENTWISE_KINDS",
     "Elementwise",
     "Gemm",
+    "OPTIMIZER_ALGORITHMS",
+    "OPTIMIZER_IMPLS",
     "Op",
+    "Optimizer",
     "ROW_REDUCE_KINDS",
     "ReduceScatter",
     "RowReduce",

@@ -110,3 +110,20 @@ def relative_error(frame: pd.DataFrame, x: str = "measured_s", error: str = "err
     ax.set_xlabel(xlabel or (f"{x[:-2]} (ms)" if x.endswith("_s") else x))
     ax.set_ylabel("error (%)")
     return ax
+
+
+def lines(frame: pd.DataFrame, x: str, y: str, by: str | None = None, ax=None, xlabel: str | None = None,
+          ylabel: str | None = None, logx: bool = False, marker: str = "o"):
+    """``y`` against ``x`` as lines with markers, one line per value of ``by`` (sweep results)."""
+    ax = _axes(ax)
+    groups = [(None, frame)] if by is None else list(frame.groupby(by, sort=False))
+    for value, part in groups:
+        part = part.sort_values(x)
+        ax.plot(part[x], part[y], marker=marker, markersize=4, linewidth=1, label=None if value is None else str(value))
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel(ylabel or y)
+    if by is not None:
+        ax.legend(fontsize="small", title=by)
+    return ax

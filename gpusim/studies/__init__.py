@@ -1,0 +1,1 @@
+"""The studies of the dissertation as functions that return DataFrames (validation scripts and notebooks call them)."""
