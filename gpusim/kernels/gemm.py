@@ -8,8 +8,10 @@ the read-then-write bursts of each stage come out of this and of the dispatcher,
 formula.
 
 Memory layout (a simplification documented in docs/model.md): A and B are stored as contiguous
-*slices* (``tile x k_step`` panels) and C as contiguous tiles in row-major tile order, so a stage's
-output is a contiguous address range and every slice maps onto whole channels.
+*slices* (``tile x k_step`` panels) and C as contiguous tiles in row-major tile order, so every
+slice maps onto whole channels.  Workgroups are dispatched in the grouped rasterization order of BLAS
+libraries (:func:`grouped_order`) unless the caller gives an order (T3 dispatches chunk by chunk, so
+that a stage's output is a contiguous address range).
 """
 
 from __future__ import annotations
@@ -225,6 +227,30 @@ def padded_k(problem: GemmProblem, spec: GemmKernelSpec) -> int:
     return math.ceil(math.ceil(problem.k / spec.split_k) / step) * step
 
 
+RASTER_GROUP_ROWS = 8
+"""Tile rows that BLAS libraries rasterize together (CUTLASS/Triton-style grouped swizzle)."""
+
+
+def grouped_order(tiles_m: int, tiles_n: int, batch: int = 1, split_k: int = 1,
+                  group_rows: int = RASTER_GROUP_ROWS) -> list[int]:
+    """The dispatch order of a GEMM's workgroups as BLAS libraries rasterize their tiles.
+
+    Tiles are visited in groups of ``group_rows`` tile rows: within a group column by column, and
+    within a column row by row (M fastest, as a column-major library's ``blockIdx.x``), so that
+    the workgroups resident together share B panels (and, across columns, A panels) in the L2.
+    Workgroup indices are those of :meth:`GemmKernel.tile_of` (row-major tiles, splits innermost).
+    """
+    order = []
+    for entry in range(batch):
+        for first in range(0, tiles_m, group_rows):
+            rows = range(first, min(first + group_rows, tiles_m))
+            for col in range(tiles_n):
+                for row in rows:
+                    tile = (entry * tiles_m + row) * tiles_n + col
+                    order.extend(range(tile * split_k, (tile + 1) * split_k))
+    return order
+
+
 StoreFn = Callable[[int, int, int, Join], Generator | None]
 """``store(wg, c_offset, nbytes, join)``: write a finished tile; may be a generator to wait in."""
 
@@ -248,7 +274,7 @@ class GemmKernel:
     c_cached
         Whether C is written through the L2.
     wg_order
-        Dispatch order of the workgroups (T3 staggering).
+        Dispatch order of the workgroups (T3 staggering); default: :func:`grouped_order`.
     cu_mask
         CUs the kernel may use.
     name
@@ -288,7 +314,8 @@ class GemmKernel:
             shape=spec.shape(problem.dtype),
             body=self._workgroup,
             cu_mask=cu_mask,
-            wg_order=wg_order,
+            wg_order=wg_order if wg_order is not None else grouped_order(self.tiles_m, self.tiles_n, problem.batch,
+                                                                           spec.split_k),
             info={
                 "impl": spec.name,
                 "flops": problem.flops,
