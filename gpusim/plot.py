@@ -142,7 +142,7 @@ def breakdown(frame: pd.DataFrame, ax=None, label: str = "gpu", title: str | Non
     ax.set_xlabel("time (ms)")
     ax.set_ylabel(label)
     ax.invert_yaxis()
-    ax.legend(fontsize="small", loc="lower right")
+    ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, pad=24)
     return ax
