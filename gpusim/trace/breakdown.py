@@ -37,7 +37,7 @@ def is_communication(ops: pd.DataFrame) -> np.ndarray:
     """Which rows of ``Result.ops`` are communication (delays count when their kernel class says so)."""
     communication = ops["kind"].isin(COMMUNICATION_KINDS).to_numpy()
     if "kernel_class" in ops.columns:
-        communication |= ((ops["kind"] == "delay") & ops["kernel_class"].isin(COMMUNICATION_KINDS)).to_numpy()
+        communication = communication | ((ops["kind"] == "delay") & ops["kernel_class"].isin(COMMUNICATION_KINDS)).to_numpy()
     return communication
 
 

@@ -89,6 +89,18 @@ def _check_symmetric(trace: Trace) -> None:
                              "every GPU to do the same work; use mode='full'")
 
 
+def choose_mode(trace: Trace, system: System) -> str:
+    """``"symmetric"`` when the trace and the system allow it (every GPU alike, a symmetric single-node
+    topology, no send/receive), else ``"full"``."""
+    if not system.topology.symmetric or system.config.nodes > 1:
+        return "full"
+    try:
+        _check_symmetric(trace)
+    except TraceError:
+        return "full"
+    return "symmetric"
+
+
 def _kernel_spans(recorder: Recorder) -> dict[tuple[int, str], list[Span]]:
     lanes: dict[tuple[int, str], list[Span]] = {}
     for span in recorder.spans:
