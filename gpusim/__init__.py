@@ -9,7 +9,7 @@ Quick use::
     result.to_perfetto("timeline.json")
 """
 
-from gpusim import ops
+from gpusim import ops, trace
 from gpusim.config.loader import list_presets
 from gpusim.errors import ConfigError, GpusimError, OpError, SimulationError, TraceError, UnknownPresetError
 from gpusim.results import Result
@@ -34,4 +34,5 @@ __all__ = [
     "load_system",
     "ops",
     "run",
+    "trace",
 ]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpusim import ops as gops
 from gpusim.errors import GpusimError
+from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
 from gpusim.units import QuantityError, parse_quantity
 
 OP_NAMES = {
@@ -182,6 +183,9 @@ COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], None] | 
     "show-config": (cmd_show_config, _add_show, "print a preset's resolved configuration"),
     "run": (cmd_run, _add_run, "simulate ops on a system"),
     "demo": (cmd_demo, _add_demo, "run the main demo"),
+    "simulate": (cmd_simulate, add_simulate_arguments, "replay a trace or a generated transformer iteration"),
+    "validate-trace": (cmd_validate_trace, add_validate_trace_arguments,
+                       "replay a measured trace and compare simulated with measured times"),
 }
 
 

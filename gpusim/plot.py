@@ -127,3 +127,39 @@ def lines(frame: pd.DataFrame, x: str, y: str, by: str | None = None, ax=None, x
     if by is not None:
         ax.legend(fontsize="small", title=by)
     return ax
+
+
+BREAKDOWN_PARTS = (
+    ("compute only", "C0"),
+    ("overlapped communication", "C2"),
+    ("exposed communication", "C3"),
+    ("idle", "0.8"),
+)
+
+
+def breakdown(frame: pd.DataFrame, ax=None, label: str = "gpu", title: str | None = None):
+    """Stacked bars of where time goes (``gpusim.trace.breakdown`` output, one bar per row).
+
+    Each bar sums to the iteration time: compute alone, compute overlapped with communication,
+    exposed communication and idle, in ms.  ``label`` names the column that labels the bars
+    (e.g. ``"gpu"`` or a ``"system"`` column added by the caller).
+    """
+    ax = _axes(ax)
+    parts = {
+        "compute only": frame["compute_s"] - frame["overlapped_comm_s"],
+        "overlapped communication": frame["overlapped_comm_s"],
+        "exposed communication": frame["exposed_comm_s"],
+        "idle": frame["idle_s"],
+    }
+    names = [str(value) for value in frame[label]]
+    left = pd.Series(0.0, index=frame.index)
+    for part, colour in BREAKDOWN_PARTS:
+        ax.barh(names, parts[part] * 1e3, left=left * 1e3, color=colour, label=part, edgecolor="k", linewidth=0.3)
+        left = left + parts[part]
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel(label)
+    ax.invert_yaxis()
+    ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    if title:
+        ax.set_title(title, pad=24)
+    return ax

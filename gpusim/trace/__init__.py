@@ -1,0 +1,40 @@
+"""Operator traces: the schema, generators, importers and DAG replay.
+
+Quick use::
+
+    import gpusim
+
+    trace = gpusim.trace.transformer("gpt3", phase="train", tp=8, batch=2, seq_len=1024)
+    result = gpusim.run(gpusim.load_system("t3-ring8"), trace, mode="symmetric")
+    print(gpusim.trace.breakdown(result.ops))
+
+    measured = gpusim.trace.read_kineto("rank0.json.gz", unsupported="delay")
+    result = gpusim.run(gpusim.load_system("dgx-a100"), measured, mode="symmetric")
+    print(gpusim.trace.compare(result.ops))
+"""
+
+from gpusim.trace.breakdown import breakdown
+from gpusim.trace.chakra import read_chakra
+from gpusim.trace.compare import compare
+from gpusim.trace.generator import Parallelism, transformer
+from gpusim.trace.kineto import read_kineto
+from gpusim.trace.models import ModelConfig, list_models, load_model
+from gpusim.trace.schema import COLUMNS, KINDS, validate
+from gpusim.trace.trace import Trace, read
+
+__all__ = [
+    "COLUMNS",
+    "KINDS",
+    "ModelConfig",
+    "Parallelism",
+    "Trace",
+    "breakdown",
+    "compare",
+    "list_models",
+    "load_model",
+    "read",
+    "read_chakra",
+    "read_kineto",
+    "transformer",
+    "validate",
+]

@@ -1,0 +1,269 @@
+"""Layer caching: simulate repeated identical layers once and reuse their timings.
+
+A *layer instance* is the set of rows with the same ``(phase, step, layer)`` (``layer >= 0``),
+over all GPUs.  Two instances are *alike* when their rows match one for one: GPU, stream, kind,
+shape, group, and dependencies — a dependency is described relative to the instance (a row of
+the same instance, or of the instance ``d`` layers away at the same position), so layer 7's
+dependency on layer 6 matches layer 8's on layer 7; a dependency on the row just before on the
+same stream adds nothing to stream order and is ignored.  Within one ``(phase, step)``, consecutive
+alike instances form a *run*.
+
+For every run longer than ``warmup + 1`` instances only the first ``warmup`` instances and one
+*representative* (the next one) are simulated (``warmup`` is 1 when a layer can overlap other
+streams' work and 0 when every GPU has one stream, see :func:`default_warmup`); the rest of the run is dropped from the simulation.
+A kept row that depended on a dropped row depends instead on the row at the same position of the
+representative.  Afterwards :func:`reconstruct` recomputes the start and end of *every* row by list
+scheduling over the full DAG (dependencies, stream order, collectives that wait for all their
+ranks), where each row takes the simulated duration of its representative (itself if it was
+simulated).  A collective's duration is counted from the arrival of its last rank.
+
+The approximation: a dropped layer is assumed to run exactly as long as the representative, which
+saw the interference of its own neighbours (e.g. a gradient all-reduce of the previous layer
+overlapping its GEMMs).  Layers whose neighbourhood differs (a growing communication backlog,
+different overlap partners) are timed with the representative's durations, and the DAG decides
+how they line up.  DRAM and link traffic in the result cover the simulated rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from gpusim.trace.schema import SYNCHRONISING_KINDS, dependency_graph
+
+SIGNATURE_FIELDS = (
+    "gpu", "stream", "kind", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements", "rows", "cols",
+    "function", "collective", "bytes", "group", "algorithm", "dtype", "delay_s",
+)  # fmt: skip
+
+
+@dataclass
+class CachePlan:
+    """Which rows to simulate and whose timing every row takes.
+
+    Attributes
+    ----------
+    simulate
+        Per row position: simulate it.
+    representative
+        Per row position: the row whose simulated duration it takes (itself when simulated).
+    runs
+        One entry per run of alike layer instances: phase, step, layers, instances, simulated.
+    """
+
+    simulate: np.ndarray
+    representative: np.ndarray
+    runs: list[dict] = field(default_factory=list)
+
+    @property
+    def reduced(self) -> bool:
+        """Whether any row is left out of the simulation."""
+        return not bool(self.simulate.all())
+
+
+def full_plan(rows: int) -> CachePlan:
+    """A plan that simulates every row."""
+    return CachePlan(np.ones(rows, dtype=bool), np.arange(rows))
+
+
+def _instances(frame: pd.DataFrame) -> dict[tuple, list[int]]:
+    layered = frame.index[frame["layer"].to_numpy() >= 0]
+    keys = zip(frame.loc[layered, "phase"], frame.loc[layered, "step"], frame.loc[layered, "layer"])
+    instances: dict[tuple, list[int]] = {}
+    for position, key in zip(layered, keys):
+        instances.setdefault((key[0], int(key[1]), int(key[2])), []).append(int(position))
+    return instances
+
+
+def _signatures(frame: pd.DataFrame, deps: list[list[int]], instances: dict[tuple, list[int]]) -> dict[tuple, tuple | None]:
+    instance_of: dict[int, tuple] = {}
+    index_in: dict[int, int] = {}
+    for key, positions in instances.items():
+        for index, position in enumerate(positions):
+            instance_of[position] = key
+            index_in[position] = index
+    position_of = {(o, g): p for p, (o, g) in enumerate(zip(frame["op_id"].tolist(), frame["gpu"].tolist()))}
+    values = frame[list(SIGNATURE_FIELDS)].astype(str).to_numpy()
+    gpus = frame["gpu"].tolist()
+    kinds = frame["kind"].tolist()
+    op_ids = frame["op_id"].tolist()
+    rows_per_op = frame.groupby("op_id")["gpu"].size().to_dict()
+    stream_predecessor: dict[int, int] = {}
+    last_on_stream: dict[tuple[int, str], int] = {}
+    for position, lane in enumerate(zip(gpus, frame["stream"].tolist())):
+        if lane in last_on_stream:
+            stream_predecessor[position] = last_on_stream[lane]
+        last_on_stream[lane] = position
+    signatures: dict[tuple, tuple | None] = {}
+    for key, positions in instances.items():
+        parts = []
+        members = set(positions)
+        ok = True
+        for position in positions:
+            if kinds[position] in SYNCHRONISING_KINDS:
+                peers = sum(1 for p in positions if op_ids[p] == op_ids[position])
+                if peers != rows_per_op[op_ids[position]]:
+                    ok = False  # a collective whose other ranks sit outside this instance
+                    break
+            described = []
+            for dep in deps[position]:
+                target = position_of[(dep, gpus[position])]
+                if target == stream_predecessor.get(position):
+                    continue  # implied by stream order
+                if target in members:
+                    described.append(("in", index_in[target]))
+                elif target in instance_of:
+                    phase, step, layer = instance_of[target]
+                    described.append(("layer", phase, step, layer - key[2], index_in[target]))
+                else:
+                    described.append(("op", dep))
+            parts.append((tuple(values[position]), tuple(described)))
+        signatures[key] = tuple(parts) if ok else None
+    return signatures
+
+
+def default_warmup(frame: pd.DataFrame) -> int:
+    """Warm-up instances to simulate before a run's representative.
+
+    One when some GPU has rows on several streams (a layer can then overlap its neighbour's work,
+    e.g. the previous layer's gradient all-reduce, and the representative should see that);
+    zero when every GPU has a single stream, since nothing then overlaps a layer.
+    """
+    streams_per_gpu = frame.groupby("gpu")["stream"].nunique()
+    return int((streams_per_gpu > 1).any())
+
+
+def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | None = None) -> CachePlan:
+    """Decide which rows to simulate (see the module documentation).
+
+    Parameters
+    ----------
+    frame
+        A validated trace table.
+    deps
+        Its parsed ``deps`` lists.
+    warmup
+        Instances of a run simulated before its representative (default: :func:`default_warmup`).
+    """
+    plan = full_plan(len(frame))
+    if warmup is None:
+        warmup = default_warmup(frame)
+    instances = _instances(frame)
+    if not instances:
+        return plan
+    signatures = _signatures(frame, deps, instances)
+    sequences: dict[tuple, list[tuple]] = {}
+    for key in instances:
+        sequences.setdefault(key[:2], []).append(key)
+    for (phase, step), keys in sequences.items():
+        start = 0
+        while start < len(keys):
+            end = start + 1
+            signature = signatures[keys[start]]
+            while signature is not None and end < len(keys) and signatures[keys[end]] == signature:
+                end += 1
+            run = keys[start:end]
+            simulated = min(len(run), warmup + 1)
+            plan.runs.append({"phase": phase, "step": step, "first_layer": run[0][2], "last_layer": run[-1][2],
+                              "instances": len(run), "simulated": simulated})
+            if len(run) > simulated:
+                representative = instances[run[simulated - 1]]
+                for key in run[simulated:]:
+                    positions = instances[key]
+                    plan.simulate[positions] = False
+                    plan.representative[positions] = representative
+            start = end
+    return plan
+
+
+def remap_dependencies(frame: pd.DataFrame, deps: list[list[int]], plan: CachePlan) -> list[list[int]]:
+    """Dependencies of the simulated rows, with dropped targets replaced by their representatives."""
+    op_ids = frame["op_id"].tolist()
+    gpus = frame["gpu"].tolist()
+    position_of = {(o, g): p for p, (o, g) in enumerate(zip(op_ids, gpus))}
+    remapped = []
+    for position, row_deps in enumerate(deps):
+        targets = []
+        for dep in row_deps:
+            target = position_of[(dep, gpus[position])]
+            if not plan.simulate[target]:
+                target = int(plan.representative[target])
+            if op_ids[target] not in targets and target != position:
+                targets.append(op_ids[target])
+        remapped.append(targets)
+    return remapped
+
+
+def reconstruct(
+    frame: pd.DataFrame,
+    deps: list[list[int]],
+    plan: CachePlan,
+    simulated: dict[int, tuple[float, float]],
+    rows: np.ndarray,
+) -> dict[int, tuple[float, float]]:
+    """Start and end (ns) of every row in ``rows`` by list scheduling with representative durations.
+
+    Parameters
+    ----------
+    frame, deps
+        The full table and its dependencies.
+    plan
+        The cache plan the simulation followed.
+    simulated
+        Simulated ``(start, end)`` of the rows that were simulated.
+    rows
+        Boolean mask of the rows to schedule (those of the simulated GPUs).
+    """
+    graph = dependency_graph(frame, deps)
+    op_ids = frame["op_id"].tolist()
+    gpus = frame["gpu"].tolist()
+    streams = frame["stream"].tolist()
+    kinds = frame["kind"].tolist()
+    position_of = {(o, g): p for p, (o, g) in enumerate(zip(op_ids, gpus))}
+    previous_on_stream: dict[int, int] = {}
+    last: dict[tuple[int, str], int] = {}
+    for position in range(len(frame)):
+        if not rows[position]:
+            continue
+        lane = (gpus[position], streams[position])
+        if lane in last:
+            previous_on_stream[position] = last[lane]
+        last[lane] = position
+    arrival: dict[int, float] = {}
+    for position, (start, _) in simulated.items():
+        if kinds[position] in SYNCHRONISING_KINDS:
+            node = graph.node_of[position]
+            arrival[node] = max(arrival.get(node, start), start)
+
+    def duration(position: int) -> float:
+        source = int(plan.representative[position])
+        start, end = simulated[source]
+        if kinds[source] in SYNCHRONISING_KINDS:
+            return end - arrival[graph.node_of[source]]
+        return end - start
+
+    times: dict[int, tuple[float, float]] = {}
+    for node in graph.topological_order():
+        members = [p for p in graph.rows_of[node] if rows[p]]
+        if not members:
+            continue
+        ready = {}
+        for position in members:
+            moment = 0.0
+            for dep in deps[position]:
+                target = position_of[(dep, gpus[position])]
+                moment = max(moment, times[target][1])
+            before = previous_on_stream.get(position)
+            if before is not None:
+                moment = max(moment, times[before][1])
+            ready[position] = moment
+        if kinds[members[0]] in SYNCHRONISING_KINDS:
+            begin = max(ready.values())
+            for position in members:
+                times[position] = (ready[position], begin + duration(position))
+        else:
+            position = members[0]
+            times[position] = (ready[position], ready[position] + duration(position))
+    return times

@@ -1,0 +1,365 @@
+"""Import Chakra execution traces (``.et``, one file per rank) without a protobuf dependency.
+
+A ``.et`` file is a stream of varint-length-delimited protobuf messages: one ``GlobalMetadata``,
+then ``Node`` messages (schema ``et_def.proto`` of mlcommons/chakra).  Nodes map onto ops:
+
+* ``COMM_COLL_NODE``: ``comm_type`` ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL with
+  ``comm_size`` bytes over all ranks; the k-th collective of every rank is one op.
+* ``COMM_SEND_NODE`` / ``COMM_RECV_NODE``: a send on rank s to ``comm_dst`` d is paired with the
+  receive on d from ``comm_src`` s (same ``comm_tag``, in order) into one send/receive.
+* ``COMP_NODE``: a GEMM when its inputs record two matrix shapes and its name is a matrix
+  product (``aten::mm``, ``addmm``, ``bmm``, ``matmul``, ``linear``); otherwise it cannot be
+  modelled (``unsupported="delay"`` replays it for ``duration_micros``).
+* ``METADATA_NODE``: a no-op (a zero delay other nodes may depend on).
+
+``ctrl_deps`` and ``data_deps`` become ``deps``.  Compute nodes run on the ``compute`` stream and
+collectives on ``comm``, in dependency order; ``duration_micros`` (when non-zero) becomes
+``measured_s``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from gpusim.errors import TraceError
+from gpusim.trace import protobuf as pb
+from gpusim.trace.schema import format_ints
+from gpusim.trace.trace import Trace
+
+NODE_TYPES = {
+    0: "INVALID_NODE", 1: "METADATA_NODE", 2: "MEM_LOAD_NODE", 3: "MEM_STORE_NODE", 4: "COMP_NODE",
+    5: "COMM_SEND_NODE", 6: "COMM_RECV_NODE", 7: "COMM_COLL_NODE",
+}  # fmt: skip
+COLLECTIVE_TYPES = {
+    0: "ALL_REDUCE", 1: "REDUCE", 2: "ALL_GATHER", 3: "GATHER", 4: "SCATTER", 5: "BROADCAST", 6: "ALL_TO_ALL",
+    7: "REDUCE_SCATTER", 8: "REDUCE_SCATTER_BLOCK", 9: "BARRIER",
+}  # fmt: skip
+MODELLED_COLLECTIVES = {"ALL_REDUCE": "allreduce", "REDUCE_SCATTER": "reducescatter", "ALL_GATHER": "allgather",
+                        "ALL_TO_ALL": "alltoall"}
+GEMM_NAMES = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")
+_RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
+
+
+@dataclass
+class Node:
+    """A decoded Chakra node (the fields gpusim uses)."""
+
+    id: int = 0
+    name: str = ""
+    type: int = 0
+    ctrl_deps: list[int] = field(default_factory=list)
+    data_deps: list[int] = field(default_factory=list)
+    start_time_micros: int = 0
+    duration_micros: int = 0
+    input_shapes: str = ""
+    input_types: str = ""
+    attrs: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def type_name(self) -> str:
+        """The NodeType enum name."""
+        return NODE_TYPES.get(self.type, f"type {self.type}")
+
+
+def _list_values(number: int, payload: bytes) -> list:
+    values = []
+    for inner, wire_type, value in pb.fields(payload):
+        if inner != 1:
+            continue
+        if number in (4,):  # DoubleList
+            values.extend(pb.double(v) for v in _fixed_items(value, wire_type, 8))
+        elif number in (6,):  # FloatList
+            values.extend(pb.single(v) for v in _fixed_items(value, wire_type, 4))
+        elif number in (30, 32):  # StringList, BytesList
+            values.append(value.decode("utf-8", "replace") if number == 30 else value)
+        elif number in (16, 18):  # Sint32List, Sint64List
+            values.extend(pb.zigzag(v) for v in pb.packed_varints(value, wire_type))
+        elif number in (20, 22, 24, 26):
+            width = 4 if number in (20, 24) else 8
+            values.extend(_fixed_items(value, wire_type, width))
+        else:
+            items = pb.packed_varints(value, wire_type)
+            values.extend(pb.signed64(v) if number in (8, 10) else v for v in items)
+    return values
+
+
+def _fixed_items(value, wire_type: int, width: int) -> list[int]:
+    if wire_type != pb.LENGTH_DELIMITED:
+        return [int(value)]
+    return [int.from_bytes(value[i:i + width], "little") for i in range(0, len(value), width)]
+
+
+def decode_attribute(payload: bytes) -> tuple[str, object]:
+    """``(name, value)`` of an encoded ``AttributeProto``."""
+    name, value = "", None
+    for number, _, raw in pb.fields(payload):
+        if number == 1:
+            name = raw.decode("utf-8", "replace")
+        elif number == 2:
+            continue
+        elif number == 3:
+            value = pb.double(raw)
+        elif number == 5:
+            value = pb.single(raw)
+        elif number in (7, 9):
+            value = pb.signed64(raw)
+        elif number in (11, 13):
+            value = raw
+        elif number in (15, 17):
+            value = pb.zigzag(raw)
+        elif number in (19, 21):
+            value = raw
+        elif number == 23:
+            value = raw - (1 << 32) if raw >= 1 << 31 else raw
+        elif number == 25:
+            value = pb.signed64(raw)
+        elif number == 27:
+            value = bool(raw)
+        elif number == 29:
+            value = raw.decode("utf-8", "replace")
+        elif number == 31:
+            value = raw
+        elif number % 2 == 0 and 4 <= number <= 32:
+            value = _list_values(number, raw)
+    return name, value
+
+
+def decode_node(payload: bytes) -> Node:
+    """A :class:`Node` from an encoded ``Node`` message."""
+    node = Node()
+    for number, wire_type, value in pb.fields(payload):
+        if number == 1:
+            node.id = value
+        elif number == 2:
+            node.name = value.decode("utf-8", "replace")
+        elif number == 3:
+            node.type = value
+        elif number == 4:
+            node.ctrl_deps.extend(pb.packed_varints(value, wire_type))
+        elif number == 5:
+            node.data_deps.extend(pb.packed_varints(value, wire_type))
+        elif number == 6:
+            node.start_time_micros = value
+        elif number == 7:
+            node.duration_micros = value
+        elif number == 8:
+            for inner, _, text in pb.fields(value):
+                if inner == 2:
+                    node.input_shapes = text.decode("utf-8", "replace")
+                elif inner == 3:
+                    node.input_types = text.decode("utf-8", "replace")
+        elif number == 10:
+            name, attribute = decode_attribute(value)
+            node.attrs[name] = attribute
+    return node
+
+
+def read_et(path: str | os.PathLike) -> tuple[dict, list[Node]]:
+    """The global metadata (``version`` and attributes) and the nodes of one ``.et`` file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot be read: {exc}") from exc
+    try:
+        messages = list(pb.delimited(data))
+        if not messages:
+            raise TraceError(f"{path}: empty Chakra trace")
+        metadata: dict[str, object] = {}
+        for number, _, value in pb.fields(messages[0]):
+            if number == 1:
+                metadata["version"] = value.decode("utf-8", "replace")
+            elif number == 2:
+                name, attribute = decode_attribute(value)
+                metadata[name] = attribute
+        nodes = [decode_node(message) for message in messages[1:]]
+    except pb.ProtobufError as exc:
+        raise TraceError(f"{path}: not a Chakra execution trace: {exc}") from exc
+    return metadata, nodes
+
+
+def _expand(paths) -> list[Path]:
+    many = isinstance(paths, Sequence) and not isinstance(paths, (str, bytes))
+    items = list(paths) if many else [paths]
+    files: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.et")))
+        elif any(char in str(item) for char in "*?["):
+            files.extend(Path(p) for p in sorted(glob.glob(str(item))))
+        else:
+            files.append(path)
+    if not files:
+        raise TraceError(f"read_chakra(): no .et files in {paths!r}")
+    return files
+
+
+def _ranks(files: list[Path]) -> list[int]:
+    found = [_RANK_IN_NAME.search(f.name) for f in files]
+    if all(found):
+        ranks = [int(match.group(1)) for match in found]
+        if len(set(ranks)) == len(ranks):
+            return ranks
+    return list(range(len(files)))
+
+
+def _topological(nodes: list[Node], path: Path) -> list[Node]:
+    by_id = {node.id: node for node in nodes}
+    waiting = {node.id: {d for d in node.ctrl_deps + node.data_deps if d in by_id} for node in nodes}
+    users: dict[int, list[int]] = {}
+    for node_id, deps in waiting.items():
+        for dep in deps:
+            users.setdefault(dep, []).append(node_id)
+    ready = sorted(node_id for node_id, deps in waiting.items() if not deps)
+    order = []
+    while ready:
+        node_id = ready.pop(0)
+        order.append(by_id[node_id])
+        for user in users.get(node_id, []):
+            waiting[user].discard(node_id)
+            if not waiting[user]:
+                ready.append(user)
+        ready.sort()
+    if len(order) != len(nodes):
+        stuck = sorted(set(by_id) - {node.id for node in order})[:5]
+        raise TraceError(f"{path}: field 'deps': dependency cycle among nodes {stuck}")
+    return order
+
+
+def _gemm_fields(node: Node) -> dict | None:
+    base = node.name.split("::")[-1].rstrip("_")
+    if base not in GEMM_NAMES or not node.input_shapes:
+        return None
+    try:
+        shapes = json.loads(node.input_shapes)
+    except json.JSONDecodeError:
+        return None
+    matrices = [s for s in shapes if isinstance(s, list) and len(s) >= 2 and all(isinstance(d, int) for d in s)]
+    if base in ("addmm", "baddbmm") and len(matrices) >= 3:
+        matrices = matrices[1:]
+    if len(matrices) < 2:
+        return None
+    a, b = matrices[0], matrices[1]
+    if base == "linear":
+        m, k, n, batch = math.prod(a[:-1]), a[-1], b[0], 1
+    elif len(a) >= 3 and len(b) >= 3:
+        batch, m, k, n = math.prod(a[:-2]), a[-2], a[-1], b[-1]
+    else:
+        m, k, n, batch = math.prod(a[:-1]), a[-1], b[-1], 1
+    dtype = "fp16" if "half" in node.input_types.lower() else "bf16" if "bfloat16" in node.input_types.lower() else "fp32"
+    return {"kind": "gemm", "m": int(m), "n": int(n), "k": int(k), "batch": int(batch), "dtype": dtype}
+
+
+def read_chakra(paths, *, unsupported: str = "error") -> Trace:
+    """Read Chakra execution traces (one ``.et`` per rank) into a :class:`Trace`.
+
+    Parameters
+    ----------
+    paths
+        A folder of ``.et`` files, a glob pattern, or a list of files; the rank is the number
+        before ``.et`` in the name (``all_reduce.3.et``), else the position in the sorted list.
+    unsupported
+        ``"error"``: a node that cannot be modelled is an error naming the file and node;
+        ``"delay"``: it becomes a delay of its ``duration_micros``.
+
+    Returns
+    -------
+    Trace
+    """
+    if unsupported not in ("error", "delay"):
+        raise ValueError(f"unsupported must be 'error' or 'delay', got {unsupported!r}")
+    files = _expand(paths)
+    ranks = _ranks(files)
+    world = sorted(ranks)
+    rows: list[dict] = []
+    next_id = 0
+    collective_ids: dict[int, int] = {}
+    pending_sends: dict[tuple[int, int, object], list[int]] = {}
+    pending_recvs: dict[tuple[int, int, object], list[int]] = {}
+    for path, rank in sorted(zip(files, ranks), key=lambda item: item[1]):
+        _, nodes = read_et(path)
+        op_of_node: dict[int, int] = {}
+        collectives_seen = 0
+        for node in _topological(nodes, path):
+            measured = node.duration_micros * 1e-6 if node.duration_micros else float("nan")
+            row: dict[str, object] = {"gpu": rank, "name": node.name or node.type_name, "measured_s": measured}
+            kind = node.type_name
+            reason = None
+            if kind == "COMM_COLL_NODE":
+                collective = COLLECTIVE_TYPES.get(int(node.attrs.get("comm_type", -1)), "unknown")
+                size = node.attrs.get("comm_size")
+                if collective not in MODELLED_COLLECTIVES:
+                    reason = f"collective {collective} has no gpusim op"
+                elif not isinstance(size, int) or size <= 0:
+                    reason = "collective without a positive comm_size"
+                else:
+                    row.update(kind="collective", stream="comm", collective=MODELLED_COLLECTIVES[collective],
+                               bytes=size, group=format_ints(world), kernel_class="collective")
+                    if collectives_seen not in collective_ids:
+                        next_id += 1
+                        collective_ids[collectives_seen] = next_id
+                    row["op_id"] = collective_ids[collectives_seen]
+                    collectives_seen += 1
+            elif kind in ("COMM_SEND_NODE", "COMM_RECV_NODE"):
+                size = node.attrs.get("comm_size")
+                peer = node.attrs.get("comm_dst" if kind == "COMM_SEND_NODE" else "comm_src")
+                if not isinstance(size, int) or size <= 0 or not isinstance(peer, int):
+                    reason = "send/receive without comm_size and peer"
+                else:
+                    src, dst = (rank, peer) if kind == "COMM_SEND_NODE" else (peer, rank)
+                    key = (src, dst, node.attrs.get("comm_tag"))
+                    mine, theirs = (pending_sends, pending_recvs) if kind == "COMM_SEND_NODE" else (pending_recvs, pending_sends)
+                    if theirs.get(key):
+                        op_id = theirs[key].pop(0)
+                    else:
+                        next_id += 1
+                        op_id = next_id
+                        mine.setdefault(key, []).append(op_id)
+                    row.update(kind="sendrecv", stream="send" if kind == "COMM_SEND_NODE" else "recv", bytes=size,
+                               group=f"{src} {dst}", kernel_class="sendrecv", op_id=op_id)
+            elif kind == "COMP_NODE":
+                fields = _gemm_fields(node)
+                if fields is None:
+                    reason = "a compute node without a matrix-product name and input shapes"
+                else:
+                    row.update(fields, stream="compute", kernel_class="gemm")
+            elif kind == "METADATA_NODE":
+                row.update(kind="delay", delay_s=0.0, stream="compute", kernel_class="delay")
+            else:
+                reason = f"a {kind} is not modelled"
+            if reason is not None:
+                if unsupported == "error":
+                    raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'type': cannot be modelled: {reason}; "
+                                     "read_chakra(..., unsupported='delay') replays it as a delay of duration_micros")
+                duration = node.duration_micros * 1e-6
+                klass = "collective" if kind.startswith("COMM") else "gemm" if kind == "COMP_NODE" else "other"
+                row.update(kind="delay", delay_s=duration, stream="comm" if kind.startswith("COMM") else "compute",
+                           kernel_class=klass)
+            if "op_id" not in row:
+                next_id += 1
+                row["op_id"] = next_id
+            op_of_node[node.id] = int(row["op_id"])
+            row["_deps"] = [d for d in node.ctrl_deps + node.data_deps]
+            rows.append(row)
+        for row in rows:
+            if row["gpu"] == rank and "_deps" in row:
+                row["deps"] = format_ints(sorted({op_of_node[d] for d in row.pop("_deps") if d in op_of_node}))
+    unmatched = [key for key, ids in {**pending_sends, **pending_recvs}.items() if ids]
+    if unmatched:
+        src, dst, tag = unmatched[0]
+        raise TraceError(f"{files[0].parent}: a send from rank {src} to rank {dst} (tag {tag}) has no matching "
+                         "receive (or the other way round)")
+    frame = pd.DataFrame(rows)
+    source = str(files[0].parent) if len(files) > 1 else str(files[0])
+    return Trace(frame, source=source, metadata={"importer": "chakra", "files": [str(f) for f in files],
+                                                 "unsupported": unsupported})

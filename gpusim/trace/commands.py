@@ -1,0 +1,176 @@
+"""The ``gpusim simulate`` and ``gpusim validate-trace`` subcommands (registered in :mod:`gpusim.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gpusim.errors import GpusimError
+
+
+def load_any(path: str, unsupported: str = "error", iteration: int | None = None):
+    """A trace from a file by its kind: ``.csv``/``.parquet`` (gpusim), ``.json``/``.json.gz``
+    (Kineto), ``.et`` or a folder of them (Chakra)."""
+    from gpusim.trace.chakra import read_chakra
+    from gpusim.trace.kineto import read_kineto
+    from gpusim.trace.trace import read
+
+    name = path.lower()
+    if name.endswith((".json", ".json.gz")):
+        return read_kineto(path, unsupported=unsupported, iteration=iteration)
+    if name.endswith(".et") or Path(path).is_dir() or "*" in path:
+        return read_chakra(path, unsupported=unsupported)
+    return read(path)
+
+
+def _system(args: argparse.Namespace):
+    from gpusim.cli import _overrides
+    from gpusim.system import load_system
+
+    return load_system(args.system, _overrides(args.set))
+
+
+def _mode(args: argparse.Namespace, trace, system) -> str:
+    from gpusim.trace.replay import choose_mode
+
+    return choose_mode(trace, system) if args.mode == "auto" else args.mode
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline and a breakdown plot."""
+    import matplotlib.pyplot as plt
+
+    from gpusim import plot
+    from gpusim.trace.breakdown import breakdown
+    from gpusim.trace.generator import transformer
+
+    if (args.trace is None) == (args.model is None):
+        raise GpusimError("simulate: give exactly one of --trace FILE or --model NAME")
+    system = _system(args)
+    if args.model:
+        trace = transformer(args.model, phase=args.phase, tp=args.tp, dp=args.dp, pp=args.pp, batch=args.batch,
+                            seq_len=args.seq_len, microbatches=args.microbatches, schedule=args.schedule,
+                            recompute=args.recompute, layers=args.layers, decode_tokens=args.decode_tokens)
+    else:
+        trace = load_any(args.trace, unsupported=args.unsupported)
+    mode = _mode(args, trace, system)
+    result = trace.replay(system, mode=mode, progress=not args.quiet, cache_layers=not args.no_cache)
+    parts = breakdown(result.ops)
+    print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
+    print((parts.set_index("gpu") * 1e3).round(3).rename(columns=lambda c: c.replace("_s", "_ms")).to_string())
+    stats = result.stats
+    print(f"{stats['simulated_rows']} of {stats['trace_rows']} rows simulated; {stats['events']} events in "
+          f"{stats['wall_s']:.1f} s ({stats['events_per_s']:.0f} events/s)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        result.ops.to_parquet(out / "ops.parquet", index=False)
+        summary = {
+            "trace": trace.source, "system": system.name, "mode": mode, "time_s": result.time_s,
+            "breakdown": parts.to_dict("records"), "stats": {k: v for k, v in stats.items() if k != "layer_runs"},
+            "layer_runs": stats["layer_runs"], "trace_metadata": trace.metadata,
+        }  # fmt: skip
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        result.to_perfetto(out / "timeline.perfetto.json")
+        fig, ax = plt.subplots(figsize=(8, 2.5 + 0.35 * len(parts)))
+        plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
+        fig.tight_layout()
+        fig.savefig(out / "breakdown.png", dpi=120)
+        plt.close(fig)
+        print(f"wrote {out}/ (ops.parquet, summary.json, timeline.perfetto.json, breakdown.png)")
+    return 0
+
+
+def cmd_validate_trace(args: argparse.Namespace) -> int:
+    """Replay an imported trace and report simulated versus measured time per kernel class and overall."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from gpusim import plot
+    from gpusim.trace.compare import compare, kernel_comparison
+
+    system = _system(args)
+    trace = load_any(args.trace, unsupported=args.unsupported, iteration=args.iteration)
+    if not trace.frame["measured_s"].notna().any():
+        raise GpusimError(f"validate-trace: {trace.source} has no measured durations to compare with")
+    mode = _mode(args, trace, system)
+    result = trace.replay(system, mode=mode, progress=not args.quiet)
+    spans = trace.metadata.get("measured_span_s") or {}
+    span = spans.get(0, spans.get("0")) if mode == "symmetric" else (max(spans.values()) if spans else None)
+    table = compare(result.ops, span)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        shown = table.copy()
+        for column in ("measured_s", "simulated_s", "not_simulated_s"):
+            shown[column] = (shown[column] * 1e3).round(4)
+        shown = shown.rename(columns={"measured_s": "measured_ms", "simulated_s": "simulated_ms",
+                                      "not_simulated_s": "not_simulated_ms"})
+        print(f"{trace.source} on {system.name} ({mode} mode)")
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "validate_trace.csv", index=False)
+        kernels = kernel_comparison(result.ops)
+        kernels.to_csv(out / "kernels.csv", index=False)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        modelled = kernels[kernels["modelled"]]
+        for klass, group in modelled.groupby("kernel_class"):
+            plot.measured_vs_simulated(group, ax=axes[0], label=klass)
+        axes[0].legend(fontsize="small")
+        axes[0].set_title("per kernel")
+        classes = table[table["kernels"] > 0].rename(columns={"measured_s": "measured", "simulated_s": "simulated"})
+        classes = classes.melt(id_vars="kernel_class", value_vars=["measured", "simulated"], var_name="source",
+                               value_name="time_s")
+        classes["time_ms"] = classes["time_s"] * 1e3
+        plot.bars(classes, "kernel_class", "time_ms", hue="source", ax=axes[1], ylabel="time (ms)")
+        axes[1].set_title("per kernel class")
+        fig.tight_layout()
+        fig.savefig(out / "validate_trace.png", dpi=120)
+        plt.close(fig)
+        print(f"wrote {out}/ (validate_trace.csv, kernels.csv, validate_trace.png)")
+    if args.tolerance is not None:
+        whole = table[table["kernel_class"] == "all kernels"]["error"].iloc[0]
+        if not abs(whole) <= args.tolerance:
+            print(f"validate-trace: all-kernel error {whole:+.1%} exceeds the tolerance {args.tolerance:.1%}")
+            return 1
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--system", required=True, help="preset name or YAML file")
+    parser.add_argument("--set", action="append", help="override, e.g. links.bandwidth=300GB/s")
+    parser.add_argument("--mode", default="auto", choices=["auto", "full", "symmetric"],
+                        help="simulation mode (auto: symmetric when every GPU does the same work)")
+    parser.add_argument("--unsupported", default="error", choices=["error", "delay"],
+                        help="imported kernels gpusim cannot model: fail, or replay as measured-duration delays")
+    parser.add_argument("--out", help="output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``gpusim simulate``."""
+    parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et or folder")
+    parser.add_argument("--model", help="generate a transformer trace (see gpusim.trace.list_models())")
+    parser.add_argument("--phase", default="train", choices=["train", "prompt", "decode"])
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    parser.add_argument("--batch", type=int, help="global batch in sequences (default: the model's)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    parser.add_argument("--microbatches", type=int, help="microbatches (default: pp)")
+    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
+    parser.add_argument("--recompute", action="store_true", help="activation recomputation")
+    parser.add_argument("--layers", type=int, help="use only this many layers")
+    parser.add_argument("--decode-tokens", type=int, default=1, help="tokens generated in the decode phase")
+    parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
+    _common(parser)
+
+
+def add_validate_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``gpusim validate-trace``."""
+    parser.add_argument("trace", help="measured trace: Kineto .json(.gz), Chakra .et/folder, or .csv/.parquet")
+    parser.add_argument("--iteration", type=int, help="Kineto: only the kernels of ProfilerStep#N")
+    parser.add_argument("--tolerance", type=float,
+                        help="exit with status 1 when the all-kernel error exceeds this fraction (e.g. 0.25)")
+    _common(parser)

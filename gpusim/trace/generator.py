@@ -1,0 +1,570 @@
+"""Transformer traces from hyperparameters: training and inference, with tensor, data and pipeline
+parallelism.
+
+GEMM shapes follow seeds/002 Table 4.3 in the cuBLAS convention ``M x N x K`` with ``M`` the output
+features, ``N`` the tokens and ``K`` the input features (forward ``d_model x n*B x d_model`` for a
+linear layer; activation gradient ``in x n*B x out``; weight gradient ``in x out x n*B``), and
+attention as batched GEMMs over ``B * heads`` (score ``n x n x d_head``, output ``d_head x n x n``).
+
+Tensor parallelism slices as Megatron-LM does (Shoeybi et al. 2019; seeds/002 Fig. 2.4): QKV and
+FC-1 by columns, the attention output projection and FC-2 by rows, heads split over ranks, and an
+all-reduce of the ``B * SL * H`` activations after the attention and the MLP in the forward pass and
+of their input gradients in the backward pass: four per layer per iteration (seeds/002 eq. 5.5).
+These all-reduces are on the critical path (the ``compute`` stream).  When ``tp`` does not divide
+the heads (T-NLG's 28 heads over 8 GPUs), every rank is given the busiest rank's work: linear
+layers of ``ceil(H / tp)`` columns and attention over ``ceil(heads / tp)`` heads; key/value heads
+fewer than ``tp`` (multi-query or grouped-query attention) are replicated.
+
+Data parallelism all-reduces the gradients in buckets (``bucket_bytes``, PyTorch DDP's 25 MiB by
+default; seeds/001) on a separate ``comm`` stream, each bucket as soon as the weight-gradient GEMMs
+that fill it are done, so it overlaps the rest of the backward pass.  Buckets do not span layers
+(a simplification that keeps layers identical for caching).  With several microbatches the
+gradients are reduced during the last microbatch's backward pass.
+
+Pipeline parallelism splits the layers evenly over stages; microbatches flow through them by the
+GPipe or 1F1B schedule (:mod:`gpusim.trace.schedules`), activations and gradients move by
+send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_bwd`` streams.
+
+Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer on fp32 master
+weights.  Adam is modelled as two element-wise fp32 passes that each read two and write two
+tensors (moments from gradients; weights and their half-precision copy from the moments):
+32 bytes per parameter, about what a fused Adam kernel moves.  Activation recomputation re-runs a
+layer's forward pass (with its all-reduces) before its backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import TraceError
+from gpusim.trace.models import ModelConfig, load_model
+from gpusim.trace.schedules import SCHEDULES, stage_order
+from gpusim.trace.schema import format_ints
+from gpusim.trace.trace import Trace
+
+PHASES = ("train", "prompt", "decode")
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's default gradient bucket (seeds/001 section 1.2.2)."""
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Degrees of tensor (tp), data (dp) and pipeline (pp) parallelism and the rank layout.
+
+    Ranks are numbered with tensor parallelism innermost, then data, then pipeline stage
+    (``rank = stage * dp * tp + replica * tp + tp_index``), so a tensor-parallel group sits on
+    neighbouring GPUs of a node.
+    """
+
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+
+    @property
+    def world(self) -> int:
+        """GPUs in all."""
+        return self.tp * self.dp * self.pp
+
+    def rank(self, stage: int, replica: int, tp_index: int) -> int:
+        """Global rank of a position in the grid."""
+        return (stage * self.dp + replica) * self.tp + tp_index
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        """Ranks of a pipeline stage."""
+        return [self.rank(stage, r, t) for r in range(self.dp) for t in range(self.tp)]
+
+    def tp_groups(self, stage: int) -> list[list[int]]:
+        """Tensor-parallel groups of a stage (one per data-parallel replica)."""
+        return [[self.rank(stage, r, t) for t in range(self.tp)] for r in range(self.dp)]
+
+    def dp_groups(self, stage: int) -> list[list[int]]:
+        """Data-parallel groups of a stage (one per tensor-parallel index)."""
+        return [[self.rank(stage, r, t) for r in range(self.dp)] for t in range(self.tp)]
+
+
+Handle = dict[int, int]
+"""gpu -> op_id of one logical op (an op may have a different op_id per group)."""
+
+
+class _Builder:
+    """Accumulates trace rows."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.next_id = 0
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    @staticmethod
+    def _deps(after: list[Handle | None], gpu: int) -> str:
+        ids = []
+        for handle in after:
+            if handle and gpu in handle and handle[gpu] not in ids:
+                ids.append(handle[gpu])
+        return format_ints(ids)
+
+    def compute(self, gpus: list[int], kind: str, after: list[Handle | None], labels: dict, **fields) -> Handle:
+        """One op with a row on each of ``gpus`` (the same work everywhere) on the compute stream."""
+        op_id = self._new_id()
+        for gpu in gpus:
+            self.rows.append({"op_id": op_id, "gpu": gpu, "stream": "compute", "kind": kind,
+                              "deps": self._deps(after, gpu), **labels, **fields})
+        return dict.fromkeys(gpus, op_id)
+
+    def collective(self, groups: list[list[int]], stream: str, after: list[Handle | None], labels: dict,
+                   **fields) -> Handle:
+        """One collective per group (each with its own op_id)."""
+        handle: Handle = {}
+        for group in groups:
+            op_id = self._new_id()
+            for gpu in group:
+                self.rows.append({"op_id": op_id, "gpu": gpu, "stream": stream, "kind": "collective",
+                                  "group": format_ints(group), "deps": self._deps(after, gpu), **labels, **fields})
+                handle[gpu] = op_id
+        return handle
+
+    def sendrecv(self, pairs: list[tuple[int, int]], direction: str, after: list[Handle | None], labels: dict,
+                 nbytes: int) -> Handle:
+        """One send/receive per ``(src, dst)`` pair, on ``send_DIR`` / ``recv_DIR`` streams."""
+        handle: Handle = {}
+        for src, dst in pairs:
+            op_id = self._new_id()
+            for gpu, stream in ((src, f"send_{direction}"), (dst, f"recv_{direction}")):
+                self.rows.append({"op_id": op_id, "gpu": gpu, "stream": stream, "kind": "sendrecv", "bytes": nbytes,
+                                  "group": f"{src} {dst}", "deps": self._deps(after, gpu), **labels})
+                handle[gpu] = op_id
+        return handle
+
+
+class _Transformer:
+    """Generates the rows of one trace (see :func:`transformer`)."""
+
+    def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
+                 microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
+                 optimizer: str | None, decode_tokens: int, head: bool):
+        self.model = model
+        self.phase = phase
+        self.par = par
+        self.b = micro_batch
+        self.s = seq_len
+        self.m = microbatches
+        self.schedule = schedule
+        self.dtype = dtype
+        self.size = DTYPE_BYTES[dtype]
+        self.recompute = recompute
+        self.bucket_bytes = bucket_bytes
+        self.optimizer = optimizer
+        self.decode_tokens = decode_tokens
+        self.head = head
+        self.train = phase == "train"
+        self.out = _Builder()
+        tp = par.tp
+        self.heads_t = math.ceil(model.heads / tp)
+        self.kv_t = math.ceil(model.key_value_heads / tp)
+        self.hd = model.head_dim
+        self.q_width = math.ceil(model.hidden / tp)
+        self.qkv_out = self.q_width + 2 * self.kv_t * self.hd
+        self.ff_t = math.ceil(model.intermediate / tp)
+        self.vocab_t = math.ceil(model.vocab / tp)
+        layers = model.layers
+        self.stage_layers = [list(range(s * layers // par.pp, (s + 1) * layers // par.pp)) for s in range(par.pp)]
+        self.gradient_buckets: dict[tuple[int, int], Handle] = {}
+        self._reduce_now = False
+        self._bucket = 0
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _labels(self, name: str, phase: str, layer: int, step: int) -> dict:
+        return {"name": name, "phase": phase, "layer": layer, "step": step}
+
+    def _gemm(self, gpus, after, labels, m, n, k, batch=1, trans_a=False, trans_b=False) -> Handle:
+        return self.out.compute(gpus, "gemm", after, labels, m=m, n=n, k=k, batch=batch, trans_a=trans_a,
+                                trans_b=trans_b, dtype=self.dtype)
+
+    def _elementwise(self, gpus, after, labels, function, elements, dtype=None) -> Handle:
+        return self.out.compute(gpus, "elementwise", after, labels, function=function, elements=elements,
+                                dtype=dtype or self.dtype)
+
+    def _reduction(self, gpus, after, labels, function, rows, cols) -> Handle:
+        return self.out.compute(gpus, "reduction", after, labels, function=function, rows=rows, cols=cols,
+                                dtype=self.dtype)
+
+    def _tp_allreduce(self, stage, after, labels, nbytes, dtype=None) -> Handle | None:
+        if self.par.tp == 1:
+            return None
+        return self.out.collective(self.par.tp_groups(stage), "compute", after, labels, collective="allreduce",
+                                   bytes=nbytes, dtype=dtype or self.dtype)
+
+    # -- transformer layer --------------------------------------------------------------------
+    def layer_forward(self, stage: int, layer: int, step: int, phase: str, after: list, prefix: str = "",
+                      tokens: int | None = None, context: int | None = None) -> Handle:
+        """The forward ops of one layer on a stage; returns the handle of the last op."""
+        model, gpus = self.model, self.par.stage_ranks(stage)
+        s = context or self.s
+        queries = 1 if context else self.s
+        t = tokens or self.b * self.s
+        h, hd, heads = model.hidden, self.hd, self.heads_t
+        bh = self.b * heads
+
+        def at(op: str) -> dict:
+            return self._labels(f"{prefix}L{layer}.{op}", phase, layer, step)
+
+        last = self._reduction(gpus, after, at("ln1"), model.norm, t, h)
+        if model.fused_qkv:
+            last = self._gemm(gpus, [], at("qkv"), self.qkv_out, t, h, trans_a=True)
+        else:
+            for part, width in (("q", self.q_width), ("k", self.kv_t * hd), ("v", self.kv_t * hd)):
+                last = self._gemm(gpus, [], at(part), width, t, h, trans_a=True)
+        if not self.train:
+            self._elementwise(gpus, [], at("kv_cache_write"), "copy", 2 * self.kv_t * hd * t)
+        self._gemm(gpus, [], at("attn_score"), queries, s, hd, batch=bh, trans_a=True)
+        self._elementwise(gpus, [], at("attn_scale_mask"), "scale", bh * queries * s)
+        self._reduction(gpus, [], at("softmax"), "softmax", bh * queries, s)
+        if self.train:
+            self._elementwise(gpus, [], at("attn_dropout"), "dropout", bh * queries * s)
+        self._gemm(gpus, [], at("attn_context"), hd, queries, s, batch=bh)
+        last = self._gemm(gpus, [], at("attn_out"), h, t, self.q_width, trans_a=True)
+        last = self._tp_allreduce(stage, [], at("attn_allreduce"), t * h * self.size) or last
+        residual = "residual_dropout" if self.train else "add"
+        self._elementwise(gpus, [], at("attn_residual"), residual, t * h)
+        self._reduction(gpus, [], at("ln2"), model.norm, t, h)
+        swiglu = model.activation == "swiglu"
+        self._gemm(gpus, [], at("fc1"), self.ff_t * (2 if swiglu else 1), t, h, trans_a=True)
+        self._elementwise(gpus, [], at("swiglu" if swiglu else "gelu"), "mul" if swiglu else "gelu", t * self.ff_t)
+        last = self._gemm(gpus, [], at("fc2"), h, t, self.ff_t, trans_a=True)
+        last = self._tp_allreduce(stage, [], at("mlp_allreduce"), t * h * self.size) or last
+        return self._elementwise(gpus, [], at("mlp_residual"), residual, t * h)
+
+    def _gradient(self, stage: int, layer: int, nbytes: int, producer: Handle, labels: dict, flush: bool) -> None:
+        """Add a weight gradient to the current bucket; all-reduce it when full (or at ``flush``)."""
+        if not self._reduce_now or self.par.dp == 1:
+            return
+        self._bucket += nbytes
+        if self._bucket >= self.bucket_bytes or (flush and self._bucket):
+            handle = self.out.collective(self.par.dp_groups(stage), "comm", [producer], labels,
+                                         collective="allreduce", bytes=self._bucket, dtype=self.dtype)
+            self.gradient_buckets[(stage, layer)] = handle
+            self._bucket = 0
+
+    def layer_backward(self, stage: int, layer: int, step: int, after: list, reduce_gradients: bool) -> Handle:
+        """The backward ops of one layer (recomputing its forward pass first when asked)."""
+        model, gpus = self.model, self.par.stage_ranks(stage)
+        t = self.b * self.s
+        h, hd, heads, s = model.hidden, self.hd, self.heads_t, self.s
+        bh = self.b * heads
+        size = self.size
+        swiglu = model.activation == "swiglu"
+        ff_in = self.ff_t * (2 if swiglu else 1)
+        self._reduce_now = reduce_gradients
+        self._bucket = 0
+
+        def at(op: str) -> dict:
+            return self._labels(f"L{layer}.{op}", "bwd", layer, step)
+
+        if self.recompute:
+            after = [self.layer_forward(stage, layer, step, "bwd", after, prefix="recompute.")]
+        last = self._elementwise(gpus, after, at("mlp_residual_bwd"), "mul", t * h)
+        self._gemm(gpus, [], at("fc2_dgrad"), self.ff_t, t, h)
+        wgrad = self._gemm(gpus, [], at("fc2_wgrad"), self.ff_t, h, t, trans_b=True)
+        self._gradient(stage, layer, self.ff_t * h * size, wgrad, at("grad_allreduce"), False)
+        if swiglu:
+            self._elementwise(gpus, [], at("swiglu_bwd_gate"), "mul", t * self.ff_t)
+            self._elementwise(gpus, [], at("swiglu_bwd_up"), "mul", t * self.ff_t)
+        else:
+            self._elementwise(gpus, [], at("gelu_bwd"), "bias_gelu", t * self.ff_t)
+        self._gemm(gpus, [], at("fc1_dgrad"), h, t, ff_in)
+        wgrad = self._gemm(gpus, [], at("fc1_wgrad"), h, ff_in, t, trans_b=True)
+        self._gradient(stage, layer, h * ff_in * size, wgrad, at("grad_allreduce"), False)
+        self._tp_allreduce(stage, [], at("mlp_allreduce_bwd"), t * h * size)
+        self._reduction(gpus, [], at("ln2_bwd"), model.norm, t, h)
+        self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t * h)
+        self._gemm(gpus, [], at("attn_out_dgrad"), self.q_width, t, h)
+        wgrad = self._gemm(gpus, [], at("attn_out_wgrad"), self.q_width, h, t, trans_b=True)
+        self._gradient(stage, layer, self.q_width * h * size, wgrad, at("grad_allreduce"), False)
+        self._gemm(gpus, [], at("attn_context_dgrad"), hd, s, s, batch=bh)
+        self._gemm(gpus, [], at("attn_context_wgrad"), s, s, hd, batch=bh)
+        self._elementwise(gpus, [], at("attn_dropout_bwd"), "mul", bh * s * s)
+        self._reduction(gpus, [], at("softmax_bwd"), "softmax", bh * s, s)
+        self._elementwise(gpus, [], at("attn_scale_bwd"), "scale", bh * s * s)
+        self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
+        self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
+        if model.fused_qkv:
+            self._gemm(gpus, [], at("qkv_dgrad"), h, t, self.qkv_out)
+            wgrad = self._gemm(gpus, [], at("qkv_wgrad"), h, self.qkv_out, t, trans_b=True)
+        else:
+            for part, width in (("q", self.q_width), ("k", self.kv_t * hd), ("v", self.kv_t * hd)):
+                self._gemm(gpus, [], at(f"{part}_dgrad"), h, t, width)
+                wgrad = self._gemm(gpus, [], at(f"{part}_wgrad"), h, width, t, trans_b=True)
+        self._tp_allreduce(stage, [], at("attn_allreduce_bwd"), t * h * size)
+        self._reduction(gpus, [], at("ln1_bwd"), model.norm, t, h)
+        last = self._elementwise(gpus, [], at("residual_bwd"), "add", t * h)
+        biases_and_norms = (self.qkv_out + h + ff_in + h + 4 * h) * size
+        self._gradient(stage, layer, self.qkv_out * h * size + biases_and_norms, last, at("grad_allreduce"), True)
+        return last
+
+    # -- embedding and output layer -----------------------------------------------------------
+    def embedding_forward(self, step: int, phase: str, after: list, tokens: int) -> Handle:
+        """Token embedding lookup on the first stage (vocabulary-parallel: an all-reduce under TP)."""
+        gpus = self.par.stage_ranks(0)
+        labels = self._labels("embedding", phase, -1, step)
+        last = self._elementwise(gpus, after, labels, "copy", tokens * self.model.hidden)
+        return self._tp_allreduce(0, [], self._labels("embedding_allreduce", phase, -1, step),
+                                  tokens * self.model.hidden * self.size) or last
+
+    def head_forward(self, step: int, phase: str, tokens: int) -> Handle:
+        """Final norm, output projection and (training) cross-entropy on the last stage."""
+        stage = self.par.pp - 1
+        gpus = self.par.stage_ranks(stage)
+        h = self.model.hidden
+        self._reduction(gpus, [], self._labels("final_norm", phase, -1, step), self.model.norm, tokens, h)
+        logits = tokens if self.train else self.b
+        last = self._gemm(gpus, [], self._labels("lm_head", phase, -1, step), self.vocab_t, logits, h, trans_a=True)
+        if self.train:
+            last = self._reduction(gpus, [], self._labels("cross_entropy", phase, -1, step), "softmax", tokens,
+                                   self.vocab_t)
+            last = self._tp_allreduce(stage, [], self._labels("cross_entropy_allreduce", phase, -1, step),
+                                      3 * tokens * 4, dtype="fp32") or last
+        return last
+
+    def head_backward(self, step: int, reduce_gradients: bool) -> Handle:
+        """Backward of the output layer and the final norm."""
+        stage = self.par.pp - 1
+        gpus = self.par.stage_ranks(stage)
+        h, t, size = self.model.hidden, self.b * self.s, self.size
+        self._elementwise(gpus, [], self._labels("cross_entropy_bwd", "bwd", -1, step), "mul", t * self.vocab_t)
+        self._gemm(gpus, [], self._labels("lm_head_dgrad", "bwd", -1, step), h, t, self.vocab_t)
+        wgrad = self._gemm(gpus, [], self._labels("lm_head_wgrad", "bwd", -1, step), h, self.vocab_t, t, trans_b=True)
+        self._tp_allreduce(stage, [], self._labels("lm_head_allreduce_bwd", "bwd", -1, step), t * h * size)
+        last = self._reduction(gpus, [], self._labels("final_norm_bwd", "bwd", -1, step), self.model.norm, t, h)
+        if reduce_gradients and self.par.pp > 1:
+            self._reduce_now, self._bucket = True, 0
+            self._gradient(stage, -1, self.vocab_t * h * size, wgrad, self._labels("grad_allreduce", "bwd", -1, step),
+                           True)
+        return last
+
+    def embedding_backward(self, step: int, after: list, reduce_gradients: bool) -> Handle:
+        """Gradient of the embedding table (scatter-add) on the first stage."""
+        gpus = self.par.stage_ranks(0)
+        labels = self._labels("embedding_bwd", "bwd", -1, step)
+        last = self._elementwise(gpus, after, labels, "add", self.b * self.s * self.model.hidden)
+        if reduce_gradients:
+            self._reduce_now, self._bucket = True, 0
+            self._gradient(0, -1, self.vocab_t * self.model.hidden * self.size, last,
+                           self._labels("grad_allreduce", "bwd", -1, step), True)
+        return last
+
+    def optimizer_step(self) -> None:
+        """Adam on fp32 master weights, one layer at a time, after its gradients are reduced."""
+        per_layer = self.model.layer_parameters() // self.par.tp
+        for stage in range(self.par.pp):
+            gpus = self.par.stage_ranks(stage)
+            groups: list[tuple[int, int]] = [(layer, per_layer) for layer in self.stage_layers[stage]]
+            if stage == 0 or stage == self.par.pp - 1:
+                groups.append((-1, self.vocab_t * self.model.hidden))
+            for layer, parameters in groups:
+                name = f"L{layer}.adam" if layer >= 0 else "embedding.adam"
+                after = [self.gradient_buckets.get((stage, layer))]
+                self._elementwise(gpus, after, self._labels(f"{name}_moments", "opt", layer, 0), "residual_dropout",
+                                  parameters, dtype="fp32")
+                self._elementwise(gpus, [], self._labels(f"{name}_update", "opt", layer, 0), "residual_dropout",
+                                  parameters, dtype="fp32")
+
+    # -- whole iteration ------------------------------------------------------------------------
+    def _pairs(self, stage: int, nxt: int) -> list[tuple[int, int]]:
+        return [(self.par.rank(stage, r, t), self.par.rank(nxt, r, t)) for r in range(self.par.dp)
+                for t in range(self.par.tp)]
+
+    def build(self) -> list[dict]:
+        """All rows of the trace."""
+        if self.phase == "decode":
+            self._build_decode()
+            return self.out.rows
+        par = self.par
+        orders = [stage_order(self.schedule, stage, par.pp, self.m, backward=self.train) for stage in range(par.pp)]
+        cursor = [0] * par.pp
+        received: dict[tuple[str, int, int], Handle] = {}
+        while any(cursor[stage] < len(orders[stage]) for stage in range(par.pp)):
+            progressed = False
+            for stage in range(par.pp):
+                while cursor[stage] < len(orders[stage]):
+                    action, mb = orders[stage][cursor[stage]]
+                    waits_for_neighbour = (action == "F" and stage > 0) or (action == "B" and stage < par.pp - 1)
+                    if waits_for_neighbour and (action, stage, mb) not in received:
+                        break
+                    self._run_action(stage, action, mb, received)
+                    cursor[stage] += 1
+                    progressed = True
+            if not progressed:
+                raise TraceError(f"transformer(): the {self.schedule} schedule deadlocks")  # a bug if ever raised
+        if self.train and self.optimizer:
+            self.optimizer_step()
+        return self.out.rows
+
+    def _run_action(self, stage: int, action: str, mb: int, received: dict) -> None:
+        """Emit one forward or backward pass of microbatch ``mb`` on ``stage``."""
+        first, last_stage = stage == 0, stage == self.par.pp - 1
+        tokens = self.b * self.s
+        nbytes = tokens * self.model.hidden * self.size
+        after = [received.get((action, stage, mb))]
+        if action == "F":
+            phase = "fwd" if self.train else "prompt"
+            if first and self.head:
+                after = [self.embedding_forward(mb, phase, after, tokens)]
+            for layer in self.stage_layers[stage]:
+                after = [self.layer_forward(stage, layer, mb, phase, after)]
+            if last_stage and self.head:
+                self.head_forward(mb, phase, tokens)
+            elif not last_stage:
+                labels = self._labels("send_activations", phase, -1, mb)
+                received[("F", stage + 1, mb)] = self.out.sendrecv(self._pairs(stage, stage + 1), "fwd", after,
+                                                                   labels, nbytes)
+            return
+        reduce_now = mb == self.m - 1
+        if last_stage and self.head:
+            after = [self.head_backward(mb, reduce_now)]
+        for layer in reversed(self.stage_layers[stage]):
+            after = [self.layer_backward(stage, layer, mb, after, reduce_now)]
+        if first and self.head:
+            self.embedding_backward(mb, after, reduce_now)
+        elif not first:
+            labels = self._labels("send_gradients", "bwd", -1, mb)
+            received[("B", stage - 1, mb)] = self.out.sendrecv(self._pairs(stage, stage - 1), "bwd", after, labels,
+                                                               nbytes)
+
+    def _build_decode(self) -> None:
+        """Generated tokens one after another; each is a forward pass with a growing KV cache."""
+        par = self.par
+        token_ready: dict[int, Handle] = {}
+        for token in range(self.decode_tokens):
+            context = self.s + token
+            after_stage: Handle | None = token_ready.get(token)
+            for stage in range(par.pp):
+                after = [after_stage]
+                if stage == 0 and self.head:
+                    after = [self.embedding_forward(token, "decode", after, self.b)]
+                for layer in self.stage_layers[stage]:
+                    after = [self.layer_forward(stage, layer, token, "decode", after, tokens=self.b, context=context)]
+                if stage == par.pp - 1:
+                    last = self.head_forward(token, "decode", self.b) if self.head else after[0]
+                    if par.pp > 1 and token + 1 < self.decode_tokens:
+                        labels = self._labels("send_token", "decode", -1, token)
+                        token_ready[token + 1] = self.out.sendrecv(self._pairs(stage, 0), "fwd", [last], labels,
+                                                                   self.b * 8)
+                else:
+                    labels = self._labels("send_activations", "decode", -1, token)
+                    after_stage = self.out.sendrecv(self._pairs(stage, stage + 1), "fwd", after, labels,
+                                                    self.b * self.model.hidden * self.size)
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TraceError(f"transformer(): '{name}' must be a positive integer, got {value!r}")
+    return value
+
+
+def transformer(
+    model: str | ModelConfig,
+    phase: str = "train",
+    tp: int = 1,
+    dp: int = 1,
+    pp: int = 1,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
+    dtype: str = "fp16",
+    recompute: bool = False,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    optimizer: str | None = "adam",
+    decode_tokens: int = 1,
+    layers: int | None = None,
+    head: bool = True,
+) -> Trace:
+    """The operator trace of one iteration of a transformer.
+
+    Parameters
+    ----------
+    model
+        A model name (``gpusim.trace.list_models()``), a YAML file, or a :class:`ModelConfig`.
+    phase
+        ``"train"`` (forward, backward with activation and weight gradients, optimizer step),
+        ``"prompt"`` (inference prefill of ``seq_len`` tokens) or ``"decode"`` (generation of
+        ``decode_tokens`` tokens after a prompt of ``seq_len``).
+    tp, dp, pp
+        Tensor-, data- and pipeline-parallel degrees; the trace has ``tp * dp * pp`` ranks.
+    batch
+        Global batch in sequences (default: the model's); split over ``dp`` replicas and
+        ``microbatches``.
+    seq_len
+        Sequence (prompt) length (default: the model's).
+    microbatches
+        Microbatches per replica (default: ``pp``); more than one without pipelining means
+        gradient accumulation.
+    schedule
+        Pipeline schedule: ``"1f1b"`` or ``"gpipe"``.
+    dtype
+        Forward/backward precision: ``fp16`` or ``bf16`` (mixed precision with an fp32 optimizer),
+        or ``fp32``.
+    recompute
+        Activation recomputation (full, per layer).
+    bucket_bytes
+        Data-parallel gradient bucket size, bytes.
+    optimizer
+        ``"adam"`` or ``None`` (no optimizer step).
+    decode_tokens
+        Tokens generated in the ``decode`` phase.
+    layers
+        Use only this many layers (a shorter model with the same layer shape).
+    head
+        Include the embedding and the output layer.
+
+    Returns
+    -------
+    Trace
+        With ``layer``, ``phase`` and ``step`` labels that layer caching uses, and metadata
+        describing the setup.
+
+    Raises
+    ------
+    TraceError
+        Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``...).
+    """
+    overrides = {"layers": layers} if layers is not None else {}
+    config = load_model(model, **overrides)
+    if phase not in PHASES:
+        raise TraceError(f"transformer(): 'phase' must be one of {', '.join(PHASES)}, got {phase!r}")
+    if schedule not in SCHEDULES:
+        raise TraceError(f"transformer(): 'schedule' must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if dtype not in ("fp16", "bf16", "fp32"):
+        raise TraceError(f"transformer(): 'dtype' must be fp16, bf16 or fp32, got {dtype!r}")
+    if optimizer not in ("adam", None):
+        raise TraceError(f"transformer(): 'optimizer' must be 'adam' or None, got {optimizer!r}")
+    par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp))
+    batch = _positive("batch", batch if batch is not None else config.batch)
+    seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
+    microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
+    _positive("bucket_bytes", bucket_bytes)
+    _positive("decode_tokens", decode_tokens)
+    if config.layers < pp:
+        raise TraceError(f"transformer(): {config.layers} layers cannot fill pp={pp} stages")
+    if batch % (dp * microbatches):
+        raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
+    micro_batch = batch // (dp * microbatches)
+    builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
+                           bucket_bytes, optimizer, decode_tokens, head)
+    frame = pd.DataFrame(builder.build())
+    metadata = {
+        "generator": "gpusim.trace.transformer",
+        "model": config.model_dump(),
+        "phase": phase, "tp": tp, "dp": dp, "pp": pp, "batch": batch, "micro_batch": micro_batch,
+        "seq_len": seq_len, "microbatches": microbatches, "schedule": schedule, "dtype": dtype,
+        "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
+        "decode_tokens": decode_tokens, "head": head,
+    }  # fmt: skip
+    name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
+    return Trace(frame, source=name, metadata=metadata)

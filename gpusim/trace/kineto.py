@@ -1,0 +1,449 @@
+"""Import PyTorch profiler (Kineto) traces: GPU kernels become trace rows with measured durations.
+
+Every GPU activity (``kernel``, ``gpu_memcpy``, ``gpu_memset`` events) becomes one row, in start
+order per stream, with its measured duration in ``measured_s``.  A kernel is linked to the CPU op
+that launched it by its ``External id`` and to its launch call by its ``correlation`` id (AMD
+traces keep grid and block on the launch call, NVIDIA traces on the kernel).
+
+How a kernel becomes an op:
+
+* GEMM (cuBLAS/cuBLASLt/CUTLASS/Tensile/rocBLAS names): M, N, K and the dtype from the CPU op's
+  ``Input Dims`` and ``Input type`` (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``,
+  ``linear``).  Without recorded shapes (profiling without ``record_shapes=True``) grid, block and
+  name fix only the output tiling, never K, so such a GEMM cannot be modelled.
+* Element-wise: the element count from the CPU op's shapes when it is an element-wise op, else from
+  grid x block x elements per thread (the kernel's template argument, e.g.
+  ``vectorized_elementwise_kernel<4, ...>``); the function from the op's name.  Device-to-device
+  copies and memsets are byte copies/fills.
+* Reductions: softmax, layer norm, RMS norm and ``reduce_kernel`` over the op's input shape.
+* NCCL/RCCL kernels: the collective, message size, dtype and process group from the kernel's
+  ``Collective name``, ``In/Out msg nelems``, ``dtype`` and ``Process Group Ranks`` arguments.
+
+Anything else (host copies, convolutions without shapes, broadcasts...) cannot be modelled: with
+``unsupported="error"`` (the default) that is an error naming the event; with
+``unsupported="delay"`` it is replayed as a delay of its measured duration and keeps its
+``kernel_class`` so reports can leave it out.
+
+Dependencies: kernels on one stream run in order; a kernel that started later than both its launch
+and its stream predecessor's end was waiting for another stream, and depends on the kernel of
+another stream that ended last before it started (within :data:`WAIT_SLACK_US`).  CPU-side gaps
+(Python overhead between launches) are not replayed: kernels start as soon as their dependencies
+allow.  Several files (one per rank) can be read together; their collectives are matched by
+process group and order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from gpusim.errors import TraceError
+from gpusim.trace.schema import format_ints
+from gpusim.trace.trace import Trace
+
+WAIT_SLACK_US = 10.0
+"""A kernel counts as having waited for another stream's kernel that ended at most this long before it started, us."""
+LAUNCH_SLACK_US = 2.0
+"""A kernel that starts later than this after it could have started was waiting for something, us."""
+
+DTYPES = {
+    "float": "fp32", "double": "fp64", "c10::half": "fp16", "half": "fp16", "c10::bfloat16": "bf16",
+    "bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int": "fp32", "long int": "fp64",
+    "int64": "fp64", "long": "fp64", "bool": "int8", "unsigned char": "int8", "signed char": "int8",
+}  # fmt: skip
+NCCL_DTYPES = {
+    "float": "fp32", "half": "fp16", "bfloat16": "bf16", "double": "fp64", "int": "fp32", "int32": "fp32",
+    "int64": "fp64", "long": "fp64", "int8": "int8", "uint8": "int8", "char": "int8", "byte": "int8",
+}  # fmt: skip
+NCCL_COLLECTIVES = {
+    "allreduce": "allreduce", "all_reduce": "allreduce", "reducescatter": "reducescatter",
+    "reduce_scatter": "reducescatter", "_reduce_scatter_base": "reducescatter", "reduce_scatter_tensor": "reducescatter",
+    "allgather": "allgather", "all_gather": "allgather", "_allgather_base": "allgather",
+    "all_gather_into_tensor": "allgather", "all_to_all": "alltoall", "alltoall": "alltoall",
+    "all_to_allv": "alltoall", "alltoallv": "alltoall", "alltoall_base": "alltoall",
+}  # fmt: skip
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmm_")
+ELEMENTWISE_FUNCTIONS = {
+    "add": "add", "sub": "add", "rsub": "add", "mul": "mul", "div": "mul", "addcmul": "mul", "addcdiv": "mul",
+    "lerp": "mul", "fill": "fill", "zero": "fill", "zeros": "fill", "ones": "fill", "copy": "copy",
+    "_to_copy": "copy", "to": "copy", "clone": "copy", "contiguous": "copy", "cat": "copy", "stack": "copy",
+    "relu": "relu", "clamp": "relu", "clamp_min": "relu", "threshold": "relu", "threshold_backward": "relu",
+    "gelu": "gelu", "gelu_backward": "bias_gelu", "sigmoid": "sigmoid", "tanh": "tanh", "dropout": "dropout",
+    "native_dropout": "dropout", "native_dropout_backward": "mul", "neg": "scale", "sqrt": "scale",
+    "rsqrt": "scale", "exp": "scale", "pow": "scale", "silu": "sigmoid", "where": "add", "masked_fill": "add",
+}  # fmt: skip
+REDUCTION_OPS = {
+    "softmax": "softmax", "_softmax": "softmax", "_log_softmax": "softmax", "log_softmax": "softmax",
+    "_softmax_backward_data": "softmax", "_log_softmax_backward_data": "softmax",
+    "native_layer_norm": "layernorm", "layer_norm": "layernorm", "native_layer_norm_backward": "layernorm",
+    "rms_norm": "rmsnorm", "_fused_rms_norm": "rmsnorm", "sum": "sum", "mean": "sum", "norm": "sum",
+    "linalg_vector_norm": "sum", "amax": "sum", "max": "sum", "nll_loss": "sum",
+}  # fmt: skip
+
+_GEMM_NAME = re.compile(r"gemm|Cijk_|xmma|scudnn|cutlass.*(fprop|dgrad|wgrad)|implicit_gemm|_nn_|_tn_|_nt_", re.I)
+_REDUCTION_NAME = re.compile(r"reduce|softmax|norm|bn_fw|bn_bw|welford|splitk|nll_loss|cross_entropy|argmax", re.I)
+_ELEMENTWISE_NAME = re.compile(
+    r"elementwise|vectorized|unrolled|multi_tensor_apply|fill|cat|copy|nchwtonhwc|nhwctonchw|transpose|index|gather|"
+    r"scatter|dropout|relu|gelu|where|pool", re.I,
+)
+_ITEMS_PER_THREAD = re.compile(r"(?:vectorized_elementwise_kernel|elementwise_kernel|unrolled_elementwise_kernel)<(\d+)(?:,\s*(\d+))?")
+
+
+class UnsupportedEvent(Exception):
+    """A GPU activity that cannot be turned into a simulated op (the message says why)."""
+
+
+def kernel_class(name: str, category: str) -> str:
+    """``gemm``, ``elementwise``, ``reduction``, ``collective``, ``memcpy`` or ``other``."""
+    if category in ("gpu_memcpy", "gpu_memset"):
+        return "memcpy"
+    lowered = name.lower()
+    if "nccl" in lowered or "rccl" in lowered:
+        return "collective"
+    if _GEMM_NAME.search(name):
+        return "gemm"
+    if _REDUCTION_NAME.search(name):
+        return "reduction"
+    if _ELEMENTWISE_NAME.search(name):
+        return "elementwise"
+    return "other"
+
+
+def short_name(name: str) -> str:
+    """A kernel name without its argument list and template arguments, at most 80 characters."""
+    text = name[5:] if name.startswith("void ") else name
+    text = text.replace("(anonymous namespace)::", "")
+    for stop in ("(", "<"):
+        if stop in text:
+            text = text[: text.index(stop)]
+    return text.strip()[:80]
+
+
+def _dtype(type_name: str | None) -> str:
+    if not type_name:
+        return "fp32"
+    return DTYPES.get(type_name.strip().lower(), "fp32")
+
+
+def _numel(dims, type_name: str | None) -> int:
+    """Elements of one recorded argument (0 for non-tensors; a 0-d tensor has 1)."""
+    if type_name in (None, "", "Scalar", "ScalarList", "GenericList", "Device", "Layout", "Bool"):
+        return 0
+    if not isinstance(dims, list):
+        return 0
+    if dims and isinstance(dims[0], list):  # a tensor list
+        return sum(_numel(d, "float") for d in dims)
+    return math.prod(int(d) for d in dims)
+
+
+def _op_base(op_name: str) -> str:
+    base = op_name.split("::")[-1]
+    return base.rstrip("_") if base not in ("_to_copy",) else base
+
+
+def _gemm_fields(cpu_op: dict | None, kernel_name: str) -> dict:
+    if cpu_op is None or cpu_op.get("name") not in GEMM_OPS:
+        op = cpu_op.get("name") if cpu_op else "no CPU op"
+        raise UnsupportedEvent(f"a GEMM kernel launched by {op}, whose shapes gpusim cannot read")
+    dims = cpu_op.get("args", {}).get("Input Dims")
+    types = cpu_op.get("args", {}).get("Input type") or []
+    if not dims:
+        raise UnsupportedEvent("GEMM shapes were not recorded (profile with record_shapes=True); grid, block and "
+                               "kernel name give the output tiling but not K")
+    name = cpu_op["name"]
+    tensors = [(d, t) for d, t in zip(dims, types + [None] * len(dims)) if isinstance(d, list) and d]
+    if name in ("aten::addmm", "aten::addmm_", "aten::baddbmm"):
+        tensors = tensors[1:]
+    if len(tensors) < 2:
+        raise UnsupportedEvent(f"{name} with input shapes {dims} has fewer than two matrices")
+    (a, a_type), (b, _) = tensors[0], tensors[1]
+    if name == "aten::linear":
+        k, n = a[-1], b[0]
+        m, batch = math.prod(a[:-1]), 1
+    elif len(a) >= 3 and len(b) >= 3:
+        batch, m, k, n = math.prod(a[:-2]), a[-2], a[-1], b[-1]
+    elif len(a) >= 2 and len(b) == 2:
+        m, k, n, batch = math.prod(a[:-1]), a[-1], b[-1], 1
+    else:
+        raise UnsupportedEvent(f"{name} with input shapes {dims} is not a matrix product gpusim models")
+    dtype = _dtype(a_type)
+    if dtype == "fp32" and "tf32" in kernel_name.lower():
+        dtype = "tf32"
+    return {"kind": "gemm", "m": int(m), "n": int(n), "k": int(k), "batch": int(batch), "dtype": dtype}
+
+
+def _grid_elements(kernel_name: str, grid, block) -> int:
+    match = _ITEMS_PER_THREAD.search(kernel_name)
+    if not match or not grid or not block:
+        raise UnsupportedEvent("element count unknown (no recorded shapes, and no elements-per-thread in the name)")
+    first, second = int(match.group(1)), match.group(2)
+    per_thread = int(second) if second else first
+    if "unrolled" in kernel_name:
+        per_thread = 4
+    return math.prod(grid) * math.prod(block) * per_thread
+
+
+def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> dict:
+    base = _op_base(cpu_op["name"]) if cpu_op else ""
+    if base.startswith("_foreach_"):
+        base = base[len("_foreach_"):]
+    function = ELEMENTWISE_FUNCTIONS.get(base)
+    dims = (cpu_op or {}).get("args", {}).get("Input Dims")
+    types = (cpu_op or {}).get("args", {}).get("Input type") or []
+    if function is not None and dims:
+        sizes = [_numel(d, t) for d, t in zip(dims, types + [None] * len(dims))]
+        largest = max(range(len(sizes)), key=sizes.__getitem__)
+        elements = sizes[largest]
+        dtype = _dtype(types[largest] if largest < len(types) else None)
+    else:
+        elements = _grid_elements(kernel_name, grid, block)
+        lowered = kernel_name.lower()
+        dtype = "fp16" if "half" in lowered else "bf16" if "bfloat16" in lowered else "fp32"
+        function = function or "copy"
+    if elements <= 0:
+        raise UnsupportedEvent(f"element count {elements} from shapes {dims}")
+    return {"kind": "elementwise", "function": function, "elements": int(elements), "dtype": dtype}
+
+
+def _reduction_fields(cpu_op: dict | None) -> dict:
+    base = _op_base(cpu_op["name"]) if cpu_op else ""
+    function = REDUCTION_OPS.get(base)
+    dims = (cpu_op or {}).get("args", {}).get("Input Dims")
+    types = (cpu_op or {}).get("args", {}).get("Input type") or []
+    if function is None or not dims or not isinstance(dims[0], list) or not dims[0]:
+        op = cpu_op.get("name") if cpu_op else "no CPU op"
+        raise UnsupportedEvent(f"a reduction kernel of {op} whose input shape is not recorded or not modelled")
+    shape = dims[0]
+    cols = int(shape[-1])
+    rows = max(1, math.prod(int(d) for d in shape) // max(cols, 1))
+    return {"kind": "reduction", "function": function, "rows": rows, "cols": cols,
+            "dtype": _dtype(types[0] if types else None)}
+
+
+def _collective_fields(args: dict, kernel_name: str, world: list[int]) -> dict:
+    raw = str(args.get("Collective name", "")).lower()
+    collective = NCCL_COLLECTIVES.get(raw)
+    if collective is None:
+        raise UnsupportedEvent(f"collective {raw or short_name(kernel_name)!r} has no gpusim op")
+    dtype = NCCL_DTYPES.get(str(args.get("dtype", "")).lower())
+    if dtype is None:
+        raise UnsupportedEvent(f"collective dtype {args.get('dtype')!r} unknown")
+    from gpusim.config.gpu import DTYPE_BYTES
+
+    elements = args.get("Out msg nelems") if collective == "allgather" else args.get("In msg nelems")
+    if not isinstance(elements, int) or elements <= 0:
+        raise UnsupportedEvent("collective message size not recorded")
+    ranks_text = args.get("Process Group Ranks")
+    try:
+        group = json.loads(ranks_text) if isinstance(ranks_text, str) else list(ranks_text or [])
+    except json.JSONDecodeError:
+        group = []
+    if not group:
+        size = args.get("Group size")
+        group = list(range(size)) if isinstance(size, int) and size > 0 else list(world)
+    return {"kind": "collective", "collective": collective, "bytes": int(elements) * DTYPE_BYTES[dtype],
+            "dtype": dtype, "group": format_ints(group),
+            "algorithm": "ring" if "ring" in kernel_name.lower() else "auto"}
+
+
+def _memcpy_fields(event: dict) -> dict:
+    args = event.get("args", {})
+    name = event.get("name", "")
+    nbytes = args.get("bytes")
+    if event.get("cat") == "gpu_memset":
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise UnsupportedEvent("memset size not recorded")
+        return {"kind": "elementwise", "function": "fill", "elements": nbytes, "dtype": "int8"}
+    if "DtoD" not in name and "Device -> Device" not in name:
+        raise UnsupportedEvent("host-device copies are not modelled")
+    if not isinstance(nbytes, int) or nbytes <= 0:
+        raise UnsupportedEvent("copy size not recorded")
+    return {"kind": "elementwise", "function": "copy", "elements": nbytes, "dtype": "int8"}
+
+
+def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: list[int]) -> dict:
+    """Trace fields of one GPU activity (raises :class:`UnsupportedEvent` when it cannot be modelled)."""
+    name = event.get("name", "")
+    category = event.get("cat", "")
+    klass = kernel_class(name, category)
+    args = event.get("args", {})
+    grid = args.get("grid") or (launch or {}).get("args", {}).get("grid")
+    block = args.get("block") or (launch or {}).get("args", {}).get("block")
+    if klass == "memcpy":
+        return _memcpy_fields(event)
+    if klass == "collective":
+        return _collective_fields(args, name, world)
+    if klass == "gemm":
+        return _gemm_fields(cpu_op, name)
+    if klass == "reduction":
+        return _reduction_fields(cpu_op)
+    if klass == "elementwise":
+        return _elementwise_fields(cpu_op, name, grid, block)
+    raise UnsupportedEvent("a kernel of no class gpusim models")
+
+
+def _load(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rt", encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, EOFError) as exc:
+        raise TraceError(f"{path}: not a readable Kineto JSON trace: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+    return data
+
+
+def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[float, float]:
+    name = f"ProfilerStep#{iteration}"
+    for event in events:
+        if event.get("name") == name and event.get("cat") in ("user_annotation", "cpu_op") and "dur" in event:
+            return float(event["ts"]), float(event["ts"]) + float(event["dur"])
+    steps = sorted({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+    raise TraceError(f"{path}: no {name} annotation; the trace has {', '.join(steps) or 'none'}")
+
+
+def _rows_of_file(path: Path, rank: int | None, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
+    data = _load(path)
+    events = data["traceEvents"]
+    info = data.get("distributedInfo") or {}
+    if rank is None:
+        rank = int(info.get("rank", 0))
+    world = list(range(int(info.get("world_size", 1))))
+    cpu_ops = {e["args"]["External id"]: e for e in events
+               if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict) and "External id" in e["args"]}
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    gpu_events = [(index, e) for index, e in enumerate(events)
+                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+    if iteration is not None:
+        begin, end = _iteration_window(events, iteration, path)
+
+        def launched_in(event: dict) -> bool:
+            launch = launches.get(event.get("args", {}).get("correlation"))
+            moment = float(launch["ts"]) if launch else float(event["ts"])
+            return begin <= moment <= end
+
+        gpu_events = [(index, e) for index, e in gpu_events if launched_in(e)]
+    if not gpu_events:
+        raise TraceError(f"{path}: no GPU kernels{' in that iteration' if iteration is not None else ''}")
+    gpu_events.sort(key=lambda item: float(item[1]["ts"]))
+    rows = []
+    for index, event in gpu_events:
+        args = event.get("args", {})
+        cpu_op = cpu_ops.get(args.get("External id"))
+        launch = launches.get(args.get("correlation"))
+        klass = kernel_class(event.get("name", ""), event.get("cat", ""))
+        label = f"{cpu_op['name']} | {short_name(event.get('name', ''))}" if cpu_op else short_name(event.get("name", ""))
+        row = {"gpu": rank, "stream": f"stream{args.get('stream', 0)}", "name": label,
+               "measured_s": float(event.get("dur", 0.0)) * 1e-6, "kernel_class": klass,
+               "_start_us": float(event["ts"]), "_end_us": float(event["ts"]) + float(event.get("dur", 0.0)),
+               "_launch_us": float(launch["ts"]) if launch else float(event["ts"])}
+        try:
+            row.update(lower_event(event, cpu_op, launch, world))
+        except UnsupportedEvent as exc:
+            if unsupported == "error":
+                raise TraceError(
+                    f"{path}: event {index} ('{short_name(event.get('name', ''))}' at ts {event.get('ts')} us): "
+                    f"field 'name': cannot be modelled: {exc}; read_kineto(..., unsupported='delay') replays such "
+                    "kernels as delays of their measured duration"
+                ) from None
+            row.update(kind="delay", delay_s=row["measured_s"])
+        rows.append(row)
+    return rows, rank, world
+
+
+def _infer_dependencies(rows: list[dict]) -> None:
+    """Give each row the op_id of the other stream's kernel it waited for (see the module doc)."""
+    by_stream: dict[str, list[dict]] = {}
+    for row in rows:
+        row["deps"] = ""
+        by_stream.setdefault(row["stream"], []).append(row)
+    ends = {stream: [row["_end_us"] for row in lane] for stream, lane in by_stream.items()}
+    for stream, lane in by_stream.items():
+        previous_end = -math.inf
+        for row in lane:
+            could_start = max(row["_launch_us"], previous_end)
+            previous_end = max(previous_end, row["_end_us"])
+            if row["_start_us"] - could_start <= LAUNCH_SLACK_US:
+                continue
+            best = None
+            for other, other_lane in by_stream.items():
+                if other == stream:
+                    continue
+                index = bisect.bisect_right(ends[other], row["_start_us"] + 1e-9) - 1
+                if index >= 0 and (best is None or other_lane[index]["_end_us"] > best["_end_us"]):
+                    best = other_lane[index]
+            if best is not None and row["_start_us"] - best["_end_us"] <= WAIT_SLACK_US:
+                row["deps"] = str(best["op_id"])
+
+
+def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsupported: str = "error",
+                iteration: int | None = None) -> Trace:
+    """Read PyTorch profiler traces (``.json`` or ``.json.gz``) into a :class:`Trace`.
+
+    Parameters
+    ----------
+    paths
+        One trace, or one per rank (ranks from ``distributedInfo``, else the list order).
+    unsupported
+        ``"error"``: a kernel that cannot be modelled is an error naming it; ``"delay"``: it is
+        replayed as a delay of its measured duration (``kind == "delay"``, its ``kernel_class``
+        kept).
+    iteration
+        Keep only the kernels launched during ``ProfilerStep#iteration``.
+
+    Returns
+    -------
+    Trace
+        Rows with ``measured_s``; a single-rank trace of a multi-rank job replays in symmetric mode.
+    """
+    if unsupported not in ("error", "delay"):
+        raise ValueError(f"unsupported must be 'error' or 'delay', got {unsupported!r}")
+    many = isinstance(paths, Sequence) and not isinstance(paths, (str, bytes))
+    files = [Path(p) for p in (paths if many else [paths])]
+    if not files:
+        raise TraceError("read_kineto(): no trace files given")
+    rows: list[dict] = []
+    collective_ids: dict[tuple, int] = {}
+    next_id = 0
+    for order, path in enumerate(files):
+        file_rows, rank, _ = _rows_of_file(path, order if len(files) > 1 else None, unsupported, iteration)
+        if len(files) > 1:
+            ranks = {row["gpu"] for row in rows}
+            if rank in ranks:
+                raise TraceError(f"{path}: rank {rank} appears in two files")
+        seen: dict[str, int] = {}
+        for row in file_rows:
+            if row.get("kind") == "collective":
+                group = row["group"]
+                count = seen.get(group, 0)
+                seen[group] = count + 1
+                key = (group, count)
+                if key not in collective_ids:
+                    next_id += 1
+                    collective_ids[key] = next_id
+                row["op_id"] = collective_ids[key]
+            else:
+                next_id += 1
+                row["op_id"] = next_id
+        _infer_dependencies(file_rows)
+        rows.extend(file_rows)
+    frame = pd.DataFrame(rows)
+    spans = frame.groupby("gpu").agg(start=("_start_us", "min"), end=("_end_us", "max"))
+    measured_span_s = {int(gpu): (row.end - row.start) * 1e-6 for gpu, row in spans.iterrows()}
+    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us"])
+    source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
+    metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
+                "iteration": iteration, "measured_span_s": measured_span_s}
+    return Trace(frame, source=source, metadata=metadata)

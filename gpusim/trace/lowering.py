@@ -1,0 +1,76 @@
+"""Turning trace rows into gpusim ops (one :class:`gpusim.ops.Op` per op_id, shared by its rows)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gpusim import ops
+from gpusim.errors import OpError, TraceError
+from gpusim.trace.schema import RowLocation, parse_ints
+
+COLLECTIVE_OPS: dict[str, type[ops.Collective]] = {
+    "allreduce": ops.AllReduce,
+    "reducescatter": ops.ReduceScatter,
+    "allgather": ops.AllGather,
+    "alltoall": ops.AllToAll,
+}
+
+
+def _names(text: str) -> list[str]:
+    return text.split() if text else []
+
+
+def op_of_row(row, ranks: list[int]) -> ops.Op:
+    """The op a row describes; ``ranks`` are the GPUs that have rows of its op_id.
+
+    Parameters
+    ----------
+    row
+        A row of a validated trace table (a namedtuple from ``itertuples``).
+    ranks
+        GPUs with rows of the same op_id (the op's ranks for compute ops).
+    """
+    kind = row.kind
+    name = row.name or None
+    inputs = _names(row.inputs)
+    output = row.output or None
+    first_input = inputs[0] if inputs else None
+    if kind == "gemm":
+        return ops.Gemm(
+            int(row.m), int(row.n), int(row.k), dtype=row.dtype, trans_a=bool(row.trans_a), trans_b=bool(row.trans_b),
+            batch=int(row.batch), a=first_input, b=inputs[1] if len(inputs) > 1 else None, out=output,
+            kernel=row.kernel or None, name=name, ranks=ranks,
+        )  # fmt: skip
+    if kind == "elementwise":
+        return ops.Elementwise(row.function, int(row.elements), dtype=row.dtype, inputs=tuple(inputs) or None,
+                               out=output, name=name, ranks=ranks)
+    if kind == "reduction":
+        return ops.RowReduce(row.function, int(row.rows), int(row.cols), dtype=row.dtype, input=first_input,
+                             out=output, name=name, ranks=ranks)
+    if kind == "collective":
+        group = parse_ints(row.group) or None
+        return COLLECTIVE_OPS[row.collective](int(row.bytes), dtype=row.dtype, algorithm=row.algorithm,
+                                              input=first_input, out=output, name=name, ranks=group)
+    if kind == "sendrecv":
+        src, dst = parse_ints(row.group)
+        return ops.SendRecv(int(row.bytes), src=src, dst=dst, input=first_input, out=output, name=name)
+    return ops.Delay(seconds=float(row.delay_s), name=name, ranks=ranks)
+
+
+def build_ops(frame: pd.DataFrame, source: str) -> dict[int, ops.Op]:
+    """One op per op_id of ``frame`` (built from its first row).
+
+    Raises
+    ------
+    TraceError
+        A row the op model rejects, naming the row.
+    """
+    ranks_of = frame.groupby("op_id")["gpu"].apply(lambda gpus: sorted(int(g) for g in gpus)).to_dict()
+    built: dict[int, ops.Op] = {}
+    first_rows = frame.drop_duplicates("op_id")
+    for position, row in zip(first_rows.index, first_rows.itertuples(index=False)):
+        try:
+            built[int(row.op_id)] = op_of_row(row, ranks_of[row.op_id])
+        except OpError as exc:
+            raise TraceError(f"{RowLocation(source, int(position), row.op_id, row.gpu)}: {exc}") from None
+    return built

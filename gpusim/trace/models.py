@@ -1,0 +1,178 @@
+"""Transformer model descriptions (``workloads/models/*.yaml``): hyperparameters with their sources.
+
+A model file names the layer count, widths and heads of a published model and where they come from.
+:func:`load_model` validates it (a misspelled or missing field is an error naming the file and the
+field) and :func:`list_models` lists the known ones.  Extra folders can be searched by setting
+``$GPUSIM_MODELS`` (``os.pathsep``-separated).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpusim.errors import ConfigError
+
+MODELS_ENV = "GPUSIM_MODELS"
+
+
+class ModelConfig(BaseModel):
+    """Hyperparameters of a transformer.
+
+    Attributes
+    ----------
+    name
+        Short name (the file's stem for presets).
+    description
+        One line.
+    sources
+        Where every number comes from.
+    hidden
+        Hidden size H (d_model).
+    layers
+        Transformer layers L.
+    heads
+        Attention heads.
+    kv_heads
+        Key/value heads (grouped-query or multi-query attention); default: ``heads``.
+    ffn_hidden
+        Intermediate size of the MLP (d_ff); default: 4 H.
+    vocab
+        Vocabulary size (embedding and output layer).
+    seq_len
+        Default sequence length.
+    batch
+        Default (global) batch size in sequences.
+    activation
+        ``gelu`` (two-matrix MLP) or ``swiglu`` (gated MLP: three matrices).
+    norm
+        ``layernorm`` or ``rmsnorm``.
+    fused_qkv
+        Whether Q, K and V are one GEMM (Megatron) or three (BERT as in Table 4.3 of seeds/002).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    sources: list[str] = Field(default_factory=list)
+    hidden: int = Field(gt=0)
+    layers: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int | None = Field(default=None, gt=0)
+    ffn_hidden: int | None = Field(default=None, gt=0)
+    vocab: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    batch: int = Field(default=1, gt=0)
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    fused_qkv: bool = True
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelConfig:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.heads % self.key_value_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.key_value_heads})")
+        return self
+
+    @property
+    def key_value_heads(self) -> int:
+        """Key/value heads."""
+        return self.kv_heads or self.heads
+
+    @property
+    def intermediate(self) -> int:
+        """MLP intermediate size d_ff."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        """H / heads."""
+        return self.hidden // self.heads
+
+    def layer_parameters(self) -> int:
+        """Parameters of one transformer layer (weights, biases, norms)."""
+        h, f = self.hidden, self.intermediate
+        kv = self.key_value_heads * self.head_dim
+        attention = h * (h + 2 * kv) + h * h + (h + 2 * kv) + h
+        mlp = (3 if self.activation == "swiglu" else 2) * h * f + f + h
+        norms = 4 * h
+        return attention + mlp + norms
+
+    def parameters(self) -> int:
+        """Parameters of the whole model (embedding shared with the output layer)."""
+        return self.layers * self.layer_parameters() + self.vocab * self.hidden
+
+
+def model_dirs() -> list[Path]:
+    """Folders searched for models: ``$GPUSIM_MODELS`` then the repository's ``workloads/models``."""
+    dirs = [Path(p) for p in os.environ.get(MODELS_ENV, "").split(os.pathsep) if p]
+    dirs.append(Path(__file__).resolve().parents[2] / "workloads" / "models")
+    return dirs
+
+
+def _model_files() -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for root in reversed(model_dirs()):
+        if root.is_dir():
+            for path in sorted(root.glob("*.yaml")):
+                files[path.stem] = path
+    return files
+
+
+def list_models() -> list[str]:
+    """Names of the known models."""
+    return sorted(_model_files())
+
+
+def load_model(name_or_path: str | os.PathLike | ModelConfig, **overrides) -> ModelConfig:
+    """A model by preset name (``"gpt3"``), YAML path, or an existing :class:`ModelConfig`.
+
+    Parameters
+    ----------
+    name_or_path
+        The model.
+    overrides
+        Fields to change, e.g. ``layers=2`` for a short version.
+
+    Raises
+    ------
+    ConfigError
+        Unknown model (the message lists the known ones) or an invalid file or override.
+    """
+    if isinstance(name_or_path, ModelConfig):
+        data = name_or_path.model_dump()
+        origin = f"model {name_or_path.name!r}"
+    else:
+        path = Path(name_or_path)
+        files = _model_files()
+        if path.suffix in (".yaml", ".yml"):
+            origin_path = path
+        elif str(name_or_path) in files:
+            origin_path = files[str(name_or_path)]
+        else:
+            raise ConfigError(f"unknown model {str(name_or_path)!r}; known models: {', '.join(sorted(files))}")
+        try:
+            data = yaml.safe_load(origin_path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{origin_path}: cannot be read as YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{origin_path}: expected a mapping of fields at the top level")
+        data.setdefault("name", origin_path.stem)
+        origin = str(origin_path)
+    unknown = [key for key in overrides if key not in ModelConfig.model_fields]
+    if unknown:
+        raise ConfigError(f"{origin}: override '{unknown[0]}' is not a model field; fields: {', '.join(ModelConfig.model_fields)}")
+    data.update(overrides)
+    try:
+        return ModelConfig(**data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"field '{'.'.join(str(p) for p in error['loc']) or 'model'}': {error['msg']}" for error in exc.errors()
+        )
+        raise ConfigError(f"{origin}: {problems}") from None

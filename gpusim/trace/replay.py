@@ -1,0 +1,268 @@
+"""DAG replay of a trace: every row becomes an op execution on its GPU and stream.
+
+A row starts when the rows it depends on (same GPU) and the row before it on the same stream have
+finished; rows on different streams of a GPU overlap and share the GPU (e.g. a gradient all-reduce
+on a communication stream overlapping the backward GEMMs on the compute stream).  Collectives and
+send/receives synchronise their ranks inside the simulation.
+
+In ``full`` mode every GPU with rows is simulated.  In ``symmetric`` mode only GPU 0's rows are
+simulated and its neighbours' traffic is mirrored into it; the trace must then describe the same
+work on every GPU (or only GPU 0's).  Repeated identical layers are simulated once and reused
+(:mod:`gpusim.trace.caching`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from gpusim.engine.simulation import Recorder, Span
+from gpusim.errors import TraceError
+from gpusim.results import Result, build_result
+from gpusim.sched.executor import OpRecord, Stream
+from gpusim.simulate import finish, prepare
+from gpusim.system import System, load_system
+from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
+from gpusim.trace.lowering import build_ops
+from gpusim.trace.schema import SHAPE_FIELDS, SYNCHRONISING_KINDS, RowLocation, parse_deps, parse_ints
+
+if TYPE_CHECKING:
+    from gpusim.trace.trace import Trace
+
+EXTRA_COLUMNS = ("phase", "layer", "step", "kernel_class")
+"""Trace columns copied into ``Result.ops`` beside the simulated timing."""
+
+
+def _check_against_system(trace: Trace, system: System, mode: str) -> None:
+    frame = trace.frame
+    gpus = frame["gpu"].to_numpy()
+    bad = gpus >= system.num_gpus
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise TraceError(
+            f"{RowLocation(trace.source, position, frame['op_id'].iloc[position], int(gpus[position]))}: field 'gpu' "
+            f"names GPU {gpus[position]}, but {system.name} has GPUs 0..{system.num_gpus - 1}"
+        )
+    present: dict[int, set[int]] = {}
+    for op_id, gpu in zip(frame["op_id"].tolist(), frame["gpu"].tolist()):
+        present.setdefault(op_id, set()).add(gpu)
+    sync = frame[frame["kind"].isin(SYNCHRONISING_KINDS)].drop_duplicates("op_id")
+    for position, row in zip(sync.index, sync.itertuples(index=False)):
+        group = parse_ints(row.group) or list(range(system.num_gpus))
+        where = RowLocation(trace.source, int(position), row.op_id, row.gpu)
+        if max(group) >= system.num_gpus:
+            raise TraceError(f"{where}: field 'group' names GPU {max(group)}, but {system.name} has "
+                             f"GPUs 0..{system.num_gpus - 1}")
+        missing = sorted(set(group) - present[row.op_id])
+        if mode == "full" and missing:
+            raise TraceError(
+                f"{where}: the {row.kind} spans GPUs {group} but GPUs {missing} have no row for it; give every "
+                "rank's rows, or replay in symmetric mode (mode='symmetric') if all ranks do the same work"
+            )
+
+
+def _check_symmetric(trace: Trace) -> None:
+    frame = trace.frame
+    if (frame["kind"] == "sendrecv").any():
+        position = int(np.flatnonzero((frame["kind"] == "sendrecv").to_numpy())[0])
+        raise TraceError(f"{RowLocation(trace.source, position, frame['op_id'].iloc[position])}: symmetric mode "
+                         "cannot replay a send/receive (its two ranks do different work); use mode='full'")
+    fields = ["stream", "kind", *sorted({f for fs in SHAPE_FIELDS.values() for f in fs if f != "group"})]
+    reference = frame[frame["gpu"] == 0][fields].reset_index(drop=True)
+    for gpu in trace.gpus:
+        if gpu == 0:
+            continue
+        rows = frame[frame["gpu"] == gpu]
+        other = rows[fields].reset_index(drop=True)
+        if len(other) != len(reference):
+            raise TraceError(f"{trace.source}: symmetric mode needs every GPU to do the same work, but GPU {gpu} has "
+                             f"{len(other)} rows and GPU 0 has {len(reference)}; use mode='full'")
+        differs = ~((other == reference) | (other.isna() & reference.isna()))
+        if differs.to_numpy().any():
+            row_index, column = np.argwhere(differs.to_numpy())[0]
+            position = int(rows.index[row_index])
+            raise TraceError(f"{RowLocation(trace.source, position, rows['op_id'].iloc[row_index], gpu)}: field "
+                             f"'{fields[column]}' differs from GPU 0's row at the same place; symmetric mode needs "
+                             "every GPU to do the same work; use mode='full'")
+
+
+def choose_mode(trace: Trace, system: System) -> str:
+    """``"symmetric"`` when the trace and the system allow it (every GPU alike, a symmetric single-node
+    topology, no send/receive), else ``"full"``."""
+    if not system.topology.symmetric or system.config.nodes > 1:
+        return "full"
+    try:
+        _check_symmetric(trace)
+    except TraceError:
+        return "full"
+    return "symmetric"
+
+
+def _kernel_spans(recorder: Recorder) -> dict[tuple[int, str], list[Span]]:
+    lanes: dict[tuple[int, str], list[Span]] = {}
+    for span in recorder.spans:
+        if span.category == "kernel":
+            lanes.setdefault((span.gpu, span.lane), []).append(span)
+    return lanes
+
+
+def _spans_within(spans: list[Span], start: float, end: float) -> list[Span]:
+    return [span for span in spans if span.start_ns >= start - 1e-6 and span.end_ns <= end + 1e-6]
+
+
+def replay(
+    trace: Trace,
+    system: System | str,
+    *,
+    mode: str = "full",
+    memory_policy: str | None = None,
+    dispatch_policy: str = "round_robin",
+    seed: int = 0,
+    progress: bool = False,
+    bin_s: float = 5e-6,
+    cache_layers: bool = True,
+    warmup_layers: int | None = None,
+) -> Result:
+    """Simulate ``trace`` on ``system`` as a DAG and return a :class:`gpusim.Result`.
+
+    Parameters
+    ----------
+    trace
+        The trace.
+    system
+        A :class:`gpusim.System` or a preset name.
+    mode
+        ``"full"`` (every GPU) or ``"symmetric"`` (GPU 0 stands for all; see the module doc).
+    memory_policy, dispatch_policy, seed, progress, bin_s
+        As in :func:`gpusim.run`.
+    cache_layers
+        Simulate runs of identical layers once (:mod:`gpusim.trace.caching`).
+    warmup_layers
+        Layers of each run simulated before the representative one (default: 1 when GPUs have
+        several streams, else 0; see :func:`gpusim.trace.caching.default_warmup`).
+
+    Returns
+    -------
+    Result
+        ``ops`` has one row per trace row of the simulated GPUs, with the trace's ``op_id``,
+        ``measured_s`` (blank where none), ``phase``, ``layer``, ``step``, ``kernel_class``,
+        ``simulated`` (False for rows timed from a representative) and ``replica_of``.
+
+    Raises
+    ------
+    TraceError
+        The trace does not fit the system or the mode.
+    """
+    wall_start = time.perf_counter()
+    if isinstance(system, str):
+        system = load_system(system)
+    if mode not in ("full", "symmetric"):
+        raise ValueError(f"unknown simulation mode {mode!r}; known: full, symmetric")
+    _check_against_system(trace, system, mode)
+    if mode == "symmetric":
+        _check_symmetric(trace)
+    frame = trace.frame
+    deps = parse_deps(frame)
+    plan: CachePlan = plan_layer_cache(frame, deps, warmup_layers) if cache_layers else full_plan(len(frame))
+    on_simulated_gpu = (frame["gpu"].to_numpy() == 0) if mode == "symmetric" else np.ones(len(frame), dtype=bool)
+    run_rows = plan.simulate & on_simulated_gpu
+    run_deps = remap_dependencies(frame, deps, plan) if plan.reduced else deps
+    reduced = frame[run_rows]
+    built = build_ops(reduced, trace.source)
+
+    bar = None
+
+    def advance() -> None:
+        if bar is not None:
+            bar.update()
+
+    system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=int(run_rows.sum()), desc=f"{trace.source} on {system.name}", unit="op", leave=False)
+    done: dict[tuple[int, int], object] = {}
+    last: dict[tuple[int, str], object] = {}
+    streams: dict[str, Stream] = {}
+    position_of: dict[tuple[int, int], int] = {}
+    op_ids = frame["op_id"].tolist()
+    gpus = frame["gpu"].tolist()
+    stream_names = frame["stream"].tolist()
+    for position in np.flatnonzero(run_rows):
+        op_id, gpu, stream_name = op_ids[position], gpus[position], stream_names[position]
+        op = built[op_id]
+        stream = streams.setdefault(stream_name, Stream(stream_name))
+        after = [done[(dep, gpu)] for dep in run_deps[position]]
+        previous = last.get((gpu, stream_name))
+        if previous is not None:
+            after.append(previous)
+        event = executor.submit(op, gpu, stream, after)
+        done[(op_id, gpu)] = last[(gpu, stream_name)] = event
+        position_of[(op.uid, gpu)] = int(position)
+    try:
+        finish(system, sim, machine, executor, len(position_of), wall_start)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    record_of = {position_of[(record.op.uid, record.rank)]: record for record in executor.records}
+    simulated = {position: (record.start_ns, record.end_ns) for position, record in record_of.items()}
+    times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu) if plan.reduced else simulated
+    return _assemble(trace, plan, record_of, simulated, times, sim, machine, system, wall_start)
+
+
+def _assemble(trace, plan, record_of, simulated, times, sim, machine, system, wall_start) -> Result:
+    """Build the Result from the (reconstructed) row timings."""
+    frame = trace.frame
+    kernel_lanes = _kernel_spans(sim.recorder)
+    recorder = Recorder(sim.recorder.bin_ns)
+    recorder.dram = sim.recorder.dram
+    recorder.links = sim.recorder.links
+    recorder.counters = sim.recorder.counters
+    if not plan.reduced:
+        recorder.spans = [span for span in sim.recorder.spans if span.category != "op"]
+    records: list[OpRecord] = []
+    rows = frame.to_dict("records")
+    for position in sorted(times):
+        row = rows[position]
+        source = int(plan.representative[position])
+        model = record_of[source]
+        start, end = times[position]
+        info = dict(model.info)
+        info.update(
+            measured_s=row["measured_s"],
+            simulated=bool(plan.simulate[position]),
+            replica_of=int(frame["op_id"].iat[source]),
+            **{column: row[column] for column in EXTRA_COLUMNS},
+        )
+        records.append(OpRecord(model.op, int(row["gpu"]), row["stream"], start, end, info))
+        name = row["name"] or model.op.label
+        args = {"category": model.op.category, "op_id": int(row["op_id"]), "replica_of": info["replica_of"]}
+        recorder.span(Span(name, "op", int(row["gpu"]), row["stream"], start, end, args))
+        if plan.reduced:
+            source_start, source_end = simulated[source]
+            shift = start - source_start
+            for span in _spans_within(kernel_lanes.get((int(row["gpu"]), row["stream"]), []), source_start, source_end):
+                recorder.span(Span(span.name, span.category, span.gpu, span.lane, span.start_ns + shift,
+                                   span.end_ns + shift, span.args))
+    wall = time.perf_counter() - wall_start
+    stats = {
+        "events": sim.events_scheduled,
+        "wall_s": wall,
+        "events_per_s": sim.events_scheduled / wall if wall > 0 else float("nan"),
+        "mode": machine.mode,
+        "simulated_gpus": len(machine.gpus),
+        "trace_rows": len(records),
+        "simulated_rows": int(sum(1 for position in times if plan.simulate[position])),
+        "layer_runs": plan.runs,
+    }
+    result = build_result(records, recorder, system.config.model_dump(mode="json"), stats)
+    ordered = sorted(times)
+    result.ops["op_id"] = frame["op_id"].to_numpy()[ordered]
+    names = frame["name"].to_numpy()[ordered]
+    result.ops["name"] = np.where(names != "", names, result.ops["name"].to_numpy())
+    result.ops["measured_s"] = pd.to_numeric(result.ops["measured_s"], errors="coerce")
+    return result

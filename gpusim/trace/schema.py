@@ -1,0 +1,457 @@
+"""The operator-trace schema: its columns, and the validation every trace passes when it is made.
+
+A trace is a table with one row per op per GPU.  Rows of one op on several GPUs share an
+``op_id`` (a collective has a row on every rank of its group; a tensor-parallel GEMM may have one
+row on every rank).  ``deps`` names op_ids *on the same GPU* that must finish first; ops on one
+``(gpu, stream)`` also run in table order.  A collective or send/receive synchronises the rows of
+its op_id across GPUs.
+
+=============== ======== =============================================================================
+column          type     meaning
+=============== ======== =============================================================================
+op_id           int      identifier of the op (shared by its rows on several GPUs)
+gpu             int      rank the row runs on
+stream          str      stream on that GPU (ops on one stream run in order; streams overlap)
+kind            str      ``gemm``, ``elementwise``, ``reduction``, ``collective``, ``sendrecv``, ``delay``
+name            str      label in results (optional)
+m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``)
+batch           int      GEMMs in a strided batch (``gemm``, default 1)
+trans_a/b       bool     transposed GEMM inputs (``gemm``)
+kernel          str      force a GEMM kernel of the library (optional)
+elements        int      elements per tensor (``elementwise``)
+rows, cols      int      matrix shape (``reduction``)
+function        str      element-wise function (``gelu``, ``add``...) or reduction (``softmax``...)
+collective      str      ``allreduce``, ``reducescatter``, ``allgather``, ``alltoall`` (``collective``)
+bytes           int      message size: each rank's input (output for all-gather); send size
+group           ints     ranks of a collective; ``src dst`` of a send/receive (blank: all GPUs)
+algorithm       str      collective algorithm (``ring``, ``direct``, ``hierarchical``, ``auto``)
+dtype           str      element type (default ``fp16``)
+deps            ints     op_ids on the same GPU that must finish before this row starts
+delay_s         float    duration of a ``delay`` row, s
+measured_s      float    measured duration (imported traces), s; blank when unknown
+inputs, output  strs     tensor names (rows naming the same tensor read the same memory)
+layer           int      index of the repeated layer the row belongs to (-1: none; see caching)
+phase           str      ``fwd``, ``bwd``, ``opt``, ``prompt``, ``decode``... (labels; used by caching)
+step            int      microbatch (training, prompt) or generated token (decode)
+kernel_class    str      class of the measured kernel (``gemm``, ``elementwise``, ``reduction``,
+                         ``collective``, ``memcpy``, ``other``); blank: the row's ``kind``
+=============== ======== =============================================================================
+
+Lists (``group``, ``deps``, ``inputs``) are written as space-separated values.  Validation raises
+one :class:`gpusim.errors.TraceError` that names the source, the row and the field; it never
+returns a partly valid trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import TraceError
+from gpusim.ops import COLLECTIVE_ALGORITHMS, ELEMENTWISE_KINDS, ROW_REDUCE_KINDS
+
+KINDS = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "delay")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
+SYNCHRONISING_KINDS = ("collective", "sendrecv")
+KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "memcpy", "delay", "other")
+
+REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
+INT_COLUMNS = ("m", "n", "k", "batch", "elements", "rows", "cols", "bytes", "layer", "step")
+FLOAT_COLUMNS = ("delay_s", "measured_s")
+BOOL_COLUMNS = ("trans_a", "trans_b")
+TEXT_COLUMNS = (
+    "name", "kernel", "function", "collective", "group", "algorithm", "dtype", "deps", "inputs", "output",
+    "phase", "kernel_class",
+)  # fmt: skip
+COLUMNS = (
+    "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
+    "rows", "cols", "function", "collective", "bytes", "group", "algorithm", "dtype", "deps", "delay_s",
+    "measured_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
+)  # fmt: skip
+"""Every column, in the order traces are written."""
+
+DEFAULTS: dict[str, object] = {"batch": 1, "layer": -1, "step": 0, "dtype": "fp16", "algorithm": "auto"}
+
+SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
+    "elementwise": ("elements", "function", "dtype"),
+    "reduction": ("rows", "cols", "function", "dtype"),
+    "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
+    "sendrecv": ("bytes", "group"),
+    "delay": ("delay_s",),
+}
+"""Fields that define what a row of each kind computes (rows of one op_id must agree on them)."""
+
+
+def parse_ints(text: str) -> list[int]:
+    """``"3 4 5"`` (or ``"3,4,5"``) to ``[3, 4, 5]``; blank to ``[]``; raises ValueError otherwise."""
+    if not text:
+        return []
+    return [int(part) for part in text.replace(",", " ").split()]
+
+
+def format_ints(values) -> str:
+    """``[3, 4, 5]`` to ``"3 4 5"``."""
+    return " ".join(str(int(value)) for value in values)
+
+
+@dataclass(frozen=True)
+class RowLocation:
+    """Where a row is, for error messages."""
+
+    source: str
+    index: int
+    op_id: object
+    gpu: object = None
+
+    def __str__(self) -> str:
+        where = f"{self.source}: row {self.index} (op_id {self.op_id}"
+        if self.gpu is not None:
+            where += f", gpu {self.gpu}"
+        return where + ")"
+
+
+def _fail(frame: pd.DataFrame, position: int, source: str, field: str, message: str) -> TraceError:
+    op_id = frame["op_id"].iloc[position] if "op_id" in frame.columns else "?"
+    gpu = frame["gpu"].iloc[position] if "gpu" in frame.columns else None
+    location = RowLocation(source, position, op_id, gpu)
+    return TraceError(f"{location}: field '{field}' {message}")
+
+
+def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool) -> pd.Series:
+    raw = frame[column]
+    blank = raw.isna() | (raw.astype(str).str.strip() == "")
+    numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
+    bad = (~blank & numeric.isna()) | (numeric.notna() & (numeric != np.floor(numeric.fillna(0))))
+    if bad.any():
+        position = int(np.flatnonzero(bad.to_numpy())[0])
+        raise _fail(frame, position, source, column, f"must be a whole number, got {raw.iloc[position]!r}")
+    if not nullable and blank.any():
+        position = int(np.flatnonzero(blank.to_numpy())[0])
+        raise _fail(frame, position, source, column, "must not be blank")
+    return numeric.astype("Int64")
+
+
+def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    raw = frame[column]
+    blank = raw.isna() | (raw.astype(str).str.strip() == "")
+    numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
+    bad = ~blank & numeric.isna()
+    if bad.any():
+        position = int(np.flatnonzero(bad.to_numpy())[0])
+        raise _fail(frame, position, source, column, f"must be a number, got {raw.iloc[position]!r}")
+    return numeric.astype(float)
+
+
+def _booleans(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    truth = {"true": True, "1": True, "yes": True, "t": True, "false": False, "0": False, "no": False, "f": False,
+             "": False, "nan": False, "none": False, "<na>": False}
+    values = []
+    for position, value in enumerate(frame[column]):
+        if isinstance(value, (bool, np.bool_)):
+            values.append(bool(value))
+            continue
+        key = str(value).strip().lower()
+        if key.endswith(".0"):
+            key = key[:-2]
+        if key not in truth:
+            raise _fail(frame, position, source, column, f"must be true or false, got {value!r}")
+        values.append(truth[key])
+    return pd.Series(values, index=frame.index, dtype=bool)
+
+
+def _texts(frame: pd.DataFrame, column: str) -> pd.Series:
+    series = frame[column]
+    return series.where(series.notna(), "").astype(str).str.strip().replace({"nan": "", "<NA>": "", "None": ""})
+
+
+def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Check column names and types and fill defaults; return a new frame in :data:`COLUMNS` order.
+
+    Raises
+    ------
+    TraceError
+        A missing required column, an unknown column, or a value of the wrong type (naming the
+        row and the field).
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise TraceError(f"{source}: a trace is a table (pandas DataFrame), got {type(frame).__name__}")
+    frame = frame.reset_index(drop=True)
+    for column in REQUIRED_COLUMNS:
+        if column not in frame.columns:
+            raise TraceError(
+                f"{source}: missing column '{column}' (every trace needs the columns {', '.join(REQUIRED_COLUMNS)})"
+            )
+    unknown = [column for column in frame.columns if column not in COLUMNS]
+    if unknown:
+        raise TraceError(f"{source}: unknown column '{unknown[0]}'; known columns: {', '.join(COLUMNS)}")
+    if frame.empty:
+        raise TraceError(f"{source}: the trace has no rows")
+    result = pd.DataFrame(index=frame.index)
+    for column in COLUMNS:
+        if column not in frame.columns:
+            frame[column] = DEFAULTS.get(column, pd.NA if column in INT_COLUMNS else "")
+    result["op_id"] = _whole_numbers(frame, "op_id", source, nullable=False).astype("int64")
+    result["gpu"] = _whole_numbers(frame, "gpu", source, nullable=False).astype("int64")
+    if (result["gpu"] < 0).any():
+        position = int(np.flatnonzero((result["gpu"] < 0).to_numpy())[0])
+        raise _fail(frame, position, source, "gpu", f"must be a GPU index >= 0, got {frame['gpu'].iloc[position]!r}")
+    for column in COLUMNS[2:]:
+        if column in INT_COLUMNS:
+            values = _whole_numbers(frame, column, source, nullable=True)
+            if column in DEFAULTS:
+                values = values.fillna(DEFAULTS[column])
+            result[column] = values
+        elif column in FLOAT_COLUMNS:
+            result[column] = _numbers(frame, column, source)
+        elif column in BOOL_COLUMNS:
+            result[column] = _booleans(frame, column, source)
+        else:
+            values = _texts(frame, column)
+            if column in DEFAULTS:
+                values = values.replace("", DEFAULTS[column])
+            result[column] = values
+    result["kind"] = result["kind"].str.lower()
+    return result[list(COLUMNS)]
+
+
+def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
+    kinds = frame["kind"].to_numpy()
+    unknown = ~np.isin(kinds, KINDS)
+    if unknown.any():
+        position = int(np.flatnonzero(unknown)[0])
+        raise _fail(frame, position, source, "kind", f"must be one of {', '.join(KINDS)}, got {kinds[position]!r}")
+    bad_dtype = ~frame["dtype"].isin(list(DTYPE_BYTES)).to_numpy()
+    if bad_dtype.any():
+        position = int(np.flatnonzero(bad_dtype)[0])
+        raise _fail(frame, position, source, "dtype",
+                    f"must be one of {', '.join(DTYPE_BYTES)}, got {frame['dtype'].iloc[position]!r}")
+    positive = {
+        "gemm": ("m", "n", "k", "batch"),
+        "elementwise": ("elements",),
+        "reduction": ("rows", "cols"),
+        "collective": ("bytes",),
+        "sendrecv": ("bytes",),
+    }
+    for kind, fields in positive.items():
+        mask = kinds == kind
+        if not mask.any():
+            continue
+        for field in fields:
+            values = frame[field]
+            bad = mask & (values.isna() | (values.fillna(0) <= 0)).to_numpy()
+            if bad.any():
+                position = int(np.flatnonzero(bad)[0])
+                raise _fail(frame, position, source, field,
+                            f"must be a positive whole number for a {kind} row, got {frame[field].iloc[position]!r}")
+    choices = {
+        "elementwise": ("function", tuple(ELEMENTWISE_KINDS)),
+        "reduction": ("function", tuple(ROW_REDUCE_KINDS)),
+        "collective": ("collective", COLLECTIVES),
+    }
+    for kind, (field, allowed) in choices.items():
+        bad = (kinds == kind) & ~frame[field].isin(allowed).to_numpy()
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _fail(frame, position, source, field,
+                        f"must be one of {', '.join(allowed)} for a {kind} row, got {frame[field].iloc[position]!r}")
+    bad = (kinds == "collective") & ~frame["algorithm"].isin(COLLECTIVE_ALGORITHMS).to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "algorithm",
+                    f"must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, got {frame['algorithm'].iloc[position]!r}")
+    delays = frame["delay_s"].to_numpy()
+    bad = (kinds == "delay") & ~(delays >= 0)
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "delay_s", f"must be a duration >= 0 s for a delay row, got {delays[position]!r}")
+    measured = frame["measured_s"].to_numpy()
+    bad = measured < 0
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "measured_s", f"must be >= 0 s or blank, got {measured[position]!r}")
+    classes = frame["kernel_class"]
+    bad = ((classes != "") & ~classes.isin(KERNEL_CLASSES)).to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "kernel_class",
+                    f"must be blank or one of {', '.join(KERNEL_CLASSES)}, got {classes.iloc[position]!r}")
+
+
+def _parse_lists(frame: pd.DataFrame, source: str) -> tuple[list[list[int]], list[list[int]]]:
+    groups: list[list[int]] = []
+    deps: list[list[int]] = []
+    kinds = frame["kind"].to_numpy()
+    gpus = frame["gpu"].to_numpy()
+    for position, (group_text, deps_text) in enumerate(zip(frame["group"], frame["deps"])):
+        try:
+            group = parse_ints(group_text)
+        except ValueError:
+            raise _fail(frame, position, source, "group", f"must list GPU indices, got {group_text!r}") from None
+        if any(rank < 0 for rank in group) or len(set(group)) != len(group):
+            raise _fail(frame, position, source, "group", f"must list distinct GPU indices >= 0, got {group_text!r}")
+        kind = kinds[position]
+        if kind == "sendrecv" and len(group) != 2:
+            raise _fail(frame, position, source, "group", f"must be 'src dst' for a sendrecv row, got {group_text!r}")
+        if kind in SYNCHRONISING_KINDS and group and gpus[position] not in group:
+            raise _fail(frame, position, source, "group", f"does not contain the row's own gpu {gpus[position]}")
+        try:
+            row_deps = parse_ints(deps_text)
+        except ValueError:
+            raise _fail(frame, position, source, "deps", f"must list op_ids, got {deps_text!r}") from None
+        groups.append(group)
+        deps.append(row_deps)
+    return groups, deps
+
+
+def _check_keys(frame: pd.DataFrame, source: str) -> None:
+    duplicated = frame.duplicated(["op_id", "gpu"]).to_numpy()
+    if duplicated.any():
+        position = int(np.flatnonzero(duplicated)[0])
+        raise _fail(frame, position, source, "op_id", "repeats an op_id already used on the same gpu")
+    multi = frame[frame.duplicated("op_id", keep=False)]
+    if multi.empty:
+        return
+    for kind, fields in SHAPE_FIELDS.items():
+        rows = multi[multi["kind"] == kind]
+        if rows.empty:
+            continue
+        first = rows.drop_duplicates("op_id").set_index("op_id")
+        for field in ("kind", *fields):
+            expected = first[field].reindex(rows["op_id"]).to_numpy()
+            actual = rows[field].to_numpy()
+            differs = ~((expected == actual) | (pd.isna(expected) & pd.isna(actual)))
+            if differs.any():
+                position = int(rows.index[np.flatnonzero(differs)[0]])
+                raise _fail(frame, position, source, field, "differs from the other rows of the same op_id")
+    kinds_per_op = multi.groupby("op_id")["kind"].nunique()
+    if (kinds_per_op > 1).any():
+        op_id = kinds_per_op[kinds_per_op > 1].index[0]
+        position = int(multi.index[multi["op_id"] == op_id][1])
+        raise _fail(frame, position, source, "kind", "differs from the other rows of the same op_id")
+
+
+@dataclass
+class DependencyGraph:
+    """The DAG of a trace table: dependencies, stream order and collective synchronisation.
+
+    Attributes
+    ----------
+    node_of
+        Node index of every row; all rows of a collective or send/receive share one node.
+    rows_of
+        Row positions of every node.
+    predecessors
+        Nodes that must finish before each node starts.
+    """
+
+    node_of: list[int]
+    rows_of: list[list[int]]
+    predecessors: list[set[int]]
+
+    def topological_order(self) -> list[int] | None:
+        """Nodes in an order that respects every edge (Kahn's algorithm), or None if there is a cycle."""
+        successors: list[list[int]] = [[] for _ in self.rows_of]
+        waiting = [len(preds) for preds in self.predecessors]
+        for node, preds in enumerate(self.predecessors):
+            for pred in preds:
+                successors[pred].append(node)
+        ready = [node for node, count in enumerate(waiting) if count == 0]
+        order: list[int] = []
+        while ready:
+            node = ready.pop()
+            order.append(node)
+            for successor in successors[node]:
+                waiting[successor] -= 1
+                if waiting[successor] == 0:
+                    ready.append(successor)
+        return order if len(order) == len(self.rows_of) else None
+
+
+def dependency_graph(frame: pd.DataFrame, deps: list[list[int]]) -> DependencyGraph:
+    """The :class:`DependencyGraph` of a table whose dependencies all exist."""
+    op_ids = frame["op_id"].tolist()
+    gpus = frame["gpu"].tolist()
+    kinds = frame["kind"].tolist()
+    node_of: list[int] = []
+    rows_of: list[list[int]] = []
+    sync_nodes: dict[int, int] = {}
+    for position, (op_id, kind) in enumerate(zip(op_ids, kinds)):
+        if kind in SYNCHRONISING_KINDS:
+            node = sync_nodes.get(op_id)
+            if node is None:
+                node = sync_nodes[op_id] = len(rows_of)
+                rows_of.append([])
+        else:
+            node = len(rows_of)
+            rows_of.append([])
+        rows_of[node].append(position)
+        node_of.append(node)
+    position_of = {(o, g): p for p, (o, g) in enumerate(zip(op_ids, gpus))}
+    predecessors: list[set[int]] = [set() for _ in rows_of]
+    last_on_stream: dict[tuple[int, str], int] = {}
+    for position, (gpu, stream) in enumerate(zip(gpus, frame["stream"].tolist())):
+        here = node_of[position]
+        previous = last_on_stream.get((gpu, stream))
+        if previous is not None and previous != here:
+            predecessors[here].add(previous)
+        last_on_stream[(gpu, stream)] = here
+        for dep in deps[position]:
+            target = node_of[position_of[(dep, gpu)]]
+            if target != here:
+                predecessors[here].add(target)
+    return DependencyGraph(node_of, rows_of, predecessors)
+
+
+def _check_graph(frame: pd.DataFrame, source: str, deps: list[list[int]]) -> None:
+    keys = set(zip(frame["op_id"].tolist(), frame["gpu"].tolist()))
+    op_ids = frame["op_id"].tolist()
+    gpus = frame["gpu"].tolist()
+    for position, row_deps in enumerate(deps):
+        gpu = gpus[position]
+        for dep in row_deps:
+            if (dep, gpu) not in keys:
+                raise _fail(frame, position, source, "deps", f"names op_id {dep}, which has no row on gpu {gpu}")
+            if dep == op_ids[position]:
+                raise _fail(frame, position, source, "deps", "names the row's own op_id")
+    graph = dependency_graph(frame, deps)
+    if graph.topological_order() is not None:
+        return
+    digraph = nx.DiGraph((pred, node) for node, preds in enumerate(graph.predecessors) for pred in preds)
+    members = [edge[0] for edge in nx.find_cycle(digraph)]
+    position = min(graph.rows_of[member][0] for member in members)
+    path = " -> ".join(str(op_ids[graph.rows_of[member][0]]) for member in [*members, members[0]])
+    raise _fail(frame, position, source, "deps",
+                f"is part of a dependency cycle (op_ids {path}, counting stream order and collectives)")
+
+
+def parse_deps(frame: pd.DataFrame) -> list[list[int]]:
+    """The ``deps`` lists of a validated table."""
+    return [parse_ints(text) for text in frame["deps"]]
+
+
+def validate(frame: pd.DataFrame, source: str = "trace") -> pd.DataFrame:
+    """Normalise and check a trace table; return the normalised table.
+
+    Parameters
+    ----------
+    frame
+        One row per op per GPU (see the module documentation for the columns).
+    source
+        Where the table came from (a file name), used in error messages.
+
+    Raises
+    ------
+    TraceError
+        The first problem found, naming the source, the row, and the field.
+    """
+    normalized = normalize(frame, source)
+    _check_kind_fields(normalized, source)
+    _, deps = _parse_lists(normalized, source)
+    _check_keys(normalized, source)
+    _check_graph(normalized, source, deps)
+    return normalized

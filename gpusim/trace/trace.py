@@ -1,0 +1,98 @@
+"""The :class:`Trace` object: a validated operator table that ``gpusim.run`` replays as a DAG."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpusim.trace import io
+from gpusim.trace.schema import validate
+
+
+class Trace:
+    """An operator trace: one row per op per GPU, validated on construction.
+
+    Parameters
+    ----------
+    frame
+        The table (see :mod:`gpusim.trace.schema` for its columns).
+    source
+        Where it came from (named in error messages).
+    metadata
+        Free-form facts about the trace (model, parallelism, importer), kept in Parquet files.
+
+    Attributes
+    ----------
+    frame
+        The normalised table.
+    metadata
+        See above.
+
+    Raises
+    ------
+    gpusim.errors.TraceError
+        A malformed table (naming the row and the field).
+    """
+
+    def __init__(self, frame: pd.DataFrame, source: str = "trace", metadata: dict[str, Any] | None = None):
+        self.source = source
+        self.frame = validate(frame, source)
+        self.metadata = dict(metadata or {})
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def __repr__(self) -> str:
+        ops = self.frame["op_id"].nunique()
+        return f"<Trace {self.source}: {ops} ops, {len(self.frame)} rows on GPUs {self.gpus}>"
+
+    @property
+    def gpus(self) -> list[int]:
+        """GPUs that have rows."""
+        return sorted(int(g) for g in self.frame["gpu"].unique())
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``); returns the path."""
+        return io.write_table(self.frame, self.metadata, path)
+
+    def replay(
+        self,
+        system,
+        mode: str = "full",
+        memory_policy: str | None = None,
+        dispatch_policy: str = "round_robin",
+        seed: int = 0,
+        progress: bool = False,
+        bin_s: float = 5e-6,
+        cache_layers: bool = True,
+        warmup_layers: int | None = None,
+    ):
+        """Simulate the trace on ``system`` as a DAG (see :func:`gpusim.trace.replay.replay`)."""
+        from gpusim.trace.replay import replay
+
+        return replay(self, system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
+                      seed=seed, progress=progress, bin_s=bin_s, cache_layers=cache_layers,
+                      warmup_layers=warmup_layers)
+
+    def communication_bytes(self) -> pd.DataFrame:
+        """Bytes of every collective and send/receive, per op (rows of one op counted once)."""
+        frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv"])]
+        frame = frame.drop_duplicates("op_id")
+        return frame[["op_id", "name", "kind", "collective", "bytes", "group", "phase", "layer", "step"]].reset_index(
+            drop=True
+        )
+
+
+def read(path: str | os.PathLike) -> Trace:
+    """Read a trace written by :meth:`Trace.write` (CSV or Parquet), validating every row.
+
+    Raises
+    ------
+    gpusim.errors.TraceError
+        Unreadable file or malformed trace; nothing partial is returned.
+    """
+    frame, metadata = io.read_table(path)
+    return Trace(frame, source=str(path), metadata=metadata)

@@ -1,0 +1,144 @@
+"""The Chakra importer: protobuf decoding, every collective on 4 and 8 ranks, synthetic node kinds."""
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim.errors import TraceError
+from gpusim.trace import protobuf as pb
+from gpusim.trace import read_chakra
+from gpusim.trace.chakra import read_et
+from tests.conftest import shared_data
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number: int, value) -> bytes:
+    if isinstance(value, bytes):
+        return varint(number << 3 | 2) + varint(len(value)) + value
+    if isinstance(value, str):
+        return field(number, value.encode())
+    return varint(number << 3) + varint(value)
+
+
+def attribute(name: str, **value) -> bytes:
+    (kind, raw), = value.items()
+    numbers = {"int64": 9, "uint64": 13, "bool": 27, "string": 29, "sint64": 17}
+    payload = raw if kind != "sint64" else (raw << 1) ^ (raw >> 63)
+    return field(1, name) + field(numbers[kind], payload)
+
+
+def node(node_id: int, name: str, node_type: int, deps=(), attrs=(), shapes: str = "", duration: int = 0) -> bytes:
+    body = field(1, node_id) + field(2, name) + field(3, node_type)
+    if deps:
+        body += field(5, b"".join(varint(d) for d in deps))  # packed data_deps
+    if duration:
+        body += field(7, duration)
+    if shapes:
+        body += field(8, field(2, shapes) + field(3, '["c10::Half","c10::Half"]'))
+    for attr in attrs:
+        body += field(10, attr)
+    return body
+
+
+def et_file(path, nodes) -> None:
+    messages = [field(1, "0.0.4")] + list(nodes)
+    path.write_bytes(b"".join(varint(len(m)) + m for m in messages))
+
+
+@given(st.integers(0, 2**63 - 1))
+def test_varints_round_trip(value):
+    assert pb.read_varint(varint(value), 0) == (value, len(varint(value)))
+
+
+def test_field_decoding():
+    data = field(1, 300) + field(2, "hi") + varint(3 << 3 | 1) + struct.pack("<d", 2.5)
+    decoded = list(pb.fields(data))
+    assert decoded[0] == (1, 0, 300) and decoded[1] == (2, 2, b"hi")
+    assert pb.double(decoded[2][2]) == 2.5
+    assert pb.zigzag(3) == -2 and pb.signed64(2**64 - 1) == -1
+    assert pb.packed_varints(varint(1) + varint(300), pb.LENGTH_DELIMITED) == [1, 300]
+    with pytest.raises(pb.ProtobufError, match="claims 10 bytes"):
+        list(pb.fields(varint(2 << 3 | 2) + varint(10) + b"x"))
+
+
+def test_decoding_a_shared_trace_file():
+    metadata, nodes = read_et(shared_data("traces/chakra/all_reduce_4npus_1MB/all_reduce.2.et"))
+    assert metadata == {"version": "0.0.4"}
+    (only,) = nodes
+    assert only.type_name == "COMM_COLL_NODE" and only.id == 2
+    assert only.attrs == {"is_cpu_op": False, "comm_type": 0, "comm_size": 1048576}
+
+
+COLLECTIVES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+               "all_to_all": "alltoall"}
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+def test_every_shared_collective_imports_and_replays(name, ranks):
+    folder = shared_data(f"traces/chakra/{name}_{ranks}npus_1MB")
+    trace = read_chakra(folder)
+    frame = trace.frame
+    assert trace.gpus == list(range(ranks)) and frame["op_id"].nunique() == 1
+    assert set(frame["collective"]) == {COLLECTIVES[name]} and set(frame["bytes"]) == {2**20}
+    system = gpusim.load_system("t3-ring8", {"num_gpus": ranks})
+    result = gpusim.run(system, trace, mode="full")
+    assert set(result.ops["gpu"]) == set(range(ranks))
+    if name == "all_reduce":  # never faster than the ring bound 2 (n-1)/n S / B
+        bound = 2 * (ranks - 1) / ranks * 2**20 / system.config.links.bandwidth_bytes_per_s
+        assert result.time_s >= bound
+
+
+def test_synthetic_nodes_map_onto_ops(tmp_path):
+    rank0 = [
+        node(10, "meta", 1),
+        node(11, "aten::mm", 4, deps=[10], shapes="[[256,512],[512,128]]", duration=40),
+        node(12, "send", 5, deps=[11], attrs=[attribute("comm_dst", int64=1), attribute("comm_size", int64=4096),
+                                              attribute("comm_tag", int64=7)]),
+        node(13, "ar", 7, deps=[11], attrs=[attribute("comm_type", int64=0), attribute("comm_size", uint64=8192)]),
+    ]
+    rank1 = [
+        node(20, "recv", 6, attrs=[attribute("comm_src", int64=0), attribute("comm_size", int64=4096),
+                                   attribute("comm_tag", int64=7)]),
+        node(21, "ar", 7, deps=[20], attrs=[attribute("comm_type", int64=0), attribute("comm_size", uint64=8192)]),
+    ]
+    et_file(tmp_path / "job.0.et", rank0)
+    et_file(tmp_path / "job.1.et", rank1)
+    trace = read_chakra(tmp_path)
+    frame = trace.frame.set_index(["gpu", "name"])
+    gemm = frame.loc[(0, "aten::mm")]
+    assert (gemm["m"], gemm["n"], gemm["k"], gemm["dtype"]) == (256, 128, 512, "fp16")
+    assert gemm["measured_s"] == pytest.approx(40e-6)
+    send, recv = frame.loc[(0, "send")], frame.loc[(1, "recv")]
+    assert send["op_id"] == recv["op_id"] and send["group"] == "0 1" and send["bytes"] == 4096
+    assert frame.loc[(0, "ar"), "op_id"] == frame.loc[(1, "ar"), "op_id"]
+    assert frame.loc[(0, "ar"), "deps"] == str(gemm["op_id"])
+    result = gpusim.run(gpusim.load_system("t3-ring8"), trace, mode="full")
+    assert len(result.ops) == 6
+
+    et_file(tmp_path / "job.0.et", [node(1, "load", 2, duration=5)])
+    et_file(tmp_path / "job.1.et", [node(1, "conv", 4, duration=5)])
+    with pytest.raises(TraceError, match=r"job.0.et: node 1 \('load'\): field 'type': cannot be modelled"):
+        read_chakra(tmp_path)
+    delayed = read_chakra(tmp_path, unsupported="delay").frame
+    assert delayed["delay_s"].tolist() == pytest.approx([5e-6, 5e-6])
+
+
+def test_broken_files_are_reported(tmp_path):
+    (tmp_path / "x.0.et").write_bytes(varint(50) + b"short")
+    with pytest.raises(TraceError, match="x.0.et: not a Chakra execution trace"):
+        read_chakra(tmp_path / "x.0.et")
+    with pytest.raises(TraceError, match="no .et files"):
+        read_chakra(tmp_path / "nothing-*.et")

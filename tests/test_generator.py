@@ -1,0 +1,176 @@
+"""The transformer trace generator: shapes (Table 4.3), communication volumes, schedules, models."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim.errors import ConfigError, TraceError
+from gpusim.trace import ModelConfig, list_models, load_model, transformer
+from gpusim.trace.schedules import stage_order
+
+TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_len=64, batch=4)
+
+
+def gemms(frame, phase, layer=0, step=0):
+    rows = frame[(frame["kind"] == "gemm") & (frame["phase"] == phase) & (frame["layer"] == layer)
+                 & (frame["step"] == step) & (frame["gpu"] == 0)]
+    return Counter(zip(rows["m"], rows["n"], rows["k"], rows["batch"]))
+
+
+def test_bert_large_gemms_equal_table_4_3():
+    """seeds/002 Table 4.3 (M x N x K, batch) for one BERT-Large layer (B=4, n=128 keeps shapes distinct)."""
+    B, n, d, dff, h = 4, 128, 1024, 4096, 16
+    frame = transformer("bert-large", batch=B, seq_len=n, layers=2).frame
+    linear_fwd = (d, n * B, d, 1)
+    table_fwd = Counter([linear_fwd] * 4 + [(n, n, d // h, B * h), (d // h, n, n, B * h),
+                                            (dff, n * B, d, 1), (d, n * B, dff, 1)])
+    table_bwd = Counter(
+        [(d, n * B, d, 1)] * 4 + [(d, d, n * B, 1)] * 4  # Linear: activation and weight gradients (Q, K, V, output)
+        + [(n, d // h, n, B * h), (d // h, n, n, B * h)]  # Attn. Score: activation, weight gradient
+        + [(d // h, n, n, B * h), (n, n, d // h, B * h)]  # Attn. O/p: activation, weight gradient
+        + [(d, n * B, dff, 1), (d, dff, n * B, 1)]  # FC-1: activation, weight gradient
+        + [(dff, n * B, d, 1), (dff, d, n * B, 1)]  # FC-2: activation, weight gradient
+    )
+    assert gemms(frame, "fwd") == table_fwd
+    assert gemms(frame, "bwd") == table_bwd
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tensor_parallel_all_reduces_match_the_closed_form(tp):
+    """Four all-reduces of B*SL*H elements per layer per training iteration (seeds/002 eq. 5.5)."""
+    batch, seq = 4, 64
+    trace = transformer(TINY, tp=tp, batch=batch, seq_len=seq, optimizer=None)
+    comm = trace.communication_bytes()
+    in_layers = comm[(comm["layer"] >= 0) & (comm["collective"] == "allreduce")]
+    per_layer = in_layers.groupby("layer")["bytes"].agg(["count", "first", "nunique"])
+    assert (per_layer["count"] == 4).all() and (per_layer["nunique"] == 1).all()
+    assert (per_layer["first"] == batch * seq * TINY.hidden * 2).all()
+    assert len(per_layer) == TINY.layers
+    groups = set(in_layers["group"])
+    assert groups == {" ".join(str(r) for r in range(tp))}
+    recomputed = transformer(TINY, tp=tp, batch=batch, seq_len=seq, optimizer=None, recompute=True)
+    comm = recomputed.communication_bytes()
+    assert (comm[comm["layer"] >= 0].groupby("layer").size() == 6).all()
+
+
+def test_tensor_slicing_divides_the_layer_flops():
+    one = transformer(TINY, batch=4, seq_len=64, head=False, optimizer=None).frame
+    four = transformer(TINY, tp=4, batch=4, seq_len=64, head=False, optimizer=None).frame
+
+    def flops(frame):
+        rows = frame[(frame["kind"] == "gemm") & (frame["gpu"] == 0)]
+        return float((2 * rows["m"] * rows["n"] * rows["k"] * rows["batch"]).sum())
+
+    assert flops(four) == pytest.approx(flops(one) / 4)
+
+
+def test_data_parallel_buckets_cover_the_gradients_and_follow_weight_gradients():
+    bucket = 2**20
+    trace = transformer(TINY, dp=2, batch=4, seq_len=64, bucket_bytes=bucket, head=False, optimizer=None)
+    frame = trace.frame
+    grads = frame[(frame["stream"] == "comm") & (frame["gpu"] == 0)]
+    assert set(grads["collective"]) == {"allreduce"} and set(grads["group"]) == {"0 1"}
+    per_layer = grads.groupby("layer")["bytes"].sum()
+    weights = TINY.layer_parameters() * 2  # fp16 gradients of one layer (tp = 1)
+    assert (per_layer == weights).all()
+    assert (grads["bytes"] <= max(bucket, TINY.hidden * TINY.intermediate * 2 * 2)).all()
+    by_id = frame[frame["gpu"] == 0].set_index("op_id")
+    for deps in grads["deps"]:
+        assert deps and all(by_id.loc[int(d), "kind"] == "gemm" or by_id.loc[int(d), "phase"] == "bwd"
+                            for d in deps.split())
+
+
+def test_pipeline_layers_microbatches_and_sends():
+    trace = transformer(TINY, pp=3, microbatches=4, batch=4, seq_len=64, head=False, optimizer=None)
+    frame = trace.frame
+    assert trace.gpus == [0, 1, 2]
+    stage_layers = frame[frame["layer"] >= 0].groupby("gpu")["layer"].unique()
+    assert [sorted(stage_layers[g]) for g in range(3)] == [[0], [1], [2]]
+    sends = frame[frame["kind"] == "sendrecv"].drop_duplicates("op_id")
+    assert len(sends) == 2 * 4 * 2  # (p - 1) boundaries x m microbatches x forward and backward
+    assert set(sends["bytes"]) == {1 * 64 * TINY.hidden * 2}
+
+
+@given(st.integers(1, 6), st.integers(1, 12))
+def test_1f1b_keeps_at_most_p_microbatches_in_flight(stages, microbatches):
+    for stage in range(stages):
+        order = stage_order("1f1b", stage, stages, microbatches)
+        assert sorted(order) == sorted(stage_order("gpipe", stage, stages, microbatches))
+        in_flight = peak = 0
+        done_forward = set()
+        for action, mb in order:
+            if action == "F":
+                in_flight += 1
+                done_forward.add(mb)
+            else:
+                assert mb in done_forward
+                in_flight -= 1
+            peak = max(peak, in_flight)
+        assert peak <= min(stages - stage, microbatches)
+
+
+def test_inference_phases():
+    prompt = transformer(TINY, phase="prompt", batch=2, seq_len=64).frame
+    assert not prompt["function"].isin(["dropout", "residual_dropout"]).any()
+    assert set(prompt["phase"]) == {"prompt"}
+    decode = transformer(TINY, phase="decode", batch=2, seq_len=64, decode_tokens=3).frame
+    scores = decode[decode["name"] == "L0.attn_score"]
+    assert scores["n"].tolist() == [64, 65, 66]  # the KV cache grows by one token per step
+    assert set(scores["m"]) == {1}
+    qkv = decode[decode["name"] == "L0.qkv"]
+    assert set(qkv["n"]) == {2}  # one token per sequence
+
+
+def test_swiglu_gqa_model():
+    llama = load_model("llama2-70b", layers=1)
+    frame = transformer(llama, tp=8, batch=1, seq_len=128, head=False, optimizer=None).frame
+    qkv = frame[(frame["name"] == "L0.qkv") & (frame["gpu"] == 0)].iloc[0]
+    assert qkv["m"] == 8192 // 8 + 2 * 1 * 128  # 8 query heads and 1 key/value head per rank
+    fc1 = frame[(frame["name"] == "L0.fc1") & (frame["gpu"] == 0)].iloc[0]
+    assert fc1["m"] == 2 * 28672 // 8
+
+
+def test_generator_errors():
+    with pytest.raises(TraceError, match="'phase' must be one of"):
+        transformer(TINY, phase="finetune")
+    with pytest.raises(TraceError, match="batch 3 does not divide into dp=2"):
+        transformer(TINY, dp=2, batch=3)
+    with pytest.raises(TraceError, match="'tp' must be a positive integer"):
+        transformer(TINY, tp=0)
+    with pytest.raises(ConfigError, match="unknown model 'gpt5'"):
+        transformer("gpt5")
+
+
+def test_models_carry_table_8_2_and_published_sizes():
+    names = set(list_models())
+    assert {"bert-base", "bert-large", "megatron-gpt2", "t-nlg", "gpt3", "palm", "mt-nlg", "llama2-7b",
+            "llama2-70b"} <= names
+    table_8_2 = {"megatron-gpt2": (3072, 74), "t-nlg": (4256, 78), "gpt3": (12288, 96), "palm": (18432, 118),
+                 "mt-nlg": (20480, 105)}
+    for name, (hidden, layers) in table_8_2.items():
+        model = load_model(name)
+        assert (model.hidden, model.layers) == (hidden, layers)
+        assert model.sources
+    assert load_model("gpt3").parameters() == pytest.approx(175e9, rel=0.01)
+    assert load_model("bert-large").parameters() == pytest.approx(335e6, rel=0.02)
+    assert load_model("llama2-70b").parameters() == pytest.approx(69e9, rel=0.02)
+
+
+def test_a_misspelled_model_field_names_file_and_field(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("hidden: 64\nlayer: 2\nheads: 2\nvocab: 10\nseq_len: 8\n")
+    with pytest.raises(ConfigError, match=r"m.yaml: .*field 'layers'.*field 'layer'"):
+        load_model(path)
+
+
+def test_ring_traffic_of_a_tensor_parallel_layer_is_2_n_minus_1_over_n_S():
+    """Each GPU sends 2(n-1)/n * S per ring all-reduce of S bytes (replayed on the ring)."""
+    tp, batch, seq = 8, 2, 64
+    trace = transformer(TINY, phase="prompt", tp=tp, batch=batch, seq_len=seq, layers=1, head=False)
+    result = gpusim.run(gpusim.load_system("t3-ring8"), trace, mode="symmetric")
+    size = batch * seq * TINY.hidden * 2
+    sent = result.links[result.links["src"] == 0]["bytes"].sum()
+    assert sent == pytest.approx(2 * 2 * (tp - 1) / tp * size, rel=0.01)

@@ -1,0 +1,92 @@
+"""The Kineto importer on the measured traces in ../shared/data/traces/kineto."""
+
+import gzip
+import json
+
+import pytest
+
+import gpusim
+from gpusim.errors import TraceError
+from gpusim.trace import compare, read_kineto
+from gpusim.trace.kineto import kernel_class, short_name
+from tests.conftest import shared_data
+
+MI250 = "traces/kineto/mi250_minitoy_train_kineto.json.gz"
+A100 = "traces/kineto/a100_2rank_cnn_nccl_kineto.json.gz"
+
+
+def test_kernel_classes_from_names():
+    assert kernel_class("Cijk_Alik_Bljk_SB_MT64x16x32_MI16x16x1", "kernel") == "gemm"
+    assert kernel_class("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(x)", "kernel") == "gemm"
+    assert kernel_class("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*)", "kernel") == "collective"
+    assert kernel_class("void at::native::reduce_kernel<512, 1>(x)", "kernel") == "reduction"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, F>(int)", "kernel") == "elementwise"
+    assert kernel_class("Memcpy DtoD (Device -> Device)", "gpu_memcpy") == "memcpy"
+    assert short_name("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<T>(x)") == \
+        "at::native::multi_tensor_apply_kernel"
+
+
+def test_unmodelled_kernels_are_an_error_naming_the_event():
+    with pytest.raises(TraceError, match=r"event \d+ \('Memcpy HtoD' .*field 'name': cannot be modelled: host"):
+        read_kineto(shared_data(MI250))
+
+
+def test_mi250_training_step_shapes_and_measured_durations():
+    trace = read_kineto(shared_data(MI250), unsupported="delay")
+    frame = trace.frame
+    assert len(frame) == 16 and trace.gpus == [0]
+    gemm = frame[frame["kind"] == "gemm"]
+    assert list(zip(gemm["m"], gemm["n"], gemm["k"])) == [(5, 128, 128), (128, 128, 5)]  # addmm, then mm in backward
+    assert set(gemm["dtype"]) == {"fp32"}
+    delays = frame[frame["kind"] == "delay"]
+    assert set(delays["kernel_class"]) == {"memcpy"}  # host-to-device copies
+    assert delays["delay_s"].tolist() == delays["measured_s"].tolist()
+    assert frame["measured_s"].notna().all()
+    relu = frame[frame["function"] == "relu"]
+    assert relu["elements"].tolist() == [640, 640]  # 5 x 128 from the recorded input dims
+    result = gpusim.run(gpusim.load_system("mi210"), trace)
+    assert {"measured_s", "duration_s", "kind"} <= set(result.ops.columns)
+    assert result.ops["measured_s"].notna().all()
+    table = compare(result.ops, trace.metadata["measured_span_s"][0]).set_index("kernel_class")
+    assert table.loc["memcpy", "kernels"] == 0 and table.loc["memcpy", "not_simulated"] == 2
+    assert table.loc["gemm", "kernels"] == 2
+    assert table.loc["all kernels", "measured_s"] == pytest.approx(frame["measured_s"].sum())
+
+
+def test_a100_nccl_collectives_groups_and_waits():
+    trace = read_kineto(shared_data(A100), unsupported="delay", iteration=5)
+    frame = trace.frame
+    collectives = frame[frame["kind"] == "collective"]
+    assert len(collectives) == 5 and set(collectives["group"]) == {"0 1"}
+    assert set(collectives["collective"]) == {"allreduce"} and set(collectives["dtype"]) == {"fp32"}
+    data = json.load(gzip.open(shared_data(A100), "rt"))
+    sizes = sorted(4 * e["args"]["In msg nelems"] for e in data["traceEvents"]
+                   if e.get("cat") == "kernel" and e["args"].get("Collective name") == "allreduce")
+    assert set(collectives["bytes"]) <= set(sizes)
+    assert (collectives["deps"] != "").any()  # an all-reduce waited for the compute stream
+    assert frame[frame["kind"] == "delay"]["kernel_class"].isin(["gemm", "reduction", "elementwise", "other",
+                                                                 "collective"]).all()
+    everything = read_kineto(shared_data(A100), unsupported="delay")
+    assert len(everything) > len(trace)
+    with pytest.raises(TraceError, match="no ProfilerStep#99"):
+        read_kineto(shared_data(A100), unsupported="delay", iteration=99)
+
+
+def test_two_ranks_share_their_collectives(tmp_path):
+    data = json.load(gzip.open(shared_data(MI250), "rt"))
+    for rank in (0, 1):
+        events = [e for e in data["traceEvents"] if e.get("cat") != "gpu_memcpy"]
+        nccl = {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "ts": 4203669612400.0,
+                "dur": 20.0, "args": {"stream": 7, "correlation": 999999, "Collective name": "allreduce",
+                                      "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "Float",
+                                      "Process Group Ranks": "[0, 1]"}}
+        copy = {**data, "traceEvents": [*events, nccl], "distributedInfo": {"rank": rank, "world_size": 2}}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(copy))
+    trace = read_kineto([tmp_path / "rank0.json", tmp_path / "rank1.json"])
+    collective = trace.frame[trace.frame["kind"] == "collective"]
+    assert collective["gpu"].tolist() == [0, 1] and collective["op_id"].nunique() == 1
+    result = gpusim.run(gpusim.load_system("mi210-4"), trace, mode="full")
+    assert set(result.ops["gpu"]) == {0, 1}
+    with pytest.raises(TraceError, match="not a readable Kineto JSON trace"):
+        (tmp_path / "broken.json").write_text("{")
+        read_kineto(tmp_path / "broken.json")

@@ -1,0 +1,115 @@
+"""DAG replay: the seed-000 estimator, layer caching, symmetric versus full, overlap, pipelines."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import gpusim
+from gpusim.errors import TraceError
+from gpusim.trace import ModelConfig, Trace, breakdown, read, transformer
+from tests.conftest import REPO
+
+RING8 = gpusim.load_system("t3-ring8")
+TINY = ModelConfig(name="tiny", hidden=256, layers=5, heads=4, vocab=1024, seq_len=64, batch=4)
+
+
+@pytest.mark.parametrize(("gpus", "reference_ms"), [(2, 134.853), (4, 166.27)])
+def test_data_parallel_backward_estimator_of_seed_000(gpus, reference_ms):
+    """seeds/000 section 3.5.2 replayed from Tables 4.11-4.12 reproduces its estimates within 0.5 %."""
+    trace = read(REPO / "workloads" / "traces" / f"dp_backward_v100_{gpus}gpu.csv")
+    result = gpusim.run(RING8, trace)
+    assert result.time_s * 1e3 == pytest.approx(reference_ms, rel=0.005)
+    parts = breakdown(result.ops).iloc[0]
+    assert parts["overlapped_comm_s"] > 0 and parts["exposed_comm_s"] > 0  # communication-bound backward
+    uncached = trace.replay(RING8, cache_layers=False)
+    assert result.time_s == pytest.approx(uncached.time_s, rel=1e-12)  # delays: caching is exact
+    assert result.stats["simulated_rows"] < uncached.stats["simulated_rows"]
+
+
+def test_layer_caching_agrees_with_replaying_every_layer():
+    """Tensor and data parallel training of a 4-layer model on 4 GPUs (2 x 2), full mode."""
+    trace = transformer(TINY, tp=2, dp=2, batch=4, seq_len=32, layers=4, bucket_bytes=2**19)
+    cached = gpusim.run(RING8, trace, mode="full")
+    every = trace.replay(RING8, mode="full", cache_layers=False)
+    assert cached.stats["simulated_rows"] < 0.75 * every.stats["simulated_rows"]
+    assert cached.stats["events"] < every.stats["events"]
+    assert cached.time_s == pytest.approx(every.time_s, rel=0.02)
+    merged = cached.ops.merge(every.ops, on=["op_id", "gpu"], suffixes=("_cached", "_every"))
+    assert len(merged) == len(every.ops) == len(trace)
+    gemm = merged[merged["kind_cached"] == "gemm"]
+    assert (gemm["duration_s_cached"] / gemm["duration_s_every"]).median() == pytest.approx(1.0, abs=0.02)
+    replicated = cached.ops[~cached.ops["simulated"]]
+    assert len(replicated) and (replicated["replica_of"] != replicated["op_id"]).all()
+    parts_cached, parts_every = breakdown(cached.ops), breakdown(every.ops)
+    for part in ("compute_s", "exposed_comm_s", "overlapped_comm_s"):  # within 3 % of the iteration
+        assert parts_cached[part].sum() == pytest.approx(parts_every[part].sum(), abs=0.03 * parts_every["total_s"].sum())
+
+
+def test_symmetric_mode_agrees_with_full_mode_for_tensor_parallelism():
+    trace = transformer(TINY, tp=4, batch=2, seq_len=64, layers=2, optimizer=None)
+    system = gpusim.load_system("t3-ring8", {"num_gpus": 4})
+    full = gpusim.run(system, trace, mode="full")
+    symmetric = gpusim.run(system, trace, mode="symmetric")
+    assert set(symmetric.ops["gpu"]) == {0} and set(full.ops["gpu"]) == {0, 1, 2, 3}
+    assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
+
+
+def test_gradient_all_reduce_overlaps_the_backward_pass():
+    trace = transformer(TINY, dp=2, batch=4, seq_len=64, layers=3, bucket_bytes=2**18, optimizer=None,
+                        head=False)
+    result = gpusim.run(RING8, trace, mode="full")
+    ops = result.ops[result.ops["gpu"] == 0]
+    grads = ops[ops["stream"] == "comm"]
+    last_backward = ops[(ops["stream"] == "compute") & (ops["phase"] == "bwd")]["end_s"].max()
+    assert grads["start_s"].min() < last_backward
+    assert breakdown(result.ops)["overlapped_comm_s"].min() > 0
+
+
+@pytest.mark.slow
+def test_gpipe_bubble_is_p_minus_1_over_m():
+    """Uniform stages: (iteration - busy) / busy = (p - 1) / m (seeds/001 eq. 3)."""
+    p, m = 4, 4
+    model = ModelConfig(name="uniform", hidden=256, layers=p, heads=4, vocab=256, seq_len=64, batch=m)
+    trace = transformer(model, pp=p, microbatches=m, batch=m, schedule="gpipe", head=False, optimizer=None)
+    result = gpusim.run(RING8, trace, mode="full")
+    ops = result.ops
+    for stage in range(p):
+        busy = ops[(ops["gpu"] == stage) & (ops["stream"] == "compute")]["duration_s"].sum()
+        bubble = (result.time_s - busy) / busy
+        assert bubble == pytest.approx((p - 1) / m, rel=0.1)
+
+
+def test_replay_rejects_traces_that_do_not_fit():
+    trace = transformer(TINY, pp=2, batch=2, microbatches=2, layers=2, head=False, optimizer=None)
+    with pytest.raises(TraceError, match="symmetric mode cannot replay a send/receive"):
+        gpusim.run(RING8, trace, mode="symmetric")
+    big = transformer(TINY, tp=4, dp=4, batch=4, layers=1, optimizer=None)
+    with pytest.raises(TraceError, match=r"field 'gpu' names GPU 8, but t3-ring8 has GPUs 0..7"):
+        gpusim.run(RING8, big)
+    collective = {"kind": "collective", "collective": "allreduce", "bytes": 4096, "group": "0 1", "stream": "s"}
+    lonely = Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, **collective}]))
+    with pytest.raises(TraceError, match="GPUs \\[1\\] have no row for it"):
+        gpusim.run(RING8, lonely, mode="full")
+    assert gpusim.run(RING8, lonely, mode="symmetric").time_s > 0
+    uneven = Trace(pd.DataFrame([
+        {"op_id": 1, "gpu": 0, "stream": "s", "kind": "gemm", "m": 64, "n": 64, "k": 64},
+        {"op_id": 1, "gpu": 1, "stream": "s", "kind": "gemm", "m": 64, "n": 64, "k": 64},
+        {"op_id": 2, "gpu": 1, "stream": "s", "kind": "gemm", "m": 64, "n": 64, "k": 64},
+    ]))  # fmt: skip
+    with pytest.raises(TraceError, match="symmetric mode needs every GPU to do the same work"):
+        gpusim.run(RING8, uneven, mode="symmetric")
+
+
+def test_cached_timeline_has_every_op_and_its_kernels(tmp_path):
+    trace = transformer(TINY, tp=2, batch=2, seq_len=64, optimizer=None)
+    result = gpusim.run(RING8, trace, mode="symmetric")
+    assert not result.ops["simulated"].all()
+    path = result.to_perfetto(tmp_path / "t.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "op"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert len(ops) == len(result.ops)
+    assert len(kernels) >= len(result.ops[result.ops["kind"] == "gemm"])
+    last_layer = [e for e in ops if e["name"] == f"L{TINY.layers - 1}.fc1"]
+    assert last_layer and last_layer[0]["args"]["replica_of"] != last_layer[0]["args"]["op_id"]

@@ -1,0 +1,149 @@
+"""The trace schema: validation errors name the row and field; CSV/Parquet round trips; DAG semantics."""
+
+import networkx as nx
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim.errors import TraceError
+from gpusim.trace import Trace, read
+
+ONE = gpusim.load_system("t3-table8.1")
+
+
+def rows(*extra):
+    base = [
+        {"op_id": 1, "gpu": 0, "stream": "compute", "kind": "gemm", "m": 256, "n": 256, "k": 256, "name": "g"},
+        {"op_id": 2, "gpu": 0, "stream": "compute", "kind": "elementwise", "function": "gelu", "elements": 65536},
+        {"op_id": 3, "gpu": 0, "stream": "side", "kind": "delay", "delay_s": 1e-6, "deps": "1"},
+    ]
+    return pd.DataFrame(base + list(extra))
+
+
+def test_a_valid_trace_is_normalised():
+    trace = Trace(rows())
+    frame = trace.frame
+    assert list(frame.columns) == list(gpusim.trace.COLUMNS)
+    assert frame["batch"].tolist() == [1, 1, 1] and frame["dtype"].tolist() == ["fp16"] * 3
+    assert frame["layer"].tolist() == [-1, -1, -1]
+    assert trace.gpus == [0]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".parquet"])
+def test_round_trip(tmp_path, suffix):
+    trace = Trace(rows(), metadata={"model": "x"})
+    path = trace.write(tmp_path / f"t{suffix}")
+    again = read(path)
+    pd.testing.assert_frame_equal(again.frame, trace.frame)
+    if suffix == ".parquet":
+        assert again.metadata == {"model": "x"}
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda f: f.drop(columns="gpu"), r"missing column 'gpu'"),
+        (lambda f: f.assign(frobs=1), r"unknown column 'frobs'"),
+        (lambda f: f.assign(kind=["gemm", "conv", "delay"]), r"row 1 \(op_id 2, gpu 0\): field 'kind' must be one of"),
+        (lambda f: f.assign(m=["abc", None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' must be a whole number, got 'abc'"),
+        (lambda f: f.assign(m=[256.5, None, None]), r"row 0 .*field 'm' must be a whole number"),
+        (lambda f: f.assign(m=[0, None, None]), r"row 0 .*field 'm' must be a positive whole number"),
+        (lambda f: f.assign(deps=["", "", "7"]), r"row 2 \(op_id 3, gpu 0\): field 'deps' names op_id 7, which has no row"),
+        (lambda f: f.assign(deps=["2", "", ""]), r"row 0 .*field 'deps' is part of a dependency cycle"),
+        (lambda f: f.assign(op_id=[1, 1, 3]), r"row 1 .*field 'op_id' repeats"),
+        (lambda f: f.assign(function=["", "frobnicate", ""]), r"row 1 .*field 'function' must be one of"),
+        (lambda f: f.assign(dtype=["fp13", "fp16", "fp16"]), r"row 0 .*field 'dtype'"),
+        (lambda f: f.assign(delay_s=[None, None, -1.0]), r"row 2 .*field 'delay_s'"),
+        (lambda f: f.assign(trans_a=["maybe", "", ""]), r"row 0 .*field 'trans_a' must be true or false"),
+    ],
+)
+def test_malformed_traces_name_row_and_field(change, pattern):
+    with pytest.raises(TraceError, match=pattern):
+        Trace(change(rows()))
+
+
+def test_collective_rows_must_agree_and_contain_their_gpu():
+    collective = {"kind": "collective", "collective": "allreduce", "bytes": 1024, "group": "0 1", "stream": "comm"}
+    good = [{"op_id": 9, "gpu": 0, **collective}, {"op_id": 9, "gpu": 1, **collective}]
+    Trace(pd.DataFrame(good))
+    with pytest.raises(TraceError, match=r"row 1 .*field 'bytes' differs from the other rows"):
+        Trace(pd.DataFrame([good[0], {**good[1], "bytes": 2048}]))
+    with pytest.raises(TraceError, match=r"field 'group' does not contain the row's own gpu 2"):
+        Trace(pd.DataFrame([good[0], {**good[1], "gpu": 2}]))
+    with pytest.raises(TraceError, match=r"field 'group' must be 'src dst'"):
+        Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "sendrecv", "bytes": 8, "group": "0 1 2"}]))
+
+
+def test_a_cycle_through_stream_order_and_a_collective_is_found():
+    # GPU 0 runs A then the all-reduce; GPU 1 runs the all-reduce after B, and B depends on... nothing
+    # on GPU 0, but GPU 1's stream puts B after the all-reduce while the all-reduce depends on B.
+    ar = {"kind": "collective", "collective": "allreduce", "bytes": 1024, "group": "0 1", "stream": "s"}
+    frame = pd.DataFrame([
+        {"op_id": 5, "gpu": 1, **ar, "deps": "6"},
+        {"op_id": 6, "gpu": 1, "stream": "s", "kind": "delay", "delay_s": 0.0},
+        {"op_id": 5, "gpu": 0, **ar},
+    ])  # fmt: skip
+    with pytest.raises(TraceError, match="dependency cycle"):
+        Trace(frame)
+
+
+def test_reading_a_malformed_file_names_the_file_and_row(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("op_id,gpu,stream,kind,m,n,k\n1,0,s,gemm,8,8,8\n2,0,s,gemm,8,eight,8\n")
+    with pytest.raises(TraceError, match=r"bad.csv: row 1 \(op_id 2, gpu 0\): field 'n'"):
+        read(path)
+    with pytest.raises(TraceError, match="unknown trace format"):
+        read(tmp_path / "bad.txt")
+    with pytest.raises(TraceError, match="no such trace file"):
+        read(tmp_path / "missing.csv")
+
+
+def test_replay_keeps_trace_ids_names_and_measured_durations():
+    frame = rows()
+    frame["measured_s"] = [2e-5, None, None]
+    result = gpusim.run(ONE, Trace(frame))
+    ops = result.ops.set_index("op_id")
+    assert ops.loc[1, "name"] == "g" and ops.loc[1, "kind"] == "gemm"
+    assert ops.loc[1, "measured_s"] == 2e-5 and pd.isna(ops.loc[2, "measured_s"])
+    assert ops.loc[3, "start_s"] == pytest.approx(ops.loc[1, "end_s"])  # waits for its dependency only
+    assert ops.loc[2, "start_s"] == pytest.approx(ops.loc[1, "end_s"])  # stream order
+    assert ops.loc[3, "start_s"] < ops.loc[2, "end_s"]  # the side stream overlaps the compute stream
+
+
+@st.composite
+def delay_dags(draw):
+    """Random traces of delays on a few streams with random backward dependencies."""
+    count = draw(st.integers(1, 14))
+    streams = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=count, max_size=count))
+    durations = draw(st.lists(st.integers(0, 50), min_size=count, max_size=count))
+    table = []
+    for index in range(count):
+        deps = draw(st.lists(st.integers(0, index - 1), max_size=2, unique=True)) if index else []
+        table.append({"op_id": index + 1, "gpu": 0, "stream": streams[index], "kind": "delay",
+                      "delay_s": durations[index] * 1e-6, "deps": " ".join(str(d + 1) for d in deps)})
+    return pd.DataFrame(table)
+
+
+@settings(max_examples=25, deadline=None)
+@given(delay_dags())
+def test_replayed_delays_take_the_critical_path(frame):
+    """Invariant: a DAG of fixed delays ends after its longest path (dependencies plus stream order)."""
+    graph = nx.DiGraph()
+    last: dict[str, int] = {}
+    for row in frame.itertuples():
+        graph.add_node(row.op_id, weight=row.delay_s)
+        if row.stream in last:
+            graph.add_edge(last[row.stream], row.op_id)
+        last[row.stream] = row.op_id
+        for dep in filter(None, row.deps.split()):
+            graph.add_edge(int(dep), row.op_id)
+    finish: dict[int, float] = {}
+    for node in nx.topological_sort(graph):
+        start = max((finish[p] for p in graph.predecessors(node)), default=0.0)
+        finish[node] = start + graph.nodes[node]["weight"]
+    result = gpusim.run(ONE, Trace(frame))
+    ends = result.ops.set_index("op_id")["end_s"]
+    for node, end in finish.items():
+        assert ends[node] == pytest.approx(end, abs=1e-12)
