@@ -45,7 +45,7 @@ from gpusim.hw.hbm import UPDATE
 from gpusim.hw.request import COMPUTE
 from gpusim.hw.tracker import TrackedRegion
 from gpusim.kernels.collectives import ring_orders
-from gpusim.kernels.gemm import GemmKernel, choose_kernel, find_spec, padded_k, problem_of, tiles
+from gpusim.kernels.gemm import GemmKernel, choose_kernel, execute_gemm, find_spec, padded_k, problem_of, tiles
 
 REMOTE = "remote"
 """``remote_map``: fine-grained remote stores/updates straight into a peer's memory."""
@@ -353,6 +353,9 @@ def execute_gemm_reduce_scatter(ctx, op):
     n = len(group)
     problem = problem_of(op)
     spec = _kernel_spec(ctx, op, problem)
+    if n == 1:  # nothing to reduce: the GEMM alone
+        yield from execute_gemm(ctx, op, spec)
+        return
     algorithm = op_algorithm(op)
     if algorithm == "ring":
         members = ring_orders(ctx, group, 1)[0]
@@ -374,6 +377,11 @@ def execute_gemm_reduce_scatter(ctx, op):
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
 
     mirrored = machine.mode == "symmetric"
+    if mirrored and not op.stagger:
+        raise OpError(
+            f"{op.label}: without staggering the GPUs do different work in their own frames "
+            f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
+        )
     frame = Frame(me, layout, mirrored)
     senders = [me] if mirrored else [_configure(op, members, r) for r in members if r != ctx.rank]
     expected = expected_bytes(me, senders, layout, frame)
