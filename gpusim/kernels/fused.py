@@ -284,7 +284,7 @@ class PostedWrites:
         self.queue: deque[tuple[int, int, Callable[[float], None]]] = deque()
         self.draining = False
 
-    def post(self, addr: int, nbytes: int, on_arrival) -> None:
+    def post(self, addr: int, nbytes: int, on_arrival: Callable[[float], None]) -> None:
         """Queue an update of ``nbytes`` at ``addr`` on the peer; ``on_arrival(time_ns)`` once it is accepted there."""
         self.queue.append((addr, nbytes, on_arrival))
         if not self.draining:
@@ -342,12 +342,125 @@ def op_algorithm(op) -> str:
     return "ring" if op.algorithm == "auto" else op.algorithm
 
 
+class FusedRank:
+    """One rank's side of a fused GEMM -> reduce-scatter: its programmed output, tracker region and traffic.
+
+    Parameters
+    ----------
+    ctx
+        The op context of the rank.
+    op
+        The :class:`gpusim.ops.GemmReduceScatter`.
+    config
+        This rank's output address-space configuration.
+    senders
+        Configurations of the ranks whose traffic reaches this rank's memory (itself, in symmetric mode).
+    layout
+        Tiles and chunks of C.
+    c, spill
+        C (uncached) and the tracker's spill area on this rank.
+    """
+
+    def __init__(self, ctx, op, config: OutputConfig, senders: list[OutputConfig], layout: ChunkLayout, c, spill):
+        self.ctx = ctx
+        self.env = ctx.env
+        self.gpu = ctx.gpu
+        self.config = config
+        self.layout = layout
+        self.c = c
+        self.frame = Frame(config, layout, ctx.machine.mode == "symmetric")
+        self.outgoing = Join(self.env)  # a part per remote or DMA'd tile: done when the peer has accepted it
+        self.final = Join(self.env)  # a part per tile of this rank's own chunk: done when it is complete
+        for mapping in config.mappings:
+            (self.final if mapping.kind == FINAL else self.outgoing).add(len(layout.tiles_of(mapping.chunk)))
+        self.region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, layout.tile_bytes,
+                                    expected_bytes(config, senders, layout, self.frame), self.ready, spill.addr)
+        self.posted: dict[int, PostedWrites] = {}
+        self.feeder = DmaFeeder(self.gpu.dma)
+        self.chunk_times: dict[int, list[float]] = {}
+        self.counters = ctx.sim.recorder.counters
+        self.prefix = f"gpu{self.gpu.index}."
+        self.mca = self.gpu.arbiter.mca
+
+    def _mark(self, chunk: int, time_ns: float) -> None:
+        span = self.chunk_times.setdefault(chunk, [time_ns, time_ns])
+        span[0] = min(span[0], time_ns)
+        span[1] = max(span[1], time_ns)
+
+    def _delivered(self, chunk: int) -> Callable[[float], None]:
+        def done(time_ns: float) -> None:
+            self._mark(chunk, time_ns)
+            self.outgoing.done_at(time_ns)
+
+        return done
+
+    def store(self, wg: int, offset: int, nbytes: int, join: Join) -> None:
+        """The GEMM's tile store, as the output configuration maps it (the kernel's ``store`` hook)."""
+        if self.mca is not None and self.mca.observing:
+            self.mca.choose()  # the first, isolated stage is over
+        layout = self.layout
+        tile = offset // layout.tile_bytes
+        mapping = self.config.mappings[layout.chunk_of(tile)]
+        self._mark(mapping.chunk, self.env.now)
+        if mapping.kind == REMOTE:
+            writer = self.posted.get(mapping.dst)
+            if writer is None:
+                writer = self.posted[mapping.dst] = PostedWrites(self.ctx, mapping.dst)
+            target = self.frame.destination_tile(tile, self.ctx.rank, mapping.dst)
+            writer.post(self.c.addr + target * layout.tile_bytes, nbytes, self._delivered(mapping.chunk))
+            self.counters[self.prefix + "t3_remote_bytes"] += nbytes
+        else:
+            self.gpu.memory.write(self.c.addr + offset, nbytes, join, COMPUTE, cached=False, kind=mapping.operation)
+
+    def ready(self, tile: int, now: float) -> None:
+        """The tracker's trigger: a tile has received every update it expects."""
+        layout = self.layout
+        mapping = self.config.mappings[layout.chunk_of(tile)]
+        self._mark(mapping.chunk, now)
+        if mapping.kind == FINAL:
+            self.final.done_at(now)
+            return
+        target = self.frame.destination_tile(tile, self.ctx.rank, mapping.dst)
+        nbytes = layout.valid[tile]
+        self.counters[self.prefix + "t3_dma_bytes"] += nbytes
+        delivered = self._delivered(mapping.chunk)
+
+        def finished(time_ns: float) -> None:
+            delivered(time_ns)
+            self.feeder.slot_freed()
+
+        self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, mapping.dst,
+                                      self.c.addr + target * layout.tile_bytes, mapping.operation, src_cached=False,
+                                      on_done=finished, label=f"t3 chunk {mapping.chunk}", setup_ns=0.0))
+
+    def run(self, kernel: GemmKernel):
+        """Program the tracker, run the GEMM, wait for the collective (a generator on the op's stream)."""
+        tracker = self.gpu.tracker
+        tracker.program(self.region)
+        if self.mca is not None:
+            self.mca.observe()
+        yield from self.ctx.launch(kernel.kernel)
+        if self.mca is not None:
+            self.mca.release()  # kernel boundary: drain communication without a limit
+        yield self.outgoing.close()
+        yield self.final.close()
+        tracker.release(self.region)
+        tracker.report(self.counters, self.prefix)
+        for mapping in self.config.mappings:
+            if mapping.chunk in self.chunk_times:
+                start, end = self.chunk_times[mapping.chunk]
+                target = f" -> gpu{mapping.dst}" if mapping.dst is not None else ""
+                self.ctx.sim.recorder.span(
+                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "t3", self.ctx.rank,
+                         self.ctx.stream.name, start, end, {"chunk": mapping.chunk, "kind": mapping.kind})
+                )
+
+
 def execute_gemm_reduce_scatter(ctx, op):
     """Run a :class:`gpusim.ops.GemmReduceScatter` on ``ctx``'s rank (a generator on the op's stream)."""
     group = ctx.group
     if ctx.rank not in group:
         return
-    env = ctx.env
     gpu = ctx.gpu
     machine = ctx.machine
     n = len(group)
@@ -364,7 +477,14 @@ def execute_gemm_reduce_scatter(ctx, op):
         neighbours = set(machine.topology.neighbours(ctx.rank))
         if any(other != ctx.rank and other not in neighbours for other in group):
             raise OpError(f"{op.label}: direct reduce-scatter needs a direct link from every GPU to every other")
+    mirrored = machine.mode == "symmetric"
+    if mirrored and not op.stagger:
+        raise OpError(
+            f"{op.label}: without staggering the GPUs do different work in their own frames "
+            f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
+        )
     me = _configure(op, members, ctx.rank)
+    senders = [me] if mirrored else [_configure(op, members, r) for r in members if r != ctx.rank]
 
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
@@ -375,126 +495,12 @@ def execute_gemm_reduce_scatter(ctx, op):
     layout = ChunkLayout(stride, valid, n)
     c = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
-
-    mirrored = machine.mode == "symmetric"
-    if mirrored and not op.stagger:
-        raise OpError(
-            f"{op.label}: without staggering the GPUs do different work in their own frames "
-            f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
-        )
-    frame = Frame(me, layout, mirrored)
-    senders = [me] if mirrored else [_configure(op, members, r) for r in members if r != ctx.rank]
-    expected = expected_bytes(me, senders, layout, frame)
-
-    outgoing = Join(env)  # one part per remote or DMA'd tile, done when the peer has accepted it
-    final = Join(env)  # one part per tile of this rank's own chunk, done when it is complete
-    chunk_times: dict[int, list[float]] = {}
-    posted: dict[int, PostedWrites] = {}
-    feeder = DmaFeeder(gpu.dma)
-    counters = ctx.sim.recorder.counters
-    prefix = f"gpu{gpu.index}."
-    mca = gpu.arbiter.mca
-
-    def mark(chunk: int, time_ns: float) -> None:
-        span = chunk_times.setdefault(chunk, [time_ns, time_ns])
-        span[0] = min(span[0], time_ns)
-        span[1] = max(span[1], time_ns)
-
-    def delivered(chunk: int):
-        def done(time_ns: float) -> None:
-            mark(chunk, time_ns)
-            outgoing.done_at(time_ns)
-
-        return done
-
-    def store(wg: int, offset: int, nbytes: int, join: Join):
-        if mca is not None and mca.observing:
-            mca.choose()  # the first, isolated stage is over
-        tile = offset // stride
-        mapping = me.mappings[layout.chunk_of(tile)]
-        mark(mapping.chunk, env.now)
-        if mapping.kind == REMOTE:
-            writer = posted.get(mapping.dst)
-            if writer is None:
-                writer = posted[mapping.dst] = PostedWrites(ctx, mapping.dst)
-            target = frame.destination_tile(tile, ctx.rank, mapping.dst)
-            writer.post(c.addr + target * stride, nbytes, delivered(mapping.chunk))
-            counters[prefix + "t3_remote_bytes"] += nbytes
-        else:
-            gpu.memory.write(c.addr + offset, nbytes, join, COMPUTE, cached=False, kind=mapping.operation)
-        return None
-
-    def ready(tile: int, now: float) -> None:
-        mapping = me.mappings[layout.chunk_of(tile)]
-        mark(mapping.chunk, now)
-        if mapping.kind == FINAL:
-            final.done_at(now)
-            return
-        target = frame.destination_tile(tile, ctx.rank, mapping.dst)
-        counters[prefix + "t3_dma_bytes"] += valid[tile]
-        done = delivered(mapping.chunk)
-
-        def finished(time_ns: float) -> None:
-            done(time_ns)
-            feeder.slot_freed()
-
-        feeder.submit(
-            DmaCommand(
-                c.addr + tile * stride,
-                valid[tile],
-                mapping.dst,
-                c.addr + target * stride,
-                mapping.operation,
-                src_cached=False,
-                on_done=finished,
-                label=f"t3 chunk {mapping.chunk}",
-                setup_ns=0.0,
-            )
-        )
-
-    for mapping in me.mappings:
-        count = len(layout.tiles_of(mapping.chunk))
-        if mapping.kind == FINAL:
-            final.add(count)
-        else:
-            outgoing.add(count)
-    region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, stride, expected, ready, spill.addr)
-    gpu.tracker.program(region)
-    if mca is not None:
-        mca.observe()
-    kernel = GemmKernel(
-        gpu,
-        problem,
-        spec,
-        a,
-        b,
-        c,
-        store=store,
-        wg_order=workgroup_order(me, layout, op.stagger),
-        name=f"gemm_rs_{spec.name}",
-    )
-    yield from ctx.launch(kernel.kernel)
-    if mca is not None:
-        mca.release()  # kernel boundary: drain communication without a limit
-    yield outgoing.close()
-    yield final.close()
-    gpu.tracker.release(region)
-    gpu.tracker.report(counters, prefix)
-    for mapping in me.mappings:
-        if mapping.chunk in chunk_times:
-            start, end = chunk_times[mapping.chunk]
-            target = f" -> gpu{mapping.dst}" if mapping.dst is not None else ""
-            ctx.sim.recorder.span(
-                Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "t3", ctx.rank,
-                     ctx.stream.name, start, end, {"chunk": mapping.chunk, "kind": mapping.kind})
-            )
-    ctx.info.update(
-        impl=f"t3_{algorithm}_rs_{spec.name}",
-        flops=problem.flops,
-        bytes=op.nbytes,
-        workgroups=layout.tiles,
-        chunks=n,
-    )
-    if mca is not None and mca.chosen:
-        intensity, threshold = mca.chosen[-1]
+    rank = FusedRank(ctx, op, me, senders, layout, c, spill)
+    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=workgroup_order(me, layout, op.stagger),
+                        name=f"gemm_rs_{spec.name}")
+    yield from rank.run(kernel)
+    ctx.info.update(impl=f"t3_{algorithm}_rs_{spec.name}", flops=problem.flops, bytes=op.nbytes,
+                    workgroups=layout.tiles, chunks=n)
+    if rank.mca is not None and rank.mca.chosen:
+        intensity, threshold = rank.mca.chosen[-1]
         ctx.info.update(mca_intensity=intensity, mca_threshold=threshold if threshold is not None else 1.0)
