@@ -134,6 +134,77 @@ class Gemm(Op):
         return execute_gemm(ctx, self)
 
 
+FUSED_ALGORITHMS = ("ring", "direct", "auto")
+
+
+@dataclass
+class GemmReduceScatter(Op):
+    """A GEMM fused with the reduce-scatter of its output over ``ranks`` (T3, dissertation chapter 8).
+
+    The GEMM's output address space is configured so that its stores start the collective: the
+    first chunk each GPU produces goes straight to a peer's memory, later chunks are written
+    locally as near-memory updates, counted by the tracker and sent on by pre-programmed DMAs.
+    Every rank ends with its reduced chunk of C (``m * n * dtype bytes / len(ranks)``), as after
+    :class:`ReduceScatter`.  Combine with ``memory_policy="t3-mca"`` for T3-MCA.
+
+    Attributes
+    ----------
+    m, n, k, dtype, trans_a, trans_b, batch, a, b, out, kernel
+        The GEMM, as in :class:`Gemm`.
+    algorithm
+        ``ring`` (ring reduce-scatter over the node's ring order), ``direct`` (every GPU updates
+        every other's chunk over its own link; fully connected nodes) or ``auto`` (ring).
+    stagger
+        Rotate each GPU's workgroup order so that GPU i produces the chunk its ring step needs
+        (without it every GPU produces chunks in the same order).
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "fp16"
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+    a: str | None = None
+    b: str | None = None
+    out: str | None = None
+    kernel: str | None = None
+    algorithm: str = "auto"
+    stagger: bool = True
+    category: ClassVar[str] = "fused"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            _check_positive_int("GemmReduceScatter", name, getattr(self, name))
+        _check_dtype("GemmReduceScatter", self.dtype)
+        if self.algorithm not in FUSED_ALGORITHMS:
+            raise OpError(
+                f"GemmReduceScatter: field 'algorithm' must be one of {', '.join(FUSED_ALGORITHMS)}, "
+                f"got {self.algorithm!r}"
+            )
+        super().__post_init__()
+
+    @property
+    def flops(self) -> float:
+        """2 m n k batch."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the GEMM output that is reduce-scattered."""
+        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        batch = f"x{self.batch}" if self.batch > 1 else ""
+        return f"gemm+rs {self.m}x{self.n}x{self.k}{batch} {self.dtype}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.fused import execute_gemm_reduce_scatter
+
+        return execute_gemm_reduce_scatter(ctx, self)
+
+
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "copy": (1, 1, 0.0),
     "add": (2, 1, 1.0),
@@ -475,6 +546,7 @@ __all__ = [
     "ELEMENTWISE_KINDS",
     "Elementwise",
     "Gemm",
+    "GemmReduceScatter",
     "OPTIMIZER_ALGORITHMS",
     "OPTIMIZER_IMPLS",
     "Op",

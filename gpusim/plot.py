@@ -64,6 +64,16 @@ def bars(frame: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None, y
     return ax
 
 
+def stacked_bars(frame: pd.DataFrame, x: str, y: str, stack: str, ax=None, ylabel: str | None = None):
+    """Bars of ``y`` by ``x``, each split into the parts named by ``stack`` (in order of appearance)."""
+    ax = _axes(ax)
+    table = frame.pivot_table(index=x, columns=stack, values=y, aggfunc="sum", sort=False).fillna(0.0)
+    table.plot.bar(stacked=True, ax=ax, rot=30)
+    ax.set_ylabel(ylabel or y)
+    ax.set_xlabel(x)
+    return ax
+
+
 def measured_vs_simulated(frame: pd.DataFrame, measured: str = "measured_s", simulated: str = "simulated_s",
                           ax=None, label: str | None = None):
     """Scatter of simulated against measured times on log axes, with the ideal line."""

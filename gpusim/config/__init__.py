@@ -11,6 +11,7 @@ from gpusim.config.gpu import (
     McaConfig,
     MemCtrlConfig,
     NmcConfig,
+    TrackerConfig,
 )
 from gpusim.config.loader import list_presets, load_gpu_config, load_system_config
 from gpusim.config.node import (
@@ -39,6 +40,7 @@ __all__ = [
     "SwitchConfig",
     "SystemConfig",
     "TopologyConfig",
+    "TrackerConfig",
     "list_presets",
     "load_gpu_config",
     "load_system_config",

@@ -337,6 +337,29 @@ class DmaConfig(Model):
     setup_ns: Nanoseconds = 500.0
 
 
+class TrackerConfig(Model):
+    """T3's tracker at the memory controllers (dissertation section 8.3.2.1).
+
+    A set-associative table of counters, one entry per producer workgroup tile being tracked; it
+    counts the bytes of local, remote and DMA updates to the tile as they enter the memory
+    controllers' queues and fires the tile's pre-programmed action at a threshold.
+
+    Attributes
+    ----------
+    sets
+        Sets of the table, indexed by the low bits of the tile (workgroup) index.
+    ways
+        Entries per set.  When a tile needs an entry and its set is full, the least recently
+        updated entry is spilled to memory (and refilled when next updated).
+    entry_bytes
+        Size of one entry (virtual address, counter, tag): what a spill writes and a refill reads.
+    """
+
+    sets: PositiveInt = 256
+    ways: PositiveInt = 8
+    entry_bytes: Bytes = 32
+
+
 class GpuConfig(Model):
     """One GPU.
 
@@ -372,6 +395,7 @@ class GpuConfig(Model):
     memctrl: MemCtrlConfig = MemCtrlConfig()
     nmc: NmcConfig = NmcConfig()
     dma: DmaConfig = DmaConfig()
+    tracker: TrackerConfig = TrackerConfig()
 
     @model_validator(mode="after")
     def _check_dtypes(self) -> GpuConfig:

@@ -35,6 +35,10 @@ class DmaCommand:
         Called with the time the destination accepted the last byte.
     label
         Shown in the timeline.
+    setup_ns
+        Time from the command reaching the head of the queue to its first read; ``None`` for the
+        engine's configured ``setup_ns``, 0 for commands programmed ahead of time whose readiness
+        is signalled by hardware (T3's triggered DMAs).
     """
 
     src_addr: int
@@ -45,6 +49,7 @@ class DmaCommand:
     src_cached: bool = False
     on_done: Callable[[float], None] | None = None
     label: str = "dma"
+    setup_ns: float | None = None
 
 
 class DmaEngine(Component):
@@ -117,7 +122,9 @@ class DmaEngine(Component):
                 yield self._wake
                 continue
             command = self.queue.popleft()
-            yield env.timeout(self.config.setup_ns)
+            setup = self.config.setup_ns if command.setup_ns is None else command.setup_ns
+            if setup > 0:
+                yield env.timeout(setup)
 
             def finished(time_ns: float, command: DmaCommand = command) -> None:
                 self.sim.recorder.count(f"gpu{self.gpu}.dma_bytes", command.nbytes)

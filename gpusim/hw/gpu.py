@@ -14,6 +14,7 @@ from gpusim.hw.hbm import AddressMap, HbmChannel
 from gpusim.hw.link import Interconnect
 from gpusim.hw.memctrl import Arbiter, MemoryController
 from gpusim.hw.memory import MemorySystem
+from gpusim.hw.tracker import Tracker
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Gpu(Component):
         self.cus = [ComputeUnit(i, config.cu, inflight_ns_per_byte, hit_ratio) for i in range(config.num_cus)]
         self.dispatcher = Dispatcher(self.env, self.cus, dispatch_policy)
         self.dma: list[DmaEngine] = []
+        self.tracker = Tracker(self, config.tracker)
         self._next_addr = 0
         self._alignment = int(hbm.interleave_bytes) * hbm.channels
 

@@ -1,0 +1,506 @@
+"""T3: a GEMM fused with the reduce-scatter of its output through its output address space.
+
+Dissertation sections 8.3.1-8.3.4.  The GEMM kernel itself is unchanged (:class:`GemmKernel`); what
+changes is where its workgroups' output tiles go.  C is split into ``n`` chunks of contiguous
+tiles (one per rank), and each rank's driver programs, per chunk, one line of the *output
+address-space configuration* (dissertation Fig. 8.10):
+
+``remote_map``
+    the chunk's stores go straight into a peer's memory as fine-grained remote updates;
+``dma_map``
+    the chunk is written locally as near-memory updates (op-and-store at the banks, no CU does the
+    reduction) and, once the tracker has counted the expected local and incoming updates of a
+    tile (its *trigger count*), a pre-programmed DMA sends the tile to a peer as an update;
+``final``
+    the chunk is written locally as updates and is this rank's result once every tile is complete.
+
+Ring reduce-scatter (:func:`ring_reduce_scatter_config`): GPU at ring position ``p`` produces chunk
+``(p - s - 1) mod n`` in step ``s`` (staggered workgroup order); the first chunk it produces is
+``remote_map``-ped to the next GPU, the next ``n - 2`` are ``dma_map``-ped to it with a trigger count
+of two updates per element, and the last one is its final chunk.  Direct reduce-scatter on a fully
+connected node (:func:`direct_reduce_scatter_config`): every chunk but its own is
+``remote_map``-ped to its owner, whose final chunk expects ``n`` updates per element.
+
+GEMM outputs are uncached (they bypass the L2).  Remote stores are posted: a workgroup hands them to
+its GPU's link interface and finishes; they leave as fast as the link and its flow control allow.
+
+Symmetric mode simulates one GPU and delivers what it sends to any rank back to itself.  What rank
+``r`` sends to rank ``d`` stands for what rank ``r - (d - r)`` sends to ``r``, whose chunks are
+shifted by ``d - r`` positions; addresses of remote stores and DMAs are translated by that shift so
+that the mirrored traffic lands on the tiles the simulated GPU's tracker expects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gpusim.engine.primitives import Countdown, Join
+from gpusim.engine.simulation import Span
+from gpusim.errors import OpError
+from gpusim.hw.dma import DmaCommand
+from gpusim.hw.hbm import UPDATE
+from gpusim.hw.request import COMPUTE
+from gpusim.hw.tracker import TrackedRegion
+from gpusim.kernels.collectives import ring_orders
+from gpusim.kernels.gemm import GemmKernel, choose_kernel, execute_gemm, find_spec, padded_k, problem_of, tiles
+
+REMOTE = "remote"
+"""``remote_map``: fine-grained remote stores/updates straight into a peer's memory."""
+DMA = "dma"
+"""``dma_map``: written locally, tracked, then DMA'd to a peer."""
+FINAL = "final"
+"""Written locally and tracked; the rank's own result."""
+
+
+@dataclass(frozen=True)
+class ChunkMapping:
+    """One line of a rank's output address-space configuration.
+
+    Attributes
+    ----------
+    chunk
+        Chunk index (chunk ``c`` is tiles ``[c q, (c + 1) q)`` of C in tile order).
+    step
+        When this rank produces the chunk (0 first).
+    kind
+        :data:`REMOTE`, :data:`DMA` or :data:`FINAL`.
+    dst
+        Rank whose memory receives the chunk (``None`` for :data:`FINAL`).
+    operation
+        ``"update"`` (near-memory op-and-store) or ``"write"`` at the destination.
+    updates_per_element
+        The tracker's trigger count for :data:`DMA` and :data:`FINAL` chunks: updates each element
+        receives (the local store plus those arriving from peers).
+    """
+
+    chunk: int
+    step: int
+    kind: str
+    dst: int | None
+    operation: str = UPDATE
+    updates_per_element: int = 1
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """A rank's output address-space configuration for a fused GEMM and collective.
+
+    Attributes
+    ----------
+    rank
+        The rank it programs.
+    members
+        The ranks of the collective in algorithm order (ring order, or the group).
+    mappings
+        One :class:`ChunkMapping` per chunk, indexed by chunk.
+    """
+
+    rank: int
+    members: tuple[int, ...]
+    mappings: tuple[ChunkMapping, ...]
+
+    @property
+    def production_order(self) -> list[int]:
+        """Chunks in the order this rank's workgroups produce them (staggered)."""
+        return [m.chunk for m in sorted(self.mappings, key=lambda m: m.step)]
+
+
+def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
+    """Ring reduce-scatter: ``rank`` ends with chunk ``ring.index(rank)``, reduced over the ring.
+
+    Parameters
+    ----------
+    ring
+        Ranks in ring order; each sends to the next.
+    rank
+        The rank to configure.
+    """
+    n = len(ring)
+    position = ring.index(rank)
+    nxt = ring[(position + 1) % n]
+    mappings: list[ChunkMapping | None] = [None] * n
+    for step in range(n):
+        chunk = (position - step - 1) % n
+        if step == 0:
+            mapping = ChunkMapping(chunk, step, REMOTE, nxt, UPDATE, 1)
+        elif step < n - 1:
+            mapping = ChunkMapping(chunk, step, DMA, nxt, UPDATE, 2)
+        else:
+            mapping = ChunkMapping(chunk, step, FINAL, None, UPDATE, 2)
+        mappings[chunk] = mapping
+    return OutputConfig(rank, tuple(ring), tuple(mappings))
+
+
+def direct_reduce_scatter_config(group: list[int], rank: int) -> OutputConfig:
+    """Direct reduce-scatter (fully connected): every chunk goes straight to its owner.
+
+    ``rank`` produces the others' chunks first, starting with its successor's (so that the ranks
+    load different links at once), and its own chunk last; its own chunk expects one update per
+    element from every rank.
+    """
+    n = len(group)
+    position = group.index(rank)
+    mappings: list[ChunkMapping | None] = [None] * n
+    for step in range(n):
+        chunk = (position + step + 1) % n
+        if chunk == position:
+            mapping = ChunkMapping(chunk, step, FINAL, None, UPDATE, n)
+        else:
+            mapping = ChunkMapping(chunk, step, REMOTE, group[chunk], UPDATE, 1)
+        mappings[chunk] = mapping
+    return OutputConfig(rank, tuple(group), tuple(mappings))
+
+
+class ChunkLayout:
+    """The tiles of C and their chunks.
+
+    Parameters
+    ----------
+    tile_bytes
+        Address stride of a tile.
+    valid_bytes
+        Bytes each tile really holds (edge tiles are partial).
+    chunks
+        Number of chunks (ranks).
+    """
+
+    def __init__(self, tile_bytes: int, valid_bytes: list[int], chunks: int):
+        self.tile_bytes = tile_bytes
+        self.valid = valid_bytes
+        self.tiles = len(valid_bytes)
+        self.chunks = chunks
+        self.per_chunk = math.ceil(self.tiles / chunks)
+
+    @property
+    def padded_tiles(self) -> int:
+        """Tiles of address space: every chunk ``per_chunk`` tiles long."""
+        return self.per_chunk * self.chunks
+
+    def chunk_of(self, tile: int) -> int:
+        """Chunk of ``tile``."""
+        return tile // self.per_chunk
+
+    def tiles_of(self, chunk: int) -> range:
+        """Tiles of ``chunk`` (possibly fewer than ``per_chunk``, or none, for the last chunks)."""
+        return range(min(chunk * self.per_chunk, self.tiles), min((chunk + 1) * self.per_chunk, self.tiles))
+
+    def shifted(self, tile: int, shift: int) -> int:
+        """The tile at the same position of the chunk ``shift`` chunks earlier (cyclically)."""
+        chunk, slot = divmod(tile, self.per_chunk)
+        return ((chunk - shift) % self.chunks) * self.per_chunk + slot
+
+
+def workgroup_order(config: OutputConfig, layout: ChunkLayout, stagger: bool) -> list[int]:
+    """The GEMM's dispatch order: the tiles of each chunk in production order (or in index order)."""
+    chunks = config.production_order if stagger else range(layout.chunks)
+    return [tile for chunk in chunks for tile in layout.tiles_of(chunk)]
+
+
+class Frame:
+    """Where data a rank sends lands: the same address in full mode, shifted chunks in symmetric mode.
+
+    Parameters
+    ----------
+    config
+        The sender's configuration (its ``members`` give positions).
+    layout
+        Tiles and chunks.
+    mirrored
+        Whether traffic to other ranks is delivered back to the sender (symmetric mode).
+    """
+
+    def __init__(self, config: OutputConfig, layout: ChunkLayout, mirrored: bool):
+        self.position = {rank: index for index, rank in enumerate(config.members)}
+        self.layout = layout
+        self.mirrored = mirrored
+
+    def destination_tile(self, tile: int, src: int, dst: int) -> int:
+        """Tile index at which ``src``'s ``tile`` lands when sent to ``dst``."""
+        if not self.mirrored:
+            return tile
+        return self.layout.shifted(tile, self.position[dst] - self.position[src])
+
+
+def expected_bytes(
+    me: OutputConfig, senders: list[OutputConfig], layout: ChunkLayout, frame: Frame
+) -> list[int]:
+    """Per tile of the padded address space: the update bytes the tracker of ``me.rank`` must count.
+
+    A tile of a :data:`DMA` or :data:`FINAL` chunk expects its local update plus every update that
+    a sender's :data:`REMOTE` or :data:`DMA` chunk delivers to it; other tiles are not tracked (0).
+    In full mode every tile of a ring reduce-scatter expects twice its bytes: the dissertation's
+    threshold of tile size times two updates per element.
+    """
+    expected = [0] * layout.padded_tiles
+    tracked = [False] * layout.padded_tiles
+    for mapping in me.mappings:
+        if mapping.kind in (DMA, FINAL):
+            for tile in layout.tiles_of(mapping.chunk):
+                tracked[tile] = True
+                expected[tile] += layout.valid[tile]
+    for sender in senders:
+        for mapping in sender.mappings:
+            if mapping.kind == FINAL or not (frame.mirrored or mapping.dst == me.rank):
+                continue
+            for tile in layout.tiles_of(mapping.chunk):
+                target = frame.destination_tile(tile, sender.rank, mapping.dst)
+                if tracked[target]:
+                    expected[target] += layout.valid[tile]
+    return expected
+
+
+def tile_bytes(problem, spec) -> tuple[int, list[int]]:
+    """Address stride of C's tiles and the bytes each tile really holds (edge tiles are partial)."""
+    tiles_m, tiles_n = tiles(problem, spec)
+    size = problem.dtype_bytes
+    valid = []
+    for _batch in range(problem.batch):
+        for row in range(tiles_m):
+            rows = min(spec.tile_m, problem.m - row * spec.tile_m)
+            for col in range(tiles_n):
+                valid.append(rows * min(spec.tile_n, problem.n - col * spec.tile_n) * size)
+    return spec.tile_m * spec.tile_n * size, valid
+
+
+class PostedWrites:
+    """A GPU's posted remote stores to one peer: queued by workgroups, drained onto the link in order.
+
+    Parameters
+    ----------
+    ctx
+        The op context (rank, machine, simulation).
+    dst
+        The receiving rank.
+    """
+
+    def __init__(self, ctx, dst: int):
+        self.env = ctx.env
+        self.interconnect = ctx.machine.interconnect
+        self.src = ctx.rank
+        self.dst = dst
+        self.queue: deque[tuple[int, int, Callable[[float], None]]] = deque()
+        self.draining = False
+
+    def post(self, addr: int, nbytes: int, on_arrival: Callable[[float], None]) -> None:
+        """Queue an update of ``nbytes`` at ``addr`` on the peer; ``on_arrival(time_ns)`` once it is accepted there."""
+        self.queue.append((addr, nbytes, on_arrival))
+        if not self.draining:
+            self.draining = True
+            self.env.process(self._drain())
+
+    def _drain(self):
+        while self.queue:
+            addr, nbytes, on_arrival = self.queue.popleft()
+            arrived = Countdown(on_arrival)
+            yield from self.interconnect.transfer(self.src, self.dst, addr, nbytes, UPDATE, arrived)
+            arrived.close(self.env.now)
+        self.draining = False
+
+
+class DmaFeeder:
+    """Hands triggered DMA commands to the GPU's engines, the least loaded first, holding them while every queue is full."""
+
+    def __init__(self, engines):
+        self.engines = engines
+        self.held: deque[DmaCommand] = deque()
+
+    def submit(self, command: DmaCommand) -> None:
+        """Start ``command`` on an engine with room, or hold it."""
+        engine = min(self.engines, key=lambda e: e.backlog)
+        if engine.backlog >= engine.config.queue_entries:
+            self.held.append(command)
+        else:
+            engine.submit(command)
+
+    def slot_freed(self) -> None:
+        """An engine finished a command: start a held one."""
+        if self.held:
+            self.submit(self.held.popleft())
+
+
+def _kernel_spec(ctx, op, problem):
+    if op.kernel is not None:
+        spec = find_spec(op.kernel)
+        if spec.split_k > 1:
+            raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
+        return spec
+    spec = choose_kernel(problem, ctx.gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
+    return spec.with_split(1)
+
+
+def _configure(op, members: list[int], rank: int) -> OutputConfig:
+    if op_algorithm(op) == "ring":
+        return ring_reduce_scatter_config(members, rank)
+    return direct_reduce_scatter_config(members, rank)
+
+
+def op_algorithm(op) -> str:
+    """The collective algorithm of a fused op (``auto`` is ring)."""
+    return "ring" if op.algorithm == "auto" else op.algorithm
+
+
+class FusedRank:
+    """One rank's side of a fused GEMM -> reduce-scatter: its programmed output, tracker region and traffic.
+
+    Parameters
+    ----------
+    ctx
+        The op context of the rank.
+    op
+        The :class:`gpusim.ops.GemmReduceScatter`.
+    config
+        This rank's output address-space configuration.
+    senders
+        Configurations of the ranks whose traffic reaches this rank's memory (itself, in symmetric mode).
+    layout
+        Tiles and chunks of C.
+    c, spill
+        C (uncached) and the tracker's spill area on this rank.
+    """
+
+    def __init__(self, ctx, op, config: OutputConfig, senders: list[OutputConfig], layout: ChunkLayout, c, spill):
+        self.ctx = ctx
+        self.env = ctx.env
+        self.gpu = ctx.gpu
+        self.config = config
+        self.layout = layout
+        self.c = c
+        self.frame = Frame(config, layout, ctx.machine.mode == "symmetric")
+        self.outgoing = Join(self.env)  # a part per remote or DMA'd tile: done when the peer has accepted it
+        self.final = Join(self.env)  # a part per tile of this rank's own chunk: done when it is complete
+        for mapping in config.mappings:
+            (self.final if mapping.kind == FINAL else self.outgoing).add(len(layout.tiles_of(mapping.chunk)))
+        self.region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, layout.tile_bytes,
+                                    expected_bytes(config, senders, layout, self.frame), self.ready, spill.addr)
+        self.posted: dict[int, PostedWrites] = {}
+        self.feeder = DmaFeeder(self.gpu.dma)
+        self.chunk_times: dict[int, list[float]] = {}
+        self.counters = ctx.sim.recorder.counters
+        self.prefix = f"gpu{self.gpu.index}."
+        self.mca = self.gpu.arbiter.mca
+
+    def _mark(self, chunk: int, time_ns: float) -> None:
+        span = self.chunk_times.setdefault(chunk, [time_ns, time_ns])
+        span[0] = min(span[0], time_ns)
+        span[1] = max(span[1], time_ns)
+
+    def _delivered(self, chunk: int) -> Callable[[float], None]:
+        def done(time_ns: float) -> None:
+            self._mark(chunk, time_ns)
+            self.outgoing.done_at(time_ns)
+
+        return done
+
+    def store(self, wg: int, offset: int, nbytes: int, join: Join) -> None:
+        """The GEMM's tile store, as the output configuration maps it (the kernel's ``store`` hook)."""
+        if self.mca is not None and self.mca.observing:
+            self.mca.choose()  # the first, isolated stage is over
+        layout = self.layout
+        tile = offset // layout.tile_bytes
+        mapping = self.config.mappings[layout.chunk_of(tile)]
+        self._mark(mapping.chunk, self.env.now)
+        if mapping.kind == REMOTE:
+            writer = self.posted.get(mapping.dst)
+            if writer is None:
+                writer = self.posted[mapping.dst] = PostedWrites(self.ctx, mapping.dst)
+            target = self.frame.destination_tile(tile, self.ctx.rank, mapping.dst)
+            writer.post(self.c.addr + target * layout.tile_bytes, nbytes, self._delivered(mapping.chunk))
+            self.counters[self.prefix + "t3_remote_bytes"] += nbytes
+        else:
+            self.gpu.memory.write(self.c.addr + offset, nbytes, join, COMPUTE, cached=False, kind=mapping.operation)
+
+    def ready(self, tile: int, now: float) -> None:
+        """The tracker's trigger: a tile has received every update it expects."""
+        layout = self.layout
+        mapping = self.config.mappings[layout.chunk_of(tile)]
+        self._mark(mapping.chunk, now)
+        if mapping.kind == FINAL:
+            self.final.done_at(now)
+            return
+        target = self.frame.destination_tile(tile, self.ctx.rank, mapping.dst)
+        nbytes = layout.valid[tile]
+        self.counters[self.prefix + "t3_dma_bytes"] += nbytes
+        delivered = self._delivered(mapping.chunk)
+
+        def finished(time_ns: float) -> None:
+            delivered(time_ns)
+            self.feeder.slot_freed()
+
+        self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, mapping.dst,
+                                      self.c.addr + target * layout.tile_bytes, mapping.operation, src_cached=False,
+                                      on_done=finished, label=f"t3 chunk {mapping.chunk}", setup_ns=0.0))
+
+    def run(self, kernel: GemmKernel):
+        """Program the tracker, run the GEMM, wait for the collective (a generator on the op's stream)."""
+        tracker = self.gpu.tracker
+        tracker.program(self.region)
+        if self.mca is not None:
+            self.mca.observe()
+        yield from self.ctx.launch(kernel.kernel)
+        if self.mca is not None:
+            self.mca.release()  # kernel boundary: drain communication without a limit
+        yield self.outgoing.close()
+        yield self.final.close()
+        tracker.release(self.region)
+        tracker.report(self.counters, self.prefix)
+        for mapping in self.config.mappings:
+            if mapping.chunk in self.chunk_times:
+                start, end = self.chunk_times[mapping.chunk]
+                target = f" -> gpu{mapping.dst}" if mapping.dst is not None else ""
+                self.ctx.sim.recorder.span(
+                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "t3", self.ctx.rank,
+                         self.ctx.stream.name, start, end, {"chunk": mapping.chunk, "kind": mapping.kind})
+                )
+
+
+def execute_gemm_reduce_scatter(ctx, op):
+    """Run a :class:`gpusim.ops.GemmReduceScatter` on ``ctx``'s rank (a generator on the op's stream)."""
+    group = ctx.group
+    if ctx.rank not in group:
+        return
+    gpu = ctx.gpu
+    machine = ctx.machine
+    n = len(group)
+    problem = problem_of(op)
+    spec = _kernel_spec(ctx, op, problem)
+    if n == 1:  # nothing to reduce: the GEMM alone
+        yield from execute_gemm(ctx, op, spec)
+        return
+    algorithm = op_algorithm(op)
+    if algorithm == "ring":
+        members = ring_orders(ctx, group, 1)[0]
+    else:
+        members = list(group)
+        neighbours = set(machine.topology.neighbours(ctx.rank))
+        if any(other != ctx.rank and other not in neighbours for other in group):
+            raise OpError(f"{op.label}: direct reduce-scatter needs a direct link from every GPU to every other")
+    mirrored = machine.mode == "symmetric"
+    if mirrored and not op.stagger:
+        raise OpError(
+            f"{op.label}: without staggering the GPUs do different work in their own frames "
+            f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
+        )
+    me = _configure(op, members, ctx.rank)
+    senders = [me] if mirrored else [_configure(op, members, r) for r in members if r != ctx.rank]
+
+    size = problem.dtype_bytes
+    tiles_m, tiles_n = tiles(problem, spec)
+    k_extent = padded_k(problem, spec)
+    a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
+    b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
+    stride, valid = tile_bytes(problem, spec)
+    layout = ChunkLayout(stride, valid, n)
+    c = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
+    spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
+    rank = FusedRank(ctx, op, me, senders, layout, c, spill)
+    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=workgroup_order(me, layout, op.stagger),
+                        name=f"gemm_rs_{spec.name}")
+    yield from rank.run(kernel)
+    ctx.info.update(impl=f"t3_{algorithm}_rs_{spec.name}", flops=problem.flops, bytes=op.nbytes,
+                    workgroups=layout.tiles, chunks=n)
+    if rank.mca is not None and rank.mca.chosen:
+        intensity, threshold = rank.mca.chosen[-1]
+        ctx.info.update(mca_intensity=intensity, mca_threshold=threshold if threshold is not None else 1.0)

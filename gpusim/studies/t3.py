@@ -1,0 +1,542 @@
+"""The T3 study (dissertation chapter 8): fused GEMM -> reduce-scatter against the sequential baseline.
+
+Every number here comes out of simulations of the sub-layers' GEMMs and collectives on the
+dissertation's Table 8.1 system; the "ideal" configurations combine isolated simulated times as
+section 8.4.3 defines them.  The functions return DataFrames; ``validation/t3/reproduce.py`` puts the
+dissertation's numbers beside them and ``notebooks/t3_explore.ipynb`` sweeps parameters.
+
+Workloads (Table 8.2) are given by their hyperparameters; the sub-layer GEMMs follow from Megatron's
+tensor slicing (:func:`sublayer_gemm`).  Configurations (section 8.4.3):
+
+``sequential``
+    the sliced GEMM, then a CU-driven ring reduce-scatter on all CUs, then the all-gather
+    (the GPU's default memory-controller policy, FR-FCFS);
+``t3``
+    :class:`gpusim.ops.GemmReduceScatter` (track & trigger, DMA, near-memory updates, staggering)
+    then the all-gather, with the naive round-robin memory-controller arbitration between streams;
+``t3-mca``
+    the same with T3's communication-aware arbitration (``memory_policy="t3-mca"``);
+``ideal-overlap``
+    ``max(GEMM, RS) + AG`` of the sequential run's isolated (non-overlapping) kernels;
+``ideal-rs-nmc``
+    ``max(GEMM, RS with NMC) + AG``, the reduce-scatter driven by DMA with near-memory updates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpusim import ops
+from gpusim.sched.executor import Stream
+from gpusim.simulate import run
+from gpusim.system import load_system
+
+DTYPE = "fp16"
+DTYPE_BYTES = 2
+
+
+@dataclass(frozen=True)
+class TransformerSetup:
+    """A model of Table 8.2 and how it is deployed.
+
+    Attributes
+    ----------
+    name
+        Model name.
+    hidden
+        Hidden size H.
+    layers
+        Transformer layers L.
+    seq_len, batch
+        Input sequence length and batch size (tokens = seq_len x batch).
+    tp
+        Tensor-parallel degrees studied.
+    heads
+        Attention heads (from the models' papers; not in Table 8.2), for the end-to-end layer.
+    """
+
+    name: str
+    hidden: int
+    layers: int
+    seq_len: int
+    batch: int
+    tp: tuple[int, ...]
+    heads: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per iteration (rows of the activations)."""
+        return self.seq_len * self.batch
+
+
+MODELS: dict[str, TransformerSetup] = {
+    setup.name: setup
+    for setup in (
+        TransformerSetup("Mega-GPT-2", 3072, 74, 1024, 16, (8, 16), 32),
+        TransformerSetup("T-NLG", 4256, 78, 1024, 8, (8, 16), 28),
+        TransformerSetup("GPT-3", 12288, 96, 1024, 2, (32,), 96),
+        TransformerSetup("PaLM", 18432, 118, 1024, 2, (32,), 48),
+        TransformerSetup("MT-NLG", 20480, 105, 1024, 2, (32,), 128),
+    )
+}
+"""Dissertation Table 8.2 (GPT-3 12K, PaLM 18K and MT-NLG 20K hidden sizes are the models' 12288,
+18432 and 20480).  Heads: Megatron-LM (Shoeybi et al. 2019, 8.3B: 32), T-NLG (Microsoft 2020: 28),
+GPT-3 (Brown et al. 2020: 96), PaLM (Chowdhery et al. 2022: 48), MT-NLG (Smith et al. 2022: 128)."""
+
+MAIN_MODELS = ("Mega-GPT-2", "T-NLG")
+LARGE_MODELS = ("GPT-3", "PaLM", "MT-NLG")
+SUBLAYERS = ("OP", "FC-2", "FC-1", "IP")
+"""Sub-layers whose sliced GEMM is followed by an all-reduce: output projection and FC-2 in the
+forward pass, FC-1 and input projection in the backward pass."""
+PASSES = {"OP": "fwd", "FC-2": "fwd", "FC-1": "bwd", "IP": "bwd"}
+CONFIGS = ("sequential", "t3", "t3-mca", "ideal-overlap", "ideal-rs-nmc")
+SIMULATED = ("sequential", "t3", "t3-mca", "rs-nmc")
+"""What :func:`simulate_case` runs; the ideal configurations are combined from these."""
+POLICIES = {"sequential": None, "t3": "round-robin", "t3-mca": "t3-mca", "rs-nmc": None}
+DRAM_CATEGORIES = ("gemm_read", "gemm_write", "rs_read", "rs_write", "ag_read", "ag_write")
+
+
+def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None) -> dict[str, Any]:
+    """The sliced GEMM of a sub-layer under Megatron tensor slicing over ``tp`` GPUs.
+
+    Each GPU multiplies the activations (tokens x a 1/tp slice of the inner dimension) by its slice
+    of the weights and produces a full-size partial output (tokens x H) that must be all-reduced:
+
+    - OP (fwd): ``[T, H/tp] x [H/tp, H]``, weights transposed (``y = x W^T``);
+    - FC-2 (fwd): ``[T, 4H/tp] x [4H/tp, H]``, weights transposed;
+    - FC-1 (bwd, input gradient): ``[T, 4H/tp] x [4H/tp, H]``, not transposed;
+    - IP (bwd, input gradient of the QKV projection): ``[T, 3H/tp] x [3H/tp, H]``, not transposed.
+
+    ``tokens`` replaces the model's ``T = seq_len x batch`` (for smaller experiments).
+
+    Returns
+    -------
+    dict
+        ``m, n, k, trans_a, trans_b`` of :class:`gpusim.ops.Gemm`.
+    """
+    setup = MODELS[model]
+    inner = {"OP": 1, "FC-2": 4, "FC-1": 4, "IP": 3}
+    if sublayer not in inner:
+        raise ValueError(f"unknown sub-layer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
+    if setup.hidden * inner[sublayer] % tp:
+        raise ValueError(f"{model}: {inner[sublayer]} x H = {setup.hidden * inner[sublayer]} does not split {tp} ways")
+    return {
+        "m": setup.tokens if tokens is None else tokens,
+        "n": setup.hidden,
+        "k": setup.hidden * inner[sublayer] // tp,
+        "trans_a": False,
+        "trans_b": PASSES[sublayer] == "fwd",
+    }
+
+
+def node_for(tp: int) -> str:
+    """The ring node preset with ``tp`` GPUs (``t3-ring8``, ``t3-ring16``, ``t3-ring32``)."""
+    return f"t3-ring{tp}"
+
+
+def case_ops(model: str, sublayer: str, tp: int, simulated: str, tokens: int | None = None) -> list[ops.Op]:
+    """The ops of one sub-layer in one simulated configuration (see :data:`SIMULATED`)."""
+    shape = sublayer_gemm(model, sublayer, tp, tokens)
+    nbytes = shape["m"] * shape["n"] * DTYPE_BYTES
+    gather = ops.AllGather(nbytes, dtype=DTYPE, input="y", name="AG")
+    if simulated == "sequential":
+        return [
+            ops.Gemm(**shape, dtype=DTYPE, out="y", name="GEMM"),
+            ops.ReduceScatter(nbytes, dtype=DTYPE, input="y", name="RS"),
+            gather,
+        ]
+    if simulated in ("t3", "t3-mca"):
+        return [ops.GemmReduceScatter(**shape, dtype=DTYPE, out="y", name="GEMM+RS"), gather]
+    if simulated == "rs-nmc":
+        return [ops.ReduceScatter(nbytes, dtype=DTYPE, input="y", driver="dma", name="RS+NMC")]
+    raise ValueError(f"unknown simulated configuration {simulated!r}; known: {', '.join(SIMULATED)}")
+
+
+def dram_categories(result, fused: bool) -> dict[str, float]:
+    """DRAM bytes of GPU 0 split into GEMM, RS and AG reads and writes (Fig. 8.16).
+
+    Compute-stream traffic is the GEMM's (its reads, and its output's writes, write-backs included);
+    communication-stream traffic belongs to the reduce-scatter until the all-gather starts and to the
+    all-gather after.  Updates count as writes.
+    """
+    dram = result.dram[result.dram["gpu"] == 0]
+    gather_start = result.ops.loc[(result.ops["name"] == "AG") & (result.ops["gpu"] == 0), "start_s"]
+    boundary = float(gather_start.iloc[0]) if len(gather_start) else math.inf
+    write = dram["direction"] != "read"
+    compute = dram["stream"] == "compute"
+    before = dram["t_s"] + result.bin_s / 2 < boundary
+    totals = {
+        "gemm_read": dram.loc[compute & ~write, "bytes"].sum(),
+        "gemm_write": dram.loc[compute & write, "bytes"].sum(),
+        "rs_read": dram.loc[~compute & ~write & before, "bytes"].sum(),
+        "rs_write": dram.loc[~compute & write & before, "bytes"].sum(),
+        "ag_read": dram.loc[~compute & ~write & ~before, "bytes"].sum(),
+        "ag_write": dram.loc[~compute & write & ~before, "bytes"].sum(),
+    }
+    return {f"dram_{name}": float(value) for name, value in totals.items()}
+
+
+def simulate_case(
+    model: str,
+    tp: int,
+    sublayer: str,
+    config: str,
+    mode: str = "symmetric",
+    overrides: dict[str, Any] | None = None,
+    bin_s: float = 2e-6,
+    tokens: int | None = None,
+) -> dict[str, Any]:
+    """Simulate one sub-layer in one configuration of :data:`SIMULATED`; a top-level sweep function.
+
+    ``overrides`` change the hardware (``{"gpu.num_cus": 160}``); ``tokens`` the activations' rows.
+
+    Returns
+    -------
+    dict
+        ``time_s`` (the sub-layer), ``gemm_s``, ``rs_s``, ``ag_s`` (the kernels' durations; for the
+        fused configurations ``gemm_s`` is the fused GEMM kernel and ``rs_s`` the rest of the fused
+        op), ``dram_*`` categories of GPU 0, the MCA's threshold and simulator statistics.
+    """
+    system = load_system(node_for(tp), overrides or {})
+    result = run(system, case_ops(model, sublayer, tp, config, tokens), mode=mode, memory_policy=POLICIES[config],
+                 bin_s=bin_s)
+    frame = result.ops[result.ops["gpu"] == 0].set_index("name")
+    row: dict[str, Any] = {"time_s": result.time_s, "wall_s": result.stats["wall_s"], "events": result.stats["events"]}
+    if config == "sequential":
+        row.update(gemm_s=frame.at["GEMM", "duration_s"], rs_s=frame.at["RS", "duration_s"], ag_s=frame.at["AG", "duration_s"])
+    elif config == "rs-nmc":
+        row.update(rs_s=frame.at["RS+NMC", "duration_s"])
+    else:
+        kernels = result.kernels[(result.kernels["gpu"] == 0) & result.kernels["name"].str.startswith("gemm_rs")]
+        gemm = float(kernels["duration_s"].iloc[0])
+        fused = frame.at["GEMM+RS", "duration_s"]
+        row.update(gemm_s=gemm, rs_s=fused - gemm, ag_s=frame.at["AG", "duration_s"])
+        threshold = frame.get("mca_threshold")
+        if threshold is not None and not pd.isna(threshold.get("GEMM+RS")):
+            row.update(mca_threshold=float(threshold["GEMM+RS"]), mca_intensity=float(frame.at["GEMM+RS", "mca_intensity"]))
+        for name in ("evictions", "max_entries"):
+            row[f"tracker_{name}"] = result.counters.get(f"gpu0.tracker_{name}", 0.0)
+    if config != "rs-nmc":
+        row.update(dram_categories(result, config != "sequential"))
+    return row
+
+
+
+
+def geomean(values) -> float:
+    """Geometric mean."""
+    values = np.asarray(list(values), dtype=float)
+    return float(np.exp(np.log(values).mean()))
+
+
+def case_points(
+    models=MAIN_MODELS, mode: str = "symmetric", overrides: dict[str, Any] | None = None, tps=None
+) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_case`: every sub-layer of ``models`` at their TP degrees, every
+    simulated configuration."""
+    points = []
+    for model in models:
+        for tp in MODELS[model].tp if tps is None else tps:
+            for sublayer in SUBLAYERS:
+                for config in SIMULATED:
+                    point = {"model": model, "tp": tp, "sublayer": sublayer, "config": config, "mode": mode}
+                    if overrides:
+                        point["overrides"] = dict(overrides)
+                    points.append(point)
+    return points
+
+
+CASE = ["model", "tp", "sublayer"]
+
+
+def speedups(raw: pd.DataFrame) -> pd.DataFrame:
+    """Sub-layer times and speedups over Sequential for every configuration (Fig. 8.14).
+
+    Parameters
+    ----------
+    raw
+        Rows of :func:`simulate_case` (with the point's ``model, tp, sublayer, config``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``model, tp, sublayer, config, time_s, speedup, gemm_s, rs_s, ag_s`` for the configurations
+        of :data:`CONFIGS` (ideal ones combined from the sequential run and the NMC reduce-scatter).
+    """
+    by = {config: frame.set_index(CASE) for config, frame in raw.groupby("config")}
+    seq, nmc = by["sequential"], by["rs-nmc"]
+    rows = []
+    for case in seq.index:
+        base = seq.loc[case]
+        rs_nmc = nmc.loc[case, "rs_s"]
+        times = {
+            "sequential": (base["time_s"], base["gemm_s"], base["rs_s"], base["ag_s"]),
+            "ideal-overlap": (max(base["gemm_s"], base["rs_s"]) + base["ag_s"], base["gemm_s"], base["rs_s"], base["ag_s"]),
+            "ideal-rs-nmc": (max(base["gemm_s"], rs_nmc) + base["ag_s"], base["gemm_s"], rs_nmc, base["ag_s"]),
+        }
+        for config in ("t3", "t3-mca"):
+            if config in by:
+                fused = by[config].loc[case]
+                times[config] = (fused["time_s"], fused["gemm_s"], fused["rs_s"], fused["ag_s"])
+        for config in CONFIGS:
+            if config in times:
+                time_s, gemm_s, rs_s, ag_s = times[config]
+                rows.append(dict(zip(CASE, case), config=config, time_s=time_s, speedup=base["time_s"] / time_s,
+                                 gemm_s=gemm_s, rs_s=rs_s, ag_s=ag_s))
+    return pd.DataFrame(rows)
+
+
+def dram_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """DRAM bytes of one GPU per sub-layer, configuration and category (Fig. 8.16): long format
+    ``model, tp, sublayer, config, category, bytes`` (categories of :data:`DRAM_CATEGORIES`)."""
+    frame = raw[raw["config"].isin(["sequential", "t3", "t3-mca"])]
+    columns = [f"dram_{name}" for name in DRAM_CATEGORIES]
+    long = frame.melt(id_vars=CASE + ["config"], value_vars=columns, var_name="category", value_name="bytes")
+    long["category"] = long["category"].str.removeprefix("dram_")
+    return long.sort_values(CASE + ["config", "category"]).reset_index(drop=True)
+
+
+def dram_reductions(dram: pd.DataFrame, config: str = "t3-mca") -> pd.DataFrame:
+    """Per case: total DRAM bytes of Sequential and ``config``, the fractional reduction, and the
+    ratio of reduce-scatter reads (Sequential / ``config``)."""
+    table = dram.pivot_table(index=CASE, columns=["config", "category"], values="bytes", aggfunc="sum")
+    rows = []
+    for case in table.index:
+        seq = table.loc[case, "sequential"]
+        new = table.loc[case, config]
+        rows.append(dict(zip(CASE, case), sequential_bytes=seq.sum(), bytes=new.sum(), reduction=1 - new.sum() / seq.sum(),
+                         rs_read_ratio=seq["rs_read"] / new["rs_read"], gemm_read_ratio=seq["gemm_read"] / new["gemm_read"],
+                         write_ratio=(seq["gemm_write"] + seq["rs_write"]) / (new["gemm_write"] + new["rs_write"])))
+    return pd.DataFrame(rows)
+
+
+def nmc_reduce_scatter(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per TP degree: how much faster the DMA-driven reduce-scatter with near-memory updates is than
+    the CU-driven one (geomean over the cases)."""
+    seq = raw[raw["config"] == "sequential"].set_index(CASE)["rs_s"]
+    nmc = raw[raw["config"] == "rs-nmc"].set_index(CASE)["rs_s"]
+    ratio = (seq / nmc).rename("speedup").reset_index()
+    return ratio.groupby("tp", as_index=False)["speedup"].agg(geomean)
+
+
+# -- Fig. 8.4: sharing CUs between the GEMM and the all-reduce ---------------------------------------
+CU_SPLITS = ((80, 80), (72, 8), (64, 16))
+"""(GEMM CUs, all-reduce CUs); (80, 80) is each with the whole GPU in isolation."""
+
+
+def simulate_cu_split(model: str, sublayer: str, tp: int, gemm_cus: int, ar_cus: int, mode: str = "symmetric") -> dict[str, Any]:
+    """The sub-layer's GEMM and all-reduce with CU budgets (a top-level sweep function).
+
+    Returns ``gemm_s`` (GEMM alone on its first ``gemm_cus`` CUs), ``ar_s`` (all-reduce alone on
+    ``ar_cus`` CUs) and, for a real split, ``concurrent_s`` (both at once on disjoint CUs, sharing
+    the memory).
+    """
+    system = load_system(node_for(tp))
+    shape = sublayer_gemm(model, sublayer, tp)
+    nbytes = shape["m"] * shape["n"] * DTYPE_BYTES
+    total = system.gpu.num_cus
+    gemm_stream = Stream("gemm", cu_mask=tuple(range(gemm_cus)))
+    ar_stream = Stream("allreduce", cu_mask=tuple(range(total - ar_cus, total)))
+    gemm = run(system, [ops.Gemm(**shape, dtype=DTYPE)], streams=[gemm_stream], mode=mode)
+    allreduce = run(system, [ops.AllReduce(nbytes, dtype=DTYPE, channels=ar_cus)], streams=[ar_stream], mode=mode)
+    row = {"gemm_s": gemm.time_s, "ar_s": allreduce.time_s}
+    if gemm_cus + ar_cus <= total:
+        both = run(system, [ops.Gemm(**shape, dtype=DTYPE), ops.AllReduce(nbytes, dtype=DTYPE, channels=ar_cus)],
+                   streams=[gemm_stream, ar_stream], mode=mode)
+        row["concurrent_s"] = both.time_s
+    return row
+
+
+def cu_sharing_points(cases=(("Mega-GPT-2", "OP"), ("Mega-GPT-2", "FC-2"), ("T-NLG", "OP"), ("T-NLG", "FC-2")), tp: int = 8):
+    """Sweep points of :func:`simulate_cu_split` for Fig. 8.4 (TP=8, attention output projection and FC-2)."""
+    return [{"model": m, "sublayer": s, "tp": tp, "gemm_cus": g, "ar_cus": a} for m, s in cases for g, a in CU_SPLITS]
+
+
+def cu_sharing(raw: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 8.4: per case and split, GEMM and all-reduce times normalised to their 80-CU times and the
+    potential-overlap speedup ``(GEMM_80 + AR_80) / max(GEMM_A, AR_B)`` ("ideal": ``max(GEMM_80,
+    AR_80)``, no sharing); ``concurrent_speedup`` runs both at once on the split."""
+    rows = []
+    for (model, sublayer, tp), frame in raw.groupby(["model", "sublayer", "tp"]):
+        frame = frame.set_index(["gemm_cus", "ar_cus"])
+        alone = frame.loc[(80, 80)]
+        sequential = alone["gemm_s"] + alone["ar_s"]
+        rows.append(dict(model=model, sublayer=sublayer, tp=tp, split="ideal", gemm_norm=1.0, ar_norm=1.0,
+                         speedup=sequential / max(alone["gemm_s"], alone["ar_s"]), concurrent_speedup=np.nan))
+        for gemm_cus, ar_cus in CU_SPLITS[1:]:
+            split = frame.loc[(gemm_cus, ar_cus)]
+            rows.append(dict(model=model, sublayer=sublayer, tp=tp, split=f"{gemm_cus}-{ar_cus}",
+                             gemm_norm=split["gemm_s"] / alone["gemm_s"], ar_norm=split["ar_s"] / alone["ar_s"],
+                             speedup=sequential / max(split["gemm_s"], split["ar_s"]),
+                             concurrent_speedup=sequential / split["concurrent_s"]))
+    return pd.DataFrame(rows)
+
+
+# -- Fig. 8.15: DRAM traffic over time ---------------------------------------------------------------
+def dram_timeline(model: str = "T-NLG", tp: int = 8, sublayer: str = "FC-2", bin_s: float = 10e-6,
+                  mode: str = "symmetric") -> pd.DataFrame:
+    """DRAM read and write bandwidth of GPU 0 over time for the isolated GEMM, T3 and T3-MCA (Fig. 8.15).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``config, t_s, category, gb_per_s`` with categories ``gemm_read``, ``gemm_write`` (local
+        stores or updates), ``rs_read`` (DMA reads) and ``rs_write`` (incoming remote and DMA
+        updates).
+    """
+    system = load_system(node_for(tp))
+    shape = sublayer_gemm(model, sublayer, tp)
+    runs = {
+        "gemm": run(system, [ops.Gemm(**shape, dtype=DTYPE, out="y")], mode=mode, bin_s=bin_s),
+        "t3": run(system, [ops.GemmReduceScatter(**shape, dtype=DTYPE, out="y")], mode=mode,
+                  memory_policy=POLICIES["t3"], bin_s=bin_s),
+        "t3-mca": run(system, [ops.GemmReduceScatter(**shape, dtype=DTYPE, out="y")], mode=mode,
+                      memory_policy=POLICIES["t3-mca"], bin_s=bin_s),
+    }
+    frames = []
+    for config, result in runs.items():
+        dram = result.dram[result.dram["gpu"] == 0].copy()
+        prefix = np.where(dram["stream"] == "compute", "gemm", "rs")
+        dram["category"] = prefix + np.where(dram["direction"] == "read", "_read", "_write")
+        table = dram.groupby(["t_s", "category"], as_index=False)["bytes"].sum()
+        table["gb_per_s"] = table["bytes"] / bin_s / 1e9
+        table.insert(0, "config", config)
+        frames.append(table.drop(columns="bytes"))
+    return pd.concat(frames, ignore_index=True)
+
+
+# -- Fig. 8.17: end-to-end ---------------------------------------------------------------------------
+def layer_other_ops(model: str, tp: int, phase: str) -> list[ops.Op]:
+    """The operators of one transformer layer on one TP rank *other than* the four sliced sub-layers.
+
+    A stand-in for the workloads trace generator (``gpusim.trace.transformer``), which had not landed
+    when this study was written: Megatron tensor slicing over ``tp`` GPUs, unfused attention as in
+    the MLPerf v1.1 implementation the dissertation scales (section 8.5.3).  ``phase`` is ``fwd``
+    (the prompt phase of inference: no dropout) or ``bwd`` (the backward pass of training; the
+    training forward pass is ``fwd`` plus the dropouts, see :func:`layer_phases`).  Layer norms,
+    softmax and element-wise ops run on the whole (replicated) activations, GEMMs on the slices.
+    """
+    setup = MODELS[model]
+    t, h, sl = setup.tokens, setup.hidden, setup.seq_len
+    heads = setup.batch * setup.heads // tp
+    dh = h // setup.heads
+    scores = heads * sl * sl
+
+    def gemm(name, m, n, k, batch=1):
+        return ops.Gemm(m, n, k, dtype=DTYPE, batch=batch, name=name)
+
+    if phase == "fwd":
+        return [
+            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm"),
+            gemm("qkv", t, 3 * h // tp, h),
+            gemm("scores", sl, sl, dh, heads),
+            ops.RowReduce("softmax", heads * sl, sl, dtype=DTYPE, name="softmax"),
+            gemm("context", sl, dh, sl, heads),
+            ops.Elementwise("add", t * h, dtype=DTYPE, name="residual"),
+            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm"),
+            gemm("fc1", t, 4 * h // tp, h),
+            ops.Elementwise("bias_gelu", t * 4 * h // tp, dtype=DTYPE, name="bias_gelu"),
+            ops.Elementwise("add", t * h, dtype=DTYPE, name="residual"),
+        ]
+    if phase == "dropout":
+        return [
+            ops.Elementwise("dropout", scores, dtype=DTYPE, name="attention_dropout"),
+            ops.Elementwise("dropout", t * h, dtype=DTYPE, name="dropout"),
+            ops.Elementwise("dropout", t * h, dtype=DTYPE, name="dropout"),
+        ]
+    if phase == "bwd":
+        return [
+            ops.Elementwise("residual_dropout", t * h, dtype=DTYPE, name="dropout_bwd"),
+            gemm("fc2_dgrad", t, 4 * h // tp, h),
+            gemm("fc2_wgrad", 4 * h // tp, h, t),
+            ops.Elementwise("bias_gelu", t * 4 * h // tp, dtype=DTYPE, name="gelu_bwd"),
+            gemm("fc1_wgrad", h, 4 * h // tp, t),
+            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm_bwd"),
+            ops.Elementwise("residual_dropout", t * h, dtype=DTYPE, name="dropout_bwd"),
+            gemm("op_dgrad", t, h // tp, h),
+            gemm("op_wgrad", h // tp, h, t),
+            gemm("context_dgrad_p", sl, sl, dh, heads),
+            gemm("context_dgrad_v", sl, dh, sl, heads),
+            ops.Elementwise("residual_dropout", scores, dtype=DTYPE, name="softmax_dropout_bwd"),
+            gemm("scores_dgrad_q", sl, dh, sl, heads),
+            gemm("scores_dgrad_k", sl, dh, sl, heads),
+            gemm("qkv_wgrad", h, 3 * h // tp, t),
+            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm_bwd"),
+        ]
+    raise ValueError(f"unknown phase {phase!r}; known: fwd, dropout, bwd")
+
+
+def layer_phases(setting: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(phases of :func:`layer_other_ops`, sliced sub-layers) of a ``training`` or ``prompt`` iteration."""
+    if setting == "training":
+        return ("fwd", "dropout", "bwd"), SUBLAYERS
+    if setting == "prompt":
+        return ("fwd",), ("OP", "FC-2")
+    raise ValueError(f"unknown setting {setting!r}; known: training, prompt")
+
+
+def simulate_layer_rest(model: str, tp: int, phase: str, mode: str = "symmetric") -> dict[str, Any]:
+    """Time of :func:`layer_other_ops` of one phase, run back to back on one stream (a sweep function)."""
+    result = run(load_system(node_for(tp)), layer_other_ops(model, tp, phase), mode=mode)
+    return {"time_s": result.time_s, "wall_s": result.stats["wall_s"]}
+
+
+def layer_points(models=MAIN_MODELS + LARGE_MODELS) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_layer_rest` for every model and TP degree."""
+    return [{"model": m, "tp": tp, "phase": phase} for m in models for tp in MODELS[m].tp for phase in ("fwd", "dropout", "bwd")]
+
+
+def end_to_end(rest: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """End-to-end speedups of training and of the prompt phase (Fig. 8.17).
+
+    A layer's time is the rest of the layer (:func:`simulate_layer_rest`) plus its sliced sub-layers
+    in the configuration; layers are identical, so the layer's speedup is the iteration's (the
+    optimizer step, embeddings and the loss are left out).
+
+    Parameters
+    ----------
+    rest
+        Rows of :func:`simulate_layer_rest` with ``model, tp, phase``.
+    table
+        :func:`speedups` of the same models.
+    """
+    rows = []
+    for (model, tp), frame in rest.groupby(["model", "tp"]):
+        phases = frame.set_index("phase")["time_s"]
+        subs = table[(table["model"] == model) & (table["tp"] == tp)].set_index(["sublayer", "config"])["time_s"]
+        for setting in ("training", "prompt"):
+            parts, sublayers = layer_phases(setting)
+            other = sum(phases[p] for p in parts)
+            base = other + sum(subs[(s, "sequential")] for s in sublayers)
+            for config in CONFIGS:
+                if (sublayers[0], config) not in subs:
+                    continue
+                time_s = other + sum(subs[(s, config)] for s in sublayers)
+                rows.append(dict(model=model, tp=tp, setting=setting, config=config, layer_s=time_s,
+                                 sliced_share=(base - other) / base, speedup=base / time_s))
+    return pd.DataFrame(rows)
+
+
+# -- one sweep for everything ------------------------------------------------------------------------
+def run_point(study: str, variant: str = "base", **params: Any):
+    """Run one point of any part of the study (a top-level function for :func:`gpusim.sweep.sweep`).
+
+    ``study`` is ``case`` (:func:`simulate_case`), ``cu_split`` (:func:`simulate_cu_split`),
+    ``layer`` (:func:`simulate_layer_rest`) or ``timeline`` (:func:`dram_timeline`, many rows);
+    ``variant`` only labels the rows (e.g. ``"2x-cus"``).
+    """
+    functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
+                 "timeline": dram_timeline}
+    if study not in functions:
+        raise ValueError(f"unknown study part {study!r}; known: {', '.join(functions)}")
+    return functions[study](**params)
+
+
+def tagged(study: str, points: list[dict[str, Any]], variant: str = "base") -> list[dict[str, Any]]:
+    """``points`` labelled with ``study`` and ``variant``, for :func:`run_point`."""
+    return [{"study": study, "variant": variant, **point} for point in points]

@@ -1,0 +1,84 @@
+"""The T3 study: workloads from hyperparameters, result tables, and the CI subset of the reproduction."""
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpusim.studies import t3
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_reproduce():
+    spec = importlib.util.spec_from_file_location("t3_reproduce", REPO / "validation" / "t3" / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sublayer_gemms_follow_megatron_slicing():
+    assert t3.sublayer_gemm("T-NLG", "FC-2", 8) == {"m": 8192, "n": 4256, "k": 2128, "trans_a": False, "trans_b": True}
+    assert t3.sublayer_gemm("Mega-GPT-2", "OP", 16) == {"m": 16384, "n": 3072, "k": 192, "trans_a": False, "trans_b": True}
+    assert t3.sublayer_gemm("T-NLG", "IP", 16)["k"] == 3 * 4256 // 16
+    assert t3.sublayer_gemm("MT-NLG", "FC-1", 32) == {"m": 2048, "n": 20480, "k": 2560, "trans_a": False, "trans_b": False}
+    with pytest.raises(ValueError, match="unknown sub-layer"):
+        t3.sublayer_gemm("T-NLG", "FC-3", 8)
+    with pytest.raises(ValueError, match="does not split"):
+        t3.sublayer_gemm("T-NLG", "OP", 3)
+
+
+def test_every_case_has_every_configuration():
+    points = t3.case_points()
+    assert len(points) == 16 * len(t3.SIMULATED)
+    assert {p["config"] for p in points} == set(t3.SIMULATED)
+
+
+def test_tables_from_synthetic_rows():
+    case = {"model": "T-NLG", "tp": 8, "sublayer": "OP"}
+    dram = {f"dram_{c}": 1.0 for c in t3.DRAM_CATEGORIES}
+    raw = pd.DataFrame([
+        {**case, "config": "sequential", "time_s": 6.0, "gemm_s": 2.0, "rs_s": 3.0, "ag_s": 1.0, **dram, "dram_rs_read": 5.0},
+        {**case, "config": "t3", "time_s": 5.0, "gemm_s": 3.5, "rs_s": 0.5, "ag_s": 1.0, **dram},
+        {**case, "config": "t3-mca", "time_s": 4.5, "gemm_s": 3.0, "rs_s": 0.5, "ag_s": 1.0, **dram},
+        {**case, "config": "rs-nmc", "time_s": 2.5, "rs_s": 2.5},
+    ])
+    table = t3.speedups(raw).set_index("config")
+    assert list(table.index) == list(t3.CONFIGS)
+    assert table.at["ideal-overlap", "time_s"] == 4.0 and table.at["ideal-rs-nmc", "time_s"] == 3.5
+    assert table.at["t3-mca", "speedup"] == pytest.approx(6.0 / 4.5)
+    reductions = t3.dram_reductions(t3.dram_table(raw)).iloc[0]
+    assert reductions["reduction"] == pytest.approx(1 - 6 / 10) and reductions["rs_read_ratio"] == 5.0
+    assert t3.nmc_reduce_scatter(raw).iloc[0]["speedup"] == pytest.approx(3.0 / 2.5)
+
+
+def test_ci_subset_reproduces_the_cases_the_text_names(tmp_path):
+    """Two sub-layers, every configuration (issue 3's CI subset): the ideal-overlap speedups the
+    dissertation states for them must be within tolerance, and T3 must not beat its own ideal."""
+    reproduce = load_reproduce()
+    assert reproduce.main(["--out", str(tmp_path), "--subset", "ci", "--check", "--workers", "2", "--no-cache"]) == 0
+    speedups = pd.read_csv(tmp_path / "speedups.csv")
+    assert list(speedups.columns[:6]) == ["model", "tp", "sublayer", "config", "time_s", "speedup"]
+    assert set(speedups["config"]) == set(t3.CONFIGS) and len(speedups) == 2 * len(t3.CONFIGS)
+    wide = speedups.pivot_table(index=t3.CASE, columns="config", values="speedup")
+    assert (wide["t3-mca"] <= wide["ideal-rs-nmc"] * 1.02).all()
+    assert (wide[["t3", "t3-mca", "ideal-overlap"]] > 1.05).all().all()
+    dram = pd.read_csv(tmp_path / "dram.csv")
+    assert list(dram.columns) == ["model", "tp", "sublayer", "config", "category", "bytes"]
+    totals = dram.groupby(["sublayer", "config"])["bytes"].sum().unstack()
+    assert (totals["t3-mca"] < totals["sequential"]).all()
+    rs_reads = dram[dram["category"] == "rs_read"].pivot_table(index="sublayer", columns="config", values="bytes")
+    assert (rs_reads["sequential"] / rs_reads["t3-mca"] > 1.5).all()  # NMC: no partial copies to read
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert set(summary["status"]) == {"ok"} and len(summary) == 2
+    assert (tmp_path / "fig8_14_speedups.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("config", ["sequential", "t3-mca"])
+def test_full_mode_agrees_with_symmetric_mode_on_a_study_case(config):
+    """A quarter of T-NLG FC-2's tokens (validation/t3/full_vs_symmetric.py checks every full case)."""
+    full = t3.simulate_case("T-NLG", 8, "FC-2", config, mode="full", tokens=2048)
+    symmetric = t3.simulate_case("T-NLG", 8, "FC-2", config, mode="symmetric", tokens=2048)
+    assert symmetric["time_s"] == pytest.approx(full["time_s"], rel=0.03)
+    assert symmetric["dram_rs_read"] == pytest.approx(full["dram_rs_read"], rel=0.03)
