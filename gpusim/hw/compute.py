@@ -250,6 +250,10 @@ class Dispatcher:
         self.cus = cus
         self.policy = policy
         self.active: list[KernelRun] = []
+        self.dispatch_observers: list[Callable[[KernelRun], None]] = []
+        """Called with a kernel's run when its last workgroup has been placed (its queue's head
+        changes: a command processor may then dispatch the next kernel).  An observer must not
+        launch a kernel synchronously; it may schedule one."""
         self._turn = 0
 
     def launch(self, kernel: Kernel) -> KernelRun:
@@ -275,6 +279,9 @@ class Dispatcher:
         if run.start_ns is None:
             run.start_ns = self.env.now
         self.env.process(self._run(run, wg, cu))
+        if run.dispatched == kernel.num_wgs:
+            for observer in self.dispatch_observers:
+                observer(run)
 
     def _run(self, run: KernelRun, wg: int, cu: ComputeUnit):
         yield from run.kernel.body(wg, cu)

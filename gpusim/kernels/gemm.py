@@ -46,7 +46,9 @@ class GemmKernelSpec:
     split_k
         Number of workgroups sharing one output tile along K (partials reduced afterwards).
     lds_buffers
-        LDS copies of the A and B panels (2 = double buffering).
+        LDS copies of the A and B panels: 2 = double buffering (the next K step is fetched while
+        the current one is computed); 1 = single buffering (half the LDS, so possibly higher
+        occupancy, but each K step is fetched only after the previous one was computed).
     """
 
     tile_m: int
@@ -60,7 +62,8 @@ class GemmKernelSpec:
     def name(self) -> str:
         """Kernel name in the style of Tensile's macro-tile names."""
         split = f"_SK{self.split_k}" if self.split_k > 1 else ""
-        return f"MT{self.tile_m}x{self.tile_n}x{self.tile_k}_T{self.threads}{split}"
+        buffers = f"_LB{self.lds_buffers}" if self.lds_buffers != 2 else ""
+        return f"MT{self.tile_m}x{self.tile_n}x{self.tile_k}_T{self.threads}{buffers}{split}"
 
     def shape(self, dtype: str) -> WorkgroupShape:
         """Per-workgroup resources for inputs of ``dtype``."""
@@ -378,14 +381,17 @@ class GemmKernel:
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pending = self._fetch(limit, batch, row, col, split, 0)
         yield pending.close()
+        prefetch = self.spec.lds_buffers > 1
         for step in range(self.steps):
             compute_done = cu.compute(env.now, step_flops, self.flops_per_ns, self.wavefronts)
-            if step + 1 < self.steps:
+            if step + 1 < self.steps and prefetch:
                 pending = self._fetch(limit, batch, row, col, split, step + 1)
                 pending.extend_to(compute_done)
                 yield pending.close()
             else:
                 yield env.timeout(compute_done - env.now)
+                if step + 1 < self.steps:
+                    yield self._fetch(limit, batch, row, col, split, step + 1).close()
         offset, nbytes = self.c_range(wg)
         join = Join(env)
         if self.store is None:

@@ -101,9 +101,13 @@ class OpContext:
         return self.executor.shared.setdefault(self.op.uid, {})
 
     def launch(self, kernel: Kernel, overhead_ns: float | None = None) -> Generator[Event, Any, KernelRun]:
-        """Launch ``kernel`` on this rank's GPU after the launch overhead; return when it ends."""
+        """Launch ``kernel`` on this rank's GPU after the launch overhead; return when it ends.
+
+        The kernel's ``info`` gains the launching op's ``op_id`` (kept in ``Result.kernels``).
+        """
         if kernel.cu_mask is None and self.cu_mask is not None:
             kernel.cu_mask = self.cu_mask
+        kernel.info.setdefault("op_id", self.op.uid)
         delay = self.gpu.config.kernel_launch_ns if overhead_ns is None else overhead_ns
         if delay:
             yield self.env.timeout(delay)

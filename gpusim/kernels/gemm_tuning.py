@@ -1,0 +1,161 @@
+"""The larger GEMM kernel library a BLAS tuner searches, and the shortlist it benchmarks.
+
+A BLAS library ships one kernel per GEMM size, picked by *tuning*: benchmarking many
+implementations (macro tile, K depth, workgroup size, LDS buffering, split-K) and keeping the
+fastest.  :data:`TUNING_LIBRARY` is that search space.  Its kernels differ in the resources that
+decide how GEMMs share a GPU (dissertation section 7.2.1): larger tiles mean fewer workgroups and
+less L2/DRAM traffic; fewer threads or single LDS buffering mean higher occupancy; together they
+set how many *waves* a kernel needs.
+
+Benchmarking every kernel by simulation is expensive, so a tuner here does what Tensile's
+solution selection does with its own performance model: it ranks the candidates with the library
+heuristic's estimate (:func:`gpusim.kernels.gemm.estimate_ns`) and benchmarks a shortlist
+(:func:`shortlist`).  The simulation then decides which of them is fastest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from gpusim.config.gpu import GpuConfig
+from gpusim.hw.compute import occupancy
+from gpusim.kernels.gemm import GemmKernelSpec, GemmProblem, candidates, estimate_ns, num_workgroups
+
+TILES: tuple[tuple[int, int], ...] = (
+    (256, 256), (256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64), (64, 128),
+    (128, 32), (32, 128), (64, 64), (64, 32), (32, 64), (32, 32), (64, 16), (16, 64),
+)
+"""Macro tiles ``(tile_m, tile_n)`` of the tuning library."""
+
+TILE_DEPTHS = (32, 64)
+"""K depths staged in LDS per iteration.  Shallower depths are left out: the model has no
+per-iteration (barrier) cost, so they would look free, and matrix-core libraries rarely use them."""
+
+THREADS = (64, 128, 256, 512)
+"""Workgroup sizes."""
+
+MIN_OUTPUTS_PER_THREAD = 4
+MAX_OUTPUTS_PER_THREAD = 256
+"""A thread accumulates between this many outputs of the tile (fewer wastes threads, more does
+not fit in registers)."""
+
+
+def _library() -> tuple[GemmKernelSpec, ...]:
+    specs = []
+    for tile_m, tile_n in TILES:
+        for tile_k in TILE_DEPTHS:
+            for threads in THREADS:
+                outputs = tile_m * tile_n // threads
+                if not MIN_OUTPUTS_PER_THREAD <= outputs <= MAX_OUTPUTS_PER_THREAD:
+                    continue
+                for buffers in (2, 1):
+                    specs.append(GemmKernelSpec(tile_m, tile_n, tile_k, threads, 1, buffers))
+    return tuple(specs)
+
+
+TUNING_LIBRARY: tuple[GemmKernelSpec, ...] = _library()
+"""Every kernel the tuner may choose (without split-K; :func:`tuning_candidates` adds it)."""
+
+_NAME = re.compile(r"^MT(\d+)x(\d+)x(\d+)_T(\d+)(?:_LB(\d+))?(?:_SK(\d+))?$")
+
+
+def parse_kernel(name: str) -> GemmKernelSpec:
+    """The kernel called ``name`` (``MT128x64x32_T256``, optionally ``_LB1`` and ``_SK4``).
+
+    Raises
+    ------
+    ValueError
+        When ``name`` is not a GEMM kernel name.
+    """
+    match = _NAME.match(name)
+    if match is None:
+        raise ValueError(
+            f"GEMM kernel name {name!r} must look like MT<tile_m>x<tile_n>x<tile_k>_T<threads>[_LB<buffers>][_SK<splits>]"
+        )
+    tile_m, tile_n, tile_k, threads = (int(group) for group in match.groups()[:4])
+    buffers = int(match.group(5) or 2)
+    split = int(match.group(6) or 1)
+    return GemmKernelSpec(tile_m, tile_n, tile_k, threads, split, buffers)
+
+
+def tuning_candidates(problem: GemmProblem, gpu: GpuConfig) -> list[GemmKernelSpec]:
+    """Every tuning-library kernel (with sensible split-K factors) whose workgroup fits a CU of ``gpu``."""
+    fits = [spec for spec in TUNING_LIBRARY if occupancy(spec.shape(problem.dtype), gpu.cu) > 0]
+    return candidates(problem, fits)
+
+
+def memory_parallelism_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig) -> float:
+    """Time the busiest CU needs to fetch its tiles' A and B slices, ns.
+
+    A CU keeps at most ``cu.max_inflight_bytes`` of requests in flight, each taking about one
+    unloaded memory latency (Little's law), whether it hits in the L2 or not; small tiles fetch
+    many bytes per FLOP and hit this bound first.  The core heuristic's estimate does not know it.
+    """
+    hbm = gpu.hbm
+    latency = (
+        gpu.l2.hit_latency_ns
+        + gpu.memctrl.latency_ns
+        + (hbm.t_rcd_cycles + hbm.t_cl_cycles) / hbm.clock_hz * 1e9
+        + hbm.interleave_bytes / hbm.channel_bandwidth_bytes_per_s * 1e9
+    )
+    k_per_split = -(-problem.k // spec.split_k)
+    per_workgroup = (spec.tile_m + spec.tile_n) * k_per_split * problem.dtype_bytes
+    per_cu = -(-num_workgroups(problem, spec) // gpu.num_cus)
+    return per_cu * per_workgroup * latency / gpu.cu.max_inflight_bytes
+
+
+def tuning_estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig) -> float:
+    """The tuner's performance model: the library estimate, bounded below by memory parallelism, ns."""
+    return max(estimate_ns(problem, spec, gpu), memory_parallelism_ns(problem, spec, gpu))
+
+
+def shortlist(problem: GemmProblem, gpu: GpuConfig, count: int = 3, include: Iterable[GemmKernelSpec] = ()) -> list[GemmKernelSpec]:
+    """The kernels a tuner benchmarks for ``problem`` on ``gpu``: the ``count`` best by the estimate.
+
+    Kernels are ranked by :func:`tuning_estimate_ns` with their LDS double-buffered;
+    kernels the estimate cannot tell apart (same estimate, tile area, split-K and occupancy, e.g.
+    a transposed tile or a larger workgroup) count once.  Each shortlisted kernel's
+    single-buffered twin joins it when single buffering raises its occupancy (the estimate cannot
+    weigh lost prefetching against occupancy; the simulation does).  ``include`` (e.g. the
+    library heuristic's pick) is always benchmarked too.
+
+    Parameters
+    ----------
+    problem
+        The GEMM.
+    gpu
+        The GPU (or resource-constrained GPU) the kernels are tuned for.
+    count
+        Kernel families (tile, depth, threads, split-K) to benchmark.
+    include
+        Kernels benchmarked in any case.
+
+    Returns
+    -------
+    list of GemmKernelSpec
+        Without duplicates, best estimate first, then ``include``.
+    """
+    if count < 1:
+        raise ValueError(f"shortlist: count must be at least 1, got {count}")
+    double = [spec for spec in tuning_candidates(problem, gpu) if spec.lds_buffers == 2]
+    estimates = {spec: tuning_estimate_ns(problem, spec, gpu) for spec in double}
+    ranked = sorted(double, key=lambda spec: (estimates[spec], -spec.tile_m * spec.tile_n, spec.name))
+    chosen: list[GemmKernelSpec] = []
+    seen: set[tuple] = set()
+    for spec in ranked:
+        if len(seen) == count:
+            break
+        twin = (round(estimates[spec], 1), spec.tile_m * spec.tile_n, spec.split_k, occupancy(spec.shape(problem.dtype), gpu.cu))
+        if twin in seen:
+            continue
+        seen.add(twin)
+        chosen.append(spec)
+        single = GemmKernelSpec(spec.tile_m, spec.tile_n, spec.tile_k, spec.threads, spec.split_k, 1)
+        if occupancy(single.shape(problem.dtype), gpu.cu) > occupancy(spec.shape(problem.dtype), gpu.cu):
+            chosen.append(single)
+    for spec in include:
+        if spec not in chosen:
+            chosen.append(spec)
+    return chosen
+

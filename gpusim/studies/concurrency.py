@@ -1,0 +1,630 @@
+"""The concurrent-GEMM study (dissertation chapter 7): Default, GO-Kernels, GOLDYLOC, Oracle, partitions.
+
+The study follows the dissertation's method (sections 7.3 and 7.4) with simulations in place of
+measurements on an MI100:
+
+1. *Tuning* — every GEMM shape is benchmarked in isolation with a shortlist of the tuning
+   library's kernels (:mod:`gpusim.kernels.gemm_tuning`) on the full GPU (the fastest is the
+   *isolation-tuned* kernel a BLAS library would ship) and on GPU/2 and GPU/4 (resource-constrained
+   tuning, :func:`gpusim.sched.goldyloc.resource_constrained_overrides`).
+2. *Degree benchmarks* — for each concurrency degree ``d`` the three winners run as ``d`` copies on
+   ``d`` streams at once (the command processor dispatches them all); the fastest is the GO kernel
+   of ``d``.  Two copies back to back on one stream give sequential execution.
+3. *Partitions* — ``d`` copies with CU masks (CU-Partition) and one copy on a ``1/d`` resource
+   partition (Resource-Partition).
+4. *Predictor* — each shape's preferred degree (most speedup, or sequential below 5 %) labels
+   min-max-normalised features; a multinomial logistic regression is trained and tested with
+   10-fold cross-validation (90 % / 10 %), so every GEMM gets a prediction it was not trained on.
+5. *Configurations* — per GEMM and number of available GEMMs ``D``: Sequential (``D`` back to
+   back), Default (all ``D`` at once with isolation-tuned kernels), GO-Kernels (all ``D`` with the
+   GO kernel of ``D``), GOLDYLOC (degree ``min(predicted, D)`` with its GO kernel, in ``D/d``
+   batches, plus the command processor's decision time where the previous batch cannot hide it),
+   Oracle (the best degree up to ``D``, sequential unless one gains 5 %), CU-Partition and
+   Resource-Partition (isolation-tuned kernels).
+
+Times are kernel execution spans (first workgroup start to last workgroup end), as a profiler
+reports them; launch latencies are not part of them.  Every simulation is one point of
+:func:`gpusim.sweep.sweep` (local processes or a Dask cluster), cached under a key that includes
+the resolved hardware description and a hash of the simulator's source, so an interrupted study
+resumes and a changed model is simulated again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpusim.hw.compute import occupancy
+from gpusim.kernels.gemm import GemmProblem, choose_kernel, num_workgroups
+from gpusim.kernels.gemm_tuning import parse_kernel, shortlist
+from gpusim.ops import Gemm
+from gpusim.sched.command_processor import (
+    CommandProcessor,
+    CommandProcessorTiming,
+    DispatchAll,
+    KernelPacket,
+    PredictedDegree,
+)
+from gpusim.sched.executor import Stream
+from gpusim.sched.goldyloc import (
+    MIN_GAIN,
+    RC_FRACTIONS,
+    cross_validated_predictions,
+    executed_degree,
+    fastest,
+    feature_names,
+    feature_vector,
+    go_kernels,
+    preferred_degree,
+    resource_constrained_overrides,
+    waves,
+)
+from gpusim.sched.partitions import cu_masks, resource_partition_overrides
+from gpusim.simulate import finish, prepare
+from gpusim.studies.concurrency_workloads import with_shapes
+from gpusim.sweep import sweep
+from gpusim.system import System, load_system
+
+DEGREES = (2, 4, 8, 16)
+"""Numbers of available independent GEMMs (and concurrency degrees) studied."""
+
+CONFIGS = ("default", "go-kernels", "goldyloc", "oracle", "cu-partition", "resource-partition")
+"""Configurations compared with Sequential in ``summary``."""
+
+SIMULATION_SOURCES = ("engine", "hw", "kernels", "config", "sched/executor.py", "sched/command_processor.py",
+                      "simulate.py", "ops.py")
+"""Parts of gpusim whose source decides a simulated point (hashed into every cache key)."""
+
+UNCHANGED_BAND = 0.02
+"""GOLDYLOC counts as leaving a GEMM unchanged when within this fraction of Default."""
+
+
+# -- points ------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _system(name: str, overrides: str) -> System:
+    return load_system(name, json.loads(overrides))
+
+
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for part in SIMULATION_SOURCES:
+        path = root / part
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.relative_to(root).as_posix().encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint(system: str, overrides: dict[str, Any]) -> str:
+    """Identity of what a point simulates: the resolved hardware description and the simulator's source."""
+    resolved = _system(system, json.dumps(overrides, sort_keys=True)).to_dict()
+    text = json.dumps(resolved, sort_keys=True) + _source_hash()
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _gemm(m: int, n: int, k: int, batch: int, dtype: str, index: int) -> Gemm:
+    return Gemm(m, n, k, dtype=dtype, batch=batch, a=f"a{index}", b=f"b{index}", out=f"c{index}")
+
+
+def _spans(result) -> tuple[float, list[float]]:
+    """Span of all kernels, and of each op's kernels (in op order), s."""
+    kernels = result.kernels
+    per_op = kernels.groupby("op_id", sort=True).agg(start=("start_s", "min"), end=("end_s", "max"))
+    return float(kernels["end_s"].max() - kernels["start_s"].min()), list(per_op["end"] - per_op["start"])
+
+
+def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, batch: int, dtype: str,
+               kernel: str, copies: int, arrangement: str, fingerprint: str) -> dict[str, Any]:
+    """Simulate ``copies`` independent copies of one GEMM with one kernel (a sweep point).
+
+    Parameters
+    ----------
+    system, overrides
+        Hardware preset and overrides.
+    m, n, k, batch, dtype
+        The GEMM shape.
+    kernel
+        Kernel name (:func:`gpusim.kernels.gemm_tuning.parse_kernel`).
+    copies
+        Number of GEMMs (each with its own tensors).
+    arrangement
+        ``isolated`` (one copy), ``sequential`` (copies back to back on one stream), ``shared``
+        (one stream each, dispatched at once), ``cu-partition`` (one stream each, with disjoint
+        CU masks).
+    fingerprint
+        :func:`fingerprint` of the system (part of the cache key only).
+
+    Returns
+    -------
+    dict
+        ``span_s`` (first workgroup start to last workgroup end), ``first_s`` and ``next_s`` (span
+        of the first copy and mean span of the others), ``l2_accesses``, ``l2_misses`` (blocks),
+        ``dram_bytes``, ``events`` and ``cpu_s`` (simulator CPU time).
+    """
+    if arrangement not in ("isolated", "sequential", "shared", "cu-partition"):
+        raise ValueError(f"gemm_point: unknown arrangement {arrangement!r}")
+    if arrangement == "isolated" and copies != 1:
+        raise ValueError("gemm_point: an isolated run has one copy")
+    started = time.process_time()
+    machine_system = _system(system, json.dumps(overrides, sort_keys=True))
+    spec = parse_kernel(kernel)
+    if arrangement == "sequential":
+        streams = [Stream("s0")] * copies
+    elif arrangement == "cu-partition":
+        streams = [Stream(f"s{i}", mask) for i, mask in enumerate(cu_masks(machine_system.gpu.num_cus, copies))]
+    else:
+        streams = [Stream(f"s{i}") for i in range(copies)]
+    packets = [KernelPacket(_gemm(m, n, k, batch, dtype, i), stream, {1: spec}) for i, stream in enumerate(streams)]
+    result = run_packets(machine_system, packets, DispatchAll())
+    span, per_op = _spans(result)
+    counters = result.counters
+    return {
+        "span_s": span,
+        "first_s": per_op[0],
+        "next_s": float(np.mean(per_op[1:])) if len(per_op) > 1 else per_op[0],
+        "l2_accesses": counters.get("gpu0.l2_hits", 0.0) + counters.get("gpu0.l2_misses", 0.0),
+        "l2_misses": counters.get("gpu0.l2_misses", 0.0),
+        "dram_bytes": float(result.dram["bytes"].sum()) if not result.dram.empty else 0.0,
+        "events": result.stats["events"],
+        "cpu_s": time.process_time() - started,
+    }
+
+
+def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, Any]], policy: str,
+                  fingerprint: str, decision_ns: float | None = None) -> dict[str, Any]:
+    """Simulate a mix of GEMMs through the command processor (a sweep point).
+
+    Parameters
+    ----------
+    gemms
+        Each ``{"m", "n", "k", "batch", "dtype", "copies", "kernels": {degree: name}, "predicted"}``;
+        every copy gets its own stream.
+    policy
+        ``default`` (all at once, isolation-tuned kernels), ``go-kernels`` (all at once, kernels
+        for the resulting degree) or ``goldyloc`` (degree ``min(predicted, available)``).
+    decision_ns
+        The command processor's decision time (default: :class:`CommandProcessorTiming`'s).
+
+    Returns
+    -------
+    dict
+        ``time_s`` (from the first decision to the last workgroup's end), ``span_s`` (kernels only),
+        ``degrees`` (the degrees the GEMMs ran at), ``cpu_s``.
+    """
+    started = time.process_time()
+    machine_system = _system(system, json.dumps(overrides, sort_keys=True))
+    timing = CommandProcessorTiming() if decision_ns is None else CommandProcessorTiming(predictor_ns=0.0)
+    if decision_ns is not None:
+        timing = CommandProcessorTiming(predictor_ns=max(0.0, decision_ns - 2 * timing.queue_pass_ns))
+    policies = {
+        "default": DispatchAll(),
+        "go-kernels": DispatchAll(tuned_for_degree=True),
+        "goldyloc": PredictedDegree(lambda features: int(features[0])),
+    }
+    if policy not in policies:
+        raise ValueError(f"packets_point: unknown policy {policy!r}; known: {', '.join(policies)}")
+    packets = []
+    for gemm in gemms:
+        kernels = {int(degree): parse_kernel(name) for degree, name in gemm["kernels"].items()}
+        for _ in range(int(gemm["copies"])):
+            index = len(packets)
+            packets.append(KernelPacket(_gemm(gemm["m"], gemm["n"], gemm["k"], gemm["batch"], gemm["dtype"], index),
+                                        Stream(f"s{index}"), kernels, features=np.array([gemm.get("predicted", 1)])))
+    result = run_packets(machine_system, packets, policies[policy], timing)
+    span, _ = _spans(result)
+    return {
+        "time_s": float(result.kernels["end_s"].max()),
+        "span_s": span,
+        "degrees": ",".join(str(int(d)) for d in result.ops["degree"]),
+        "cpu_s": time.process_time() - started,
+    }
+
+
+def run_packets(system: System, packets: Sequence[KernelPacket], policy, timing: CommandProcessorTiming | None = None,
+                dispatch_policy: str = "round_robin"):
+    """Submit ``packets`` to GPU 0's command processor at time 0 and simulate them to the end.
+
+    Returns
+    -------
+    gpusim.Result
+    """
+    started = time.perf_counter()
+    system, sim, machine, executor = prepare(system, dispatch_policy=dispatch_policy)
+    processor = CommandProcessor(executor, 0, policy, timing)
+    for packet in packets:
+        processor.submit(packet)
+    return finish(system, sim, machine, executor, len(packets), started)
+
+
+# -- the study ---------------------------------------------------------------------------------
+
+@dataclass
+class StudyResult:
+    """The study's tables (all DataFrames).
+
+    Attributes
+    ----------
+    gemms
+        The GEMMs (one row per GEMM of each app) with their shape and role.
+    tuning
+        Isolated runs: shape, rc (GPU/rc), kernel, span_s, l2_accesses, l2_misses, ...
+    shapes
+        One row per shape: isolation-tuned and RC-tuned kernels, GO kernel per degree, sequential
+        times, times per configuration and degree, features, preferred and predicted degree.
+    speedups
+        One row per GEMM, number of available GEMMs and configuration: speedup over Sequential.
+    summary
+        Geomean speedup over Sequential per concurrency and configuration (GEMMs of the evaluated
+        apps).
+    per_app
+        The same per application.
+    predictor
+        Predictor accuracy per number of available GEMMs (out-of-fold).
+    impact
+        Share of GEMMs GOLDYLOC improves, leaves unchanged or degrades versus Default.
+    go_properties
+        GO kernel versus isolation-tuned kernel: ratios of waves and of L2 accesses and misses per
+        wave (isolated runs on the full GPU).
+    cpu_s
+        Simulator CPU time of all points (cached points count their original time).
+    """
+
+    gemms: pd.DataFrame
+    tuning: pd.DataFrame
+    shapes: pd.DataFrame
+    speedups: pd.DataFrame
+    summary: pd.DataFrame
+    per_app: pd.DataFrame
+    predictor: pd.DataFrame
+    impact: pd.DataFrame
+    go_properties: pd.DataFrame
+    cpu_s: float = 0.0
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def geomean(values) -> float:
+    """Geometric mean."""
+    values = np.asarray(list(values), dtype=float)
+    return float(np.exp(np.log(values).mean())) if len(values) else float("nan")
+
+
+class ConcurrencyStudy:
+    """Runs the study's simulations through the sweep layer and assembles the results.
+
+    Parameters
+    ----------
+    system, overrides
+        Hardware (the dissertation measured an MI100).
+    degrees
+        Numbers of available GEMMs / concurrency degrees.
+    partition_degrees
+        Degrees at which CU-Partition and Resource-Partition are simulated.
+    rc_fractions
+        Resource-constrained tuning configurations (1 = the full GPU).
+    shortlist_size
+        Kernel families benchmarked per shape and tuning configuration.
+    timing
+        The command processor's decision cost.
+    workers, scheduler, cache, progress
+        Passed to :func:`gpusim.sweep.sweep`.
+    """
+
+    def __init__(self, system: str = "mi100", overrides: dict[str, Any] | None = None, *,
+                 degrees: Sequence[int] = DEGREES, partition_degrees: Sequence[int] = DEGREES,
+                 rc_fractions: Sequence[int] = RC_FRACTIONS, shortlist_size: int = 3,
+                 timing: CommandProcessorTiming | None = None, workers: int | None = None,
+                 scheduler: str | None = None, cache: str | Path | None = None, progress: bool = True):
+        if 1 not in rc_fractions:
+            raise ValueError("ConcurrencyStudy: rc_fractions must include 1 (the full GPU, for isolation tuning)")
+        self.system = system
+        self.overrides = dict(overrides or {})
+        self.degrees = tuple(sorted(degrees))
+        self.partition_degrees = tuple(sorted(partition_degrees))
+        self.rc_fractions = tuple(sorted(rc_fractions))
+        self.shortlist_size = shortlist_size
+        self.timing = timing or CommandProcessorTiming()
+        self.workers = workers
+        self.scheduler = scheduler
+        self.cache = cache
+        self.progress = progress
+        self.gpu = _system(system, json.dumps(self.overrides, sort_keys=True)).gpu
+        self.cpu_s = 0.0
+
+    # -- sweeps --------------------------------------------------------------------------------
+    def _sweep(self, fn: Callable, points: list[dict[str, Any]], description: str) -> pd.DataFrame:
+        if not points:
+            return pd.DataFrame()
+        frame = sweep(fn, points, workers=self.workers, scheduler=self.scheduler, cache=self.cache,
+                      progress=self.progress, description=description)
+        self.cpu_s += float(frame["cpu_s"].sum())
+        return frame
+
+    def _point(self, shape: pd.Series, kernel: str, copies: int, arrangement: str,
+               overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        merged = {**self.overrides, **(overrides or {})}
+        return {
+            "system": self.system, "overrides": merged, "m": int(shape["m"]), "n": int(shape["n"]), "k": int(shape["k"]),
+            "batch": int(shape["batch"]), "dtype": str(shape["dtype"]), "kernel": kernel, "copies": int(copies),
+            "arrangement": arrangement, "fingerprint": fingerprint(self.system, merged),
+        }
+
+    # -- stages --------------------------------------------------------------------------------
+    def tune(self, shapes: pd.DataFrame) -> pd.DataFrame:
+        """Isolated runs of each shape's shortlist on GPU, GPU/2 and GPU/4."""
+        points, tags = [], []
+        for _, shape in shapes.iterrows():
+            problem = GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), batch=int(shape["batch"]))
+            for rc in self.rc_fractions:
+                overrides = resource_constrained_overrides(self.gpu, rc)
+                gpu = _system(self.system, json.dumps({**self.overrides, **overrides}, sort_keys=True)).gpu
+                for spec in shortlist(problem, gpu, self.shortlist_size, include=[choose_kernel(problem, gpu)]):
+                    points.append(self._point(shape, spec.name, 1, "isolated", overrides))
+                    tags.append({"shape": shape["shape"], "rc": rc})
+        frame = self._sweep(gemm_point, _by_cost(points), "tuning")
+        return _tag(frame, points, tags)
+
+    def benchmark(self, shapes: pd.DataFrame, tuning: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Degree benchmarks of the RC winners, sequential runs and isolated runs of every candidate."""
+        winners = _winners(tuning)
+        points, tags = [], []
+        for _, shape in shapes.iterrows():
+            key = shape["shape"]
+            isolated = winners[(key, 1)]
+            candidates = sorted({winners[(key, rc)] for rc in self.rc_fractions})
+            points.append(self._point(shape, isolated, 2, "sequential"))
+            tags.append({"shape": key, "kind": "sequential", "degree": 1, "kernel": isolated})
+            for kernel in candidates:
+                for degree in self.degrees:
+                    points.append(self._point(shape, kernel, degree, "shared"))
+                    tags.append({"shape": key, "kind": "shared", "degree": degree, "kernel": kernel})
+                if kernel not in set(tuning.loc[(tuning["shape"] == key) & (tuning["rc"] == 1), "kernel"]):
+                    points.append(self._point(shape, kernel, 1, "isolated"))
+                    tags.append({"shape": key, "kind": "isolated", "degree": 1, "kernel": kernel})
+            for degree in self.partition_degrees:
+                points.append(self._point(shape, isolated, degree, "cu-partition"))
+                tags.append({"shape": key, "kind": "cu-partition", "degree": degree, "kernel": isolated})
+                try:
+                    partition = resource_partition_overrides(self.gpu, degree)
+                except ValueError:
+                    continue
+                points.append(self._point(shape, isolated, 1, "isolated", partition))
+                tags.append({"shape": key, "kind": "resource-partition", "degree": degree, "kernel": isolated})
+        frame = _tag(self._sweep(gemm_point, _by_cost(points), "concurrency"), points, tags)
+        if frame.empty:
+            return frame, tuning
+        extra = frame[frame["kind"] == "isolated"].assign(rc=1)
+        tuning = pd.concat([tuning, extra[tuning.columns.intersection(extra.columns)]], ignore_index=True)
+        return frame[frame["kind"] != "isolated"].reset_index(drop=True), tuning
+
+    def assemble(self, shapes: pd.DataFrame, tuning: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+        """One row per shape: kernels, times per configuration and degree, features, preferred degree."""
+        winners = _winners(tuning)
+        rows = []
+        for _, shape in shapes.iterrows():
+            key = shape["shape"]
+            mine = runs[runs["shape"] == key]
+            sequential = mine[mine["kind"] == "sequential"].iloc[0]
+            shared = mine[mine["kind"] == "shared"]
+            times = {(int(r.degree), r.kernel): float(r.span_s) for r in shared.itertuples()}
+            isolated = winners[(key, 1)]
+            go = go_kernels(times, isolated)
+            row: dict[str, Any] = {"shape": key, "m": shape["m"], "n": shape["n"], "k": shape["k"], "batch": shape["batch"],
+                                   "dtype": shape["dtype"], "isolated_kernel": isolated, "first_s": sequential.first_s,
+                                   "next_s": sequential.next_s}
+            for rc in self.rc_fractions:
+                row[f"rc{rc}_kernel"] = winners[(key, rc)]
+            problem = GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), batch=int(shape["batch"]))
+            kernel_stats = {}
+            for degree in self.degrees:
+                spec = parse_kernel(go[degree])
+                groups = num_workgroups(problem, spec)
+                resident = occupancy(spec.shape(problem.dtype), self.gpu.cu)
+                kernel_stats[degree] = (groups, resident, waves(groups, resident, self.gpu.num_cus))
+                row[f"go{degree}_kernel"] = go[degree]
+                row[f"default{degree}_s"] = times[(degree, isolated)]
+                row[f"go{degree}_s"] = times[(degree, go[degree])]
+                row[f"seq{degree}_s"] = sequential.first_s + (degree - 1) * sequential.next_s
+            for kind in ("cu-partition", "resource-partition"):
+                for r in mine[mine["kind"] == kind].itertuples():
+                    row[f"{kind}{int(r.degree)}_s"] = float(r.span_s)
+            speedups = {d: row[f"seq{d}_s"] / row[f"go{d}_s"] for d in self.degrees}
+            row["preferred"] = preferred_degree(speedups)
+            row["features"] = feature_vector(int(shape["m"]), int(shape["n"]), int(shape["k"]), kernel_stats, self.degrees)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def goldyloc_time(self, row: pd.Series, degree: int, available: int) -> float:
+        """Time of ``available`` GEMMs run ``degree`` at a time with GO kernels, with CP decision time, s.
+
+        Each batch's decision overlaps the previous batch (the first one overlaps the application's
+        preceding kernel, assumed no shorter), so only the part of the decision time that exceeds a
+        batch shows.  Degree 1 is sequential execution.
+        """
+        decision = self.timing.decision_ns * 1e-9
+        if degree == 1:
+            return row[f"seq{available}_s"] + available * max(0.0, decision - row["next_s"])
+        batch = row[f"go{degree}_s"]
+        return available // degree * (batch + max(0.0, decision - batch))
+
+    def configurations(self, gemms: pd.DataFrame, shapes: pd.DataFrame) -> pd.DataFrame:
+        """Speedup over Sequential of every configuration, per GEMM and number of available GEMMs."""
+        by_shape = shapes.set_index("shape")
+        rows = []
+        for gemm in gemms.itertuples():
+            row = by_shape.loc[gemm.shape]
+            go_speedups = {d: row[f"seq{d}_s"] / row[f"go{d}_s"] for d in self.degrees}
+            for available in self.degrees:
+                sequential = row[f"seq{available}_s"]
+                oracle = preferred_degree(go_speedups, available)
+                chosen = executed_degree(row["predicted"], available)
+                times = {
+                    "default": (row[f"default{available}_s"], available),
+                    "go-kernels": (row[f"go{available}_s"], available),
+                    "goldyloc": (self.goldyloc_time(row, chosen, available), chosen),
+                    "oracle": (self.goldyloc_time(row, oracle, available), oracle),
+                }
+                for kind in ("cu-partition", "resource-partition"):
+                    value = row.get(f"{kind}{available}_s", float("nan"))
+                    if not pd.isna(value):
+                        times[kind] = (value, available)
+                for config, (t, degree) in times.items():
+                    rows.append({"app": gemm.app, "label": gemm.label, "shape": gemm.shape, "concurrency": available,
+                                 "config": config, "speedup": sequential / t, "degree": degree})
+        return pd.DataFrame(rows)
+
+    def predict(self, shapes: pd.DataFrame, folds: int = 10) -> pd.DataFrame:
+        """Out-of-fold predicted degree of every shape, and the predictor's accuracy per available GEMMs."""
+        features = np.vstack(shapes["features"].to_numpy())
+        labels = shapes["preferred"].to_numpy()
+        folds = max(2, min(folds, len(shapes)))
+        shapes = shapes.assign(predicted=cross_validated_predictions(features, labels, folds=folds))
+        return shapes
+
+    def accuracy(self, shapes: pd.DataFrame) -> pd.DataFrame:
+        """Share of shapes whose executed degree matches the oracle's, per number of available GEMMs."""
+        rows = []
+        for available in self.degrees:
+            correct = []
+            for row in shapes.itertuples():
+                speedups = {d: getattr(row, f"seq{d}_s") / getattr(row, f"go{d}_s") for d in self.degrees}
+                correct.append(executed_degree(row.predicted, available) == preferred_degree(speedups, available))
+            rows.append({"concurrency": available, "accuracy": float(np.mean(correct)), "shapes": len(correct)})
+        return pd.DataFrame(rows)
+
+    # -- everything ----------------------------------------------------------------------------
+    def run(self, gemms: pd.DataFrame, training: pd.DataFrame | None = None, folds: int = 10) -> StudyResult:
+        """Run the study for ``gemms`` (evaluated) plus ``training`` GEMMs (predictor only).
+
+        Parameters
+        ----------
+        gemms
+            GEMMs of the evaluated apps (:func:`gpusim.studies.concurrency_workloads.model_gemms`).
+        training
+            Further GEMMs that train and test the predictor (partition runs are skipped for them).
+        folds
+            Cross-validation folds of the predictor.
+        """
+        self.cpu_s = 0.0
+        gemms = with_shapes(gemms)
+        pool = gemms if training is None else pd.concat([gemms, with_shapes(training)], ignore_index=True)
+        evaluate_shapes = _unique_shapes(gemms)
+        pool_shapes = _unique_shapes(pool)
+        tuning = self.tune(pool_shapes)
+        partition_degrees = self.partition_degrees
+        runs_eval, tuning = self.benchmark(evaluate_shapes, tuning)
+        training_shapes = pool_shapes[~pool_shapes["shape"].isin(evaluate_shapes["shape"])]
+        self.partition_degrees = ()
+        try:
+            runs_train, tuning = self.benchmark(training_shapes, tuning)
+        finally:
+            self.partition_degrees = partition_degrees
+        runs = pd.concat([runs_eval, runs_train], ignore_index=True)
+        shapes = self.predict(self.assemble(pool_shapes, tuning, runs), folds)
+        evaluated = shapes[shapes["shape"].isin(evaluate_shapes["shape"])]
+        speedups = self.configurations(gemms, evaluated)
+        unique = gemms.drop_duplicates(subset=["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"])
+        overall = speedups[speedups["label"].isin(unique["label"])].drop_duplicates(subset=["label", "shape", "concurrency", "config"])
+        summary = overall.groupby(["concurrency", "config"], sort=False)["speedup"].agg(geomean).reset_index(name="geomean_speedup")
+        per_app = speedups.groupby(["app", "concurrency", "config"], sort=False)["speedup"].agg(geomean).reset_index(name="geomean_speedup")
+        return StudyResult(
+            gemms=gemms, tuning=tuning, shapes=shapes, speedups=speedups, summary=summary, per_app=per_app,
+            predictor=self.accuracy(shapes), impact=impact(overall), go_properties=self.go_properties(evaluated, tuning),
+            cpu_s=self.cpu_s,
+        )
+
+    def go_properties(self, shapes: pd.DataFrame, tuning: pd.DataFrame) -> pd.DataFrame:
+        """Waves and L2 accesses/misses per wave of GO kernels relative to isolation-tuned kernels (Fig. 7.12)."""
+        full = tuning[tuning["rc"] == 1].drop_duplicates(subset=["shape", "kernel"]).set_index(["shape", "kernel"])
+        rows = []
+
+        def stats(problem: GemmProblem, shape: str, name: str) -> tuple[float, float, float]:
+            spec = parse_kernel(name)
+            count = waves(num_workgroups(problem, spec), occupancy(spec.shape(problem.dtype), self.gpu.cu), self.gpu.num_cus)
+            run = full.loc[(shape, name)]
+            return count, run["l2_accesses"], run["l2_misses"]
+
+        for row in shapes.itertuples():
+            problem = GemmProblem(int(row.m), int(row.n), int(row.k), str(row.dtype), batch=int(row.batch))
+            base = stats(problem, row.shape, row.isolated_kernel)
+            for degree in self.degrees:
+                go = getattr(row, f"go{degree}_kernel")
+                if go == row.isolated_kernel:
+                    continue
+                mine = stats(problem, row.shape, go)
+                rows.append({
+                    "shape": row.shape, "degree": degree, "isolated_kernel": row.isolated_kernel, "go_kernel": go,
+                    "waves_ratio": mine[0] / base[0],
+                    "l2_accesses_per_wave_ratio": (mine[1] / math.ceil(mine[0])) / (base[1] / math.ceil(base[0])),
+                    "l2_misses_per_wave_ratio": ((mine[2] / math.ceil(mine[0])) / (base[2] / math.ceil(base[0]))
+                                                 if base[2] else float("nan")),
+                })
+        return pd.DataFrame(rows)
+
+
+def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame:
+    """Share of GEMMs GOLDYLOC improves / leaves unchanged / degrades versus Default, per concurrency."""
+    table = speedups.pivot_table(index=["label", "shape", "concurrency"], columns="config", values="speedup").reset_index()
+    rows = []
+    for available, group in table.groupby("concurrency"):
+        ratio = group["goldyloc"] / group["default"]
+        rows.append({"concurrency": available, "improved": float((ratio > 1 + band).mean()),
+                     "unchanged": float(((ratio >= 1 - band) & (ratio <= 1 + band)).mean()),
+                     "degraded": float((ratio < 1 - band).mean()), "gemms": len(group)})
+    return pd.DataFrame(rows)
+
+
+def _unique_shapes(gemms: pd.DataFrame) -> pd.DataFrame:
+    return gemms.drop_duplicates(subset=["shape"])[["shape", "m", "n", "k", "batch", "dtype", "flops"]].reset_index(drop=True)
+
+
+def _by_cost(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points with the most work first (better load balance across workers); the order does not change results."""
+    return sorted(points, key=lambda p: -(p["m"] * p["n"] * p["k"] * p["batch"] * p["copies"]))
+
+
+def _tag(frame: pd.DataFrame, points: list[dict[str, Any]], tags: list[dict[str, Any]]) -> pd.DataFrame:
+    """Join sweep rows (in ``_by_cost`` order) back to the tags of their points."""
+    if frame.empty:
+        return frame
+    keys = [json.dumps(p, sort_keys=True, default=str) for p in points]
+    by_key = dict(zip(keys, tags))
+    columns = ["system", "overrides", "m", "n", "k", "batch", "dtype", "kernel", "copies", "arrangement", "fingerprint"]
+    extra = [by_key[json.dumps({c: row[c] for c in columns}, sort_keys=True, default=str)] for _, row in frame.iterrows()]
+    return pd.concat([frame.reset_index(drop=True), pd.DataFrame(extra).drop(columns=["kernel"], errors="ignore")], axis=1)
+
+
+def _winners(tuning: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """Fastest kernel per (shape, rc) among the isolated tuning runs."""
+    winners = {}
+    for (shape, rc), group in tuning.groupby(["shape", "rc"]):
+        winners[(shape, int(rc))] = fastest(dict(zip(group["kernel"], group["span_s"])))
+    return winners
+
+
+__all__ = [
+    "CONFIGS",
+    "DEGREES",
+    "ConcurrencyStudy",
+    "StudyResult",
+    "feature_names",
+    "fingerprint",
+    "gemm_point",
+    "geomean",
+    "impact",
+    "packets_point",
+    "run_packets",
+    "MIN_GAIN",
+]

@@ -1,0 +1,191 @@
+"""GEMM workloads of the concurrency study, generated from model definitions (``workloads/concurrency``).
+
+Every linear layer ``Y[tokens, out] = X[tokens, in] W[out, in]^T`` of a model contributes three
+GEMMs per training step (PyTorch's layout; ``C[m, n] = A[m, k] B[k, n]``):
+
+========================  ==============  ==============  ==============  =======  =======
+GEMM                      m               n               k               trans_a  trans_b
+========================  ==============  ==============  ==============  =======  =======
+forward                   tokens          out             in              no       yes
+input gradient            tokens          in              out             no       no
+weight gradient           out             in              tokens          yes      no
+========================  ==============  ==============  ==============  =======  =======
+
+A Transformer block's linear layers are the Q, K, V and output projections (hidden -> hidden) and
+the feed-forward pair (hidden -> ffn x hidden -> hidden); an LSTM (GRU) time step multiplies the
+batch's input and recurrent state by the 4 (3) gate matrices, so ``tokens`` is the batch and
+``out`` is 4 (3) x hidden.  Attention's strided batched GEMMs (scores ``Q K^T`` and context
+``P V``, one batch entry per sequence and head) come from :func:`attention_gemms`.
+
+A GEMM's *shape* (m, n, k, batch, dtype) is what the simulation sees: the simulated memory layout
+does not depend on the transposes (see docs/model.md), so GEMMs that differ only in transposes share
+their simulations.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import ConfigError
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
+"""The repository's concurrency workload definitions."""
+
+GATES = {"lstm": 4, "gru": 3}
+FFN_MULTIPLIER = 4
+GEMM_COLUMNS = ["app", "layer", "hidden", "inputs", "linear", "pass", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
+SHAPE_COLUMNS = ["m", "n", "k", "batch", "dtype"]
+
+
+def linear_gemms(tokens: int, fan_in: int, fan_out: int) -> list[dict[str, Any]]:
+    """The forward, input-gradient and weight-gradient GEMMs of one linear layer."""
+    return [
+        {"pass": "forward", "m": tokens, "n": fan_out, "k": fan_in, "trans_a": False, "trans_b": True},
+        {"pass": "input-grad", "m": tokens, "n": fan_in, "k": fan_out, "trans_a": False, "trans_b": False},
+        {"pass": "weight-grad", "m": fan_out, "n": fan_in, "k": tokens, "trans_a": True, "trans_b": False},
+    ]
+
+
+def _layers(app: dict[str, Any], hidden: int) -> list[tuple[str, int, int]]:
+    """``(name, in, out)`` of the distinct linear layers of one block of ``app`` at ``hidden``."""
+    kind = app["layer"]
+    if kind == "transformer":
+        ffn = int(app.get("ffn_multiplier", FFN_MULTIPLIER)) * hidden
+        return [("qkvo", hidden, hidden), ("ffn1", hidden, ffn), ("ffn2", ffn, hidden)]
+    gates = GATES[kind] * hidden
+    widths = sorted(set(app.get("input_widths", [1])) | {1})
+    return [(f"gates_in{width}" if width != 1 else "gates", width * hidden, gates) for width in widths]
+
+
+def _check_app(app: Any, where: str) -> None:
+    if not isinstance(app, dict) or "name" not in app:
+        raise ConfigError(f"{where}: every app needs a 'name' (a mapping with name, layer, hidden and tokens or batch)")
+    name = app["name"]
+    kind = app.get("layer")
+    if kind not in ("transformer", *GATES):
+        raise ConfigError(f"{where}: app {name!r}: field 'layer' must be transformer, lstm or gru, got {kind!r}")
+    inputs = "tokens" if kind == "transformer" else "batch"
+    for field in ("hidden", inputs):
+        values = app.get(field)
+        if not isinstance(values, list) or not values or not all(isinstance(v, int) and v > 0 for v in values):
+            raise ConfigError(f"{where}: app {name!r}: field '{field}' must be a non-empty list of positive integers, got {values!r}")
+    widths = app.get("input_widths", [1])
+    if not isinstance(widths, list) or not all(isinstance(w, int) and w > 0 for w in widths):
+        raise ConfigError(f"{where}: app {name!r}: field 'input_widths' must be a list of positive integers, got {widths!r}")
+
+
+def _read(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    path = Path(path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = WORKLOADS / f"{path.name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        known = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}); workload definitions in {WORKLOADS}: {known}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    dtype = data.get("dtype", "fp32")
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"{path}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    return data, str(path)
+
+
+def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None) -> pd.DataFrame:
+    """The GEMMs of the apps defined in a workload file, one row per distinct GEMM of each app.
+
+    Parameters
+    ----------
+    path
+        A YAML file, or the name of one in ``workloads/concurrency`` (``table7.3``, ``quick``,
+        ``extension``).
+    dtype
+        Overrides the file's dtype.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``app, layer, hidden, inputs, linear, pass, m, n, k, trans_a, trans_b, batch,
+        dtype, role``; a GEMM that recurs within an app (e.g. the four hidden x hidden projections)
+        appears once per app.
+    """
+    data, where = _read(path)
+    apps = data.get("apps")
+    if not isinstance(apps, list) or not apps:
+        raise ConfigError(f"{where}: field 'apps' must be a non-empty list of model definitions")
+    dtype = dtype or data.get("dtype", "fp32")
+    rows = []
+    for app in apps:
+        _check_app(app, where)
+        inputs_field = "tokens" if app["layer"] == "transformer" else "batch"
+        for hidden in app["hidden"]:
+            for inputs in app[inputs_field]:
+                for linear, fan_in, fan_out in _layers(app, hidden):
+                    for gemm in linear_gemms(inputs, fan_in, fan_out):
+                        rows.append({"app": app["name"], "layer": app["layer"], "hidden": hidden, "inputs": inputs,
+                                     "linear": linear, **gemm, "batch": 1, "dtype": dtype})
+    frame = pd.DataFrame(rows, columns=GEMM_COLUMNS)
+    frame = frame.drop_duplicates(subset=["app", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]).reset_index(drop=True)
+    frame["role"] = data.get("role", "evaluate")
+    return frame
+
+
+def attention_gemms(path: str | os.PathLike = "attention", dtype: str | None = None) -> pd.DataFrame:
+    """The strided batched GEMMs of attention for every model and sequence length in ``path``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns as :func:`model_gemms`, with ``linear`` ``scores`` (``Q K^T``: m = n = sequence
+        length, k = head size) or ``context`` (``P V``: m = sequence length, n = head size,
+        k = sequence length), ``inputs`` the sequence length and ``batch`` sequences x heads.
+    """
+    data, where = _read(path)
+    models = data.get("models")
+    if not isinstance(models, list) or not models:
+        raise ConfigError(f"{where}: field 'models' must be a non-empty list")
+    dtype = dtype or data.get("dtype", "fp32")
+    rows = []
+    for model in models:
+        for field in ("name", "hidden", "heads", "sequences", "sequence_lengths"):
+            if field not in model:
+                raise ConfigError(f"{where}: every model needs '{field}'")
+        if model["hidden"] % model["heads"]:
+            raise ConfigError(f"{where}: model {model['name']!r}: hidden ({model['hidden']}) must be a multiple of heads ({model['heads']})")
+        head = model["hidden"] // model["heads"]
+        batch = model["sequences"] * model["heads"]
+        for length in model["sequence_lengths"]:
+            common = {"app": model["name"], "layer": "attention", "hidden": model["hidden"], "inputs": length,
+                      "pass": "forward", "batch": batch, "dtype": dtype}
+            rows.append({**common, "linear": "scores", "m": length, "n": length, "k": head, "trans_a": False, "trans_b": True})
+            rows.append({**common, "linear": "context", "m": length, "n": head, "k": length, "trans_a": False, "trans_b": False})
+    frame = pd.DataFrame(rows, columns=GEMM_COLUMNS)
+    frame["role"] = data.get("role", "batched")
+    return frame
+
+
+def shape_key(row: Any) -> str:
+    """The simulation identity of a GEMM, e.g. ``2048x768x768x1_fp32``."""
+    return f"{row['m']}x{row['n']}x{row['k']}x{row['batch']}_{row['dtype']}"
+
+
+def gemm_label(row: Any) -> str:
+    """The dissertation's GEMM naming, ``M_N_K_T1T2`` (e.g. ``4096_128_1024_01``)."""
+    return f"{row['m']}_{row['n']}_{row['k']}_{int(row['trans_a'])}{int(row['trans_b'])}"
+
+
+def with_shapes(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with ``shape`` (:func:`shape_key`), ``label`` (:func:`gemm_label`) and ``flops`` columns."""
+    frame = frame.copy()
+    frame["shape"] = [shape_key(row) for _, row in frame.iterrows()]
+    frame["label"] = [gemm_label(row) for _, row in frame.iterrows()]
+    frame["flops"] = 2.0 * frame["m"] * frame["n"] * frame["k"] * frame["batch"]
+    return frame
