@@ -313,12 +313,11 @@ def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[f
     raise TraceError(f"{path}: no {name} annotation; the trace has {', '.join(steps) or 'none'}")
 
 
-def _rows_of_file(path: Path, rank: int | None, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
+def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
     data = _load(path)
     events = data["traceEvents"]
     info = data.get("distributedInfo") or {}
-    if rank is None:
-        rank = int(info.get("rank", 0))
+    rank = int(info.get("rank", default_rank))
     world = list(range(int(info.get("world_size", 1))))
     cpu_ops = {e["args"]["External id"]: e for e in events
                if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict) and "External id" in e["args"]}
@@ -395,7 +394,8 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     Parameters
     ----------
     paths
-        One trace, or one per rank (ranks from ``distributedInfo``, else the list order).
+        One trace, or one per rank (ranks from ``distributedInfo``, else the list order).  A single
+        file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode.
     unsupported
         ``"error"``: a kernel that cannot be modelled is an error naming it; ``"delay"``: it is
         replayed as a delay of its measured duration (``kind == "delay"``, its ``kernel_class``
@@ -418,7 +418,10 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     collective_ids: dict[tuple, int] = {}
     next_id = 0
     for order, path in enumerate(files):
-        file_rows, rank, _ = _rows_of_file(path, order if len(files) > 1 else None, unsupported, iteration)
+        file_rows, rank, _ = _rows_of_file(path, order, unsupported, iteration)
+        if len(files) == 1:  # one rank of a job stands for all: it becomes GPU 0 (symmetric replay)
+            for row in file_rows:
+                row["gpu"] = 0
         if len(files) > 1:
             ranks = {row["gpu"] for row in rows}
             if rank in ranks:
