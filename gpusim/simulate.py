@@ -125,7 +125,8 @@ def run(
     """
     wall_start = time.perf_counter()
     if hasattr(ops, "replay"):
-        return ops.replay(system, mode=mode, memory_policy=memory_policy, seed=seed, progress=progress, bin_s=bin_s)
+        return ops.replay(system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy, seed=seed,
+                          progress=progress, bin_s=bin_s)
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Iterable) else None
     if not op_list or not all(isinstance(op, Op) for op in op_list):
         raise OpError(f"run() takes an op, a non-empty list of ops, or a trace; got {ops!r}")

@@ -8,7 +8,7 @@ import pytest
 import gpusim
 from gpusim.errors import TraceError
 from gpusim.trace import compare, read_kineto
-from gpusim.trace.kineto import kernel_class, short_name
+from gpusim.trace.kineto import kernel_class, library_kernel_of, short_name
 from tests.conftest import shared_data
 
 MI250 = "traces/kineto/mi250_minitoy_train_kineto.json.gz"
@@ -26,6 +26,15 @@ def test_kernel_classes_from_names():
         "at::native::multi_tensor_apply_kernel"
 
 
+def test_kernel_names_pick_the_library_tile():
+    """Column-major BLAS tiles a x b are b x a tiles of the row-major product."""
+    assert library_kernel_of("Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1", 256) == "MT16x64x64_T64"
+    assert library_kernel_of("sm80_xmma_gemm_tilesize128x128x32_stage4", 256) == "MT128x128x32_T256"
+    assert library_kernel_of("ampere_sgemm_32x32_sliced1x4_tn", 128) == "MT32x32x32_T64"
+    assert library_kernel_of("cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4", 128) == ""  # no 64x256 tile
+    assert library_kernel_of("at::native::elementwise_kernel", 128) == ""
+
+
 def test_unmodelled_kernels_are_an_error_naming_the_event():
     with pytest.raises(TraceError, match=r"event \d+ \('Memcpy HtoD' .*field 'name': cannot be modelled: host"):
         read_kineto(shared_data(MI250))
@@ -37,10 +46,13 @@ def test_mi250_training_step_shapes_and_measured_durations():
     assert len(frame) == 16 and trace.gpus == [0]
     gemm = frame[frame["kind"] == "gemm"]
     assert list(zip(gemm["m"], gemm["n"], gemm["k"])) == [(5, 128, 128), (128, 128, 5)]  # addmm, then mm in backward
-    assert set(gemm["dtype"]) == {"fp32"}
+    assert set(gemm["dtype"]) == {"fp32"} and set(gemm["kernel"]) == {"MT16x64x64_T64"}  # from MT64x16x32, MT64x16x16
     delays = frame[frame["kind"] == "delay"]
     assert set(delays["kernel_class"]) == {"memcpy"}  # host-to-device copies
     assert delays["delay_s"].tolist() == delays["measured_s"].tolist()
+    reasons = trace.metadata["not_modelled"]
+    assert [r["op_id"] for r in reasons] == delays["op_id"].tolist()
+    assert {r["reason"] for r in reasons} == {"host-device copies are not modelled"}
     assert frame["measured_s"].notna().all()
     relu = frame[frame["function"] == "relu"]
     assert relu["elements"].tolist() == [640, 640]  # 5 x 128 from the recorded input dims

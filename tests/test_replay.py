@@ -77,7 +77,7 @@ def test_gpipe_bubble_is_p_minus_1_over_m():
     for stage in range(p):
         busy = ops[(ops["gpu"] == stage) & (ops["stream"] == "compute")]["duration_s"].sum()
         bubble = (result.time_s - busy) / busy
-        assert bubble == pytest.approx((p - 1) / m, rel=0.1)
+        assert bubble == pytest.approx((p - 1) / m, rel=0.06)  # the sends between stages add a little
 
 
 def test_replay_rejects_traces_that_do_not_fit():

@@ -126,7 +126,7 @@ def delay_dags(draw):
     return pd.DataFrame(table)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(delay_dags())
 def test_replayed_delays_take_the_critical_path(frame):
     """Invariant: a DAG of fixed delays ends after its longest path (dependencies plus stream order)."""

@@ -12,7 +12,9 @@ then ``Node`` messages (schema ``et_def.proto`` of mlcommons/chakra).  Nodes map
   modelled (``unsupported="delay"`` replays it for ``duration_micros``).
 * ``METADATA_NODE``: a no-op (a zero delay other nodes may depend on).
 
-``ctrl_deps`` and ``data_deps`` become ``deps``.  Compute nodes run on the ``compute`` stream and
+Nodes that cannot be modelled are an error, or with ``unsupported="delay"`` delays of their
+``duration_micros`` listed in ``trace.metadata["not_modelled"]``.  ``ctrl_deps`` and ``data_deps``
+become ``deps``.  Compute nodes run on the ``compute`` stream and
 collectives on ``comm``, in dependency order; ``duration_micros`` (when non-zero) becomes
 ``measured_s``.
 """
@@ -286,6 +288,7 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     collective_ids: dict[int, int] = {}
     pending_sends: dict[tuple[int, int, object], list[int]] = {}
     pending_recvs: dict[tuple[int, int, object], list[int]] = {}
+    not_modelled: list[dict] = []
     for path, rank in sorted(zip(files, ranks), key=lambda item: item[1]):
         _, nodes = read_et(path)
         op_of_node: dict[int, int] = {}
@@ -345,6 +348,7 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 klass = "collective" if kind.startswith("COMM") else "gemm" if kind == "COMP_NODE" else "other"
                 row.update(kind="delay", delay_s=duration, stream="comm" if kind.startswith("COMM") else "compute",
                            kernel_class=klass)
+                not_modelled.append({"gpu": rank, "node": node.id, "name": node.name, "reason": reason})
             if "op_id" not in row:
                 next_id += 1
                 row["op_id"] = next_id
@@ -362,4 +366,4 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     frame = pd.DataFrame(rows)
     source = str(files[0].parent) if len(files) > 1 else str(files[0])
     return Trace(frame, source=source, metadata={"importer": "chakra", "files": [str(f) for f in files],
-                                                 "unsupported": unsupported})
+                                                 "unsupported": unsupported, "not_modelled": not_modelled})

@@ -107,6 +107,11 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
                                       "not_simulated_s": "not_simulated_ms"})
         print(f"{trace.source} on {system.name} ({mode} mode)")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    not_modelled = pd.DataFrame(trace.metadata.get("not_modelled") or [], columns=["reason"])
+    if not not_modelled.empty:
+        print(f"{len(not_modelled)} kernels replayed as delays of their measured duration (not modelled):")
+        for reason, count in not_modelled["reason"].value_counts().items():
+            print(f"  {count:6d}  {reason}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

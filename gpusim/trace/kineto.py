@@ -9,8 +9,10 @@ How a kernel becomes an op:
 
 * GEMM (cuBLAS/cuBLASLt/CUTLASS/Tensile/rocBLAS names): M, N, K and the dtype from the CPU op's
   ``Input Dims`` and ``Input type`` (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``,
-  ``linear``).  Without recorded shapes (profiling without ``record_shapes=True``) grid, block and
-  name fix only the output tiling, never K, so such a GEMM cannot be modelled.
+  ``linear``); the macro tile in the kernel name (``MT64x16x32``, ``256x64_16x4``) picks the library
+  kernel with the same tile when there is one.  Without recorded shapes (profiling without
+  ``record_shapes=True``) grid, block and name fix only the output tiling, never K, so such a GEMM
+  cannot be modelled.
 * Element-wise: the element count from the CPU op's shapes when it is an element-wise op, else from
   grid x block x elements per thread (the kernel's template argument, e.g.
   ``vectorized_elementwise_kernel<4, ...>``); the function from the op's name.  Device-to-device
@@ -22,7 +24,8 @@ How a kernel becomes an op:
 Anything else (host copies, convolutions without shapes, broadcasts...) cannot be modelled: with
 ``unsupported="error"`` (the default) that is an error naming the event; with
 ``unsupported="delay"`` it is replayed as a delay of its measured duration and keeps its
-``kernel_class`` so reports can leave it out.
+``kernel_class`` so reports can leave it out; ``trace.metadata["not_modelled"]`` lists those rows
+with the reason.
 
 Dependencies: kernels on one stream run in order; a kernel that started later than both its launch
 and its stream predecessor's end was waiting for another stream, and depends on the kernel of
@@ -147,6 +150,35 @@ def _numel(dims, type_name: str | None) -> int:
 def _op_base(op_name: str) -> str:
     base = op_name.split("::")[-1]
     return base.rstrip("_") if base not in ("_to_copy",) else base
+
+
+_TILE_PATTERNS = (
+    re.compile(r"MT(\d+)x(\d+)x(\d+)"),  # Tensile (rocBLAS, hipBLASLt): MT<m>x<n>x<depth>
+    re.compile(r"tilesize(\d+)x(\d+)x(\d+)"),  # cuDNN/cuBLAS xmma kernels
+    re.compile(r"_(\d+)x(\d+)_(\d+)x\d+_"),  # CUTLASS: <m>x<n>_<k>x<stages>
+    re.compile(r"gemm_(\d+)x(\d+)()"),  # cuBLAS SIMT: sgemm_<m>x<n>
+)
+
+
+def library_kernel_of(kernel_name: str, threads: int | None) -> str:
+    """The gpusim library kernel with the measured kernel's macro tile, or ``""`` when none has it.
+
+    BLAS libraries are column-major: a tile ``a x b`` of their C is ``b x a`` of the row-major
+    product gpusim models (PyTorch's ``mm(A, B)`` runs as ``C^T = B^T A^T``).
+    """
+    from gpusim.kernels.gemm import LIBRARY
+
+    for pattern in _TILE_PATTERNS:
+        match = pattern.search(kernel_name)
+        if match:
+            column_tile, row_tile = int(match.group(1)), int(match.group(2))
+            depth = int(match.group(3)) if match.group(3) else None
+            same_tile = [spec for spec in LIBRARY if (spec.tile_m, spec.tile_n) == (row_tile, column_tile)]
+            if not same_tile:
+                return ""
+            best = max(same_tile, key=lambda spec: (spec.tile_k == depth, spec.threads == threads))
+            return best.name
+    return ""
 
 
 def _gemm_fields(cpu_op: dict | None, kernel_name: str) -> dict:
@@ -282,7 +314,9 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
     if klass == "collective":
         return _collective_fields(args, name, world)
     if klass == "gemm":
-        return _gemm_fields(cpu_op, name)
+        fields = _gemm_fields(cpu_op, name)
+        fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None)
+        return fields
     if klass == "reduction":
         return _reduction_fields(cpu_op)
     if klass == "elementwise":
@@ -313,12 +347,11 @@ def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[f
     raise TraceError(f"{path}: no {name} annotation; the trace has {', '.join(steps) or 'none'}")
 
 
-def _rows_of_file(path: Path, rank: int | None, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
+def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
     data = _load(path)
     events = data["traceEvents"]
     info = data.get("distributedInfo") or {}
-    if rank is None:
-        rank = int(info.get("rank", 0))
+    rank = int(info.get("rank", default_rank))
     world = list(range(int(info.get("world_size", 1))))
     cpu_ops = {e["args"]["External id"]: e for e in events
                if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict) and "External id" in e["args"]}
@@ -358,7 +391,7 @@ def _rows_of_file(path: Path, rank: int | None, unsupported: str, iteration: int
                     f"field 'name': cannot be modelled: {exc}; read_kineto(..., unsupported='delay') replays such "
                     "kernels as delays of their measured duration"
                 ) from None
-            row.update(kind="delay", delay_s=row["measured_s"])
+            row.update(kind="delay", delay_s=row["measured_s"], _reason=str(exc))
         rows.append(row)
     return rows, rank, world
 
@@ -395,7 +428,8 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     Parameters
     ----------
     paths
-        One trace, or one per rank (ranks from ``distributedInfo``, else the list order).
+        One trace, or one per rank (ranks from ``distributedInfo``, else the list order).  A single
+        file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode.
     unsupported
         ``"error"``: a kernel that cannot be modelled is an error naming it; ``"delay"``: it is
         replayed as a delay of its measured duration (``kind == "delay"``, its ``kernel_class``
@@ -418,7 +452,10 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     collective_ids: dict[tuple, int] = {}
     next_id = 0
     for order, path in enumerate(files):
-        file_rows, rank, _ = _rows_of_file(path, order if len(files) > 1 else None, unsupported, iteration)
+        file_rows, rank, _ = _rows_of_file(path, order, unsupported, iteration)
+        if len(files) == 1:  # one rank of a job stands for all: it becomes GPU 0 (symmetric replay)
+            for row in file_rows:
+                row["gpu"] = 0
         if len(files) > 1:
             ranks = {row["gpu"] for row in rows}
             if rank in ranks:
@@ -439,11 +476,13 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
                 row["op_id"] = next_id
         _infer_dependencies(file_rows)
         rows.extend(file_rows)
+    not_modelled = [{"op_id": row["op_id"], "gpu": row["gpu"], "name": row["name"], "kernel_class": row["kernel_class"],
+                     "reason": row.pop("_reason")} for row in rows if "_reason" in row]
     frame = pd.DataFrame(rows)
     spans = frame.groupby("gpu").agg(start=("_start_us", "min"), end=("_end_us", "max"))
     measured_span_s = {int(gpu): (row.end - row.start) * 1e-6 for gpu, row in spans.iterrows()}
     frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us"])
     source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
     metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
-                "iteration": iteration, "measured_span_s": measured_span_s}
+                "iteration": iteration, "measured_span_s": measured_span_s, "not_modelled": not_modelled}
     return Trace(frame, source=source, metadata=metadata)

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from gpusim.engine.simulation import Recorder, Span
+from gpusim.engine.simulation import Recorder, Simulation, Span
 from gpusim.errors import TraceError
+from gpusim.hw.system import Machine
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
 from gpusim.simulate import finish, prepare
@@ -214,8 +215,18 @@ def replay(
     return _assemble(trace, plan, record_of, simulated, times, sim, machine, system, wall_start)
 
 
-def _assemble(trace, plan, record_of, simulated, times, sim, machine, system, wall_start) -> Result:
-    """Build the Result from the (reconstructed) row timings."""
+def _assemble(
+    trace: Trace,
+    plan: CachePlan,
+    record_of: dict[int, OpRecord],
+    simulated: dict[int, tuple[float, float]],
+    times: dict[int, tuple[float, float]],
+    sim: Simulation,
+    machine: Machine,
+    system: System,
+    wall_start: float,
+) -> Result:
+    """Build the Result from the row timings (simulated, or re-timed after layer caching)."""
     frame = trace.frame
     kernel_lanes = _kernel_spans(sim.recorder)
     recorder = Recorder(sim.recorder.bin_ns)
