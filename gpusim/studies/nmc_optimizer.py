@@ -21,6 +21,7 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.config.loader import load_gpu_config
+from gpusim.hw.nmc import NearMemoryUnits
 from gpusim.kernels.optimizer import ALGORITHMS
 from gpusim.ops import Optimizer
 from gpusim.simulate import run
@@ -203,6 +204,46 @@ def lamb_speedups(
                     "wall_s": step["wall_s"],
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def nmc_breakdown(
+    system: str = "t3-table8.1",
+    model: str = "bert-large",
+    algorithm: str = "lamb",
+    grad_norm: str = "banks",
+    overrides: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """Where a near-memory step's time goes: per program, column commands against waiting for row
+    switches, and the GPU's synchronizations (from a simulated step).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per part: part, time_s, column_s, row_switch_s, activations, tile_columns.
+    """
+    point = _system(system, overrides)
+    sizes = model_parameter_sizes(model)
+    units = NearMemoryUnits(point.gpu)
+    elem = DTYPE_BYTES["fp32"]
+    rows = []
+    for program in ALGORITHMS[algorithm].nmc[grad_norm].programs:
+        timings = [units.broadcast(program, size * elem) for size in sizes]
+        duration = sum(t.duration_ns for t in timings) * 1e-9
+        column = sum(t.column_ns for t in timings) * 1e-9
+        rows.append(
+            {
+                "part": program.name,
+                "time_s": duration,
+                "column_s": column,
+                "row_switch_s": duration - column,
+                "activations": sum(t.activations for t in timings),
+                "tile_columns": units.tile_columns(program),
+            }
+        )
+    result = run(point, Optimizer(algorithm, sizes, impl="nmc", grad_norm=grad_norm))
+    nmc = sum(span.end_ns - span.start_ns for span in result.spans if span.category == "nmc") * 1e-9
+    rows.append({"part": "gpu (norm kernels, synchronizations, command issue)", "time_s": result.time_s - nmc})
     return pd.DataFrame(rows)
 
 
