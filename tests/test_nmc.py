@@ -163,6 +163,7 @@ def test_copy_schedule_by_hand():
     assert timing.duration_ns == pytest.approx((first + 7 * period) / (1 - T3.hbm.refresh_overhead))
     assert timing.activations_per_bank == 16
     assert timing.column_commands["read"] == timing.column_commands["write"] == 64
+    assert timing.column_ns == pytest.approx(128 * 2 / (1 - T3.hbm.refresh_overhead))  # the rest: row switches
 
 
 def test_op_and_store_costs_ccd_wl_per_column():

@@ -294,6 +294,8 @@ class ScheduleCounts:
     ----------
     end_ns
         When its last command finished (not derated for refresh).
+    busy_ns
+        Time its column commands took, without waiting for rows (not derated for refresh).
     activations
         Row activations in all its banks.
     columns
@@ -301,6 +303,7 @@ class ScheduleCounts:
     """
 
     end_ns: float = 0.0
+    busy_ns: float = 0.0
     activations: int = 0
     columns: dict[str, int] = field(default_factory=lambda: {READ: 0, WRITE: 0, UPDATE: 0, ALU: 0})
 
@@ -308,6 +311,7 @@ class ScheduleCounts:
         """The difference ``self - other`` (what happened in between)."""
         return ScheduleCounts(
             self.end_ns - other.end_ns,
+            self.busy_ns - other.busy_ns,
             self.activations - other.activations,
             {kind: self.columns[kind] - other.columns[kind] for kind in self.columns},
         )
@@ -316,13 +320,14 @@ class ScheduleCounts:
         """``self + times * other``."""
         return ScheduleCounts(
             self.end_ns + times * other.end_ns,
+            self.busy_ns + times * other.busy_ns,
             self.activations + times * other.activations,
             {kind: self.columns[kind] + times * other.columns[kind] for kind in self.columns},
         )
 
     def copy(self) -> ScheduleCounts:
         """An independent copy."""
-        return ScheduleCounts(self.end_ns, self.activations, dict(self.columns))
+        return ScheduleCounts(self.end_ns, self.busy_ns, self.activations, dict(self.columns))
 
 
 class AluSchedule:
@@ -372,6 +377,7 @@ class AluSchedule:
                         bank.last_write_end = end
                     bank.last_was_write = writes
                 self.alu_free = end
+                counts.busy_ns += columns * per_column
                 counts.columns[access] += columns
         counts.end_ns = self.alu_free
 
@@ -404,6 +410,9 @@ class BroadcastTiming:
         Tiles per bank.
     duration_ns
         Time of the whole broadcast (all ALUs in lockstep), refresh included, ns.
+    column_ns
+        Part of ``duration_ns`` the ALUs spend issuing column commands; the rest they wait for
+        row switches, ns.
     activations_per_bank
         Row activations in each bank.
     column_commands
@@ -419,6 +428,7 @@ class BroadcastTiming:
     tile_columns: int
     tiles: int
     duration_ns: float
+    column_ns: float
     activations_per_bank: int
     column_commands: Mapping[str, int]
     banks: int
@@ -539,6 +549,7 @@ class NearMemoryUnits:
             tile_columns=tile,
             tiles=tiles,
             duration_ns=counts.end_ns * self.timing.refresh_derate,
+            column_ns=counts.busy_ns * self.timing.refresh_derate,
             activations_per_bank=counts.activations // self.banks_per_alu,
             column_commands=per_bank,
             banks=self.banks,

@@ -36,11 +36,11 @@ from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.engine.primitives import Join
 from gpusim.engine.simulation import Span
 from gpusim.hw import nmc as near_memory
-from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.nmc import NearMemoryUnits, NmcProgram
 from gpusim.hw.request import COMPUTE
-from gpusim.kernels.elementwise import MAX_CHUNKS, StreamingKernel
+from gpusim.kernels.elementwise import BYTES_PER_THREAD, MAX_CHUNKS, StreamingKernel
 
 CHUNK_ELEMENTS = 65536
 """Elements per block of a multi_tensor_apply launch (apex and PyTorch ``kChunkSize``)."""
@@ -472,7 +472,8 @@ class TensorListKernel:
 
     As :class:`~gpusim.kernels.elementwise.StreamingKernel`, the simulation runs at most one
     logical workgroup per resident slot; each handles consecutive blocks in a few pieces and
-    prefetches the next piece while it computes and writes the current one.
+    prefetches the next piece while it computes and writes the current one.  A block keeps 16 bytes
+    per thread and read list in flight (``ILP`` 4 fp32 loads per thread).
     """
 
     def __init__(
@@ -488,6 +489,9 @@ class TensorListKernel:
         slots = gpu.config.num_cus * max(1, occupancy(LIST_BLOCK, gpu.config.cu))
         self.workgroups = min(len(blocks), slots)
         self.wavefronts = LIST_BLOCK.wavefronts(gpu.config.cu.wavefront_size)
+        lists = max(1, max(len(reads) for reads, _, _ in blocks))
+        self.inflight_bytes = LIST_BLOCK.threads * BYTES_PER_THREAD * lists
+        self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         total_flops = sum(flops for _, _, flops in blocks)
         total_bytes = sum(n for reads, writes, _ in blocks for _, _, n in reads + writes)
         self.kernel = Kernel(
@@ -516,23 +520,25 @@ class TensorListKernel:
                 )
         return pieces
 
-    def _fetch(self, cu: ComputeUnit, piece: _Piece) -> Join:
+    def _fetch(self, limit: InflightLimit, piece: _Piece) -> Join:
         env = self.gpu.env
         join = Join(env)
         total = 0
+        missed = 0
         for buffer, offset, nbytes in piece.reads:
             if nbytes > 0:
-                self.gpu.memory.read(buffer.addr + offset, nbytes, join, COMPUTE, buffer.cached)
+                missed += self.gpu.memory.read(buffer.addr + offset, nbytes, join, COMPUTE, buffer.cached)
                 total += nbytes
-        join.extend_to(cu.memory(env.now, total))
+        join.extend_to(limit.memory(env.now, total, missed))
         return join
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
         memory = self.gpu.memory
+        limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pieces = self._pieces(wg)
         reads = any(piece.reads for piece in pieces)
-        pending = self._fetch(cu, pieces[0]) if reads else None
+        pending = self._fetch(limit, pieces[0]) if reads else None
         written = Join(env)
         for index, piece in enumerate(pieces):
             if pending is not None:
@@ -540,17 +546,19 @@ class TensorListKernel:
             done = cu.compute(env.now, piece.flops, self.flops_per_ns, self.wavefronts)
             more = index + 1 < len(pieces)
             if more and reads:
-                pending = self._fetch(cu, pieces[index + 1])
+                pending = self._fetch(limit, pieces[index + 1])
                 pending.extend_to(done)
             else:
                 pending = None
                 yield env.timeout(max(0.0, done - env.now))
             size = 0
+            uncached = 0
             for buffer, offset, nbytes in piece.writes:
                 if nbytes > 0:
                     memory.write(buffer.addr + offset, nbytes, written, COMPUTE, buffer.cached)
                     size += nbytes
-            written.extend_to(cu.memory(env.now, size))
+                    uncached += 0 if buffer.cached else nbytes
+            written.extend_to(cu.memory(env.now, size, uncached))
             if pending is None and more:
                 yield env.timeout(max(0.0, written.latest - env.now))
         yield written.close()

@@ -21,6 +21,7 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.config.loader import load_gpu_config
+from gpusim.hw.nmc import NearMemoryUnits
 from gpusim.kernels.optimizer import ALGORITHMS
 from gpusim.ops import Optimizer
 from gpusim.simulate import run
@@ -198,11 +199,51 @@ def lamb_speedups(
                     "speedup": gpu_time / step["time_s"],
                     "dram_bytes_gpu": gpu_bytes,
                     "dram_bytes_nmc": step["dram_bytes_gpu"],
-                    "data_reduction": gpu_bytes / step["dram_bytes_gpu"],
+                    "data_reduction": _reduction(gpu_bytes, step["dram_bytes_gpu"]),
                     "activations": step["activations"],
                     "wall_s": step["wall_s"],
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def nmc_breakdown(
+    system: str = "t3-table8.1",
+    model: str = "bert-large",
+    algorithm: str = "lamb",
+    grad_norm: str = "banks",
+    overrides: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """Where a near-memory step's time goes: per program, column commands against waiting for row
+    switches, and the GPU's synchronizations (from a simulated step).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per part: part, time_s, column_s, row_switch_s, activations, tile_columns.
+    """
+    point = _system(system, overrides)
+    sizes = model_parameter_sizes(model)
+    units = NearMemoryUnits(point.gpu)
+    elem = DTYPE_BYTES["fp32"]
+    rows = []
+    for program in ALGORITHMS[algorithm].nmc[grad_norm].programs:
+        timings = [units.broadcast(program, size * elem) for size in sizes]
+        duration = sum(t.duration_ns for t in timings) * 1e-9
+        column = sum(t.column_ns for t in timings) * 1e-9
+        rows.append(
+            {
+                "part": program.name,
+                "time_s": duration,
+                "column_s": column,
+                "row_switch_s": duration - column,
+                "activations": sum(t.activations for t in timings),
+                "tile_columns": units.tile_columns(program),
+            }
+        )
+    result = run(point, Optimizer(algorithm, sizes, impl="nmc", grad_norm=grad_norm))
+    nmc = sum(span.end_ns - span.start_ns for span in result.spans if span.category == "nmc") * 1e-9
+    rows.append({"part": "gpu (norm kernels, synchronizations, command issue)", "time_s": result.time_s - nmc})
     return pd.DataFrame(rows)
 
 
@@ -263,8 +304,13 @@ def nmc_point(
         "gpu_time_s": gpu_time,
         "nmc_time_s": step["time_s"],
         "speedup": gpu_time / step["time_s"],
-        "data_reduction": min_gpu_bytes(algorithm, sizes) / max(step["dram_bytes_gpu"], 1.0),
+        "data_reduction": _reduction(min_gpu_bytes(algorithm, sizes), step["dram_bytes_gpu"]),
     }
+
+
+def _reduction(gpu_bytes: float, nmc_bytes: float) -> float:
+    """How many times fewer bytes cross between DRAM and GPU (infinite when none do)."""
+    return gpu_bytes / nmc_bytes if nmc_bytes > 0 else float("inf")
 
 
 def _run_sweep(points: list[dict[str, Any]], description: str, workers: int | None, cache: str | None, progress: bool):
@@ -299,24 +345,25 @@ def sweep_banks_per_alu(
     banks_per_alu: Sequence[int] = (1, 2, 4, 8, 16),
     system: str = "t3-table8.1",
     model: str = "bert-large",
+    temp_storage_scales: Sequence[int] = (1, 4),
     workers: int | None = None,
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """LAMB speedup against banks sharing an ALU, with the same storage per ALU or per bank."""
+    """LAMB speedup against the banks that share an ALU, with the same temporary storage per bank
+    (an ALU shared by ``k`` banks has ``k`` times the storage)."""
     storage = load_gpu_config(system).nmc.temp_storage_bytes
-    points = []
-    for shared in banks_per_alu:
-        for kind, size in (("per_alu", storage), ("per_bank", storage * shared)):
-            points.append(
-                {
-                    "system": system,
-                    "model": model,
-                    "banks_per_alu": shared,
-                    "storage": kind,
-                    "overrides": {"gpu.nmc.banks_per_alu": shared, "gpu.nmc.temp_storage_bytes": size},
-                }
-            )
+    points = [
+        {
+            "system": system,
+            "model": model,
+            "banks_per_alu": shared,
+            "temp_storage": f"{scale}x",
+            "overrides": {"gpu.nmc.banks_per_alu": shared, "gpu.nmc.temp_storage_bytes": storage * scale * shared},
+        }
+        for scale in temp_storage_scales
+        for shared in banks_per_alu
+    ]
     return _run_sweep(points, "banks per ALU", workers, cache, progress)
 
 
@@ -357,11 +404,14 @@ def sweep_hbm(
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """LAMB speedup with the HBM of other GPU presets (the near-memory ALUs of ``system``)."""
-    storage = load_gpu_config(system).nmc.temp_storage_bytes
+    """LAMB speedup with the HBM of other GPU presets (the near-memory ALUs of ``system``, as wide as
+    the new column, with as many register entries)."""
+    base = load_gpu_config(system)
+    entries = base.nmc.temp_storage_bytes / base.hbm.burst_bytes  # register entries of a column each
     points = []
     for label, preset in generations.items():
         hbm = load_gpu_config(preset).hbm.model_dump()
+        storage = entries * hbm["burst_bytes"]
         for scale in temp_storage_scales:
             points.append(
                 {
@@ -369,7 +419,11 @@ def sweep_hbm(
                     "model": model,
                     "hbm": label,
                     "temp_storage": f"{scale}x",
-                    "overrides": {"gpu.hbm": hbm, "gpu.nmc.temp_storage_bytes": storage * scale},
+                    "overrides": {
+                        "gpu.hbm": hbm,
+                        "gpu.nmc.simd_bytes": hbm["burst_bytes"],  # an ALU as wide as a column
+                        "gpu.nmc.temp_storage_bytes": storage * scale,
+                    },
                 }
             )
     return _run_sweep(points, "HBM", workers, cache, progress)

@@ -1,0 +1,75 @@
+"""Validation of the near-memory optimizer study against the dissertation (chapter 6, Figure 6.4)
+and of the GPU optimizer kernels against V100 measurements (seed 000, Tables 4.3-4.5).
+
+The reference numbers are read from validation/nmc_optimizer/*.csv (with their sources); the
+tolerances are the issue's.  Known deviations are strict xfails: they fail when the model starts
+to agree, so that docs/nmc.md and the report are updated.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import gpusim
+from gpusim.studies import nmc_optimizer as study
+
+VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "nmc_optimizer"
+REFERENCE = pd.read_csv(VALIDATION / "reference_lamb.csv")
+ADAN = pd.read_csv(VALIDATION / "reference_adan_v100.csv").set_index("impl")
+LAMB_TOLERANCE, DATA_TOLERANCE, ADAN_TOLERANCE = 0.15, 0.20, 0.25
+
+
+@pytest.fixture(scope="module")
+def lamb():
+    return study.lamb_speedups(model="bert-large").set_index(["baseline", "temp_storage"])
+
+
+TOO_LITTLE_STORAGE = (
+    "known deviation (docs/nmc.md): with HBM-PIM's 256 B of temporary storage per bank as 1x, LAMB's "
+    "3 tile registers leave 2 columns per row activation (8 at 4x) and NMC is activation-bound; an "
+    "iterative divide and square root cost ~20% more at 4x; the dissertation states neither its "
+    "storage size nor how it divides"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "baseline, storage",
+    [
+        pytest.param("gpu-peak", "1x", marks=pytest.mark.xfail(strict=True, reason=TOO_LITTLE_STORAGE)),
+        pytest.param("gpu-peak", "4x", marks=pytest.mark.xfail(strict=True, reason=TOO_LITTLE_STORAGE)),
+        pytest.param("gpu-80", "4x", marks=pytest.mark.xfail(strict=True, reason=TOO_LITTLE_STORAGE)),
+    ],
+)
+def test_lamb_speedup_against_figure_6_4(lamb, baseline, storage):
+    reference = REFERENCE.query("quantity == 'speedup' and baseline == @baseline and temp_storage == @storage")
+    assert lamb.loc[(baseline, storage), "speedup"] == pytest.approx(reference["value"].iloc[0], rel=LAMB_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_lamb_speedups_golden(lamb):
+    """The model's own LAMB results (regression guard; see docs/nmc.md for their explanation)."""
+    speedup = lamb["speedup"]
+    assert speedup[("gpu-peak", "1x")] == pytest.approx(1.43, rel=0.03)
+    assert speedup[("gpu-peak", "4x")] == pytest.approx(3.06, rel=0.03)
+    assert speedup[("gpu-80", "4x")] == pytest.approx(speedup[("gpu-peak", "4x")] / 0.8)
+    assert speedup[("gpu-peak", "4x")] > 2 * speedup[("gpu-peak", "1x")]  # activation-bound at 1x
+
+
+@pytest.mark.slow
+def test_data_movement_reduction_of_13x_is_the_gpu_reading_the_gradients(lamb):
+    reference = REFERENCE.query("quantity == 'data_reduction'")["value"].iloc[0]
+    sizes = study.model_parameter_sizes("bert-base")  # the ratio does not depend on the model's size
+    step = study.simulate_step(gpusim.load_system("t3-table8.1"), "lamb", sizes, "nmc", grad_norm="gpu")
+    reduction = study.min_gpu_bytes("lamb", sizes) / step["dram_bytes_gpu"]
+    assert reduction == pytest.approx(reference, rel=DATA_TOLERANCE)
+    # with the gradient norm in the banks as well, only partial sums cross: far less traffic still
+    assert lamb["data_reduction"].min() > 20 * reference
+
+
+@pytest.mark.slow
+def test_adan_multi_tensor_fused_step_on_v100_matches_the_measurement():
+    step = study.adan_point("v100-sxm2", "bert-base-classifier", "multi_fused")
+    assert step["kernels"] == ADAN.loc["multi_fused", "kernels_measured"]
+    assert step["time_s"] * 1e3 == pytest.approx(ADAN.loc["multi_fused", "measured_ms"], rel=ADAN_TOLERANCE)

@@ -1,0 +1,189 @@
+"""Reproduce the near-memory optimizer study (dissertation chapter 6) and check the GPU baseline
+against V100 measurements (seed 000, Tables 4.3-4.5).
+
+    python validation/nmc_optimizer/reproduce.py --out out/nmc_optimizer [--quick] [--workers N]
+
+Writes into ``--out``:
+
+* ``lamb.csv``: LAMB on BERT-Large, near-memory ALUs of ``t3-table8.1`` against the ideal GPU at
+  100, 90 and 80% of peak bandwidth, with 1x and 4x temporary storage, for both placements of the
+  gradient norm; the dissertation's values beside ours and the relative error;
+* ``adan_v100.csv``: one Adan step of BERT-base (IMDb fine-tuning, 201 tensors) on ``v100-sxm2`` in
+  the four implementations: measured and simulated time and kernel counts;
+* ``end_to_end.csv``: a BERT iteration's speedup with LAMB at 10-20% of it;
+* ``sweep_*.csv``: temporary storage, banks per ALU, model size, HBM generation, divide and square
+  root cost, the other optimizers;
+* ``*.png``: plots of all of these; ``lamb_nmc.perfetto.json``: a timeline of LAMB on NMC.
+
+``--quick`` uses BERT-base for LAMB, fewer sweep points and only the multi-tensor Adan cases (a
+minute); the full run takes several minutes, most of it the single-tensor Adan cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+import gpusim
+from gpusim import ops, plot
+from gpusim.studies import nmc_optimizer as study
+
+HERE = Path(__file__).resolve().parent
+LAMB_TOLERANCE = 0.15
+DATA_REDUCTION_TOLERANCE = 0.20
+ADAN_TOLERANCE = 0.25  # the multi-tensor fused case
+
+
+def reference_lamb() -> pd.DataFrame:
+    """The dissertation's LAMB numbers (reference_lamb.csv)."""
+    return pd.read_csv(HERE / "reference_lamb.csv")
+
+
+def reference_adan() -> pd.DataFrame:
+    """The measured Adan steps (reference_adan_v100.csv)."""
+    return pd.read_csv(HERE / "reference_adan_v100.csv")
+
+
+def lamb_table(model: str) -> pd.DataFrame:
+    """Our LAMB speedups beside the dissertation's, both gradient-norm placements."""
+    frame = pd.concat([study.lamb_speedups(model=model, grad_norm=g) for g in ("banks", "gpu")], ignore_index=True)
+    reference = reference_lamb()
+    speedups = reference[reference.quantity == "speedup"][["baseline", "temp_storage", "value"]]
+    frame = frame.merge(speedups.rename(columns={"value": "reference_speedup"}), on=["baseline", "temp_storage"], how="left")
+    frame["error"] = frame["speedup"] / frame["reference_speedup"] - 1
+    data_reduction = reference.loc[reference.quantity == "data_reduction", "value"].iloc[0]
+    frame["reference_data_reduction"] = data_reduction
+    frame["data_reduction_error"] = frame["data_reduction"] / data_reduction - 1
+    return frame
+
+
+def adan_table(quick: bool, workers: int | None) -> pd.DataFrame:
+    """Simulated Adan steps beside the V100 measurements."""
+    reference = reference_adan()
+    if quick:
+        reference = reference[reference.impl.str.startswith("multi")]
+    simulated = study.adan_steps(cases=list(reference.impl), workers=workers)
+    frame = reference.merge(simulated[["impl", "simulated_ms", "kernels", "wall_s"]], on="impl")
+    frame = frame.rename(columns={"kernels": "kernels_simulated"})
+    frame["error"] = frame["simulated_ms"] / frame["measured_ms"] - 1
+    frame["error_vs_active"] = frame["simulated_ms"] / frame["measured_active_ms"] - 1
+    columns = ["case", "impl", "measured_ms", "measured_active_ms", "simulated_ms", "error", "error_vs_active",
+               "kernels_measured", "kernels_simulated", "wall_s", "source"]
+    return frame[columns]
+
+
+def plot_lamb(frame: pd.DataFrame, out: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, grad_norm in zip(axes, ("banks", "gpu")):
+        part = frame[frame.grad_norm == grad_norm]
+        plot.bars(part, x="baseline", y="speedup", hue="temp_storage", ax=ax, ylabel="LAMB speedup over ideal GPU")
+        known = part.dropna(subset=["reference_speedup"]).drop_duplicates(["baseline", "temp_storage"])
+        order = list(dict.fromkeys(part["baseline"]))
+        offsets = {"1x": -0.125, "4x": 0.125}
+        ax.plot([order.index(b) + offsets[t] for b, t in zip(known.baseline, known.temp_storage)],
+                known.reference_speedup, "k*", markersize=10, label="dissertation")
+        ax.set_title(f"BERT-Large LAMB, gradient norm: {grad_norm}")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "lamb.png", dpi=120)
+    plt.close(fig)
+
+
+def plot_adan(frame: pd.DataFrame, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    long = frame.melt(id_vars="case", value_vars=["measured_ms", "measured_active_ms", "simulated_ms"],
+                      var_name="kind", value_name="ms")
+    plot.bars(long, x="case", y="ms", hue="kind", ax=ax, ylabel="Adan step, computation (ms)")
+    ax.set_yscale("log")
+    ax.set_title("Adan on BERT-base, V100: measured (seed 000) vs simulated")
+    fig.tight_layout()
+    fig.savefig(out / "adan_v100.png", dpi=120)
+    plt.close(fig)
+
+
+def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    axes = axes.ravel()
+    plot.lines(sweeps["temp_storage"], "temp_storage_bytes", "speedup", by="grad_norm", ax=axes[0], logx=True,
+               xlabel="temporary storage per ALU (B)", ylabel="speedup over ideal GPU")
+    plot.lines(sweeps["banks_per_alu"], "banks_per_alu", "speedup", by="temp_storage", ax=axes[1], logx=True,
+               xlabel="banks per ALU", ylabel="speedup over ideal GPU")
+    plot.lines(sweeps["models"], "parameters", "speedup", by="temp_storage", ax=axes[2], logx=True,
+               xlabel="parameters", ylabel="speedup over ideal GPU")
+    plot.bars(sweeps["hbm"], x="hbm", y="speedup", hue="temp_storage", ax=axes[3], ylabel="speedup over ideal GPU")
+    plot.lines(sweeps["divide_cost"], "divide_cycles", "speedup", by="temp_storage", ax=axes[4], logx=True,
+               xlabel="divide / square-root issue cycles", ylabel="speedup over ideal GPU")
+    plot.bars(sweeps["optimizers"], x="algorithm", y="speedup", ax=axes[5], ylabel="speedup over ideal GPU")
+    for ax, title in zip(axes, ["temporary storage", "ALU sharing", "model size", "HBM generation",
+                                "divide/sqrt cost", "optimizers"]):
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out / "sweeps.png", dpi=120)
+    plt.close(fig)
+
+
+def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.DataFrame]:
+    common = {"workers": workers}
+    storage = (256, 1024, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
+    models = ("bert-base", "bert-large") if quick else ("bert-base", "bert-large", "gpt2-xl", "gpt3-2.7b", "gpt3-13b",
+                                                          "gpt3-175b")
+    return {
+        "temp_storage": study.sweep_temp_storage(storage, model=model, **common),
+        "banks_per_alu": study.sweep_banks_per_alu((1, 4, 16) if quick else (1, 2, 4, 8, 16), model=model, **common),
+        "models": study.sweep_models(models, **common),
+        "hbm": study.sweep_hbm(model=model, **common),
+        "divide_cost": study.sweep_divide_cost((1, 8) if quick else (1, 2, 4, 8, 16), model=model, **common),
+        "optimizers": study.optimizers_on_nmc(model=model, **common),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output folder (CSV, PNG, timeline)")
+    parser.add_argument("--quick", action="store_true", help="smaller models and fewer points")
+    parser.add_argument("--workers", type=int, default=None, help="processes for the sweeps (default: all CPUs)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = "bert-base" if args.quick else "bert-large"
+    start = time.perf_counter()
+
+    lamb = lamb_table(model)
+    lamb.to_csv(out / "lamb.csv", index=False)
+    plot_lamb(lamb, out)
+    best = lamb[(lamb.grad_norm == "banks") & (lamb.baseline == "gpu-peak")].set_index("temp_storage")["speedup"]
+    end_to_end = pd.concat([study.end_to_end(best[scale]).assign(temp_storage=scale) for scale in best.index])
+    end_to_end.to_csv(out / "end_to_end.csv", index=False)
+
+    adan = adan_table(args.quick, args.workers)
+    adan.to_csv(out / "adan_v100.csv", index=False)
+    plot_adan(adan, out)
+
+    sweeps = run_sweeps(args.quick, args.workers, model)
+    for name, frame in sweeps.items():
+        frame.drop(columns=["overrides"], errors="ignore").to_csv(out / f"sweep_{name}.csv", index=False)
+    plot_sweeps(sweeps, out)
+
+    timeline = gpusim.run(gpusim.load_system("t3-table8.1"),
+                          ops.Optimizer("lamb", study.model_parameter_sizes("bert-base"), impl="nmc"))
+    timeline.to_perfetto(out / "lamb_nmc.perfetto.json")
+
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
+        print("LAMB on near-memory ALUs vs the ideal GPU (dissertation Figure 6.4)")
+        print(lamb[["grad_norm", "baseline", "temp_storage", "temp_storage_bytes", "nmc_time_s", "speedup",
+                    "reference_speedup", "error", "data_reduction", "data_reduction_error"]].to_string(index=False))
+        print("\nBERT iteration with LAMB on NMC")
+        print(end_to_end.to_string(index=False))
+        print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
+        print(adan.drop(columns=["source"]).to_string(index=False))
+    print(f"\nwrote {out}/ in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
