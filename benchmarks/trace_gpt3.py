@@ -45,6 +45,9 @@ def main() -> int:
     print(f"\nbreakdown of GPU 0: compute {parts['compute_s'] * 1e3:.1f} ms, exposed communication "
           f"{parts['exposed_comm_s'] * 1e3:.1f} ms, overlapped {parts['overlapped_comm_s'] * 1e3:.1f} ms, "
           f"idle {parts['idle_s'] * 1e3:.1f} ms")
+    by_kind = result.ops.groupby("kind")["duration_s"].agg(["count", "sum"])
+    print("by kind: " + ", ".join(f"{kind} {row['sum'] * 1e3:.1f} ms ({int(row['count'])} ops)"
+                                  for kind, row in by_kind.iterrows()))
     return 0
 
 

@@ -83,6 +83,19 @@ def test_data_parallel_buckets_cover_the_gradients_and_follow_weight_gradients()
                             for d in deps.split())
 
 
+def test_optimizer_steps_cover_every_parameter_once():
+    frame = transformer(TINY, batch=4, seq_len=64).frame
+    steps = frame[frame["kind"] == "optimizer"]
+    assert list(steps["layer"]) == [0, 1, 2, -1] and set(steps["function"]) == {"adam"}
+    sizes = steps["tensor_sizes"].map(lambda text: sum(int(v) for v in text.split()))
+    assert sizes.iloc[:3].tolist() == [TINY.layer_parameters()] * 3
+    assert sizes.iloc[:3].sum() + TINY.vocab * TINY.hidden + 2 * TINY.hidden == TINY.parameters() + 2 * TINY.hidden
+    offloaded = transformer(TINY, batch=4, seq_len=64, optimizer="lamb", optimizer_impl="nmc", layers=1)
+    result = gpusim.run(gpusim.load_system("t3-table8.1"), offloaded)
+    step = result.ops[result.ops["kind"] == "optimizer"]
+    assert set(step["impl"]) == {"lamb_nmc"}
+
+
 def test_pipeline_layers_microbatches_and_sends():
     trace = transformer(TINY, pp=3, microbatches=4, batch=4, seq_len=64, head=False, optimizer=None)
     frame = trace.frame
@@ -140,6 +153,8 @@ def test_generator_errors():
         transformer(TINY, dp=2, batch=3)
     with pytest.raises(TraceError, match="'tp' must be a positive integer"):
         transformer(TINY, tp=0)
+    with pytest.raises(TraceError, match="'optimizer' must be one of"):
+        transformer(TINY, optimizer="adagrad")
     with pytest.raises(ConfigError, match="unknown model 'gpt5'"):
         transformer("gpt5")
 

@@ -35,7 +35,7 @@ from gpusim.trace.schema import SYNCHRONISING_KINDS, dependency_graph
 
 SIGNATURE_FIELDS = (
     "gpu", "stream", "kind", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements", "rows", "cols",
-    "function", "collective", "bytes", "group", "algorithm", "dtype", "delay_s",
+    "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "dtype", "delay_s",
 )  # fmt: skip
 
 

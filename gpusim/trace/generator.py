@@ -25,11 +25,10 @@ Pipeline parallelism splits the layers evenly over stages; microbatches flow thr
 GPipe or 1F1B schedule (:mod:`gpusim.trace.schedules`), activations and gradients move by
 send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_bwd`` streams.
 
-Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer on fp32 master
-weights.  Adam is modelled as two element-wise fp32 passes that each read two and write two
-tensors (moments from gradients; weights and their half-precision copy from the moments):
-32 bytes per parameter, about what a fused Adam kernel moves.  Activation recomputation re-runs a
-layer's forward pass (with its all-reduces) before its backward pass.
+Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
+(:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
+on fp32 master weights, one op per layer over that layer's parameter tensors.  Activation
+recomputation re-runs a layer's forward pass (with its all-reduces) before its backward pass.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError
+from gpusim.ops import OPTIMIZER_ALGORITHMS, OPTIMIZER_IMPLS
 from gpusim.trace.models import ModelConfig, load_model
 from gpusim.trace.schedules import SCHEDULES, stage_order
 from gpusim.trace.schema import format_ints
@@ -147,7 +147,7 @@ class _Transformer:
 
     def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
                  microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
-                 optimizer: str | None, decode_tokens: int, head: bool):
+                 optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool):
         self.model = model
         self.phase = phase
         self.par = par
@@ -160,6 +160,7 @@ class _Transformer:
         self.recompute = recompute
         self.bucket_bytes = bucket_bytes
         self.optimizer = optimizer
+        self.optimizer_impl = optimizer_impl
         self.decode_tokens = decode_tokens
         self.head = head
         self.train = phase == "train"
@@ -358,21 +359,27 @@ class _Transformer:
                            self._labels("grad_allreduce", "bwd", -1, step), True)
         return last
 
+    def layer_tensors(self) -> list[int]:
+        """Elements of every parameter tensor of one layer on one tensor-parallel rank."""
+        h = self.model.hidden
+        ff_in = self.ff_t * (2 if self.model.activation == "swiglu" else 1)
+        norm = [h, h] if self.model.norm == "layernorm" else [h]
+        return [*norm, h * self.qkv_out, self.qkv_out, self.q_width * h, h, *norm, h * ff_in, ff_in, self.ff_t * h, h]
+
     def optimizer_step(self) -> None:
-        """Adam on fp32 master weights, one layer at a time, after its gradients are reduced."""
-        per_layer = self.model.layer_parameters() // self.par.tp
+        """The optimizer on fp32 master weights, one layer at a time, after its gradients are reduced."""
+        h = self.model.hidden
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
-            groups: list[tuple[int, int]] = [(layer, per_layer) for layer in self.stage_layers[stage]]
+            groups: list[tuple[int, list[int]]] = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
             if stage == 0 or stage == self.par.pp - 1:
-                groups.append((-1, self.vocab_t * self.model.hidden))
-            for layer, parameters in groups:
-                name = f"L{layer}.adam" if layer >= 0 else "embedding.adam"
+                groups.append((-1, [self.vocab_t * h, h, h]))  # embedding (tied output layer), final norm
+            for layer, sizes in groups:
+                name = f"L{layer}.{self.optimizer}" if layer >= 0 else f"embedding.{self.optimizer}"
                 after = [self.gradient_buckets.get((stage, layer))]
-                self._elementwise(gpus, after, self._labels(f"{name}_moments", "opt", layer, 0), "residual_dropout",
-                                  parameters, dtype="fp32")
-                self._elementwise(gpus, [], self._labels(f"{name}_update", "opt", layer, 0), "residual_dropout",
-                                  parameters, dtype="fp32")
+                self.out.compute(gpus, "optimizer", after, self._labels(name, "opt", layer, 0),
+                                 function=self.optimizer, tensor_sizes=format_ints(sizes),
+                                 optimizer_impl=self.optimizer_impl, dtype="fp32")
 
     # -- whole iteration ------------------------------------------------------------------------
     def _pairs(self, stage: int, nxt: int) -> list[tuple[int, int]]:
@@ -481,6 +488,7 @@ def transformer(
     recompute: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     optimizer: str | None = "adam",
+    optimizer_impl: str = "multi_fused",
     decode_tokens: int = 1,
     layers: int | None = None,
     head: bool = True,
@@ -515,7 +523,11 @@ def transformer(
     bucket_bytes
         Data-parallel gradient bucket size, bytes.
     optimizer
-        ``"adam"`` or ``None`` (no optimizer step).
+        Optimizer algorithm (``"adam"``, ``"adamw"``, ``"lamb"``, ``"adan"``, ``"sgd"``) or ``None``
+        (no optimizer step).
+    optimizer_impl
+        How it runs (:class:`gpusim.ops.Optimizer`): ``"multi_fused"`` (apex-style multi-tensor
+        kernels), ``"fused"``, ``"unfused"``, ``"multi_unfused"``, or ``"nmc"`` (near-memory ALUs).
     decode_tokens
         Tokens generated in the ``decode`` phase.
     layers
@@ -542,8 +554,12 @@ def transformer(
         raise TraceError(f"transformer(): 'schedule' must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if dtype not in ("fp16", "bf16", "fp32"):
         raise TraceError(f"transformer(): 'dtype' must be fp16, bf16 or fp32, got {dtype!r}")
-    if optimizer not in ("adam", None):
-        raise TraceError(f"transformer(): 'optimizer' must be 'adam' or None, got {optimizer!r}")
+    if optimizer is not None and optimizer not in OPTIMIZER_ALGORITHMS:
+        raise TraceError(f"transformer(): 'optimizer' must be one of {', '.join(OPTIMIZER_ALGORITHMS)} or None, "
+                         f"got {optimizer!r}")
+    if optimizer_impl not in OPTIMIZER_IMPLS:
+        raise TraceError(f"transformer(): 'optimizer_impl' must be one of {', '.join(OPTIMIZER_IMPLS)}, "
+                         f"got {optimizer_impl!r}")
     par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp))
     batch = _positive("batch", batch if batch is not None else config.batch)
     seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
@@ -556,14 +572,14 @@ def transformer(
         raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
-                           bucket_bytes, optimizer, decode_tokens, head)
+                           bucket_bytes, optimizer, optimizer_impl, decode_tokens, head)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
         "model": config.model_dump(),
         "phase": phase, "tp": tp, "dp": dp, "pp": pp, "batch": batch, "micro_batch": micro_batch,
         "seq_len": seq_len, "microbatches": microbatches, "schedule": schedule, "dtype": dtype,
-        "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
+        "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer, "optimizer_impl": optimizer_impl,
         "decode_tokens": decode_tokens, "head": head,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"

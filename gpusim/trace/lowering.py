@@ -54,6 +54,9 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
     if kind == "sendrecv":
         src, dst = parse_ints(row.group)
         return ops.SendRecv(int(row.bytes), src=src, dst=dst, input=first_input, out=output, name=name)
+    if kind == "optimizer":
+        return ops.Optimizer(row.function, parse_ints(row.tensor_sizes), impl=row.optimizer_impl or "multi_fused",
+                             dtype=row.dtype, prefix=output or f"optimizer{row.op_id}", name=name, ranks=ranks)
     return ops.Delay(seconds=float(row.delay_s), name=name, ranks=ranks)
 
 

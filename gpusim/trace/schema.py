@@ -12,7 +12,8 @@ column          type     meaning
 op_id           int      identifier of the op (shared by its rows on several GPUs)
 gpu             int      rank the row runs on
 stream          str      stream on that GPU (ops on one stream run in order; streams overlap)
-kind            str      ``gemm``, ``elementwise``, ``reduction``, ``collective``, ``sendrecv``, ``delay``
+kind            str      ``gemm``, ``elementwise``, ``reduction``, ``collective``, ``sendrecv``,
+                         ``optimizer``, ``delay``
 name            str      label in results (optional)
 m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``)
 batch           int      GEMMs in a strided batch (``gemm``, default 1)
@@ -20,7 +21,11 @@ trans_a/b       bool     transposed GEMM inputs (``gemm``)
 kernel          str      force a GEMM kernel of the library (optional)
 elements        int      elements per tensor (``elementwise``)
 rows, cols      int      matrix shape (``reduction``)
-function        str      element-wise function (``gelu``, ``add``...) or reduction (``softmax``...)
+function        str      element-wise function (``gelu``, ``add``...), reduction (``softmax``...) or
+                         optimizer algorithm (``adam``, ``lamb``...)
+tensor_sizes    ints     elements of every parameter tensor an ``optimizer`` row updates
+optimizer_impl  str      how the optimizer runs: ``multi_fused`` (default), ``fused``, ``unfused``,
+                         ``multi_unfused`` or ``nmc`` (near-memory ALUs)
 collective      str      ``allreduce``, ``reducescatter``, ``allgather``, ``alltoall`` (``collective``)
 bytes           int      message size: each rank's input (output for all-gather); send size
 group           ints     ranks of a collective; ``src dst`` of a send/receive (blank: all GPUs)
@@ -52,25 +57,31 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError
-from gpusim.ops import COLLECTIVE_ALGORITHMS, ELEMENTWISE_KINDS, ROW_REDUCE_KINDS
+from gpusim.ops import (
+    COLLECTIVE_ALGORITHMS,
+    ELEMENTWISE_KINDS,
+    OPTIMIZER_ALGORITHMS,
+    OPTIMIZER_IMPLS,
+    ROW_REDUCE_KINDS,
+)
 
-KINDS = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "delay")
+KINDS = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "optimizer", "delay")
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
 SYNCHRONISING_KINDS = ("collective", "sendrecv")
-KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "memcpy", "delay", "other")
+KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "optimizer", "memcpy", "delay", "other")
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "rows", "cols", "bytes", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s")
 BOOL_COLUMNS = ("trans_a", "trans_b")
 TEXT_COLUMNS = (
-    "name", "kernel", "function", "collective", "group", "algorithm", "dtype", "deps", "inputs", "output",
-    "phase", "kernel_class",
+    "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
+    "deps", "inputs", "output", "phase", "kernel_class",
 )  # fmt: skip
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
-    "rows", "cols", "function", "collective", "bytes", "group", "algorithm", "dtype", "deps", "delay_s",
-    "measured_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
+    "rows", "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm",
+    "dtype", "deps", "delay_s", "measured_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
 
@@ -82,6 +93,7 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "reduction": ("rows", "cols", "function", "dtype"),
     "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
     "sendrecv": ("bytes", "group"),
+    "optimizer": ("function", "tensor_sizes", "optimizer_impl", "dtype"),
     "delay": ("delay_s",),
 }
 """Fields that define what a row of each kind computes (rows of one op_id must agree on them)."""
@@ -252,6 +264,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         "elementwise": ("function", tuple(ELEMENTWISE_KINDS)),
         "reduction": ("function", tuple(ROW_REDUCE_KINDS)),
         "collective": ("collective", COLLECTIVES),
+        "optimizer": ("function", OPTIMIZER_ALGORITHMS),
     }
     for kind, (field, allowed) in choices.items():
         bad = (kinds == kind) & ~frame[field].isin(allowed).to_numpy()
@@ -264,6 +277,20 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "algorithm",
                     f"must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, got {frame['algorithm'].iloc[position]!r}")
+    bad = (kinds == "optimizer") & ~frame["optimizer_impl"].isin(("", *OPTIMIZER_IMPLS)).to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "optimizer_impl",
+                    f"must be blank or one of {', '.join(OPTIMIZER_IMPLS)}, got {frame['optimizer_impl'].iloc[position]!r}")
+    for position in np.flatnonzero(kinds == "optimizer"):
+        text = frame["tensor_sizes"].iloc[position]
+        try:
+            sizes = parse_ints(text)
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) <= 0:
+            raise _fail(frame, int(position), source, "tensor_sizes",
+                        f"must list the positive sizes of the parameter tensors, got {text!r}")
     delays = frame["delay_s"].to_numpy()
     bad = (kinds == "delay") & ~(delays >= 0)
     if bad.any():
