@@ -129,14 +129,13 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
     start = time.perf_counter()
     result = run(system, Optimizer(algorithm, list(sizes), impl=impl, **fields))
     row = result.ops.iloc[0]
-    dram = result.dram
-    nmc = dram["stream"] == "nmc"
+    counters = result.counters
     return {
         "time_s": result.time_s,
         "kernels": int(row["kernels"]),
         "broadcasts": int(row.get("broadcasts", 0) or 0),
-        "dram_bytes_gpu": float(dram.loc[~nmc, "bytes"].sum()),
-        "dram_bytes_nmc": float(dram.loc[nmc, "bytes"].sum()),
+        "dram_bytes_gpu": float(result.dram["bytes"].sum()),
+        "dram_bytes_nmc": float(sum(counters.get(f"gpu0.nmc_bytes_{kind}", 0.0) for kind in ("read", "write", "update"))),
         "activations": float(result.counters.get("gpu0.dram_activations", 0.0)),
         "events": result.stats["events"],
         "wall_s": time.perf_counter() - start,

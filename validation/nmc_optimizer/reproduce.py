@@ -11,6 +11,7 @@ Writes into ``--out``:
 * ``adan_v100.csv``: one Adan step of BERT-base (IMDb fine-tuning, 201 tensors) on ``v100-sxm2`` in
   the four implementations: measured and simulated time and kernel counts;
 * ``end_to_end.csv``: a BERT iteration's speedup with LAMB at 10-20% of it;
+* ``breakdown.csv``: where LAMB's time on NMC goes (column commands, row switches, GPU);
 * ``sweep_*.csv``: temporary storage, banks per ALU, model size, HBM generation, divide and square
   root cost, the other optimizers;
 * ``*.png``: plots of all of these; ``lamb_nmc.perfetto.json``: a timeline of LAMB on NMC.
@@ -159,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     best = lamb[(lamb.grad_norm == "banks") & (lamb.baseline == "gpu-peak")].set_index("temp_storage")["speedup"]
     end_to_end = pd.concat([study.end_to_end(best[scale]).assign(temp_storage=scale) for scale in best.index])
     end_to_end.to_csv(out / "end_to_end.csv", index=False)
+    storage = gpusim.load_system("t3-table8.1").gpu.nmc.temp_storage_bytes
+    breakdown = pd.concat(
+        [study.nmc_breakdown(model=model, overrides={"gpu.nmc.temp_storage_bytes": storage * scale}).assign(
+            temp_storage=f"{scale}x") for scale in (1, 4)]
+    )
+    breakdown.to_csv(out / "breakdown.csv", index=False)
 
     adan = adan_table(args.quick, args.workers)
     adan.to_csv(out / "adan_v100.csv", index=False)
@@ -177,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         print("LAMB on near-memory ALUs vs the ideal GPU (dissertation Figure 6.4)")
         print(lamb[["grad_norm", "baseline", "temp_storage", "temp_storage_bytes", "nmc_time_s", "speedup",
                     "reference_speedup", "error", "data_reduction", "data_reduction_error"]].to_string(index=False))
+        print("\nWhere LAMB's time on NMC goes")
+        print(breakdown.to_string(index=False))
         print("\nBERT iteration with LAMB on NMC")
         print(end_to_end.to_string(index=False))
         print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
