@@ -88,8 +88,8 @@ def plot_lamb(frame: pd.DataFrame, out: Path) -> None:
         offsets = {"1x": -0.125, "4x": 0.125}
         ax.plot([order.index(b) + offsets[t] for b, t in zip(known.baseline, known.temp_storage)],
                 known.reference_speedup, "k*", markersize=10, label="dissertation")
-        ax.set_title(f"BERT-Large LAMB, gradient norm: {grad_norm}")
-        ax.legend(fontsize="small")
+        ax.set_title(f"LAMB, gradient norm: {grad_norm}")
+        ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "lamb.png", dpi=120)
     plt.close(fig)
@@ -112,6 +112,9 @@ def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
     axes = axes.ravel()
     plot.lines(sweeps["temp_storage"], "temp_storage_bytes", "speedup", by="grad_norm", ax=axes[0], logx=True,
                xlabel="temporary storage per ALU (B)", ylabel="speedup over ideal GPU")
+    sizes = sorted(sweeps["temp_storage"]["temp_storage_bytes"].unique())
+    axes[0].set_xticks(sizes, [f"{size:.0f}" for size in sizes])
+    axes[0].minorticks_off()
     plot.lines(sweeps["banks_per_alu"], "banks_per_alu", "speedup", by="temp_storage", ax=axes[1], logx=True,
                xlabel="banks per ALU", ylabel="speedup over ideal GPU")
     plot.lines(sweeps["models"], "parameters", "speedup", by="temp_storage", ax=axes[2], logx=True,
