@@ -303,3 +303,12 @@ def test_ordinary_traffic_waits_while_the_banks_run_near_memory_commands():
     assert ordinary.bytes.sum() == 0
     copy = result.ops[result.ops.kind == "elementwise"].iloc[0]
     assert copy.end_s * 1e9 > nmc.end_ns  # the copy could not finish during the broadcast
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_host_supplies_every_immediate_of_every_program(name):
+    algorithm = ALGORITHMS[name]
+    values = algorithm.immediates(HYPER, 2, {"clip": 0.5, "ratio": 2.0})
+    for plan in algorithm.nmc.values():
+        for program in plan.programs:
+            assert set(program.immediates) <= set(values), program.name
