@@ -134,8 +134,7 @@ def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
 def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.DataFrame]:
     common = {"workers": workers}
     storage = (256, 1024, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
-    models = ("bert-base", "bert-large") if quick else ("bert-base", "bert-large", "gpt2-xl", "gpt3-2.7b", "gpt3-13b",
-                                                          "gpt3-175b")
+    models = ("bert-base", "bert-large") if quick else ("bert-base", "bert-large", "megatron-gpt2", "t-nlg", "gpt3")
     return {
         "temp_storage": study.sweep_temp_storage(storage, model=model, **common),
         "banks_per_alu": study.sweep_banks_per_alu((1, 4, 16) if quick else (1, 2, 4, 8, 16), model=model, **common),
