@@ -91,3 +91,11 @@ def test_nmc_needs_near_memory_hardware():
     system = T3.with_overrides({"gpu.nmc.enabled": False})
     with pytest.raises(ValueError, match="nmc.enabled"):
         gpusim.run(system, ops.Optimizer("adam", [1024], impl="nmc"))
+
+
+def test_parameter_lists_match_published_counts():
+    sizes = {name: model_parameter_sizes(name) for name in ("bert-large", "llama2-7b", "gpt3")}
+    assert sum(sizes["llama2-7b"]) == 6_738_415_616  # Hugging Face LlamaForCausalLM, Llama-2-7b
+    assert sum(sizes["bert-large"]) == pytest.approx(336e6, rel=0.01)  # BertForPreTraining, ~340M
+    assert sum(sizes["gpt3"]) == pytest.approx(175e9, rel=0.01)
+    assert len(sizes["bert-large"]) == 5 + 24 * 16 + 2 + 7

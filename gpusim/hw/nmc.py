@@ -567,8 +567,8 @@ def execute(gpu: Gpu, broadcasts: Sequence[tuple[str, BroadcastTiming]], lane: s
     The broadcasts start ``issue_ns`` after the call (the commands' way through the memory
     controllers), and not before every channel has finished the ordinary requests scheduled so
     far; meanwhile ordinary requests wait.  Each broadcast becomes a span (category ``nmc``) on
-    ``lane`` and DRAM traffic of stream ``nmc`` (bytes read, written and updated inside the banks,
-    which never cross the channels' data bus).
+    ``lane``.  The bytes read, written and updated inside the banks never cross the channels' data
+    bus, so they are counters (``gpuN.nmc_bytes_read`` ...), not DRAM traffic of the result.
 
     Parameters
     ----------
@@ -588,6 +588,7 @@ def execute(gpu: Gpu, broadcasts: Sequence[tuple[str, BroadcastTiming]], lane: s
     start = max([now + issue_ns] + [channel.free_at for channel in channels])
     time = start
     activations = 0
+    moved = dict.fromkeys((READ, WRITE, UPDATE), 0)
     for label, timing in broadcasts:
         end = time + timing.duration_ns
         recorder.span(
@@ -606,32 +607,19 @@ def execute(gpu: Gpu, broadcasts: Sequence[tuple[str, BroadcastTiming]], lane: s
                 },
             )
         )
-        for access in (READ, WRITE, UPDATE):
-            nbytes = timing.bytes_moved(access)
-            if nbytes:
-                _record_spread(recorder, gpu.index, len(channels), access, time, end, nbytes)
+        for access in moved:
+            moved[access] += timing.bytes_moved(access)
         activations += timing.activations
         time = end
     share = activations // len(channels)
     for channel in channels:
         channel.occupy_all_banks(start, time, share)
-    recorder.count(f"gpu{gpu.index}.nmc_activations", activations)
-    recorder.count(f"gpu{gpu.index}.nmc_busy_ns", time - start)
+    prefix = f"gpu{gpu.index}.nmc_"
+    recorder.count(prefix + "activations", activations)
+    recorder.count(prefix + "busy_ns", time - start)
+    for access, nbytes in moved.items():
+        recorder.count(f"{prefix}bytes_{access}", nbytes)
     yield env.timeout(time - now)
-
-
-def _record_spread(recorder, gpu: int, channels: int, direction: str, start: float, end: float, nbytes: float) -> None:
-    """Record ``nbytes`` of stream ``nmc`` spread evenly over ``[start, end)`` and the channels."""
-    width = recorder.bin_ns
-    first, last = int(start // width), int(max(start, end - 1e-9) // width)
-    duration = max(end - start, 1e-9)
-    per_channel = nbytes / channels
-    traffic = recorder.dram
-    for index in range(first, last + 1):
-        overlap = min(end, (index + 1) * width) - max(start, index * width)
-        share = per_channel * (overlap / duration if end > start else 1.0)
-        for channel in range(channels):
-            traffic[(gpu, channel, "nmc", direction, index)] += share
 
 
 def interpret(program: NmcProgram, arrays: dict[str, np.ndarray], immediates: Mapping[str, float]) -> dict[str, float]:

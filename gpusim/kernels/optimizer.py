@@ -87,11 +87,6 @@ class Step:
         """Tensor lists of a multi-tensor launch."""
         return self.lists or len(set(self.reads) | set(self.writes))
 
-    @property
-    def arrays(self) -> tuple[str, ...]:
-        """Arrays the step touches, reads first."""
-        return tuple(dict.fromkeys(self.reads + self.writes))
-
 
 def _step(name: str, reads: str, writes: str = "", flops: float = 1.0, lists: int = 0, norm: str = "") -> Step:
     return Step(name, tuple(reads.split()), tuple(writes.split()), flops, lists, norm)
@@ -693,9 +688,6 @@ class _Run:
                     Span(f"{program.name} sync", "sync", gpu.index, lane, start, env.now, {"partial_bytes": nbytes})
                 )
         self.ctx.info["broadcasts"] = broadcasts
-
-
-IMPLEMENTATIONS = ("unfused", "fused", "multi_unfused", "multi_fused", "nmc")
 
 
 def execute_optimizer(ctx, op):

@@ -6,9 +6,8 @@ baselines the dissertation defines: an ideal GPU that reads and writes the minim
 fused kernels at a fraction of the peak HBM bandwidth.  Reference numbers live only in
 ``validation/nmc_optimizer``.
 
-Parameter lists are derived here from each model's hyperparameters (tensor by tensor, as the
-Hugging Face / Megatron implementations define them), until the workloads' model definitions are
-available.
+Parameter lists are built tensor by tensor (as the Hugging Face / Megatron / Llama implementations
+register them) from the model definitions in ``workloads/models``.
 """
 
 from __future__ import annotations
@@ -27,82 +26,101 @@ from gpusim.ops import Optimizer
 from gpusim.simulate import run
 from gpusim.sweep import sweep
 from gpusim.system import System, load_system
+from gpusim.trace.models import ModelConfig, load_model
 
 BASELINES = {"gpu-peak": 1.0, "gpu-90": 0.9, "gpu-80": 0.8}
 """The ideal GPU at a fraction of the peak HBM bandwidth (dissertation section 6.4)."""
 
 
 # -- parameter lists ------------------------------------------------------------------------------
-def bert_parameter_sizes(
-    layers: int,
-    hidden: int,
-    ffn: int,
-    vocab: int = 30522,
-    positions: int = 512,
-    token_types: int = 2,
+def parameter_sizes(
+    model: ModelConfig,
+    style: str = "decoder",
     head: str = "pretraining",
+    positions: int | None = None,
+    token_types: int = 2,
     labels: int = 2,
+    tied_output: bool = True,
 ) -> list[int]:
-    """Elements of every parameter tensor of BERT (Hugging Face ``BertForPreTraining`` or
-    ``BertForSequenceClassification``), in registration order.
+    """Elements of every parameter tensor of a transformer, in registration order.
+
+    The hyperparameters come from a model definition (``workloads/models``); what such a
+    definition does not describe (learned position embeddings, BERT's token types and heads,
+    an untied output layer) is given here.
 
     Parameters
     ----------
-    layers, hidden, ffn
-        Transformer layers, model width, feed-forward width.
-    vocab, positions, token_types
-        Embedding tables.
+    model
+        The model's hyperparameters.
+    style
+        ``"bert"`` (Hugging Face ``BertFor...``: embedding norm, Q, K and V per ``fused_qkv``,
+        post-norms, pooler and ``head``) or ``"decoder"`` (GPT / Megatron / Llama: pre-norms and a
+        final norm).  Biases and two-parameter norms exist with a GELU MLP (BERT, GPT); a gated
+        (SwiGLU) MLP model has neither (Llama, PaLM).
     head
-        ``"pretraining"`` (masked-LM transform and bias with tied decoder weights, next-sentence
-        classifier) or ``"classifier"`` (pooler and a ``labels``-way classifier).
+        BERT only: ``"pretraining"`` (masked-LM transform, norm and bias with tied decoder
+        weights; next-sentence classifier) or ``"classifier"`` (a ``labels``-way classifier).
+    positions
+        Rows of a learned position embedding (``None``: rotary or none).
+    token_types
+        BERT's token-type embedding rows.
     labels
         Classes of the classifier head.
+    tied_output
+        Whether the output layer reuses the input embedding.
     """
+    if style not in ("bert", "decoder"):
+        raise ValueError(f"style must be 'bert' or 'decoder', got {style!r}")
     if head not in ("pretraining", "classifier"):
         raise ValueError(f"head must be 'pretraining' or 'classifier', got {head!r}")
-    sizes = [vocab * hidden, positions * hidden, token_types * hidden, hidden, hidden]
-    for _ in range(layers):
-        sizes += [hidden * hidden, hidden] * 4  # query, key, value, attention output
-        sizes += [hidden, hidden]  # attention layer norm
-        sizes += [ffn * hidden, ffn, hidden * ffn, hidden]  # feed-forward
-        sizes += [hidden, hidden]  # output layer norm
-    sizes += [hidden * hidden, hidden]  # pooler
-    if head == "classifier":
-        sizes += [labels * hidden, labels]
-    else:
-        sizes += [hidden * hidden, hidden, hidden, hidden, vocab]  # MLM transform, its norm, decoder bias
-        sizes += [2 * hidden, 2]  # next-sentence classifier
-    return sizes
+    h, f = model.hidden, model.intermediate
+    kv = model.key_value_heads * model.head_dim
+    biased = model.activation == "gelu"
 
+    def linear(rows: int, cols: int) -> list[int]:
+        return [rows * cols, rows] if biased else [rows * cols]
 
-def gpt_parameter_sizes(layers: int, hidden: int, vocab: int = 50257, positions: int = 2048) -> list[int]:
-    """Elements of every parameter tensor of a GPT-2/GPT-3 style decoder (tied output embedding)."""
-    sizes = [vocab * hidden, positions * hidden]
-    for _ in range(layers):
-        sizes += [hidden, hidden, 3 * hidden * hidden, 3 * hidden, hidden * hidden, hidden]
-        sizes += [hidden, hidden, 4 * hidden * hidden, 4 * hidden, 4 * hidden * hidden, hidden]
-    sizes += [hidden, hidden]
-    return sizes
+    norm = [h, h] if biased and model.norm == "layernorm" else [h]
+    qkv = linear(h + 2 * kv, h) if model.fused_qkv else linear(h, h) + linear(kv, h) + linear(kv, h)
+    mlp = linear(f, h) + linear(h, f) if model.activation == "gelu" else linear(f, h) + linear(f, h) + linear(h, f)
+    sizes = [model.vocab * h] + ([positions * h] if positions else [])
+    if style == "bert":
+        sizes += [token_types * h] + norm
+        for _ in range(model.layers):
+            sizes += qkv + linear(h, h) + norm + mlp + norm
+        sizes += linear(h, h)  # pooler
+        if head == "classifier":
+            return sizes + linear(labels, h)
+        return sizes + linear(h, h) + norm + [model.vocab] + linear(2, h)  # MLM transform, decoder bias, NSP
+    for _ in range(model.layers):
+        sizes += norm + qkv + linear(h, h) + norm + mlp
+    sizes += norm
+    return sizes if tied_output else sizes + [model.vocab * h]
 
 
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "bert-base-classifier": ("bert", {"layers": 12, "hidden": 768, "ffn": 3072, "head": "classifier"}),
-    "bert-base": ("bert", {"layers": 12, "hidden": 768, "ffn": 3072}),
-    "bert-large": ("bert", {"layers": 24, "hidden": 1024, "ffn": 4096}),
-    "gpt2-xl": ("gpt", {"layers": 48, "hidden": 1600, "positions": 1024}),
-    "gpt3-2.7b": ("gpt", {"layers": 32, "hidden": 2560}),
-    "gpt3-13b": ("gpt", {"layers": 40, "hidden": 5140}),
-    "gpt3-175b": ("gpt", {"layers": 96, "hidden": 12288}),
+    "bert-base-classifier": ("bert-base", {"style": "bert", "head": "classifier", "positions": 512}),
+    "bert-base": ("bert-base", {"style": "bert", "positions": 512}),
+    "bert-large": ("bert-large", {"style": "bert", "positions": 512}),
+    "megatron-gpt2": ("megatron-gpt2", {"positions": 1024}),
+    "t-nlg": ("t-nlg", {"positions": 1024}),
+    "gpt3": ("gpt3", {"positions": 2048}),
+    "llama2-7b": ("llama2-7b", {"tied_output": False}),
+    "llama2-70b": ("llama2-70b", {"tied_output": False}),
 }
-"""Models by name: BERT (Devlin et al. 2019) and GPT-2/GPT-3 (Brown et al. 2020, Table 2.1)."""
+"""Models by name: the ``workloads/models`` definition and what it does not describe.  Positions:
+BERT's ``max_position_embeddings`` (google-research/bert configs), GPT-2's and Megatron's 1024,
+GPT-3's context of 2048 (Brown et al. 2020, Table 2.1); Llama-2 has rotary positions and an untied
+output layer (Touvron et al. 2023).  ``bert-base-classifier`` is the Hugging Face
+``BertForSequenceClassification`` that seeds/000 fine-tunes on IMDb."""
 
 
 def model_parameter_sizes(model: str) -> list[int]:
     """Parameter tensor sizes of a model in :data:`MODELS`."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
-    family, hyper = MODELS[model]
-    return bert_parameter_sizes(**hyper) if family == "bert" else gpt_parameter_sizes(**hyper)
+    definition, options = MODELS[model]
+    return parameter_sizes(load_model(definition), **options)
 
 
 # -- baselines and one simulated step ---------------------------------------------------------
@@ -129,14 +147,13 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
     start = time.perf_counter()
     result = run(system, Optimizer(algorithm, list(sizes), impl=impl, **fields))
     row = result.ops.iloc[0]
-    dram = result.dram
-    nmc = dram["stream"] == "nmc"
+    counters = result.counters
     return {
         "time_s": result.time_s,
         "kernels": int(row["kernels"]),
         "broadcasts": int(row.get("broadcasts", 0) or 0),
-        "dram_bytes_gpu": float(dram.loc[~nmc, "bytes"].sum()),
-        "dram_bytes_nmc": float(dram.loc[nmc, "bytes"].sum()),
+        "dram_bytes_gpu": float(result.dram["bytes"].sum()),
+        "dram_bytes_nmc": float(sum(counters.get(f"gpu0.nmc_bytes_{kind}", 0.0) for kind in ("read", "write", "update"))),
         "activations": float(result.counters.get("gpu0.dram_activations", 0.0)),
         "events": result.stats["events"],
         "wall_s": time.perf_counter() - start,
@@ -368,7 +385,7 @@ def sweep_banks_per_alu(
 
 
 def sweep_models(
-    models: Sequence[str] = ("bert-base", "bert-large", "gpt2-xl", "gpt3-2.7b", "gpt3-13b", "gpt3-175b"),
+    models: Sequence[str] = ("bert-base", "bert-large", "megatron-gpt2", "t-nlg", "gpt3"),
     system: str = "t3-table8.1",
     temp_storage_scales: Sequence[int] = (1, 4),
     workers: int | None = None,

@@ -11,6 +11,7 @@ Writes into ``--out``:
 * ``adan_v100.csv``: one Adan step of BERT-base (IMDb fine-tuning, 201 tensors) on ``v100-sxm2`` in
   the four implementations: measured and simulated time and kernel counts;
 * ``end_to_end.csv``: a BERT iteration's speedup with LAMB at 10-20% of it;
+* ``breakdown.csv``: where LAMB's time on NMC goes (column commands, row switches, GPU);
 * ``sweep_*.csv``: temporary storage, banks per ALU, model size, HBM generation, divide and square
   root cost, the other optimizers;
 * ``*.png``: plots of all of these; ``lamb_nmc.perfetto.json``: a timeline of LAMB on NMC.
@@ -87,8 +88,8 @@ def plot_lamb(frame: pd.DataFrame, out: Path) -> None:
         offsets = {"1x": -0.125, "4x": 0.125}
         ax.plot([order.index(b) + offsets[t] for b, t in zip(known.baseline, known.temp_storage)],
                 known.reference_speedup, "k*", markersize=10, label="dissertation")
-        ax.set_title(f"BERT-Large LAMB, gradient norm: {grad_norm}")
-        ax.legend(fontsize="small")
+        ax.set_title(f"LAMB, gradient norm: {grad_norm}")
+        ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "lamb.png", dpi=120)
     plt.close(fig)
@@ -111,6 +112,9 @@ def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
     axes = axes.ravel()
     plot.lines(sweeps["temp_storage"], "temp_storage_bytes", "speedup", by="grad_norm", ax=axes[0], logx=True,
                xlabel="temporary storage per ALU (B)", ylabel="speedup over ideal GPU")
+    sizes = sorted(sweeps["temp_storage"]["temp_storage_bytes"].unique())
+    axes[0].set_xticks(sizes, [f"{size:.0f}" for size in sizes])
+    axes[0].minorticks_off()
     plot.lines(sweeps["banks_per_alu"], "banks_per_alu", "speedup", by="temp_storage", ax=axes[1], logx=True,
                xlabel="banks per ALU", ylabel="speedup over ideal GPU")
     plot.lines(sweeps["models"], "parameters", "speedup", by="temp_storage", ax=axes[2], logx=True,
@@ -130,8 +134,7 @@ def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
 def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.DataFrame]:
     common = {"workers": workers}
     storage = (256, 1024, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
-    models = ("bert-base", "bert-large") if quick else ("bert-base", "bert-large", "gpt2-xl", "gpt3-2.7b", "gpt3-13b",
-                                                          "gpt3-175b")
+    models = ("bert-base", "bert-large") if quick else ("bert-base", "bert-large", "megatron-gpt2", "t-nlg", "gpt3")
     return {
         "temp_storage": study.sweep_temp_storage(storage, model=model, **common),
         "banks_per_alu": study.sweep_banks_per_alu((1, 4, 16) if quick else (1, 2, 4, 8, 16), model=model, **common),
@@ -159,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     best = lamb[(lamb.grad_norm == "banks") & (lamb.baseline == "gpu-peak")].set_index("temp_storage")["speedup"]
     end_to_end = pd.concat([study.end_to_end(best[scale]).assign(temp_storage=scale) for scale in best.index])
     end_to_end.to_csv(out / "end_to_end.csv", index=False)
+    storage = gpusim.load_system("t3-table8.1").gpu.nmc.temp_storage_bytes
+    breakdown = pd.concat(
+        [study.nmc_breakdown(model=model, overrides={"gpu.nmc.temp_storage_bytes": storage * scale}).assign(
+            temp_storage=f"{scale}x") for scale in (1, 4)]
+    )
+    breakdown.to_csv(out / "breakdown.csv", index=False)
 
     adan = adan_table(args.quick, args.workers)
     adan.to_csv(out / "adan_v100.csv", index=False)
@@ -177,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print("LAMB on near-memory ALUs vs the ideal GPU (dissertation Figure 6.4)")
         print(lamb[["grad_norm", "baseline", "temp_storage", "temp_storage_bytes", "nmc_time_s", "speedup",
                     "reference_speedup", "error", "data_reduction", "data_reduction_error"]].to_string(index=False))
+        print("\nWhere LAMB's time on NMC goes")
+        print(breakdown.to_string(index=False))
         print("\nBERT iteration with LAMB on NMC")
         print(end_to_end.to_string(index=False))
         print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
