@@ -102,14 +102,17 @@ def ring_program(kind: str, position: int, n: int) -> list[Step]:
 def ring_orders(ctx, group: list[int], channels: int) -> list[list[int]]:
     """One ring (an order of ``group``) per channel.
 
-    Inside a node the topology's ring order is used; across nodes each channel's ring leaves every
-    node through a different local GPU, so the channels spread over all NICs.
+    Inside one node the channels' rings spread over the direct links (several rings on fully
+    connected and hybrid cube-mesh nodes, see :meth:`Topology.rings`); across nodes each channel's
+    ring leaves every node through a different local GPU, so the channels spread over all NICs.
     """
     topology = ctx.machine.topology
     per_node = ctx.config.num_gpus
     nodes: dict[int, list[int]] = {}
     for rank in group:
         nodes.setdefault(topology.node_of(rank), []).append(rank)
+    if len(nodes) == 1:
+        return topology.rings(group, channels)
     local_order = topology.ring_order
     rings = []
     for channel in range(channels):
