@@ -112,8 +112,18 @@ class HbmConfig(Model):
     t_wr_cycles
         Write recovery: from the last write data into a bank to a precharge of that bank (default
         16 ns at 1 GHz; DRAMsim3's HBM2 configuration has tWR = 8 cycles of 2 ns).
+    t_rrd_cycles, t_faw_cycles
+        Activate-to-activate spacing (different banks) and the four-activate window of one
+        channel: a channel opens at most one row per ``max(t_rrd, t_faw / 4)``.  They limit
+        strided traffic whose short runs each need their own row (transposed GEMM panels).
+        0 (the default) leaves activations unlimited.
     refresh_overhead
         Fraction of time a channel is unavailable because of refresh (a derating).
+    sustained_efficiency
+        Fraction of the (refresh-derated) data-bus rate that a channel sustains on streaming
+        traffic, for losses the model does not simulate (controller scheduling at cache-line
+        granularity, ECC, address-hashing conflicts, memory power states).  1 means the data bus
+        reaches its timing limit; calibrated per GPU against memory-bound measurements.
     interleave_bytes
         Consecutive addresses stay on one channel for this many bytes, then move to the next.
     capacity_bytes
@@ -141,7 +151,10 @@ class HbmConfig(Model):
     t_wtr_cycles: float = Field(4, ge=0)
     t_rtw_cycles: float = Field(4, ge=0)
     t_wr_cycles: float = Field(16, ge=0)
+    t_rrd_cycles: float = Field(0, ge=0)
+    t_faw_cycles: float = Field(0, ge=0)
     refresh_overhead: float = Field(0.04, ge=0, lt=1)
+    sustained_efficiency: Fraction = 1.0
     interleave_bytes: Bytes = 4096
     capacity_bytes: Bytes = 32 * 2**30
     lockstep_channels: PositiveInt = 1
@@ -185,6 +198,11 @@ class HbmConfig(Model):
     def bandwidth_bytes_per_s(self) -> float:
         """Peak bandwidth of all channels together, bytes/s."""
         return self.channels * self.channel_bandwidth_bytes_per_s
+
+    @property
+    def sustained_bandwidth_bytes_per_s(self) -> float:
+        """Bandwidth of all channels on streaming traffic: peak less refresh and the sustained efficiency, bytes/s."""
+        return self.bandwidth_bytes_per_s * (1.0 - self.refresh_overhead) * self.sustained_efficiency
 
     @model_validator(mode="after")
     def _check_geometry(self) -> HbmConfig:
