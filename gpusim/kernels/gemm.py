@@ -220,19 +220,20 @@ def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY
 
 HEURISTIC_TOLERANCE = 0.03
 """Kernels estimated within this fraction of the fastest count as equally fast; the heuristic then
-prefers the largest tile (most reuse), as BLAS heuristics do."""
+prefers the largest tile (most reuse), as BLAS heuristics do, then the fewest K splits, then the
+shallower K-tile (32-deep fp16 tiles are the default of cuBLAS/CUTLASS tensor-core kernels)."""
 
 
 def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) -> GemmKernelSpec:
     """The kernel a BLAS library's heuristic would pick.
 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
-    one with the largest output tile, then the fewest K splits.
+    one with the largest output tile, then the fewest K splits, then the shallowest K-tile.
     """
     estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem)]
     fastest = min(estimate for estimate, _ in estimates)
     near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
-    return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, spec.tile_k))
+    return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, -spec.tile_k))
 
 
 def k_step(problem: GemmProblem, spec: GemmKernelSpec) -> int:
