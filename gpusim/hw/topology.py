@@ -1,6 +1,7 @@
 """Topologies as networkx graphs: GPUs, switches and the inter-node fabric, joined by directed links.
 
-Nodes are named ``gpu{i}`` (global GPU index), ``node{k}.switch`` and ``fabric``.  Every directed
+Nodes are named ``gpu{i}`` (global GPU index), ``node{k}.switch``, ``fabric`` and, when a node's
+connection to the fabric is shared, ``node{k}.uplink``.  Every directed
 edge carries ``bandwidth_bytes_per_s`` and ``latency_ns``.  Routes are shortest paths by
 latency plus serialisation of a typical packet, so traffic stays on fast intra-node links and
 leaves a node only through the NICs.
@@ -78,14 +79,23 @@ def build_graph(config: SystemConfig) -> nx.DiGraph:
     if config.nodes > 1:
         net = config.network
         graph.add_node("fabric", kind="fabric", node=-1)
-        for gpu in range(config.total_gpus):
-            attrs = {
-                "bandwidth_bytes_per_s": net.nic_bandwidth_bytes_per_s * net.nics_per_gpu,
-                "latency_ns": net.latency_ns / 2,
-                "kind": "nic",
-            }
-            graph.add_edge(gpu_node(gpu), "fabric", **attrs)
-            graph.add_edge("fabric", gpu_node(gpu), **attrs)
+        nic = {
+            "bandwidth_bytes_per_s": net.nic_bandwidth_bytes_per_s * net.nics_per_gpu,
+            "latency_ns": net.latency_ns / 2,
+            "kind": "nic",
+        }
+        for node in range(config.nodes):
+            entry = "fabric"
+            if net.node_bandwidth_bytes_per_s is not None:
+                entry = f"node{node}.uplink"
+                graph.add_node(entry, kind="uplink", node=node)
+                uplink = {"bandwidth_bytes_per_s": net.node_bandwidth_bytes_per_s, "latency_ns": 0.0, "kind": "uplink"}
+                graph.add_edge(entry, "fabric", **uplink)
+                graph.add_edge("fabric", entry, **uplink)
+            for local in range(n):
+                gpu = gpu_node(node * n + local)
+                graph.add_edge(gpu, entry, **nic)
+                graph.add_edge(entry, gpu, **nic)
     return graph
 
 
