@@ -396,6 +396,11 @@ class GpuConfig(Model):
         Calibrated fraction of the vector peak that element-wise kernels sustain.
     kernel_launch_ns
         Time from a kernel reaching the head of its queue to its first workgroup starting.
+    streaming_inflight_bytes_per_thread
+        Bytes each thread of an element-wise or row-reduction kernel keeps in flight (load width
+        times the loads it issues before using the first): the memory-level parallelism of the
+        framework's streaming kernels on this GPU.  With the miss latency it bounds a workgroup's
+        bandwidth (Little's law); calibrated per GPU.
     """
 
     name: str
@@ -408,6 +413,7 @@ class GpuConfig(Model):
     gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
+    streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config
     hbm: HbmConfig
     memctrl: MemCtrlConfig = MemCtrlConfig()

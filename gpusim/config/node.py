@@ -114,12 +114,17 @@ class ProtocolConfig(Model):
     wire_efficiency
         Payload fraction of the bytes moved: LL sends an 8-byte flag with every 8 bytes of data
         (0.5), LL128 one 8-byte flag per 128-byte line (120/128), Simple none (1).
+    channel_bytes
+        Message bytes per channel below which the library uses fewer channels (NCCL: threads
+        per channel x the protocol's per-thread threshold); ``None``: a channel per 64 KiB of a
+        rank's chunk.
     """
 
     name: str
     step_latency_ns: Nanoseconds
     base_latency_ns: Nanoseconds = 0.0
     wire_efficiency: Fraction = 1.0
+    channel_bytes: Bytes | None = None
 
 
 class CollectiveConfig(Model):

@@ -155,9 +155,12 @@ class Flags:
             succeed_at(self.env, event, time_ns + self.sync_ns - self.env.now)
 
 
-def _channels_for(ctx, op, chunk_bytes: int) -> int:
+def _channels_for(ctx, op, chunk_bytes: int, protocol=None, nbytes: int | None = None) -> int:
+    """Channels (CUs) of a collective: the configured number, fewer for small messages."""
     configured = getattr(op, "channels", None) or ctx.config.collectives.cus
     configured = min(configured, ctx.gpu.config.num_cus)
+    if protocol is not None and protocol.channel_bytes is not None and nbytes is not None:
+        return max(1, min(configured, math.ceil(nbytes / protocol.channel_bytes)))
     return max(1, min(configured, math.ceil(chunk_bytes / MIN_CHANNEL_BYTES)))
 
 
@@ -471,21 +474,24 @@ def ring_bandwidth(topology, rings: list[list[int]]) -> float:
     return sum(min(graph.edges[edge]["bandwidth_bytes_per_s"] / load[edge] for edge in edges) for edges in paths)
 
 
-def choose_protocol(ctx, kind: str, group: list[int], nbytes: int, channels: int):
+def choose_protocol(ctx, op, kind: str, group: list[int]):
     """The protocol a library's tuner picks for a ring collective: least predicted time.
 
     Predicted time = the protocol's base latency + ring steps x its step latency + the bytes one
-    rank sends / (the rings' bandwidth x its wire efficiency), as in NCCL's cost model.
+    rank sends / (the bandwidth of the protocol's rings x its wire efficiency), as in NCCL's
+    cost model.
     """
     protocols = ctx.config.collectives.protocol_list()
     if len(protocols) == 1:
         return protocols[0]
     n = len(group)
+    nbytes = op.nbytes
     steps = 2 * (n - 1) if kind == "ar" else n - 1
     sent = steps * math.ceil(nbytes / n)
-    bandwidth = ring_bandwidth(ctx.machine.topology, ring_orders(ctx, group, channels)) * 1e-9  # bytes/ns
 
     def predicted(protocol) -> float:
+        channels = _channels_for(ctx, op, math.ceil(nbytes / n), protocol, nbytes)
+        bandwidth = ring_bandwidth(ctx.machine.topology, ring_orders(ctx, group, channels)) * 1e-9  # bytes/ns
         return protocol.base_latency_ns + steps * protocol.step_latency_ns + sent / (bandwidth * protocol.wire_efficiency)
 
     return min(protocols, key=predicted)
@@ -528,9 +534,9 @@ def execute_collective(ctx, op):
     algorithm = _algorithm(ctx, op, group)
     shared = ctx.shared()
     chunk = math.ceil(op.nbytes / n)
-    channels = _channels_for(ctx, op, chunk)
     ring_on_cus = algorithm == "ring" and op.driver == "cu" and kind != "a2a"
-    protocol = choose_protocol(ctx, kind, group, op.nbytes, channels) if ring_on_cus else _simple(ctx)
+    protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else _simple(ctx)
+    channels = _channels_for(ctx, op, chunk, protocol, op.nbytes)
     flags = shared.setdefault("flags", Flags(ctx, protocol.step_latency_ns))
     if kind == "ag":
         inp = out = ctx.tensor(op.out or op.input, op.nbytes)
