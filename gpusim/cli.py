@@ -158,6 +158,58 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(Path(args.out), quick=args.quick)
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Compare the simulator with measured data; exit 1 when an error leaves its tolerance."""
+    import pandas as pd
+
+    from gpusim import validation
+
+    names = args.dataset or list(validation.DATASETS)
+    tables = []
+    broken: list[str] = []
+    for name in names:
+        dataset = validation.get(name)
+        _, table, violations = validation.report(
+            dataset, args.out, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
+            progress=not args.quiet,
+        )
+        limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
+        table["tolerance"] = [limits if subset == "all" else "" for subset in table["subset"]]
+        table["verdict"] = ["FAIL" if violations else "ok" if subset == "all" else "" for subset in table["subset"]]
+        tables.append(table)
+        broken += violations
+    table = pd.concat(tables, ignore_index=True)
+    shown = table.copy()
+    for column in ("median", "p90", "max"):
+        shown[column] = shown[column].map(lambda value: f"{value:.1%}")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(shown.to_string(index=False))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        table.to_csv(Path(args.out) / "summary.csv", index=False)
+        print(f"wrote {args.out}/ (summary.csv, one CSV and one PNG per data set)")
+    if broken:
+        print("validation FAILED:\n  " + "\n  ".join(broken), file=sys.stderr)
+        return 1
+    print("validation passed" + (f" (on a random subset of {args.points} points per data set)" if args.points else ""))
+    return 0
+
+
+def _add_validate(parser: argparse.ArgumentParser) -> None:
+    from gpusim.validation import DATASETS
+
+    parser.add_argument("--dataset", action="append", choices=list(DATASETS),
+                        help="data set to compare (repeatable; default: all)")
+    parser.add_argument("--out", default="out/validate", help="folder for the CSVs, plots and summary.csv")
+    parser.add_argument("--points", type=int, default=None,
+                        help="simulate a random subset of this many points per data set (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random subset")
+    parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
+                        help="simulation mode of single-node collectives (multi-node ones run in full mode)")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: all CPUs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", required=True, help="preset name or YAML file")
     parser.add_argument("--op", action="append", required=True, help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16"')
@@ -186,6 +238,7 @@ COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], None] | 
     "simulate": (cmd_simulate, add_simulate_arguments, "replay a trace or a generated transformer iteration"),
     "validate-trace": (cmd_validate_trace, add_validate_trace_arguments,
                        "replay a measured trace and compare simulated with measured times"),
+    "validate": (cmd_validate, _add_validate, "compare the simulator with measured hardware data (fails loudly)"),
 }
 
 

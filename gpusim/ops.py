@@ -90,7 +90,10 @@ class Gemm(Op):
     dtype
         Input and output dtype; accumulation is fp32.
     trans_a, trans_b
-        Whether A / B are transposed.
+        Whether A / B are stored transposed, in row-major (PyTorch/NumPy) terms: A is ``[m, k]``
+        or, transposed, ``[k, m]``; B is ``[k, n]`` or ``[n, k]``.  (A column-major cuBLAS call
+        with ``op(A) = N`` is ``trans_a=True`` here.)  The layout decides the contiguous runs of
+        the panels the GEMM loads, and so its DRAM row activations.
     batch
         Batch count.
     a, b, out

@@ -112,8 +112,18 @@ class HbmConfig(Model):
     t_wr_cycles
         Write recovery: from the last write data into a bank to a precharge of that bank (default
         16 ns at 1 GHz; DRAMsim3's HBM2 configuration has tWR = 8 cycles of 2 ns).
+    t_rrd_cycles, t_faw_cycles
+        Activate-to-activate spacing (different banks) and the four-activate window of one
+        channel: a channel opens at most one row per ``max(t_rrd, t_faw / 4)``.  They limit
+        strided traffic whose short runs each need their own row (transposed GEMM panels).
+        0 (the default) leaves activations unlimited.
     refresh_overhead
         Fraction of time a channel is unavailable because of refresh (a derating).
+    sustained_efficiency
+        Fraction of the (refresh-derated) data-bus rate that a channel sustains on streaming
+        traffic, for losses the model does not simulate (controller scheduling at cache-line
+        granularity, ECC, address-hashing conflicts, memory power states).  1 means the data bus
+        reaches its timing limit; calibrated per GPU against memory-bound measurements.
     interleave_bytes
         Consecutive addresses stay on one channel for this many bytes, then move to the next.
     capacity_bytes
@@ -141,7 +151,10 @@ class HbmConfig(Model):
     t_wtr_cycles: float = Field(4, ge=0)
     t_rtw_cycles: float = Field(4, ge=0)
     t_wr_cycles: float = Field(16, ge=0)
+    t_rrd_cycles: float = Field(0, ge=0)
+    t_faw_cycles: float = Field(0, ge=0)
     refresh_overhead: float = Field(0.04, ge=0, lt=1)
+    sustained_efficiency: Fraction = 1.0
     interleave_bytes: Bytes = 4096
     capacity_bytes: Bytes = 32 * 2**30
     lockstep_channels: PositiveInt = 1
@@ -185,6 +198,11 @@ class HbmConfig(Model):
     def bandwidth_bytes_per_s(self) -> float:
         """Peak bandwidth of all channels together, bytes/s."""
         return self.channels * self.channel_bandwidth_bytes_per_s
+
+    @property
+    def sustained_bandwidth_bytes_per_s(self) -> float:
+        """Bandwidth of all channels on streaming traffic: peak less refresh and the sustained efficiency, bytes/s."""
+        return self.bandwidth_bytes_per_s * (1.0 - self.refresh_overhead) * self.sustained_efficiency
 
     @model_validator(mode="after")
     def _check_geometry(self) -> HbmConfig:
@@ -378,6 +396,11 @@ class GpuConfig(Model):
         Calibrated fraction of the vector peak that element-wise kernels sustain.
     kernel_launch_ns
         Time from a kernel reaching the head of its queue to its first workgroup starting.
+    streaming_inflight_bytes_per_thread
+        Bytes each thread of an element-wise or row-reduction kernel keeps in flight (load width
+        times the loads it issues before using the first): the memory-level parallelism of the
+        framework's streaming kernels on this GPU.  With the miss latency it bounds a workgroup's
+        bandwidth (Little's law); calibrated per GPU.
     """
 
     name: str
@@ -390,6 +413,7 @@ class GpuConfig(Model):
     gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
+    streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config
     hbm: HbmConfig
     memctrl: MemCtrlConfig = MemCtrlConfig()

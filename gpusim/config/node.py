@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from gpusim.config.gpu import GpuConfig
-from gpusim.config.quantities import Bandwidth, Bytes, Model, Nanoseconds, PositiveInt
+from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Model, Nanoseconds, PositiveInt
 
 TopologyKind = Literal["ring", "fully_connected", "switch", "hybrid_cube_mesh", "custom"]
 
@@ -82,14 +82,49 @@ class NetworkConfig(Model):
         Bandwidth of one NIC per direction.
     nics_per_gpu
         NICs attached to each GPU; their bandwidths add.
+    node_bandwidth_bytes_per_s
+        Bandwidth per direction of a node's connection to the fabric, shared by all its GPUs' NICs
+        (an oversubscribed leaf switch, fewer NICs than GPUs, or a host path that all traffic
+        crosses); ``None``: the NICs reach the fabric unshared (a non-blocking, rail-optimised
+        fabric).
     latency_ns
         End-to-end latency between NICs through the fabric.
+    packet_bytes
+        Largest packet (one simulation event each) on routes that cross the fabric.
     """
 
     nic_bandwidth_bytes_per_s: Bandwidth
     nics_per_gpu: PositiveInt = 1
+    node_bandwidth_bytes_per_s: Bandwidth | None = None
     latency_ns: Nanoseconds = 3000.0
     packet_bytes: Bytes = 65536
+
+
+class ProtocolConfig(Model):
+    """A collective-library protocol (NCCL's LL, LL128, Simple): latency traded for bandwidth.
+
+    Attributes
+    ----------
+    name
+        Shown in results (``impl``).
+    step_latency_ns
+        Cost of one ring step's handshake between neighbouring GPUs (flag write and poll).
+    base_latency_ns
+        Fixed cost of a collective with this protocol, on top of the kernel launch.
+    wire_efficiency
+        Payload fraction of the bytes moved: LL sends an 8-byte flag with every 8 bytes of data
+        (0.5), LL128 one 8-byte flag per 128-byte line (120/128), Simple none (1).
+    channel_bytes
+        Message bytes per channel below which the library uses fewer channels (NCCL: threads
+        per channel x the protocol's per-thread threshold); ``None``: a channel per 64 KiB of a
+        rank's chunk.
+    """
+
+    name: str
+    step_latency_ns: Nanoseconds
+    base_latency_ns: Nanoseconds = 0.0
+    wire_efficiency: Fraction = 1.0
+    channel_bytes: Bytes | None = None
 
 
 class CollectiveConfig(Model):
@@ -102,15 +137,25 @@ class CollectiveConfig(Model):
     slice_bytes
         Pipelining granularity of a CU-driven collective: bytes one CU moves per step.
     sync_ns
-        Cost of one flag handshake between neighbouring GPUs (a small remote write + poll).
+        Cost of one flag handshake between neighbouring GPUs (a small remote write + poll), when
+        no ``protocols`` are given.
     launch_ns
         Extra set-up time of a collective kernel beyond a normal kernel launch.
+    protocols
+        Protocols a ring collective may use; the library picks, per call, the one its cost model
+        (latency per step and per call, bandwidth times wire efficiency) predicts fastest, as
+        NCCL's tuner does.  Empty: one protocol with ``sync_ns`` per step and no overhead.
     """
 
     cus: PositiveInt = 16
     slice_bytes: Bytes = 524288
     sync_ns: Nanoseconds = 1000.0
     launch_ns: Nanoseconds = 5000.0
+    protocols: list[ProtocolConfig] = []
+
+    def protocol_list(self) -> list[ProtocolConfig]:
+        """The protocols to choose from (the one made of ``sync_ns`` when none are configured)."""
+        return self.protocols or [ProtocolConfig(name="simple", step_latency_ns=self.sync_ns)]
 
 
 class SystemConfig(Model):

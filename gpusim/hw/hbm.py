@@ -150,7 +150,7 @@ class HbmChannel:
 
     def __init__(self, hbm: HbmConfig, address_map: AddressMap):
         clock = hbm.clock_hz
-        derate = 1.0 / (1.0 - hbm.refresh_overhead)
+        derate = 1.0 / ((1.0 - hbm.refresh_overhead) * hbm.sustained_efficiency)
         self.map = address_map
         self.burst_bytes = hbm.sim_burst_bytes
         self.t_rp = cycles_to_ns(hbm.t_rp_cycles, clock)
@@ -162,6 +162,10 @@ class HbmChannel:
         self.t_ccd_wl = cycles_to_ns(hbm.t_ccd_wl_cycles, clock) * derate
         self.t_wtr = cycles_to_ns(hbm.t_wtr_cycles, clock)
         self.t_rtw = cycles_to_ns(hbm.t_rtw_cycles, clock)
+        self.activate_interval = cycles_to_ns(max(hbm.t_rrd_cycles, hbm.t_faw_cycles / 4), clock)
+        self.physical_row_bytes = int(hbm.row_bytes)
+        self.lockstep = hbm.lockstep_channels
+        self.activations_free = 0.0
         banks = hbm.banks_per_channel
         self.open_row = [-1] * banks
         self.bank_free = [0.0] * banks
@@ -181,11 +185,13 @@ class HbmChannel:
         bank, row = self.map.bank_row(ch_addr)
         return self.open_row[bank] == row
 
-    def access(self, ch_addr: int, nbytes: int, kind: str, now: float) -> float:
+    def access(self, ch_addr: int, nbytes: int, kind: str, now: float, run_bytes: int | None = None) -> float:
         """Schedule a request issued at ``now``; return when its last data beat is done, ns.
 
         For reads the column latency ``t_cl`` is included; writes and updates are done when their
-        data has been written into the banks.
+        data has been written into the banks.  A request standing for strided data in runs of
+        ``run_bytes`` shorter than a row opens one row per run; the channel's activation rate
+        (``t_rrd``, ``t_faw``) then bounds it, whatever its bursts would allow.
         """
         is_write = kind != READ
         spacing = self.t_ccd_wl if kind == UPDATE else self.t_ccd_l
@@ -232,6 +238,16 @@ class HbmChannel:
             bank_free[bank] = seg_end
             if seg_end > end:
                 end = seg_end
+        if run_bytes is not None and run_bytes < self.physical_row_bytes and self.activate_interval > 0:
+            runs = -(-nbytes // run_bytes)
+            start = self.activations_free if self.activations_free > now else now
+            self.activations_free = start + runs / self.lockstep * self.activate_interval
+            stats.activations += runs
+            opened = self.activations_free + self.t_rcd
+            if opened > end:
+                end = opened
+            if self.activations_free > self.bus_free:
+                self.bus_free = self.activations_free
         if kind == READ:
             stats.bytes_read += nbytes
             return end + self.t_cl

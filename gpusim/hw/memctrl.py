@@ -299,7 +299,7 @@ class MemoryController(Component):
             if mca is not None:
                 mca.sample(len(queue) / self.capacity)
             request = queue.pop(pick(queue, now, self) if len(queue) > 1 else 0)
-            end = channel.access(request.ch_addr, request.nbytes, request.kind, now)
+            end = channel.access(request.ch_addr, request.nbytes, request.kind, now, request.run_bytes)
             done = end + self.latency if request.kind == READ else end
             request.done_ns = done
             self.served += 1

@@ -40,6 +40,7 @@ class MemorySystem:
         completion: Join | Fill | None = None,
         admission: Join | None = None,
         tag: object = None,
+        run_bytes: int | None = None,
     ) -> int:
         """Send ``[addr, addr + nbytes)`` straight to the memory controllers.
 
@@ -51,6 +52,9 @@ class MemorySystem:
             Waits until every request has entered its controller's queue (posted writes).
         tag
             Attached to each request (seen by enqueue observers such as the T3 tracker).
+        run_bytes
+            Contiguous run length of the real (strided) data the range stands for, see
+            :class:`MemRequest`; ``None``: contiguous.
 
         Returns
         -------
@@ -70,13 +74,17 @@ class MemorySystem:
                 admission.pending += 1
                 admissions = [admission]
             controllers[channel].submit(
-                MemRequest(channel, ch_addr, size, kind, stream, now, completions, admissions, None, tag)
+                MemRequest(channel, ch_addr, size, kind, stream, now, completions, admissions, None, tag, run_bytes)
             )
         return len(pieces)
 
     # -- through the L2 ---------------------------------------------------------------------
-    def read(self, addr: int, nbytes: int, join: Join, stream: str = COMPUTE, cached: bool = True) -> int:
+    def read(self, addr: int, nbytes: int, join: Join, stream: str = COMPUTE, cached: bool = True,
+             run_bytes: int | None = None) -> int:
         """Read ``nbytes`` at ``addr``; ``join`` completes when the data has arrived at the CU.
+
+        ``run_bytes`` says that the range stands for strided data in runs of that length (see
+        :class:`MemRequest`); DRAM fills then pay a row activation per run.
 
         Returns
         -------
@@ -85,7 +93,7 @@ class MemorySystem:
             the rest hit in the L2.
         """
         if not cached:
-            self.dram(addr, nbytes, READ, stream, completion=join)
+            self.dram(addr, nbytes, READ, stream, completion=join, run_bytes=run_bytes)
             return nbytes
         l2 = self.l2
         now = self.env.now
@@ -104,22 +112,23 @@ class MemorySystem:
                     run_first = block
             else:
                 if run_first >= 0:
-                    missed += self._fill(run_first, block - 1, addr, end, join, stream)
+                    missed += self._fill(run_first, block - 1, addr, end, join, stream, run_bytes)
                     run_first = -1
                 if state is not True:
                     state.wait(join, now)
                     missed += min(end, (block + 1) * size) - max(addr, block * size)
             block += 1
         if run_first >= 0:
-            missed += self._fill(run_first, last, addr, end, join, stream)
+            missed += self._fill(run_first, last, addr, end, join, stream, run_bytes)
         return missed
 
-    def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str) -> int:
+    def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str,
+              run_bytes: int | None = None) -> int:
         size = self.l2.block_bytes
         start = max(addr, first * size)
         stop = min(end, (last + 1) * size)
         fill = Fill()
-        self.dram(start, stop - start, READ, stream, completion=fill)
+        self.dram(start, stop - start, READ, stream, completion=fill, run_bytes=run_bytes)
         fill.wait(join, self.env.now)
         for block in range(first, last + 1):
             self._writeback(self.l2.insert(block, 0, fill), join)

@@ -39,6 +39,10 @@ class MemRequest:
         Called as ``on_done(request, done_ns)`` when the request is scheduled.
     tag
         Anything the requester wants to find again (e.g. a T3 tracker entry).
+    run_bytes
+        Length of the contiguous runs the range stands for when the data it represents is
+        strided in the real layout (a transposed GEMM panel: one short run per row or column);
+        ``None`` for truly contiguous data.  Each run then needs its own DRAM row activation.
 
     The memory controller fills in ``bank`` and ``row`` (of the first byte) on arrival, for
     row-hit checks, and ``done_ns`` when it schedules the request.
@@ -58,6 +62,7 @@ class MemRequest:
         "done_ns",
         "bank",
         "row",
+        "run_bytes",
     )
 
     def __init__(
@@ -72,6 +77,7 @@ class MemRequest:
         admission: list[Join] | None = None,
         on_done: Callable[[MemRequest, float], None] | None = None,
         tag: object = None,
+        run_bytes: int | None = None,
     ):
         self.channel = channel
         self.ch_addr = ch_addr
@@ -86,6 +92,7 @@ class MemRequest:
         self.done_ns: float | None = None
         self.bank = -1
         self.row = -1
+        self.run_bytes = run_bytes
 
     def wait_for_completion(self, join: Join) -> None:
         """Make ``join`` wait until this request's data is done."""

@@ -1,6 +1,7 @@
 """Topologies as networkx graphs: GPUs, switches and the inter-node fabric, joined by directed links.
 
-Nodes are named ``gpu{i}`` (global GPU index), ``node{k}.switch`` and ``fabric``.  Every directed
+Nodes are named ``gpu{i}`` (global GPU index), ``node{k}.switch``, ``fabric`` and, when a node's
+connection to the fabric is shared, ``node{k}.uplink``.  Every directed
 edge carries ``bandwidth_bytes_per_s`` and ``latency_ns``.  Routes are shortest paths by
 latency plus serialisation of a typical packet, so traffic stays on fast intra-node links and
 leaves a node only through the NICs.
@@ -8,9 +9,11 @@ leaves a node only through the NICs.
 
 from __future__ import annotations
 
-from functools import cached_property
+import itertools
+from functools import cached_property, lru_cache
 
 import networkx as nx
+import numpy as np
 
 from gpusim.config.node import SystemConfig
 
@@ -76,15 +79,68 @@ def build_graph(config: SystemConfig) -> nx.DiGraph:
     if config.nodes > 1:
         net = config.network
         graph.add_node("fabric", kind="fabric", node=-1)
-        for gpu in range(config.total_gpus):
-            attrs = {
-                "bandwidth_bytes_per_s": net.nic_bandwidth_bytes_per_s * net.nics_per_gpu,
-                "latency_ns": net.latency_ns / 2,
-                "kind": "nic",
-            }
-            graph.add_edge(gpu_node(gpu), "fabric", **attrs)
-            graph.add_edge("fabric", gpu_node(gpu), **attrs)
+        nic = {
+            "bandwidth_bytes_per_s": net.nic_bandwidth_bytes_per_s * net.nics_per_gpu,
+            "latency_ns": net.latency_ns / 2,
+            "kind": "nic",
+        }
+        for node in range(config.nodes):
+            entry = "fabric"
+            if net.node_bandwidth_bytes_per_s is not None:
+                entry = f"node{node}.uplink"
+                graph.add_node(entry, kind="uplink", node=node)
+                uplink = {"bandwidth_bytes_per_s": net.node_bandwidth_bytes_per_s, "latency_ns": 0.0, "kind": "uplink"}
+                graph.add_edge(entry, "fabric", **uplink)
+                graph.add_edge("fabric", entry, **uplink)
+            for local in range(n):
+                gpu = gpu_node(node * n + local)
+                graph.add_edge(gpu, entry, **nic)
+                graph.add_edge(entry, gpu, **nic)
     return graph
+
+
+MAX_CYCLE_CANDIDATES = 50000
+"""Directed Hamiltonian cycles enumerated when choosing rings (all of them up to 9 GPUs)."""
+
+
+@lru_cache(maxsize=64)
+def balanced_rings(gpus: tuple[int, ...], capacity: tuple[float, ...], count: int) -> tuple[tuple[int, ...], ...] | None:
+    """``count`` directed Hamiltonian cycles of ``gpus`` that load every link in proportion to its bandwidth.
+
+    Parameters
+    ----------
+    gpus
+        The GPUs, the first one starting every cycle.
+    capacity
+        Bandwidth of the link from ``gpus[i]`` to ``gpus[j]`` at index ``i * len(gpus) + j`` (0: no link).
+    count
+        Rings wanted (repetitions allowed).
+
+    Returns
+    -------
+    tuple of cycles, or None when no cycle uses direct links only.
+    """
+    n = len(gpus)
+    bandwidth = np.asarray(capacity, dtype=float)
+    cycles = []
+    for rest in itertools.islice(itertools.permutations(range(1, n)), MAX_CYCLE_CANDIDATES):
+        order = (0, *rest)
+        edges = [order[i] * n + order[(i + 1) % n] for i in range(n)]
+        if all(bandwidth[e] > 0 for e in edges):
+            cycles.append((order, edges))
+    if not cycles:
+        return None
+    edges = np.array([e for _, e in cycles])
+    inverse = np.where(bandwidth > 0, 1.0 / np.where(bandwidth > 0, bandwidth, 1.0), 0.0) * bandwidth.max()
+    load = np.zeros(n * n)
+    picked = []
+    for _ in range(count):
+        ratios = (load[edges] + 1.0) * inverse[edges]
+        worst = ratios.max(axis=1)
+        best = np.lexsort((ratios.sum(axis=1), worst))[0]
+        load[edges[best]] += 1.0
+        picked.append(tuple(gpus[i] for i in cycles[best][0]))
+    return tuple(picked)
 
 
 class Topology:
@@ -154,6 +210,30 @@ class Topology:
         if cycle is None:
             raise ValueError(f"topology {self.config.topology.kind} of {n} GPUs has no ring through direct links")
         return cycle
+
+    def link_capacity(self, src: int, dst: int) -> float:
+        """Bandwidth of the direct link from GPU ``src`` to GPU ``dst`` (0 when not directly linked), bytes/s."""
+        data = self.graph.get_edge_data(gpu_node(src), gpu_node(dst))
+        return 0.0 if data is None or data["kind"] != "link" else float(data["bandwidth_bytes_per_s"])
+
+    def rings(self, group: list[int], count: int) -> list[list[int]]:
+        """``count`` rings (orders of ``group``, one node's GPUs) that spread over the direct links.
+
+        On a fully connected or hybrid cube-mesh node a collective library builds several rings
+        through different links, so that every link carries traffic (NCCL/RCCL channels).  Each
+        ring here is a directed Hamiltonian cycle through direct links; channel after channel, the
+        cycle is chosen whose most loaded link direction (load relative to bandwidth) would be least
+        loaded, so that link loads stay proportional to link bandwidths.  On a ring or switch node,
+        or when the GPUs have no cycle through direct links, every ring is the topology's ring order.
+        """
+        ordered = sorted(group, key=lambda gpu: self.ring_order.index(gpu % self.config.num_gpus))
+        if len(group) <= 2 or self.config.topology.kind in ("ring", "switch"):
+            return [list(ordered) for _ in range(count)]
+        capacity = tuple(self.link_capacity(a, b) for a in ordered for b in ordered)
+        chosen = balanced_rings(tuple(ordered), capacity, count)
+        if chosen is None:
+            return [list(ordered) for _ in range(count)]
+        return [list(ring) for ring in chosen]
 
     @property
     def symmetric(self) -> bool:

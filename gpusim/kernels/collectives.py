@@ -102,14 +102,17 @@ def ring_program(kind: str, position: int, n: int) -> list[Step]:
 def ring_orders(ctx, group: list[int], channels: int) -> list[list[int]]:
     """One ring (an order of ``group``) per channel.
 
-    Inside a node the topology's ring order is used; across nodes each channel's ring leaves every
-    node through a different local GPU, so the channels spread over all NICs.
+    Inside one node the channels' rings spread over the direct links (several rings on fully
+    connected and hybrid cube-mesh nodes, see :meth:`Topology.rings`); across nodes each channel's
+    ring leaves every node through a different local GPU, so the channels spread over all NICs.
     """
     topology = ctx.machine.topology
     per_node = ctx.config.num_gpus
     nodes: dict[int, list[int]] = {}
     for rank in group:
         nodes.setdefault(topology.node_of(rank), []).append(rank)
+    if len(nodes) == 1:
+        return topology.rings(group, channels)
     local_order = topology.ring_order
     rings = []
     for channel in range(channels):
@@ -131,10 +134,10 @@ class Flags:
     the simulated GPU, so a flag raised "at rank 1" is the one rank 0 waits for.
     """
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, sync_ns: float | None = None):
         self.env = ctx.env
         self.machine = ctx.machine
-        self.sync_ns = ctx.config.collectives.sync_ns
+        self.sync_ns = ctx.config.collectives.sync_ns if sync_ns is None else sync_ns
         self._events: dict[tuple, Event] = {}
 
     def event(self, what: str, rank: int, *key: int) -> Event:
@@ -152,9 +155,12 @@ class Flags:
             succeed_at(self.env, event, time_ns + self.sync_ns - self.env.now)
 
 
-def _channels_for(ctx, op, chunk_bytes: int) -> int:
+def _channels_for(ctx, op, chunk_bytes: int, protocol=None, nbytes: int | None = None) -> int:
+    """Channels (CUs) of a collective: the configured number, fewer for small messages."""
     configured = getattr(op, "channels", None) or ctx.config.collectives.cus
     configured = min(configured, ctx.gpu.config.num_cus)
+    if protocol is not None and protocol.channel_bytes is not None and nbytes is not None:
+        return max(1, min(configured, math.ceil(nbytes / protocol.channel_bytes)))
     return max(1, min(configured, math.ceil(chunk_bytes / MIN_CHANNEL_BYTES)))
 
 
@@ -179,9 +185,12 @@ class RingKernel:
         Workgroups (CUs).
     tag
         Distinguishes several ring phases of one op in the flags.
+    wire_efficiency
+        Payload fraction of the bytes the protocol moves (received data is inflated by its inverse
+        on the links and in the staging buffer).
     """
 
-    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0):
+    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, wire_efficiency=1.0):
         self.ctx = ctx
         self.gpu = ctx.gpu
         self.env = ctx.env
@@ -194,6 +203,7 @@ class RingKernel:
         self.tag = tag
         self.rings = ring_orders(ctx, group, channels)
         self.channels = channels
+        self.wire_efficiency = wire_efficiency
         self.piece = math.ceil(self.chunk / channels)
         slice_bytes = int(ctx.config.collectives.slice_bytes)
         self.slices = max(1, math.ceil(self.piece / slice_bytes))
@@ -245,9 +255,10 @@ class RingKernel:
                         yield arrived
                 reads = Join(env)
                 moved = 0
+                wire = math.ceil(size / self.wire_efficiency)
                 if step.recv == "stage" and step.reduce:
-                    memory.read(self._stage_addr(step.index, in_chunk), size, reads, COMM, self.stage.cached)
-                    moved += size
+                    memory.read(self._stage_addr(step.index, in_chunk), wire, reads, COMM, self.stage.cached)
+                    moved += wire
                 if step.read_local:
                     memory.read(self.inp.addr + offset, size, reads, COMM, self.inp.cached)
                     moved += size
@@ -257,7 +268,7 @@ class RingKernel:
                 if step.reduce:
                     elements = size / self.elem_bytes
                     reads.extend_to(cu.compute(env.now, elements, self.flops_per_ns, COLLECTIVE_SHAPE.threads // 64))
-                reads.extend_to(cu.memory(env.now, moved + (size if step.send else 0)))
+                reads.extend_to(cu.memory(env.now, moved + (wire if step.send else 0)))
                 yield reads.close()
                 if step.recv == "stage":
                     flags.raise_at("ack", me, env.now, tag, step.index, channel, s)
@@ -273,7 +284,7 @@ class RingKernel:
                     else:
                         target = self.out.addr + offset
                     delivered = Countdown(self._arrival(nxt, step.index + 1, channel, s))
-                    yield from interconnect.transfer(me, nxt, target, size, WRITE, delivered)
+                    yield from interconnect.transfer(me, nxt, target, wire, WRITE, delivered)
                     delivered.close(env.now)
         yield pending_writes.close()
 
@@ -449,6 +460,49 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
             yield arrived
 
 
+def ring_bandwidth(topology, rings: list[list[int]]) -> float:
+    """Bytes/s the rings can move together: each ring at the share of its bottleneck link that it gets
+    when every link (or port, NIC) is divided evenly among the rings crossing it."""
+    load: dict[tuple[str, str], int] = {}
+    paths = []
+    for ring in rings:
+        edges = [edge for a, b in zip(ring, ring[1:] + ring[:1]) for edge in topology.route(a, b)]
+        paths.append(edges)
+        for edge in edges:
+            load[edge] = load.get(edge, 0) + 1
+    graph = topology.graph
+    return sum(min(graph.edges[edge]["bandwidth_bytes_per_s"] / load[edge] for edge in edges) for edges in paths)
+
+
+def choose_protocol(ctx, op, kind: str, group: list[int]):
+    """The protocol a library's tuner picks for a ring collective: least predicted time.
+
+    Predicted time = the protocol's base latency + ring steps x its step latency + the bytes one
+    rank sends / (the bandwidth of the protocol's rings x its wire efficiency), as in NCCL's
+    cost model.
+    """
+    protocols = ctx.config.collectives.protocol_list()
+    if len(protocols) == 1:
+        return protocols[0]
+    n = len(group)
+    nbytes = op.nbytes
+    steps = 2 * (n - 1) if kind == "ar" else n - 1
+    sent = steps * math.ceil(nbytes / n)
+
+    def predicted(protocol) -> float:
+        channels = _channels_for(ctx, op, math.ceil(nbytes / n), protocol, nbytes)
+        bandwidth = ring_bandwidth(ctx.machine.topology, ring_orders(ctx, group, channels)) * 1e-9  # bytes/ns
+        return protocol.base_latency_ns + steps * protocol.step_latency_ns + sent / (bandwidth * protocol.wire_efficiency)
+
+    return min(protocols, key=predicted)
+
+
+def _simple(ctx):
+    """The configured protocol with full wire efficiency (NCCL's Simple), for non-ring algorithms."""
+    protocols = ctx.config.collectives.protocol_list()
+    return max(protocols, key=lambda protocol: (protocol.wire_efficiency, -protocol.step_latency_ns))
+
+
 def _node_groups(ctx, group: list[int]) -> tuple[list[int], list[int]]:
     """This rank's node-local group and its cross-node group (same local index)."""
     topology = ctx.machine.topology
@@ -479,13 +533,16 @@ def execute_collective(ctx, op):
     kind = {"allreduce": "ar", "reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}[op.collective]
     algorithm = _algorithm(ctx, op, group)
     shared = ctx.shared()
-    flags = shared.setdefault("flags", Flags(ctx))
+    chunk = math.ceil(op.nbytes / n)
+    ring_on_cus = algorithm == "ring" and op.driver == "cu" and kind != "a2a"
+    protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else _simple(ctx)
+    channels = _channels_for(ctx, op, chunk, protocol, op.nbytes)
+    flags = shared.setdefault("flags", Flags(ctx, protocol.step_latency_ns))
     if kind == "ag":
         inp = out = ctx.tensor(op.out or op.input, op.nbytes)
     else:
         inp = ctx.tensor(op.input, op.nbytes)
         out = ctx.tensor(op.out, op.nbytes) if op.out is not None or kind != "ar" else inp
-    chunk = math.ceil(op.nbytes / n)
     if op.driver == "dma":
         if kind == "a2a" or algorithm != "ring":
             raise ValueError(f"{op.label}: DMA-driven collectives support the ring algorithm for rs/ag/ar")
@@ -493,22 +550,22 @@ def execute_collective(ctx, op):
         yield from dma_ring(ctx, kind, group, op.nbytes, inp, flags)
         ctx.info.update(impl=f"dma_ring_{kind}")
         return
-    overhead = ctx.gpu.config.kernel_launch_ns + ctx.config.collectives.launch_ns
+    overhead = ctx.gpu.config.kernel_launch_ns + ctx.config.collectives.launch_ns + protocol.base_latency_ns
     if algorithm == "hierarchical":
         yield from _hierarchical(ctx, op, kind, group, inp, out, flags, overhead)
         return
     stage = ctx.tensor(None, chunk * (n if algorithm == "direct" else 2))
-    channels = _channels_for(ctx, op, chunk)
     if algorithm == "ring":
         if kind == "a2a":
             raise ValueError(f"{op.label}: all-to-all has no ring algorithm; use 'direct'")
-        kernel = RingKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
+        kernel = RingKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels,
+                            wire_efficiency=protocol.wire_efficiency)
     elif algorithm == "direct":
         kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
     else:
         raise ValueError(f"{op.label}: unknown algorithm {algorithm!r}")
     yield from ctx.launch(kernel.kernel, overhead)
-    ctx.info.update(impl=kernel.kernel.info["impl"], channels=channels)
+    ctx.info.update(impl=kernel.kernel.info["impl"], channels=channels, protocol=protocol.name)
 
 
 def _hierarchical(ctx, op, kind, group, inp, out, flags, overhead):

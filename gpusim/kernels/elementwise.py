@@ -86,7 +86,8 @@ class StreamingKernel:
         self.chunks = max(1, min(most, per_wg))
         self.units = units
         self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
-        self.inflight_bytes = threads * BYTES_PER_THREAD * max(1, len(reads))
+        per_thread = gpu.config.streaming_inflight_bytes_per_thread
+        self.inflight_bytes = threads * per_thread * max(1, len(reads))
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.kernel = Kernel(
             name=name,

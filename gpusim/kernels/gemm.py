@@ -114,7 +114,11 @@ class GemmProblem:
     dtype
         Input dtype (C is written in the same dtype; accumulation is fp32).
     trans_a, trans_b
-        Transposes (they change the contiguous dimension of A and B, see :func:`run_bytes`).
+        Whether A / B are stored transposed.  Matrices are row-major (PyTorch/NumPy convention):
+        A is ``[m, k]`` (K contiguous), or ``[k, m]`` when ``trans_a``; B is ``[k, n]`` (N
+        contiguous), or ``[n, k]`` when ``trans_b``.  A column-major BLAS call (cuBLAS) with
+        ``op(A) = N`` is a row-major ``trans_a=True``.  The layout decides the contiguous runs of the
+        panels a workgroup loads (:func:`panel_runs`).
     batch
         Independent GEMMs of the same shape (strided batched GEMM).
     """
@@ -141,6 +145,20 @@ class GemmProblem:
     def min_bytes(self) -> float:
         """Compulsory DRAM traffic: read A and B once, write C once."""
         return (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype_bytes * self.batch
+
+
+def panel_runs(problem: GemmProblem, spec: GemmKernelSpec) -> tuple[int, int]:
+    """Contiguous run length in bytes of the A and B panels a workgroup loads per K-tile.
+
+    Matrices are row-major (:class:`GemmProblem`): A ``[m, k]`` is contiguous along K, so a
+    workgroup's ``tile_m x tile_k`` panel is ``tile_m`` runs of ``tile_k`` elements; transposed
+    (stored ``[k, m]``) it is ``tile_k`` runs of ``tile_m``.  Likewise B ``[k, n]`` gives runs of
+    ``tile_n``, transposed (stored ``[n, k]``) runs of ``tile_k``.
+    """
+    size = problem.dtype_bytes
+    run_a = (spec.tile_m if problem.trans_a else spec.tile_k) * size
+    run_b = (spec.tile_k if problem.trans_b else spec.tile_n) * size
+    return run_a, run_b
 
 
 def tiles(problem: GemmProblem, spec: GemmKernelSpec) -> tuple[int, int]:
@@ -178,14 +196,14 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     l2_bytes = groups * wg_bytes
     partials = problem.m * problem.n * problem.batch * ACCUMULATOR_BYTES * spec.split_k if spec.split_k > 1 else 0
     dram_bytes = problem.min_bytes + partials
-    memory = max(l2_bytes / gpu.l2.bandwidth_bytes_per_s, dram_bytes / gpu.hbm.bandwidth_bytes_per_s) * 1e9
+    memory = max(l2_bytes / gpu.l2.bandwidth_bytes_per_s, dram_bytes / gpu.hbm.sustained_bandwidth_bytes_per_s) * 1e9
     # Little's law: a CU moves at most its WGs' (and its own) in-flight bytes per access latency.
     miss_latency = gpu.unloaded_miss_latency_ns
     hit_latency = min(gpu.l2.hit_latency_ns, miss_latency)
     latency = hit_latency + min(1.0, problem.min_bytes / l2_bytes) * (miss_latency - hit_latency)
     inflight = min(concurrent * spec.inflight_bytes(problem.dtype), gpu.cu.max_inflight_bytes)
     parallelism = per_cu * wg_bytes * latency / inflight
-    reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.bandwidth_bytes_per_s * 1e9
+    reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.sustained_bandwidth_bytes_per_s * 1e9
     return max(compute, memory, parallelism) + reduction + (gpu.kernel_launch_ns if spec.split_k > 1 else 0.0)
 
 
@@ -202,19 +220,20 @@ def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY
 
 HEURISTIC_TOLERANCE = 0.03
 """Kernels estimated within this fraction of the fastest count as equally fast; the heuristic then
-prefers the largest tile (most reuse), as BLAS heuristics do."""
+prefers the largest tile (most reuse), as BLAS heuristics do, then the fewest K splits, then the
+shallower K-tile (32-deep fp16 tiles are the default of cuBLAS/CUTLASS tensor-core kernels)."""
 
 
 def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) -> GemmKernelSpec:
     """The kernel a BLAS library's heuristic would pick.
 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
-    one with the largest output tile, then the fewest K splits.
+    one with the largest output tile, then the fewest K splits, then the shallowest K-tile.
     """
     estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem)]
     fastest = min(estimate for estimate, _ in estimates)
     near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
-    return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, spec.tile_k))
+    return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, -spec.tile_k))
 
 
 def k_step(problem: GemmProblem, spec: GemmKernelSpec) -> int:
@@ -311,6 +330,7 @@ class GemmKernel:
         self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if spec.split_k > 1 else problem.dtype_bytes)
         self.inflight_bytes = spec.inflight_bytes(problem.dtype)
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
+        self.run_a, self.run_b = panel_runs(problem, spec)
         self.kernel = Kernel(
             name=name or f"gemm_{spec.name}",
             num_wgs=num_workgroups(problem, spec),
@@ -368,9 +388,9 @@ class GemmKernel:
         memory = gpu.memory
         missed = 0
         if a_bytes:
-            missed += memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached)
+            missed += memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached, self.run_a)
         if b_bytes:
-            missed += memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached)
+            missed += memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached, self.run_b)
         join.extend_to(cu.memory(env.now, a_bytes + b_bytes, missed))
         return join
 

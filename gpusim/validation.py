@@ -1,0 +1,423 @@
+"""Comparisons of the simulator against measured hardware data (``validation/measured/``).
+
+A :class:`DataSet` names a measured CSV, the preset it is compared on, how one measured row becomes
+a simulation, and the error tolerances it must meet.  :func:`compare` simulates the rows (in
+parallel processes through :func:`gpusim.sweep.sweep`) and returns measured and simulated times
+and their relative error; :func:`error_stats` summarises the errors; :func:`violations` says which
+tolerances a comparison breaks.  ``gpusim validate``, the scripts in ``validation/calibration/`` and
+the calibration tests all go through here, so they judge the same numbers.
+
+Errors are relative to the measurement: ``error = simulated / measured - 1``; statistics are of
+``|error|``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpusim.errors import ConfigError
+
+MEASURED_DIR = Path(__file__).resolve().parents[1] / "validation" / "measured"
+"""Where the repository keeps its copies of the measured data (with SOURCES.md)."""
+
+STATISTICS = ("median", "p90", "max")
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """One measured data set and how the simulator is compared with it.
+
+    Attributes
+    ----------
+    name
+        Identifier (``gemm-v100-deepbench``).
+    description
+        One line: what was measured, on what.
+    file
+        CSV file name under :data:`MEASURED_DIR`.
+    system
+        Preset the rows are simulated on.
+    point
+        ``point(row) -> dict``: the simulation parameters of one measured row (plain values).
+    measured_s
+        ``measured_s(frame) -> Series``: the measured time of every row, s.
+    tolerances
+        Largest allowed absolute relative error per statistic (``{"median": 0.15, "p90": 0.35}``).
+    select
+        ``select(frame) -> frame``: the rows that belong to the comparison (default: all).
+    group
+        Column whose values are reported separately as well (e.g. the GPU count).
+    plot_x, plot_by
+        Column to plot measured and simulated times against (and to colour by) in reports.
+    """
+
+    name: str
+    description: str
+    file: str
+    system: str
+    point: Callable[[pd.Series], dict[str, Any]]
+    measured_s: Callable[[pd.DataFrame], pd.Series]
+    tolerances: dict[str, float]
+    select: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+    group: str | None = None
+    plot_x: str | None = None
+    plot_by: str | None = None
+
+    def load(self) -> pd.DataFrame:
+        """The measured rows of the comparison, with a ``measured_s`` column."""
+        path = MEASURED_DIR / self.file
+        if not path.is_file():
+            raise ConfigError(f"data set {self.name!r}: measured data {path} is missing")
+        frame = pd.read_csv(path)
+        if self.select is not None:
+            frame = self.select(frame)
+        frame = frame.reset_index(drop=True)
+        frame["measured_s"] = self.measured_s(frame).to_numpy(dtype=float)
+        return frame
+
+
+# -- simulation of one point (top level, so that worker processes can run it) -------------------
+def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = None, mode: str = "full",
+                   **params: Any) -> dict[str, Any]:
+    """Simulate one measured configuration and return ``simulated_s`` and the implementation used.
+
+    Parameters
+    ----------
+    kind
+        ``gemm``, ``elementwise``, ``rowreduce`` or ``allreduce``.
+    system
+        Preset name.
+    overrides
+        Dotted-path overrides of the preset (e.g. ``{"nodes": 2}``).
+    mode
+        ``full`` or ``symmetric``.
+    params
+        The op's parameters.
+    """
+    import gpusim
+    from gpusim import ops
+
+    hardware = gpusim.load_system(system, overrides or {})
+    if kind == "gemm":
+        op = ops.Gemm(params["m"], params["n"], params["k"], params.get("dtype", "fp16"),
+                      bool(params.get("trans_a", False)), bool(params.get("trans_b", False)))
+    elif kind == "elementwise":
+        op = ops.Elementwise(params["op"], params["elements"], params.get("dtype", "fp16"))
+    elif kind == "rowreduce":
+        op = ops.RowReduce(params["op"], params["rows"], params["cols"], params.get("dtype", "fp16"))
+    elif kind == "allreduce":
+        op = ops.AllReduce(params["nbytes"], params.get("dtype", "fp16"))
+    else:
+        raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce")
+    result = gpusim.run(hardware, op, mode=mode)
+    return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
+            "sim_wall_s": result.stats["wall_s"]}
+
+
+# -- the data sets ----------------------------------------------------------------------------
+def _ms(column: str) -> Callable[[pd.DataFrame], pd.Series]:
+    def measured(frame: pd.DataFrame) -> pd.Series:
+        return frame[column] * 1e-3
+
+    return measured
+
+
+def _gemm_point(system: str, column_major: bool) -> Callable[[pd.Series], dict[str, Any]]:
+    """Rows of m, n, k (and, for BLAS data, the column-major ``N``/``T`` flags of A and B).
+
+    gpusim's GEMM is row-major: a column-major operand that is not transposed (``N``) is, in
+    row-major terms, stored transposed, so the flags flip.  PyTorch's matmul (LLMCompass) is
+    row-major with no transposes.
+    """
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        if column_major:
+            transposes = {"trans_a": str(row["trans_a"]) == "N", "trans_b": str(row["trans_b"]) == "N"}
+        else:
+            transposes = {"trans_a": False, "trans_b": False}
+        return {"kind": "gemm", "system": system, "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+                "dtype": str(row.get("dtype", "fp16")), **transposes}
+
+    return point
+
+
+def _gelu_point(row: pd.Series) -> dict[str, Any]:
+    return {"kind": "elementwise", "system": "mi210", "op": "gelu", "elements": int(row["elements"]),
+            "dtype": str(row["dtype"])}
+
+
+def _rowreduce_point(kind: str) -> Callable[[pd.Series], dict[str, Any]]:
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "rowreduce", "system": "mi210", "op": kind, "rows": int(row["m"]), "cols": int(row["n"]),
+                "dtype": str(row["dtype"])}
+
+    return point
+
+
+ALLREDUCE_MIN_BYTES = 2**20
+ALLREDUCE_MAX_BYTES = 64 * 2**20
+
+
+def _allreduce_select(frame: pd.DataFrame) -> pd.DataFrame:
+    in_node = frame["num_workers"] == frame["devices_per_node"]
+    two_full_nodes = (frame["num_workers"] == 16) & (frame["devices_per_node"] == 8)
+    sizes = frame["size_bytes"].between(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES)
+    chosen = frame[(in_node | two_full_nodes) & sizes].copy()
+    chosen["gpus"] = chosen["num_workers"]
+    return chosen
+
+
+def _allreduce_point(row: pd.Series) -> dict[str, Any]:
+    workers, per_node = int(row["num_workers"]), int(row["devices_per_node"])
+    if workers > per_node:
+        overrides = {"nodes": workers // per_node, "num_gpus": per_node}
+    else:
+        overrides = {"num_gpus": workers}
+    return {"kind": "allreduce", "system": "dgx-a100", "overrides": overrides, "nbytes": int(row["size_bytes"]),
+            "dtype": "fp16"}
+
+
+DATASETS: dict[str, DataSet] = {
+    dataset.name: dataset
+    for dataset in (
+        DataSet(
+            name="gemm-v100-deepbench",
+            description="DeepBench's 160 FP16 GEMMs (cuBLAS, CUDA 10.1) on a V100 SXM2",
+            file="deepbench_v100_gemm_fp16.csv",
+            system="v100-sxm2",
+            point=_gemm_point("v100-sxm2", column_major=True),
+            measured_s=_ms("time_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+        ),
+        DataSet(
+            name="gemm-mi210",
+            description="LLMCompass's 22 FP16 GEMMs (PyTorch/rocBLAS) on an MI210",
+            file="llmcompass_mi210_gemm_fp16.csv",
+            system="mi210",
+            point=_gemm_point("mi210", column_major=False),
+            measured_s=_ms("time_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+        ),
+        DataSet(
+            name="softmax-mi210",
+            description="LLMCompass's row-wise softmax over m x n fp16 (PyTorch) on an MI210",
+            file="llmcompass_mi210_softmax_fp16.csv",
+            system="mi210",
+            point=_rowreduce_point("softmax"),
+            measured_s=_ms("time_ms"),
+            tolerances={"median": 0.20},
+        ),
+        DataSet(
+            name="layernorm-mi210",
+            description="LLMCompass's row-wise layernorm over m x n fp16 (torch.compile) on an MI210",
+            file="llmcompass_mi210_layernorm_fp16.csv",
+            system="mi210",
+            point=_rowreduce_point("layernorm"),
+            measured_s=_ms("time_ms"),
+            tolerances={"median": 0.20},
+        ),
+        DataSet(
+            name="gelu-mi210",
+            description="LLMCompass's element-wise GeLU over N fp16 values (torch.compile) on an MI210",
+            file="llmcompass_mi210_gelu_fp16.csv",
+            system="mi210",
+            point=_gelu_point,
+            measured_s=_ms("time_ms"),
+            tolerances={"median": 0.20},
+            plot_x="elements",
+        ),
+        DataSet(
+            name="allreduce-dgx-a100",
+            description="vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 GPUs in a node and "
+            "16 GPUs in two nodes, 1-64 MiB",
+            file="vidur_a100_dgx_all_reduce.csv",
+            system="dgx-a100",
+            point=_allreduce_point,
+            measured_s=_ms("time_ms_median"),
+            tolerances={"median": 0.15},
+            select=_allreduce_select,
+            group="gpus",
+            plot_x="size_bytes",
+            plot_by="gpus",
+        ),
+    )
+}
+"""The comparisons ``gpusim validate`` runs, by name."""
+
+
+def get(name: str) -> DataSet:
+    """The data set called ``name``; the error lists the known ones."""
+    if name not in DATASETS:
+        raise ConfigError(f"unknown validation data set {name!r}; known: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def sample(frame: pd.DataFrame, count: int | None, seed: int = 0, by: str | None = None) -> pd.DataFrame:
+    """A reproducible random subset of ``count`` rows (all rows when ``count`` is None or larger).
+
+    With ``by``, the rows are drawn evenly from each value of that column.
+    """
+    if count is None or count >= len(frame):
+        return frame
+    if by is None:
+        return frame.sample(n=count, random_state=seed).sort_index()
+    groups = list(frame.groupby(by, sort=True))
+    per_group = max(1, count // len(groups))
+    parts = [part.sample(n=min(per_group, len(part)), random_state=seed) for _, part in groups]
+    return pd.concat(parts).sort_index()
+
+
+def holdout_split(frame: pd.DataFrame, seed: int = 0, fraction: float = 0.5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A reproducible random split into a fitting part and a held-out part."""
+    fit = frame.sample(frac=fraction, random_state=seed)
+    return fit.sort_index(), frame.drop(fit.index)
+
+
+def compare(dataset: DataSet | str, rows: pd.DataFrame | None = None, overrides: dict[str, Any] | None = None,
+            mode: str = "full", workers: int | None = None, progress: bool = True) -> pd.DataFrame:
+    """Simulate the measured rows of ``dataset`` and return them with the simulated times.
+
+    Parameters
+    ----------
+    dataset
+        A data set or its name.
+    rows
+        The rows to simulate (default: all of :meth:`DataSet.load`).
+    overrides
+        Extra preset overrides applied to every row (e.g. to try a calibration value).
+    mode
+        Simulation mode of single-node points (multi-node points always run in full mode).
+    workers
+        Processes (default: the CPUs available).
+    progress
+        Show a progress bar.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows with ``measured_s``, ``simulated_s``, ``error`` (simulated / measured - 1),
+        ``abs_error`` and ``impl``.
+    """
+    from gpusim.sweep import sweep
+
+    dataset = get(dataset) if isinstance(dataset, str) else dataset
+    frame = dataset.load() if rows is None else rows.reset_index(drop=True)
+    points = []
+    for _, row in frame.iterrows():
+        point = dataset.point(row)
+        merged = {**point.get("overrides", {}), **(overrides or {})}
+        point["overrides"] = merged
+        multi_node = int(merged.get("nodes", 1)) > 1
+        point["mode"] = "full" if multi_node else mode
+        points.append(point)
+    simulated = sweep(simulate_point, points, workers=workers, progress=progress, description=dataset.name)
+    frame = frame.copy()
+    frame["simulated_s"] = simulated["simulated_s"].to_numpy()
+    frame["impl"] = simulated["impl"].to_numpy()
+    frame["sim_wall_s"] = simulated["sim_wall_s"].to_numpy()
+    frame["error"] = frame["simulated_s"] / frame["measured_s"] - 1.0
+    frame["abs_error"] = frame["error"].abs()
+    frame.insert(0, "dataset", dataset.name)
+    return frame
+
+
+def error_stats(frame: pd.DataFrame) -> dict[str, float]:
+    """Median, 90th percentile and maximum of ``|error|``, and the number of points."""
+    errors = frame["abs_error"].to_numpy(dtype=float)
+    if errors.size == 0:
+        return {"points": 0, "median": math.nan, "p90": math.nan, "max": math.nan}
+    return {
+        "points": int(errors.size),
+        "median": float(np.median(errors)),
+        "p90": float(np.quantile(errors, 0.9)),
+        "max": float(errors.max()),
+    }
+
+
+def summary(frame: pd.DataFrame, dataset: DataSet | str | None = None) -> pd.DataFrame:
+    """One row of error statistics per data set (and per group of a grouped data set)."""
+    rows = []
+    for name, part in frame.groupby("dataset", sort=False):
+        current = get(name) if dataset is None else (get(dataset) if isinstance(dataset, str) else dataset)
+        rows.append({"dataset": name, "subset": "all", **error_stats(part)})
+        if current.group is not None:
+            for value, sub in part.groupby(current.group, sort=True):
+                rows.append({"dataset": name, "subset": f"{current.group}={value}", **error_stats(sub)})
+    return pd.DataFrame(rows)
+
+
+def violations(frame: pd.DataFrame, dataset: DataSet | str) -> list[str]:
+    """The tolerances of ``dataset`` that the comparison ``frame`` breaks (empty when it meets them)."""
+    dataset = get(dataset) if isinstance(dataset, str) else dataset
+    stats = error_stats(frame)
+    broken = []
+    for statistic, limit in dataset.tolerances.items():
+        value = stats[statistic]
+        if not value <= limit:
+            broken.append(f"{dataset.name}: {statistic} |error| {value:.1%} exceeds its tolerance {limit:.0%}")
+    return broken
+
+
+def report(dataset: DataSet | str, out: str | Path | None = None, points: int | None = None, seed: int = 0,
+           mode: str = "full", workers: int | None = None, progress: bool = True
+           ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Compare ``dataset`` (or a random subset of ``points`` rows), and write its CSV and plot.
+
+    Parameters
+    ----------
+    dataset
+        A data set or its name.
+    out
+        Folder for ``NAME.csv`` (measured, simulated, error per point) and ``NAME.png``; nothing
+        is written when None.
+    points
+        Simulate only this many rows, drawn at random (evenly over the data set's groups).
+    seed
+        Seed of that draw.
+    mode, workers, progress
+        As in :func:`compare`.
+
+    Returns
+    -------
+    tuple
+        The compared rows, their :func:`summary` and the :func:`violations` of the tolerances.
+    """
+    dataset = get(dataset) if isinstance(dataset, str) else dataset
+    rows = sample(dataset.load(), points, seed, by=dataset.group)
+    frame = compare(dataset, rows, mode=mode, workers=workers, progress=progress)
+    table = summary(frame, dataset)
+    broken = violations(frame, dataset)
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(folder / f"{dataset.name}.csv", index=False)
+        write_plot(frame, dataset, folder / f"{dataset.name}.png")
+    return frame, table, broken
+
+
+def write_plot(frame: pd.DataFrame, dataset: DataSet, path: Path) -> None:
+    """Measured against simulated, and the error of every point (and the times against
+    :attr:`DataSet.plot_x` when the data set has one), as a PNG."""
+    import matplotlib.pyplot as plt
+
+    from gpusim import plot
+
+    panels = 3 if dataset.plot_x else 2
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    plot.measured_vs_simulated(frame, ax=axes[0])
+    axes[0].set_title(dataset.name)
+    tolerance = dataset.tolerances.get("median")
+    plot.relative_error(frame, ax=axes[1], tolerance=tolerance)
+    axes[1].set_title("simulated / measured - 1")
+    if dataset.plot_x:
+        plot.measured_and_simulated(frame, dataset.plot_x, by=dataset.plot_by, ax=axes[2])
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
