@@ -17,6 +17,7 @@ from gpusim.kernels.fused import (
     ring_reduce_scatter_config,
     workgroup_order,
 )
+from gpusim.kernels.gemm import grouped_order
 
 RING8 = gpusim.load_system("t3-ring8")
 FC4 = RING8.with_overrides({"topology.kind": "fully_connected", "num_gpus": 4})
@@ -72,13 +73,18 @@ def test_thresholds_are_tile_size_times_updates_per_element(n, valid):
         assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
 
 
-def test_staggered_workgroup_order_covers_every_tile_once():
+def test_staggered_workgroup_order_permutes_chunks_and_keeps_the_rasterization_inside_them():
     layout = ChunkLayout(1024, [1024] * 50, 8)
     config = ring_reduce_scatter_config(list(range(8)), 3)
-    order = workgroup_order(config, layout, stagger=True)
+    base = grouped_order(5, 10)  # 5 x 10 tiles
+    order = workgroup_order(config, layout, True, base)
     assert sorted(order) == list(range(50))
-    assert layout.chunk_of(order[0]) == 2 and layout.chunk_of(order[-1]) == 3
-    assert workgroup_order(config, layout, stagger=False) == list(range(50))
+    chunks = [layout.chunk_of(tile) for tile in order]
+    assert chunks == sorted(chunks, key=config.production_order.index)  # whole chunks, in production order
+    for chunk in range(8):
+        inside = [tile for tile in order if layout.chunk_of(tile) == chunk]
+        assert inside == [tile for tile in base if layout.chunk_of(tile) == chunk]
+    assert workgroup_order(config, layout, False, base) == base
 
 
 def run(system, op, mode="symmetric", policy="round-robin"):

@@ -45,7 +45,16 @@ from gpusim.hw.hbm import UPDATE
 from gpusim.hw.request import COMPUTE
 from gpusim.hw.tracker import TrackedRegion
 from gpusim.kernels.collectives import ring_orders
-from gpusim.kernels.gemm import GemmKernel, choose_kernel, execute_gemm, find_spec, padded_k, problem_of, tiles
+from gpusim.kernels.gemm import (
+    GemmKernel,
+    choose_kernel,
+    execute_gemm,
+    find_spec,
+    grouped_order,
+    padded_k,
+    problem_of,
+    tiles,
+)
 
 REMOTE = "remote"
 """``remote_map``: fine-grained remote stores/updates straight into a peer's memory."""
@@ -193,10 +202,16 @@ class ChunkLayout:
         return ((chunk - shift) % self.chunks) * self.per_chunk + slot
 
 
-def workgroup_order(config: OutputConfig, layout: ChunkLayout, stagger: bool) -> list[int]:
-    """The GEMM's dispatch order: the tiles of each chunk in production order (or in index order)."""
-    chunks = config.production_order if stagger else range(layout.chunks)
-    return [tile for chunk in chunks for tile in layout.tiles_of(chunk)]
+def workgroup_order(config: OutputConfig, layout: ChunkLayout, stagger: bool, base_order: list[int]) -> list[int]:
+    """The GEMM's dispatch order: chunk by chunk in production order, each chunk's tiles in the order
+    the GEMM dispatches them anyway (``base_order``: its BLAS rasterization); ``base_order`` itself
+    without staggering."""
+    if not stagger:
+        return list(base_order)
+    by_chunk: list[list[int]] = [[] for _ in range(layout.chunks)]
+    for tile in base_order:
+        by_chunk[layout.chunk_of(tile)].append(tile)
+    return [tile for chunk in config.production_order for tile in by_chunk[chunk]]
 
 
 class Frame:
@@ -496,8 +511,8 @@ def execute_gemm_reduce_scatter(ctx, op):
     c = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
     rank = FusedRank(ctx, op, me, senders, layout, c, spill)
-    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=workgroup_order(me, layout, op.stagger),
-                        name=f"gemm_rs_{spec.name}")
+    order = workgroup_order(me, layout, op.stagger, grouped_order(tiles_m, tiles_n, problem.batch))
+    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=order, name=f"gemm_rs_{spec.name}")
     yield from rank.run(kernel)
     ctx.info.update(impl=f"t3_{algorithm}_rs_{spec.name}", flops=problem.flops, bytes=op.nbytes,
                     workgroups=layout.tiles, chunks=n)

@@ -56,8 +56,6 @@ class TransformerSetup:
         Input sequence length and batch size (tokens = seq_len x batch).
     tp
         Tensor-parallel degrees studied.
-    heads
-        Attention heads (from the models' papers; not in Table 8.2), for the end-to-end layer.
     """
 
     name: str
@@ -66,7 +64,6 @@ class TransformerSetup:
     seq_len: int
     batch: int
     tp: tuple[int, ...]
-    heads: int
 
     @property
     def tokens(self) -> int:
@@ -77,16 +74,15 @@ class TransformerSetup:
 MODELS: dict[str, TransformerSetup] = {
     setup.name: setup
     for setup in (
-        TransformerSetup("Mega-GPT-2", 3072, 74, 1024, 16, (8, 16), 32),
-        TransformerSetup("T-NLG", 4256, 78, 1024, 8, (8, 16), 28),
-        TransformerSetup("GPT-3", 12288, 96, 1024, 2, (32,), 96),
-        TransformerSetup("PaLM", 18432, 118, 1024, 2, (32,), 48),
-        TransformerSetup("MT-NLG", 20480, 105, 1024, 2, (32,), 128),
+        TransformerSetup("Mega-GPT-2", 3072, 74, 1024, 16, (8, 16)),
+        TransformerSetup("T-NLG", 4256, 78, 1024, 8, (8, 16)),
+        TransformerSetup("GPT-3", 12288, 96, 1024, 2, (32,)),
+        TransformerSetup("PaLM", 18432, 118, 1024, 2, (32,)),
+        TransformerSetup("MT-NLG", 20480, 105, 1024, 2, (32,)),
     )
 }
 """Dissertation Table 8.2 (GPT-3 12K, PaLM 18K and MT-NLG 20K hidden sizes are the models' 12288,
-18432 and 20480).  Heads: Megatron-LM (Shoeybi et al. 2019, 8.3B: 32), T-NLG (Microsoft 2020: 28),
-GPT-3 (Brown et al. 2020: 96), PaLM (Chowdhery et al. 2022: 48), MT-NLG (Smith et al. 2022: 128)."""
+18432 and 20480)."""
 
 MAIN_MODELS = ("Mega-GPT-2", "T-NLG")
 LARGE_MODELS = ("GPT-3", "PaLM", "MT-NLG")
@@ -411,114 +407,89 @@ def dram_timeline(model: str = "T-NLG", tp: int = 8, sublayer: str = "FC-2", bin
 
 
 # -- Fig. 8.17: end-to-end ---------------------------------------------------------------------------
-def layer_other_ops(model: str, tp: int, phase: str) -> list[ops.Op]:
-    """The operators of one transformer layer on one TP rank *other than* the four sliced sub-layers.
+TRACE_MODELS = {"Mega-GPT-2": "megatron-gpt2", "T-NLG": "t-nlg", "GPT-3": "gpt3", "PaLM": "palm", "MT-NLG": "mt-nlg"}
+"""The workloads' model definitions (``workloads/models``) of the Table 8.2 models."""
+SLICED_OPS = {
+    "OP": ("attn_out", "attn_allreduce"),
+    "FC-2": ("fc2", "mlp_allreduce"),
+    "FC-1": ("fc1_dgrad", "mlp_allreduce_bwd"),
+    "IP": ("qkv_dgrad", "attn_allreduce_bwd"),
+}
+"""The GEMM and all-reduce of each sliced sub-layer in a :func:`gpusim.trace.transformer` layer."""
+SETTINGS = {"training": ("train", SUBLAYERS), "prompt": ("prompt", ("OP", "FC-2"))}
+"""End-to-end settings: the generator's phase and the sliced sub-layers it contains."""
 
-    A stand-in for the workloads trace generator (``gpusim.trace.transformer``), which had not landed
-    when this study was written: Megatron tensor slicing over ``tp`` GPUs, unfused attention as in
-    the MLPerf v1.1 implementation the dissertation scales (section 8.5.3).  ``phase`` is ``fwd``
-    (the prompt phase of inference: no dropout) or ``bwd`` (the backward pass of training; the
-    training forward pass is ``fwd`` plus the dropouts, see :func:`layer_phases`).  Layer norms,
-    softmax and element-wise ops run on the whole (replicated) activations, GEMMs on the slices.
+
+def simulate_layer_rest(model: str, tp: int, setting: str, mode: str = "symmetric") -> dict[str, Any]:
+    """One transformer layer of ``model`` from the workloads trace generator, simulated (a sweep function).
+
+    The layer is ``gpusim.trace.transformer(..., layers=1, head=False)`` at the model's Table 8.2
+    batch and sequence length (training with its Adam step; the prompt phase of inference without).
+
+    Returns
+    -------
+    dict
+        ``layer_rest_s``: the layer's operators other than its sliced sub-layers (their GEMMs and
+        all-reduces); ``iteration_rest_s``: operators that run once per iteration (the embedding's
+        optimizer step); ``layers``; ``trace_layer_s``: the whole simulated layer.
     """
+    from gpusim.trace import transformer
+
     setup = MODELS[model]
-    t, h, sl = setup.tokens, setup.hidden, setup.seq_len
-    heads = setup.batch * setup.heads // tp
-    dh = h // setup.heads
-    scores = heads * sl * sl
-
-    def gemm(name, m, n, k, batch=1):
-        return ops.Gemm(m, n, k, dtype=DTYPE, batch=batch, name=name)
-
-    if phase == "fwd":
-        return [
-            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm"),
-            gemm("qkv", t, 3 * h // tp, h),
-            gemm("scores", sl, sl, dh, heads),
-            ops.RowReduce("softmax", heads * sl, sl, dtype=DTYPE, name="softmax"),
-            gemm("context", sl, dh, sl, heads),
-            ops.Elementwise("add", t * h, dtype=DTYPE, name="residual"),
-            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm"),
-            gemm("fc1", t, 4 * h // tp, h),
-            ops.Elementwise("bias_gelu", t * 4 * h // tp, dtype=DTYPE, name="bias_gelu"),
-            ops.Elementwise("add", t * h, dtype=DTYPE, name="residual"),
-        ]
-    if phase == "dropout":
-        return [
-            ops.Elementwise("dropout", scores, dtype=DTYPE, name="attention_dropout"),
-            ops.Elementwise("dropout", t * h, dtype=DTYPE, name="dropout"),
-            ops.Elementwise("dropout", t * h, dtype=DTYPE, name="dropout"),
-        ]
-    if phase == "bwd":
-        return [
-            ops.Elementwise("residual_dropout", t * h, dtype=DTYPE, name="dropout_bwd"),
-            gemm("fc2_dgrad", t, 4 * h // tp, h),
-            gemm("fc2_wgrad", 4 * h // tp, h, t),
-            ops.Elementwise("bias_gelu", t * 4 * h // tp, dtype=DTYPE, name="gelu_bwd"),
-            gemm("fc1_wgrad", h, 4 * h // tp, t),
-            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm_bwd"),
-            ops.Elementwise("residual_dropout", t * h, dtype=DTYPE, name="dropout_bwd"),
-            gemm("op_dgrad", t, h // tp, h),
-            gemm("op_wgrad", h // tp, h, t),
-            gemm("context_dgrad_p", sl, sl, dh, heads),
-            gemm("context_dgrad_v", sl, dh, sl, heads),
-            ops.Elementwise("residual_dropout", scores, dtype=DTYPE, name="softmax_dropout_bwd"),
-            gemm("scores_dgrad_q", sl, dh, sl, heads),
-            gemm("scores_dgrad_k", sl, dh, sl, heads),
-            gemm("qkv_wgrad", h, 3 * h // tp, t),
-            ops.RowReduce("layernorm", t, h, dtype=DTYPE, name="layernorm_bwd"),
-        ]
-    raise ValueError(f"unknown phase {phase!r}; known: fwd, dropout, bwd")
-
-
-def layer_phases(setting: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(phases of :func:`layer_other_ops`, sliced sub-layers) of a ``training`` or ``prompt`` iteration."""
-    if setting == "training":
-        return ("fwd", "dropout", "bwd"), SUBLAYERS
-    if setting == "prompt":
-        return ("fwd",), ("OP", "FC-2")
-    raise ValueError(f"unknown setting {setting!r}; known: training, prompt")
-
-
-def simulate_layer_rest(model: str, tp: int, phase: str, mode: str = "symmetric") -> dict[str, Any]:
-    """Time of :func:`layer_other_ops` of one phase, run back to back on one stream (a sweep function)."""
-    result = run(load_system(node_for(tp)), layer_other_ops(model, tp, phase), mode=mode)
-    return {"time_s": result.time_s, "wall_s": result.stats["wall_s"]}
+    phase, sublayers = SETTINGS[setting]
+    trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
+                        layers=1, head=False, optimizer="adam" if phase == "train" else None)
+    result = run(load_system(node_for(tp)), trace, mode=mode)
+    ops = result.ops[result.ops["gpu"] == 0]
+    sliced = {f"L0.{name}" for sublayer in sublayers for name in SLICED_OPS[sublayer]}
+    missing = sliced - set(ops["name"])
+    if missing:
+        raise ValueError(f"{model} {setting}: the trace generator's layer has no ops named {sorted(missing)}")
+    in_layer = ops["name"].str.startswith("L0.")
+    return {
+        "layer_rest_s": float(ops.loc[in_layer & ~ops["name"].isin(sliced), "duration_s"].sum()),
+        "iteration_rest_s": float(ops.loc[~in_layer, "duration_s"].sum()),
+        "layers": setup.layers,
+        "trace_layer_s": result.time_s,
+        "wall_s": result.stats["wall_s"],
+    }
 
 
 def layer_points(models=MAIN_MODELS + LARGE_MODELS) -> list[dict[str, Any]]:
-    """Sweep points of :func:`simulate_layer_rest` for every model and TP degree."""
-    return [{"model": m, "tp": tp, "phase": phase} for m in models for tp in MODELS[m].tp for phase in ("fwd", "dropout", "bwd")]
+    """Sweep points of :func:`simulate_layer_rest` for every model, TP degree and setting."""
+    return [{"model": m, "tp": tp, "setting": setting} for m in models for tp in MODELS[m].tp for setting in SETTINGS]
 
 
 def end_to_end(rest: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """End-to-end speedups of training and of the prompt phase (Fig. 8.17).
 
-    A layer's time is the rest of the layer (:func:`simulate_layer_rest`) plus its sliced sub-layers
-    in the configuration; layers are identical, so the layer's speedup is the iteration's (the
-    optimizer step, embeddings and the loss are left out).
+    An iteration is ``layers x (rest of the layer + its sliced sub-layers in the configuration) +
+    once-per-iteration operators`` (the dissertation likewise scales the sliced sub-layers of a
+    measured breakdown by their simulated speedups, section 8.4.1.2).  The embedding lookup and the
+    output layer are left out.
 
     Parameters
     ----------
     rest
-        Rows of :func:`simulate_layer_rest` with ``model, tp, phase``.
+        Rows of :func:`simulate_layer_rest` with ``model, tp, setting``.
     table
         :func:`speedups` of the same models.
     """
     rows = []
-    for (model, tp), frame in rest.groupby(["model", "tp"]):
-        phases = frame.set_index("phase")["time_s"]
-        subs = table[(table["model"] == model) & (table["tp"] == tp)].set_index(["sublayer", "config"])["time_s"]
-        for setting in ("training", "prompt"):
-            parts, sublayers = layer_phases(setting)
-            other = sum(phases[p] for p in parts)
-            base = other + sum(subs[(s, "sequential")] for s in sublayers)
-            for config in CONFIGS:
-                if (sublayers[0], config) not in subs:
-                    continue
-                time_s = other + sum(subs[(s, config)] for s in sublayers)
-                rows.append(dict(model=model, tp=tp, setting=setting, config=config, layer_s=time_s,
-                                 sliced_share=(base - other) / base, speedup=base / time_s))
+    for row in rest.itertuples(index=False):
+        subs = table[(table["model"] == row.model) & (table["tp"] == row.tp)].set_index(["sublayer", "config"])["time_s"]
+        sublayers = SETTINGS[row.setting][1]
+
+        def iteration(config: str, row=row, subs=subs, sublayers=sublayers) -> float:
+            return row.layers * (row.layer_rest_s + sum(subs[(s, config)] for s in sublayers)) + row.iteration_rest_s
+
+        base = iteration("sequential")
+        for config in CONFIGS:
+            if (sublayers[0], config) in subs:
+                time_s = iteration(config)
+                sliced_share = row.layers * sum(subs[(s, "sequential")] for s in sublayers) / base
+                rows.append(dict(model=row.model, tp=row.tp, setting=row.setting, config=config, iteration_s=time_s,
+                                 sliced_share=sliced_share, speedup=base / time_s))
     return pd.DataFrame(rows)
 
 
