@@ -70,7 +70,7 @@ def test_dispatch_all_tuned_for_degree_rewrites_the_packets():
 
 
 def test_degree_limit_waits_for_a_kernel_to_finish_dispatching():
-    result, _, packets = simulate(DegreeLimit(1), gemms(3, m=2048, n=2048, k=256))
+    result, _, packets = simulate(DegreeLimit(1), gemms(3, m=2048, n=2048, k=1024))
     released = sorted(packet.released_ns for packet in packets)
     dispatched = sorted(packet.dispatched_ns for packet in packets)
     assert released[0] == 0.0

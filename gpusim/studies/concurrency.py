@@ -127,8 +127,9 @@ def fingerprint(system: str, overrides: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _gemm(m: int, n: int, k: int, batch: int, dtype: str, index: int) -> Gemm:
-    return Gemm(m, n, k, dtype=dtype, batch=batch, a=f"a{index}", b=f"b{index}", out=f"c{index}")
+def _gemm(m: int, n: int, k: int, trans_a: bool, trans_b: bool, batch: int, dtype: str, index: int) -> Gemm:
+    return Gemm(m, n, k, dtype=dtype, trans_a=trans_a, trans_b=trans_b, batch=batch, a=f"a{index}", b=f"b{index}",
+                out=f"c{index}")
 
 
 def _spans(result) -> tuple[float, list[float]]:
@@ -138,15 +139,15 @@ def _spans(result) -> tuple[float, list[float]]:
     return float(kernels["end_s"].max() - kernels["start_s"].min()), list(per_op["end"] - per_op["start"])
 
 
-def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, batch: int, dtype: str,
-               kernel: str, copies: int, arrangement: str, fingerprint: str) -> dict[str, Any]:
+def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, trans_a: bool, trans_b: bool, batch: int,
+               dtype: str, kernel: str, copies: int, arrangement: str, fingerprint: str) -> dict[str, Any]:
     """Simulate ``copies`` independent copies of one GEMM with one kernel (a sweep point).
 
     Parameters
     ----------
     system, overrides
         Hardware preset and overrides.
-    m, n, k, batch, dtype
+    m, n, k, trans_a, trans_b, batch, dtype
         The GEMM shape.
     kernel
         Kernel name (:func:`gpusim.kernels.gemm_tuning.parse_kernel`).
@@ -179,7 +180,8 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, b
         streams = [Stream(f"s{i}", mask) for i, mask in enumerate(cu_masks(machine_system.gpu.num_cus, copies))]
     else:
         streams = [Stream(f"s{i}") for i in range(copies)]
-    packets = [KernelPacket(_gemm(m, n, k, batch, dtype, i), stream, {1: spec}) for i, stream in enumerate(streams)]
+    packets = [KernelPacket(_gemm(m, n, k, trans_a, trans_b, batch, dtype, i), stream, {1: spec})
+               for i, stream in enumerate(streams)]
     result = run_packets(machine_system, packets, DispatchAll())
     span, per_op = _spans(result)
     counters = result.counters
@@ -202,7 +204,8 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
     Parameters
     ----------
     gemms
-        Each ``{"m", "n", "k", "batch", "dtype", "copies", "kernels": {degree: name}, "predicted"}``;
+        Each ``{"m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "copies", "kernels": {degree: name},
+        "predicted"}``;
         every copy gets its own stream.
     policy
         ``default`` (all at once, isolation-tuned kernels), ``go-kernels`` (all at once, kernels
@@ -230,7 +233,8 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
         kernels = {int(degree): parse_kernel(name) for degree, name in gemm["kernels"].items()}
         for _ in range(int(gemm["copies"])):
             index = len(packets)
-            packets.append(KernelPacket(_gemm(gemm["m"], gemm["n"], gemm["k"], gemm["batch"], gemm["dtype"], index),
+            packets.append(KernelPacket(_gemm(gemm["m"], gemm["n"], gemm["k"], gemm["trans_a"], gemm["trans_b"], gemm["batch"],
+                                              gemm["dtype"], index),
                                         Stream(f"s{index}"), kernels, features=np.array([gemm.get("predicted", 1)])))
     result = run_packets(machine_system, packets, policies[policy], CommandProcessorTiming(**(timing or {})))
     span, _ = _spans(result)
@@ -395,7 +399,8 @@ class ConcurrencyStudy:
         merged = {**self.overrides, **(overrides or {})}
         return {
             "system": self.system, "overrides": merged, "m": int(shape["m"]), "n": int(shape["n"]), "k": int(shape["k"]),
-            "batch": int(shape["batch"]), "dtype": str(shape["dtype"]), "kernel": kernel, "copies": int(copies),
+            "trans_a": bool(shape["trans_a"]), "trans_b": bool(shape["trans_b"]), "batch": int(shape["batch"]),
+            "dtype": str(shape["dtype"]), "kernel": kernel, "copies": int(copies),
             "arrangement": arrangement, "fingerprint": fingerprint(self.system, merged),
         }
 
@@ -462,7 +467,8 @@ class ConcurrencyStudy:
             times = {(int(r.degree), r.kernel): float(r.span_s) for r in shared.itertuples()}
             isolated = winners[(key, 1)]
             go = go_kernels(times, isolated)
-            row: dict[str, Any] = {"shape": key, "m": shape["m"], "n": shape["n"], "k": shape["k"], "batch": shape["batch"],
+            row: dict[str, Any] = {"shape": key, "m": shape["m"], "n": shape["n"], "k": shape["k"],
+                                   "trans_a": shape["trans_a"], "trans_b": shape["trans_b"], "batch": shape["batch"],
                                    "dtype": shape["dtype"], "flops": shape["flops"], "isolated_kernel": isolated,
                                    "first_s": sequential.first_s, "next_s": sequential.next_s}
             for rc in self.rc_fractions:
@@ -662,7 +668,8 @@ class ConcurrencyStudy:
                 for key in (first, second):
                     row = table.loc[key]
                     kernels = {"1": row["isolated_kernel"], **{str(d): row[f"go{d}_kernel"] for d in self.degrees}}
-                    gemms.append({"m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]), "batch": int(row["batch"]),
+                    gemms.append({"m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]), "trans_a": bool(row["trans_a"]),
+                                  "trans_b": bool(row["trans_b"]), "batch": int(row["batch"]),
                                   "dtype": str(row["dtype"]), "copies": half, "kernels": kernels,
                                   "predicted": int(row["predicted"])})
                 sequential = sum(table.loc[key, "first_s"] + (half - 1) * table.loc[key, "next_s"] for key in (first, second))
@@ -690,11 +697,13 @@ def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame
 
 
 def _problem(shape: Any) -> GemmProblem:
-    return GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), batch=int(shape["batch"]))
+    return GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), bool(shape["trans_a"]),
+                       bool(shape["trans_b"]), int(shape["batch"]))
 
 
 def _unique_shapes(gemms: pd.DataFrame) -> pd.DataFrame:
-    return gemms.drop_duplicates(subset=["shape"])[["shape", "m", "n", "k", "batch", "dtype", "flops"]].reset_index(drop=True)
+    columns = ["shape", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "flops"]
+    return gemms.drop_duplicates(subset=["shape"])[columns].reset_index(drop=True)
 
 
 def _by_cost(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -702,7 +711,8 @@ def _by_cost(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(points, key=lambda p: -(p["m"] * p["n"] * p["k"] * p["batch"] * p["copies"]))
 
 
-_POINT_FIELDS = ("system", "overrides", "m", "n", "k", "batch", "dtype", "kernel", "copies", "arrangement", "fingerprint")
+_POINT_FIELDS = ("system", "overrides", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "kernel", "copies", "arrangement",
+                 "fingerprint")
 
 
 def _tagged(frame: pd.DataFrame, points: list[dict[str, Any]], tags: list[dict[str, Any]]) -> pd.DataFrame:
