@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from gpusim.config.gpu import GpuConfig
 from gpusim.hw.compute import occupancy
-from gpusim.kernels.gemm import GemmKernelSpec, GemmProblem, candidates, estimate_ns, num_workgroups
+from gpusim.kernels.gemm import GemmKernelSpec, GemmProblem, candidates, estimate_ns
 
 TILES: tuple[tuple[int, int], ...] = (
     (256, 256), (256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64), (64, 128),
@@ -28,9 +28,8 @@ TILES: tuple[tuple[int, int], ...] = (
 )
 """Macro tiles ``(tile_m, tile_n)`` of the tuning library."""
 
-TILE_DEPTHS = (32, 64)
-"""K depths staged in LDS per iteration.  Shallower depths are left out: the model has no
-per-iteration (barrier) cost, so they would look free, and matrix-core libraries rarely use them."""
+TILE_DEPTHS = (16, 32, 64)
+"""K depths staged in LDS per iteration (deeper: more LDS, but more bytes in flight per workgroup)."""
 
 THREADS = (64, 128, 256, 512)
 """Workgroup sizes."""
@@ -85,39 +84,12 @@ def tuning_candidates(problem: GemmProblem, gpu: GpuConfig) -> list[GemmKernelSp
     return candidates(problem, fits)
 
 
-def memory_parallelism_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig) -> float:
-    """Time the busiest CU needs to fetch its tiles' A and B slices, ns.
-
-    A CU keeps at most ``cu.max_inflight_bytes`` of requests in flight, each taking about one
-    unloaded memory latency (Little's law), whether it hits in the L2 or not; small tiles fetch
-    many bytes per FLOP and hit this bound first.  The core heuristic's estimate does not know it.
-    """
-    hbm = gpu.hbm
-    latency = (
-        gpu.l2.hit_latency_ns
-        + gpu.memctrl.latency_ns
-        + (hbm.t_rcd_cycles + hbm.t_cl_cycles) / hbm.clock_hz * 1e9
-        + hbm.interleave_bytes / hbm.channel_bandwidth_bytes_per_s * 1e9
-    )
-    k_per_split = -(-problem.k // spec.split_k)
-    per_workgroup = (spec.tile_m + spec.tile_n) * k_per_split * problem.dtype_bytes
-    per_cu = -(-num_workgroups(problem, spec) // gpu.num_cus)
-    return per_cu * per_workgroup * latency / gpu.cu.max_inflight_bytes
-
-
-def tuning_estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig) -> float:
-    """The tuner's performance model: the library estimate, bounded below by memory parallelism, ns."""
-    return max(estimate_ns(problem, spec, gpu), memory_parallelism_ns(problem, spec, gpu))
-
-
 def shortlist(problem: GemmProblem, gpu: GpuConfig, count: int = 3, include: Iterable[GemmKernelSpec] = ()) -> list[GemmKernelSpec]:
     """The kernels a tuner benchmarks for ``problem`` on ``gpu``: the ``count`` best by the estimate.
 
-    Kernels are ranked by :func:`tuning_estimate_ns` with their LDS double-buffered;
-    kernels the estimate cannot tell apart (same estimate, tile area, split-K and occupancy, e.g.
-    a transposed tile or a larger workgroup) count once.  Each shortlisted kernel's
-    single-buffered twin joins it when single buffering raises its occupancy (the estimate cannot
-    weigh lost prefetching against occupancy; the simulation does).  ``include`` (e.g. the
+    Kernels are ranked by :func:`gpusim.kernels.gemm.estimate_ns`; kernels the estimate cannot
+    tell apart (same estimate, tile area, split-K and occupancy, e.g. a transposed tile or a larger
+    workgroup) count once, so the shortlist spans different trade-offs.  ``include`` (e.g. the
     library heuristic's pick) is always benchmarked too.
 
     Parameters
@@ -127,7 +99,7 @@ def shortlist(problem: GemmProblem, gpu: GpuConfig, count: int = 3, include: Ite
     gpu
         The GPU (or resource-constrained GPU) the kernels are tuned for.
     count
-        Kernel families (tile, depth, threads, split-K) to benchmark.
+        Distinct kernels to benchmark besides ``include``.
     include
         Kernels benchmarked in any case.
 
@@ -138,22 +110,18 @@ def shortlist(problem: GemmProblem, gpu: GpuConfig, count: int = 3, include: Ite
     """
     if count < 1:
         raise ValueError(f"shortlist: count must be at least 1, got {count}")
-    double = [spec for spec in tuning_candidates(problem, gpu) if spec.lds_buffers == 2]
-    estimates = {spec: tuning_estimate_ns(problem, spec, gpu) for spec in double}
-    ranked = sorted(double, key=lambda spec: (estimates[spec], -spec.tile_m * spec.tile_n, spec.name))
+    options = tuning_candidates(problem, gpu)
+    estimates = {spec: estimate_ns(problem, spec, gpu) for spec in options}
+    ranked = sorted(options, key=lambda spec: (estimates[spec], -spec.tile_m * spec.tile_n, -spec.lds_buffers, spec.name))
     chosen: list[GemmKernelSpec] = []
     seen: set[tuple] = set()
     for spec in ranked:
-        if len(seen) == count:
+        if len(chosen) == count:
             break
         twin = (round(estimates[spec], 1), spec.tile_m * spec.tile_n, spec.split_k, occupancy(spec.shape(problem.dtype), gpu.cu))
-        if twin in seen:
-            continue
-        seen.add(twin)
-        chosen.append(spec)
-        single = GemmKernelSpec(spec.tile_m, spec.tile_n, spec.tile_k, spec.threads, spec.split_k, 1)
-        if occupancy(single.shape(problem.dtype), gpu.cu) > occupancy(spec.shape(problem.dtype), gpu.cu):
-            chosen.append(single)
+        if twin not in seen:
+            seen.add(twin)
+            chosen.append(spec)
     for spec in include:
         if spec not in chosen:
             chosen.append(spec)

@@ -147,15 +147,16 @@ class ConcurrencyPredictor:
     classes
         The degrees it may predict.
     l2
-        Weight of the L2 penalty.
+        Weight of the L2 penalty; default ``1 / samples``, the regularisation of scikit-learn's
+        ``LogisticRegression`` defaults (``C = 1``).
     iterations
         Most Newton steps.
     """
 
-    def __init__(self, classes: Sequence[int] = DEGREES, l2: float = 1e-3, iterations: int = 50):
+    def __init__(self, classes: Sequence[int] = DEGREES, l2: float | None = None, iterations: int = 50):
         if len(set(classes)) < 2:
             raise ValueError(f"ConcurrencyPredictor: needs at least two classes, got {list(classes)}")
-        if l2 <= 0:
+        if l2 is not None and l2 <= 0:
             raise ValueError(f"ConcurrencyPredictor: l2 must be positive, got {l2}")
         self.classes = np.asarray(sorted(set(classes)))
         self.l2 = l2
@@ -169,11 +170,12 @@ class ConcurrencyPredictor:
         x = (np.atleast_2d(np.asarray(features, dtype=float)) - self.low) / self.span
         return np.hstack([x, np.ones((len(x), 1))])
 
-    def _loss(self, x: np.ndarray, targets: np.ndarray, weights: np.ndarray) -> float:
+    @staticmethod
+    def _loss(x: np.ndarray, targets: np.ndarray, weights: np.ndarray, penalty: float) -> float:
         logits = x @ weights
         logits = logits - logits.max(axis=1, keepdims=True)
         log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        return float(-(targets * log_p).sum() / len(x) + 0.5 * self.l2 * (weights**2).sum())
+        return float(-(targets * log_p).sum() / len(x) + 0.5 * penalty * (weights**2).sum())
 
     def fit(self, features: np.ndarray, degrees: Sequence[int]) -> ConcurrencyPredictor:
         """Learn the weights from features (one row per GEMM) and preferred degrees."""
@@ -192,18 +194,19 @@ class ConcurrencyPredictor:
         samples, width = x.shape
         classes = len(self.classes)
         weights = np.zeros((width, classes))
-        loss = self._loss(x, targets, weights)
+        penalty = self.l2 if self.l2 is not None else 1.0 / samples
+        loss = self._loss(x, targets, weights, penalty)
         for _ in range(self.iterations):
             p = _softmax(x @ weights)
-            gradient = x.T @ (p - targets) / samples + self.l2 * weights
+            gradient = x.T @ (p - targets) / samples + penalty * weights
             curvature = np.einsum("ik,kl->ikl", p, np.eye(classes)) - np.einsum("ik,il->ikl", p, p)
             hessian = np.einsum("ikl,ia,ib->kalb", curvature, x, x).reshape(classes * width, classes * width) / samples
-            hessian += self.l2 * np.eye(classes * width)
+            hessian += penalty * np.eye(classes * width)
             step = np.linalg.solve(hessian, gradient.T.reshape(-1)).reshape(classes, width).T
             scale = 1.0
             while scale > 1e-4:
                 trial = weights - scale * step
-                trial_loss = self._loss(x, targets, trial)
+                trial_loss = self._loss(x, targets, trial, penalty)
                 if trial_loss <= loss:
                     break
                 scale /= 2

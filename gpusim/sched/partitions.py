@@ -27,21 +27,25 @@ def cu_masks(num_cus: int, parts: int) -> list[tuple[int, ...]]:
 def resource_partition_overrides(gpu: GpuConfig, parts: int) -> dict[str, int | float]:
     """Overrides that turn ``gpu`` into one of ``parts`` equal resource partitions.
 
-    The partition has ``1/parts`` of the CUs, of the L2 capacity and banks (bandwidth) and of the
-    HBM channels (bandwidth); the simulation granularity ``hbm.lockstep_channels`` shrinks when
-    fewer channels remain.
+    The partition has ``1/parts`` of the CUs (rounded down: with equal work in every partition the
+    smallest one decides the time), of the L2 capacity and banks (bandwidth) and of the HBM
+    channels (bandwidth); the simulation granularity ``hbm.lockstep_channels`` shrinks when fewer
+    channels remain.
 
     Raises
     ------
     ValueError
-        When a resource cannot be divided into ``parts`` (e.g. 32 HBM channels into 3).
+        When the L2 banks or HBM channels cannot be divided into ``parts`` (e.g. 32 channels into
+        3), or there are fewer CUs than parts.
     """
     if parts < 1:
         raise ValueError(f"resource partition: parts must be at least 1, got {parts}")
     if parts == 1:
         return {}
     channels = gpu.hbm.channels
-    for name, total in (("CUs", gpu.num_cus), ("L2 banks", gpu.l2.banks), ("HBM channels", channels)):
+    if gpu.num_cus < parts:
+        raise ValueError(f"resource partition: {gpu.name}'s {gpu.num_cus} CUs cannot be split into {parts} parts")
+    for name, total in (("L2 banks", gpu.l2.banks), ("HBM channels", channels)):
         if total % parts:
             raise ValueError(f"resource partition: {gpu.name}'s {total} {name} cannot be split into {parts} equal parts")
     per_part = channels // parts

@@ -31,13 +31,15 @@ resumes and a changed model is simulated again.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import functools
 import hashlib
 import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +59,11 @@ from gpusim.sched.command_processor import (
 )
 from gpusim.sched.executor import Stream
 from gpusim.sched.goldyloc import (
-    MIN_GAIN,
     RC_FRACTIONS,
+    ConcurrencyPredictor,
     cross_validated_predictions,
     executed_degree,
     fastest,
-    feature_names,
     feature_vector,
     go_kernels,
     preferred_degree,
@@ -96,6 +97,17 @@ def _system(name: str, overrides: str) -> System:
     return load_system(name, json.loads(overrides))
 
 
+def _code(source: str) -> str:
+    """The code of a module without its docstrings and comments (editing those keeps the cache)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
     root = Path(__file__).resolve().parents[1]
@@ -104,7 +116,7 @@ def _source_hash() -> str:
         path = root / part
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(file.relative_to(root).as_posix().encode())
-            digest.update(file.read_bytes())
+            digest.update(_code(file.read_text()).encode())
     return digest.hexdigest()[:16]
 
 
@@ -115,8 +127,9 @@ def fingerprint(system: str, overrides: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _gemm(m: int, n: int, k: int, batch: int, dtype: str, index: int) -> Gemm:
-    return Gemm(m, n, k, dtype=dtype, batch=batch, a=f"a{index}", b=f"b{index}", out=f"c{index}")
+def _gemm(m: int, n: int, k: int, trans_a: bool, trans_b: bool, batch: int, dtype: str, index: int) -> Gemm:
+    return Gemm(m, n, k, dtype=dtype, trans_a=trans_a, trans_b=trans_b, batch=batch, a=f"a{index}", b=f"b{index}",
+                out=f"c{index}")
 
 
 def _spans(result) -> tuple[float, list[float]]:
@@ -126,15 +139,15 @@ def _spans(result) -> tuple[float, list[float]]:
     return float(kernels["end_s"].max() - kernels["start_s"].min()), list(per_op["end"] - per_op["start"])
 
 
-def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, batch: int, dtype: str,
-               kernel: str, copies: int, arrangement: str, fingerprint: str) -> dict[str, Any]:
+def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, trans_a: bool, trans_b: bool, batch: int,
+               dtype: str, kernel: str, copies: int, arrangement: str, fingerprint: str) -> dict[str, Any]:
     """Simulate ``copies`` independent copies of one GEMM with one kernel (a sweep point).
 
     Parameters
     ----------
     system, overrides
         Hardware preset and overrides.
-    m, n, k, batch, dtype
+    m, n, k, trans_a, trans_b, batch, dtype
         The GEMM shape.
     kernel
         Kernel name (:func:`gpusim.kernels.gemm_tuning.parse_kernel`).
@@ -167,7 +180,8 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, b
         streams = [Stream(f"s{i}", mask) for i, mask in enumerate(cu_masks(machine_system.gpu.num_cus, copies))]
     else:
         streams = [Stream(f"s{i}") for i in range(copies)]
-    packets = [KernelPacket(_gemm(m, n, k, batch, dtype, i), stream, {1: spec}) for i, stream in enumerate(streams)]
+    packets = [KernelPacket(_gemm(m, n, k, trans_a, trans_b, batch, dtype, i), stream, {1: spec})
+               for i, stream in enumerate(streams)]
     result = run_packets(machine_system, packets, DispatchAll())
     span, per_op = _spans(result)
     counters = result.counters
@@ -184,19 +198,20 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, b
 
 
 def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, Any]], policy: str,
-                  fingerprint: str, decision_ns: float | None = None) -> dict[str, Any]:
+                  fingerprint: str, timing: dict[str, float] | None = None) -> dict[str, Any]:
     """Simulate a mix of GEMMs through the command processor (a sweep point).
 
     Parameters
     ----------
     gemms
-        Each ``{"m", "n", "k", "batch", "dtype", "copies", "kernels": {degree: name}, "predicted"}``;
+        Each ``{"m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "copies", "kernels": {degree: name},
+        "predicted"}``;
         every copy gets its own stream.
     policy
         ``default`` (all at once, isolation-tuned kernels), ``go-kernels`` (all at once, kernels
         for the resulting degree) or ``goldyloc`` (degree ``min(predicted, available)``).
-    decision_ns
-        The command processor's decision time (default: :class:`CommandProcessorTiming`'s).
+    timing
+        Fields of :class:`CommandProcessorTiming` (default: its defaults).
 
     Returns
     -------
@@ -206,9 +221,6 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
     """
     started = time.process_time()
     machine_system = _system(system, json.dumps(overrides, sort_keys=True))
-    timing = CommandProcessorTiming() if decision_ns is None else CommandProcessorTiming(predictor_ns=0.0)
-    if decision_ns is not None:
-        timing = CommandProcessorTiming(predictor_ns=max(0.0, decision_ns - 2 * timing.queue_pass_ns))
     policies = {
         "default": DispatchAll(),
         "go-kernels": DispatchAll(tuned_for_degree=True),
@@ -221,9 +233,10 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
         kernels = {int(degree): parse_kernel(name) for degree, name in gemm["kernels"].items()}
         for _ in range(int(gemm["copies"])):
             index = len(packets)
-            packets.append(KernelPacket(_gemm(gemm["m"], gemm["n"], gemm["k"], gemm["batch"], gemm["dtype"], index),
+            packets.append(KernelPacket(_gemm(gemm["m"], gemm["n"], gemm["k"], gemm["trans_a"], gemm["trans_b"], gemm["batch"],
+                                              gemm["dtype"], index),
                                         Stream(f"s{index}"), kernels, features=np.array([gemm.get("predicted", 1)])))
-    result = run_packets(machine_system, packets, policies[policy], timing)
+    result = run_packets(machine_system, packets, policies[policy], CommandProcessorTiming(**(timing or {})))
     span, _ = _spans(result)
     return {
         "time_s": float(result.kernels["end_s"].max()),
@@ -251,39 +264,69 @@ def run_packets(system: System, packets: Sequence[KernelPacket], policy, timing:
 
 # -- the study ---------------------------------------------------------------------------------
 
+def geomean(values) -> float:
+    """Geometric mean."""
+    values = np.asarray(list(values), dtype=float)
+    return float(np.exp(np.log(values).mean())) if len(values) else float("nan")
+
+
+@dataclass
+class Measurements:
+    """What the simulations of one GEMM set measured.
+
+    Attributes
+    ----------
+    tuning
+        Isolated runs: shape, rc (GPU/rc), kernel, span_s, l2_accesses, l2_misses, ...
+    runs
+        Concurrent, sequential and partitioned runs: shape, kind, degree, kernel, span_s, ...
+    shapes
+        One row per shape: isolation-tuned and RC-tuned kernels, GO kernel per degree, sequential
+        time per degree (``seqD_s``), kernel spans of Default, GO-Kernels and the partitions per
+        degree (``defaultD_s``, ``goD_s``, ``cu-partitionD_s``, ``resource-partitionD_s``), the
+        predictor's ``features`` and the ``preferred`` degree.
+    """
+
+    tuning: pd.DataFrame
+    runs: pd.DataFrame
+    shapes: pd.DataFrame
+
+
 @dataclass
 class StudyResult:
-    """The study's tables (all DataFrames).
+    """The study's tables (DataFrames) and its predictor.
 
     Attributes
     ----------
     gemms
-        The GEMMs (one row per GEMM of each app) with their shape and role.
-    tuning
-        Isolated runs: shape, rc (GPU/rc), kernel, span_s, l2_accesses, l2_misses, ...
+        The evaluated GEMMs (one row per GEMM of each app) with shape and label.
     shapes
-        One row per shape: isolation-tuned and RC-tuned kernels, GO kernel per degree, sequential
-        times, times per configuration and degree, features, preferred and predicted degree.
+        Per shape (evaluated and training): see :class:`Measurements`, plus the out-of-fold
+        ``predicted`` degree and ``role``.
     speedups
-        One row per GEMM, number of available GEMMs and configuration: speedup over Sequential.
+        One row per evaluated GEMM, number of available GEMMs (``concurrency``) and configuration:
+        speedup over Sequential and the degree executed.
     summary
-        Geomean speedup over Sequential per concurrency and configuration (GEMMs of the evaluated
-        apps).
+        Geomean speedup over Sequential per concurrency and configuration, over the distinct
+        evaluated GEMMs.
     per_app
         The same per application.
     predictor
-        Predictor accuracy per number of available GEMMs (out-of-fold).
+        Predictor accuracy per number of available GEMMs (out-of-fold, all shapes).
     impact
         Share of GEMMs GOLDYLOC improves, leaves unchanged or degrades versus Default.
     go_properties
         GO kernel versus isolation-tuned kernel: ratios of waves and of L2 accesses and misses per
         wave (isolated runs on the full GPU).
+    model
+        The predictor trained on all shapes (for further GEMM sets).
+    tuning, runs
+        The raw measurements.
     cpu_s
         Simulator CPU time of all points (cached points count their original time).
     """
 
     gemms: pd.DataFrame
-    tuning: pd.DataFrame
     shapes: pd.DataFrame
     speedups: pd.DataFrame
     summary: pd.DataFrame
@@ -291,14 +334,10 @@ class StudyResult:
     predictor: pd.DataFrame
     impact: pd.DataFrame
     go_properties: pd.DataFrame
+    model: ConcurrencyPredictor
+    tuning: pd.DataFrame
+    runs: pd.DataFrame
     cpu_s: float = 0.0
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-
-
-def geomean(values) -> float:
-    """Geometric mean."""
-    values = np.asarray(list(values), dtype=float)
-    return float(np.exp(np.log(values).mean())) if len(values) else float("nan")
 
 
 class ConcurrencyStudy:
@@ -310,12 +349,12 @@ class ConcurrencyStudy:
         Hardware (the dissertation measured an MI100).
     degrees
         Numbers of available GEMMs / concurrency degrees.
-    partition_degrees
+    cu_partition_degrees, resource_partition_degrees
         Degrees at which CU-Partition and Resource-Partition are simulated.
     rc_fractions
         Resource-constrained tuning configurations (1 = the full GPU).
     shortlist_size
-        Kernel families benchmarked per shape and tuning configuration.
+        Kernels benchmarked per shape and tuning configuration besides the library heuristic's.
     timing
         The command processor's decision cost.
     workers, scheduler, cache, progress
@@ -323,16 +362,19 @@ class ConcurrencyStudy:
     """
 
     def __init__(self, system: str = "mi100", overrides: dict[str, Any] | None = None, *,
-                 degrees: Sequence[int] = DEGREES, partition_degrees: Sequence[int] = DEGREES,
-                 rc_fractions: Sequence[int] = RC_FRACTIONS, shortlist_size: int = 3,
-                 timing: CommandProcessorTiming | None = None, workers: int | None = None,
+                 degrees: Sequence[int] = DEGREES, cu_partition_degrees: Sequence[int] = (2, 4),
+                 resource_partition_degrees: Sequence[int] = DEGREES, rc_fractions: Sequence[int] = RC_FRACTIONS,
+                 shortlist_size: int = 3, timing: CommandProcessorTiming | None = None, workers: int | None = None,
                  scheduler: str | None = None, cache: str | Path | None = None, progress: bool = True):
         if 1 not in rc_fractions:
             raise ValueError("ConcurrencyStudy: rc_fractions must include 1 (the full GPU, for isolation tuning)")
+        if not degrees or min(degrees) < 2:
+            raise ValueError(f"ConcurrencyStudy: degrees must be concurrency degrees of at least 2, got {list(degrees)}")
         self.system = system
         self.overrides = dict(overrides or {})
         self.degrees = tuple(sorted(degrees))
-        self.partition_degrees = tuple(sorted(partition_degrees))
+        self.cu_partition_degrees = tuple(sorted(cu_partition_degrees))
+        self.resource_partition_degrees = tuple(sorted(resource_partition_degrees))
         self.rc_fractions = tuple(sorted(rc_fractions))
         self.shortlist_size = shortlist_size
         self.timing = timing or CommandProcessorTiming()
@@ -352,81 +394,86 @@ class ConcurrencyStudy:
         self.cpu_s += float(frame["cpu_s"].sum())
         return frame
 
-    def _point(self, shape: pd.Series, kernel: str, copies: int, arrangement: str,
+    def _point(self, shape: Any, kernel: str, copies: int, arrangement: str,
                overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         merged = {**self.overrides, **(overrides or {})}
         return {
             "system": self.system, "overrides": merged, "m": int(shape["m"]), "n": int(shape["n"]), "k": int(shape["k"]),
-            "batch": int(shape["batch"]), "dtype": str(shape["dtype"]), "kernel": kernel, "copies": int(copies),
+            "trans_a": bool(shape["trans_a"]), "trans_b": bool(shape["trans_b"]), "batch": int(shape["batch"]),
+            "dtype": str(shape["dtype"]), "kernel": kernel, "copies": int(copies),
             "arrangement": arrangement, "fingerprint": fingerprint(self.system, merged),
         }
 
-    # -- stages --------------------------------------------------------------------------------
+    # -- measuring -----------------------------------------------------------------------------
     def tune(self, shapes: pd.DataFrame) -> pd.DataFrame:
         """Isolated runs of each shape's shortlist on GPU, GPU/2 and GPU/4."""
         points, tags = [], []
         for _, shape in shapes.iterrows():
-            problem = GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), batch=int(shape["batch"]))
+            problem = _problem(shape)
             for rc in self.rc_fractions:
                 overrides = resource_constrained_overrides(self.gpu, rc)
                 gpu = _system(self.system, json.dumps({**self.overrides, **overrides}, sort_keys=True)).gpu
                 for spec in shortlist(problem, gpu, self.shortlist_size, include=[choose_kernel(problem, gpu)]):
                     points.append(self._point(shape, spec.name, 1, "isolated", overrides))
                     tags.append({"shape": shape["shape"], "rc": rc})
-        frame = self._sweep(gemm_point, _by_cost(points), "tuning")
-        return _tag(frame, points, tags)
+        return _tagged(self._sweep(gemm_point, _by_cost(points), "tuning"), points, tags)
 
-    def benchmark(self, shapes: pd.DataFrame, tuning: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Degree benchmarks of the RC winners, sequential runs and isolated runs of every candidate."""
+    def benchmark(self, shapes: pd.DataFrame, tuning: pd.DataFrame, partitions: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Degree benchmarks of the RC winners, sequential runs, partitions and isolated runs of every candidate.
+
+        Returns the runs and ``tuning`` extended by full-GPU isolated runs of GO candidates that
+        were tuned only on GPU/2 or GPU/4.
+        """
         winners = _winners(tuning)
+        tuned_full = set(zip(tuning.loc[tuning["rc"] == 1, "shape"], tuning.loc[tuning["rc"] == 1, "kernel"]))
         points, tags = [], []
+
+        def add(shape, kernel, copies, arrangement, kind, degree, overrides=None):
+            points.append(self._point(shape, kernel, copies, arrangement, overrides))
+            tags.append({"shape": shape["shape"], "kind": kind, "degree": degree})
+
         for _, shape in shapes.iterrows():
             key = shape["shape"]
             isolated = winners[(key, 1)]
-            candidates = sorted({winners[(key, rc)] for rc in self.rc_fractions})
-            points.append(self._point(shape, isolated, 2, "sequential"))
-            tags.append({"shape": key, "kind": "sequential", "degree": 1, "kernel": isolated})
-            for kernel in candidates:
+            add(shape, isolated, 2, "sequential", "sequential", 1)
+            for kernel in sorted({winners[(key, rc)] for rc in self.rc_fractions}):
                 for degree in self.degrees:
-                    points.append(self._point(shape, kernel, degree, "shared"))
-                    tags.append({"shape": key, "kind": "shared", "degree": degree, "kernel": kernel})
-                if kernel not in set(tuning.loc[(tuning["shape"] == key) & (tuning["rc"] == 1), "kernel"]):
-                    points.append(self._point(shape, kernel, 1, "isolated"))
-                    tags.append({"shape": key, "kind": "isolated", "degree": 1, "kernel": kernel})
-            for degree in self.partition_degrees:
-                points.append(self._point(shape, isolated, degree, "cu-partition"))
-                tags.append({"shape": key, "kind": "cu-partition", "degree": degree, "kernel": isolated})
-                try:
-                    partition = resource_partition_overrides(self.gpu, degree)
-                except ValueError:
-                    continue
-                points.append(self._point(shape, isolated, 1, "isolated", partition))
-                tags.append({"shape": key, "kind": "resource-partition", "degree": degree, "kernel": isolated})
-        frame = _tag(self._sweep(gemm_point, _by_cost(points), "concurrency"), points, tags)
+                    add(shape, kernel, degree, "shared", "shared", degree)
+                if (key, kernel) not in tuned_full:
+                    add(shape, kernel, 1, "isolated", "isolated", 1)
+            if not partitions:
+                continue
+            for degree in self.cu_partition_degrees:
+                add(shape, isolated, degree, "cu-partition", "cu-partition", degree)
+            for degree in self.resource_partition_degrees:
+                add(shape, isolated, 1, "isolated", "resource-partition", degree, resource_partition_overrides(self.gpu, degree))
+        frame = _tagged(self._sweep(gemm_point, _by_cost(points), "concurrency"), points, tags)
         if frame.empty:
             return frame, tuning
         extra = frame[frame["kind"] == "isolated"].assign(rc=1)
-        tuning = pd.concat([tuning, extra[tuning.columns.intersection(extra.columns)]], ignore_index=True)
+        tuning = pd.concat([tuning, extra[[c for c in tuning.columns if c in extra.columns]]], ignore_index=True)
         return frame[frame["kind"] != "isolated"].reset_index(drop=True), tuning
 
     def assemble(self, shapes: pd.DataFrame, tuning: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         """One row per shape: kernels, times per configuration and degree, features, preferred degree."""
         winners = _winners(tuning)
+        by_shape = dict(tuple(runs.groupby("shape")))
         rows = []
         for _, shape in shapes.iterrows():
             key = shape["shape"]
-            mine = runs[runs["shape"] == key]
+            mine = by_shape[key]
             sequential = mine[mine["kind"] == "sequential"].iloc[0]
             shared = mine[mine["kind"] == "shared"]
             times = {(int(r.degree), r.kernel): float(r.span_s) for r in shared.itertuples()}
             isolated = winners[(key, 1)]
             go = go_kernels(times, isolated)
-            row: dict[str, Any] = {"shape": key, "m": shape["m"], "n": shape["n"], "k": shape["k"], "batch": shape["batch"],
-                                   "dtype": shape["dtype"], "isolated_kernel": isolated, "first_s": sequential.first_s,
-                                   "next_s": sequential.next_s}
+            row: dict[str, Any] = {"shape": key, "m": shape["m"], "n": shape["n"], "k": shape["k"],
+                                   "trans_a": shape["trans_a"], "trans_b": shape["trans_b"], "batch": shape["batch"],
+                                   "dtype": shape["dtype"], "flops": shape["flops"], "isolated_kernel": isolated,
+                                   "first_s": sequential.first_s, "next_s": sequential.next_s}
             for rc in self.rc_fractions:
                 row[f"rc{rc}_kernel"] = winners[(key, rc)]
-            problem = GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), batch=int(shape["batch"]))
+            problem = _problem(shape)
             kernel_stats = {}
             for degree in self.degrees:
                 spec = parse_kernel(go[degree])
@@ -440,13 +487,24 @@ class ConcurrencyStudy:
             for kind in ("cu-partition", "resource-partition"):
                 for r in mine[mine["kind"] == kind].itertuples():
                     row[f"{kind}{int(r.degree)}_s"] = float(r.span_s)
-            speedups = {d: row[f"seq{d}_s"] / row[f"go{d}_s"] for d in self.degrees}
-            row["preferred"] = preferred_degree(speedups)
+            row["preferred"] = preferred_degree(self.go_speedups(row))
             row["features"] = feature_vector(int(shape["m"]), int(shape["n"]), int(shape["k"]), kernel_stats, self.degrees)
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def goldyloc_time(self, row: pd.Series, degree: int, available: int) -> float:
+    def measure(self, gemms: pd.DataFrame, partitions: bool = True) -> Measurements:
+        """Tune, benchmark and assemble every shape of ``gemms`` (a frame of :func:`with_shapes`)."""
+        shapes = _unique_shapes(gemms)
+        tuning = self.tune(shapes)
+        runs, tuning = self.benchmark(shapes, tuning, partitions)
+        return Measurements(tuning, runs, self.assemble(shapes, tuning, runs))
+
+    # -- configurations ------------------------------------------------------------------------
+    def go_speedups(self, row: Any) -> dict[int, float]:
+        """Speedup over sequential of every degree with its GO kernel."""
+        return {d: row[f"seq{d}_s"] / row[f"go{d}_s"] for d in self.degrees}
+
+    def goldyloc_time(self, row: Any, degree: int, available: int) -> float:
         """Time of ``available`` GEMMs run ``degree`` at a time with GO kernels, with CP decision time, s.
 
         Each batch's decision overlaps the previous batch (the first one overlaps the application's
@@ -465,10 +523,10 @@ class ConcurrencyStudy:
         rows = []
         for gemm in gemms.itertuples():
             row = by_shape.loc[gemm.shape]
-            go_speedups = {d: row[f"seq{d}_s"] / row[f"go{d}_s"] for d in self.degrees}
+            speedups = self.go_speedups(row)
             for available in self.degrees:
                 sequential = row[f"seq{available}_s"]
-                oracle = preferred_degree(go_speedups, available)
+                oracle = preferred_degree(speedups, available)
                 chosen = executed_degree(row["predicted"], available)
                 times = {
                     "default": (row[f"default{available}_s"], available),
@@ -485,23 +543,39 @@ class ConcurrencyStudy:
                                  "config": config, "speedup": sequential / t, "degree": degree})
         return pd.DataFrame(rows)
 
-    def predict(self, shapes: pd.DataFrame, folds: int = 10) -> pd.DataFrame:
-        """Out-of-fold predicted degree of every shape, and the predictor's accuracy per available GEMMs."""
-        features = np.vstack(shapes["features"].to_numpy())
-        labels = shapes["preferred"].to_numpy()
-        folds = max(2, min(folds, len(shapes)))
-        shapes = shapes.assign(predicted=cross_validated_predictions(features, labels, folds=folds))
-        return shapes
-
     def accuracy(self, shapes: pd.DataFrame) -> pd.DataFrame:
-        """Share of shapes whose executed degree matches the oracle's, per number of available GEMMs."""
+        """Share of shapes whose executed degree is the oracle's, per number of available GEMMs."""
         rows = []
         for available in self.degrees:
-            correct = []
-            for row in shapes.itertuples():
-                speedups = {d: getattr(row, f"seq{d}_s") / getattr(row, f"go{d}_s") for d in self.degrees}
-                correct.append(executed_degree(row.predicted, available) == preferred_degree(speedups, available))
+            correct = [executed_degree(row["predicted"], available) == preferred_degree(self.go_speedups(row), available)
+                       for _, row in shapes.iterrows()]
             rows.append({"concurrency": available, "accuracy": float(np.mean(correct)), "shapes": len(correct)})
+        return pd.DataFrame(rows)
+
+    def go_properties(self, shapes: pd.DataFrame, tuning: pd.DataFrame) -> pd.DataFrame:
+        """Waves and L2 accesses/misses per wave of GO kernels relative to isolation-tuned kernels (Fig. 7.12)."""
+        full = tuning[tuning["rc"] == 1].drop_duplicates(subset=["shape", "kernel"]).set_index(["shape", "kernel"])
+        rows = []
+
+        def stats(problem: GemmProblem, shape: str, name: str) -> tuple[float, float, float]:
+            spec = parse_kernel(name)
+            count = waves(num_workgroups(problem, spec), occupancy(spec.shape(problem.dtype), self.gpu.cu), self.gpu.num_cus)
+            run = full.loc[(shape, name)]
+            return count, run["l2_accesses"] / math.ceil(count), run["l2_misses"] / math.ceil(count)
+
+        for _, row in shapes.iterrows():
+            problem = _problem(row)
+            base = stats(problem, row["shape"], row["isolated_kernel"])
+            for degree in self.degrees:
+                go = row[f"go{degree}_kernel"]
+                if go == row["isolated_kernel"]:
+                    continue
+                mine = stats(problem, row["shape"], go)
+                rows.append({
+                    "shape": row["shape"], "degree": degree, "isolated_kernel": row["isolated_kernel"], "go_kernel": go,
+                    "waves_ratio": mine[0] / base[0], "l2_accesses_per_wave_ratio": mine[1] / base[1],
+                    "l2_misses_per_wave_ratio": mine[2] / base[2] if base[2] else float("nan"),
+                })
         return pd.DataFrame(rows)
 
     # -- everything ----------------------------------------------------------------------------
@@ -513,70 +587,106 @@ class ConcurrencyStudy:
         gemms
             GEMMs of the evaluated apps (:func:`gpusim.studies.concurrency_workloads.model_gemms`).
         training
-            Further GEMMs that train and test the predictor (partition runs are skipped for them).
+            Further GEMMs that train and test the predictor (no partition runs for them).
         folds
-            Cross-validation folds of the predictor.
+            Cross-validation folds of the predictor (10: 90 % train, 10 % test).
         """
         self.cpu_s = 0.0
         gemms = with_shapes(gemms)
-        pool = gemms if training is None else pd.concat([gemms, with_shapes(training)], ignore_index=True)
-        evaluate_shapes = _unique_shapes(gemms)
-        pool_shapes = _unique_shapes(pool)
-        tuning = self.tune(pool_shapes)
-        partition_degrees = self.partition_degrees
-        runs_eval, tuning = self.benchmark(evaluate_shapes, tuning)
-        training_shapes = pool_shapes[~pool_shapes["shape"].isin(evaluate_shapes["shape"])]
-        self.partition_degrees = ()
-        try:
-            runs_train, tuning = self.benchmark(training_shapes, tuning)
-        finally:
-            self.partition_degrees = partition_degrees
-        runs = pd.concat([runs_eval, runs_train], ignore_index=True)
-        shapes = self.predict(self.assemble(pool_shapes, tuning, runs), folds)
-        evaluated = shapes[shapes["shape"].isin(evaluate_shapes["shape"])]
-        speedups = self.configurations(gemms, evaluated)
-        unique = gemms.drop_duplicates(subset=["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"])
-        overall = speedups[speedups["label"].isin(unique["label"])].drop_duplicates(subset=["label", "shape", "concurrency", "config"])
-        summary = overall.groupby(["concurrency", "config"], sort=False)["speedup"].agg(geomean).reset_index(name="geomean_speedup")
-        per_app = speedups.groupby(["app", "concurrency", "config"], sort=False)["speedup"].agg(geomean).reset_index(name="geomean_speedup")
+        evaluated = self.measure(gemms)
+        pools = [evaluated.shapes.assign(role="evaluate")]
+        tuning, runs = [evaluated.tuning], [evaluated.runs]
+        if training is not None and len(training):
+            extra = with_shapes(training)
+            extra = extra[~extra["shape"].isin(evaluated.shapes["shape"])]
+            if len(extra):
+                trained = self.measure(extra, partitions=False)
+                pools.append(trained.shapes.assign(role="train"))
+                tuning.append(trained.tuning)
+                runs.append(trained.runs)
+        shapes = pd.concat(pools, ignore_index=True)
+        features = np.vstack(shapes["features"].to_numpy())
+        shapes["predicted"] = cross_validated_predictions(features, shapes["preferred"].to_numpy(),
+                                                          folds=max(2, min(folds, len(shapes))))
+        model = ConcurrencyPredictor().fit(features, shapes["preferred"].to_numpy())
+        mine = shapes[shapes["role"] == "evaluate"]
+        speedups = self.configurations(gemms, mine)
+        summary, per_app, effect = self.summarize(gemms, speedups)
         return StudyResult(
-            gemms=gemms, tuning=tuning, shapes=shapes, speedups=speedups, summary=summary, per_app=per_app,
-            predictor=self.accuracy(shapes), impact=impact(overall), go_properties=self.go_properties(evaluated, tuning),
+            gemms=gemms, shapes=shapes, speedups=speedups, summary=summary, per_app=per_app,
+            predictor=self.accuracy(shapes), impact=effect, go_properties=self.go_properties(mine, evaluated.tuning),
+            model=model, tuning=pd.concat(tuning, ignore_index=True), runs=pd.concat(runs, ignore_index=True),
             cpu_s=self.cpu_s,
         )
 
-    def go_properties(self, shapes: pd.DataFrame, tuning: pd.DataFrame) -> pd.DataFrame:
-        """Waves and L2 accesses/misses per wave of GO kernels relative to isolation-tuned kernels (Fig. 7.12)."""
-        full = tuning[tuning["rc"] == 1].drop_duplicates(subset=["shape", "kernel"]).set_index(["shape", "kernel"])
-        rows = []
+    def summarize(self, gemms: pd.DataFrame, speedups: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """Geomeans over the distinct GEMMs and per app, and GOLDYLOC's impact versus Default."""
+        distinct = speedups.drop_duplicates(subset=["label", "concurrency", "config"])
+        summary = distinct.groupby(["concurrency", "config"], sort=False)["speedup"].agg(geomean).reset_index(name="geomean_speedup")
+        per_app = speedups.groupby(["app", "concurrency", "config"], sort=False)["speedup"].agg(geomean).reset_index(name="geomean_speedup")
+        return summary, per_app, impact(distinct)
 
-        def stats(problem: GemmProblem, shape: str, name: str) -> tuple[float, float, float]:
-            spec = parse_kernel(name)
-            count = waves(num_workgroups(problem, spec), occupancy(spec.shape(problem.dtype), self.gpu.cu), self.gpu.num_cus)
-            run = full.loc[(shape, name)]
-            return count, run["l2_accesses"], run["l2_misses"]
+    def evaluate(self, gemms: pd.DataFrame, model: ConcurrencyPredictor) -> tuple[Measurements, pd.DataFrame]:
+        """Measure another GEMM set (e.g. attention's batched GEMMs) and predict with a trained ``model``.
 
-        for row in shapes.itertuples():
-            problem = GemmProblem(int(row.m), int(row.n), int(row.k), str(row.dtype), batch=int(row.batch))
-            base = stats(problem, row.shape, row.isolated_kernel)
-            for degree in self.degrees:
-                go = getattr(row, f"go{degree}_kernel")
-                if go == row.isolated_kernel:
-                    continue
-                mine = stats(problem, row.shape, go)
-                rows.append({
-                    "shape": row.shape, "degree": degree, "isolated_kernel": row.isolated_kernel, "go_kernel": go,
-                    "waves_ratio": mine[0] / base[0],
-                    "l2_accesses_per_wave_ratio": (mine[1] / math.ceil(mine[0])) / (base[1] / math.ceil(base[0])),
-                    "l2_misses_per_wave_ratio": ((mine[2] / math.ceil(mine[0])) / (base[2] / math.ceil(base[0]))
-                                                 if base[2] else float("nan")),
-                })
-        return pd.DataFrame(rows)
+        Returns the measurements (shapes with ``predicted``) and the per-GEMM speedups.
+        """
+        gemms = with_shapes(gemms)
+        measured = self.measure(gemms, partitions=False)
+        shapes = measured.shapes.copy()
+        shapes["predicted"] = model.predict(np.vstack(shapes["features"].to_numpy()))
+        measured.shapes = shapes
+        return measured, self.configurations(gemms, shapes)
+
+    def mixes(self, mixes: Sequence[tuple[Any, Any]], shapes: pd.DataFrame, policies: Sequence[str] = ("default", "go-kernels", "goldyloc"),
+              degrees: Sequence[int] | None = None) -> pd.DataFrame:
+        """Heterogeneous concurrency: ``D/2`` copies each of two GEMM shapes through the command processor.
+
+        Parameters
+        ----------
+        mixes
+            Pairs of shape keys.
+        shapes
+            Shape table with kernels, times and ``predicted`` (from :meth:`run` or :meth:`evaluate`).
+        policies
+            Command-processor configurations to run.
+        degrees
+            Numbers of available GEMMs (even; default: the study's).
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per pair, degree and policy: span_s, sequential_s (both shapes' sequential
+            time), speedup and the degrees the GEMMs ran at.
+        """
+        table = shapes.set_index("shape")
+        points, tags = [], []
+        for first, second in mixes:
+            for available in degrees or self.degrees:
+                half = available // 2
+                gemms = []
+                for key in (first, second):
+                    row = table.loc[key]
+                    kernels = {"1": row["isolated_kernel"], **{str(d): row[f"go{d}_kernel"] for d in self.degrees}}
+                    gemms.append({"m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]), "trans_a": bool(row["trans_a"]),
+                                  "trans_b": bool(row["trans_b"]), "batch": int(row["batch"]),
+                                  "dtype": str(row["dtype"]), "copies": half, "kernels": kernels,
+                                  "predicted": int(row["predicted"])})
+                sequential = sum(table.loc[key, "first_s"] + (half - 1) * table.loc[key, "next_s"] for key in (first, second))
+                for policy in policies:
+                    points.append({"system": self.system, "overrides": self.overrides, "gemms": gemms, "policy": policy,
+                                   "fingerprint": fingerprint(self.system, self.overrides),
+                                   "timing": dataclasses.asdict(self.timing)})
+                    tags.append({"first": first, "second": second, "concurrency": available, "sequential_s": sequential})
+        frame = self._sweep(packets_point, points, "mixes")
+        frame = pd.concat([frame.drop(columns=["gemms", "overrides"]).reset_index(drop=True), pd.DataFrame(tags)], axis=1)
+        frame["speedup"] = frame["sequential_s"] / frame["span_s"]
+        return frame
 
 
 def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame:
     """Share of GEMMs GOLDYLOC improves / leaves unchanged / degrades versus Default, per concurrency."""
-    table = speedups.pivot_table(index=["label", "shape", "concurrency"], columns="config", values="speedup").reset_index()
+    table = speedups.pivot_table(index=["label", "concurrency"], columns="config", values="speedup").reset_index()
     rows = []
     for available, group in table.groupby("concurrency"):
         ratio = group["goldyloc"] / group["default"]
@@ -586,8 +696,14 @@ def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def _problem(shape: Any) -> GemmProblem:
+    return GemmProblem(int(shape["m"]), int(shape["n"]), int(shape["k"]), str(shape["dtype"]), bool(shape["trans_a"]),
+                       bool(shape["trans_b"]), int(shape["batch"]))
+
+
 def _unique_shapes(gemms: pd.DataFrame) -> pd.DataFrame:
-    return gemms.drop_duplicates(subset=["shape"])[["shape", "m", "n", "k", "batch", "dtype", "flops"]].reset_index(drop=True)
+    columns = ["shape", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "flops"]
+    return gemms.drop_duplicates(subset=["shape"])[columns].reset_index(drop=True)
 
 
 def _by_cost(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -595,36 +711,24 @@ def _by_cost(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(points, key=lambda p: -(p["m"] * p["n"] * p["k"] * p["batch"] * p["copies"]))
 
 
-def _tag(frame: pd.DataFrame, points: list[dict[str, Any]], tags: list[dict[str, Any]]) -> pd.DataFrame:
-    """Join sweep rows (in ``_by_cost`` order) back to the tags of their points."""
+_POINT_FIELDS = ("system", "overrides", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "kernel", "copies", "arrangement",
+                 "fingerprint")
+
+
+def _tagged(frame: pd.DataFrame, points: list[dict[str, Any]], tags: list[dict[str, Any]]) -> pd.DataFrame:
+    """Sweep rows with the tags of their points (matched by the point's fields)."""
     if frame.empty:
         return frame
-    keys = [json.dumps(p, sort_keys=True, default=str) for p in points]
-    by_key = dict(zip(keys, tags))
-    columns = ["system", "overrides", "m", "n", "k", "batch", "dtype", "kernel", "copies", "arrangement", "fingerprint"]
-    extra = [by_key[json.dumps({c: row[c] for c in columns}, sort_keys=True, default=str)] for _, row in frame.iterrows()]
-    return pd.concat([frame.reset_index(drop=True), pd.DataFrame(extra).drop(columns=["kernel"], errors="ignore")], axis=1)
+
+    def key(point) -> str:
+        return json.dumps({f: point[f] for f in _POINT_FIELDS}, sort_keys=True, default=str)
+
+    by_key = {key(point): tag for point, tag in zip(points, tags)}
+    extra = pd.DataFrame([by_key[key(row)] for _, row in frame.iterrows()], index=frame.index)
+    return pd.concat([frame, extra], axis=1).reset_index(drop=True)
 
 
 def _winners(tuning: pd.DataFrame) -> dict[tuple[str, int], str]:
     """Fastest kernel per (shape, rc) among the isolated tuning runs."""
-    winners = {}
-    for (shape, rc), group in tuning.groupby(["shape", "rc"]):
-        winners[(shape, int(rc))] = fastest(dict(zip(group["kernel"], group["span_s"])))
-    return winners
-
-
-__all__ = [
-    "CONFIGS",
-    "DEGREES",
-    "ConcurrencyStudy",
-    "StudyResult",
-    "feature_names",
-    "fingerprint",
-    "gemm_point",
-    "geomean",
-    "impact",
-    "packets_point",
-    "run_packets",
-    "MIN_GAIN",
-]
+    return {(shape, int(rc)): fastest(dict(zip(group["kernel"], group["span_s"])))
+            for (shape, rc), group in tuning.groupby(["shape", "rc"])}

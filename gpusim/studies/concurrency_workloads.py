@@ -17,9 +17,8 @@ batch's input and recurrent state by the 4 (3) gate matrices, so ``tokens`` is t
 ``out`` is 4 (3) x hidden.  Attention's strided batched GEMMs (scores ``Q K^T`` and context
 ``P V``, one batch entry per sequence and head) come from :func:`attention_gemms`.
 
-A GEMM's *shape* (m, n, k, batch, dtype) is what the simulation sees: the simulated memory layout
-does not depend on the transposes (see docs/model.md), so GEMMs that differ only in transposes share
-their simulations.
+A GEMM's *shape* (m, n, k, transposes, batch, dtype) is what the simulation sees; GEMMs of
+different apps with the same shape share their simulations.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
 GATES = {"lstm": 4, "gru": 3}
 FFN_MULTIPLIER = 4
 GEMM_COLUMNS = ["app", "layer", "hidden", "inputs", "linear", "pass", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
-SHAPE_COLUMNS = ["m", "n", "k", "batch", "dtype"]
+SHAPE_COLUMNS = ["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 
 
 def linear_gemms(tokens: int, fan_in: int, fan_out: int) -> list[dict[str, Any]]:
@@ -173,8 +172,8 @@ def attention_gemms(path: str | os.PathLike = "attention", dtype: str | None = N
 
 
 def shape_key(row: Any) -> str:
-    """The simulation identity of a GEMM, e.g. ``2048x768x768x1_fp32``."""
-    return f"{row['m']}x{row['n']}x{row['k']}x{row['batch']}_{row['dtype']}"
+    """The simulation identity of a GEMM, e.g. ``2048x768x768x1_01_fp32`` (m x n x k x batch, transposes, dtype)."""
+    return f"{row['m']}x{row['n']}x{row['k']}x{row['batch']}_{int(row['trans_a'])}{int(row['trans_b'])}_{row['dtype']}"
 
 
 def gemm_label(row: Any) -> str:
@@ -189,3 +188,23 @@ def with_shapes(frame: pd.DataFrame) -> pd.DataFrame:
     frame["label"] = [gemm_label(row) for _, row in frame.iterrows()]
     frame["flops"] = 2.0 * frame["m"] * frame["n"] * frame["k"] * frame["batch"]
     return frame
+
+
+def systematic_sample(gemms: pd.DataFrame, every: int, minimum: int = 3) -> pd.DataFrame:
+    """The GEMMs of about every ``every``-th shape of each app, spread evenly over its sizes.
+
+    Each app's distinct shapes are ordered by FLOPs and ``max(minimum, round(count / every))`` of
+    them are taken at evenly spaced positions (all of them when the app has no more); a GEMM is
+    kept when its shape was taken for its app.  ``every=1`` keeps everything.
+    """
+    if every < 1:
+        raise ValueError(f"systematic_sample: every must be at least 1, got {every}")
+    frame = with_shapes(gemms) if "shape" not in gemms else gemms
+    kept = []
+    for _, app in frame.groupby("app", sort=False):
+        shapes = app.drop_duplicates("shape").sort_values(["flops", "shape"])["shape"].tolist()
+        count = min(len(shapes), max(minimum, round(len(shapes) / every)))
+        positions = [int((i + 0.5) * len(shapes) / count) for i in range(count)]
+        chosen = {shapes[p] for p in positions}
+        kept.append(app[app["shape"].isin(chosen)])
+    return pd.concat(kept).reset_index(drop=True)

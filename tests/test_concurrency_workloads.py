@@ -1,0 +1,91 @@
+"""GEMM workloads from model definitions, and the tuning library."""
+
+import pytest
+
+from gpusim.config import load_gpu_config
+from gpusim.errors import ConfigError
+from gpusim.kernels.gemm import LIBRARY, GemmProblem, estimate_ns
+from gpusim.kernels.gemm_tuning import TUNING_LIBRARY, parse_kernel, shortlist, tuning_candidates
+from gpusim.studies.concurrency_workloads import attention_gemms, linear_gemms, model_gemms, with_shapes
+
+GPU = load_gpu_config("mi100")
+
+
+def test_a_linear_layer_has_forward_input_and_weight_gradient_gemms():
+    forward, input_grad, weight_grad = linear_gemms(tokens=2048, fan_in=1024, fan_out=4096)
+    assert (forward["m"], forward["n"], forward["k"]) == (2048, 4096, 1024)
+    assert (input_grad["m"], input_grad["n"], input_grad["k"]) == (2048, 1024, 4096)
+    assert (weight_grad["m"], weight_grad["n"], weight_grad["k"]) == (4096, 1024, 2048)
+    assert weight_grad["trans_a"] and forward["trans_b"]
+
+
+def test_table_7_3_gemms_come_from_the_model_definitions():
+    gemms = with_shapes(model_gemms("table7.3"))
+    assert set(gemms["app"]) == {"gnmt", "ds2", "rnnt", "transformer", "bert", "gpt2", "gpt3", "mega_bert", "mega_gpt", "tnlg"}
+    assert (gemms["dtype"] == "fp32").all()  # the dissertation's main results are FP32 (FP16 is section 7.5.8)
+    distinct = gemms.drop_duplicates(["m", "n", "k", "trans_a", "trans_b"])
+    assert 400 <= len(distinct) <= 600  # "about 410 GEMMs"
+    bert = gemms[(gemms["app"] == "bert") & (gemms["hidden"] == 1024) & (gemms["inputs"] == 2048)]
+    assert {(r.m, r.n, r.k) for r in bert.itertuples()} >= {(2048, 1024, 1024), (2048, 4096, 1024), (2048, 1024, 4096)}
+    gnmt = gemms[(gemms["app"] == "gnmt") & (gemms["hidden"] == 512) & (gemms["inputs"] == 64)]
+    assert {(r.m, r.n, r.k) for r in gnmt[gnmt["pass"] == "forward"].itertuples()} == {(64, 2048, 512), (64, 2048, 1024)}
+    assert gemms["flops"].min() > 0 and gemms["shape"].str.endswith("_fp32").all()
+
+
+def test_extension_and_quick_sets():
+    extension = model_gemms("extension")
+    assert (extension["role"] == "train").all()
+    quick = model_gemms("quick")
+    assert 30 <= len(quick) <= 50
+    assert model_gemms("quick", dtype="fp16")["dtype"].eq("fp16").all()
+
+
+def test_attention_batched_gemms():
+    gemms = attention_gemms()
+    bert = gemms[(gemms["app"] == "bert_large") & (gemms["inputs"] == 512)]
+    scores = bert[bert["linear"] == "scores"].iloc[0]
+    assert (scores["m"], scores["n"], scores["k"], scores["batch"]) == (512, 512, 64, 8 * 16)
+    context = bert[bert["linear"] == "context"].iloc[0]
+    assert (context["m"], context["n"], context["k"]) == (512, 64, 512)
+
+
+def test_bad_workload_definitions_name_the_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("apps:\n  - name: x\n    layer: cnn\n    hidden: [1]\n")
+    with pytest.raises(ConfigError, match="bad.yaml: app 'x': field 'layer'"):
+        model_gemms(path)
+    path.write_text("apps:\n  - name: x\n    layer: transformer\n    hidden: [512]\n    tokens: []\n")
+    with pytest.raises(ConfigError, match="field 'tokens' must be a non-empty list"):
+        model_gemms(path)
+    with pytest.raises(ConfigError, match="workload definitions in"):
+        model_gemms("no-such-set")
+
+
+def test_tuning_library_spans_the_trade_offs():
+    assert set(LIBRARY) <= set(TUNING_LIBRARY)  # the BLAS heuristic's kernels are among the tuner's
+    assert {spec.lds_buffers for spec in TUNING_LIBRARY} == {1, 2}
+    assert len({(spec.tile_m, spec.tile_n) for spec in TUNING_LIBRARY}) >= 12
+    assert len({spec.threads for spec in TUNING_LIBRARY}) >= 3
+
+
+@pytest.mark.parametrize("name", ["MT128x64x32_T256", "MT64x64x16_T128_LB1", "MT32x32x32_T128_LB1_SK4", "MT256x128x64_T512_SK2"])
+def test_kernel_names_round_trip(name):
+    assert parse_kernel(name).name == name
+
+
+def test_bad_kernel_name():
+    with pytest.raises(ValueError, match="must look like"):
+        parse_kernel("gemm_fast")
+
+
+def test_shortlist_ranks_by_estimate_without_twins_and_keeps_the_included():
+    problem = GemmProblem(2048, 3072, 768, "fp32")
+    heuristic = parse_kernel("MT256x256x32_T256")
+    picks = shortlist(problem, GPU, 3, include=[heuristic])
+    assert picks[-1] == heuristic and len(picks) == 4
+    estimates = [estimate_ns(problem, spec, GPU) for spec in picks[:3]]
+    assert estimates == sorted(estimates)
+    best = min(estimate_ns(problem, spec, GPU) for spec in tuning_candidates(problem, GPU))
+    assert estimates[0] == pytest.approx(best)
+    with pytest.raises(ValueError, match="count"):
+        shortlist(problem, GPU, 0)

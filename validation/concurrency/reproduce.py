@@ -1,0 +1,356 @@
+"""Reproduce the dissertation's concurrent-GEMM study (chapter 7) on the simulated MI100.
+
+Usage::
+
+    python validation/concurrency/reproduce.py --out out/concurrency [--quick] [--workers N]
+        [--scheduler tcp://host:8786] [--cache DIR] [--check]
+
+Runs :class:`gpusim.studies.concurrency.ConcurrencyStudy` on the GEMMs of Table 7.3 (``--quick``: the
+reduced CI set of ``workloads/concurrency/quick.yaml``) plus, for the predictor, the extension set,
+and then the section 7.5 experiments: selected GEMMs at 16 (Fig. 7.13), heterogeneous GEMM pairs
+and batched attention GEMMs (7.5.7), FP16 versus FP32 (Fig. 7.15), partitions (Fig. 7.16) and a
+cross-check of the composed GOLDYLOC times against command-processor simulations.
+
+Writes into ``--out``: ``summary.csv`` (concurrency, config, geomean_speedup over Sequential),
+``predictor.csv`` (concurrency, accuracy), ``per_app.csv``, ``impact.csv``, ``speedups.csv``,
+``shapes.csv``, ``go_properties.csv``, ``selected.csv``, ``heterogeneous.csv``, ``batched.csv``,
+``fp16.csv``, ``cp_check.csv``, ``comparison.csv`` (simulated beside the reference numbers of
+``reference.csv``), ``checks.csv`` (the signs and orderings the issue asks for) and PNG plots.
+Simulations are cached (default ``DIR/cache``), so an interrupted run resumes.  With ``--check``
+the exit status is 1 when a sign or ordering check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from gpusim import plot
+from gpusim.studies.concurrency import ConcurrencyStudy, geomean
+from gpusim.studies.concurrency_workloads import attention_gemms, model_gemms, systematic_sample, with_shapes
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = HERE / "reference.csv"
+TOLERANCE_POINTS = 5.0
+"""Geomeans within this many percentage points of the reference count as reproduced (issue 5)."""
+
+
+# -- experiments -------------------------------------------------------------------------------
+
+def selected_gemms(result) -> pd.DataFrame:
+    """Fig. 7.13: per app the GEMM of median FLOPs, its speedups at 16 available GEMMs."""
+    gemms = result.gemms
+    chosen = []
+    for _, group in gemms.groupby("app", sort=True):
+        ordered = group.sort_values(["flops", "label"]).reset_index(drop=True)
+        chosen.append(ordered.iloc[len(ordered) // 2][["app", "label"]])
+    picked = pd.DataFrame(chosen)
+    top = max(result.speedups["concurrency"])
+    frame = result.speedups[(result.speedups["concurrency"] == top)
+                            & result.speedups["config"].isin(["default", "go-kernels", "goldyloc", "oracle"])]
+    frame = frame.merge(picked, on=["app", "label"])
+    frame["gemm"] = frame["app"] + " " + frame["label"]
+    return frame
+
+
+def heterogeneous_pairs(gemms: pd.DataFrame) -> list[tuple[str, str]]:
+    """Per app, at its smallest and largest hidden size and smallest input: the forward GEMMs of its
+    first and last linear layer (forward and input gradient when it has one linear layer)."""
+    pairs = []
+    for _, app in gemms.groupby("app", sort=True):
+        smallest = app[app["inputs"] == app["inputs"].min()]
+        for hidden in sorted({smallest["hidden"].min(), smallest["hidden"].max()}):
+            layer = smallest[smallest["hidden"] == hidden]
+            forward = layer[layer["pass"] == "forward"]
+            first, last = forward.iloc[0], forward.iloc[-1]
+            if first["shape"] == last["shape"]:
+                last = layer[layer["pass"] == "input-grad"].iloc[0]
+            if first["shape"] != last["shape"] and (first["shape"], last["shape"]) not in pairs:
+                pairs.append((first["shape"], last["shape"]))
+    return pairs
+
+
+def batched_pairs(gemms: pd.DataFrame) -> list[tuple[str, str]]:
+    """Pairs of batched GEMMs of the same model and kind with different sequence lengths."""
+    pairs = []
+    for _, group in gemms.groupby(["app", "linear"], sort=True):
+        shapes = list(group.sort_values("inputs")["shape"])
+        pairs += [(a, b) for i, a in enumerate(shapes) for b in shapes[i + 1:]]
+    return pairs
+
+
+def mix_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Geomean speedup over Sequential and over Default per concurrency and policy."""
+    table = frame.pivot_table(index=["first", "second", "concurrency"], columns="policy", values="speedup").reset_index()
+    rows = []
+    for available, group in table.groupby("concurrency"):
+        for policy in [c for c in ("default", "go-kernels", "goldyloc") if c in group]:
+            rows.append({"concurrency": available, "config": policy, "geomean_speedup": geomean(group[policy]),
+                         "over_default": geomean(group[policy] / group["default"])})
+    return pd.DataFrame(rows)
+
+
+def cp_check(study: ConcurrencyStudy, shapes: pd.DataFrame, count: int) -> pd.DataFrame:
+    """GOLDYLOC's composed time (per-degree batches + exposed decision time) against simulating the
+    command processor with all available GEMMs queued (homogeneous, kernel spans)."""
+    pool = shapes[shapes["role"] == "evaluate"].sort_values("flops").reset_index(drop=True)
+    picks = pool.iloc[np.linspace(0, len(pool) - 1, min(count, len(pool))).round().astype(int)]
+    mixes = study.mixes([(key, key) for key in picks["shape"]], pool, policies=("goldyloc",))
+    table = pool.set_index("shape")
+    rows = []
+    for row in mixes.itertuples():
+        shape = table.loc[row.first]
+        degree = min(int(shape["predicted"]), int(row.concurrency))
+        composed = study.goldyloc_time(shape, max(1, degree), int(row.concurrency))
+        rows.append({"shape": row.first, "concurrency": row.concurrency, "predicted": int(shape["predicted"]),
+                     "composed_s": composed, "simulated_s": row.span_s, "ratio": row.span_s / composed})
+    return pd.DataFrame(rows)
+
+
+def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fig. 7.15: (a) 2P Default speedup of forward GEMMs in FP16 and FP32; (b) 16P GO-Kernels over
+    Default for the gpt2, gpt3 and tnlg forward GEMMs at their smallest simulated input, in FP16."""
+    forward = result.gemms[result.gemms["pass"] == "forward"]
+    half = forward.assign(dtype="fp16")
+    two = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(2,), rc_fractions=(1,),
+                           cu_partition_degrees=(), resource_partition_degrees=())
+    measured = with_shapes(half)
+    shapes16 = two.measure(measured, partitions=False).shapes
+    rows = []
+    fp32 = result.shapes.set_index("shape")
+    for _, gemm in measured.drop_duplicates("shape").iterrows():
+        row = shapes16.set_index("shape").loc[gemm["shape"]]
+        original = fp32.loc[gemm["shape"].replace("_fp16", "_fp32")]
+        rows.append({"app": gemm["app"], "label": gemm["label"], "gflop": gemm["flops"] / 1e9,
+                     "fp16": row["seq2_s"] / row["default2_s"], "fp32": original["seq2_s"] / original["default2_s"]})
+    sizes = pd.DataFrame(rows).melt(id_vars=["app", "label", "gflop"], var_name="dtype", value_name="speedup")
+    if args.quick:
+        return sizes, pd.DataFrame()
+    large = forward[forward["app"].isin(["gpt2", "gpt3", "tnlg"])]
+    large = large[large["inputs"] == large.groupby("app")["inputs"].transform("min")].assign(dtype="fp16")
+    sixteen = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(16,),
+                               cu_partition_degrees=(), resource_partition_degrees=())
+    large = with_shapes(large)
+    table = sixteen.measure(large, partitions=False).shapes.set_index("shape")
+    go = [{"app": g["app"], "label": g["label"], "go_over_default": table.loc[g["shape"], "default16_s"] / table.loc[g["shape"], "go16_s"]}
+          for _, g in large.iterrows()]
+    go = pd.DataFrame(go).groupby("app")["go_over_default"].agg(geomean).reset_index()
+    return sizes, go
+
+
+# -- comparison --------------------------------------------------------------------------------
+
+def compare(result, mixes: pd.DataFrame, batched: pd.DataFrame) -> pd.DataFrame:
+    """Simulated values beside the references of ``reference.csv``."""
+    reference = pd.read_csv(REFERENCE)
+    summary = result.summary.set_index(["concurrency", "config"])["geomean_speedup"]
+    accuracy = result.predictor.set_index("concurrency")["accuracy"]
+    effect = result.impact.set_index("concurrency")
+    values = []
+    for row in reference.itertuples():
+        d, config = int(row.concurrency), row.config
+        value = np.nan
+        if row.metric == "speedup_over_sequential" and (d, config) in summary:
+            value = summary[(d, config)]
+        elif row.metric == "speedup_over_default" and (d, config) in summary:
+            value = summary[(d, config)] / summary[(d, "default")]
+        elif row.metric == "predictor_accuracy" and d in accuracy:
+            value = accuracy[d]
+        elif row.metric.startswith("share_") and d in effect.index:
+            value = effect.loc[d, row.metric.removeprefix("share_")]
+        elif row.metric in ("heterogeneous_over_default", "batched_over_default"):
+            source = mixes if row.metric.startswith("heterogeneous") else batched
+            match = source[(source["concurrency"] == d) & (source["config"] == config)] if len(source) else source
+            value = float(match["over_default"].iloc[0]) if len(match) else np.nan
+        values.append(value)
+    reference["simulated"] = values
+    points = reference["metric"].str.startswith(("speedup", "heterogeneous", "batched"))
+    scale = np.where(points, 100.0, 100.0)
+    reference["difference_points"] = (reference["simulated"] - reference["value"]) * scale
+    reference["within_tolerance"] = reference["difference_points"].abs() <= TOLERANCE_POINTS
+    return reference
+
+
+def checks(result) -> pd.DataFrame:
+    """The signs and orderings the issue asks for, each with whether it holds."""
+    summary = result.summary.pivot(index="concurrency", columns="config", values="geomean_speedup")
+    degrees = list(summary.index)
+    rows = [
+        ("Default's benefit falls with concurrency", summary.loc[degrees[-1], "default"] < summary.loc[degrees[0], "default"],
+         f"default {summary.loc[degrees[0], 'default']:.3f} at {degrees[0]} -> {summary.loc[degrees[-1], 'default']:.3f} at {degrees[-1]}"),
+        ("Default gains over Sequential at 2", summary.loc[degrees[0], "default"] > 1.0, f"{summary.loc[degrees[0], 'default']:.3f}"),
+    ]
+    for config in ("go-kernels", "goldyloc"):
+        worst = (summary[config] / summary["default"]).min()
+        rows.append((f"{config} never loses to Default in geomean", bool(worst >= 1.0), f"lowest ratio {worst:.3f}"))
+    gap = (summary["oracle"] / summary["goldyloc"]).min()
+    rows.append(("Oracle >= GOLDYLOC in geomean", bool(gap >= 1.0 - 1e-9), f"lowest ratio {gap:.3f}"))
+    gain = summary["goldyloc"] / summary["default"]
+    rows.append(("GOLDYLOC's gain over Default grows with concurrency", bool(gain.iloc[-1] > gain.iloc[0]),
+                 f"{gain.iloc[0]:.3f} at {degrees[0]} -> {gain.iloc[-1]:.3f} at {degrees[-1]}"))
+    accuracy = result.predictor.set_index("concurrency")["accuracy"]
+    rows.append(("Predictor accuracy falls with available GEMMs", bool(accuracy.iloc[-1] < accuracy.iloc[0]),
+                 " ".join(f"{d}:{a:.2f}" for d, a in accuracy.items())))
+    return pd.DataFrame(rows, columns=["check", "holds", "detail"])
+
+
+# -- plots -------------------------------------------------------------------------------------
+
+def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, comparison: pd.DataFrame) -> None:
+    """Write the figures of section 7.5 as PNG files."""
+    per_app = result.per_app[result.per_app["config"].isin(["default", "go-kernels", "goldyloc", "oracle"])]
+    degrees = sorted(per_app["concurrency"].unique())
+    fig, axes = plt.subplots(len(degrees), 1, figsize=(10, 3.2 * len(degrees)), squeeze=False)
+    for ax, degree in zip(axes[:, 0], degrees):
+        plot.bars(per_app[per_app["concurrency"] == degree], "app", "geomean_speedup", hue="config", ax=ax,
+                  ylabel="speedup over Sequential")
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_title(f"{degree} independent GEMMs (Figs. 7.8-7.11)")
+    fig.tight_layout()
+    fig.savefig(out / "per_app.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    plot.bars(result.summary, "concurrency", "geomean_speedup", hue="config", ax=ax, ylabel="geomean speedup over Sequential")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    fig.tight_layout()
+    fig.savefig(out / "summary.png", dpi=110)
+    plt.close(fig)
+
+    if len(result.go_properties):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ratios = result.go_properties.melt(value_vars=["waves_ratio", "l2_accesses_per_wave_ratio", "l2_misses_per_wave_ratio"],
+                                           var_name="metric", value_name="ratio").dropna()
+        ratios["rank"] = ratios.groupby("metric")["ratio"].rank(method="first")
+        plot.lines(ratios, "rank", "ratio", by="metric", ax=ax, xlabel="GO kernels, sorted", ylabel="GO / isolation-tuned",
+                   marker=".")
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_title("GO-kernel properties (Fig. 7.12)")
+        fig.tight_layout()
+        fig.savefig(out / "go_properties.png", dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    plot.bars(selected, "gemm", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_title("Selected GEMMs, 16 available (Fig. 7.13)")
+    fig.tight_layout()
+    fig.savefig(out / "selected.png", dpi=110)
+    plt.close(fig)
+
+    accuracy = comparison[comparison["metric"] == "predictor_accuracy"].melt(
+        id_vars=["concurrency"], value_vars=["simulated", "value"], var_name="source", value_name="accuracy")
+    accuracy["source"] = accuracy["source"].replace({"value": "dissertation", "simulated": "gpusim"})
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    plot.bars(accuracy, "concurrency", "accuracy", hue="source", ax=ax, ylabel="predictor accuracy")
+    fig.tight_layout()
+    fig.savefig(out / "predictor.png", dpi=110)
+    plt.close(fig)
+
+    if len(sizes):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        plot.lines(sizes, "gflop", "speedup", by="dtype", ax=ax, logx=True, xlabel="GEMM GFLOP",
+                   ylabel="2P Default speedup over Sequential")
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_title("FP16 versus FP32 (Fig. 7.15a)")
+        fig.tight_layout()
+        fig.savefig(out / "fp16.png", dpi=110)
+        plt.close(fig)
+
+    partitions = result.per_app[(result.per_app["concurrency"] == 2)
+                                & result.per_app["config"].isin(["default", "cu-partition", "resource-partition", "goldyloc"])]
+    if len(partitions):
+        fig, ax = plt.subplots(figsize=(10, 4))
+        plot.bars(partitions, "app", "geomean_speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_title("Partitioned GPUs, 2 independent GEMMs (Fig. 7.16)")
+        fig.tight_layout()
+        fig.savefig(out / "partitions.png", dpi=110)
+        plt.close(fig)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the study, write the tables and plots, print the comparison; see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--quick", action="store_true", help="the reduced CI set (about 40 GEMMs, no extension set)")
+    parser.add_argument("--every", type=int, default=6,
+                        help="simulate about every N-th GEMM shape of each app, in order of size (1: all 531 shapes, about "
+                             "12 CPU-hours; default 6: 94 shapes, about 3 CPU-hours); ignored with --quick")
+    parser.add_argument("--workers", type=int, default=None, help="local processes (default: all CPUs)")
+    parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to run the simulations on")
+    parser.add_argument("--cache", default=None, help="cache folder of finished simulations (default: OUT/cache)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a sign or ordering check fails")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(args.cache) if args.cache else out / "cache"
+    started = time.perf_counter()
+    study = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, progress=not args.quiet)
+    if args.quick:
+        gemms, training = model_gemms("quick"), None
+    else:
+        gemms = systematic_sample(model_gemms("table7.3"), args.every)
+        training = systematic_sample(model_gemms("extension"), args.every)
+    result = study.run(gemms, training)
+    cpu_s = result.cpu_s
+
+    selected = selected_gemms(result)
+    shapes = result.shapes.drop(columns=["features"])
+    if args.quick:
+        mixes = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
+        batched_table = mixes
+        check = cp_check(study, result.shapes, 2)
+    else:
+        raw = study.mixes(heterogeneous_pairs(result.gemms), result.shapes)
+        raw.to_csv(out / "heterogeneous_runs.csv", index=False)
+        mixes = mix_summary(raw)
+        attention = attention_gemms()
+        measured, batched_speedups = study.evaluate(attention, result.model)
+        batched_speedups.to_csv(out / "batched_homogeneous.csv", index=False)
+        raw_batched = study.mixes(batched_pairs(with_shapes(attention)), measured.shapes, degrees=(2, 4))
+        raw_batched.to_csv(out / "batched_runs.csv", index=False)
+        batched_table = mix_summary(raw_batched)
+        check = cp_check(study, result.shapes, 12)
+    cpu_s += study.cpu_s - result.cpu_s
+    sizes, go16 = fp16_experiments(args, result, cache)
+
+    comparison = compare(result, mixes, batched_table)
+    verdicts = checks(result)
+    tables = {
+        "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
+        "speedups": result.speedups, "shapes": shapes, "go_properties": result.go_properties, "selected": selected,
+        "heterogeneous": mixes, "batched": batched_table, "fp16": sizes, "fp16_go16": go16, "cp_check": check,
+        "comparison": comparison, "checks": verdicts,
+    }
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    plots(out, result, selected, sizes, comparison)
+
+    wall = time.perf_counter() - started
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 100):
+        print(result.summary.pivot(index="concurrency", columns="config", values="geomean_speedup").round(3).to_string())
+        print()
+        print(comparison[["metric", "concurrency", "config", "value", "simulated", "difference_points", "within_tolerance"]]
+              .to_string(index=False, float_format="{:.3f}".format))
+        print()
+        print(verdicts.to_string(index=False))
+    print(f"\n{len(result.gemms)} GEMMs ({result.gemms['shape'].nunique()} shapes) evaluated, "
+          f"{len(result.shapes)} shapes for the predictor; {wall:.0f} s wall, {cpu_s:.0f} s simulator CPU; wrote {out}/")
+    if args.check and not verdicts["holds"].all():
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
