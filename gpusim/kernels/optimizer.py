@@ -40,7 +40,7 @@ from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.nmc import NearMemoryUnits, NmcProgram
 from gpusim.hw.request import COMPUTE
-from gpusim.kernels.elementwise import BYTES_PER_THREAD, MAX_CHUNKS, StreamingKernel
+from gpusim.kernels.elementwise import MAX_CHUNKS, StreamingKernel
 
 CHUNK_ELEMENTS = 65536
 """Elements per block of a multi_tensor_apply launch (apex and PyTorch ``kChunkSize``)."""
@@ -467,8 +467,9 @@ class TensorListKernel:
 
     As :class:`~gpusim.kernels.elementwise.StreamingKernel`, the simulation runs at most one
     logical workgroup per resident slot; each handles consecutive blocks in a few pieces and
-    prefetches the next piece while it computes and writes the current one.  A block keeps 16 bytes
-    per thread and read list in flight (``ILP`` 4 fp32 loads per thread).
+    prefetches the next piece while it computes and writes the current one.  A block keeps
+    ``streaming_inflight_bytes_per_thread`` per thread and read list in flight, as the framework's
+    other streaming kernels (16 B by default: ``ILP`` 4 fp32 loads per thread).
     """
 
     def __init__(
@@ -485,7 +486,7 @@ class TensorListKernel:
         self.workgroups = min(len(blocks), slots)
         self.wavefronts = LIST_BLOCK.wavefronts(gpu.config.cu.wavefront_size)
         lists = max(1, max(len(reads) for reads, _, _ in blocks))
-        self.inflight_bytes = LIST_BLOCK.threads * BYTES_PER_THREAD * lists
+        self.inflight_bytes = LIST_BLOCK.threads * gpu.config.streaming_inflight_bytes_per_thread * lists
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         total_flops = sum(flops for _, _, flops in blocks)
         total_bytes = sum(n for reads, writes, _ in blocks for _, _, n in reads + writes)
