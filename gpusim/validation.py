@@ -174,6 +174,15 @@ def _allreduce_select(frame: pd.DataFrame) -> pd.DataFrame:
     return chosen
 
 
+def _two_node_select(frame: pd.DataFrame) -> pd.DataFrame:
+    two_nodes = frame["num_workers"] == 2 * frame["devices_per_node"]
+    smaller = frame["num_workers"] < 16
+    sizes = frame["size_bytes"].between(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES)
+    chosen = frame[two_nodes & smaller & sizes].copy()
+    chosen["gpus"] = chosen["num_workers"]
+    return chosen
+
+
 def _allreduce_point(row: pd.Series) -> dict[str, Any]:
     workers, per_node = int(row["num_workers"]), int(row["devices_per_node"])
     if workers > per_node:
@@ -243,6 +252,20 @@ DATASETS: dict[str, DataSet] = {
             measured_s=_ms("time_ms_median"),
             tolerances={"median": 0.15},
             select=_allreduce_select,
+            group="gpus",
+            plot_x="size_bytes",
+            plot_by="gpus",
+        ),
+        DataSet(
+            name="allreduce-dgx-a100-2nodes",
+            description="vidur's NCCL all-reduce across two DGX A100 nodes with 1, 2 and 4 GPUs each, 1-64 MiB "
+            "(the data the inter-node network is fitted to)",
+            file="vidur_a100_dgx_all_reduce.csv",
+            system="dgx-a100",
+            point=_allreduce_point,
+            measured_s=_ms("time_ms_median"),
+            tolerances={"median": 0.15},
+            select=_two_node_select,
             group="gpus",
             plot_x="size_bytes",
             plot_by="gpus",

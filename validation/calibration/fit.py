@@ -1,0 +1,107 @@
+"""Fit calibration parameters of a preset by grid search, and report the error on held-out data.
+
+A parameter is fitted *globally*: one value for the whole GPU (or node), chosen to minimise the
+median absolute error over the fitting rows; the same value is then judged on rows that took no
+part in the choice (a random half of the data set, or another data set).  Example::
+
+    python validation/calibration/fit.py --dataset gemm-v100-deepbench \\
+        --param "gpu.gemm_efficiency.fp16=0.84,0.88,0.92" --query "2*m*n*k > 1e11" --out out/fit
+
+Writes ``fit-<dataset>.csv`` (one row per grid point: its parameters and the error statistics on
+the fitting rows) and ``fit-<dataset>-holdout.csv`` (the held-out rows with the chosen values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from gpusim import validation
+
+
+def parse_param(text: str) -> tuple[str, list[str]]:
+    """``"path=v1,v2"`` -> ``(path, [v1, v2])`` (values stay strings; the loader parses units)."""
+    if "=" not in text:
+        raise SystemExit(f"--param {text!r}: expected path=value1,value2,...")
+    path, values = text.split("=", 1)
+    return path.strip(), [value.strip() for value in values.split(",") if value.strip()]
+
+
+def as_value(text: str):
+    """A number when the text is one, else the text (``"5.5 us"``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def rows_of(name: str, query: str | None, points: int | None, seed: int) -> pd.DataFrame:
+    dataset = validation.get(name)
+    rows = dataset.load()
+    if query:
+        rows = rows.query(query)
+    return validation.sample(rows, points, seed, by=dataset.group)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, choices=list(validation.DATASETS))
+    parser.add_argument("--param", action="append", required=True, help="override path=value1,value2,...")
+    parser.add_argument("--fixed", action="append", default=[], help="override path=value held fixed")
+    parser.add_argument("--query", help="pandas query selecting the rows to use (e.g. '2*m*n*k > 1e11')")
+    parser.add_argument("--points", type=int, help="random subset of this many rows")
+    parser.add_argument("--holdout-dataset", choices=list(validation.DATASETS),
+                        help="judge the chosen values on this data set instead of a random half")
+    parser.add_argument("--holdout-query", help="pandas query on the hold-out data set")
+    parser.add_argument("--holdout-points", type=int, help="random subset of this many hold-out rows")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", default="symmetric", choices=["full", "symmetric"])
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--out", default="out/fit")
+    args = parser.parse_args(argv)
+
+    grid = dict(parse_param(text) for text in args.param)
+    fixed = {path: as_value(values[0]) for path, values in map(parse_param, args.fixed)}
+    rows = rows_of(args.dataset, args.query, args.points, args.seed)
+    if args.holdout_dataset:
+        fit_rows = rows
+        holdout_name = args.holdout_dataset
+        holdout_rows = rows_of(holdout_name, args.holdout_query, args.holdout_points, args.seed)
+    else:
+        fit_rows, holdout_rows = validation.holdout_split(rows, args.seed)
+        holdout_name = args.dataset
+    print(f"{args.dataset}: fitting on {len(fit_rows)} rows, holding out {len(holdout_rows)} rows of {holdout_name}")
+
+    results = []
+    for values in itertools.product(*grid.values()):
+        overrides = {**fixed, **{path: as_value(value) for path, value in zip(grid, values)}}
+        frame = validation.compare(args.dataset, fit_rows, overrides=overrides, mode=args.mode,
+                                   workers=args.workers, progress=False)
+        stats = validation.error_stats(frame)
+        results.append({**dict(zip(grid, values)), **stats, "signed_median": float(frame["error"].median())})
+        print("  " + ", ".join(f"{path}={value}" for path, value in zip(grid, values))
+              + f": median {stats['median']:.1%}, p90 {stats['p90']:.1%}, max {stats['max']:.1%}", flush=True)
+    table = pd.DataFrame(results)
+    best = table.sort_values(["median", "p90"]).iloc[0]
+    chosen = {**fixed, **{path: as_value(best[path]) for path in grid}}
+    holdout = validation.compare(holdout_name, holdout_rows, overrides=chosen, mode=args.mode,
+                                 workers=args.workers, progress=False)
+    held = validation.error_stats(holdout)
+    print("chosen: " + ", ".join(f"{path}={best[path]}" for path in grid))
+    print(f"  fitting rows:  median {best['median']:.1%}, p90 {best['p90']:.1%}, max {best['max']:.1%} "
+          f"({int(best['points'])} points)")
+    print(f"  held-out rows: median {held['median']:.1%}, p90 {held['p90']:.1%}, max {held['max']:.1%} "
+          f"({held['points']} points of {holdout_name})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / f"fit-{args.dataset}.csv", index=False)
+    holdout.to_csv(out / f"fit-{args.dataset}-holdout.csv", index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The global fits behind the [fit] values in hwconfigs/, each with its hold-out check
+# (docs/validation.md quotes the results).  Every fit chooses ONE value per GPU or node from a
+# grid, on one part of the measured data, and reports the error on data that took no part.
+# Usage: bash validation/calibration/fits.sh [OUT]   (about an hour on two cores)
+set -euo pipefail
+OUT=${1:-out/fit}
+PY=${PYTHON:-python}
+FIT="$PY validation/calibration/fit.py --out $OUT"
+mkdir -p "$OUT"
+{
+echo "== V100: tensor-core GEMM efficiency on DeepBench's compute-bound GEMMs (random half / other half)"
+$FIT --dataset gemm-v100-deepbench --query "2*m*n*k > 1e11" --fixed "gpu.kernel_launch_ns=5.5 us" \
+     --param "gpu.gemm_efficiency.fp16=0.84,0.86,0.88,0.90,0.92"
+echo "== V100: kernel launch cost on DeepBench's GEMMs up to 1 GFLOP (random half / other half)"
+$FIT --dataset gemm-v100-deepbench --query "2*m*n*k <= 1e9" \
+     --param "gpu.kernel_launch_ns=4 us,5 us,5.5 us,6 us,7 us"
+echo "== MI210: matrix-core GEMM efficiency on the compute-bound GEMMs (random half / other half)"
+$FIT --dataset gemm-mi210 --query "3e11 <= 2*m*n*k <= 3e12" \
+     --param "gpu.gemm_efficiency.fp16=0.66,0.68,0.70,0.72,0.74"
+echo "== MI210: per-call cost on GeLU up to 1M elements (random half / other half)"
+$FIT --dataset gelu-mi210 --query "elements <= 2**20" \
+     --param "gpu.kernel_launch_ns=16 us,18 us,20 us,22 us,24 us"
+echo "== MI210: sustained HBM efficiency on large GeLU; held out: the skinny GEMMs (m <= 256)"
+$FIT --dataset gelu-mi210 --query "elements >= 2**22" \
+     --param "gpu.hbm.sustained_efficiency=0.35,0.40,0.45,0.50,0.55" \
+     --holdout-dataset gemm-mi210 --holdout-query "m <= 256 and n == 12288"
+echo "== MI210: streaming memory-level parallelism on softmax; held out: layernorm"
+$FIT --dataset softmax-mi210 --param "gpu.streaming_inflight_bytes_per_thread=1,2,4,8" \
+     --holdout-dataset layernorm-mi210
+echo "== DGX A100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
+$FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
+     --param "gpu.cu.max_inflight_bytes=16384,20480,24576" --param "collectives.launch_ns=20 us,25 us,30 us"
+echo "== DGX A100 network on two nodes of 1, 2, 4 GPUs; held out: 16 GPUs on two nodes"
+$FIT --dataset allreduce-dgx-a100-2nodes --points 30 --mode full \
+     --param "network.nic_bandwidth=5 GB/s,6 GB/s" --param "network.node_bandwidth=18 GB/s,22 GB/s" \
+     --param "network.latency=15 us,25 us" \
+     --holdout-dataset allreduce-dgx-a100 --holdout-query "gpus == 16" --holdout-points 24
+} 2>&1 | tee "$OUT/fits.log"
