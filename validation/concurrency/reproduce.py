@@ -124,9 +124,10 @@ def cp_check(study: ConcurrencyStudy, shapes: pd.DataFrame, count: int) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
+def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     """Fig. 7.15: (a) 2P Default speedup of forward GEMMs in FP16 and FP32; (b) 16P GO-Kernels over
-    Default for the gpt2, gpt3 and tnlg forward GEMMs at their smallest simulated input, in FP16."""
+    Default for the gpt2, gpt3 and tnlg forward GEMMs at their smallest simulated input, in FP16.
+    Also returns the simulator CPU time of these runs."""
     forward = result.gemms[result.gemms["pass"] == "forward"]
     half = forward.assign(dtype="fp16")
     two = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(2,), rc_fractions=(1,),
@@ -142,7 +143,7 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
                      "fp16": row["seq2_s"] / row["default2_s"], "fp32": original["seq2_s"] / original["default2_s"]})
     sizes = pd.DataFrame(rows).melt(id_vars=["app", "label", "gflop"], var_name="dtype", value_name="speedup")
     if args.quick:
-        return sizes, pd.DataFrame()
+        return sizes, pd.DataFrame(), two.cpu_s
     large = forward[forward["app"].isin(["gpt2", "gpt3", "tnlg"])]
     large = large[large["inputs"] == large.groupby("app")["inputs"].transform("min")].assign(dtype="fp16")
     sixteen = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(16,),
@@ -152,7 +153,7 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
     go = [{"app": g["app"], "label": g["label"], "go_over_default": table.loc[g["shape"], "default16_s"] / table.loc[g["shape"], "go16_s"]}
           for _, g in large.iterrows()]
     go = pd.DataFrame(go).groupby("app")["go_over_default"].agg(geomean).reset_index()
-    return sizes, go
+    return sizes, go, two.cpu_s + sixteen.cpu_s
 
 
 # -- comparison --------------------------------------------------------------------------------
@@ -317,39 +318,46 @@ def main(argv: list[str] | None = None) -> int:
         gemms = systematic_sample(within(model_gemms("table7.3"), args.max_gflop), args.every)
         training = systematic_sample(within(model_gemms("extension"), args.max_gflop), args.every)
     result = study.run(gemms, training)
-    cpu_s = result.cpu_s
+    empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
+
+    def write(mixes: pd.DataFrame, batched: pd.DataFrame, sizes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Write the main tables, the comparison and the checks (again after each further experiment)."""
+        comparison = compare(result, mixes, batched)
+        verdicts = checks(result)
+        tables = {
+            "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
+            "speedups": result.speedups, "shapes": result.shapes.drop(columns=["features"]),
+            "go_properties": result.go_properties, "selected": selected, "comparison": comparison, "checks": verdicts,
+        }
+        for name, table in tables.items():
+            table.to_csv(out / f"{name}.csv", index=False)
+        plots(out, result, selected, sizes, comparison)
+        return comparison, verdicts
 
     selected = selected_gemms(result)
-    shapes = result.shapes.drop(columns=["features"])
+    comparison, verdicts = write(empty, empty, pd.DataFrame())
+    mixes, batched_table = empty, empty
     if args.quick:
-        mixes = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
-        batched_table = mixes
-        check = cp_check(study, result.shapes, 2)
+        cp_check(study, result.shapes, 2).to_csv(out / "cp_check.csv", index=False)
     else:
         raw = study.mixes(heterogeneous_pairs(result.gemms), result.shapes)
         raw.to_csv(out / "heterogeneous_runs.csv", index=False)
         mixes = mix_summary(raw)
+        mixes.to_csv(out / "heterogeneous.csv", index=False)
+        cp_check(study, result.shapes, 12).to_csv(out / "cp_check.csv", index=False)
         attention = attention_gemms()
         measured, batched_speedups = study.evaluate(attention, result.model)
         batched_speedups.to_csv(out / "batched_homogeneous.csv", index=False)
         raw_batched = study.mixes(batched_pairs(with_shapes(attention)), measured.shapes, degrees=(2, 4))
         raw_batched.to_csv(out / "batched_runs.csv", index=False)
         batched_table = mix_summary(raw_batched)
-        check = cp_check(study, result.shapes, 12)
-    cpu_s += study.cpu_s - result.cpu_s
-    sizes, go16 = fp16_experiments(args, result, cache)
-
-    comparison = compare(result, mixes, batched_table)
-    verdicts = checks(result)
-    tables = {
-        "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
-        "speedups": result.speedups, "shapes": shapes, "go_properties": result.go_properties, "selected": selected,
-        "heterogeneous": mixes, "batched": batched_table, "fp16": sizes, "fp16_go16": go16, "cp_check": check,
-        "comparison": comparison, "checks": verdicts,
-    }
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    plots(out, result, selected, sizes, comparison)
+        batched_table.to_csv(out / "batched.csv", index=False)
+    comparison, verdicts = write(mixes, batched_table, pd.DataFrame())
+    sizes, go16, fp16_cpu_s = fp16_experiments(args, result, cache)
+    sizes.to_csv(out / "fp16.csv", index=False)
+    go16.to_csv(out / "fp16_go16.csv", index=False)
+    comparison, verdicts = write(mixes, batched_table, sizes)
+    cpu_s = study.cpu_s + fp16_cpu_s
 
     wall = time.perf_counter() - started
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 100):
