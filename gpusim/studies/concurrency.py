@@ -19,8 +19,8 @@ measurements on an MI100:
    back), Default (all ``D`` at once with isolation-tuned kernels), GO-Kernels (all ``D`` with the
    GO kernel of ``D``), GOLDYLOC (degree ``min(predicted, D)`` with its GO kernel, in ``D/d``
    batches, plus the command processor's decision time where the previous batch cannot hide it),
-   Oracle (the best degree up to ``D``, sequential unless one gains 5 %), CU-Partition and
-   Resource-Partition (isolation-tuned kernels).
+   Oracle (the degree up to ``D`` that runs them fastest, decision time included; sequential
+   unless one gains 5 %), CU-Partition and Resource-Partition (isolation-tuned kernels).
 
 Times are kernel execution spans (first workgroup start to last workgroup end), as a profiler
 reports them; launch latencies are not part of them.  Every simulation is one point of
@@ -59,6 +59,7 @@ from gpusim.sched.command_processor import (
 )
 from gpusim.sched.executor import Stream
 from gpusim.sched.goldyloc import (
+    MIN_GAIN,
     RC_FRACTIONS,
     ConcurrencyPredictor,
     cross_validated_predictions,
@@ -517,16 +518,23 @@ class ConcurrencyStudy:
         batch = row[f"go{degree}_s"]
         return available // degree * (batch + max(0.0, decision - batch))
 
+    def oracle_degree(self, row: Any, available: int, min_gain: float = MIN_GAIN) -> int:
+        """The degree (up to ``available``) that runs ``available`` GEMMs fastest, CP decision time included;
+        sequential unless it gains ``min_gain``."""
+        options = [1] + [d for d in self.degrees if d <= available]
+        times = {d: self.goldyloc_time(row, d, available) for d in options}
+        best = min(options, key=lambda d: (times[d], d))
+        return best if times[1] >= (1.0 + min_gain) * times[best] else 1
+
     def configurations(self, gemms: pd.DataFrame, shapes: pd.DataFrame) -> pd.DataFrame:
         """Speedup over Sequential of every configuration, per GEMM and number of available GEMMs."""
         by_shape = shapes.set_index("shape")
         rows = []
         for gemm in gemms.itertuples():
             row = by_shape.loc[gemm.shape]
-            speedups = self.go_speedups(row)
             for available in self.degrees:
                 sequential = row[f"seq{available}_s"]
-                oracle = preferred_degree(speedups, available)
+                oracle = self.oracle_degree(row, available)
                 chosen = executed_degree(row["predicted"], available)
                 times = {
                     "default": (row[f"default{available}_s"], available),

@@ -43,6 +43,12 @@ TOLERANCE_POINTS = 5.0
 
 # -- experiments -------------------------------------------------------------------------------
 
+def within(gemms: pd.DataFrame, max_gflop: float) -> pd.DataFrame:
+    """The GEMMs of at most ``max_gflop`` GFLOP (all when ``max_gflop`` is 0)."""
+    frame = with_shapes(gemms)
+    return frame if max_gflop <= 0 else frame[frame["flops"] <= max_gflop * 1e9].reset_index(drop=True)
+
+
 def selected_gemms(result) -> pd.DataFrame:
     """Fig. 7.13: per app the GEMM of median FLOPs, its speedups at 16 available GEMMs."""
     gemms = result.gemms
@@ -60,19 +66,15 @@ def selected_gemms(result) -> pd.DataFrame:
 
 
 def heterogeneous_pairs(gemms: pd.DataFrame) -> list[tuple[str, str]]:
-    """Per app, at its smallest and largest hidden size and smallest input: the forward GEMMs of its
-    first and last linear layer (forward and input gradient when it has one linear layer)."""
+    """Per app, two different GEMMs of one layer configuration: the two smallest distinct shapes of
+    the app's smallest simulated (hidden, input) configuration that has two."""
     pairs = []
     for _, app in gemms.groupby("app", sort=True):
-        smallest = app[app["inputs"] == app["inputs"].min()]
-        for hidden in sorted({smallest["hidden"].min(), smallest["hidden"].max()}):
-            layer = smallest[smallest["hidden"] == hidden]
-            forward = layer[layer["pass"] == "forward"]
-            first, last = forward.iloc[0], forward.iloc[-1]
-            if first["shape"] == last["shape"]:
-                last = layer[layer["pass"] == "input-grad"].iloc[0]
-            if first["shape"] != last["shape"] and (first["shape"], last["shape"]) not in pairs:
-                pairs.append((first["shape"], last["shape"]))
+        for _, layer in app.sort_values(["hidden", "inputs"]).groupby(["hidden", "inputs"], sort=False):
+            shapes = layer.sort_values(["flops", "shape"])["shape"].drop_duplicates().tolist()
+            if len(shapes) >= 2:
+                pairs.append((shapes[0], shapes[1]))
+                break
     return pairs
 
 
@@ -104,18 +106,24 @@ def cp_check(study: ConcurrencyStudy, shapes: pd.DataFrame, count: int) -> pd.Da
     mixes = study.mixes([(key, key) for key in picks["shape"]], pool, policies=("goldyloc",))
     table = pool.set_index("shape")
     rows = []
+    decision = study.timing.decision_ns * 1e-9
     for row in mixes.itertuples():
         shape = table.loc[row.first]
-        degree = min(int(shape["predicted"]), int(row.concurrency))
-        composed = study.goldyloc_time(shape, max(1, degree), int(row.concurrency))
+        degree = max(1, min(int(shape["predicted"]), int(row.concurrency)))
+        composed = study.goldyloc_time(shape, degree, int(row.concurrency))
+        # The simulated span starts at the first workgroup, after the first decision; the composition
+        # charges the first batch the part of that decision a preceding kernel as long as a batch cannot hide.
+        batch = shape["next_s"] if degree == 1 else shape[f"go{degree}_s"]
+        simulated = row.span_s + max(0.0, decision - batch)
         rows.append({"shape": row.first, "concurrency": row.concurrency, "predicted": int(shape["predicted"]),
-                     "composed_s": composed, "simulated_s": row.span_s, "ratio": row.span_s / composed})
+                     "composed_s": composed, "simulated_s": simulated, "ratio": simulated / composed})
     return pd.DataFrame(rows)
 
 
-def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
+def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     """Fig. 7.15: (a) 2P Default speedup of forward GEMMs in FP16 and FP32; (b) 16P GO-Kernels over
-    Default for the gpt2, gpt3 and tnlg forward GEMMs at their smallest simulated input, in FP16."""
+    Default for the smallest simulated forward GEMM of gpt2, gpt3 and tnlg, in FP16.
+    Also returns the simulator CPU time of these runs."""
     forward = result.gemms[result.gemms["pass"] == "forward"]
     half = forward.assign(dtype="fp16")
     two = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(2,), rc_fractions=(1,),
@@ -131,9 +139,9 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
                      "fp16": row["seq2_s"] / row["default2_s"], "fp32": original["seq2_s"] / original["default2_s"]})
     sizes = pd.DataFrame(rows).melt(id_vars=["app", "label", "gflop"], var_name="dtype", value_name="speedup")
     if args.quick:
-        return sizes, pd.DataFrame()
-    large = forward[forward["app"].isin(["gpt2", "gpt3", "tnlg"])]
-    large = large[large["inputs"] == large.groupby("app")["inputs"].transform("min")].assign(dtype="fp16")
+        return sizes, pd.DataFrame(), two.cpu_s
+    large = forward[forward["app"].isin(["gpt2", "gpt3", "tnlg"])].sort_values(["app", "flops"])
+    large = large.groupby("app").head(1).assign(dtype="fp16")
     sixteen = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(16,),
                                cu_partition_degrees=(), resource_partition_degrees=())
     large = with_shapes(large)
@@ -141,7 +149,7 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame]:
     go = [{"app": g["app"], "label": g["label"], "go_over_default": table.loc[g["shape"], "default16_s"] / table.loc[g["shape"], "go16_s"]}
           for _, g in large.iterrows()]
     go = pd.DataFrame(go).groupby("app")["go_over_default"].agg(geomean).reset_index()
-    return sizes, go
+    return sizes, go, two.cpu_s + sixteen.cpu_s
 
 
 # -- comparison --------------------------------------------------------------------------------
@@ -283,9 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--quick", action="store_true", help="the reduced CI set (about 40 GEMMs, no extension set)")
-    parser.add_argument("--every", type=int, default=6,
-                        help="simulate about every N-th GEMM shape of each app, in order of size (1: all 531 shapes, about "
-                             "12 CPU-hours; default 6: 94 shapes, about 3 CPU-hours); ignored with --quick")
+    parser.add_argument("--every", type=int, default=4,
+                        help="simulate about every N-th GEMM shape of each app, in order of size (default 4; 1: all); "
+                             "ignored with --quick")
+    parser.add_argument("--max-gflop", type=float, default=100.0,
+                        help="leave out GEMMs of more GFLOP (default 100, which keeps 411 of Table 7.3's 609 GEMMs; "
+                             "0: none left out; all 531 shapes take about 12 CPU-hours); ignored with --quick")
+    parser.add_argument("--extension", action="store_true",
+                        help="also train the predictor on the extension set (workloads/concurrency/extension.yaml)")
     parser.add_argument("--workers", type=int, default=None, help="local processes (default: all CPUs)")
     parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to run the simulations on")
     parser.add_argument("--cache", default=None, help="cache folder of finished simulations (default: OUT/cache)")
@@ -300,42 +313,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         gemms, training = model_gemms("quick"), None
     else:
-        gemms = systematic_sample(model_gemms("table7.3"), args.every)
-        training = systematic_sample(model_gemms("extension"), args.every)
+        gemms = systematic_sample(within(model_gemms("table7.3"), args.max_gflop), args.every)
+        training = systematic_sample(within(model_gemms("extension"), args.max_gflop), args.every) if args.extension else None
     result = study.run(gemms, training)
-    cpu_s = result.cpu_s
+    empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
+
+    def write(mixes: pd.DataFrame, batched: pd.DataFrame, sizes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Write the main tables, the comparison and the checks (again after each further experiment)."""
+        comparison = compare(result, mixes, batched)
+        verdicts = checks(result)
+        tables = {
+            "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
+            "speedups": result.speedups, "shapes": result.shapes.drop(columns=["features"]),
+            "go_properties": result.go_properties, "selected": selected, "comparison": comparison, "checks": verdicts,
+        }
+        for name, table in tables.items():
+            table.to_csv(out / f"{name}.csv", index=False)
+        plots(out, result, selected, sizes, comparison)
+        return comparison, verdicts
 
     selected = selected_gemms(result)
-    shapes = result.shapes.drop(columns=["features"])
+    comparison, verdicts = write(empty, empty, pd.DataFrame())
+    mixes, batched_table = empty, empty
     if args.quick:
-        mixes = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
-        batched_table = mixes
-        check = cp_check(study, result.shapes, 2)
+        cp_check(study, result.shapes, 2).to_csv(out / "cp_check.csv", index=False)
     else:
         raw = study.mixes(heterogeneous_pairs(result.gemms), result.shapes)
         raw.to_csv(out / "heterogeneous_runs.csv", index=False)
         mixes = mix_summary(raw)
+        mixes.to_csv(out / "heterogeneous.csv", index=False)
+        cp_check(study, result.shapes, 6).to_csv(out / "cp_check.csv", index=False)
         attention = attention_gemms()
         measured, batched_speedups = study.evaluate(attention, result.model)
         batched_speedups.to_csv(out / "batched_homogeneous.csv", index=False)
         raw_batched = study.mixes(batched_pairs(with_shapes(attention)), measured.shapes, degrees=(2, 4))
         raw_batched.to_csv(out / "batched_runs.csv", index=False)
         batched_table = mix_summary(raw_batched)
-        check = cp_check(study, result.shapes, 12)
-    cpu_s += study.cpu_s - result.cpu_s
-    sizes, go16 = fp16_experiments(args, result, cache)
-
-    comparison = compare(result, mixes, batched_table)
-    verdicts = checks(result)
-    tables = {
-        "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
-        "speedups": result.speedups, "shapes": shapes, "go_properties": result.go_properties, "selected": selected,
-        "heterogeneous": mixes, "batched": batched_table, "fp16": sizes, "fp16_go16": go16, "cp_check": check,
-        "comparison": comparison, "checks": verdicts,
-    }
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    plots(out, result, selected, sizes, comparison)
+        batched_table.to_csv(out / "batched.csv", index=False)
+    comparison, verdicts = write(mixes, batched_table, pd.DataFrame())
+    sizes, go16, fp16_cpu_s = fp16_experiments(args, result, cache)
+    sizes.to_csv(out / "fp16.csv", index=False)
+    go16.to_csv(out / "fp16_go16.csv", index=False)
+    comparison, verdicts = write(mixes, batched_table, sizes)
+    cpu_s = study.cpu_s + fp16_cpu_s
 
     wall = time.perf_counter() - started
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 100):

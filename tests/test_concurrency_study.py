@@ -1,0 +1,108 @@
+"""The study pipeline on a tiny GEMM set: consistency of the configurations, caching, Dask."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpusim.studies.concurrency import ConcurrencyStudy, fingerprint, gemm_point, geomean
+from gpusim.studies.concurrency_workloads import systematic_sample, with_shapes
+
+SYSTEM = "t3-table8.1"
+
+
+def tiny_gemms() -> pd.DataFrame:
+    rows = [
+        {"app": "a", "layer": "transformer", "hidden": 256, "inputs": 256, "linear": "x", "pass": "forward",
+         "m": 256, "n": 512, "k": 256, "trans_a": False, "trans_b": True, "batch": 1, "dtype": "fp16", "role": "evaluate"},
+        {"app": "a", "layer": "transformer", "hidden": 256, "inputs": 256, "linear": "x", "pass": "input-grad",
+         "m": 256, "n": 256, "k": 512, "trans_a": False, "trans_b": False, "batch": 1, "dtype": "fp16", "role": "evaluate"},
+        {"app": "b", "layer": "lstm", "hidden": 128, "inputs": 64, "linear": "gates", "pass": "forward",
+         "m": 64, "n": 512, "k": 128, "trans_a": False, "trans_b": True, "batch": 1, "dtype": "fp16", "role": "evaluate"},
+    ]
+    return pd.DataFrame(rows)
+
+
+def study(cache=None, scheduler=None):
+    return ConcurrencyStudy(SYSTEM, degrees=(2, 4), cu_partition_degrees=(2,), resource_partition_degrees=(2,),
+                            rc_fractions=(1, 2), shortlist_size=1, workers=1, scheduler=scheduler, cache=cache, progress=False)
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cache")
+    return folder, study(folder).run(tiny_gemms(), folds=2)
+
+
+def test_configurations_are_consistent(cached):
+    _, result = cached
+    table = result.speedups.pivot_table(index=["label", "concurrency"], columns="config", values="speedup")
+    assert (table["go-kernels"] >= table["default"] - 1e-12).all()  # the isolation-tuned kernel is a GO candidate
+    assert set(result.summary["config"]) == {"default", "go-kernels", "goldyloc", "oracle", "cu-partition", "resource-partition"}
+    assert set(result.summary["concurrency"]) == {2, 4}
+    degrees = result.speedups[result.speedups["config"].isin(["goldyloc", "oracle"])]
+    assert (degrees["degree"] <= degrees["concurrency"]).all() and (degrees["degree"] >= 1).all()
+    assert result.predictor["accuracy"].between(0, 1).all()
+    shapes = result.shapes
+    assert (shapes["seq4_s"] > shapes["seq2_s"]).all()
+    assert len(shapes) == 3 and shapes["shape"].str.contains("_01_").sum() == 2  # transposes are part of the shape
+    overall = result.summary.set_index(["concurrency", "config"])["geomean_speedup"]
+    distinct = result.speedups.drop_duplicates(["label", "concurrency", "config"])
+    expected = geomean(distinct[(distinct["concurrency"] == 2) & (distinct["config"] == "default")]["speedup"])
+    assert overall[(2, "default")] == pytest.approx(expected)
+
+
+def test_goldyloc_pays_only_the_decision_time_a_batch_cannot_hide(cached):
+    _, result = cached
+    runner = study()
+    row = result.shapes.iloc[0]
+    decision = runner.timing.decision_ns * 1e-9
+    assert runner.goldyloc_time(row, 2, 4) == pytest.approx(2 * (row["go2_s"] + max(0.0, decision - row["go2_s"])))
+    assert runner.goldyloc_time(row, 1, 2) == pytest.approx(row["seq2_s"] + 2 * max(0.0, decision - row["next_s"]))
+
+
+def test_a_rerun_takes_everything_from_the_cache(cached):
+    folder, result = cached
+    files = sorted(p.name for p in folder.glob("*.pkl"))
+    again = study(folder).run(tiny_gemms(), folds=2)
+    assert sorted(p.name for p in folder.glob("*.pkl")) == files
+    pd.testing.assert_frame_equal(again.summary, result.summary)
+    assert again.cpu_s == pytest.approx(result.cpu_s)  # cached points keep the CPU time they took
+
+
+def test_cache_keys_follow_the_hardware():
+    assert fingerprint(SYSTEM, {}) == fingerprint(SYSTEM, {})
+    assert fingerprint(SYSTEM, {}) != fingerprint(SYSTEM, {"gpu.num_cus": 40})
+
+
+def test_points_run_on_a_local_dask_cluster():
+    distributed = pytest.importorskip("dask.distributed")
+    gemms = with_shapes(tiny_gemms().iloc[:1])
+    local = study().measure(gemms)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        remote = study(scheduler=cluster.scheduler_address).measure(gemms)
+    columns = ["isolated_kernel", "seq2_s", "default2_s", "go4_s", "preferred"]
+    pd.testing.assert_frame_equal(local.shapes[columns], remote.shapes[columns])
+
+
+def test_gemm_point_arrangements():
+    point = {"system": SYSTEM, "overrides": {}, "m": 512, "n": 512, "k": 256, "trans_a": False, "trans_b": False,
+             "batch": 1, "dtype": "fp16", "kernel": "MT64x64x32_T256", "fingerprint": "x"}
+    alone = gemm_point(**point, copies=1, arrangement="isolated")
+    sequential = gemm_point(**point, copies=2, arrangement="sequential")
+    shared = gemm_point(**point, copies=2, arrangement="shared")
+    masked = gemm_point(**point, copies=2, arrangement="cu-partition")
+    assert sequential["first_s"] == pytest.approx(alone["span_s"])
+    assert shared["span_s"] < sequential["first_s"] + sequential["next_s"]  # the two share the GPU
+    assert masked["span_s"] > alone["span_s"]  # each gets half the CUs
+    with pytest.raises(ValueError, match="arrangement"):
+        gemm_point(**point, copies=2, arrangement="nowhere")
+
+
+def test_systematic_sample_keeps_each_app_spread_over_sizes():
+    gemms = with_shapes(pd.concat([tiny_gemms()] * 1, ignore_index=True))
+    assert len(systematic_sample(gemms, 1)) == len(gemms)
+    sample = systematic_sample(gemms, 2, minimum=1)
+    assert set(sample["app"]) == {"a", "b"}
+    with pytest.raises(ValueError, match="every"):
+        systematic_sample(gemms, 0)
+    assert np.isfinite(sample["flops"]).all()

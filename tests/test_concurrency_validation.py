@@ -1,0 +1,55 @@
+"""The CI set of the concurrent-GEMM study (validation/concurrency/reproduce.py --quick): its tables,
+and the signs and orderings of the dissertation's chapter 7 that it must reproduce."""
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def load_reproduce():
+    spec = importlib.util.spec_from_file_location("concurrency_reproduce", REPO / "validation" / "concurrency" / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("concurrency")
+    status = load_reproduce().main(["--out", str(out), "--quick", "--workers", "2", "--quiet", "--check"])
+    return out, status
+
+
+def test_writes_summary_and_predictor_tables(quick):
+    out, _ = quick
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary.columns) == ["concurrency", "config", "geomean_speedup"]
+    assert set(summary["config"]) == {"default", "go-kernels", "goldyloc", "oracle", "cu-partition", "resource-partition"}
+    assert set(summary["concurrency"]) == {2, 4, 8, 16}
+    predictor = pd.read_csv(out / "predictor.csv")
+    assert list(predictor.columns[:2]) == ["concurrency", "accuracy"]
+    assert predictor["accuracy"].between(0, 1).all()
+    for name in ("per_app", "speedups", "impact", "go_properties", "selected", "cp_check", "comparison", "checks"):
+        assert (out / f"{name}.csv").exists()
+    assert (out / "per_app.png").exists() and (out / "summary.png").exists()
+
+
+def test_signs_and_orderings_of_chapter_7(quick):
+    out, status = quick
+    checks = pd.read_csv(out / "checks.csv").set_index("check")
+    for check in ("Default's benefit falls with concurrency", "go-kernels never loses to Default in geomean",
+                  "goldyloc never loses to Default in geomean", "Oracle >= GOLDYLOC in geomean"):
+        assert checks.loc[check, "holds"], f"{check}: {checks.loc[check, 'detail']}"
+    assert status == (0 if checks["holds"].all() else 1)
+
+
+def test_composed_goldyloc_agrees_with_the_command_processor(quick):
+    out, _ = quick
+    check = pd.read_csv(out / "cp_check.csv")
+    assert len(check) and check["ratio"].between(0.7, 1.3).all()
