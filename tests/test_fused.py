@@ -131,7 +131,7 @@ def test_fusion_overlaps_the_reduce_scatter_with_the_gemm():
     fused = run(RING8, ops.GemmReduceScatter(M, N, K))
     assert fused.time_s < 0.8 * sequential.time_s
     assert fused.time_s >= gemm_alone
-    spans = [span for span in fused.spans if span.category == "t3"]
+    spans = [span for span in fused.spans if span.category == "rs step"]
     gemm = next(span for span in fused.spans if span.category == "kernel")
     assert len(spans) == 8 and sum(span.start_ns < gemm.end_ns for span in spans) >= 7  # steps run during the GEMM
 

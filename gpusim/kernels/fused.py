@@ -466,7 +466,7 @@ class FusedRank:
                 start, end = self.chunk_times[mapping.chunk]
                 target = f" -> gpu{mapping.dst}" if mapping.dst is not None else ""
                 self.ctx.sim.recorder.span(
-                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "t3", self.ctx.rank,
+                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "rs step", self.ctx.rank,
                          self.ctx.stream.name, start, end, {"chunk": mapping.chunk, "kind": mapping.kind})
                 )
 
