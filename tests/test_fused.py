@@ -73,18 +73,18 @@ def test_thresholds_are_tile_size_times_updates_per_element(n, valid):
         assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
 
 
-def test_staggered_workgroup_order_permutes_chunks_and_keeps_the_rasterization_inside_them():
-    layout = ChunkLayout(1024, [1024] * 50, 8)
+def test_chunks_are_segments_of_the_gemm_order_and_staggering_rotates_them():
+    base = grouped_order(5, 10)  # 5 x 10 tiles, BLAS rasterization
+    layout = ChunkLayout(1024, [1024] * 50, 8, base)
+    assert [tile for chunk in range(8) for tile in layout.tiles_of(chunk)] == base
+    assert [len(layout.tiles_of(chunk)) for chunk in range(8)] == [7] * 7 + [1]
     config = ring_reduce_scatter_config(list(range(8)), 3)
-    base = grouped_order(5, 10)  # 5 x 10 tiles
-    order = workgroup_order(config, layout, True, base)
+    order = workgroup_order(config, layout, stagger=True)
     assert sorted(order) == list(range(50))
-    chunks = [layout.chunk_of(tile) for tile in order]
-    assert chunks == sorted(chunks, key=config.production_order.index)  # whole chunks, in production order
-    for chunk in range(8):
-        inside = [tile for tile in order if layout.chunk_of(tile) == chunk]
-        assert inside == [tile for tile in base if layout.chunk_of(tile) == chunk]
-    assert workgroup_order(config, layout, False, base) == base
+    assert order == [tile for chunk in config.production_order for tile in base[chunk * 7:(chunk + 1) * 7]]
+    assert workgroup_order(config, layout, stagger=False) == base
+    # mirrored traffic keeps a tile's place in its chunk; the last chunk's missing places are padding
+    assert layout.shifted(base[7 + 2], 1) == base[2] and layout.shifted(base[2], -7) == 51
 
 
 def run(system, op, mode="symmetric", policy="round-robin"):
@@ -131,7 +131,7 @@ def test_fusion_overlaps_the_reduce_scatter_with_the_gemm():
     fused = run(RING8, ops.GemmReduceScatter(M, N, K))
     assert fused.time_s < 0.8 * sequential.time_s
     assert fused.time_s >= gemm_alone
-    spans = [span for span in fused.spans if span.category == "t3"]
+    spans = [span for span in fused.spans if span.category == "rs step"]
     gemm = next(span for span in fused.spans if span.category == "kernel")
     assert len(spans) == 8 and sum(span.start_ns < gemm.end_ns for span in spans) >= 7  # steps run during the GEMM
 

@@ -1,9 +1,9 @@
 """T3: a GEMM fused with the reduce-scatter of its output through its output address space.
 
 Dissertation sections 8.3.1-8.3.4.  The GEMM kernel itself is unchanged (:class:`GemmKernel`); what
-changes is where its workgroups' output tiles go.  C is split into ``n`` chunks of contiguous
-tiles (one per rank), and each rank's driver programs, per chunk, one line of the *output
-address-space configuration* (dissertation Fig. 8.10):
+changes is where its workgroups' output tiles go.  The tiles, in the order the GEMM produces them
+(its rasterization), are split into ``n`` chunks (one per rank), and each rank's driver programs, per
+chunk, one line of the *output address-space configuration* (dissertation Fig. 8.10):
 
 ``remote_map``
     the chunk's stores go straight into a peer's memory as fine-grained remote updates;
@@ -166,22 +166,37 @@ def direct_reduce_scatter_config(group: list[int], rank: int) -> OutputConfig:
 class ChunkLayout:
     """The tiles of C and their chunks.
 
+    The GEMM produces its tiles in its dispatch (rasterization) order; chunk ``c`` is the ``c``-th
+    of ``chunks`` equal segments of that order, so a chunk is what the GEMM produces in one ring
+    step and keeps the kernel's L2 locality.  A chunk need not be contiguous in memory: the
+    tracker and the DMAs work per tile.  Positions past the last tile (when the tile count is not a
+    multiple of ``chunks``) stand for padding tiles after the last real one.
+
     Parameters
     ----------
     tile_bytes
         Address stride of a tile.
     valid_bytes
-        Bytes each tile really holds (edge tiles are partial).
+        Bytes each tile really holds (edge tiles are partial), by tile index.
     chunks
         Number of chunks (ranks).
+    order
+        The GEMM's dispatch order of the tiles (default: index order).
     """
 
-    def __init__(self, tile_bytes: int, valid_bytes: list[int], chunks: int):
+    def __init__(self, tile_bytes: int, valid_bytes: list[int], chunks: int, order: list[int] | None = None):
         self.tile_bytes = tile_bytes
         self.valid = valid_bytes
         self.tiles = len(valid_bytes)
         self.chunks = chunks
         self.per_chunk = math.ceil(self.tiles / chunks)
+        self.order = list(range(self.tiles)) if order is None else list(order)
+        if sorted(self.order) != list(range(self.tiles)):
+            raise ValueError("a chunk layout's order must list every tile once")
+        self.order += range(self.tiles, self.padded_tiles)
+        self.position = [0] * self.padded_tiles
+        for position, tile in enumerate(self.order):
+            self.position[tile] = position
 
     @property
     def padded_tiles(self) -> int:
@@ -190,28 +205,23 @@ class ChunkLayout:
 
     def chunk_of(self, tile: int) -> int:
         """Chunk of ``tile``."""
-        return tile // self.per_chunk
+        return self.position[tile] // self.per_chunk
 
-    def tiles_of(self, chunk: int) -> range:
-        """Tiles of ``chunk`` (possibly fewer than ``per_chunk``, or none, for the last chunks)."""
-        return range(min(chunk * self.per_chunk, self.tiles), min((chunk + 1) * self.per_chunk, self.tiles))
+    def tiles_of(self, chunk: int) -> list[int]:
+        """The real tiles of ``chunk`` in production order (the last chunks may have fewer, or none)."""
+        return [tile for tile in self.order[chunk * self.per_chunk:(chunk + 1) * self.per_chunk] if tile < self.tiles]
 
     def shifted(self, tile: int, shift: int) -> int:
-        """The tile at the same position of the chunk ``shift`` chunks earlier (cyclically)."""
-        chunk, slot = divmod(tile, self.per_chunk)
-        return ((chunk - shift) % self.chunks) * self.per_chunk + slot
+        """The tile at the same place of the chunk ``shift`` chunks earlier (cyclically)."""
+        chunk, slot = divmod(self.position[tile], self.per_chunk)
+        return self.order[((chunk - shift) % self.chunks) * self.per_chunk + slot]
 
 
-def workgroup_order(config: OutputConfig, layout: ChunkLayout, stagger: bool, base_order: list[int]) -> list[int]:
-    """The GEMM's dispatch order: chunk by chunk in production order, each chunk's tiles in the order
-    the GEMM dispatches them anyway (``base_order``: its BLAS rasterization); ``base_order`` itself
-    without staggering."""
-    if not stagger:
-        return list(base_order)
-    by_chunk: list[list[int]] = [[] for _ in range(layout.chunks)]
-    for tile in base_order:
-        by_chunk[layout.chunk_of(tile)].append(tile)
-    return [tile for chunk in config.production_order for tile in by_chunk[chunk]]
+def workgroup_order(config: OutputConfig, layout: ChunkLayout, stagger: bool) -> list[int]:
+    """The GEMM's dispatch order: its own order cut into chunks, taken in this rank's production order
+    (its own order unchanged without staggering)."""
+    chunks = config.production_order if stagger else range(layout.chunks)
+    return [tile for chunk in chunks for tile in layout.tiles_of(chunk)]
 
 
 class Frame:
@@ -466,7 +476,7 @@ class FusedRank:
                 start, end = self.chunk_times[mapping.chunk]
                 target = f" -> gpu{mapping.dst}" if mapping.dst is not None else ""
                 self.ctx.sim.recorder.span(
-                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "t3", self.ctx.rank,
+                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "rs step", self.ctx.rank,
                          self.ctx.stream.name, start, end, {"chunk": mapping.chunk, "kind": mapping.kind})
                 )
 
@@ -507,12 +517,12 @@ def execute_gemm_reduce_scatter(ctx, op):
     a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
     b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
     stride, valid = tile_bytes(problem, spec)
-    layout = ChunkLayout(stride, valid, n)
+    layout = ChunkLayout(stride, valid, n, grouped_order(tiles_m, tiles_n, problem.batch))
     c = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
     rank = FusedRank(ctx, op, me, senders, layout, c, spill)
-    order = workgroup_order(me, layout, op.stagger, grouped_order(tiles_m, tiles_n, problem.batch))
-    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=order, name=f"gemm_rs_{spec.name}")
+    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=workgroup_order(me, layout, op.stagger),
+                        name=f"gemm_rs_{spec.name}")
     yield from rank.run(kernel)
     ctx.info.update(impl=f"t3_{algorithm}_rs_{spec.name}", flops=problem.flops, bytes=op.nbytes,
                     workgroups=layout.tiles, chunks=n)

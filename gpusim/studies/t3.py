@@ -153,7 +153,7 @@ def case_ops(model: str, sublayer: str, tp: int, simulated: str, tokens: int | N
     raise ValueError(f"unknown simulated configuration {simulated!r}; known: {', '.join(SIMULATED)}")
 
 
-def dram_categories(result, fused: bool) -> dict[str, float]:
+def dram_categories(result) -> dict[str, float]:
     """DRAM bytes of GPU 0 split into GEMM, RS and AG reads and writes (Fig. 8.16).
 
     Compute-stream traffic is the GEMM's (its reads, and its output's writes, write-backs included);
@@ -218,10 +218,8 @@ def simulate_case(
         for name in ("evictions", "max_entries"):
             row[f"tracker_{name}"] = result.counters.get(f"gpu0.tracker_{name}", 0.0)
     if config != "rs-nmc":
-        row.update(dram_categories(result, config != "sequential"))
+        row.update(dram_categories(result))
     return row
-
-
 
 
 def geomean(values) -> float:
