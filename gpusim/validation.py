@@ -171,6 +171,7 @@ def _allreduce_select(frame: pd.DataFrame) -> pd.DataFrame:
     sizes = frame["size_bytes"].between(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES)
     chosen = frame[(in_node | two_full_nodes) & sizes].copy()
     chosen["gpus"] = chosen["num_workers"]
+    chosen["size_mib"] = chosen["size_bytes"] / 2**20
     return chosen
 
 
@@ -180,6 +181,7 @@ def _two_node_select(frame: pd.DataFrame) -> pd.DataFrame:
     sizes = frame["size_bytes"].between(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES)
     chosen = frame[two_nodes & smaller & sizes].copy()
     chosen["gpus"] = chosen["num_workers"]
+    chosen["size_mib"] = chosen["size_bytes"] / 2**20
     return chosen
 
 
@@ -253,7 +255,7 @@ DATASETS: dict[str, DataSet] = {
             tolerances={"median": 0.15},
             select=_allreduce_select,
             group="gpus",
-            plot_x="size_bytes",
+            plot_x="size_mib",
             plot_by="gpus",
         ),
         DataSet(
@@ -267,7 +269,7 @@ DATASETS: dict[str, DataSet] = {
             tolerances={"median": 0.15},
             select=_two_node_select,
             group="gpus",
-            plot_x="size_bytes",
+            plot_x="size_mib",
             plot_by="gpus",
         ),
     )

@@ -1,7 +1,10 @@
 """The L2: a capacity-limited LRU over fixed-size address blocks, shared by all CUs of a GPU.
 
 Hits are dictionary operations, not events.  Every access costs L2 bandwidth (a :class:`Pipe`)
-and the hit latency.  A missing block becomes part of a DRAM read; a second access to a block
+and the hit latency.  A block is divided into :data:`SECTORS` sectors that are present or not (as a
+real cache's lines within the simulated block): a read hits only if every sector it touches is
+present, so neighbouring workgroups that read different parts of one block each fetch their own
+part from DRAM.  A missing block becomes part of a DRAM read; a second access to a block
 whose fill is still in flight waits for that fill (miss-status merging) instead of reading DRAM
 again.  Writes allocate (the block becomes dirty) unless the buffer is uncached; evicting a dirty
 block writes back its dirty bytes.
@@ -15,6 +18,10 @@ from dataclasses import dataclass
 from gpusim.config.gpu import L2Config
 from gpusim.engine.primitives import Join, Pipe
 from gpusim.units import NS_PER_S
+
+SECTORS = 32
+"""Sectors per simulated block whose presence is tracked."""
+ALL_SECTORS = (1 << SECTORS) - 1
 
 
 class Fill:
@@ -76,20 +83,29 @@ class L2Cache:
         self.remote_writes_allocate = config.remote_writes_allocate
         # block id -> dirty bytes (0 when clean)
         self.blocks: OrderedDict[int, int] = OrderedDict()
+        # block id -> bit mask of the sectors present (fetched, being fetched, or written)
+        self.present: dict[int, int] = {}
+        self.sector_bytes = max(1, self.block_bytes // SECTORS)
         self.fills: dict[int, Fill] = {}
         self.stats = CacheStats()
 
-    def lookup(self, block: int, now: float) -> Fill | bool:
-        """Touch ``block`` for reading.
+    def sectors(self, start: int, stop: int) -> int:
+        """Bit mask of the sectors that byte offsets ``[start, stop)`` of a block touch."""
+        first = start // self.sector_bytes
+        last = min(SECTORS - 1, (stop - 1) // self.sector_bytes)
+        return ((1 << (last - first + 1)) - 1) << first
+
+    def lookup(self, block: int, now: float, sectors: int = ALL_SECTORS) -> Fill | bool:
+        """Touch ``sectors`` of ``block`` for reading.
 
         Returns
         -------
         Fill or bool
             ``True`` on a hit, the in-flight :class:`Fill` if the block is being fetched, ``False``
-            on a miss.
+            on a miss (the block, or one of the sectors, is absent).
         """
         blocks = self.blocks
-        if block in blocks:
+        if block in blocks and sectors & ~self.present.get(block, ALL_SECTORS) == 0:
             blocks.move_to_end(block)
             fill = self.fills.get(block)
             if fill is not None:
@@ -104,21 +120,27 @@ class L2Cache:
         self.stats.misses += 1
         return False
 
-    def insert(self, block: int, dirty_bytes: int, fill: Fill | None = None) -> list[tuple[int, int]]:
-        """Allocate ``block`` (or add to its dirty bytes); return evicted dirty blocks ``(block, bytes)``."""
+    def insert(
+        self, block: int, dirty_bytes: int, fill: Fill | None = None, sectors: int = ALL_SECTORS
+    ) -> list[tuple[int, int]]:
+        """Allocate ``sectors`` of ``block`` (or add to its dirty bytes); return evicted dirty blocks
+        ``(block, bytes)``."""
         blocks = self.blocks
         if block in blocks:
             blocks.move_to_end(block)
             if dirty_bytes:
                 blocks[block] = min(self.block_bytes, blocks[block] + dirty_bytes)
+            self.present[block] = self.present.get(block, ALL_SECTORS) | sectors
         else:
             blocks[block] = dirty_bytes
+            self.present[block] = sectors
         if fill is not None:
             self.fills[block] = fill
         evicted: list[tuple[int, int]] = []
         while len(blocks) > self.capacity_blocks:
             victim, dirty = blocks.popitem(last=False)
             self.fills.pop(victim, None)
+            self.present.pop(victim, None)
             self.stats.evictions += 1
             if dirty:
                 self.stats.writebacks += 1
@@ -129,6 +151,7 @@ class L2Cache:
         """Drop ``block`` (its data was replaced behind the cache, e.g. by a near-memory update)."""
         if self.blocks.pop(block, None) is not None:
             self.fills.pop(block, None)
+            self.present.pop(block, None)
 
     def flush(self) -> list[tuple[int, int]]:
         """Write back and clean every dirty block; return them as ``(block, bytes)``."""

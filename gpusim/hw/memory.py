@@ -106,7 +106,8 @@ class MemorySystem:
         last = (end - 1) // size
         missed = 0
         while block <= last:
-            state = l2.lookup(block, now)
+            base = block * size
+            state = l2.lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
             if state is False:
                 if run_first < 0:
                     run_first = block
@@ -116,7 +117,7 @@ class MemorySystem:
                     run_first = -1
                 if state is not True:
                     state.wait(join, now)
-                    missed += min(end, (block + 1) * size) - max(addr, block * size)
+                    missed += min(end, base + size) - max(addr, base)
             block += 1
         if run_first >= 0:
             missed += self._fill(run_first, last, addr, end, join, stream, run_bytes)
@@ -124,14 +125,17 @@ class MemorySystem:
 
     def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str,
               run_bytes: int | None = None) -> int:
-        size = self.l2.block_bytes
+        l2 = self.l2
+        size = l2.block_bytes
         start = max(addr, first * size)
         stop = min(end, (last + 1) * size)
         fill = Fill()
         self.dram(start, stop - start, READ, stream, completion=fill, run_bytes=run_bytes)
         fill.wait(join, self.env.now)
         for block in range(first, last + 1):
-            self._writeback(self.l2.insert(block, 0, fill), join)
+            base = block * size
+            sectors = l2.sectors(max(start, base) - base, min(stop, base + size) - base)
+            self._writeback(l2.insert(block, 0, fill, sectors), join)
         return stop - start
 
     def write(
@@ -161,8 +165,9 @@ class MemorySystem:
         end = addr + nbytes
         block = addr // size
         while block * size < end:
-            written = min(end, (block + 1) * size) - max(addr, block * size)
-            self._writeback(l2.insert(block, written), join)
+            base = block * size
+            lo, hi = max(addr, base) - base, min(end, base + size) - base
+            self._writeback(l2.insert(block, hi - lo, None, l2.sectors(lo, hi)), join)
             block += 1
 
     def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:

@@ -1,14 +1,15 @@
 """Fit calibration parameters of a preset by grid search, and report the error on held-out data.
 
 A parameter is fitted *globally*: one value for the whole GPU (or node), chosen to minimise the
-median absolute error over the fitting rows; the same value is then judged on rows that took no
-part in the choice (a random half of the data set, or another data set).  Example::
+median absolute error over the fitting rows (with several data sets: the largest of their medians);
+the chosen values are then judged on rows that took no part in the choice (a random half of each
+data set, or another data set).  Example::
 
     python validation/calibration/fit.py --dataset gemm-v100-deepbench \\
         --param "gpu.gemm_efficiency.fp16=0.84,0.88,0.92" --query "2*m*n*k > 1e11" --out out/fit
 
-Writes ``fit-<dataset>.csv`` (one row per grid point: its parameters and the error statistics on
-the fitting rows) and ``fit-<dataset>-holdout.csv`` (the held-out rows with the chosen values).
+Writes ``fit-<datasets>.csv`` (one row per grid point: its parameters and the error statistics on
+the fitting rows) and ``fit-<datasets>-holdout.csv`` (the held-out rows with the chosen values).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def as_value(text: str):
 
 
 def rows_of(name: str, query: str | None, points: int | None, seed: int) -> pd.DataFrame:
+    """The rows of data set ``name`` selected by ``query`` (a random ``points`` of them)."""
     dataset = validation.get(name)
     rows = dataset.load()
     if query:
@@ -47,13 +49,31 @@ def rows_of(name: str, query: str | None, points: int | None, seed: int) -> pd.D
     return validation.sample(rows, points, seed, by=dataset.group)
 
 
+def compare_all(parts: dict[str, pd.DataFrame], overrides: dict, args) -> pd.DataFrame:
+    """Simulate the rows of every data set with ``overrides``; one frame with a ``dataset`` column."""
+    frames = [validation.compare(name, rows, overrides=overrides, mode=args.mode, workers=args.workers,
+                                 progress=False) for name, rows in parts.items()]
+    return pd.concat(frames, ignore_index=True)
+
+
+def describe(frame: pd.DataFrame) -> str:
+    """Median / p90 / max of every data set in ``frame``."""
+    texts = []
+    for name, part in frame.groupby("dataset", sort=False):
+        stats = validation.error_stats(part)
+        texts.append(f"{name}: median {stats['median']:.1%}, p90 {stats['p90']:.1%}, max {stats['max']:.1%} "
+                     f"({stats['points']} points)")
+    return "; ".join(texts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, choices=list(validation.DATASETS))
+    parser.add_argument("--dataset", action="append", required=True, choices=list(validation.DATASETS),
+                        help="data set to fit on (repeatable: the fit minimises the largest median)")
     parser.add_argument("--param", action="append", required=True, help="override path=value1,value2,...")
     parser.add_argument("--fixed", action="append", default=[], help="override path=value held fixed")
     parser.add_argument("--query", help="pandas query selecting the rows to use (e.g. '2*m*n*k > 1e11')")
-    parser.add_argument("--points", type=int, help="random subset of this many rows")
+    parser.add_argument("--points", type=int, help="random subset of this many rows per data set")
     parser.add_argument("--holdout-dataset", choices=list(validation.DATASETS),
                         help="judge the chosen values on this data set instead of a random half")
     parser.add_argument("--holdout-query", help="pandas query on the hold-out data set")
@@ -66,40 +86,41 @@ def main(argv: list[str] | None = None) -> int:
 
     grid = dict(parse_param(text) for text in args.param)
     fixed = {path: as_value(values[0]) for path, values in map(parse_param, args.fixed)}
-    rows = rows_of(args.dataset, args.query, args.points, args.seed)
+    fit_parts, holdout_parts = {}, {}
+    for name in args.dataset:
+        rows = rows_of(name, args.query, args.points, args.seed)
+        if args.holdout_dataset:
+            fit_parts[name] = rows
+        else:
+            fit_parts[name], holdout_parts[name] = validation.holdout_split(rows, args.seed)
     if args.holdout_dataset:
-        fit_rows = rows
-        holdout_name = args.holdout_dataset
-        holdout_rows = rows_of(holdout_name, args.holdout_query, args.holdout_points, args.seed)
-    else:
-        fit_rows, holdout_rows = validation.holdout_split(rows, args.seed)
-        holdout_name = args.dataset
-    print(f"{args.dataset}: fitting on {len(fit_rows)} rows, holding out {len(holdout_rows)} rows of {holdout_name}")
+        holdout_parts[args.holdout_dataset] = rows_of(args.holdout_dataset, args.holdout_query, args.holdout_points,
+                                                      args.seed)
+    print("fitting on " + ", ".join(f"{len(rows)} rows of {name}" for name, rows in fit_parts.items())
+          + "; holding out " + ", ".join(f"{len(rows)} rows of {name}" for name, rows in holdout_parts.items()))
 
     results = []
     for values in itertools.product(*grid.values()):
         overrides = {**fixed, **{path: as_value(value) for path, value in zip(grid, values)}}
-        frame = validation.compare(args.dataset, fit_rows, overrides=overrides, mode=args.mode,
-                                   workers=args.workers, progress=False)
+        frame = compare_all(fit_parts, overrides, args)
+        medians = [validation.error_stats(part)["median"] for _, part in frame.groupby("dataset")]
         stats = validation.error_stats(frame)
-        results.append({**dict(zip(grid, values)), **stats, "signed_median": float(frame["error"].median())})
-        print("  " + ", ".join(f"{path}={value}" for path, value in zip(grid, values))
-              + f": median {stats['median']:.1%}, p90 {stats['p90']:.1%}, max {stats['max']:.1%}", flush=True)
+        results.append({**dict(zip(grid, values)), "objective": max(medians), **stats})
+        print("  " + ", ".join(f"{path}={value}" for path, value in zip(grid, values)) + ": " + describe(frame),
+              flush=True)
     table = pd.DataFrame(results)
-    best = table.sort_values(["median", "p90"]).iloc[0]
+    best = table.sort_values(["objective", "p90"]).iloc[0]
     chosen = {**fixed, **{path: as_value(best[path]) for path in grid}}
-    holdout = validation.compare(holdout_name, holdout_rows, overrides=chosen, mode=args.mode,
-                                 workers=args.workers, progress=False)
-    held = validation.error_stats(holdout)
+    fitted = compare_all(fit_parts, chosen, args)
+    holdout = compare_all(holdout_parts, chosen, args)
     print("chosen: " + ", ".join(f"{path}={best[path]}" for path in grid))
-    print(f"  fitting rows:  median {best['median']:.1%}, p90 {best['p90']:.1%}, max {best['max']:.1%} "
-          f"({int(best['points'])} points)")
-    print(f"  held-out rows: median {held['median']:.1%}, p90 {held['p90']:.1%}, max {held['max']:.1%} "
-          f"({held['points']} points of {holdout_name})")
+    print("  fitting rows:  " + describe(fitted))
+    print("  held-out rows: " + describe(holdout))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"fit-{args.dataset}.csv", index=False)
-    holdout.to_csv(out / f"fit-{args.dataset}-holdout.csv", index=False)
+    stem = "+".join(args.dataset)
+    table.to_csv(out / f"fit-{stem}.csv", index=False)
+    holdout.to_csv(out / f"fit-{stem}-holdout.csv", index=False)
     return 0
 
 

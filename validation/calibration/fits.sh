@@ -18,15 +18,13 @@ $FIT --dataset gemm-v100-deepbench --query "2*m*n*k <= 1e9" \
 echo "== MI210: matrix-core GEMM efficiency on the compute-bound GEMMs (random half / other half)"
 $FIT --dataset gemm-mi210 --query "3e11 <= 2*m*n*k <= 3e12" \
      --param "gpu.gemm_efficiency.fp16=0.66,0.68,0.70,0.72,0.74"
-echo "== MI210: per-call cost on GeLU up to 1M elements (random half / other half)"
-$FIT --dataset gelu-mi210 --query "elements <= 2**20" \
-     --param "gpu.kernel_launch_ns=16 us,18 us,20 us,22 us,24 us"
 echo "== MI210: sustained HBM efficiency on large GeLU; held out: the skinny GEMMs (m <= 256)"
 $FIT --dataset gelu-mi210 --query "elements >= 2**22" \
      --param "gpu.hbm.sustained_efficiency=0.35,0.40,0.45,0.50,0.55" \
      --holdout-dataset gemm-mi210 --holdout-query "m <= 256 and n == 12288"
-echo "== MI210: streaming memory-level parallelism on softmax; held out: layernorm"
-$FIT --dataset softmax-mi210 --param "gpu.streaming_inflight_bytes_per_thread=1,2,4,8" \
+echo "== MI210: per-call floor and streaming memory-level parallelism, jointly on GeLU and softmax; held out: layernorm"
+$FIT --dataset gelu-mi210 --dataset softmax-mi210 \
+     --param "gpu.kernel_launch_ns=16 us,18 us,20 us,22 us" --param "gpu.streaming_inflight_bytes_per_thread=1,2,4" \
      --holdout-dataset layernorm-mi210
 echo "== DGX A100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
