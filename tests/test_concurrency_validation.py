@@ -32,6 +32,7 @@ def test_writes_summary_and_predictor_tables(quick):
     assert list(summary.columns) == ["concurrency", "config", "geomean_speedup"]
     assert set(summary["config"]) == {"default", "go-kernels", "goldyloc", "oracle", "cu-partition", "resource-partition"}
     assert set(summary["concurrency"]) == {2, 4, 8, 16}
+    assert summary.groupby("config").size().to_dict()["resource-partition"] == 2  # the CI set's partitions: 2 and 16
     predictor = pd.read_csv(out / "predictor.csv")
     assert list(predictor.columns[:2]) == ["concurrency", "accuracy"]
     assert predictor["accuracy"].between(0, 1).all()
