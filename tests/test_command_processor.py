@@ -99,13 +99,18 @@ def test_predicted_degree_limits_concurrency_and_costs_decision_time():
 
 
 def test_decision_time_is_hidden_behind_running_kernels():
-    """The same degree chosen with and without decision cost: only the first decision shows."""
+    """The same degree chosen with and without decision cost: the first decision delays the first
+    kernel by its full cost; later decisions overlap running kernels, so the makespan grows by at
+    most one decision (less where the shifted kernels happen to contend less for memory)."""
     free = CommandProcessorTiming(predictor_ns=0.0, memory_latency_cycles=1e-9)
     costly = CommandProcessorTiming()
     quick, _, _ = simulate(PredictedDegree(lambda features: 2), gemms(4, m=2048, n=2048, k=256), timing=free)
     slow, _, _ = simulate(PredictedDegree(lambda features: 2), gemms(4, m=2048, n=2048, k=256), timing=costly)
-    quick_end, slow_end = quick.kernels["end_s"].max(), slow.kernels["end_s"].max()
-    assert slow_end - quick_end == pytest.approx(costly.decision_ns * 1e-9, rel=0.05)
+    decision_s = costly.decision_ns * 1e-9
+    first_delay = slow.kernels["start_s"].min() - quick.kernels["start_s"].min()
+    assert first_delay == pytest.approx(decision_s, rel=0.01)
+    makespan_growth = slow.kernels["end_s"].max() - quick.kernels["end_s"].max()
+    assert 0 < makespan_growth <= 1.05 * decision_s
 
 
 def test_packets_need_the_isolation_tuned_kernel():
