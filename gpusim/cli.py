@@ -126,9 +126,7 @@ def write_outputs(result, out: Path, title: str) -> None:
     plot.timeline(result.ops, ax=axes[0], gpus=[0])
     axes[0].set_title(title)
     plot.dram_bandwidth(result.dram_bandwidth(0), ax=axes[1], title="GPU 0 DRAM traffic")
-    fig.tight_layout()
-    fig.savefig(out / "timeline.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "timeline.png")
     result.to_perfetto(out / "timeline.perfetto.json")
 
 

@@ -59,9 +59,7 @@ def main(out: Path, quick: bool = False) -> int:
     axes[0].set_title(f"{MODEL} {SUBLAYER}, TP={TP}: the five configurations")
     for ax, config in zip(axes[1:], ("sequential", "t3-mca")):
         plot.dram_bandwidth(results[config].dram_bandwidth(0), ax=ax, title=f"GPU 0 DRAM traffic: {config}")
-    fig.tight_layout()
-    fig.savefig(out / "t3_demo.png", dpi=120)
-    plot.plt.close(fig)
+    plot.save_figure(fig, out / "t3_demo.png")
     results["t3-mca"].to_perfetto(out / "t3_mca.perfetto.json")
     results["sequential"].to_perfetto(out / "sequential.perfetto.json")
     print(f"wrote {out}/configurations.csv, {out}/t3_demo.png and Perfetto timelines {out}/t3_mca.perfetto.json, "

@@ -11,6 +11,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 
+def save_figure(fig, path, dpi: int = 120) -> None:
+    """Lay out ``fig``, write it to ``path`` (PNG, PDF, ... by the suffix) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def _axes(ax):
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.5))

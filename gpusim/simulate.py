@@ -52,6 +52,19 @@ def prepare(
     return system, sim, machine, executor
 
 
+def run_stats(sim: Simulation, machine: Machine, wall_start: float) -> dict:
+    """Events scheduled, wall-clock seconds since ``wall_start`` (a ``time.perf_counter()``), event
+    rate, simulation mode and simulated GPUs of a finished run."""
+    wall = time.perf_counter() - wall_start
+    return {
+        "events": sim.events_scheduled,
+        "wall_s": wall,
+        "events_per_s": sim.events_scheduled / wall if wall > 0 else float("nan"),
+        "mode": machine.mode,
+        "simulated_gpus": len(machine.gpus),
+    }
+
+
 def finish(system: System, sim: Simulation, machine: Machine, executor: Executor, expected: int, wall_start: float) -> Result:
     """Run the simulation to the end, check every op finished, and build the result."""
     sim.run()
@@ -61,14 +74,7 @@ def finish(system: System, sim: Simulation, machine: Machine, executor: Executor
             f"simulation stopped with {expected - len(executor.records)} of {expected} op executions unfinished "
             f"(a deadlock: an op waits for data that never comes); finished: {sorted(done)[:10]}..."
         )
-    wall = time.perf_counter() - wall_start
-    stats = {
-        "events": sim.events_scheduled,
-        "wall_s": wall,
-        "events_per_s": sim.events_scheduled / wall if wall > 0 else float("nan"),
-        "mode": machine.mode,
-        "simulated_gpus": len(machine.gpus),
-    }
+    stats = run_stats(sim, machine, wall_start)
     for rank, gpu in machine.gpus.items():
         l2 = gpu.l2.stats
         sim.recorder.count(f"gpu{rank}.l2_hits", l2.hits)

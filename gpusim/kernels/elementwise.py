@@ -30,6 +30,38 @@ ON_CHIP_ROW_BYTES = 8192
 """A row this long (in fp32) or shorter stays on chip; longer rows need several passes."""
 
 
+
+def read_ranges(gpu: Gpu, limit: InflightLimit, ranges: list[tuple[Buffer, int, int]]) -> Join:
+    """Read ``(buffer, offset, nbytes)`` ranges (bytes) through the L2, paced by ``limit``.
+
+    Returns
+    -------
+    Join
+        Done when the data has arrived (and the workgroup's in-flight budget allowed the request).
+    """
+    join = Join(gpu.env)
+    total = 0
+    missed = 0
+    for buffer, offset, nbytes in ranges:
+        if nbytes > 0:
+            missed += gpu.memory.read(buffer.addr + offset, nbytes, join, COMPUTE, buffer.cached)
+            total += nbytes
+    join.extend_to(limit.memory(gpu.env.now, total, missed))
+    return join
+
+
+def write_ranges(gpu: Gpu, cu: ComputeUnit, ranges: list[tuple[Buffer, int, int]], written: Join) -> None:
+    """Write ``(buffer, offset, nbytes)`` ranges (bytes) from ``cu``; ``written`` extends to their completion."""
+    size = 0
+    uncached = 0
+    for buffer, offset, nbytes in ranges:
+        if nbytes > 0:
+            gpu.memory.write(buffer.addr + offset, nbytes, written, COMPUTE, buffer.cached)
+            size += nbytes
+            uncached += 0 if buffer.cached else nbytes
+    written.extend_to(cu.memory(gpu.env.now, size, uncached))
+
+
 class StreamingKernel:
     """A memory-streaming kernel on one GPU.
 
@@ -107,22 +139,12 @@ class StreamingKernel:
     def _fetch(self, limit: InflightLimit, wg: int, chunk: int, pass_index: int = 0) -> Join:
         """Request one chunk's data: every read tensor on the first pass, the first tensor again on
         later passes (a row re-read after the previous pass's result is known)."""
-        env = self.gpu.env
-        join = Join(env)
         lo, hi = self._span(wg, chunk)
-        total = 0
-        missed = 0
-        for buffer, nbytes in self.reads if pass_index == 0 else self.reads[:1]:
-            start, stop = int(lo * nbytes), int(hi * nbytes)
-            if stop > start:
-                missed += self.gpu.memory.read(buffer.addr + start, stop - start, join, COMPUTE, buffer.cached)
-                total += stop - start
-        join.extend_to(limit.memory(env.now, total, missed))
-        return join
+        tensors = self.reads if pass_index == 0 else self.reads[:1]
+        return read_ranges(self.gpu, limit, [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in tensors])
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
-        memory = self.gpu.memory
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pending = self._fetch(limit, wg, 0) if self.reads else None
         written = Join(env)
@@ -142,15 +164,8 @@ class StreamingKernel:
             else:
                 pending = None
                 yield env.timeout(max(0.0, done - env.now))
-            size = 0
-            uncached = 0
-            for buffer, nbytes in self.writes:
-                start, stop = int(lo * nbytes), int(hi * nbytes)
-                if stop > start:
-                    memory.write(buffer.addr + start, stop - start, written, COMPUTE, buffer.cached)
-                    size += stop - start
-                    uncached += 0 if buffer.cached else stop - start
-            written.extend_to(cu.memory(env.now, size, uncached))
+            write_ranges(self.gpu, cu, [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in self.writes],
+                         written)
             if pending is None and chunk + 1 < self.chunks:
                 yield env.timeout(max(0.0, written.latest - env.now))
         yield written.close()

@@ -39,8 +39,7 @@ from gpusim.hw import nmc as near_memory
 from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.nmc import NearMemoryUnits, NmcProgram
-from gpusim.hw.request import COMPUTE
-from gpusim.kernels.elementwise import MAX_CHUNKS, StreamingKernel
+from gpusim.kernels.elementwise import MAX_CHUNKS, StreamingKernel, read_ranges, write_ranges
 
 CHUNK_ELEMENTS = 65536
 """Elements per block of a multi_tensor_apply launch (apex and PyTorch ``kChunkSize``)."""
@@ -517,20 +516,10 @@ class TensorListKernel:
         return pieces
 
     def _fetch(self, limit: InflightLimit, piece: _Piece) -> Join:
-        env = self.gpu.env
-        join = Join(env)
-        total = 0
-        missed = 0
-        for buffer, offset, nbytes in piece.reads:
-            if nbytes > 0:
-                missed += self.gpu.memory.read(buffer.addr + offset, nbytes, join, COMPUTE, buffer.cached)
-                total += nbytes
-        join.extend_to(limit.memory(env.now, total, missed))
-        return join
+        return read_ranges(self.gpu, limit, piece.reads)
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
-        memory = self.gpu.memory
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pieces = self._pieces(wg)
         reads = any(piece.reads for piece in pieces)
@@ -547,14 +536,7 @@ class TensorListKernel:
             else:
                 pending = None
                 yield env.timeout(max(0.0, done - env.now))
-            size = 0
-            uncached = 0
-            for buffer, offset, nbytes in piece.writes:
-                if nbytes > 0:
-                    memory.write(buffer.addr + offset, nbytes, written, COMPUTE, buffer.cached)
-                    size += nbytes
-                    uncached += 0 if buffer.cached else nbytes
-            written.extend_to(cu.memory(env.now, size, uncached))
+            write_ranges(self.gpu, cu, piece.writes, written)
             if pending is None and more:
                 yield env.timeout(max(0.0, written.latest - env.now))
         yield written.close()

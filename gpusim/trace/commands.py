@@ -75,9 +75,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result.to_perfetto(out / "timeline.perfetto.json")
         fig, ax = plt.subplots(figsize=(8, 2.5 + 0.35 * len(parts)))
         plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
-        fig.tight_layout()
-        fig.savefig(out / "breakdown.png", dpi=120)
-        plt.close(fig)
+        plot.save_figure(fig, out / "breakdown.png")
         print(f"wrote {out}/ (ops.parquet, summary.json, timeline.perfetto.json, breakdown.png)")
     return 0
 
@@ -130,9 +128,7 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
         classes["time_ms"] = classes["time_s"] * 1e3
         plot.bars(classes, "kernel_class", "time_ms", hue="source", ax=axes[1], ylabel="time (ms)")
         axes[1].set_title("per kernel class")
-        fig.tight_layout()
-        fig.savefig(out / "validate_trace.png", dpi=120)
-        plt.close(fig)
+        plot.save_figure(fig, out / "validate_trace.png")
         print(f"wrote {out}/ (validate_trace.csv, kernels.csv, validate_trace.png)")
     if args.tolerance is not None:
         whole = table[table["kernel_class"] == "all kernels"]["error"].iloc[0]

@@ -24,7 +24,7 @@ from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
-from gpusim.simulate import finish, prepare
+from gpusim.simulate import finish, prepare, run_stats
 from gpusim.system import System, load_system
 from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
 from gpusim.trace.lowering import build_ops
@@ -259,13 +259,8 @@ def _assemble(
             for span in _spans_within(kernel_lanes.get((int(row["gpu"]), row["stream"]), []), source_start, source_end):
                 recorder.span(Span(span.name, span.category, span.gpu, span.lane, span.start_ns + shift,
                                    span.end_ns + shift, span.args))
-    wall = time.perf_counter() - wall_start
     stats = {
-        "events": sim.events_scheduled,
-        "wall_s": wall,
-        "events_per_s": sim.events_scheduled / wall if wall > 0 else float("nan"),
-        "mode": machine.mode,
-        "simulated_gpus": len(machine.gpus),
+        **run_stats(sim, machine, wall_start),
         "trace_rows": len(records),
         "simulated_rows": int(sum(1 for position in times if plan.simulate[position])),
         "layer_runs": plan.runs,

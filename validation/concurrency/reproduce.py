@@ -221,16 +221,12 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
                   ylabel="speedup over Sequential")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title(f"{degree} independent GEMMs (Figs. 7.8-7.11)")
-    fig.tight_layout()
-    fig.savefig(out / "per_app.png", dpi=110)
-    plt.close(fig)
+    plot.save_figure(fig, out / "per_app.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(8, 4))
     plot.bars(result.summary, "concurrency", "geomean_speedup", hue="config", ax=ax, ylabel="geomean speedup over Sequential")
     ax.axhline(1.0, color="k", linewidth=0.8)
-    fig.tight_layout()
-    fig.savefig(out / "summary.png", dpi=110)
-    plt.close(fig)
+    plot.save_figure(fig, out / "summary.png", dpi=110)
 
     if len(result.go_properties):
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -242,26 +238,20 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
         ax.set_yscale("log")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title("GO-kernel properties (Fig. 7.12)")
-        fig.tight_layout()
-        fig.savefig(out / "go_properties.png", dpi=110)
-        plt.close(fig)
+        plot.save_figure(fig, out / "go_properties.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(10, 4))
     plot.bars(selected, "gemm", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.set_title("Selected GEMMs, 16 available (Fig. 7.13)")
-    fig.tight_layout()
-    fig.savefig(out / "selected.png", dpi=110)
-    plt.close(fig)
+    plot.save_figure(fig, out / "selected.png", dpi=110)
 
     accuracy = comparison[comparison["metric"] == "predictor_accuracy"].melt(
         id_vars=["concurrency"], value_vars=["simulated", "value"], var_name="source", value_name="accuracy")
     accuracy["source"] = accuracy["source"].replace({"value": "dissertation", "simulated": "gpusim"})
     fig, ax = plt.subplots(figsize=(6, 3.5))
     plot.bars(accuracy, "concurrency", "accuracy", hue="source", ax=ax, ylabel="predictor accuracy")
-    fig.tight_layout()
-    fig.savefig(out / "predictor.png", dpi=110)
-    plt.close(fig)
+    plot.save_figure(fig, out / "predictor.png", dpi=110)
 
     if len(sizes):
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -269,9 +259,7 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
                    ylabel="2P Default speedup over Sequential")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title("FP16 versus FP32 (Fig. 7.15a)")
-        fig.tight_layout()
-        fig.savefig(out / "fp16.png", dpi=110)
-        plt.close(fig)
+        plot.save_figure(fig, out / "fp16.png", dpi=110)
 
     partitions = result.per_app[(result.per_app["concurrency"] == 2)
                                 & result.per_app["config"].isin(["default", "cu-partition", "resource-partition", "goldyloc"])]
@@ -280,9 +268,7 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
         plot.bars(partitions, "app", "geomean_speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title("Partitioned GPUs, 2 independent GEMMs (Fig. 7.16)")
-        fig.tight_layout()
-        fig.savefig(out / "partitions.png", dpi=110)
-        plt.close(fig)
+        plot.save_figure(fig, out / "partitions.png", dpi=110)
 
 
 # -- main --------------------------------------------------------------------------------------

@@ -90,9 +90,7 @@ def plot_lamb(frame: pd.DataFrame, out: Path) -> None:
                 known.reference_speedup, "k*", markersize=10, label="dissertation")
         ax.set_title(f"LAMB, gradient norm: {grad_norm}")
         ax.legend(fontsize="small", loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out / "lamb.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "lamb.png")
 
 
 def plot_adan(frame: pd.DataFrame, out: Path) -> None:
@@ -102,9 +100,7 @@ def plot_adan(frame: pd.DataFrame, out: Path) -> None:
     plot.bars(long, x="case", y="ms", hue="kind", ax=ax, ylabel="Adan step, computation (ms)")
     ax.set_yscale("log")
     ax.set_title("Adan on BERT-base, V100: measured (seed 000) vs simulated")
-    fig.tight_layout()
-    fig.savefig(out / "adan_v100.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "adan_v100.png")
 
 
 def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
@@ -126,9 +122,7 @@ def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
     for ax, title in zip(axes, ["temporary storage", "ALU sharing", "model size", "HBM generation",
                                 "divide/sqrt cost", "optimizers"]):
         ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out / "sweeps.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "sweeps.png")
 
 
 def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.DataFrame]:

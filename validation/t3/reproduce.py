@@ -154,9 +154,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
     plot.bars(table, "case", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
     ax.axhline(1.0, color="k", linewidth=0.6)
     ax.set_title("Fig. 8.14: sub-layer speedups (gpusim)")
-    fig.tight_layout()
-    fig.savefig(out / "fig8_14_speedups.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "fig8_14_speedups.png")
 
     seq = table[table["config"] == "sequential"].melt(id_vars=["case", "time_s"], value_vars=["gemm_s", "rs_s", "ag_s"],
                                                        var_name="kernel", value_name="seconds")
@@ -164,9 +162,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     plot.stacked_bars(seq, "case", "share", "kernel", ax=ax, ylabel="share of Sequential time")
     ax.set_title("Fig. 8.13: GEMM / RS / AG time split (gpusim)")
-    fig.tight_layout()
-    fig.savefig(out / "fig8_13_breakdown.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "fig8_13_breakdown.png")
 
     dram = tables["dram"].copy()
     dram["case"] = _case_label(dram) + " " + dram["config"]
@@ -175,9 +171,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(12, 4.5))
     plot.stacked_bars(dram, "case", "GB", "category", ax=ax, ylabel="DRAM GB (one GPU)")
     ax.set_title("Fig. 8.16: DRAM accesses, Sequential vs T3-MCA (gpusim)")
-    fig.tight_layout()
-    fig.savefig(out / "fig8_16_dram.png", dpi=120)
-    plt.close(fig)
+    plot.save_figure(fig, out / "fig8_16_dram.png")
 
     if "dram_timeline" in tables:
         timeline = tables["dram_timeline"]
@@ -187,9 +181,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
             wide = timeline[timeline["config"] == config].pivot_table(index="t_s", columns="category", values="gb_per_s",
                                                                        aggfunc="sum").fillna(0.0).reset_index()
             plot.dram_bandwidth(wide, ax=ax, title=f"T-NLG FC-2 TP8: {config}")
-        fig.tight_layout()
-        fig.savefig(out / "fig8_15_dram_timeline.png", dpi=120)
-        plt.close(fig)
+        plot.save_figure(fig, out / "fig8_15_dram_timeline.png")
 
     if "cu_sharing" in tables:
         sharing = tables["cu_sharing"].copy()
@@ -197,9 +189,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(8, 3.5))
         plot.bars(sharing, "case", "speedup", hue="split", ax=ax, ylabel="potential-overlap speedup")
         ax.set_title("Fig. 8.4: sharing CUs between GEMM and all-reduce (gpusim)")
-        fig.tight_layout()
-        fig.savefig(out / "fig8_4_cu_sharing.png", dpi=120)
-        plt.close(fig)
+        plot.save_figure(fig, out / "fig8_4_cu_sharing.png")
 
     if "end_to_end" in tables:
         e2e = tables["end_to_end"].copy()
@@ -209,9 +199,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         plot.bars(e2e, "case", "speedup", hue="config", ax=ax, ylabel="end-to-end speedup")
         ax.set_ylim(0.95, None)
         ax.set_title("Fig. 8.17: end-to-end speedups (gpusim)")
-        fig.tight_layout()
-        fig.savefig(out / "fig8_17_end_to_end.png", dpi=120)
-        plt.close(fig)
+        plot.save_figure(fig, out / "fig8_17_end_to_end.png")
 
     if "future_2x_cus" in tables:
         future = tables["future_2x_cus"]
@@ -222,9 +210,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(9, 3.5))
         plot.bars(long, "case", "T3-MCA speedup", hue="gpu", ax=ax)
         ax.set_title("Fig. 8.18: T3-MCA with 2x CUs, same network (gpusim)")
-        fig.tight_layout()
-        fig.savefig(out / "fig8_18_2x_cus.png", dpi=120)
-        plt.close(fig)
+        plot.save_figure(fig, out / "fig8_18_2x_cus.png")
 
 
 def main(argv: list[str] | None = None) -> int:
