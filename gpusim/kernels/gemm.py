@@ -380,8 +380,8 @@ class GemmKernel:
         size = p.dtype_bytes
         slices_per_row = self.steps * s.split_k
         slice_index = split * self.steps + step
-        a_offset = ((batch * self.tiles_m + row) * slices_per_row + slice_index) * s.tile_m * self.k_step * size
-        b_offset = ((batch * self.tiles_n + col) * slices_per_row + slice_index) * s.tile_n * self.k_step * size
+        a_offset = ((batch * slices_per_row + slice_index) * self.tiles_m + row) * s.tile_m * self.k_step * size
+        b_offset = ((batch * slices_per_row + slice_index) * self.tiles_n + col) * s.tile_n * self.k_step * size
         a_bytes = rows * depth * size
         b_bytes = cols * depth * size
         join = Join(env)
