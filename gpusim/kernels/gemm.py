@@ -8,8 +8,9 @@ the read-then-write bursts of each stage come out of this and of the dispatcher,
 formula.
 
 Memory layout (a simplification documented in docs/model.md): A and B are stored as contiguous
-*slices* (``tile x k_step`` panels) and C as contiguous tiles in row-major tile order, so every
-slice maps onto whole channels.  Workgroups are dispatched in the grouped rasterization order of BLAS
+*slices* (``tile x k_step`` panels), ordered by K step and then by tile so that the slices the
+resident workgroups read at one step are adjacent and spread over the channels, and C as contiguous
+tiles in row-major tile order.  Workgroups are dispatched in the grouped rasterization order of BLAS
 libraries (:func:`grouped_order`) unless the caller gives an order (T3 dispatches chunk by chunk, so
 that a stage's output is a contiguous address range).
 """
