@@ -43,6 +43,14 @@ CASES = {
         "mode": "symmetric",
         "target_s": None,
     },
+    "tnlg-fc2-t3-mca-symmetric": {
+        "what": "T-NLG FC-2 (TP=8) T3-MCA fused GEMM + reduce-scatter on t3-ring8, symmetric mode",
+        "system": "t3-ring8",
+        "ops": ["gemm_rs m=8192 n=4256 k=2128 dtype=fp16"],
+        "mode": "symmetric",
+        "memory_policy": "t3-mca",
+        "target_s": None,
+    },
     "tnlg-fc2-gemm-rs-full": {
         "what": "T-NLG FC-2 (TP=8) GEMM + ring reduce-scatter on t3-ring8, full mode (8 GPUs)",
         "system": "t3-ring8",
@@ -80,7 +88,7 @@ def run_case(name: str) -> dict:
     ops = [parse_op(spec) for spec in case["ops"]]
     system = gpusim.load_system(case["system"])
     start = time.perf_counter()
-    result = gpusim.run(system, ops, mode=case["mode"])
+    result = gpusim.run(system, ops, mode=case["mode"], memory_policy=case.get("memory_policy"))
     wall = time.perf_counter() - start
     requests = sum(v for k, v in result.counters.items() if k.endswith(".dram_requests"))
     return {

@@ -18,6 +18,7 @@ from gpusim.units import QuantityError, parse_quantity
 
 OP_NAMES = {
     "gemm": gops.Gemm,
+    "gemm_rs": gops.GemmReduceScatter,
     "elementwise": gops.Elementwise,
     "softmax": gops.RowReduce,
     "layernorm": gops.RowReduce,

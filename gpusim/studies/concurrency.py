@@ -59,7 +59,6 @@ from gpusim.sched.command_processor import (
 )
 from gpusim.sched.executor import Stream
 from gpusim.sched.goldyloc import (
-    MIN_GAIN,
     RC_FRACTIONS,
     ConcurrencyPredictor,
     cross_validated_predictions,
@@ -518,9 +517,10 @@ class ConcurrencyStudy:
         batch = row[f"go{degree}_s"]
         return available // degree * (batch + max(0.0, decision - batch))
 
-    def oracle_degree(self, row: Any, available: int, min_gain: float = MIN_GAIN) -> int:
+    def oracle_degree(self, row: Any, available: int, min_gain: float = 0.0) -> int:
         """The degree (up to ``available``) that runs ``available`` GEMMs fastest, CP decision time included;
-        sequential unless it gains ``min_gain``."""
+        sequential unless it gains ``min_gain`` (the Oracle configuration: none; the profiling labels
+        of the predictor use :data:`gpusim.sched.goldyloc.MIN_GAIN`)."""
         options = [1] + [d for d in self.degrees if d <= available]
         times = {d: self.goldyloc_time(row, d, available) for d in options}
         best = min(options, key=lambda d: (times[d], d))
