@@ -26,6 +26,13 @@ def test_run_writes_outputs(tmp_path, capsys):
         assert (tmp_path / name).exists()
 
 
+def test_run_fused_gemm_reduce_scatter_with_t3_mca(capsys):
+    code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--policy", "t3-mca", "--quiet",
+                 "--op", "gemm_rs m=1024 n=1024 k=512 dtype=fp16"])
+    assert code == 0
+    assert "t3_ring_rs" in capsys.readouterr().out
+
+
 def test_unknown_preset_is_reported(capsys):
     assert main(["show-config", "nope"]) == 2
     assert "known presets" in capsys.readouterr().err
