@@ -80,8 +80,10 @@ class Op:
 
 
 @dataclass
-class Gemm(Op):
-    """C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched).
+class GemmShape(Op):
+    """The operands of a GEMM, C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched):
+    the fields, their validation and the FLOP count that :class:`Gemm` and
+    :class:`GemmReduceScatter` share.
 
     Attributes
     ----------
@@ -114,12 +116,11 @@ class Gemm(Op):
     b: str | None = None
     out: str | None = None
     kernel: str | None = None
-    category: ClassVar[str] = "gemm"
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k", "batch"):
-            _check_positive_int("Gemm", name, getattr(self, name))
-        _check_dtype("Gemm", self.dtype)
+            _check_positive_int(type(self).__name__, name, getattr(self, name))
+        _check_dtype(type(self).__name__, self.dtype)
         super().__post_init__()
 
     @property
@@ -127,9 +128,19 @@ class Gemm(Op):
         """2 m n k batch."""
         return 2.0 * self.m * self.n * self.k * self.batch
 
-    def describe(self) -> str:
+    def _shape_text(self) -> str:
         batch = f"x{self.batch}" if self.batch > 1 else ""
-        return f"gemm {self.m}x{self.n}x{self.k}{batch} {self.dtype}"
+        return f"{self.m}x{self.n}x{self.k}{batch} {self.dtype}"
+
+
+@dataclass
+class Gemm(GemmShape):
+    """C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched); fields as in :class:`GemmShape`."""
+
+    category: ClassVar[str] = "gemm"
+
+    def describe(self) -> str:
+        return f"gemm {self._shape_text()}"
 
     def run_on(self, ctx: OpContext):
         from gpusim.kernels.gemm import execute_gemm
@@ -141,7 +152,7 @@ FUSED_ALGORITHMS = ("ring", "direct", "auto")
 
 
 @dataclass
-class GemmReduceScatter(Op):
+class GemmReduceScatter(GemmShape):
     """A GEMM fused with the reduce-scatter of its output over ``ranks`` (T3, dissertation chapter 8).
 
     The GEMM's output address space is configured so that its stores start the collective: the
@@ -153,7 +164,7 @@ class GemmReduceScatter(Op):
     Attributes
     ----------
     m, n, k, dtype, trans_a, trans_b, batch, a, b, out, kernel
-        The GEMM, as in :class:`Gemm`.
+        The GEMM, as in :class:`GemmShape`.
     algorithm
         ``ring`` (ring reduce-scatter over the node's ring order), ``direct`` (every GPU updates
         every other's chunk over its own link; fully connected nodes) or ``auto`` (ring).
@@ -162,36 +173,17 @@ class GemmReduceScatter(Op):
         (without it every GPU produces chunks in the same order).
     """
 
-    m: int
-    n: int
-    k: int
-    dtype: str = "fp16"
-    trans_a: bool = False
-    trans_b: bool = False
-    batch: int = 1
-    a: str | None = None
-    b: str | None = None
-    out: str | None = None
-    kernel: str | None = None
     algorithm: str = "auto"
     stagger: bool = True
     category: ClassVar[str] = "fused"
 
     def __post_init__(self) -> None:
-        for name in ("m", "n", "k", "batch"):
-            _check_positive_int("GemmReduceScatter", name, getattr(self, name))
-        _check_dtype("GemmReduceScatter", self.dtype)
+        super().__post_init__()
         if self.algorithm not in FUSED_ALGORITHMS:
             raise OpError(
                 f"GemmReduceScatter: field 'algorithm' must be one of {', '.join(FUSED_ALGORITHMS)}, "
                 f"got {self.algorithm!r}"
             )
-        super().__post_init__()
-
-    @property
-    def flops(self) -> float:
-        """2 m n k batch."""
-        return 2.0 * self.m * self.n * self.k * self.batch
 
     @property
     def nbytes(self) -> int:
@@ -199,8 +191,7 @@ class GemmReduceScatter(Op):
         return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
 
     def describe(self) -> str:
-        batch = f"x{self.batch}" if self.batch > 1 else ""
-        return f"gemm+rs {self.m}x{self.n}x{self.k}{batch} {self.dtype}"
+        return f"gemm+rs {self._shape_text()}"
 
     def run_on(self, ctx: OpContext):
         from gpusim.kernels.fused import execute_gemm_reduce_scatter
