@@ -206,9 +206,10 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
     gemms
         Each ``{"m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "copies", "kernels": {degree: name},
         "predicted"}``;
-        every copy gets its own stream.
+        every copy gets its own stream (except under ``sequential``).
     policy
-        ``default`` (all at once, isolation-tuned kernels), ``go-kernels`` (all at once, kernels
+        ``sequential`` (all copies in order on one stream, isolation-tuned kernels), ``default`` (all at once,
+        isolation-tuned kernels), ``go-kernels`` (all at once, kernels
         for the resulting degree) or ``goldyloc`` (degree ``min(predicted, available)``).
     timing
         Fields of :class:`CommandProcessorTiming` (default: its defaults).
@@ -222,6 +223,7 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
     started = time.process_time()
     machine_system = _system(system, json.dumps(overrides, sort_keys=True))
     policies = {
+        "sequential": DispatchAll(),
         "default": DispatchAll(),
         "go-kernels": DispatchAll(tuned_for_degree=True),
         "goldyloc": PredictedDegree(lambda features: int(features[0])),
@@ -235,7 +237,8 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
             index = len(packets)
             packets.append(KernelPacket(_gemm(gemm["m"], gemm["n"], gemm["k"], gemm["trans_a"], gemm["trans_b"], gemm["batch"],
                                               gemm["dtype"], index),
-                                        Stream(f"s{index}"), kernels, features=np.array([gemm.get("predicted", 1)])))
+                                        Stream("s0" if policy == "sequential" else f"s{index}"), kernels,
+                                        features=np.array([gemm.get("predicted", 1)])))
     result = run_packets(machine_system, packets, policies[policy], CommandProcessorTiming(**(timing or {})))
     span, _ = _spans(result)
     return {

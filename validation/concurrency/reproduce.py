@@ -3,20 +3,24 @@
 Usage::
 
     python validation/concurrency/reproduce.py --out out/concurrency [--quick] [--workers N]
-        [--scheduler tcp://host:8786] [--cache DIR] [--check]
+        [--scheduler tcp://host:8786] [--cache DIR] [--check] [--end-to-end]
 
 Runs :class:`gpusim.studies.concurrency.ConcurrencyStudy` on the GEMMs of Table 7.3 (by default about
 every 4th shape of each app, up to 50 GFLOP; ``--quick``: the CI set of
 ``workloads/concurrency/quick.yaml``), optionally with the extension set for the predictor
 (``--extension``), and then the section 7.5 experiments: selected GEMMs at 16 (Fig. 7.13), heterogeneous GEMM pairs
 and batched attention GEMMs (7.5.7), FP16 versus FP32 (Fig. 7.15), partitions (Fig. 7.16) and a
-cross-check of the composed GOLDYLOC times against command-processor simulations.
+cross-check of the composed GOLDYLOC times against command-processor simulations.  With
+``--end-to-end`` it also times GNMT and BERT-base iterations whose independent GEMMs go through the
+command processor (section 7.5.10, :mod:`gpusim.studies.concurrency_e2e`) with the trained predictor.
 
 Writes into ``--out``: ``summary.csv`` (concurrency, config, geomean_speedup over Sequential),
 ``predictor.csv`` (concurrency, accuracy), ``per_app.csv``, ``impact.csv``, ``speedups.csv``,
 ``shapes.csv``, ``go_properties.csv``, ``selected.csv``, ``heterogeneous.csv``, ``batched.csv``,
 ``fp16.csv``, ``cp_check.csv``, ``comparison.csv`` (simulated beside the reference numbers of
-``reference.csv``), ``checks.csv`` (the signs and orderings the issue asks for) and PNG plots.
+``reference.csv``), ``checks.csv`` (the signs and orderings the issue asks for) and PNG plots;
+with ``--end-to-end`` also ``end_to_end.csv`` (app, policy, iteration_s, speedups over sequential and
+default, the dissertation's speedup over default) and ``end_to_end_groups.csv``.
 Simulations are cached (default ``DIR/cache``), so an interrupted run resumes.  With ``--check``
 the exit status is 1 when a sign or ordering check fails.
 """
@@ -33,11 +37,15 @@ import numpy as np
 import pandas as pd
 
 from gpusim import plot
+from gpusim.studies import concurrency_e2e
 from gpusim.studies.concurrency import ConcurrencyStudy, geomean
 from gpusim.studies.concurrency_workloads import attention_gemms, model_gemms, systematic_sample, with_shapes
+from gpusim.trace.generator import transformer
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference.csv"
+END_TO_END_REFERENCE = {"gnmt": "1.14 (batch 128), 1.13 (batch 256)", "bert": "1.05-1.12"}
+"""GOLDYLOC's iteration speedup over Default in section 7.5.10 (measured on an MI100)."""
 TOLERANCE_POINTS = 5.0
 """Geomeans within this many percentage points of the reference count as reproduced (issue 5)."""
 
@@ -273,6 +281,27 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
 
 # -- main --------------------------------------------------------------------------------------
 
+def end_to_end(study: ConcurrencyStudy, model, quick: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """GNMT and BERT-base iterations under Sequential, Default and GOLDYLOC (section 7.5.10).
+
+    Full: GNMT with 1024 units, batch 128, 8 + 8 layers over 32 steps, and BERT-base (batch 8,
+    128 tokens, 12 layers, FP32 like the study); ``quick``: GNMT with 512 units, batch 64, 4 layers
+    over 8 steps, and two BERT-base layers without the embedding and output layer.
+    """
+    if quick:
+        gnmt = concurrency_e2e.gnmt_groups(hidden=512, batch=64, layers=4, steps=8)
+        bert = transformer("bert-base", batch=4, seq_len=128, dtype="fp32", layers=2, head=False)
+    else:
+        gnmt = concurrency_e2e.gnmt_groups(hidden=1024, batch=128, layers=8, steps=32)
+        bert = transformer("bert-base", batch=8, seq_len=128, dtype="fp32")
+    gnmt_groups, gnmt_totals = concurrency_e2e.iteration(study, model, gnmt, "gnmt")
+    bert_groups, bert_totals = concurrency_e2e.trace_iteration(study, model, bert, "bert")
+    totals = pd.concat([gnmt_totals, bert_totals], ignore_index=True)
+    totals["reference_over_default"] = [END_TO_END_REFERENCE[app] if policy == "goldyloc" else ""
+                                        for app, policy in zip(totals["app"], totals["policy"])]
+    return pd.concat([gnmt_groups, bert_groups], ignore_index=True), totals
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the study, write the tables and plots, print the comparison; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -292,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to run the simulations on")
     parser.add_argument("--cache", default=None, help="cache folder of finished simulations (default: OUT/cache)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a sign or ordering check fails")
+    parser.add_argument("--end-to-end", action="store_true",
+                        help="also time GNMT and BERT iterations through the command processor (section 7.5.10)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -345,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes.to_csv(out / "fp16.csv", index=False)
     go16.to_csv(out / "fp16_go16.csv", index=False)
     comparison, verdicts = write(mixes, batched_table, sizes)
+    if args.end_to_end:
+        groups, totals = end_to_end(study, result.model, args.quick)
+        groups.to_csv(out / "end_to_end_groups.csv", index=False)
+        totals.to_csv(out / "end_to_end.csv", index=False)
     cpu_s = study.cpu_s + fp16_cpu_s
 
     wall = time.perf_counter() - started
@@ -355,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
               .to_string(index=False, float_format="{:.3f}".format))
         print()
         print(verdicts.to_string(index=False))
+        if args.end_to_end:
+            print()
+            print(totals.to_string(index=False, float_format="{:.4g}".format))
     print(f"\n{len(result.gemms)} GEMMs ({result.gemms['shape'].nunique()} shapes) evaluated, "
           f"{len(result.shapes)} shapes for the predictor; {wall:.0f} s wall, {cpu_s:.0f} s simulator CPU; wrote {out}/")
     if args.check and not verdicts["holds"].all():
