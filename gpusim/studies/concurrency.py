@@ -649,6 +649,21 @@ class ConcurrencyStudy:
         measured.shapes = shapes
         return measured, self.configurations(gemms, shapes)
 
+    def packet_gemm(self, row: Any, copies: int, predicted: int) -> dict[str, Any]:
+        """One GEMM of a :func:`packets_point`: ``row`` of a shape table (shape, isolation-tuned and GO
+        kernels), ``copies`` of it, and the predictor's degree for it."""
+        kernels = {"1": row["isolated_kernel"], **{str(d): row[f"go{d}_kernel"] for d in self.degrees}}
+        return {"m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]), "trans_a": bool(row["trans_a"]),
+                "trans_b": bool(row["trans_b"]), "batch": int(row["batch"]), "dtype": str(row["dtype"]),
+                "copies": int(copies), "kernels": kernels, "predicted": int(predicted)}
+
+    def packets_point_args(self, gemms: list[dict[str, Any]], policy: str,
+                           overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The arguments of a :func:`packets_point` on the study's system (plus ``overrides``)."""
+        merged = {**self.overrides, **(overrides or {})}
+        return {"system": self.system, "overrides": merged, "gemms": gemms, "policy": policy,
+                "fingerprint": fingerprint(self.system, merged), "timing": dataclasses.asdict(self.timing)}
+
     def mixes(self, mixes: Sequence[tuple[Any, Any]], shapes: pd.DataFrame, policies: Sequence[str] = ("default", "go-kernels", "goldyloc"),
               degrees: Sequence[int] | None = None) -> pd.DataFrame:
         """Heterogeneous concurrency: ``D/2`` copies each of two GEMM shapes through the command processor.
@@ -675,19 +690,10 @@ class ConcurrencyStudy:
         for first, second in mixes:
             for available in degrees or self.degrees:
                 half = available // 2
-                gemms = []
-                for key in (first, second):
-                    row = table.loc[key]
-                    kernels = {"1": row["isolated_kernel"], **{str(d): row[f"go{d}_kernel"] for d in self.degrees}}
-                    gemms.append({"m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]), "trans_a": bool(row["trans_a"]),
-                                  "trans_b": bool(row["trans_b"]), "batch": int(row["batch"]),
-                                  "dtype": str(row["dtype"]), "copies": half, "kernels": kernels,
-                                  "predicted": int(row["predicted"])})
+                gemms = [self.packet_gemm(table.loc[key], half, table.loc[key, "predicted"]) for key in (first, second)]
                 sequential = sum(table.loc[key, "first_s"] + (half - 1) * table.loc[key, "next_s"] for key in (first, second))
                 for policy in policies:
-                    points.append({"system": self.system, "overrides": self.overrides, "gemms": gemms, "policy": policy,
-                                   "fingerprint": fingerprint(self.system, self.overrides),
-                                   "timing": dataclasses.asdict(self.timing)})
+                    points.append(self.packets_point_args(gemms, policy))
                     tags.append({"first": first, "second": second, "concurrency": available, "sequential_s": sequential})
         frame = self._sweep(packets_point, points, "mixes")
         frame = pd.concat([frame.drop(columns=["gemms", "overrides"]).reset_index(drop=True), pd.DataFrame(tags)], axis=1)

@@ -33,7 +33,6 @@ a group's time is the span of its kernels: the CP's first decision overlaps the 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from gpusim.sched.goldyloc import ConcurrencyPredictor
-from gpusim.studies.concurrency import ConcurrencyStudy, fingerprint, packets_point
+from gpusim.studies.concurrency import ConcurrencyStudy, packets_point
 from gpusim.studies.concurrency_workloads import GATES, SHAPE_COLUMNS, linear_gemms, shape_key, with_shapes
 from gpusim.system import load_system
 from gpusim.trace.trace import Trace
@@ -205,20 +204,12 @@ def iteration(study: ConcurrencyStudy, model: ConcurrencyPredictor, groups: list
     measured = study.measure(_gemm_frame(groups, app), partitions=False)
     shapes = measured.shapes.set_index("shape")
     predicted = dict(zip(shapes.index, model.predict(np.vstack(shapes["features"].to_numpy()))))
-    overrides = {**study.overrides, "gpu.kernel_launch_ns": 0}
     points, tags = [], []
     for group in groups:
-        gemms = []
-        for shape, copies in group.gemms:
-            row = dict(zip(SHAPE_COLUMNS, shape))
-            key = shape_key(row)
-            kernels = {"1": shapes.loc[key, "isolated_kernel"], **{str(d): shapes.loc[key, f"go{d}_kernel"] for d in study.degrees}}
-            gemms.append({**{c: (bool(v) if c.startswith("trans") else v) for c, v in row.items()}, "copies": copies,
-                          "kernels": kernels, "predicted": int(predicted[key])})
+        keys = [(shape_key(dict(zip(SHAPE_COLUMNS, shape))), copies) for shape, copies in group.gemms]
+        gemms = [study.packet_gemm(shapes.loc[key], copies, predicted[key]) for key, copies in keys]
         for policy in POLICIES:
-            points.append({"system": study.system, "overrides": overrides, "gemms": gemms, "policy": policy,
-                           "fingerprint": fingerprint(study.system, overrides),
-                           "timing": dataclasses.asdict(study.timing)})
+            points.append(study.packets_point_args(gemms, policy, {"gpu.kernel_launch_ns": 0}))
             tags.append({"app": app, "group": group.name, "size": group.size, "repeat": group.repeat, "policy": policy})
     frame = study._sweep(packets_point, points, f"{app} groups")
     runs = pd.concat([pd.DataFrame(tags), frame[["span_s", "degrees", "cpu_s"]].reset_index(drop=True)], axis=1)
