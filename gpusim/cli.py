@@ -74,7 +74,8 @@ def parse_op(spec: str) -> gops.Op:
         raise GpusimError(f"op {spec!r}: {exc}") from exc
 
 
-def _overrides(pairs: list[str] | None) -> dict[str, object]:
+def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
+    """Turn ``--set PATH=VALUE`` arguments into overrides (numbers and true/false parsed)."""
     result: dict[str, object] = {}
     for pair in pairs or []:
         if "=" not in pair:
@@ -104,7 +105,7 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     """Print a preset's resolved configuration as YAML."""
     from gpusim.system import load_system
 
-    system = load_system(args.name, _overrides(args.set))
+    system = load_system(args.name, parse_overrides(args.set))
     print(system.to_yaml(), end="")
     gpu = system.gpu
     print(
@@ -138,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpusim.simulate import run
     from gpusim.system import load_system
 
-    system = load_system(args.system, _overrides(args.set))
+    system = load_system(args.system, parse_overrides(args.set))
     op_list = [parse_op(spec) for spec in args.op]
     result = run(system, op_list, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
     with pd.option_context("display.width", 160, "display.max_columns", 20):

@@ -395,7 +395,11 @@ class GpuConfig(Model):
     vector_efficiency
         Calibrated fraction of the vector peak that element-wise kernels sustain.
     kernel_launch_ns
-        Time from a kernel reaching the head of its queue to its first workgroup starting.
+        Time from a kernel reaching the head of its stream to its first workgroup starting.
+    hardware_queues
+        Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
+        ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
+        after another (:mod:`gpusim.hw.queues`).
     streaming_inflight_bytes_per_thread
         Bytes each thread of an element-wise or row-reduction kernel keeps in flight (load width
         times the loads it issues before using the first): the memory-level parallelism of the
@@ -413,6 +417,7 @@ class GpuConfig(Model):
     gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
+    hardware_queues: PositiveInt = 4
     streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config
     hbm: HbmConfig

@@ -1,4 +1,4 @@
-"""One simulated GPU: its CUs and dispatcher, L2, HBM channels and controllers, DMA engines, memory."""
+"""One simulated GPU: its hardware queues, CUs and dispatcher, L2, HBM channels and controllers, DMA engines, memory."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gpusim.hw.hbm import AddressMap, HbmChannel
 from gpusim.hw.link import Interconnect
 from gpusim.hw.memctrl import Arbiter, MemoryController
 from gpusim.hw.memory import MemorySystem
+from gpusim.hw.queues import HardwareQueues
 from gpusim.hw.tracker import Tracker
 
 
@@ -89,6 +90,7 @@ class Gpu(Component):
         hit_ratio = min(1.0, config.l2.hit_latency_ns / miss_latency)
         self.cus = [ComputeUnit(i, config.cu, inflight_ns_per_byte, hit_ratio) for i in range(config.num_cus)]
         self.dispatcher = Dispatcher(self.env, self.cus, dispatch_policy)
+        self.queues = HardwareQueues(self.env, config.hardware_queues)
         self.dma: list[DmaEngine] = []
         self.tracker = Tracker(self, config.tracker)
         self._next_addr = 0

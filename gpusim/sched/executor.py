@@ -103,7 +103,9 @@ class OpContext:
     def launch(self, kernel: Kernel, overhead_ns: float | None = None) -> Generator[Event, Any, KernelRun]:
         """Launch ``kernel`` on this rank's GPU after the launch overhead; return when it ends.
 
-        The kernel's ``info`` gains the launching op's ``op_id`` (kept in ``Result.kernels``).
+        After the overhead the kernel waits for its stream's hardware queue to finish the kernel
+        before it (:mod:`gpusim.hw.queues`).  The kernel's ``info`` gains the launching op's
+        ``op_id`` (kept in ``Result.kernels``).
         """
         if kernel.cu_mask is None and self.cu_mask is not None:
             kernel.cu_mask = self.cu_mask
@@ -111,8 +113,11 @@ class OpContext:
         delay = self.gpu.config.kernel_launch_ns if overhead_ns is None else overhead_ns
         if delay:
             yield self.env.timeout(delay)
-        run = self.gpu.dispatcher.launch(kernel)
-        yield run.done
+        queue = self.gpu.queues.queue(self.stream.name, masked=self.stream.cu_mask is not None)
+        with queue.request() as turn:
+            yield turn
+            run = self.gpu.dispatcher.launch(kernel)
+            yield run.done
         self.sim.recorder.span(
             Span(kernel.name, "kernel", self.rank, self.stream.name, run.start_ns, run.end_ns, dict(kernel.info))
         )

@@ -25,10 +25,10 @@ def load_any(path: str, unsupported: str = "error", iteration: int | None = None
 
 
 def _system(args: argparse.Namespace):
-    from gpusim.cli import _overrides
+    from gpusim.cli import parse_overrides
     from gpusim.system import load_system
 
-    return load_system(args.system, _overrides(args.set))
+    return load_system(args.system, parse_overrides(args.set))
 
 
 def _mode(args: argparse.Namespace, trace, system) -> str:

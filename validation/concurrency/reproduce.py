@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from gpusim import plot
+from gpusim.cli import parse_overrides
 from gpusim.studies import concurrency_e2e
 from gpusim.studies.concurrency import ConcurrencyStudy, geomean
 from gpusim.studies.concurrency_workloads import attention_gemms, model_gemms, systematic_sample, with_shapes
@@ -135,7 +136,8 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame, f
     Also returns the simulator CPU time of these runs."""
     forward = result.gemms[result.gemms["pass"] == "forward"]
     half = forward.assign(dtype="fp16")
-    two = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(2,), rc_fractions=(1,),
+    two = ConcurrencyStudy(overrides=parse_overrides(args.set),
+                           workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(2,), rc_fractions=(1,),
                            cu_partition_degrees=(), resource_partition_degrees=())
     measured = with_shapes(half)
     shapes16 = two.measure(measured, partitions=False).shapes
@@ -151,7 +153,8 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame, f
         return sizes, pd.DataFrame(), two.cpu_s
     large = forward[forward["app"].isin(["gpt2", "gpt3", "tnlg"])].sort_values(["app", "flops"])
     large = large.groupby("app").head(1).assign(dtype="fp16")
-    sixteen = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(16,),
+    sixteen = ConcurrencyStudy(overrides=parse_overrides(args.set),
+                               workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(16,),
                                cu_partition_degrees=(), resource_partition_degrees=())
     large = with_shapes(large)
     table = sixteen.measure(large, partitions=False).shapes.set_index("shape")
@@ -326,13 +329,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time GNMT and BERT iterations through the command processor (section 7.5.10): "
                              "'full' at the sizes of section 7.5.10, 'small' at reduced sizes")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--set", action="append", metavar="PATH=VALUE",
+                        help="hardware override for every simulation, e.g. gpu.hardware_queues=32")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache) if args.cache else out / "cache"
     started = time.perf_counter()
     reduced = {"shortlist_size": 2, "cu_partition_degrees": (2,), "resource_partition_degrees": (2, 16)} if args.quick else {}
-    study = ConcurrencyStudy(workers=args.workers, scheduler=args.scheduler, cache=cache, progress=not args.quiet, **reduced)
+    study = ConcurrencyStudy(overrides=parse_overrides(args.set), workers=args.workers, scheduler=args.scheduler,
+                             cache=cache, progress=not args.quiet, **reduced)
     if args.quick:
         gemms, training = model_gemms("quick"), None
     else:
