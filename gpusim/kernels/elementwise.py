@@ -12,6 +12,7 @@ several times; the re-reads go through the L2 and hit there only if the row is s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.engine.primitives import Join
@@ -30,8 +31,11 @@ ON_CHIP_ROW_BYTES = 8192
 """A row this long (in fp32) or shorter stays on chip; longer rows need several passes."""
 
 
+Ranges = list[tuple[Buffer, int, int]]
+"""``(buffer, offset, nbytes)`` ranges of tensors, bytes."""
 
-def read_ranges(gpu: Gpu, limit: InflightLimit, ranges: list[tuple[Buffer, int, int]]) -> Join:
+
+def read_ranges(gpu: Gpu, limit: InflightLimit, ranges: Ranges) -> Join:
     """Read ``(buffer, offset, nbytes)`` ranges (bytes) through the L2, paced by ``limit``.
 
     Returns
@@ -50,7 +54,7 @@ def read_ranges(gpu: Gpu, limit: InflightLimit, ranges: list[tuple[Buffer, int, 
     return join
 
 
-def write_ranges(gpu: Gpu, cu: ComputeUnit, ranges: list[tuple[Buffer, int, int]], written: Join) -> None:
+def write_ranges(gpu: Gpu, cu: ComputeUnit, ranges: Ranges, written: Join) -> None:
     """Write ``(buffer, offset, nbytes)`` ranges (bytes) from ``cu``; ``written`` extends to their completion."""
     size = 0
     uncached = 0
@@ -60,6 +64,48 @@ def write_ranges(gpu: Gpu, cu: ComputeUnit, ranges: list[tuple[Buffer, int, int]
             size += nbytes
             uncached += 0 if buffer.cached else nbytes
     written.extend_to(cu.memory(gpu.env.now, size, uncached))
+
+
+def pipelined(
+    gpu: Gpu,
+    cu: ComputeUnit,
+    pieces: int,
+    fetch: Callable[[int, int], Join] | None,
+    flops: Callable[[int], float],
+    writes: Callable[[int], Ranges],
+    flops_per_ns: float,
+    wavefronts: int,
+    passes: int = 1,
+):
+    """One logical streaming workgroup: fetch, compute and write ``pieces`` pieces in order (a generator).
+
+    The next piece is fetched while the current one is computed and written.  ``fetch(piece,
+    pass_index)`` requests a piece's data (``None``: the kernel reads nothing); a multi-pass row
+    reduction re-reads each piece ``passes - 1`` more times, each re-read starting when the
+    previous pass's data has arrived.  ``flops(piece)`` and ``writes(piece)`` give the piece's work
+    and output ranges.  Returns when every write is done.
+    """
+    env = gpu.env
+    pending = fetch(0, 0) if fetch is not None else None
+    written = Join(env)
+    for piece in range(pieces):
+        if pending is not None:
+            for pass_index in range(1, passes):
+                yield pending.close()
+                pending = fetch(piece, pass_index)
+            yield pending.close()
+        done = cu.compute(env.now, flops(piece), flops_per_ns, wavefronts)
+        more = piece + 1 < pieces
+        if more and fetch is not None:
+            pending = fetch(piece + 1, 0)
+            pending.extend_to(done)
+        else:
+            pending = None
+            yield env.timeout(max(0.0, done - env.now))
+        write_ranges(gpu, cu, writes(piece), written)
+        if pending is None and more:
+            yield env.timeout(max(0.0, written.latest - env.now))
+    yield written.close()
 
 
 class StreamingKernel:
@@ -144,31 +190,21 @@ class StreamingKernel:
         return read_ranges(self.gpu, limit, [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in tensors])
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
-        env = self.gpu.env
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
-        pending = self._fetch(limit, wg, 0) if self.reads else None
-        written = Join(env)
-        for chunk in range(self.chunks):
+
+        def fetch(chunk: int, pass_index: int) -> Join:
+            return self._fetch(limit, wg, chunk, pass_index)
+
+        def flops(chunk: int) -> float:
             lo, hi = self._span(wg, chunk)
-            if pending is not None:
-                # Passes of a row reduction depend on each other: each re-read starts when the
-                # previous pass's data has arrived (and the row may have left the L2 meanwhile).
-                for pass_index in range(1, self.passes):
-                    yield pending.close()
-                    pending = self._fetch(limit, wg, chunk, pass_index)
-                yield pending.close()
-            done = cu.compute(env.now, self.flops * (hi - lo), self.flops_per_ns, self.wavefronts)
-            if chunk + 1 < self.chunks and self.reads:
-                pending = self._fetch(limit, wg, chunk + 1)
-                pending.extend_to(done)
-            else:
-                pending = None
-                yield env.timeout(max(0.0, done - env.now))
-            write_ranges(self.gpu, cu, [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in self.writes],
-                         written)
-            if pending is None and chunk + 1 < self.chunks:
-                yield env.timeout(max(0.0, written.latest - env.now))
-        yield written.close()
+            return self.flops * (hi - lo)
+
+        def writes(chunk: int) -> Ranges:
+            lo, hi = self._span(wg, chunk)
+            return [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in self.writes]
+
+        yield from pipelined(self.gpu, cu, self.chunks, fetch if self.reads else None, flops, writes,
+                             self.flops_per_ns, self.wavefronts, self.passes)
 
 
 def execute_elementwise(ctx, op):

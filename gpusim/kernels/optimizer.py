@@ -39,7 +39,7 @@ from gpusim.hw import nmc as near_memory
 from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.nmc import NearMemoryUnits, NmcProgram
-from gpusim.kernels.elementwise import MAX_CHUNKS, StreamingKernel, read_ranges, write_ranges
+from gpusim.kernels.elementwise import MAX_CHUNKS, StreamingKernel, pipelined, read_ranges
 
 CHUNK_ELEMENTS = 65536
 """Elements per block of a multi_tensor_apply launch (apex and PyTorch ``kChunkSize``)."""
@@ -519,27 +519,15 @@ class TensorListKernel:
         return read_ranges(self.gpu, limit, piece.reads)
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
-        env = self.gpu.env
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pieces = self._pieces(wg)
+
+        def fetch(index: int, _pass: int) -> Join:
+            return self._fetch(limit, pieces[index])
+
         reads = any(piece.reads for piece in pieces)
-        pending = self._fetch(limit, pieces[0]) if reads else None
-        written = Join(env)
-        for index, piece in enumerate(pieces):
-            if pending is not None:
-                yield pending.close()
-            done = cu.compute(env.now, piece.flops, self.flops_per_ns, self.wavefronts)
-            more = index + 1 < len(pieces)
-            if more and reads:
-                pending = self._fetch(limit, pieces[index + 1])
-                pending.extend_to(done)
-            else:
-                pending = None
-                yield env.timeout(max(0.0, done - env.now))
-            write_ranges(self.gpu, cu, piece.writes, written)
-            if pending is None and more:
-                yield env.timeout(max(0.0, written.latest - env.now))
-        yield written.close()
+        yield from pipelined(self.gpu, cu, len(pieces), fetch if reads else None, lambda index: pieces[index].flops,
+                             lambda index: pieces[index].writes, self.flops_per_ns, self.wavefronts)
 
 
 def _slice(item: tuple[Buffer, int, int], part: int, parts: int) -> tuple[Buffer, int, int]:
