@@ -195,49 +195,63 @@ class HbmChannel:
         """
         is_write = kind != READ
         spacing = self.t_ccd_wl if kind == UPDATE else self.t_ccd_l
+        bus_free = self.bus_free
         if is_write != self.last_write:
-            turnaround = self.t_rtw if is_write else self.t_wtr
-            self.bus_free = max(self.bus_free, now) + turnaround
+            bus_free = (bus_free if bus_free > now else now) + (self.t_rtw if is_write else self.t_wtr)
             self.last_write = is_write
-        stats = self.stats
         end = now
-        row_bytes = self.map.row_bytes
-        groups = self.map.bank_groups
-        per_group = self.map.banks_per_group
-        open_row, bank_free, group_free = self.open_row, self.bank_free, self.group_free
+        address_map = self.map
+        row_bytes = address_map.row_bytes
+        groups = address_map.bank_groups
+        per_group = address_map.banks_per_group
+        banks = groups * per_group
+        open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
         burst = self.burst_bytes
-        t_ccd_s = self.t_ccd_s
+        t_ccd_s, t_ras, t_rp, t_rcd = self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd
+        stats = self.stats
+        row_hits = activations = 0
+        busy = stats.busy_ns
         position = ch_addr
         stop = ch_addr + nbytes
         while position < stop:
             piece = position // row_bytes
-            size = min((piece + 1) * row_bytes, stop) - position
-            position += size
+            segment_stop = (piece + 1) * row_bytes
+            if segment_stop > stop:
+                segment_stop = stop
+            size = segment_stop - position
+            position = segment_stop
             group = piece % groups
             bank = group * per_group + (piece // groups) % per_group
-            row = piece // (groups * per_group)
+            row = piece // banks
             if open_row[bank] == row:
                 ready = bank_free[bank]
-                stats.row_hits += 1
+                row_hits += 1
             else:
                 act = bank_free[bank] if bank_free[bank] > now else now
                 if open_row[bank] >= 0:
-                    act = max(act, self.activated_at[bank] + self.t_ras) + self.t_rp
-                self.activated_at[bank] = act
+                    earliest = activated_at[bank] + t_ras
+                    act = (act if act > earliest else earliest) + t_rp
+                activated_at[bank] = act
                 open_row[bank] = row
-                ready = act + self.t_rcd
-                stats.activations += 1
+                ready = act + t_rcd
+                activations += 1
             bursts = -(-size // burst)
-            start = max(ready, group_free[group], now)
+            start = ready if ready > group_free[group] else group_free[group]
+            if now > start:
+                start = now
             group_end = start + bursts * spacing
             bus_occupancy = bursts * t_ccd_s
-            self.bus_free = (self.bus_free if self.bus_free > start else start) + bus_occupancy
-            stats.busy_ns += bus_occupancy
-            seg_end = group_end if group_end > self.bus_free else self.bus_free
+            bus_free = (bus_free if bus_free > start else start) + bus_occupancy
+            busy += bus_occupancy
+            segment_end = group_end if group_end > bus_free else bus_free
             group_free[group] = group_end
-            bank_free[bank] = seg_end
-            if seg_end > end:
-                end = seg_end
+            bank_free[bank] = segment_end
+            if segment_end > end:
+                end = segment_end
+        self.bus_free = bus_free
+        stats.row_hits += row_hits
+        stats.activations += activations
+        stats.busy_ns = busy
         if run_bytes is not None and run_bytes < self.physical_row_bytes and self.activate_interval > 0:
             runs = -(-nbytes // run_bytes)
             start = self.activations_free if self.activations_free > now else now
