@@ -130,15 +130,20 @@ def cp_check(study: ConcurrencyStudy, shapes: pd.DataFrame, count: int) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def study_options(args, cache: Path) -> dict:
+    """What every study of this run shares: hardware overrides, where and how it runs, its cache."""
+    return {"overrides": parse_overrides(args.set), "workers": args.workers, "scheduler": args.scheduler,
+            "cache": cache, "progress": not args.quiet}
+
+
 def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     """Fig. 7.15: (a) 2P Default speedup of forward GEMMs in FP16 and FP32; (b) 16P GO-Kernels over
-    Default for the smallest simulated forward GEMM of gpt2, gpt3 and tnlg, in FP16.
-    Also returns the simulator CPU time of these runs."""
+    Default for the smallest simulated forward GEMM of gpt2, gpt3 and tnlg, in FP16 (empty when
+    the set has none, or with ``--quick``).  Also returns the simulator CPU time of these runs."""
     forward = result.gemms[result.gemms["pass"] == "forward"]
     half = forward.assign(dtype="fp16")
-    two = ConcurrencyStudy(overrides=parse_overrides(args.set),
-                           workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(2,), rc_fractions=(1,),
-                           cu_partition_degrees=(), resource_partition_degrees=())
+    two = ConcurrencyStudy(**study_options(args, cache), degrees=(2,), rc_fractions=(1,), cu_partition_degrees=(),
+                           resource_partition_degrees=())
     measured = with_shapes(half)
     shapes16 = two.measure(measured, partitions=False).shapes
     rows = []
@@ -149,13 +154,12 @@ def fp16_experiments(args, result, cache) -> tuple[pd.DataFrame, pd.DataFrame, f
         rows.append({"app": gemm["app"], "label": gemm["label"], "gflop": gemm["flops"] / 1e9,
                      "fp16": row["seq2_s"] / row["default2_s"], "fp32": original["seq2_s"] / original["default2_s"]})
     sizes = pd.DataFrame(rows).melt(id_vars=["app", "label", "gflop"], var_name="dtype", value_name="speedup")
-    if args.quick:
-        return sizes, pd.DataFrame(), two.cpu_s
     large = forward[forward["app"].isin(["gpt2", "gpt3", "tnlg"])].sort_values(["app", "flops"])
+    if args.quick or large.empty:  # (b) needs a GEMM of these apps; --max-gflop may leave none
+        return sizes, pd.DataFrame(columns=["app", "go_over_default"]), two.cpu_s
     large = large.groupby("app").head(1).assign(dtype="fp16")
-    sixteen = ConcurrencyStudy(overrides=parse_overrides(args.set),
-                               workers=args.workers, scheduler=args.scheduler, cache=cache, degrees=(16,),
-                               cu_partition_degrees=(), resource_partition_degrees=())
+    sixteen = ConcurrencyStudy(**study_options(args, cache), degrees=(16,), cu_partition_degrees=(),
+                               resource_partition_degrees=())
     large = with_shapes(large)
     table = sixteen.measure(large, partitions=False).shapes.set_index("shape")
     go = [{"app": g["app"], "label": g["label"], "go_over_default": table.loc[g["shape"], "default16_s"] / table.loc[g["shape"], "go16_s"]}
@@ -337,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(args.cache) if args.cache else out / "cache"
     started = time.perf_counter()
     reduced = {"shortlist_size": 2, "cu_partition_degrees": (2,), "resource_partition_degrees": (2, 16)} if args.quick else {}
-    study = ConcurrencyStudy(overrides=parse_overrides(args.set), workers=args.workers, scheduler=args.scheduler,
-                             cache=cache, progress=not args.quiet, **reduced)
+    study = ConcurrencyStudy(**study_options(args, cache), **reduced)
     if args.quick:
         gemms, training = model_gemms("quick"), None
     else:
