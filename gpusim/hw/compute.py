@@ -16,6 +16,7 @@ flight, e.g. a GEMM's prefetched K-tile) is a per-WG server of the same kind, se
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -215,18 +216,18 @@ class Kernel:
 class KernelRun:
     """A kernel being dispatched: progress, and an event that fires when its last WG ends."""
 
-    __slots__ = ("kernel", "cus", "allowed", "dispatched", "finished", "done", "start_ns", "end_ns", "cursor")
+    __slots__ = ("kernel", "cus", "indices", "allowed", "dispatched", "finished", "done", "start_ns", "end_ns")
 
     def __init__(self, env: simpy.Environment, kernel: Kernel, cus: list[ComputeUnit]):
         self.kernel = kernel
-        self.cus = cus
+        self.cus = sorted(cus, key=lambda cu: cu.index)
+        self.indices = [cu.index for cu in self.cus]
         self.allowed = None if kernel.cu_mask is None else frozenset(kernel.cu_mask)
         self.dispatched = 0
         self.finished = 0
         self.done = env.event()
         self.start_ns: float | None = None
         self.end_ns: float | None = None
-        self.cursor = 0
 
 
 class Dispatcher:
@@ -241,6 +242,10 @@ class Dispatcher:
     policy
         ``"round_robin"``: concurrent kernels take turns placing one WG each;
         ``"fifo"``: the earliest kernel places all it can first.
+
+    Placement walks the CUs round robin with one cursor for all kernels (as the hardware's
+    workgroup dispatcher balances WGs over the CUs), so concurrent kernels spread over idle CUs
+    instead of piling onto the same ones.
     """
 
     def __init__(self, env: simpy.Environment, cus: list[ComputeUnit], policy: str = "round_robin"):
@@ -255,6 +260,7 @@ class Dispatcher:
         changes: a command processor may then dispatch the next kernel).  An observer must not
         launch a kernel synchronously; it may schedule one."""
         self._turn = 0
+        self._next_cu = 0
 
     def launch(self, kernel: Kernel) -> KernelRun:
         """Start dispatching ``kernel``; the returned run's ``done`` event fires when it ends."""
@@ -293,13 +299,15 @@ class Dispatcher:
         self._dispatch(cu)
 
     def _find_cu(self, run: KernelRun) -> ComputeUnit | None:
+        """The first CU with room for one of ``run``'s WGs at or after the dispatcher's cursor."""
         cus = run.cus
         count = len(cus)
         shape = run.kernel.shape
+        start = bisect_left(run.indices, self._next_cu)
         for step in range(count):
-            cu = cus[(run.cursor + step) % count]
+            cu = cus[(start + step) % count]
             if cu.fits(shape):
-                run.cursor = (run.cursor + step + 1) % count
+                self._next_cu = cu.index + 1 if cu.index + 1 < len(self.cus) else 0
                 return cu
         return None
 
