@@ -47,6 +47,13 @@ def test_first_wave_spreads_over_cus():
     assert sorted(cu for _, _, cu, _ in log) == [0, 1, 2, 3]
 
 
+def test_small_concurrent_kernels_spread_over_idle_cus():
+    shape = WorkgroupShape(256, 0, 32)  # eight per CU
+    _, log, _ = run_grid(num_cus=8, num_wgs=4, shape=shape, kernels=2)
+    first, second = ({cu for k, _, cu, _ in log if k == kernel} for kernel in (0, 1))
+    assert len(first) == len(second) == 4 and not first & second  # not both on CUs 0-3
+
+
 def test_cu_mask_is_respected():
     _, log, _ = run_grid(num_cus=4, num_wgs=8, shape=WorkgroupShape(256, 0, 32), mask=[1, 2])
     assert {cu for _, _, cu, _ in log} == {1, 2}
