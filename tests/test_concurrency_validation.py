@@ -66,3 +66,10 @@ def test_composed_goldyloc_agrees_with_the_command_processor(quick):
     out, _ = quick
     check = pd.read_csv(out / "cp_check.csv")
     assert len(check) and check["ratio"].between(0.7, 1.3).all()
+
+
+def test_a_size_limit_that_leaves_no_gemm_is_a_clear_error(tmp_path):
+    out = tmp_path / "none"
+    with pytest.raises(SystemExit, match=r"--max-gflop 0.01 leaves none of the \d+ GEMMs; the smallest has"):
+        load_reproduce().main(["--out", str(out), "--max-gflop", "0.01", "--quiet"])
+    assert not out.exists()  # nothing half-written

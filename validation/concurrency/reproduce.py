@@ -54,9 +54,21 @@ TOLERANCE_POINTS = 5.0
 # -- experiments -------------------------------------------------------------------------------
 
 def within(gemms: pd.DataFrame, max_gflop: float) -> pd.DataFrame:
-    """The GEMMs of at most ``max_gflop`` GFLOP (all when ``max_gflop`` is 0)."""
+    """The GEMMs of at most ``max_gflop`` GFLOP (all when ``max_gflop`` is 0).
+
+    Raises
+    ------
+    SystemExit
+        When the limit leaves no GEMM (the message names the smallest GEMM's size).
+    """
     frame = with_shapes(gemms)
-    return frame if max_gflop <= 0 else frame[frame["flops"] <= max_gflop * 1e9].reset_index(drop=True)
+    if max_gflop <= 0:
+        return frame
+    kept = frame[frame["flops"] <= max_gflop * 1e9].reset_index(drop=True)
+    if kept.empty:
+        raise SystemExit(f"--max-gflop {max_gflop:g} leaves none of the {len(frame)} GEMMs; the smallest has "
+                         f"{frame['flops'].min() / 1e9:.3f} GFLOP")
+    return kept
 
 
 def selected_gemms(result) -> pd.DataFrame:
@@ -336,17 +348,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", metavar="PATH=VALUE",
                         help="hardware override for every simulation, e.g. gpu.hardware_queues=32")
     args = parser.parse_args(argv)
+    if args.quick:
+        gemms, training = model_gemms("quick"), None
+    else:
+        gemms = systematic_sample(within(model_gemms("table7.3"), args.max_gflop), args.every)
+        training = systematic_sample(within(model_gemms("extension"), args.max_gflop), args.every) if args.extension else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache) if args.cache else out / "cache"
     started = time.perf_counter()
     reduced = {"shortlist_size": 2, "cu_partition_degrees": (2,), "resource_partition_degrees": (2, 16)} if args.quick else {}
     study = ConcurrencyStudy(**study_options(args, cache), **reduced)
-    if args.quick:
-        gemms, training = model_gemms("quick"), None
-    else:
-        gemms = systematic_sample(within(model_gemms("table7.3"), args.max_gflop), args.every)
-        training = systematic_sample(within(model_gemms("extension"), args.max_gflop), args.every) if args.extension else None
     result = study.run(gemms, training)
     empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
 
