@@ -348,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", metavar="PATH=VALUE",
                         help="hardware override for every simulation, e.g. gpu.hardware_queues=32")
     args = parser.parse_args(argv)
+    if args.every < 1:
+        parser.error(f"--every must be at least 1, got {args.every}")
     if args.quick:
         gemms, training = model_gemms("quick"), None
     else:
