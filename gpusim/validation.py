@@ -165,24 +165,25 @@ ALLREDUCE_MIN_BYTES = 2**20
 ALLREDUCE_MAX_BYTES = 64 * 2**20
 
 
-def _allreduce_select(frame: pd.DataFrame) -> pd.DataFrame:
-    in_node = frame["num_workers"] == frame["devices_per_node"]
-    two_full_nodes = (frame["num_workers"] == 16) & (frame["devices_per_node"] == 8)
+def _allreduce_rows(frame: pd.DataFrame, placements: pd.Series) -> pd.DataFrame:
+    """The rows of ``placements`` within the compared sizes, with ``gpus`` and ``size_mib`` columns."""
     sizes = frame["size_bytes"].between(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES)
-    chosen = frame[(in_node | two_full_nodes) & sizes].copy()
+    chosen = frame[placements & sizes].copy()
     chosen["gpus"] = chosen["num_workers"]
     chosen["size_mib"] = chosen["size_bytes"] / 2**20
     return chosen
+
+
+def _allreduce_select(frame: pd.DataFrame) -> pd.DataFrame:
+    in_node = frame["num_workers"] == frame["devices_per_node"]
+    two_full_nodes = (frame["num_workers"] == 16) & (frame["devices_per_node"] == 8)
+    return _allreduce_rows(frame, in_node | two_full_nodes)
 
 
 def _two_node_select(frame: pd.DataFrame) -> pd.DataFrame:
     two_nodes = frame["num_workers"] == 2 * frame["devices_per_node"]
     smaller = frame["num_workers"] < 16
-    sizes = frame["size_bytes"].between(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES)
-    chosen = frame[two_nodes & smaller & sizes].copy()
-    chosen["gpus"] = chosen["num_workers"]
-    chosen["size_mib"] = chosen["size_bytes"] / 2**20
-    return chosen
+    return _allreduce_rows(frame, two_nodes & smaller)
 
 
 def _allreduce_point(row: pd.Series) -> dict[str, Any]:
@@ -443,6 +444,4 @@ def write_plot(frame: pd.DataFrame, dataset: DataSet, path: Path) -> None:
     axes[1].set_title("simulated / measured - 1")
     if dataset.plot_x:
         plot.measured_and_simulated(frame, dataset.plot_x, by=dataset.plot_by, ax=axes[2])
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    plot.save_figure(figure, path, dpi=110)
