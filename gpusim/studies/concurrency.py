@@ -389,7 +389,9 @@ class ConcurrencyStudy:
         self.cpu_s = 0.0
 
     # -- sweeps --------------------------------------------------------------------------------
-    def _sweep(self, fn: Callable, points: list[dict[str, Any]], description: str) -> pd.DataFrame:
+    def simulate_points(self, fn: Callable, points: list[dict[str, Any]], description: str) -> pd.DataFrame:
+        """Run ``fn`` on every point through the study's sweep (workers, scheduler, cache, progress)
+        and add their simulator CPU time to :attr:`cpu_s`; one row per point."""
         if not points:
             return pd.DataFrame()
         frame = sweep(fn, points, workers=self.workers, scheduler=self.scheduler, cache=self.cache,
@@ -419,7 +421,7 @@ class ConcurrencyStudy:
                 for spec in shortlist(problem, gpu, self.shortlist_size, include=[choose_kernel(problem, gpu)]):
                     points.append(self._point(shape, spec.name, 1, "isolated", overrides))
                     tags.append({"shape": shape["shape"], "rc": rc})
-        return _tagged(self._sweep(gemm_point, _by_cost(points), "tuning"), points, tags)
+        return _tagged(self.simulate_points(gemm_point, _by_cost(points), "tuning"), points, tags)
 
     def benchmark(self, shapes: pd.DataFrame, tuning: pd.DataFrame, partitions: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Degree benchmarks of the RC winners, sequential runs, partitions and isolated runs of every candidate.
@@ -450,7 +452,7 @@ class ConcurrencyStudy:
                 add(shape, isolated, degree, "cu-partition", "cu-partition", degree)
             for degree in self.resource_partition_degrees:
                 add(shape, isolated, 1, "isolated", "resource-partition", degree, resource_partition_overrides(self.gpu, degree))
-        frame = _tagged(self._sweep(gemm_point, _by_cost(points), "concurrency"), points, tags)
+        frame = _tagged(self.simulate_points(gemm_point, _by_cost(points), "concurrency"), points, tags)
         if frame.empty:
             return frame, tuning
         extra = frame[frame["kind"] == "isolated"].assign(rc=1)
@@ -695,7 +697,7 @@ class ConcurrencyStudy:
                 for policy in policies:
                     points.append(self.packets_point_args(gemms, policy))
                     tags.append({"first": first, "second": second, "concurrency": available, "sequential_s": sequential})
-        frame = self._sweep(packets_point, points, "mixes")
+        frame = self.simulate_points(packets_point, points, "mixes")
         frame = pd.concat([frame.drop(columns=["gemms", "overrides"]).reset_index(drop=True), pd.DataFrame(tags)], axis=1)
         frame["speedup"] = frame["sequential_s"] / frame["span_s"]
         return frame

@@ -48,6 +48,8 @@ from gpusim.trace.trace import Trace
 
 POLICIES = ("sequential", "default", "goldyloc")
 """Command-processor policies an iteration is timed under."""
+GPU_TIME = {"gpu.kernel_launch_ns": 0}
+"""Override for timing an iteration on the GPU alone: packets are queued already, no host launch cost."""
 
 _GRADIENT_SUFFIX = re.compile(r"_(dgrad|wgrad)$")
 _LAYER_PREFIX = re.compile(r"^L\d+\.")
@@ -209,9 +211,9 @@ def iteration(study: ConcurrencyStudy, model: ConcurrencyPredictor, groups: list
         keys = [(shape_key(dict(zip(SHAPE_COLUMNS, shape))), copies) for shape, copies in group.gemms]
         gemms = [study.packet_gemm(shapes.loc[key], copies, predicted[key]) for key, copies in keys]
         for policy in POLICIES:
-            points.append(study.packets_point_args(gemms, policy, {"gpu.kernel_launch_ns": 0}))
+            points.append(study.packets_point_args(gemms, policy, GPU_TIME))
             tags.append({"app": app, "group": group.name, "size": group.size, "repeat": group.repeat, "policy": policy})
-    frame = study._sweep(packets_point, points, f"{app} groups")
+    frame = study.simulate_points(packets_point, points, f"{app} groups")
     runs = pd.concat([pd.DataFrame(tags), frame[["span_s", "degrees", "cpu_s"]].reset_index(drop=True)], axis=1)
     runs["total_s"] = runs["span_s"] * runs["repeat"]
     totals = runs.groupby("policy", sort=False)["total_s"].sum().rename("gemm_s").reset_index()
@@ -237,5 +239,5 @@ def trace_iteration(study: ConcurrencyStudy, model: ConcurrencyPredictor, trace:
         As :func:`iteration`.
     """
     groups, rest = trace_groups(trace)
-    system = load_system(study.system, {**study.overrides, "gpu.kernel_launch_ns": 0})
+    system = load_system(study.system, {**study.overrides, **GPU_TIME})
     return iteration(study, model, groups, app, rest_s=rest.replay(system).time_s)
