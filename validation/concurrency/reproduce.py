@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--quick", action="store_true",
-                        help="the CI set (24 small GEMMs; shortlists of 2, CU-Partition at 2, Resource-Partition at 2 and 16)")
+                        help="the CI set (36 GEMMs up to 9.7 GFLOP; shortlists of 2, CU-Partition at 2, Resource-Partition at 2 and 16)")
     parser.add_argument("--every", type=int, default=4,
                         help="simulate about every N-th GEMM shape of each app, in order of size (default 4; 1: all); "
                              "ignored with --quick")
