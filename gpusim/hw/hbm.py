@@ -64,6 +64,8 @@ class AddressMap:
         end = addr + nbytes
         first_unit = addr // interleave
         last_unit = (end - 1) // interleave
+        if first_unit == last_unit:
+            return [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave, nbytes)]
         if last_unit - first_unit < channels:
             pieces = []
             position = addr
@@ -152,6 +154,8 @@ class HbmChannel:
         clock = hbm.clock_hz
         derate = 1.0 / ((1.0 - hbm.refresh_overhead) * hbm.sustained_efficiency)
         self.map = address_map
+        self._geometry = (address_map.row_bytes, address_map.bank_groups, address_map.banks_per_group,
+                          address_map.bank_groups * address_map.banks_per_group)
         self.burst_bytes = hbm.sim_burst_bytes
         self.t_rp = cycles_to_ns(hbm.t_rp_cycles, clock)
         self.t_rcd = cycles_to_ns(hbm.t_rcd_cycles, clock)
@@ -200,11 +204,7 @@ class HbmChannel:
             bus_free = (bus_free if bus_free > now else now) + (self.t_rtw if is_write else self.t_wtr)
             self.last_write = is_write
         end = now
-        address_map = self.map
-        row_bytes = address_map.row_bytes
-        groups = address_map.bank_groups
-        per_group = address_map.banks_per_group
-        banks = groups * per_group
+        row_bytes, groups, per_group, banks = self._geometry
         open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
         burst = self.burst_bytes
         t_ccd_s, t_ras, t_rp, t_rcd = self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd

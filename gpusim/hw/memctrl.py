@@ -234,6 +234,8 @@ class MemoryController(Component):
         self._pumping = False
         self._bin_ns = sim.recorder.bin_ns
         self._traffic = sim.recorder.dram
+        self._mca = arbiter.mca
+        self._bank_row = channel.map.bank_row
 
     @property
     def open_row(self) -> list[int]:
@@ -243,29 +245,37 @@ class MemoryController(Component):
     # -- requests in ------------------------------------------------------------------------
     def submit(self, request: MemRequest) -> None:
         """Offer a request; it enters the queue now or waits (in arrival order) until admitted."""
-        request.bank, request.row = self.channel.map.bank_row(request.ch_addr)
+        request.bank, request.row = self._bank_row(request.ch_addr)
+        stream = request.stream
+        queue = self.queue
         if (
-            not self.waiting[request.stream]
-            and len(self.queue) < self.capacity
-            and self.arbiter.may_admit(request.stream, len(self.queue), self.capacity, 0.0)
+            not self.waiting[stream]
+            and len(queue) < self.capacity
+            and (self._mca is None or self.arbiter.may_admit(stream, len(queue), self.capacity, 0.0))
         ):
             self._enqueue(request)
-            self._pump()
+            if not self._pumping:
+                if self.channel.bus_free <= self.env.now + self.high_water:
+                    self._pump()
+                elif not self._wakeup_pending:
+                    self._sleep()
         else:
-            self.waiting[request.stream].append(request)
+            self.waiting[stream].append(request)
             self.waiting_count += 1
 
     def _enqueue(self, request: MemRequest) -> None:
-        now = self.env.now
         queue = self.queue
         queue.append(request)
         if len(queue) > self.max_occupancy:
             self.max_occupancy = len(queue)
         if request.admission:
+            now = self.env.now
             for join in request.admission:
                 join.done_at(now)
-        for observer in self.enqueue_observers:
-            observer(request, now)
+        if self.enqueue_observers:
+            now = self.env.now
+            for observer in self.enqueue_observers:
+                observer(request, now)
 
     def _admit_waiting(self) -> None:
         now = self.env.now
@@ -315,9 +325,14 @@ class MemoryController(Component):
                 self._admit_waiting()
         self._pumping = False
         if queue and not self._wakeup_pending:
-            self._wakeup_pending = True
-            wake = env.timeout(max(0.0, channel.bus_free - self.low_water - now))
-            wake.callbacks.append(self._wake)
+            self._sleep()
+
+    def _sleep(self) -> None:
+        """Arrange one wake-up for when the data bus is about to run dry."""
+        self._wakeup_pending = True
+        env = self.env
+        wake = env.timeout(max(0.0, self.channel.bus_free - self.low_water - env.now))
+        wake.callbacks.append(self._wake)
 
     def _wake(self, _event) -> None:
         self._wakeup_pending = False

@@ -63,18 +63,16 @@ class MemorySystem:
         """
         now = self.env.now
         pieces = self.map.split(addr, nbytes)
+        if completion is not None:
+            completion.pending += len(pieces)
+        if admission is not None:
+            admission.pending += len(pieces)
         controllers = self.controllers
         for channel, ch_addr, size in pieces:
-            completions = None
-            if completion is not None:
-                completion.pending += 1
-                completions = [completion]
-            admissions = None
-            if admission is not None:
-                admission.pending += 1
-                admissions = [admission]
             controllers[channel].submit(
-                MemRequest(channel, ch_addr, size, kind, stream, now, completions, admissions, None, tag, run_bytes)
+                MemRequest(channel, ch_addr, size, kind, stream, now,
+                           None if completion is None else [completion],
+                           None if admission is None else [admission], None, tag, run_bytes)
             )
         return len(pieces)
 
