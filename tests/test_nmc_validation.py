@@ -73,3 +73,20 @@ def test_adan_multi_tensor_fused_step_on_v100_matches_the_measurement():
     step = study.adan_point("v100-sxm2", "bert-base-classifier", "multi_fused")
     assert step["kernels"] == ADAN.loc["multi_fused", "kernels_measured"]
     assert step["time_s"] * 1e3 == pytest.approx(ADAN.loc["multi_fused", "measured_ms"], rel=ADAN_TOLERANCE)
+
+
+def test_a_bert_iteration_gains_exactly_what_lamb_gains_on_nmc():
+    """A simulated BERT-base iteration with LAMB on near-memory ALUs: everything but LAMB takes
+    the same time as with LAMB on the GPU and LAMB itself is faster, so the iteration gains
+    exactly LAMB's saving (the share comes from the simulation, not from an assumption)."""
+    common = {"system": "t3-table8.1", "model": "bert-base", "batch": 4, "seq_len": 64, "dtype": "fp16"}
+    gpu = study.iteration_point(**common, impl="multi_fused")
+    nmc = study.iteration_point(**common, impl="nmc")
+    assert 0 < nmc["lamb_s"] < gpu["lamb_s"] < gpu["iteration_s"]
+    rest_gpu, rest_nmc = gpu["iteration_s"] - gpu["lamb_s"], nmc["iteration_s"] - nmc["lamb_s"]
+    assert rest_nmc == pytest.approx(rest_gpu, rel=1e-6)
+
+
+def test_bert_iterations_reject_an_unknown_configuration():
+    with pytest.raises(ValueError, match="unknown BERT iteration 'Ph3'.*Ph1-B32-FP16"):
+        study.bert_iterations(configs=("Ph3",), progress=False)
