@@ -50,10 +50,12 @@ def test_signs_and_orderings_of_chapter_7(quick):
     assert status == (0 if checks["holds"].all() else 1)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known deviation (docs/concurrency.md, 'The MI100 recalibration'): with the MI100's HBM at 0.9 of "
+    "peak the CI set's GEMMs all gain more from concurrency at 16 than at 2 (1.244 -> 1.420); it fell "
+    "only while BERT's GEMMs thrashed the L2 into a half-speed memory"))
 def test_defaults_benefit_falls_with_concurrency(quick):
-    """The CI set's BERT GEMMs lose their L2 reuse when 4 run at once and outweigh the skinny RNN
-    GEMMs, which gain (docs/concurrency.md, 'Why the magnitudes miss'): the sign depends on the
-    mix, and without BERT this set's Default rises."""
+    """Chapter 7: Default's geomean benefit over Sequential is lower at 16 available GEMMs than at 2."""
     out, _ = quick
     checks = pd.read_csv(out / "checks.csv").set_index("check")
     check = "Default's benefit falls with concurrency"

@@ -93,16 +93,20 @@ def test_stages_read_then_write():
 def test_concurrent_copies_of_a_large_gemm_thrash_the_l2():
     """Four 2048x1024x4096 FP32 GEMMs on four streams of an MI100 each get a quarter of the
     workgroup slots, so the 16 workgroups of a tile row start far apart and the A panel they share
-    is evicted between them: several times the DRAM reads of the same GEMMs back to back, and
-    slower.  With an L2 that holds every operand the reads are those of the sequential run."""
+    is evicted between them: several times the DRAM reads of the same GEMMs back to back.  The
+    re-reads cost time only where memory is short: with half the HBM bandwidth the copies are
+    slower together than back to back.  With an L2 that holds every operand the reads are those of
+    the sequential run."""
     def reads(system, streams):
         gemms = [ops.Gemm(2048, 1024, 4096, dtype="fp32", a=f"a{i}", b=f"b{i}", out=f"c{i}") for i in range(4)]
         result = gpusim.run(system, gemms, streams=streams)
         return result.time_s, result.dram_totals().query("direction == 'read'")["bytes"].sum()
 
     mi100 = gpusim.load_system("mi100")
-    apart_s, apart_bytes = reads(mi100, ["s"] * 4)
-    together_s, together_bytes = reads(mi100, ["s0", "s1", "s2", "s3"])
-    assert together_bytes > 3 * apart_bytes and together_s > apart_s
+    apart_bytes = reads(mi100, ["s"] * 4)[1]
+    together_bytes = reads(mi100, ["s0", "s1", "s2", "s3"])[1]
+    assert together_bytes > 3 * apart_bytes
+    slow = mi100.with_overrides({"gpu.hbm.sustained_efficiency": 0.45})
+    assert reads(slow, ["s0", "s1", "s2", "s3"])[0] > reads(slow, ["s"] * 4)[0]
     big_l2 = mi100.with_overrides({"gpu.l2.capacity_bytes": 512 * 2**20})
     assert reads(big_l2, ["s0", "s1", "s2", "s3"])[1] == pytest.approx(reads(big_l2, ["s"] * 4)[1], rel=0.05)
