@@ -106,7 +106,7 @@ def run_case(name: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", help="Markdown file to write (default: print)")
-    parser.add_argument("--case", action="append", help="run only these cases")
+    parser.add_argument("--case", action="append", choices=list(CASES), help="run only these cases")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
