@@ -64,8 +64,6 @@ class AddressMap:
         end = addr + nbytes
         first_unit = addr // interleave
         last_unit = (end - 1) // interleave
-        if first_unit == last_unit:
-            return [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave, nbytes)]
         if last_unit - first_unit < channels:
             pieces = []
             position = addr

@@ -234,7 +234,6 @@ class MemoryController(Component):
         self._pumping = False
         self._bin_ns = sim.recorder.bin_ns
         self._traffic = sim.recorder.dram
-        self._mca = arbiter.mca
         self._bank_row = channel.map.bank_row
 
     @property
@@ -251,14 +250,10 @@ class MemoryController(Component):
         if (
             not self.waiting[stream]
             and len(queue) < self.capacity
-            and (self._mca is None or self.arbiter.may_admit(stream, len(queue), self.capacity, 0.0))
+            and self.arbiter.may_admit(stream, len(queue), self.capacity, 0.0)
         ):
             self._enqueue(request)
-            if not self._pumping:
-                if self.channel.bus_free <= self.env.now + self.high_water:
-                    self._pump()
-                elif not self._wakeup_pending:
-                    self._sleep()
+            self._pump()
         else:
             self.waiting[stream].append(request)
             self.waiting_count += 1
@@ -325,14 +320,9 @@ class MemoryController(Component):
                 self._admit_waiting()
         self._pumping = False
         if queue and not self._wakeup_pending:
-            self._sleep()
-
-    def _sleep(self) -> None:
-        """Arrange one wake-up for when the data bus is about to run dry."""
-        self._wakeup_pending = True
-        env = self.env
-        wake = env.timeout(max(0.0, self.channel.bus_free - self.low_water - env.now))
-        wake.callbacks.append(self._wake)
+            self._wakeup_pending = True
+            wake = env.timeout(max(0.0, channel.bus_free - self.low_water - now))
+            wake.callbacks.append(self._wake)
 
     def _wake(self, _event) -> None:
         self._wakeup_pending = False
