@@ -1,5 +1,7 @@
 """L2: LRU capacity, hits as dictionary operations, write-allocate, miss merging, write-back."""
 
+import pytest
+
 from gpusim.config import L2Config
 from gpusim.engine import Join, Simulation
 from gpusim.hw.cache import Fill, L2Cache
@@ -43,3 +45,13 @@ def test_second_miss_waits_for_the_first_fill():
     sim.run()
     assert event.processed and sim.now == 500.0
     assert l2.stats.merged == 1
+
+
+def test_hits_stream_at_the_sustained_fraction_of_the_peak_bandwidth():
+    """Hits cost bandwidth at the L2's sustained rate: the peak times its sustained efficiency."""
+    nbytes = 2**20
+    peak = L2Cache(CONFIG)
+    derated = L2Cache(CONFIG.model_copy(update={"sustained_efficiency": 0.7}))
+    at_peak = peak.bandwidth_done(0.0, nbytes) - CONFIG.hit_latency_ns
+    assert at_peak == pytest.approx(nbytes / CONFIG.bandwidth_bytes_per_s * 1e9)
+    assert derated.bandwidth_done(0.0, nbytes) - CONFIG.hit_latency_ns == pytest.approx(at_peak / 0.7)

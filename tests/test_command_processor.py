@@ -100,8 +100,9 @@ def test_predicted_degree_limits_concurrency_and_costs_decision_time():
 
 def test_decision_time_is_hidden_behind_running_kernels():
     """The same degree chosen with and without decision cost: the first decision delays the first
-    kernel by its full cost; later decisions overlap running kernels, so the makespan grows by at
-    most one decision (less where the shifted kernels happen to contend less for memory)."""
+    kernel by its full cost; the second batch's decision overlaps the first batch, so the makespan
+    grows by about one decision, not two (the shifted kernels contend a little differently for the
+    L2 and memory, by up to half a decision here)."""
     free = CommandProcessorTiming(predictor_ns=0.0, memory_latency_cycles=1e-9)
     costly = CommandProcessorTiming()
     quick, _, _ = simulate(PredictedDegree(lambda features: 2), gemms(4, m=2048, n=2048, k=256), timing=free)
@@ -110,7 +111,7 @@ def test_decision_time_is_hidden_behind_running_kernels():
     first_delay = slow.kernels["start_s"].min() - quick.kernels["start_s"].min()
     assert first_delay == pytest.approx(decision_s, rel=0.01)
     makespan_growth = slow.kernels["end_s"].max() - quick.kernels["end_s"].max()
-    assert 0 < makespan_growth <= 1.05 * decision_s
+    assert 0.5 * decision_s < makespan_growth < 1.5 * decision_s
 
 
 def test_packets_need_the_isolation_tuned_kernel():

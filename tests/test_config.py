@@ -88,3 +88,8 @@ def test_every_preset_loads():
         for name in names:
             system = gpusim.load_system(name)
             assert system.gpu.num_cus > 0, (kind, name)
+
+
+def test_l2_efficiency_above_one_is_an_error():
+    with pytest.raises(ConfigError, match=r"gpu\.l2\.sustained_efficiency.*less than or equal to 1"):
+        gpusim.load_system("mi100", {"gpu.l2.sustained_efficiency": 1.4})

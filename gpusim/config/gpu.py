@@ -65,6 +65,10 @@ class L2Config(Model):
         Granularity of the simulated cache (LRU over address blocks of this size).
     banks, bytes_per_cycle_per_bank, clock_hz
         Together they give the L2's peak bandwidth to the CUs.
+    sustained_efficiency
+        Fraction of that peak the CUs sustain when many of them stream hits from the L2, for the
+        losses the model does not simulate (slice conflicts of the address hash, the crossbar, tag
+        and request queues); 1 means the peak.  Measured with an L2-resident read microbenchmark.
     hit_latency_ns
         Load-to-use latency of an L2 hit.
     remote_writes_allocate
@@ -77,6 +81,7 @@ class L2Config(Model):
     banks: PositiveInt
     bytes_per_cycle_per_bank: Bytes = 64
     clock_hz: Hertz
+    sustained_efficiency: Fraction = 1.0
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
 
@@ -84,6 +89,11 @@ class L2Config(Model):
     def bandwidth_bytes_per_s(self) -> float:
         """Peak L2 bandwidth to the CUs, bytes/s."""
         return self.banks * self.bytes_per_cycle_per_bank * self.clock_hz
+
+    @property
+    def sustained_bandwidth_bytes_per_s(self) -> float:
+        """L2 bandwidth the CUs sustain: the peak times the sustained efficiency, bytes/s."""
+        return self.bandwidth_bytes_per_s * self.sustained_efficiency
 
 
 class HbmConfig(Model):

@@ -79,7 +79,7 @@ class L2Cache:
         self.block_bytes = int(config.block_bytes)
         self.capacity_blocks = max(1, int(config.capacity_bytes // self.block_bytes))
         self.hit_latency = config.hit_latency_ns
-        self.pipe = Pipe(NS_PER_S / config.bandwidth_bytes_per_s)
+        self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
         self.remote_writes_allocate = config.remote_writes_allocate
         # block id -> dirty bytes (0 when clean)
         self.blocks: OrderedDict[int, int] = OrderedDict()

@@ -197,7 +197,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     l2_bytes = groups * wg_bytes
     partials = problem.m * problem.n * problem.batch * ACCUMULATOR_BYTES * spec.split_k if spec.split_k > 1 else 0
     dram_bytes = problem.min_bytes + partials
-    memory = max(l2_bytes / gpu.l2.bandwidth_bytes_per_s, dram_bytes / gpu.hbm.sustained_bandwidth_bytes_per_s) * 1e9
+    memory = max(l2_bytes / gpu.l2.sustained_bandwidth_bytes_per_s, dram_bytes / gpu.hbm.sustained_bandwidth_bytes_per_s) * 1e9
     # Little's law: a CU moves at most its WGs' (and its own) in-flight bytes per access latency.
     miss_latency = gpu.unloaded_miss_latency_ns
     hit_latency = min(gpu.l2.hit_latency_ns, miss_latency)
