@@ -89,6 +89,11 @@ SIMULATION_SOURCES = ("engine", "hw", "kernels", "config", "sched/executor.py", 
 UNCHANGED_BAND = 0.02
 """GOLDYLOC counts as leaving a GEMM unchanged when within this fraction of Default."""
 
+SIZE_TREND_SHAPES = ((4096, 128, 1024), (4096, 256, 1024), (4096, 512, 1024), (4096, 1024, 1024))
+"""Fig. 7.1a's family, ``(m, n, k)``: M = 4K and K = 1K with N growing, FP32, no transposes.  Fig. 7.2
+names its two smallest GEMMs (``4k_128_1K_00``, ``4k_256_1K_00``); the larger N are our reading of
+"the size of GEMMs (particularly the dimension N) increasing from left to right"."""
+
 
 # -- points ------------------------------------------------------------------------------------
 
@@ -702,6 +707,37 @@ class ConcurrencyStudy:
         frame["speedup"] = frame["sequential_s"] / frame["span_s"]
         return frame
 
+
+    def size_trend(self, shapes: Sequence[tuple[int, int, int]] = SIZE_TREND_SHAPES, degrees: Sequence[int] = (2, 4),
+                   dtype: str = "fp32") -> pd.DataFrame:
+        """Fig. 7.1a: how much copies of one GEMM gain from running concurrently, by GEMM size.
+
+        Each shape is tuned in isolation on the full GPU (its shortlist, as :meth:`tune`); then
+        ``d`` copies with that kernel on ``d`` streams are timed against the same copies back to
+        back, for each of ``degrees`` (Fig. 7.1a's 2 and 4 by default).
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per shape: m, n, k, gflop, kernel, workgroups, isolated_s and
+            ``speedup{d}`` (over sequential) per degree.
+        """
+        gemms = with_shapes(pd.DataFrame([{"m": m, "n": n, "k": k, "trans_a": False, "trans_b": False, "batch": 1,
+                                           "dtype": dtype} for m, n, k in shapes]))
+        isolated = ConcurrencyStudy(self.system, self.overrides, degrees=degrees, rc_fractions=(1,),
+                                    shortlist_size=self.shortlist_size, timing=self.timing, workers=self.workers,
+                                    scheduler=self.scheduler, cache=self.cache, progress=self.progress)
+        table = isolated.measure(gemms, partitions=False).shapes
+        self.cpu_s += isolated.cpu_s
+        rows = []
+        for row in table.itertuples():
+            problem = GemmProblem(int(row.m), int(row.n), int(row.k), dtype)
+            entry = {"m": row.m, "n": row.n, "k": row.k, "gflop": row.flops / 1e9, "kernel": row.isolated_kernel,
+                     "workgroups": num_workgroups(problem, parse_kernel(row.isolated_kernel)), "isolated_s": row.first_s}
+            for degree in degrees:
+                entry[f"speedup{degree}"] = getattr(row, f"seq{degree}_s") / getattr(row, f"default{degree}_s")
+            rows.append(entry)
+        return pd.DataFrame(rows)
 
 def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame:
     """Share of GEMMs GOLDYLOC improves / leaves unchanged / degrades versus Default, per concurrency."""

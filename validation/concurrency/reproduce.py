@@ -17,7 +17,8 @@ command processor (section 7.5.10, :mod:`gpusim.studies.concurrency_e2e`) with t
 Writes into ``--out``: ``summary.csv`` (concurrency, config, geomean_speedup over Sequential),
 ``predictor.csv`` (concurrency, accuracy), ``per_app.csv``, ``impact.csv``, ``speedups.csv``,
 ``shapes.csv``, ``go_properties.csv``, ``selected.csv``, ``heterogeneous.csv``, ``batched.csv``,
-``fp16.csv``, ``cp_check.csv``, ``comparison.csv`` (simulated beside the reference numbers of
+``fp16.csv``, ``cp_check.csv``, ``size_trend.csv`` (Fig. 7.1a: gain of 2 and 4 concurrent copies by GEMM size),
+``comparison.csv`` (simulated beside the reference numbers of
 ``reference.csv``), ``checks.csv`` (the signs and orderings the issue asks for) and PNG plots;
 with ``--end-to-end`` also ``end_to_end.csv`` (app, policy, iteration_s, speedups over sequential and
 default, the dissertation's speedup over default) and ``end_to_end_groups.csv``.
@@ -213,8 +214,8 @@ def compare(result, mixes: pd.DataFrame, batched: pd.DataFrame) -> pd.DataFrame:
     return reference
 
 
-def checks(result) -> pd.DataFrame:
-    """The signs and orderings the issue asks for, each with whether it holds."""
+def checks(result, trend: pd.DataFrame) -> pd.DataFrame:
+    """The signs and orderings the issue asks for (and Fig. 7.1a's, from ``trend``), each with whether it holds."""
     summary = result.summary.pivot(index="concurrency", columns="config", values="geomean_speedup")
     degrees = list(summary.index)
     rows = [
@@ -233,6 +234,11 @@ def checks(result) -> pd.DataFrame:
     accuracy = result.predictor.set_index("concurrency")["accuracy"]
     rows.append(("Predictor accuracy falls with available GEMMs", bool(accuracy.iloc[-1] < accuracy.iloc[0]),
                  " ".join(f"{d}:{a:.2f}" for d, a in accuracy.items())))
+    if len(trend):
+        ordered = trend.sort_values("gflop")
+        smallest, largest = ordered.iloc[0], ordered.iloc[-1]
+        rows.append(("Smaller GEMMs gain less from 2 concurrent copies (Fig. 7.1a)", bool(smallest["speedup2"] < largest["speedup2"]),
+                     " ".join(f"{r.m}x{r.n}x{r.k}:{r.speedup2:.2f}" for r in ordered.itertuples())))
     return pd.DataFrame(rows, columns=["check", "holds", "detail"])
 
 
@@ -364,14 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     result = study.run(gemms, training)
     empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
 
+    trend = study.size_trend()
+
     def write(mixes: pd.DataFrame, batched: pd.DataFrame, sizes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Write the main tables, the comparison and the checks (again after each further experiment)."""
         comparison = compare(result, mixes, batched)
-        verdicts = checks(result)
+        verdicts = checks(result, trend)
         tables = {
             "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
             "speedups": result.speedups, "shapes": result.shapes.drop(columns=["features"]),
             "go_properties": result.go_properties, "selected": selected, "comparison": comparison, "checks": verdicts,
+            "size_trend": trend,
         }
         for name, table in tables.items():
             table.to_csv(out / f"{name}.csv", index=False)
