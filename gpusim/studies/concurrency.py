@@ -707,7 +707,6 @@ class ConcurrencyStudy:
         frame["speedup"] = frame["sequential_s"] / frame["span_s"]
         return frame
 
-
     def size_trend(self, shapes: Sequence[tuple[int, int, int]] = SIZE_TREND_SHAPES, degrees: Sequence[int] = (2, 4),
                    dtype: str = "fp32") -> pd.DataFrame:
         """Fig. 7.1a: how much copies of one GEMM gain from running concurrently, by GEMM size.
@@ -738,6 +737,7 @@ class ConcurrencyStudy:
                 entry[f"speedup{degree}"] = getattr(row, f"seq{degree}_s") / getattr(row, f"default{degree}_s")
             rows.append(entry)
         return pd.DataFrame(rows)
+
 
 def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame:
     """Share of GEMMs GOLDYLOC improves / leaves unchanged / degrades versus Default, per concurrency."""
