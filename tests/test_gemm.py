@@ -59,9 +59,13 @@ def test_heuristic_prefers_big_tiles_for_big_gemms_and_split_k_for_skinny_ones()
     assert num_workgroups(GemmProblem(64, 64, 65536), skinny) > 1
 
 
-def test_split_k_adds_a_reduction_kernel():
-    result = gpusim.run(SYSTEM, ops.Gemm(64, 64, 65536, kernel="MT64x64x32_T256_SK8"))
-    assert any(result.kernels["name"].str.startswith("splitk_reduce"))
+@pytest.mark.parametrize("gap_ns", [500, 4000])
+def test_split_k_reduction_follows_its_gemm_after_the_dependent_launch_gap(gap_ns):
+    system = SYSTEM.with_overrides({"gpu.dependent_launch_ns": gap_ns})
+    kernels = gpusim.run(system, ops.Gemm(64, 64, 65536, kernel="MT64x64x32_T256_SK8")).kernels
+    gemm, reduction = kernels.iloc[0], kernels.iloc[1]
+    assert reduction["name"].startswith("splitk_reduce")
+    assert reduction.start_s - gemm.end_s == pytest.approx(gap_ns * 1e-9)
 
 
 def test_named_kernel_and_errors():

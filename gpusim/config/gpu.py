@@ -406,6 +406,11 @@ class GpuConfig(Model):
         Calibrated fraction of the vector peak that element-wise kernels sustain.
     kernel_launch_ns
         Time from a kernel reaching the head of its stream to its first workgroup starting.
+    dependent_launch_ns
+        Gap between a kernel's end and the start of the next kernel that the same library call has
+        already queued behind it on the stream (a split-K GEMM's reduction): the command
+        processor's completion-to-dispatch latency, with no host in the loop.  The default is the
+        A100's, measured in a public Kineto trace (``validation/calibration/launch_gaps.py``).
     hardware_queues
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
@@ -427,6 +432,7 @@ class GpuConfig(Model):
     gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
+    dependent_launch_ns: Nanoseconds = 1200.0
     hardware_queues: PositiveInt = 4
     streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config

@@ -205,7 +205,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     inflight = min(concurrent * spec.inflight_bytes(problem.dtype), gpu.cu.max_inflight_bytes)
     parallelism = per_cu * wg_bytes * latency / inflight
     reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.sustained_bandwidth_bytes_per_s * 1e9
-    return max(compute, memory, parallelism) + reduction + (gpu.kernel_launch_ns if spec.split_k > 1 else 0.0)
+    return max(compute, memory, parallelism) + reduction + (gpu.dependent_launch_ns if spec.split_k > 1 else 0.0)
 
 
 def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
@@ -479,7 +479,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
             flops=float(problem.m * problem.n * problem.batch * spec.split_k),
             dtype="fp32",
         )
-        yield from ctx.launch(reduction.kernel)
+        yield from ctx.launch(reduction.kernel, overhead_ns=gpu.config.dependent_launch_ns)
     ctx.info.update(
         impl=spec.name,
         flops=problem.flops,

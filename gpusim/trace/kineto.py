@@ -324,7 +324,8 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
     raise UnsupportedEvent("a kernel of no class gpusim models")
 
 
-def _load(path: Path) -> dict:
+def load_json(path: Path) -> dict:
+    """The parsed JSON of a Kineto trace (plain or gzipped); :class:`TraceError` names the file if it is not one."""
     try:
         with path.open("rb") as handle:
             head = handle.read(2)
@@ -348,7 +349,7 @@ def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[f
 
 
 def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
-    data = _load(path)
+    data = load_json(path)
     events = data["traceEvents"]
     info = data.get("distributedInfo") or {}
     rank = int(info.get("rank", default_rank))
