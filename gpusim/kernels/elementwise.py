@@ -2,8 +2,9 @@
 
 A streaming kernel reads some tensors, computes a few FLOPs per element and writes some tensors.
 Its real grid has one workgroup per ``threads x bytes_per_thread`` of data; the simulation runs at
-most one *logical* workgroup per resident slot, each looping over its share of the data in a few
-chunks (prefetching the next chunk while it computes and writes the current one).  A kernel with
+most one *logical* workgroup per resident slot, each looping over the real workgroups it stands for
+in up to :data:`MAX_CHUNKS` chunks (prefetching the next chunk while it computes and writes the
+current one); a logical workgroup that is one real workgroup does one load-compute-store round.  A kernel with
 fewer real workgroups than slots runs exactly those, so small kernels are latency- and
 parallelism-bound as on hardware.  Row reductions whose rows do not fit on chip read each row
 several times; the re-reads go through the L2 and hit there only if the row is still resident.
@@ -23,7 +24,8 @@ from gpusim.hw.request import COMPUTE
 BYTES_PER_THREAD = 16
 """Bytes of each tensor one thread handles (vectorised 16-byte accesses)."""
 MAX_CHUNKS = 8
-"""Chunks per logical workgroup (simulation granularity)."""
+"""Most chunks per logical workgroup (simulation granularity); it has one per real workgroup it
+stands for, up to this many."""
 MAX_ROW_CHUNKS = 64
 """Chunks per logical workgroup of a multi-pass row reduction: a chunk is one real workgroup's rows,
 so that the rows waiting in the L2 for their next pass are those of the resident workgroups."""
@@ -159,9 +161,9 @@ class StreamingKernel:
         slots = gpu.config.num_cus * max(1, occupancy(shape, gpu.config.cu))
         self.workgroups = min(real, slots)
         units = rows if rows is not None else math.ceil(largest / BYTES_PER_THREAD)
-        per_wg = math.ceil(units / self.workgroups)
+        real_per_wg = math.ceil(real / self.workgroups)
         most = MAX_ROW_CHUNKS if passes > 1 and rows is not None else MAX_CHUNKS
-        self.chunks = max(1, min(most, per_wg))
+        self.chunks = max(1, min(most, real_per_wg))
         self.units = units
         self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
         per_thread = gpu.config.streaming_inflight_bytes_per_thread
