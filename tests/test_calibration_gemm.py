@@ -19,15 +19,10 @@ def compare_subset(name: str, query: str, extra: int = 0, extra_query: str | Non
     return dataset, validation.compare(dataset, chosen, workers=1, progress=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "p90 |error| 36.5% on this subset against 35% (median 13.6%, max 42.9%; the full 160 GEMMs meet "
-    "the tolerance: 7.4% / 27.7% / 42.9%).  The subset is the 84 GEMMs up to 10 GFLOP, where cuBLAS's "
-    "choice between shallow and deep K-tiles for K-contiguous operands decides whether a skinny GEMM is "
-    "bound by DRAM row activations: measured T N twins run 1.0-1.9x their N N twins, the heuristic "
-    "picks one depth per shape (2560 x 16-128 x 2560 T N 38-42% too fast, 6144 x 16-32 x 2048 T N and "
-    "35 x 8457 x 2048/4096 37-43% too slow).  See docs/validation.md, Known gaps."))
 def test_v100_deepbench_gemms_within_tolerance():
-    # every DeepBench GEMM up to 10 GFLOP (84 of 160) and six larger ones drawn at random
+    # every DeepBench GEMM up to 10 GFLOP (84 of 160) and six larger ones drawn at random; the
+    # p90 passes narrowly (34.8% on the 84 against 35%) since split-K reductions wait the V100's
+    # 0.8 us dependent-kernel gap rather than its 6 us per-call launch (docs/validation.md)
     dataset, frame = compare_subset("gemm-v100-deepbench", "2*m*n*k <= 1e10", 6, "1e10 < 2*m*n*k <= 4e11")
     stats = validation.error_stats(frame)
     assert not validation.violations(frame, dataset), stats
