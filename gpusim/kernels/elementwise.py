@@ -4,9 +4,9 @@ A streaming kernel reads some tensors, computes a few FLOPs per element and writ
 Its real grid has one workgroup per ``threads x bytes_per_thread`` of data; the simulation runs at
 most one *logical* workgroup per resident slot, each looping over the real workgroups it stands for
 in up to :data:`MAX_CHUNKS` chunks (prefetching the next chunk while it computes and writes the
-current one); a logical workgroup that is one real workgroup does one load-compute-store round.  A kernel with
-fewer real workgroups than slots runs exactly those, so small kernels are latency- and
-parallelism-bound as on hardware.  Row reductions whose rows do not fit on chip read each row
+current one); a logical workgroup that is one real workgroup does one load-compute-store round.
+A kernel with fewer real workgroups than slots runs exactly those, so small kernels are latency-
+and parallelism-bound as on hardware.  Row reductions whose rows do not fit on chip read each row
 several times; the re-reads go through the L2 and hit there only if the row is still resident.
 """
 

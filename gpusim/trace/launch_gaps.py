@@ -1,6 +1,6 @@
 """How long a GPU waits between kernels of one stream, measured in a Kineto trace.
 
-Two latencies of the command processor, both without the host in the way:
+Two latencies of the command processor, both counted from after the host's launch call returned:
 
 * **queued gap**: the next kernel's launch call had returned before its stream predecessor ended,
   so its packet was waiting in the queue; the gap from the predecessor's end to its start is the
