@@ -324,6 +324,18 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
     raise UnsupportedEvent("a kernel of no class gpusim models")
 
 
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Trace event categories of GPU activities."""
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+"""Trace event categories of the host calls that launch them (HIP's too, under these names)."""
+
+
+def launch_calls(events: list[dict]) -> dict:
+    """The launch calls of a trace's events, by ``correlation`` id (a GPU activity carries the same id)."""
+    return {e["args"]["correlation"]: e for e in events
+            if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+
+
 def load_json(path: Path) -> dict:
     """The parsed JSON of a Kineto trace (plain or gzipped); :class:`TraceError` names the file if it is not one."""
     try:
@@ -356,10 +368,9 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
     world = list(range(int(info.get("world_size", 1))))
     cpu_ops = {e["args"]["External id"]: e for e in events
                if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict) and "External id" in e["args"]}
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    launches = launch_calls(events)
     gpu_events = [(index, e) for index, e in enumerate(events)
-                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+                  if e.get("cat") in GPU_CATEGORIES and e.get("ph") == "X"]
     if iteration is not None:
         begin, end = _iteration_window(events, iteration, path)
 

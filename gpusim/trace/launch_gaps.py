@@ -18,10 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpusim.trace.kineto import load_json
-
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+from gpusim.trace.kineto import GPU_CATEGORIES, launch_calls, load_json
 
 
 def stream_gaps(path: str | os.PathLike) -> pd.DataFrame:
@@ -42,8 +39,7 @@ def stream_gaps(path: str | os.PathLike) -> pd.DataFrame:
         start minus the predecessor's end; idle: start minus the launch's return).
     """
     events = load_json(Path(path))["traceEvents"]
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+    launches = launch_calls(events)
     streams: dict[object, list[dict]] = {}
     for event in events:
         if event.get("cat") in GPU_CATEGORIES and event.get("ph") == "X":
