@@ -28,25 +28,50 @@ def test_random_programs_finish_without_deadlock(program, streams):
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(1, 300_000)), min_size=1, max_size=12))
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(1, 300_000), st.integers(0, 100_000)),
+                min_size=1, max_size=12))
 def test_bytes_sent_over_links_arrive_in_memory(transfers):
     sim = Simulation()
     machine = Machine(sim, RING4.config, mode="full")
     delivered = []
 
-    def sender(src, hop, nbytes):
+    def sender(src, hop, nbytes, addr):
         dst = (src + hop) % 4
         done = Countdown(lambda t: None)
-        yield from machine.interconnect.transfer(src, dst, 0, nbytes, "write", done)
+        yield from machine.interconnect.transfer(src, dst, addr, nbytes, "write", done)
         done.close(sim.now)
         delivered.append(nbytes)
 
-    for src, hop, nbytes in transfers:
-        sim.process(sender(src, hop, nbytes))
+    for src, hop, nbytes, addr in transfers:
+        sim.process(sender(src, hop, nbytes, addr))
     sim.run()
-    assert sum(delivered) == sum(n for _, _, n in transfers)
+    assert sum(delivered) == sum(n for _, _, n, _ in transfers)
     written = sum(ch.stats.bytes_written for gpu in machine.gpus.values() for ch in gpu.channels)
-    assert written == sum(n for _, _, n in transfers)
+    assert written == sum(n for _, _, n, _ in transfers)
+
+
+def test_link_packets_are_cut_at_multiples_of_the_packet_size():
+    # A packet that straddled a packet boundary would straddle one more memory channel stripe
+    # than it needs to, and cost the destination an extra DRAM request.
+    sim = Simulation()
+    machine = Machine(sim, RING4.config, mode="full")
+    packet = machine.interconnect.packet_bytes
+    arrived = []
+    memory = machine.gpus[1].memory
+    accept = memory.accept_remote
+
+    def logging_accept(addr, nbytes, kind, admission):
+        arrived.append((addr, nbytes))
+        accept(addr, nbytes, kind, admission)
+
+    memory.accept_remote = logging_accept
+    start, nbytes = packet // 3, 5 * packet
+    sim.process(machine.interconnect.transfer(0, 1, start, nbytes, "write"))
+    sim.run()
+    assert arrived[0] == (start, packet - start)
+    assert all(addr % packet == 0 and size == packet for addr, size in arrived[1:-1])
+    assert sum(size for _, size in arrived) == nbytes
+    assert len(arrived) == 6
 
 
 def test_same_inputs_and_seed_give_identical_results():

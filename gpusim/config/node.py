@@ -22,7 +22,8 @@ class LinkConfig(Model):
     latency_ns
         Time of flight of a packet (after its last byte left the sender).
     packet_bytes
-        Messages are cut into packets of at most this size; one simulation event per packet.
+        Messages are cut into packets at destination addresses that are multiples of this size
+        (a simulation granularity, not the link's real packet); one simulation event per packet.
     """
 
     bandwidth_bytes_per_s: Bandwidth

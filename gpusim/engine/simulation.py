@@ -4,22 +4,28 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from heapq import heappush
 from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL
 
 
 class CountingEnvironment(simpy.Environment):
-    """A simpy environment that counts the events it schedules (for event budgets)."""
+    """A simpy environment that counts the events it schedules (for event budgets).
+
+    ``schedule`` repeats simpy's own one-line body instead of calling it: every event passes
+    through here, and the extra call cost about 3% of a memory-bound run.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.events_scheduled = 0
 
-    def schedule(self, event, priority=1, delay=0):
+    def schedule(self, event, priority=NORMAL, delay=0):
         self.events_scheduled += 1
-        super().schedule(event, priority, delay)
+        heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
 
 
 @dataclass

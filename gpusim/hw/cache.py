@@ -125,26 +125,29 @@ class L2Cache:
     ) -> list[tuple[int, int]]:
         """Allocate ``sectors`` of ``block`` (or add to its dirty bytes); return evicted dirty blocks
         ``(block, bytes)``."""
-        blocks = self.blocks
+        blocks, present, fills = self.blocks, self.present, self.fills
         if block in blocks:
             blocks.move_to_end(block)
             if dirty_bytes:
                 blocks[block] = min(self.block_bytes, blocks[block] + dirty_bytes)
-            self.present[block] = self.present.get(block, ALL_SECTORS) | sectors
+            present[block] = present.get(block, ALL_SECTORS) | sectors
         else:
             blocks[block] = dirty_bytes
-            self.present[block] = sectors
+            present[block] = sectors
         if fill is not None:
-            self.fills[block] = fill
+            fills[block] = fill
         evicted: list[tuple[int, int]] = []
-        while len(blocks) > self.capacity_blocks:
-            victim, dirty = blocks.popitem(last=False)
-            self.fills.pop(victim, None)
-            self.present.pop(victim, None)
-            self.stats.evictions += 1
-            if dirty:
-                self.stats.writebacks += 1
-                evicted.append((victim, dirty))
+        excess = len(blocks) - self.capacity_blocks
+        if excess > 0:
+            stats = self.stats
+            stats.evictions += excess
+            for _ in range(excess):
+                victim, dirty = blocks.popitem(last=False)
+                fills.pop(victim, None)
+                present.pop(victim, None)
+                if dirty:
+                    stats.writebacks += 1
+                    evicted.append((victim, dirty))
         return evicted
 
     def invalidate(self, block: int) -> None:

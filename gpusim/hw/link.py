@@ -111,7 +111,7 @@ class Interconnect:
         env = self.env
         offset = 0
         while offset < nbytes:
-            size = min(packet, nbytes - offset)
+            size = min(packet - (addr + offset) % packet, nbytes - offset)
             wait = credits.take(size)
             if wait is not None:
                 yield wait

@@ -223,6 +223,7 @@ class MemoryController(Component):
         self.low_water = channel.activation_ns
         self.high_water = channel.activation_ns + config.schedule_window_ns
         self.arbiter = arbiter
+        self._admits_while_room = arbiter.mca is None
         self.queue: list[MemRequest] = []
         self.waiting: dict[str, deque[MemRequest]] = {stream: deque() for stream in ADMISSION_ORDER}
         self.waiting_count = 0
@@ -250,7 +251,7 @@ class MemoryController(Component):
         if (
             not self.waiting[stream]
             and len(queue) < self.capacity
-            and self.arbiter.may_admit(stream, len(queue), self.capacity, 0.0)
+            and (self._admits_while_room or self.arbiter.may_admit(stream, len(queue), self.capacity, 0.0))
         ):
             self._enqueue(request)
             self._pump()
@@ -298,19 +299,22 @@ class MemoryController(Component):
         channel = self.channel
         pick = self.arbiter.pick
         mca = self.arbiter.mca
+        access = channel.access
+        traffic, gpu, index, latency = self._traffic, self.gpu, self.index, self.latency
         now = env.now
+        time_bin = int(now // self._bin_ns)
         limit = now + self.high_water
         while queue and channel.bus_free <= limit:
             if mca is not None:
                 mca.sample(len(queue) / self.capacity)
             request = queue.pop(pick(queue, now, self) if len(queue) > 1 else 0)
-            end = channel.access(request.ch_addr, request.nbytes, request.kind, now, request.run_bytes)
-            done = end + self.latency if request.kind == READ else end
+            kind = request.kind
+            end = access(request.ch_addr, request.nbytes, kind, now, request.run_bytes)
+            done = end + latency if kind == READ else end
             request.done_ns = done
             self.served += 1
             self.last_stream = request.stream
-            key = (self.gpu, self.index, request.stream, request.kind, int(now // self._bin_ns))
-            self._traffic[key] += request.nbytes
+            traffic[(gpu, index, request.stream, kind, time_bin)] += request.nbytes
             if request.completion:
                 for join in request.completion:
                     join.done_at(done)

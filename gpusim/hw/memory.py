@@ -68,11 +68,12 @@ class MemorySystem:
         if admission is not None:
             admission.pending += len(pieces)
         controllers = self.controllers
+        # The pieces share their (never modified) lists of joins.
+        completions = None if completion is None else [completion]
+        admissions = None if admission is None else [admission]
         for channel, ch_addr, size in pieces:
             controllers[channel].submit(
-                MemRequest(channel, ch_addr, size, kind, stream, now,
-                           None if completion is None else [completion],
-                           None if admission is None else [admission], None, tag, run_bytes)
+                MemRequest(channel, ch_addr, size, kind, stream, now, completions, admissions, None, tag, run_bytes)
             )
         return len(pieces)
 
@@ -103,9 +104,13 @@ class MemorySystem:
         block = addr // size
         last = (end - 1) // size
         missed = 0
+        lookup = l2.lookup
         while block <= last:
             base = block * size
-            state = l2.lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
+            if addr <= base and base + size <= end:
+                state = lookup(block, now)
+            else:
+                state = lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
             if state is False:
                 if run_first < 0:
                     run_first = block
@@ -132,8 +137,12 @@ class MemorySystem:
         fill.wait(join, self.env.now)
         for block in range(first, last + 1):
             base = block * size
-            sectors = l2.sectors(max(start, base) - base, min(stop, base + size) - base)
-            self._writeback(l2.insert(block, 0, fill, sectors), join)
+            if start <= base and base + size <= stop:
+                evicted = l2.insert(block, 0, fill)
+            else:
+                evicted = l2.insert(block, 0, fill, l2.sectors(max(start, base) - base, min(stop, base + size) - base))
+            if evicted:
+                self._writeback(evicted, join)
         return stop - start
 
     def write(

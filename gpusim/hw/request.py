@@ -32,7 +32,8 @@ class MemRequest:
     arrival_ns
         When the request was offered to the controller.
     completion
-        Joins to tell when the request's data is done (reads: data back at the requester).
+        Joins to tell when the request's data is done (reads: data back at the requester); the
+        pieces of one range share the list, which is never modified.
     admission
         Joins to tell when the request entered the controller's queue (posted writes).
     on_done
@@ -93,16 +94,6 @@ class MemRequest:
         self.bank = -1
         self.row = -1
         self.run_bytes = run_bytes
-
-    def wait_for_completion(self, join: Join) -> None:
-        """Make ``join`` wait until this request's data is done."""
-        join.add()
-        if self.done_ns is not None:
-            join.done_at(self.done_ns)
-        elif self.completion is None:
-            self.completion = [join]
-        else:
-            self.completion.append(join)
 
     def __repr__(self) -> str:
         return f"<MemRequest {self.kind} {self.stream} ch{self.channel}+{self.ch_addr:#x} {self.nbytes}B>"
