@@ -50,30 +50,6 @@ def test_bytes_sent_over_links_arrive_in_memory(transfers):
     assert written == sum(n for _, _, n, _ in transfers)
 
 
-def test_link_packets_are_cut_at_multiples_of_the_packet_size():
-    # A packet that straddled a packet boundary would straddle one more memory channel stripe
-    # than it needs to, and cost the destination an extra DRAM request.
-    sim = Simulation()
-    machine = Machine(sim, RING4.config, mode="full")
-    packet = machine.interconnect.packet_bytes
-    arrived = []
-    memory = machine.gpus[1].memory
-    accept = memory.accept_remote
-
-    def logging_accept(addr, nbytes, kind, admission):
-        arrived.append((addr, nbytes))
-        accept(addr, nbytes, kind, admission)
-
-    memory.accept_remote = logging_accept
-    start, nbytes = packet // 3, 5 * packet
-    sim.process(machine.interconnect.transfer(0, 1, start, nbytes, "write"))
-    sim.run()
-    assert arrived[0] == (start, packet - start)
-    assert all(addr % packet == 0 and size == packet for addr, size in arrived[1:-1])
-    assert sum(size for _, size in arrived) == nbytes
-    assert len(arrived) == 6
-
-
 def test_same_inputs_and_seed_give_identical_results():
     program = [ops.Gemm(1024, 768, 512, out="x"), ops.AllReduce(1024 * 768 * 2, input="x")]
     first = gpusim.run(RING4, program, mode="full", seed=3)

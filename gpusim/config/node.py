@@ -24,11 +24,16 @@ class LinkConfig(Model):
     packet_bytes
         Messages are cut into packets at destination addresses that are multiples of this size
         (a simulation granularity, not the link's real packet); one simulation event per packet.
+    credit_bytes
+        End-to-end flow control: bytes a sender may have in flight towards one destination before
+        the destination's memory controllers have accepted them (512 KiB by default, not
+        calibrated).  Collectives whose rings share one neighbour can be bound by it.
     """
 
     bandwidth_bytes_per_s: Bandwidth
     latency_ns: Nanoseconds = 500.0
     packet_bytes: Bytes = 65536
+    credit_bytes: Bytes = 524288
 
 
 class TopologyConfig(Model):
@@ -92,6 +97,9 @@ class NetworkConfig(Model):
         End-to-end latency between NICs through the fabric.
     packet_bytes
         Largest packet (one simulation event each) on routes that cross the fabric.
+    credit_bytes
+        Bytes in flight from a sender to one destination on routes that cross the fabric (see
+        :class:`LinkConfig`).
     """
 
     nic_bandwidth_bytes_per_s: Bandwidth
@@ -99,6 +107,7 @@ class NetworkConfig(Model):
     node_bandwidth_bytes_per_s: Bandwidth | None = None
     latency_ns: Nanoseconds = 3000.0
     packet_bytes: Bytes = 65536
+    credit_bytes: Bytes = 524288
 
 
 class ProtocolConfig(Model):

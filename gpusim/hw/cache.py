@@ -137,18 +137,41 @@ class L2Cache:
         if fill is not None:
             fills[block] = fill
         evicted: list[tuple[int, int]] = []
-        excess = len(blocks) - self.capacity_blocks
-        if excess > 0:
-            stats = self.stats
-            stats.evictions += excess
-            for _ in range(excess):
-                victim, dirty = blocks.popitem(last=False)
-                fills.pop(victim, None)
-                present.pop(victim, None)
-                if dirty:
-                    stats.writebacks += 1
-                    evicted.append((victim, dirty))
+        if len(blocks) > self.capacity_blocks:
+            self._evict_over_capacity(evicted)
         return evicted
+
+    def insert_whole(self, blocks: range, fill: Fill) -> list[tuple[int, int]]:
+        """Allocate every sector of each block in ``blocks`` (in order) for a DRAM fill in flight.
+
+        The same as :meth:`insert` with ``dirty_bytes=0`` and all sectors, block by block, in one call.
+        """
+        cache, present, fills = self.blocks, self.present, self.fills
+        capacity = self.capacity_blocks
+        evicted: list[tuple[int, int]] = []
+        for block in blocks:
+            if block in cache:
+                cache.move_to_end(block)
+            else:
+                cache[block] = 0
+            present[block] = ALL_SECTORS
+            fills[block] = fill
+            if len(cache) > capacity:
+                self._evict_over_capacity(evicted)
+        return evicted
+
+    def _evict_over_capacity(self, evicted: list[tuple[int, int]]) -> None:
+        """Drop least recently used blocks down to the capacity; append the dirty ones to ``evicted``."""
+        blocks, present, fills, stats = self.blocks, self.present, self.fills, self.stats
+        excess = len(blocks) - self.capacity_blocks
+        stats.evictions += excess
+        for _ in range(excess):
+            victim, dirty = blocks.popitem(last=False)
+            fills.pop(victim, None)
+            present.pop(victim, None)
+            if dirty:
+                stats.writebacks += 1
+                evicted.append((victim, dirty))
 
     def invalidate(self, block: int) -> None:
         """Drop ``block`` (its data was replaced behind the cache, e.g. by a near-memory update)."""

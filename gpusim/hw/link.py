@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpusim.config.node import LinkConfig
 from gpusim.engine.primitives import Countdown, Credits, Pipe
 from gpusim.engine.simulation import Simulation
 from gpusim.hw.memory import MemorySystem
@@ -56,25 +57,19 @@ class Interconnect:
     memory_of
         The memory system that receives data addressed to a rank.  In symmetric mode every rank
         maps to the one simulated GPU, which so receives its neighbours' (mirrored) traffic.
-    credit_packets
-        Packets a sender may have in flight towards one destination.
     """
 
-    def __init__(
-        self,
-        sim: Simulation,
-        topology: Topology,
-        memory_of: Callable[[int], MemorySystem],
-        credit_packets: int = 8,
-    ):
+    def __init__(self, sim: Simulation, topology: Topology, memory_of: Callable[[int], MemorySystem]):
         self.sim = sim
         self.env = sim.env
         self.topology = topology
         self.memory_of = memory_of
-        self.credit_packets = credit_packets
         config = topology.config
-        self.packet_bytes = int(config.links.packet_bytes) if config.links else 65536
+        defaults = LinkConfig.model_fields
+        self.packet_bytes = int(config.links.packet_bytes if config.links else defaults["packet_bytes"].default)
+        self.credit_bytes = float(config.links.credit_bytes if config.links else defaults["credit_bytes"].default)
         self.network_packet_bytes = int(config.network.packet_bytes) if config.network else self.packet_bytes
+        self.network_credit_bytes = float(config.network.credit_bytes) if config.network else self.credit_bytes
         self.links: dict[tuple[str, str], Link] = {}
         for u, v, data in topology.graph.edges(data=True):
             self.links[(u, v)] = Link(f"{u}->{v}", data["bandwidth_bytes_per_s"], data["latency_ns"], data["kind"])
@@ -86,9 +81,10 @@ class Interconnect:
         route = self._routes.get(key)
         if route is None:
             links = [self.links[edge] for edge in self.topology.route(src, dst)]
-            packet = self.network_packet_bytes if any(link.kind == "nic" for link in links) else self.packet_bytes
+            crosses_fabric = any(link.kind == "nic" for link in links)
+            packet = self.network_packet_bytes if crosses_fabric else self.packet_bytes
             route = self._routes[key] = (links, packet)
-            self._credits[key] = Credits(self.env, packet * self.credit_packets)
+            self._credits[key] = Credits(self.env, self.network_credit_bytes if crosses_fabric else self.credit_bytes)
         return route
 
     def transfer(self, src: int, dst: int, addr: int, nbytes: int, kind: str, done: Countdown | None = None):

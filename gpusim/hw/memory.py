@@ -135,14 +135,20 @@ class MemorySystem:
         fill = Fill()
         self.dram(start, stop - start, READ, stream, completion=fill, run_bytes=run_bytes)
         fill.wait(join, self.env.now)
-        for block in range(first, last + 1):
-            base = block * size
-            if start <= base and base + size <= stop:
-                evicted = l2.insert(block, 0, fill)
-            else:
-                evicted = l2.insert(block, 0, fill, l2.sectors(max(start, base) - base, min(stop, base + size) - base))
-            if evicted:
-                self._writeback(evicted, join)
+        # Blocks in address order: a partly covered first block, whole blocks, a partly covered last one.
+        head_partial = start != first * size
+        tail_partial = stop != (last + 1) * size
+        if first == last and (head_partial or tail_partial):
+            evicted = l2.insert(first, 0, fill, l2.sectors(start - first * size, stop - first * size))
+        else:
+            evicted = l2.insert(first, 0, fill, l2.sectors(start - first * size, size)) if head_partial else []
+            whole = range(first + head_partial, last + 1 - tail_partial)
+            if whole:
+                evicted += l2.insert_whole(whole, fill)
+            if tail_partial:
+                evicted += l2.insert(last, 0, fill, l2.sectors(0, stop - last * size))
+        if evicted:
+            self._writeback(evicted, join)
         return stop - start
 
     def write(
