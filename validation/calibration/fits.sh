@@ -29,6 +29,9 @@ $FIT --dataset gelu-mi210 --dataset softmax-mi210 \
 echo "== DGX A100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
      --param "gpu.cu.max_inflight_bytes=16384,20480,24576" --param "collectives.launch_ns=20 us,25 us,30 us"
+echo "== DGX A100: links' flow-control window, 2-8 GPUs in a node (random half / other half)"
+$FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 150 --mode full \
+     --param "links.credit_bytes=256 KiB,384 KiB,512 KiB,768 KiB,1 MiB"
 echo "== DGX A100 network on two nodes of 1, 2, 4 GPUs; held out: 16 GPUs on two nodes"
 $FIT --dataset allreduce-dgx-a100-2nodes --points 30 --mode full \
      --param "network.nic_bandwidth=5 GB/s,6 GB/s" --param "network.node_bandwidth=18 GB/s,22 GB/s" \
