@@ -1,6 +1,8 @@
 """L2: LRU capacity, hits as dictionary operations, write-allocate, miss merging, write-back."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusim.config import L2Config
 from gpusim.engine import Join, Simulation
@@ -55,3 +57,27 @@ def test_hits_stream_at_the_sustained_fraction_of_the_peak_bandwidth():
     at_peak = peak.bandwidth_done(0.0, nbytes) - CONFIG.hit_latency_ns
     assert at_peak == pytest.approx(nbytes / CONFIG.bandwidth_bytes_per_s * 1e9)
     assert derated.bandwidth_done(0.0, nbytes) - CONFIG.hit_latency_ns == pytest.approx(at_peak / 0.7)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.sampled_from([0, 512, 16384]), st.integers(1, (1 << 32) - 1)), max_size=8),
+    st.integers(0, 12),
+    st.integers(1, 8),
+)
+def test_allocating_whole_blocks_at_once_equals_block_by_block(history, first, count):
+    # Fills allocate their whole blocks in one call; the LRU order, the sectors present, the
+    # dirty bytes, the evictions and the statistics must be those of one insert per block.
+    one_by_one, at_once = L2Cache(CONFIG), L2Cache(CONFIG)
+    for l2 in (one_by_one, at_once):
+        for block, dirty, sectors in history:
+            l2.insert(block, dirty, None, sectors)
+    fill = Fill()
+    expected = []
+    for block in range(first, first + count):
+        expected += one_by_one.insert(block, 0, fill)
+    assert at_once.insert_whole(range(first, first + count), fill) == expected
+    assert list(at_once.blocks.items()) == list(one_by_one.blocks.items())
+    assert at_once.present == one_by_one.present
+    assert at_once.fills == one_by_one.fills
+    assert at_once.stats == one_by_one.stats
