@@ -90,3 +90,8 @@ def test_a_bert_iteration_gains_exactly_what_lamb_gains_on_nmc():
 def test_bert_iterations_reject_an_unknown_configuration():
     with pytest.raises(ValueError, match="unknown BERT iteration 'Ph3'.*Ph1-B32-FP16"):
         study.bert_iterations(configs=("Ph3",), progress=False)
+
+
+def test_bert_iterations_reject_an_empty_list_of_storage_multiples():
+    with pytest.raises(ValueError, match="temp_storage_scales is empty"):
+        study.bert_iterations(temp_storage_scales=(), progress=False)

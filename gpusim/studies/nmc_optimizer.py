@@ -339,6 +339,9 @@ def bert_iterations(
     unknown = [config for config in configs if config not in BERT_ITERATIONS]
     if unknown:
         raise ValueError(f"unknown BERT iteration {unknown[0]!r}; known: {', '.join(BERT_ITERATIONS)}")
+    if not temp_storage_scales:
+        raise ValueError("temp_storage_scales is empty: give at least one multiple, e.g. (1,); every row also "
+                         "carries the GPU-only iteration and LAMB share")
     storage = _system(system, None).gpu.nmc.temp_storage_bytes
     points = []
     for config in configs:
