@@ -12,9 +12,9 @@ RING4 = gpusim.load_system("t3-ring8", {"num_gpus": 4})
 
 op_strategy = st.one_of(
     st.builds(ops.Gemm, st.integers(16, 768), st.integers(16, 768), st.integers(16, 768)),
-    st.builds(ops.AllReduce, st.integers(1024, 2**22)),
-    st.builds(ops.ReduceScatter, st.integers(1024, 2**22)),
-    st.builds(ops.AllGather, st.integers(1024, 2**22)),
+    st.builds(ops.AllReduce, st.integers(1, 2**22)),
+    st.builds(ops.ReduceScatter, st.integers(1, 2**22)),
+    st.builds(ops.AllGather, st.integers(1, 2**22)),
     st.builds(ops.Elementwise, st.sampled_from(["add", "gelu", "copy"]), st.integers(1, 2**20)),
 )
 

@@ -243,6 +243,7 @@ class RingKernel:
         flags = self.flags
         tag = self.tag
         pending_writes = Join(env)
+        stage_sends: set[tuple[int, int]] = set()  # (step index, slice) of the sends into the neighbour's stage
         for step in ring_program(self.kind, position, self.n):
             for s in range(self.slices):
                 offset, size = self._range(step.chunk, channel, s)
@@ -277,10 +278,13 @@ class RingKernel:
                 if step.send is not None:
                     if step.send == "stage":
                         target = self._stage_addr(step.index + 1, in_chunk)
-                        if step.index >= 2:  # the slot was last filled for step index - 1
+                        # The slot was last filled two steps ago (for the neighbour's step index - 1),
+                        # unless that chunk had no bytes on this channel and slice.
+                        if (step.index - 2, s) in stage_sends:
                             freed = flags.event("ack", nxt, tag, step.index - 1, channel, s)
                             if not freed.processed:
                                 yield freed
+                        stage_sends.add((step.index, s))
                     else:
                         target = self.out.addr + offset
                     delivered = Countdown(self._arrival(nxt, step.index + 1, channel, s))
@@ -364,9 +368,14 @@ class DirectKernel:
             yield from interconnect.transfer(me, dst, target, size, WRITE, delivered)
             delivered.close(env.now)
 
-    def _gather_wait(self, phase: int, channel: int):
+    def _gather_wait(self, phase: int, channel: int, sent_chunk: Callable[[int], int]):
+        """Wait for this channel's piece from every other rank; ``sent_chunk(sender_index)`` is the
+        chunk that rank sent here (a piece with no bytes is never sent)."""
         me = self.ctx.rank
+        my_index = self.group.index(me)
         for distance in range(1, self.n):
+            if self._piece(sent_chunk((my_index - distance) % self.n), channel)[1] == 0:
+                continue
             arrived = self.flags.event("data", me, self.tag, phase, distance, channel)
             if not arrived.processed:
                 yield arrived
@@ -376,7 +385,7 @@ class DirectKernel:
         me_index = self.group.index(self.ctx.rank)
         if self.kind in ("rs", "ar"):
             yield from self._scatter(cu, channel, 0, self.inp, lambda j, me: (j, j, True))
-            yield from self._gather_wait(0, channel)
+            yield from self._gather_wait(0, channel, lambda sender: me_index)
             offset, size = self._piece(me_index, channel)
             if size:
                 within = offset - me_index * self.chunk
@@ -395,10 +404,10 @@ class DirectKernel:
         if self.kind in ("ag", "ar"):
             source = self.out
             yield from self._scatter(cu, channel, 1, source, lambda j, me: (me, me, False))
-            yield from self._gather_wait(1, channel)
+            yield from self._gather_wait(1, channel, lambda sender: sender)
         if self.kind == "a2a":
             yield from self._scatter(cu, channel, 0, self.inp, lambda j, me: (j, me, False))
-            yield from self._gather_wait(0, channel)
+            yield from self._gather_wait(0, channel, lambda sender: me_index)
 
     def _arrival(self, rank: int, phase: int, distance: int, channel: int) -> Callable[[float], None]:
         def arrived(time_ns: float) -> None:
@@ -428,17 +437,23 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     position = ring.index(ctx.rank)
     nxt = ring[(position + 1) % n]
     me = ctx.rank
+    def part_bytes(chunk_index: int, p: int) -> int:
+        start = chunk_index * chunk + p * part
+        return min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
+
+    # Reduce-scatter: position q updates chunk q - k - 1 on the next rank, so that it ends owning
+    # chunk q; all-gather: it then sends chunk q - j (its own first).
     plan: list[tuple[int, int, str]] = []  # (step index, chunk, update/write)
     if kind in ("rs", "ar"):
         plan += [(k, (position - k - 1) % n, UPDATE) for k in range(n - 1)]
     if kind in ("ag", "ar"):
         base = n - 1 if kind == "ar" else 0
-        plan += [(base + j, (position - j + (1 if kind == "ar" else 0)) % n, WRITE) for j in range(n - 1)]
+        plan += [(base + j, (position - j) % n, WRITE) for j in range(n - 1)]
     for step_index, chunk_index, op_kind in plan:
         finished = Join(env)
         for p, engine in enumerate(engines):
             start = chunk_index * chunk + p * part
-            size = min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
+            size = part_bytes(chunk_index, p)
             if size <= 0:
                 continue
             if step_index > 0:
@@ -453,8 +468,12 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
 
             engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + start, op_kind, buf.cached, done))
         yield finished.close()
+    # The previous rank's last step sends the chunk that this rank's next step would handle.
     last = (plan[-1][0] + 1) if plan else 0
+    last_chunk = (position - (n - 1)) % n if kind in ("ag", "ar") else position
     for p in range(parts):
+        if part_bytes(last_chunk, p) <= 0:
+            continue
         arrived = flags.event("data", me, tag, last, p)
         if not arrived.processed:
             yield arrived
