@@ -23,6 +23,19 @@ def _as_stream(stream: str | Stream) -> Stream:
     raise OpError(f"a stream must be a non-empty name or a gpusim.Stream, got {stream!r}")
 
 
+def _check_cu_mask(stream: Stream, num_cus: int, system_name: str) -> None:
+    mask = stream.cu_mask
+    if mask is None:
+        return
+    if not mask:
+        raise OpError(f"stream {stream.name!r}: cu_mask is empty; give CU indices 0..{num_cus - 1} or None for all CUs")
+    outside = sorted({cu for cu in mask if not (isinstance(cu, int) and 0 <= cu < num_cus)}, key=str)
+    if outside:
+        raise OpError(f"stream {stream.name!r}: cu_mask has {outside[:5]}, outside {system_name}'s CUs 0..{num_cus - 1}")
+    if len(set(mask)) != len(mask):
+        raise OpError(f"stream {stream.name!r}: cu_mask repeats a CU: {list(mask)}")
+
+
 def _progress_bar(total: int, enabled: bool, description: str):
     if not enabled:
         return None
@@ -149,6 +162,8 @@ def run(
             bar.update()
 
     system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
+    for stream in stream_list:
+        _check_cu_mask(stream, system.gpu.num_cus, system.name)
     last: dict[tuple[int, str], Any] = {}
     expected = 0
     plans = []

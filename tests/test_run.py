@@ -71,6 +71,16 @@ def test_bad_inputs():
                    ops.Gemm(8, 8, 8), mode="symmetric")
 
 
+@pytest.mark.parametrize(("mask", "message"), [
+    ((), "stream 'part': cu_mask is empty"),
+    ((0, 80), r"stream 'part': cu_mask has \[80\], outside t3-table8.1's CUs 0..79"),
+    ((3, 3), "stream 'part': cu_mask repeats a CU"),
+])
+def test_a_bad_cu_mask_names_the_stream(mask, message):
+    with pytest.raises(gpusim.OpError, match=message):
+        gpusim.run(ONE, ops.Gemm(8, 8, 8), streams=[gpusim.Stream("part", cu_mask=mask)])
+
+
 def test_elementwise_and_row_reductions_are_memory_bound():
     n = 64 * 2**20
     result = gpusim.run(ONE, [ops.Elementwise("add", n), ops.RowReduce("softmax", 8192, 8192)])
