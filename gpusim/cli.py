@@ -7,6 +7,7 @@ arguments; ``gpusim --help`` lists them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,8 @@ OP_NAMES = {
 SIZE_FIELDS = {"nbytes"}
 INT_FIELDS = {"m", "n", "k", "batch", "elements", "rows", "cols", "src", "dst", "channels"}
 BOOL_FIELDS = {"trans_a", "trans_b"}
+TRUE_WORDS = ("1", "true", "yes", "t")
+FALSE_WORDS = ("0", "false", "no", "f")
 
 
 def _parse_int(text: str, field: str, spec: str) -> int:
@@ -61,17 +64,29 @@ def parse_op(spec: str) -> gops.Op:
         if key in INT_FIELDS or key in SIZE_FIELDS:
             fields[key] = _parse_int(value, key, spec)
         elif key in BOOL_FIELDS:
-            fields[key] = value.lower() in ("1", "true", "yes", "t")
+            if value.lower() not in TRUE_WORDS + FALSE_WORDS:
+                raise GpusimError(f"op {spec!r}: field {key!r} expects true or false, got {value!r}")
+            fields[key] = value.lower() in TRUE_WORDS
         elif key == "ranks":
-            fields[key] = [int(r) for r in value.split(",")]
+            try:
+                fields[key] = [int(r) for r in value.split(",")]
+            except ValueError:
+                raise GpusimError(f"op {spec!r}: field 'ranks' expects GPU indices such as 0,1,2, got {value!r}") from None
         else:
             fields[key] = value
-    if OP_NAMES[name] is gops.RowReduce:
+    cls = OP_NAMES[name]
+    if cls is gops.RowReduce:
         fields.setdefault("kind", name)
-    try:
-        return OP_NAMES[name](**fields)
-    except TypeError as exc:
-        raise GpusimError(f"op {spec!r}: {exc}") from exc
+    known = [f for f in dataclasses.fields(cls) if f.init]
+    takes = ", ".join(f.name for f in known)
+    unknown = [key for key in fields if key not in {f.name for f in known}]
+    if unknown:
+        raise GpusimError(f"op {spec!r}: unknown field {unknown[0]!r}; {name} takes {takes}")
+    missing = [f.name for f in known if f.name not in fields
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise GpusimError(f"op {spec!r}: missing field {missing[0]!r}; {name} takes {takes}")
+    return cls(**fields)
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, object]:

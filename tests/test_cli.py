@@ -47,3 +47,14 @@ def test_parse_op():
         parse_op("conv2d x=1")
     with pytest.raises(GpusimError, match="field 'm' expects a number"):
         parse_op("gemm m=big n=1 k=1")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("gemm m=8 n=8", "missing field 'k'; gemm takes .*m, n, k"),
+    ("gemm m=8 n=8 k=8 colour=red", "unknown field 'colour'; gemm takes"),
+    ("gemm m=8 n=8 k=8 trans_a=maybe", "field 'trans_a' expects true or false, got 'maybe'"),
+    ("allreduce nbytes=1MiB ranks=a,b", "field 'ranks' expects GPU indices"),
+])
+def test_parse_op_names_the_bad_field(spec, message):
+    with pytest.raises(GpusimError, match=message):
+        parse_op(spec)
