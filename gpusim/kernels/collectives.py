@@ -437,6 +437,7 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     position = ring.index(ctx.rank)
     nxt = ring[(position + 1) % n]
     me = ctx.rank
+
     def part_bytes(chunk_index: int, p: int) -> int:
         start = chunk_index * chunk + p * part
         return min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
