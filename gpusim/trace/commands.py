@@ -149,32 +149,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``gpusim simulate``."""
     parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et or folder")
     parser.add_argument("--model", help="generate a transformer trace (see gpusim.trace.list_models())")
     parser.add_argument("--phase", default="train", choices=["train", "prompt", "decode"])
-    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
-    parser.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
-    parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
-    parser.add_argument("--batch", type=positive_int, help="global batch in sequences (default: the model's)")
-    parser.add_argument("--seq-len", type=positive_int, help="sequence length (default: the model's)")
-    parser.add_argument("--microbatches", type=positive_int, help="microbatches (default: pp)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    parser.add_argument("--batch", type=int, help="global batch in sequences (default: the model's)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    parser.add_argument("--microbatches", type=int, help="microbatches (default: pp)")
     parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     parser.add_argument("--recompute", action="store_true", help="activation recomputation")
-    parser.add_argument("--layers", type=positive_int, help="use only this many layers")
-    parser.add_argument("--decode-tokens", type=positive_int, default=1, help="tokens generated in the decode phase")
+    parser.add_argument("--layers", type=int, help="use only this many layers")
+    parser.add_argument("--decode-tokens", type=int, default=1, help="tokens generated in the decode phase")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
     _common(parser)
 

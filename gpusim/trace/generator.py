@@ -546,7 +546,7 @@ def transformer(
     TraceError
         Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``...).
     """
-    overrides = {"layers": layers} if layers is not None else {}
+    overrides = {"layers": _positive("layers", layers)} if layers is not None else {}
     config = load_model(model, **overrides)
     if phase not in PHASES:
         raise TraceError(f"transformer(): 'phase' must be one of {', '.join(PHASES)}, got {phase!r}")
