@@ -78,8 +78,9 @@ def parse_op(spec: str) -> gops.Op:
     if cls is gops.RowReduce:
         fields.setdefault("kind", name)
     known = [f for f in dataclasses.fields(cls) if f.init]
-    takes = ", ".join(f.name for f in known)
-    unknown = [key for key in fields if key not in {f.name for f in known}]
+    names = [f.name for f in known]
+    takes = ", ".join(names)
+    unknown = [key for key in fields if key not in names]
     if unknown:
         raise GpusimError(f"op {spec!r}: unknown field {unknown[0]!r}; {name} takes {takes}")
     missing = [f.name for f in known if f.name not in fields

@@ -438,9 +438,10 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     nxt = ring[(position + 1) % n]
     me = ctx.rank
 
-    def part_bytes(chunk_index: int, p: int) -> int:
+    def part_range(chunk_index: int, p: int) -> tuple[int, int]:
+        """Offset and length (<= 0: no bytes) of engine ``p``'s part of a chunk."""
         start = chunk_index * chunk + p * part
-        return min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
+        return start, min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
 
     # Reduce-scatter: position q updates chunk q - k - 1 on the next rank, so that it ends owning
     # chunk q; all-gather: it then sends chunk q - j (its own first).
@@ -453,8 +454,7 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     for step_index, chunk_index, op_kind in plan:
         finished = Join(env)
         for p, engine in enumerate(engines):
-            start = chunk_index * chunk + p * part
-            size = part_bytes(chunk_index, p)
+            start, size = part_range(chunk_index, p)
             if size <= 0:
                 continue
             if step_index > 0:
@@ -473,7 +473,7 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     last = (plan[-1][0] + 1) if plan else 0
     last_chunk = (position - (n - 1)) % n if kind in ("ag", "ar") else position
     for p in range(parts):
-        if part_bytes(last_chunk, p) <= 0:
+        if part_range(last_chunk, p)[1] <= 0:
             continue
         arrived = flags.event("data", me, tag, last, p)
         if not arrived.processed:
