@@ -114,10 +114,11 @@ def main() -> int:
     if args.one:
         print(json.dumps(run_case(args.one)))
         return 0
+    repeat = max(1, args.repeat)
     rows = []
     for name in args.case or list(CASES):
         runs = []
-        for _ in range(max(1, args.repeat)):
+        for _ in range(repeat):
             output = subprocess.run(
                 ["taskset", "-c", "0", sys.executable, __file__, "--one", name],
                 check=True, capture_output=True, text=True,
@@ -141,7 +142,7 @@ def main() -> int:
         )
     header = (
         f"Measured {date.today()} on {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-        f"one core per case (taskset), fastest of {max(1, args.repeat)} runs, "
+        f"one core per case (taskset), fastest of {repeat} runs, "
         f"bare simpy: {rows[0]['bare_simpy_events_per_s']:,.0f} timeouts/s.\n\n"
     )
     text = header + "\n".join(lines) + "\n"
