@@ -93,3 +93,45 @@ def test_every_preset_loads():
 def test_l2_efficiency_above_one_is_an_error():
     with pytest.raises(ConfigError, match=r"gpu\.l2\.sustained_efficiency.*less than or equal to 1"):
         gpusim.load_system("mi100", {"gpu.l2.sustained_efficiency": 1.4})
+
+
+def test_a_description_can_start_from_a_preset(tmp_path):
+    path = tmp_path / "half-h100.yaml"
+    path.write_text("base: h100-sxm5\nnum_cus: 66\nsources: [my guess]\nhbm: {stacks: 3}\n")
+    mine = gpusim.load_system(path).gpu
+    h100 = gpusim.load_system("h100-sxm5").gpu
+    assert mine.name == "half-h100" and mine.num_cus == 66 and mine.hbm.stacks == 3
+    assert mine.hbm.clock_hz == h100.hbm.clock_hz and mine.l2 == h100.l2  # merged, not replaced
+    assert mine.sources == ["my guess", *h100.sources]
+
+
+def test_an_inline_gpu_can_start_from_a_preset(tmp_path):
+    path = tmp_path / "ring.yaml"
+    path.write_text("base: t3-ring8\ngpu: {base: t3-table8.1, num_cus: 160}\n")
+    system = gpusim.load_system(path)
+    assert system.num_gpus == 8 and system.gpu.num_cus == 160 and system.gpu.name == "ring.gpu"
+    assert system.config.links == gpusim.load_system("t3-ring8").config.links
+
+
+def test_errors_name_the_file_in_the_chain_that_wrote_the_field(tmp_path):
+    (tmp_path / "base.yaml").write_text("base: t3-table8.1\nclock_hz: fast\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nnum_cu: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_system_config(tmp_path / "child.yaml")
+    lines = str(info.value).splitlines()
+    assert any(line.startswith(f"{tmp_path / 'base.yaml'}: field 'clock_hz'") for line in lines), lines
+    assert any(line.startswith(f"{tmp_path / 'child.yaml'}: field 'num_cu': unknown field") for line in lines), lines
+
+
+def test_a_loop_of_bases_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nnum_cus: 3\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"b.yaml: field 'base': the chain of bases loops \(.*a.yaml -> .*b.yaml -> .*a.yaml\)"):
+        load_system_config(tmp_path / "a.yaml")
+
+
+def test_an_unknown_base_lists_the_presets(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("base: h300\n")
+    with pytest.raises(ConfigError, match=r"x.yaml: field 'base': unknown preset 'h300'; known: .*h200-sxm"):
+        load_system_config(path)

@@ -16,8 +16,8 @@ from gpusim import ops
 from gpusim.config import list_presets
 
 HWCONFIGS = Path(__file__).resolve().parents[1] / "hwconfigs"
-CALIBRATED_GPUS = ["v100-sxm2", "a100-sxm4", "h100-sxm5", "mi210", "t4"]
-CALIBRATED_NODES = ["dgx-a100", "a100-4-nvlink", "dgx1-v100", "hgx-h100", "mi210-4"]
+CALIBRATED_GPUS = ["v100-sxm2", "a100-sxm4", "h100-sxm5", "h200-sxm", "mi210", "t4"]
+CALIBRATED_NODES = ["dgx-a100", "a100-4-nvlink", "dgx1-v100", "hgx-h100", "hgx-h200", "mi210-4"]
 PROVENANCE = re.compile(r"#\s*\[(spec|lit|fit|trace|assumed|carried: [\w.-]+)\]")
 CALIBRATION_KEYS = ("max_inflight_bytes", "gemm_efficiency", "vector_efficiency", "kernel_launch_ns", "dependent_launch_ns",
                     "hit_latency_ns", "latency_ns", "streaming_inflight_bytes_per_thread", "sustained_efficiency",
@@ -37,6 +37,7 @@ def test_every_preset_loads(name):
         ("v100-sxm2", 125, 900),  # V100 whitepaper: 125 TFLOPS tensor, 900 GB/s
         ("a100-sxm4", 312, 2039),  # A100 whitepaper / 80GB datasheet
         ("h100-sxm5", 989, 3350),  # H100 SXM5 datasheet (dense)
+        ("h200-sxm", 989, 4800),  # H200 SXM datasheet (dense)
         ("mi210", 181, 1638),  # MI210 datasheet: 181 TFLOPS, 1.6 TB/s
         ("t4", 65, 320),  # T4 datasheet
     ],
@@ -88,6 +89,28 @@ def test_t3_gpu_carries_the_v100_calibration():
         for part in dotted.split("."):
             mine, theirs = mine[part], theirs[part]
         assert mine == theirs, f"t3-table8.1 {dotted} = {mine}, but v100-sxm2 has {theirs}"
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> set[str]:
+    keys = set(a) | set(b)
+    found = set()
+    for key in keys:
+        left, right = a.get(key), b.get(key)
+        if isinstance(left, dict) and isinstance(right, dict):
+            found |= _differences(left, right, f"{prefix}{key}.")
+        elif left != right:
+            found.add(prefix + key)
+    return found
+
+
+def test_hgx_h200_is_the_hgx_h100_with_hbm3e():
+    h100 = gpusim.load_system("hgx-h100").config.model_dump()
+    h200 = gpusim.load_system("hgx-h200").config.model_dump()
+    hbm = {f"gpu.hbm.{key}" for key in ("stacks", "clock_hz", "t_rp_cycles", "t_rcd_cycles", "t_ras_cycles",
+                                         "t_cl_cycles", "t_faw_cycles", "capacity_bytes")}
+    identity = {"name", "description", "sources", "gpu.name", "gpu.description", "gpu.sources"}
+    assert _differences(h100, h200) == hbm | identity
+    assert h200["gpu"]["sources"][-1] == h100["gpu"]["sources"][-1]  # the base's sources follow the preset's own
 
 
 def test_dgx_a100_structure_and_two_nodes():

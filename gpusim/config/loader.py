@@ -1,10 +1,13 @@
 """Loading hardware presets (``hwconfigs/*.yaml``) and applying overrides.
 
 A GPU preset lives in ``hwconfigs/gpus/NAME.yaml``; a node preset in ``hwconfigs/nodes/NAME.yaml``
-names its GPU preset (``gpu: v100-sxm2``) or describes it inline.  Overrides are dotted paths into
-the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path may drop the
-unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the value must
-then say its unit.
+names its GPU preset (``gpu: v100-sxm2``) or describes it inline.  Any description (a preset, a
+user's file, an inline GPU) may start from another preset with ``base: NAME`` (or a YAML path
+relative to the file) and give only what differs: its mappings are merged into the base's, its
+other values replace the base's, and its ``sources`` come before the base's.  Overrides are dotted
+paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
+may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
+value must then say its unit.
 """
 
 from __future__ import annotations
@@ -66,18 +69,92 @@ def _is_gpu_description(data: dict[str, Any]) -> bool:
     return "num_cus" in data
 
 
-def _gpu_data(ref: Any, origin: Path) -> tuple[dict[str, Any], Path]:
+class _Description:
+    """A description merged over its chain of bases, with the files that wrote it (own file first).
+
+    Parameters
+    ----------
+    data
+        The merged fields, ``base`` removed.
+    layers
+        ``(file, fields as written in that file)`` from the description itself to its last base.
+    own_file
+        Whether the description is a file's top level (a GPU written inline in a node's file is not).
+    """
+
+    def __init__(self, data: dict[str, Any], layers: list[tuple[Path, dict[str, Any]]], own_file: bool = True):
+        self.data = data
+        self.layers = layers
+        self.own_file = own_file
+
+    def origin(self, keys: list[str]) -> Path:
+        """The file whose value of the dotted field ``keys`` takes effect (the description's own if none)."""
+        for path, fields in self.layers:
+            node: Any = fields
+            for key in keys:
+                if not isinstance(node, dict) or key not in node:
+                    break
+                node = node[key]
+            else:
+                return path
+        return self.layers[0][0]
+
+
+def _merged(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``own`` merged into ``base``: mappings merge, other values replace, ``sources`` accumulate."""
+    merged = copy.deepcopy(base)
+    for key, value in own.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        elif key == "sources" and isinstance(value, list) and isinstance(merged.get(key), list):
+            merged[key] = copy.deepcopy(value) + merged[key]
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _base_file(ref: Any, origin: Path) -> Path:
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{origin}: field 'base': expected a preset name or a YAML path, got {ref!r}")
+    candidate = origin.parent / ref
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise ConfigError(f"{origin}: field 'base': no such file {candidate}")
+        return candidate
+    presets = {**_preset_files("gpus"), **_preset_files("nodes")}
+    if ref not in presets:
+        raise ConfigError(f"{origin}: field 'base': unknown preset {ref!r}; known: {', '.join(sorted(presets))}")
+    return presets[ref]
+
+
+def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = (), inline: bool = False) -> _Description:
+    """Resolve the ``base`` chain of a description read from ``origin`` (or written ``inline`` in it)."""
+    if "base" not in fields:
+        return _Description(copy.deepcopy(fields), [(origin, fields)], not inline)
+    own = {key: value for key, value in fields.items() if key != "base"}
+    base_path = _base_file(fields["base"], origin)
+    chain = (*seen, origin)
+    if base_path.resolve() in {path.resolve() for path in chain}:
+        cycle = " -> ".join(str(path) for path in (*chain, base_path))
+        raise ConfigError(f"{origin}: field 'base': the chain of bases loops ({cycle})")
+    base = _description(_read_yaml(base_path), base_path, chain)
+    if "name" not in own:  # a derived description is not its base
+        own["name"] = f"{origin.stem}.gpu" if inline else origin.stem
+    return _Description(_merged(base.data, own), [(origin, fields), *base.layers], not inline)
+
+
+def _gpu_description(ref: Any, origin: Path) -> _Description:
     if isinstance(ref, dict):
-        return ref, origin
+        return _description(ref, origin, inline=True)
     if not isinstance(ref, str):
         raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
     candidate = (origin.parent / ref) if origin.suffix else Path(ref)
     if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return _read_yaml(candidate), candidate
+        return _description(_read_yaml(candidate), candidate)
     gpus = _preset_files("gpus")
     if ref not in gpus:
         raise ConfigError(f"{origin}: field 'gpu': unknown GPU preset {ref!r}; known: {', '.join(sorted(gpus))}")
-    return _read_yaml(gpus[ref]), gpus[ref]
+    return _description(_read_yaml(gpus[ref]), gpus[ref])
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -149,16 +226,19 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[st
     return resolved
 
 
-def _format_validation(exc: ValidationError, sources: dict[str, str], overridden: dict[str, str]) -> str:
+def _format_validation(exc: ValidationError, system: _Description, gpu: _Description,
+                       overridden: dict[str, str]) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        parts = [str(p) for p in err["loc"]]
+        loc = ".".join(parts)
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
-        if origin is None:
-            origin = sources["gpu"] if loc.startswith("gpu.") or loc == "gpu" else sources["system"]
-            field = loc[4:] if loc.startswith("gpu.") and sources["gpu"] != sources["system"] else loc
-        else:
-            field = loc
+        field = loc
+        if origin is None and parts[0] == "gpu" and len(parts) > 1:
+            origin = str(gpu.origin(parts[1:]))
+            field = ".".join(parts[1:]) if gpu.own_file else loc
+        elif origin is None:
+            origin = str(system.origin(parts))
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field (misspelled?)"
@@ -196,21 +276,20 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: dict[str, Any
         if ref not in presets:
             raise UnknownPresetError(ref, list(presets))
         source = presets[ref]
-    raw = _read_yaml(source)
-    if _is_gpu_description(raw):
-        gpu_raw, gpu_source = raw, source
-        data: dict[str, Any] = {"name": raw.get("name", path.stem), "num_gpus": 1}
+    system = _description(_read_yaml(source), source)
+    if _is_gpu_description(system.data):
+        gpu = system
+        data: dict[str, Any] = {"name": system.data.get("name", path.stem), "num_gpus": 1}
     else:
-        gpu_raw, gpu_source = _gpu_data(raw.get("gpu"), source)
-        data = {key: value for key, value in raw.items() if key != "gpu"}
+        gpu = _gpu_description(system.data.get("gpu"), system.origin(["gpu"]))
+        data = {key: value for key, value in system.data.items() if key != "gpu"}
     data = copy.deepcopy(data)
-    data["gpu"] = copy.deepcopy(gpu_raw)
+    data["gpu"] = copy.deepcopy(gpu.data)
     overridden = _apply_overrides(data, overrides or {})
     try:
         return SystemConfig.model_validate(data)
     except ValidationError as exc:
-        sources = {"system": str(source), "gpu": str(gpu_source)}
-        raise ConfigError(_format_validation(exc, sources, overridden)) from None
+        raise ConfigError(_format_validation(exc, system, gpu, overridden)) from None
 
 
 def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:
