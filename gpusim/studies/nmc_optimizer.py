@@ -499,7 +499,8 @@ def sweep_models(
 
 
 HBM_GENERATIONS = {"HBM2 (t3-table8.1)": "t3-table8.1", "HBM2 (v100-sxm2)": "v100-sxm2", "HBM2e (a100-sxm4)": "a100-sxm4",
-                   "HBM2e (mi210)": "mi210", "HBM3 (h100-sxm5)": "h100-sxm5"}
+                   "HBM2e (mi210)": "mi210", "HBM3 (h100-sxm5)": "h100-sxm5",
+                   "HBM3e (h200-sxm)": "h200-sxm"}
 """HBM generations by the GPU preset that has them."""
 
 
