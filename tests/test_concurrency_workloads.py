@@ -6,7 +6,13 @@ from gpusim.config import load_gpu_config
 from gpusim.errors import ConfigError
 from gpusim.kernels.gemm import LIBRARY, GemmProblem, estimate_ns
 from gpusim.kernels.gemm_tuning import TUNING_LIBRARY, parse_kernel, shortlist, tuning_candidates
-from gpusim.studies.concurrency_workloads import attention_gemms, linear_gemms, model_gemms, with_shapes
+from gpusim.studies.concurrency_workloads import (
+    attention_gemms,
+    linear_gemms,
+    model_gemms,
+    systematic_sample,
+    with_shapes,
+)
 
 GPU = load_gpu_config("mi100")
 
@@ -60,6 +66,36 @@ def test_bad_workload_definitions_name_the_file_and_field(tmp_path):
         model_gemms(path)
     with pytest.raises(ConfigError, match="workload definitions in"):
         model_gemms("no-such-set")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("dtyp: fp16\napps: [{name: x, layer: lstm, hidden: [8], batch: [4]}]", "bad.yaml: unknown field 'dtyp'"),
+        ("apps: [{name: x, layer: lstm, hidden: [8], batch: [4], input_width: [2]}]",
+         r"app 'x' \(lstm\): unknown field 'input_width'.*input_widths"),
+        ("apps: [{name: x, layer: transformer, hidden: [8], tokens: [4], ffn_multipler: 8}]", "unknown field 'ffn_multipler'"),
+        ("apps: [{name: x, layer: transformer, hidden: [8], tokens: [4], ffn_multiplier: x}]",
+         "field 'ffn_multiplier' must be a positive integer, got 'x'"),
+        ("apps: [{name: x, layer: transformer, hidden: ['768'], tokens: [4]}]", "field 'hidden' must be a non-empty list"),
+        ("models: [{name: m, hidden: 64, heads: 0, sequences: 1, sequence_lengths: [8]}]",
+         "model 'm': field 'heads' must be a positive integer, got 0"),
+        ("models: [{name: m, hidden: 64, heads: 4, sequences: 1, sequence_lengths: 128}]",
+         "field 'sequence_lengths' must be a non-empty list of positive integers, got 128"),
+        ("models: [{name: m, hidden: 64, heads: 4, sequences: 1, sequence_lengths: [8], dtpe: fp16}]", "unknown field 'dtpe'"),
+    ],
+)
+def test_misspelled_or_mistyped_workload_fields_are_errors(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    read = attention_gemms if text.startswith("models") else model_gemms
+    with pytest.raises(ConfigError, match=message):
+        read(path)
+
+
+def test_sampling_an_empty_set_is_empty():
+    empty = with_shapes(model_gemms("quick")).iloc[0:0]
+    assert systematic_sample(empty, every=4).empty
 
 
 def test_tuning_library_spans_the_trade_offs():

@@ -135,3 +135,30 @@ def test_an_unknown_base_lists_the_presets(tmp_path):
     path.write_text("base: h300\n")
     with pytest.raises(ConfigError, match=r"x.yaml: field 'base': unknown preset 'h300'; known: .*h200-sxm"):
         load_system_config(path)
+
+
+def test_a_whole_system_check_names_the_file_and_the_override():
+    with pytest.raises(ConfigError, match=r"dgx1-v100.yaml with override 'num_gpus': .*hybrid_cube_mesh is defined for 8"):
+        gpusim.load_system("dgx1-v100", {"num_gpus": 4})
+    with pytest.raises(ConfigError, match=r"with override 'topology.kind': .*needs 'switch'") as info:
+        gpusim.load_system("t3-ring8", {"topology.kind": "switch"})
+    assert "{" not in str(info.value)  # the section is not dumped
+
+
+def test_overrides_must_be_a_mapping_of_dotted_paths():
+    with pytest.raises(ConfigError, match="overrides must be a mapping"):
+        gpusim.load_system("t3-ring8", [("gpu.num_cus", 3)])
+    with pytest.raises(ConfigError, match="override 3: paths must be dotted strings"):
+        gpusim.load_system("t3-ring8", {3: 4})
+
+
+def test_a_text_field_takes_a_numeric_looking_override():
+    assert gpusim.load_system("t3-ring8", {"name": 123}).config.name == "123"
+
+
+def test_a_derived_node_changes_its_base_gpu(tmp_path):
+    path = tmp_path / "wide.yaml"
+    path.write_text("base: t3-ring8\ngpu: {num_cus: 160}\n")
+    system = gpusim.load_system(path)
+    ring8 = gpusim.load_system("t3-ring8")
+    assert system.gpu.num_cus == 160 and system.gpu.hbm == ring8.gpu.hbm and system.num_gpus == 8

@@ -16,6 +16,7 @@ import copy
 import os
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,11 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
         cycle = " -> ".join(str(path) for path in (*chain, base_path))
         raise ConfigError(f"{origin}: field 'base': the chain of bases loops ({cycle})")
     base = _description(_read_yaml(base_path), base_path, chain)
+    base_gpu = base.data.get("gpu")
+    if isinstance(own.get("gpu"), dict) and "base" not in own["gpu"] and isinstance(base_gpu, str):
+        # changes to the base's GPU preset: start from that preset (a path is relative to the file naming it)
+        ref = base_gpu if Path(base_gpu).suffix not in (".yaml", ".yml") else str(base.origin(["gpu"]).parent / base_gpu)
+        own["gpu"] = {"base": ref, **own["gpu"]}
     if "name" not in own:  # a derived description is not its base
         own["name"] = f"{origin.stem}.gpu" if inline else origin.stem
     return _Description(_merged(base.data, own), [(origin, fields), *base.layers], not inline)
@@ -201,6 +207,8 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], Any]:
                     raise ConfigError(f"override {path!r} (field {name!r}): {exc}") from exc
         keys.append(name)
         annotation = fields[name].annotation
+        if annotation is str and index == len(parts) - 1 and isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)  # a text field given a numeric-looking value (``--set name=123``)
         model = _model_of(annotation)
         if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
             raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
@@ -233,21 +241,25 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         parts = [str(p) for p in err["loc"]]
         loc = ".".join(parts)
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
-        field = loc
-        if origin is None and parts[0] == "gpu" and len(parts) > 1:
+        field = loc or "(the description as a whole)"
+        if origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
             origin = str(gpu.origin(parts[1:]))
             field = ".".join(parts[1:]) if gpu.own_file else loc
         elif origin is None:
             origin = str(system.origin(parts))
+            inside = [overridden[p] for p in overridden if not loc or p.startswith(loc + ".")]
+            if inside:  # a check of a whole section failed on a value an override put into it
+                origin += f" with override {', '.join(repr(path) for path in inside)}"
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field (misspelled?)"
-        got = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
+        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict)
+        got = f" (got {err['input']!r})" if shown else ""
         lines.append(f"{origin}: field '{field}': {message}{got}")
     return "\n".join(lines)
 
 
-def load_system_config(name_or_path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> SystemConfig:
+def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> SystemConfig:
     """Load a node or GPU preset (or a YAML file) into a validated :class:`SystemConfig`.
 
     Parameters
@@ -285,6 +297,11 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: dict[str, Any
         data = {key: value for key, value in system.data.items() if key != "gpu"}
     data = copy.deepcopy(data)
     data["gpu"] = copy.deepcopy(gpu.data)
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides must be a mapping of dotted paths to values, got {type(overrides).__name__}")
+    for key in overrides or {}:
+        if not isinstance(key, str):
+            raise ConfigError(f"override {key!r}: paths must be dotted strings such as 'gpu.num_cus'")
     overridden = _apply_overrides(data, overrides or {})
     try:
         return SystemConfig.model_validate(data)

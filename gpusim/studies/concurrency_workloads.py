@@ -55,11 +55,32 @@ def _layers(app: dict[str, Any], hidden: int) -> list[tuple[str, int, int]]:
     """``(name, in, out)`` of the distinct linear layers of one block of ``app`` at ``hidden``."""
     kind = app["layer"]
     if kind == "transformer":
-        ffn = int(app.get("ffn_multiplier", FFN_MULTIPLIER)) * hidden
+        ffn = app.get("ffn_multiplier", FFN_MULTIPLIER) * hidden
         return [("qkvo", hidden, hidden), ("ffn1", hidden, ffn), ("ffn2", ffn, hidden)]
     gates = GATES[kind] * hidden
     widths = sorted(set(app.get("input_widths", [1])) | {1})
     return [(f"gates_in{width}" if width != 1 else "gates", width * hidden, gates) for width in widths]
+
+
+APP_FIELDS = {"transformer": {"name", "source", "layer", "hidden", "tokens", "ffn_multiplier"},
+              **{kind: {"name", "source", "layer", "hidden", "batch", "input_widths"} for kind in GATES}}
+ATTENTION_FIELDS = {"name", "source", "hidden", "heads", "sequences", "sequence_lengths"}
+
+
+def _check_fields(mapping: dict[str, Any], known: set[str], where: str) -> None:
+    """Reject keys that are not ``known`` (a misspelled key would otherwise be ignored)."""
+    for key in mapping:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown field {key!r} (misspelled?); known: {', '.join(sorted(known))}")
+
+
+def _check_positive(value: Any, field: str, where: str, many: bool = False) -> None:
+    values = value if many else [value]
+    ok = isinstance(values, list) and bool(values) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                          for v in values)
+    if not ok:
+        expected = "a non-empty list of positive integers" if many else "a positive integer"
+        raise ConfigError(f"{where}: field '{field}' must be {expected}, got {value!r}")
 
 
 def _check_app(app: Any, where: str) -> None:
@@ -67,19 +88,32 @@ def _check_app(app: Any, where: str) -> None:
         raise ConfigError(f"{where}: every app needs a 'name' (a mapping with name, layer, hidden and tokens or batch)")
     name = app["name"]
     kind = app.get("layer")
-    if kind not in ("transformer", *GATES):
+    if kind not in APP_FIELDS:
         raise ConfigError(f"{where}: app {name!r}: field 'layer' must be transformer, lstm or gru, got {kind!r}")
-    inputs = "tokens" if kind == "transformer" else "batch"
-    for field in ("hidden", inputs):
-        values = app.get(field)
-        if not isinstance(values, list) or not values or not all(isinstance(v, int) and v > 0 for v in values):
-            raise ConfigError(f"{where}: app {name!r}: field '{field}' must be a non-empty list of positive integers, got {values!r}")
-    widths = app.get("input_widths", [1])
-    if not isinstance(widths, list) or not all(isinstance(w, int) and w > 0 for w in widths):
-        raise ConfigError(f"{where}: app {name!r}: field 'input_widths' must be a list of positive integers, got {widths!r}")
+    here = f"{where}: app {name!r}"
+    _check_fields(app, APP_FIELDS[kind], f"{here} ({kind})")
+    for field in ("hidden", "tokens" if kind == "transformer" else "batch"):
+        _check_positive(app.get(field), field, here, many=True)
+    if "input_widths" in app:
+        _check_positive(app["input_widths"], "input_widths", here, many=True)
+    if "ffn_multiplier" in app:
+        _check_positive(app["ffn_multiplier"], "ffn_multiplier", here)
 
 
-def _read(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
+def _check_attention_model(model: Any, where: str) -> None:
+    if not isinstance(model, dict) or "name" not in model:
+        raise ConfigError(f"{where}: every model needs a 'name' (a mapping with {', '.join(sorted(ATTENTION_FIELDS))})")
+    here = f"{where}: model {model['name']!r}"
+    _check_fields(model, ATTENTION_FIELDS, here)
+    for field in ("hidden", "heads", "sequences"):
+        _check_positive(model.get(field), field, here)
+    _check_positive(model.get("sequence_lengths"), "sequence_lengths", here, many=True)
+    if model["hidden"] % model["heads"]:
+        raise ConfigError(f"{here}: hidden ({model['hidden']}) must be a multiple of heads ({model['heads']})")
+
+
+def _read(path: str | os.PathLike, entries: str) -> tuple[dict[str, Any], str]:
+    """A workload file's fields, checked at the top level (``entries``: its list's field name)."""
     path = Path(path)
     if path.suffix not in (".yaml", ".yml"):
         path = WORKLOADS / f"{path.name}.yaml"
@@ -92,6 +126,10 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    _check_fields(data, {"dtype", "role", entries}, str(path))
+    entries_value = data.get(entries)
+    if not isinstance(entries_value, list) or not entries_value:
+        raise ConfigError(f"{path}: field {entries!r} must be a non-empty list of definitions")
     dtype = data.get("dtype", "fp32")
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"{path}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
@@ -116,13 +154,10 @@ def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None) 
         dtype, role``; a GEMM that recurs within an app (e.g. the four hidden x hidden projections)
         appears once per app.
     """
-    data, where = _read(path)
-    apps = data.get("apps")
-    if not isinstance(apps, list) or not apps:
-        raise ConfigError(f"{where}: field 'apps' must be a non-empty list of model definitions")
+    data, where = _read(path, "apps")
     dtype = dtype or data.get("dtype", "fp32")
     rows = []
-    for app in apps:
+    for app in data["apps"]:
         _check_app(app, where)
         inputs_field = "tokens" if app["layer"] == "transformer" else "batch"
         for hidden in app["hidden"]:
@@ -147,18 +182,11 @@ def attention_gemms(path: str | os.PathLike = "attention", dtype: str | None = N
         length, k = head size) or ``context`` (``P V``: m = sequence length, n = head size,
         k = sequence length), ``inputs`` the sequence length and ``batch`` sequences x heads.
     """
-    data, where = _read(path)
-    models = data.get("models")
-    if not isinstance(models, list) or not models:
-        raise ConfigError(f"{where}: field 'models' must be a non-empty list")
+    data, where = _read(path, "models")
     dtype = dtype or data.get("dtype", "fp32")
     rows = []
-    for model in models:
-        for field in ("name", "hidden", "heads", "sequences", "sequence_lengths"):
-            if field not in model:
-                raise ConfigError(f"{where}: every model needs '{field}'")
-        if model["hidden"] % model["heads"]:
-            raise ConfigError(f"{where}: model {model['name']!r}: hidden ({model['hidden']}) must be a multiple of heads ({model['heads']})")
+    for model in data["models"]:
+        _check_attention_model(model, where)
         head = model["hidden"] // model["heads"]
         batch = model["sequences"] * model["heads"]
         for length in model["sequence_lengths"]:
@@ -207,4 +235,4 @@ def systematic_sample(gemms: pd.DataFrame, every: int, minimum: int = 3) -> pd.D
         positions = [int((i + 0.5) * len(shapes) / count) for i in range(count)]
         chosen = {shapes[p] for p in positions}
         kept.append(app[app["shape"].isin(chosen)])
-    return pd.concat(kept).reset_index(drop=True)
+    return pd.concat(kept).reset_index(drop=True) if kept else frame
