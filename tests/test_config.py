@@ -162,3 +162,8 @@ def test_a_derived_node_changes_its_base_gpu(tmp_path):
     system = gpusim.load_system(path)
     ring8 = gpusim.load_system("t3-ring8")
     assert system.gpu.num_cus == 160 and system.gpu.hbm == ring8.gpu.hbm and system.num_gpus == 8
+
+
+def test_a_negative_flop_rate_is_an_error():
+    with pytest.raises(ConfigError, match=r"override 'gpu.cu.matrix_flops_per_cycle.fp16'.*greater than 0"):
+        gpusim.load_system("a100-sxm4", {"gpu.cu.matrix_flops_per_cycle.fp16": -1})

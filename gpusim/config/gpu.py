@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 
 from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Hertz, Model, Nanoseconds, PositiveInt
 
@@ -49,8 +49,8 @@ class CuConfig(Model):
     max_wavefronts: PositiveInt = 40
     lds_bytes: Bytes = 65536
     register_file_bytes: Bytes = 262144
-    matrix_flops_per_cycle: dict[str, float]
-    vector_flops_per_cycle: dict[str, float]
+    matrix_flops_per_cycle: dict[str, PositiveFloat]
+    vector_flops_per_cycle: dict[str, PositiveFloat]
     max_inflight_bytes: Bytes = 32768
 
 
