@@ -95,8 +95,24 @@ MI210_4 = gpusim.load_system("mi210-4")
     ids=["ring-ar", "ring-rs", "dma-ar", "dma-ag", "direct-a2a", "direct-ar", "direct-ag"],
 )
 @pytest.mark.parametrize("nbytes", [1, 3, 9, 33])
-def test_collectives_smaller_than_their_pieces_finish(system, make, nbytes):
-    # Some chunks, channels or DMA parts get no bytes at all; nobody may wait for them.
-    result = gpusim.run(system, make(nbytes), mode="full")
-    assert len(result.ops) == system.config.num_gpus
+@pytest.mark.parametrize("mode", ["full", "symmetric"])
+def test_collectives_smaller_than_their_pieces_finish(system, make, nbytes, mode):
+    # Some chunks, channels or DMA parts get no bytes at all; nobody may wait for them.  In
+    # symmetric mode the piece the simulated GPU waits for mirrors another rank's, which may have
+    # bytes when its own has none.
+    result = gpusim.run(system, make(nbytes), mode=mode)
+    assert len(result.ops) == (system.config.num_gpus if mode == "full" else 1)
     assert result.time_s > 0
+
+
+@pytest.mark.parametrize("make", [lambda n: ops.AllGather(n, algorithm="direct"), lambda n: ops.AllToAll(n)],
+                         ids=["direct-ag", "a2a"])
+@pytest.mark.parametrize("mode", ["full", "symmetric"])
+def test_direct_collectives_on_a_ring_respect_the_links_they_share(make, mode):
+    # Every rank sends a chunk to each of the 7 others along shortest paths: 1+2+3+4+3+2+1 = 16
+    # hops per rank, so the 16 link directions carry 8 chunks each on average.  Symmetric mode
+    # must count the other ranks' packets on the links that the simulated GPU's routes cross.
+    nbytes = 4 * 2**20
+    chunk = nbytes / 8
+    result = gpusim.run(RING8, make(nbytes), mode=mode)
+    assert result.time_s >= 8 * chunk / LINK

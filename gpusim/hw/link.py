@@ -16,7 +16,7 @@ from gpusim.config.node import LinkConfig
 from gpusim.engine.primitives import Countdown, Credits, Pipe
 from gpusim.engine.simulation import Simulation
 from gpusim.hw.memory import MemorySystem
-from gpusim.hw.topology import Topology
+from gpusim.hw.topology import Topology, gpu_index, gpu_node, is_gpu_node
 from gpusim.units import NS_PER_S
 
 
@@ -57,10 +57,19 @@ class Interconnect:
     memory_of
         The memory system that receives data addressed to a rank.  In symmetric mode every rank
         maps to the one simulated GPU, which so receives its neighbours' (mirrored) traffic.
+    mirrored
+        Symmetric mode: the simulated GPU's traffic stands for every rank's, rotated.  A packet
+        that crosses link ``a -> b`` on its way stands for the packets that the rank ``a`` places
+        ahead of it sends over link ``0 -> b - a`` (its first hop) at the same moment, so every
+        link of a route is reserved as its rotation that starts (or, for a switch's egress port,
+        ends) at GPU 0.  Without this, multi-hop routes and switch egress ports would carry only
+        the simulated GPU's own packets and be too fast.
     """
 
-    def __init__(self, sim: Simulation, topology: Topology, memory_of: Callable[[int], MemorySystem]):
+    def __init__(self, sim: Simulation, topology: Topology, memory_of: Callable[[int], MemorySystem],
+                 mirrored: bool = False):
         self.sim = sim
+        self.mirrored = mirrored
         self.env = sim.env
         self.topology = topology
         self.memory_of = memory_of
@@ -80,12 +89,24 @@ class Interconnect:
         key = (src, dst)
         route = self._routes.get(key)
         if route is None:
-            links = [self.links[edge] for edge in self.topology.route(src, dst)]
+            edges = self.topology.route(src, dst)
+            links = [self.links[self._rotated_to_gpu0(edge) if self.mirrored else edge] for edge in edges]
             crosses_fabric = any(link.kind == "nic" for link in links)
             packet = self.network_packet_bytes if crosses_fabric else self.packet_bytes
             route = self._routes[key] = (links, packet)
             self._credits[key] = Credits(self.env, self.network_credit_bytes if crosses_fabric else self.credit_bytes)
         return route
+
+    def _rotated_to_gpu0(self, edge: tuple[str, str]) -> tuple[str, str]:
+        """The link that ``edge`` becomes when the GPUs are renumbered so that its GPU end
+        (its source, or the destination of a switch's egress port) is GPU 0."""
+        gpus = self.topology.num_gpus
+        shift = gpu_index(edge[0]) if is_gpu_node(edge[0]) else gpu_index(edge[1])
+
+        def rotate(node: str) -> str:
+            return gpu_node((gpu_index(node) - shift) % gpus) if is_gpu_node(node) else node
+
+        return rotate(edge[0]), rotate(edge[1])
 
     def transfer(self, src: int, dst: int, addr: int, nbytes: int, kind: str, done: Countdown | None = None):
         """Send ``nbytes`` from GPU ``src`` to ``addr`` in GPU ``dst``'s memory (a simpy generator).

@@ -65,7 +65,7 @@ class Machine(Component):
         self.gpus = {
             rank: Gpu(sim, self, rank, config.gpu, memory_policy, dispatch_policy) for rank in simulated
         }
-        self.interconnect = Interconnect(sim, self.topology, self.memory_of)
+        self.interconnect = Interconnect(sim, self.topology, self.memory_of, mirrored=mode == "symmetric")
         for gpu in self.gpus.values():
             gpu.attach_dma(self.interconnect)
 

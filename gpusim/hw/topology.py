@@ -34,6 +34,16 @@ def gpu_node(index: int) -> str:
     return f"gpu{index}"
 
 
+def is_gpu_node(node: str) -> bool:
+    """Whether a graph node is a GPU (not a switch, uplink or the fabric)."""
+    return node.startswith("gpu")
+
+
+def gpu_index(node: str) -> int:
+    """Global GPU index of a GPU's graph node (the inverse of :func:`gpu_node`)."""
+    return int(node[3:])
+
+
 def _intra_node_pairs(config: SystemConfig) -> list[tuple[int, int, int]]:
     n = config.num_gpus
     per_pair = config.topology.links_per_pair

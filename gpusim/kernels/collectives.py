@@ -138,6 +138,7 @@ class Flags:
         self.env = ctx.env
         self.machine = ctx.machine
         self.sync_ns = ctx.config.collectives.sync_ns if sync_ns is None else sync_ns
+        self.mirrored = ctx.machine.mode == "symmetric"
         self._events: dict[tuple, Event] = {}
 
     def event(self, what: str, rank: int, *key: int) -> Event:
@@ -153,6 +154,16 @@ class Flags:
         event = self.event(what, rank, *key)
         if not event.triggered:
             succeed_at(self.env, event, time_ns + self.sync_ns - self.env.now)
+
+    def raise_for_empty(self, what: str, rank: int, *key: int) -> None:
+        """A piece with no bytes is not sent; in symmetric mode raise its flag anyway.
+
+        Mirrored traffic stands for another rank's piece, which may have bytes when this rank's
+        has none (the last chunk of a size that the ranks do not divide), so the simulated GPU
+        would otherwise wait for a flag that nobody raises.
+        """
+        if self.mirrored:
+            self.raise_at(what, rank, self.env.now, *key)
 
 
 def _channels_for(ctx, op, chunk_bytes: int, protocol=None, nbytes: int | None = None) -> int:
@@ -248,6 +259,10 @@ class RingKernel:
             for s in range(self.slices):
                 offset, size = self._range(step.chunk, channel, s)
                 if size == 0:
+                    if step.recv == "stage":
+                        flags.raise_for_empty("ack", me, tag, step.index, channel, s)
+                    if step.send is not None:
+                        flags.raise_for_empty("data", nxt, tag, step.index + 1, channel, s)
                     continue
                 in_chunk = offset - step.chunk * self.chunk
                 if step.recv is not None:
@@ -354,6 +369,7 @@ class DirectKernel:
             src_chunk, dst_chunk, staged = chunks(j, my_index)
             offset, size = self._piece(src_chunk, channel)
             if size == 0:
+                self.flags.raise_for_empty("data", dst, self.tag, phase, distance, channel)
                 continue
             reads = Join(env)
             self.gpu.memory.read(source.addr + offset, size, reads, COMM, source.cached)
@@ -456,6 +472,7 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
         for p, engine in enumerate(engines):
             start, size = part_range(chunk_index, p)
             if size <= 0:
+                flags.raise_for_empty("data", nxt, tag, step_index + 1, p)
                 continue
             if step_index > 0:
                 arrived = flags.event("data", me, tag, step_index, p)
