@@ -96,6 +96,14 @@ def test_optimizer_steps_cover_every_parameter_once():
     assert set(step["impl"]) == {"lamb_nmc"}
 
 
+def test_without_head_no_embedding_optimizer_step():
+    for pp in (1, 3):
+        frame = transformer(TINY, pp=pp, batch=3, microbatches=1, seq_len=64, head=False).frame
+        steps = frame[frame["kind"] == "optimizer"].drop_duplicates("op_id")
+        assert sorted(steps["layer"]) == [0, 1, 2]
+        assert not frame["name"].str.startswith(("embedding", "lm_head", "final_norm")).any()
+
+
 def test_pipeline_layers_microbatches_and_sends():
     trace = transformer(TINY, pp=3, microbatches=4, batch=4, seq_len=64, head=False, optimizer=None)
     frame = trace.frame
@@ -135,6 +143,24 @@ def test_inference_phases():
     assert set(scores["m"]) == {1}
     qkv = decode[decode["name"] == "L0.qkv"]
     assert set(qkv["n"]) == {2}  # one token per sequence
+
+
+@pytest.mark.parametrize(("pp", "dp", "microbatches"), [(1, 1, 1), (3, 1, None), (1, 1, 6), (2, 1, None), (2, 3, 2)])
+def test_decode_processes_the_whole_batch_whatever_the_pipeline(pp, dp, microbatches):
+    """Every generated token runs every sequence: GEMM FLOPs over all GPUs do not depend on pp, dp or microbatches."""
+    batch, seq, tokens, h = 6, 16, 3, TINY.hidden
+    trace = transformer(TINY, phase="decode", pp=pp, dp=dp, microbatches=microbatches, batch=batch, seq_len=seq,
+                        decode_tokens=tokens)
+    rows = trace.frame[trace.frame["kind"] == "gemm"]
+    flops = (2 * rows["m"] * rows["n"] * rows["k"] * rows["batch"]).sum()
+    per_token = [TINY.layers * (24 * batch * h * h + 4 * batch * h * (seq + t)) + 2 * batch * TINY.vocab * h
+                 for t in range(tokens)]  # linear layers, attention over the grown context, output layer
+    assert flops == sum(per_token)
+    m = trace.metadata["microbatches"]
+    sends = trace.frame[trace.frame["name"] == "send_token"].drop_duplicates("op_id")
+    assert len(sends) == (dp * (tokens - 1) * m if pp > 1 else 0)  # each microbatch's token back to stage 0
+    first_stage = trace.frame[(trace.frame["name"] == "L0.qkv") & (trace.frame["gpu"] == 0)]
+    assert first_stage["step"].tolist() == list(range(tokens * m))  # token by token, every microbatch
 
 
 def test_swiglu_gqa_model():

@@ -8,6 +8,7 @@ import pytest
 import gpusim
 from gpusim.errors import TraceError
 from gpusim.trace import ModelConfig, Trace, breakdown, read, transformer
+from gpusim.trace.replay import choose_mode
 from tests.conftest import REPO
 
 RING8 = gpusim.load_system("t3-ring8")
@@ -113,3 +114,41 @@ def test_cached_timeline_has_every_op_and_its_kernels(tmp_path):
     assert len(kernels) >= len(result.ops[result.ops["kind"] == "gemm"])
     last_layer = [e for e in ops if e["name"] == f"L{TINY.layers - 1}.fc1"]
     assert last_layer and last_layer[0]["args"]["replica_of"] != last_layer[0]["args"]["op_id"]
+
+
+@pytest.mark.parametrize(("argument", "value", "expected"), [
+    ("warmup_layers", -1, "'warmup_layers' must be a non-negative integer or None, got -1"),
+    ("warmup_layers", 1.5, "'warmup_layers' must be a non-negative integer or None, got 1.5"),
+    ("warmup_layers", "2", "'warmup_layers' must be a non-negative integer or None, got '2'"),
+    ("bin_s", 0, "'bin_s' must be a positive number of seconds, got 0"),
+    ("bin_s", -1, "'bin_s' must be a positive number of seconds, got -1"),
+    ("bin_s", float("nan"), "'bin_s' must be a positive number of seconds, got nan"),
+])  # fmt: skip
+def test_replay_rejects_bad_arguments(argument, value, expected):
+    trace = transformer(TINY, tp=2, batch=2, seq_len=64, layers=2, optimizer=None)
+    with pytest.raises(TraceError, match=expected):
+        trace.replay(RING8, mode="symmetric", **{argument: value})
+
+
+def test_breakdown_times_are_never_negative():
+    """Back-to-back compute and communication: the unions' rounding must not give a negative overlap."""
+    ops = pd.DataFrame({"gpu": [0, 0], "kind": ["gemm", "collective"], "start_s": [0.0, 1e-7],
+                        "end_s": [1e-7, 1.4e-6]})
+    parts = breakdown(ops).iloc[0]
+    assert parts["overlapped_comm_s"] == 0.0
+    assert (parts.drop("gpu") >= 0).all()
+
+
+@pytest.mark.parametrize(("collective", "algorithm", "system", "mode"), [
+    ("allreduce", "auto", "t3-ring8", "symmetric"),
+    ("alltoall", "auto", "t3-ring8", "full"),
+    ("allgather", "direct", "dgx-a100", "full"),
+    ("allgather", "direct", "mi210-4", "symmetric"),
+])
+def test_auto_mode_mirrors_only_where_it_is_exact(tmp_path, collective, algorithm, system, mode):
+    system = gpusim.load_system(system)
+    group = ",".join(str(gpu) for gpu in range(system.num_gpus))
+    rows = [f'1,{gpu},comm,collective,{collective},{2**20},"{group}",{algorithm}' for gpu in range(system.num_gpus)]
+    path = tmp_path / "coll.csv"
+    path.write_text("op_id,gpu,stream,kind,collective,bytes,group,algorithm\n" + "\n".join(rows) + "\n")
+    assert choose_mode(read(path), system) == mode

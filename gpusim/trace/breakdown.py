@@ -65,8 +65,9 @@ def breakdown(ops: pd.DataFrame) -> pd.DataFrame:
         compute = _union_length(starts[mine & ~communication], ends[mine & ~communication])
         comm = _union_length(starts[mine & communication], ends[mine & communication])
         busy = _union_length(starts[mine], ends[mine])
-        overlapped = compute + comm - busy
         total = finish - begin
-        rows.append({"gpu": int(gpu), "total_s": total, "compute_s": compute, "exposed_comm_s": busy - compute,
-                     "overlapped_comm_s": overlapped, "idle_s": total - busy})
+        # the three unions are summed separately: clamp the rounding of their differences at zero
+        rows.append({"gpu": int(gpu), "total_s": total, "compute_s": compute,
+                     "exposed_comm_s": max(busy - compute, 0.0), "overlapped_comm_s": max(compute + comm - busy, 0.0),
+                     "idle_s": max(total - busy, 0.0)})
     return pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)

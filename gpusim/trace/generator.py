@@ -23,7 +23,8 @@ gradients are reduced during the last microbatch's backward pass.
 
 Pipeline parallelism splits the layers evenly over stages; microbatches flow through them by the
 GPipe or 1F1B schedule (:mod:`gpusim.trace.schedules`), activations and gradients move by
-send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_bwd`` streams.
+send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_bwd`` streams.  In the decode phase the
+microbatches pass through the stages one generated token at a time.
 
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
 (:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
@@ -372,7 +373,7 @@ class _Transformer:
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
             groups: list[tuple[int, list[int]]] = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
-            if stage == 0 or stage == self.par.pp - 1:
+            if self.head and stage in (0, self.par.pp - 1):
                 groups.append((-1, [self.vocab_t * h, h, h]))  # embedding (tied output layer), final norm
             for layer, sizes in groups:
                 name = f"L{layer}.{self.optimizer}" if layer >= 0 else f"embedding.{self.optimizer}"
@@ -444,28 +445,34 @@ class _Transformer:
                                                                nbytes)
 
     def _build_decode(self) -> None:
-        """Generated tokens one after another; each is a forward pass with a growing KV cache."""
-        par = self.par
-        token_ready: dict[int, Handle] = {}
+        """Generated tokens one after another; each is a forward pass of every microbatch with a growing KV cache.
+
+        Microbatches flow through the stages token by token (the forward-only order of both schedules):
+        a stage runs token ``t`` of every microbatch before token ``t + 1``, and a microbatch's next
+        token starts on the first stage once the last stage has sent back its sampled token.  The
+        ``step`` label is ``token * microbatches + microbatch``.
+        """
+        par, last_stage = self.par, self.par.pp - 1
+        token_ready: dict[tuple[int, int], Handle] = {}
         for token in range(self.decode_tokens):
             context = self.s + token
-            after_stage: Handle | None = token_ready.get(token)
-            for stage in range(par.pp):
-                after = [after_stage]
-                if stage == 0 and self.head:
-                    after = [self.embedding_forward(token, "decode", after, self.b)]
-                for layer in self.stage_layers[stage]:
-                    after = [self.layer_forward(stage, layer, token, "decode", after, tokens=self.b, context=context)]
-                if stage == par.pp - 1:
-                    last = self.head_forward(token, "decode", self.b) if self.head else after[0]
-                    if par.pp > 1 and token + 1 < self.decode_tokens:
-                        labels = self._labels("send_token", "decode", -1, token)
-                        token_ready[token + 1] = self.out.sendrecv(self._pairs(stage, 0), "fwd", [last], labels,
-                                                                   self.b * 8)
-                else:
-                    labels = self._labels("send_activations", "decode", -1, token)
-                    after_stage = self.out.sendrecv(self._pairs(stage, stage + 1), "fwd", after, labels,
-                                                    self.b * self.model.hidden * self.size)
+            for mb in range(self.m):
+                step = token * self.m + mb
+                after: list[Handle | None] = [token_ready.get((token, mb))]
+                for stage in range(par.pp):
+                    if stage == 0 and self.head:
+                        after = [self.embedding_forward(step, "decode", after, self.b)]
+                    for layer in self.stage_layers[stage]:
+                        after = [self.layer_forward(stage, layer, step, "decode", after, tokens=self.b, context=context)]
+                    if stage < last_stage:
+                        labels = self._labels("send_activations", "decode", -1, step)
+                        after = [self.out.sendrecv(self._pairs(stage, stage + 1), "fwd", after, labels,
+                                                   self.b * self.model.hidden * self.size)]
+                last = self.head_forward(step, "decode", self.b) if self.head else after[0]
+                if par.pp > 1 and token + 1 < self.decode_tokens:
+                    labels = self._labels("send_token", "decode", -1, step)
+                    token_ready[(token + 1, mb)] = self.out.sendrecv(self._pairs(last_stage, 0), "fwd", [last], labels,
+                                                                     self.b * 8)
 
 
 def _positive(name: str, value: object) -> int:
