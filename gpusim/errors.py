@@ -45,3 +45,7 @@ class TraceError(GpusimError, ValueError):
 
 class SimulationError(GpusimError, RuntimeError):
     """The simulation reached an inconsistent state (e.g. a deadlock)."""
+
+
+class SweepError(GpusimError, RuntimeError):
+    """A point of a sweep failed; the message names the point, and the point's error is the cause."""

@@ -13,14 +13,26 @@ import hashlib
 import json
 import os
 import pickle
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from gpusim.errors import SweepError
+
 Row = dict[str, Any]
+
+
+def _plain(value: Any) -> Any:
+    """A JSON stand-in for a value ``json`` cannot write: numpy scalars as Python numbers (the
+    call sees the same number), anything else tagged with its type, so that ``np.int64(1)`` and
+    ``"1"`` do not share a key."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return {"__type__": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
 
 
 def point_key(fn: Callable, point: dict[str, Any]) -> str:
@@ -30,7 +42,7 @@ def point_key(fn: Callable, point: dict[str, Any]) -> str:
     text = json.dumps(
         {"fn": f"{fn.__module__}.{fn.__qualname__}", "point": point, "version": __version__},
         sort_keys=True,
-        default=str,
+        default=_plain,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -70,15 +82,31 @@ class ResultCache:
 
 
 def _as_rows(value: Any, point: dict[str, Any]) -> list[Row]:
+    expected = "a sweep function must return a dict, a list of dicts or a DataFrame"
     if isinstance(value, pd.DataFrame):
         rows = value.to_dict("records")
-    elif isinstance(value, dict):
-        rows = [value]
-    elif isinstance(value, Iterable):
-        rows = [dict(row) for row in value]
+    elif isinstance(value, Mapping):
+        rows = [dict(value)]
+    elif isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        rows = list(value)
+        if not all(isinstance(row, Mapping) for row in rows):
+            raise TypeError(f"{expected}; got a {type(value).__name__} holding {sorted({type(r).__name__ for r in rows})}")
+        rows = [dict(row) for row in rows]
     else:
-        raise TypeError(f"a sweep function must return a dict, a list of dicts or a DataFrame, got {type(value).__name__}")
+        raise TypeError(f"{expected}, got {type(value).__name__}")
+    for row in rows:
+        clash = [key for key in row if key in point and not _same(row[key], point[key])]
+        if clash:
+            raise ValueError(f"the function returned {clash[0]!r} = {row[clash[0]]!r}, but the point's {clash[0]!r} is "
+                             f"{point[clash[0]]!r}; a point's keys are columns of their own, name the result otherwise")
     return [{**point, **row} for row in rows]
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # e.g. arrays, whose == is elementwise
+        return a is b
 
 
 def _call(fn: Callable, point: dict[str, Any]) -> list[Row]:
@@ -143,7 +171,15 @@ def sweep(
 
         bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=description, unit="pt")
 
-    def finished(index: int, rows: list[Row]) -> None:
+    failed: list[tuple[int, BaseException]] = []
+
+    def finished(index: int, outcome: Callable[[], list[Row]]) -> None:
+        """Keep (and cache) a point's rows, or note its failure; after a failure no new point starts."""
+        try:
+            rows = outcome()
+        except Exception as exc:  # reported below, with the point it belongs to
+            failed.append((index, exc))
+            return
         results[index] = rows
         if store is not None:
             store.put(keys[index], rows)
@@ -158,17 +194,31 @@ def sweep(
             with Client(scheduler) as client:
                 futures = {client.submit(_call, fn, points[i], pure=False): i for i in todo}
                 for future in dask_completed(futures):
-                    finished(futures[future], future.result())
+                    finished(futures[future], future.result)
+                    if failed:
+                        client.cancel([f for f in futures if not f.done()])
+                        break
         elif (workers or default_workers()) > 1 and len(todo) > 1:
             with ProcessPoolExecutor(max_workers=workers or default_workers()) as pool:
                 futures = {pool.submit(_call, fn, points[i]): i for i in todo}
                 for future in as_completed(futures):
-                    finished(futures[future], future.result())
+                    if future.cancelled():
+                        continue
+                    finished(futures[future], future.result)
+                    if failed:  # let the running points finish (and be cached), start no more
+                        for other in futures:
+                            other.cancel()
         else:
             for index in todo:
-                finished(index, _call(fn, points[index]))
+                finished(index, lambda index=index: _call(fn, points[index]))
+                if failed:
+                    break
     finally:
         if bar is not None:
             bar.close()
+    if failed:
+        index, exc = failed[0]
+        raise SweepError(f"{description}: point {index} {points[index]!r} failed: {type(exc).__name__}: {exc}"
+                         + (f" ({len(failed) - 1} more points failed)" if len(failed) > 1 else "")) from exc
     rows = [row for index in range(len(points)) for row in results[index]]
     return pd.DataFrame(rows)

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpusim.studies.concurrency import ConcurrencyStudy, fingerprint, gemm_point, geomean
+from gpusim.studies.concurrency import GO_PROPERTY_COLUMNS, ConcurrencyStudy, fingerprint, gemm_point, geomean
 from gpusim.studies.concurrency_workloads import systematic_sample, with_shapes
 
 SYSTEM = "t3-table8.1"
@@ -106,3 +106,10 @@ def test_systematic_sample_keeps_each_app_spread_over_sizes():
     with pytest.raises(ValueError, match="every"):
         systematic_sample(gemms, 0)
     assert np.isfinite(sample["flops"]).all()
+
+
+def test_go_properties_keep_their_columns_when_no_go_kernel_differs(cached):
+    _, result = cached
+    assert list(result.go_properties.columns) == GO_PROPERTY_COLUMNS
+    none_differ = study().go_properties(pd.DataFrame(), pd.DataFrame({"rc": [], "shape": [], "kernel": []}))
+    assert none_differ.empty and list(none_differ.columns) == GO_PROPERTY_COLUMNS

@@ -95,3 +95,9 @@ def test_bert_iterations_reject_an_unknown_configuration():
 def test_bert_iterations_reject_an_empty_list_of_storage_multiples():
     with pytest.raises(ValueError, match="temp_storage_scales is empty"):
         study.bert_iterations(temp_storage_scales=(), progress=False)
+
+
+@pytest.mark.parametrize("speedup", [0, -1, float("inf"), float("nan"), True])
+def test_end_to_end_needs_a_positive_finite_speedup(speedup):
+    with pytest.raises(ValueError, match="speedup must be a positive finite number"):
+        study.end_to_end(speedup)

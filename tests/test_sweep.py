@@ -1,8 +1,10 @@
 """The sweep layer: parallel points, caching and resumption, Dask."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from gpusim.errors import SweepError
 from gpusim.sweep import point_key, sweep
 
 
@@ -44,9 +46,43 @@ def a_number(x):
     return x
 
 
-def test_bad_return_type():
-    with pytest.raises(TypeError, match="must return"):
-        sweep(a_number, [{"x": 3}], workers=1, progress=False)
+def a_word(x):
+    return "done"
+
+
+def renames_its_point(x):
+    return {"x": 10 * x}
+
+
+def fails_at_three(x):
+    if x == 3:
+        raise ValueError("boom")
+    return {"value": x}
+
+
+@pytest.mark.parametrize("fn", [a_number, a_word])
+def test_bad_return_type(fn):
+    with pytest.raises(SweepError, match=r"point 0 \{'x': 3\} failed: TypeError: a sweep function must return"):
+        sweep(fn, [{"x": 3}], workers=1, progress=False)
+
+
+def test_a_result_may_not_overwrite_its_point():
+    with pytest.raises(SweepError, match="returned 'x' = 20, but the point's 'x' is 2"):
+        sweep(renames_its_point, [{"x": 2}], workers=1, progress=False)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_point_is_named_and_the_finished_ones_are_kept(tmp_path, workers):
+    with pytest.raises(SweepError, match=r"point 3 \{'x': 3\} failed: ValueError: boom") as info:
+        sweep(fails_at_three, [{"x": x} for x in range(5)], workers=workers, cache=tmp_path, progress=False)
+    assert isinstance(info.value.__cause__, ValueError)
+    cached = {point_key(fails_at_three, {"x": x}) for x in range(3)}
+    assert cached <= {path.stem for path in tmp_path.glob("*.pkl")}  # the points before it need not run again
+
+
+def test_numpy_values_share_keys_with_python_numbers_but_not_with_text():
+    assert point_key(square, {"x": np.int64(1)}) == point_key(square, {"x": 1})
+    assert point_key(square, {"x": np.int64(1)}) != point_key(square, {"x": "1"})
 
 
 def test_dask_local_cluster():

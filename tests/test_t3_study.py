@@ -109,3 +109,8 @@ def test_end_to_end_replaces_the_sliced_sublayers_of_every_layer():
 def test_the_trace_generator_layer_names_the_sliced_sublayers():
     row = t3.simulate_layer_rest("T-NLG", 16, "prompt")
     assert 0 < row["layer_rest_s"] < row["trace_layer_s"] and row["layers"] == 78
+
+
+def test_an_unknown_model_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown model 'GPT2'; known: Mega-GPT-2, T-NLG"):
+        t3.sublayer_gemm("GPT2", "OP", 8)

@@ -89,6 +89,10 @@ SIMULATION_SOURCES = ("engine", "hw", "kernels", "config", "sched/executor.py", 
 UNCHANGED_BAND = 0.02
 """GOLDYLOC counts as leaving a GEMM unchanged when within this fraction of Default."""
 
+GO_PROPERTY_COLUMNS = ["shape", "degree", "isolated_kernel", "go_kernel", "waves_ratio", "l2_accesses_per_wave_ratio",
+                       "l2_misses_per_wave_ratio"]
+"""Columns of :meth:`ConcurrencyStudy.go_properties` (Fig. 7.12), one row per GEMM and degree whose GO kernel
+differs from its isolation-tuned kernel."""
 SIZE_TREND_SHAPES = ((4096, 128, 1024), (4096, 256, 1024), (4096, 512, 1024), (4096, 1024, 1024))
 """Fig. 7.1a's family, ``(m, n, k)``: M = 4K and K = 1K with N growing, FP32, no transposes.  Fig. 7.2
 names its two smallest GEMMs (``4k_128_1K_00``, ``4k_256_1K_00``); the larger N are our reading of
@@ -594,7 +598,7 @@ class ConcurrencyStudy:
                     "waves_ratio": mine[0] / base[0], "l2_accesses_per_wave_ratio": mine[1] / base[1],
                     "l2_misses_per_wave_ratio": mine[2] / base[2] if base[2] else float("nan"),
                 })
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=GO_PROPERTY_COLUMNS)
 
     # -- everything ----------------------------------------------------------------------------
     def run(self, gemms: pd.DataFrame, training: pd.DataFrame | None = None, folds: int = 10) -> StudyResult:

@@ -12,6 +12,8 @@ register them) from the model definitions in ``workloads/models``.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -266,6 +268,10 @@ def nmc_breakdown(
 
 def end_to_end(speedup: float, lamb_shares: Sequence[float] = (0.10, 0.20)) -> pd.DataFrame:
     """Speedup of a whole training iteration when LAMB, a ``share`` of it, becomes ``speedup`` x faster (Amdahl)."""
+    if isinstance(speedup, bool) or not isinstance(speedup, numbers.Real) or not 0 < speedup < math.inf:
+        raise ValueError(f"end_to_end: speedup must be a positive finite number, got {speedup!r}")
+    if not all(isinstance(share, numbers.Real) and 0 <= share <= 1 for share in lamb_shares):
+        raise ValueError(f"end_to_end: lamb_shares must be fractions between 0 and 1, got {list(lamb_shares)}")
     rows = []
     for share in lamb_shares:
         iteration = (1 - share) + share / speedup

@@ -97,6 +97,13 @@ POLICIES = {"sequential": None, "t3": "round-robin", "t3-mca": "t3-mca", "rs-nmc
 DRAM_CATEGORIES = ("gemm_read", "gemm_write", "rs_read", "rs_write", "ag_read", "ag_write")
 
 
+def _model(name: str):
+    """The setup of one of :data:`MODELS`, or a clear error listing them."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
 def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None) -> dict[str, Any]:
     """The sliced GEMM of a sub-layer under Megatron tensor slicing over ``tp`` GPUs.
 
@@ -115,7 +122,7 @@ def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None)
     dict
         ``m, n, k, trans_a, trans_b`` of :class:`gpusim.ops.Gemm`.
     """
-    setup = MODELS[model]
+    setup = _model(model)
     inner = {"OP": 1, "FC-2": 4, "FC-1": 4, "IP": 3}
     if sublayer not in inner:
         raise ValueError(f"unknown sub-layer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
@@ -235,7 +242,7 @@ def case_points(
     simulated configuration."""
     points = []
     for model in models:
-        for tp in MODELS[model].tp if tps is None else tps:
+        for tp in _model(model).tp if tps is None else tps:
             for sublayer in SUBLAYERS:
                 for config in SIMULATED:
                     point = {"model": model, "tp": tp, "sublayer": sublayer, "config": config, "mode": mode}

@@ -373,7 +373,7 @@ class _Transformer:
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
             groups: list[tuple[int, list[int]]] = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
-            if self.head and stage in (0, self.par.pp - 1):
+            if stage in (0, self.par.pp - 1):  # the embedding's parameters exist even without its passes
                 groups.append((-1, [self.vocab_t * h, h, h]))  # embedding (tied output layer), final norm
             for layer, sizes in groups:
                 name = f"L{layer}.{self.optimizer}" if layer >= 0 else f"embedding.{self.optimizer}"
@@ -540,7 +540,10 @@ def transformer(
     layers
         Use only this many layers (a shorter model with the same layer shape).
     head
-        Include the embedding and the output layer.
+        Include the forward and backward passes of the embedding and the output layer.  Their
+        parameters (the tied embedding table and the final norm) are updated by the optimizer step
+        either way, so ``head=False`` is the transformer layers' compute with a whole model's
+        optimizer step (what the T3 and concurrency studies' iterations assume).
 
     Returns
     -------
