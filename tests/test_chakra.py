@@ -142,3 +142,33 @@ def test_broken_files_are_reported(tmp_path):
         read_chakra(tmp_path / "x.0.et")
     with pytest.raises(TraceError, match="no .et files"):
         read_chakra(tmp_path / "nothing-*.et")
+
+
+def test_wrong_wire_types_name_the_node_message_and_field(tmp_path):
+    et_file(tmp_path / "x.0.et", [field(1, 1) + field(2, 5) + field(3, 4)])  # name as a varint
+    with pytest.raises(TraceError, match=r"x.0.et: .*Node message 1: field 2 \('name'\) is varint-encoded, "
+                                         r"expected length-delimited"):
+        read_chakra(tmp_path / "x.0.et")
+    et_file(tmp_path / "x.0.et", [node(1, "ar", 7, attrs=[field(1, 3) + field(9, 0)])])  # attribute name as a varint
+    with pytest.raises(TraceError, match=r"Node message 1: field 1 \('attr.name'\) is varint-encoded"):
+        read_chakra(tmp_path / "x.0.et")
+
+
+def test_duplicate_ids_and_files_without_nodes_are_reported(tmp_path):
+    et_file(tmp_path / "x.0.et", [node(1, "a", 1), node(1, "b", 1)])
+    with pytest.raises(TraceError, match=r"x.0.et: node 1 \('b'\): field 'id': another node of the file has the same"):
+        read_chakra(tmp_path / "x.0.et")
+    et_file(tmp_path / "x.0.et", [])
+    with pytest.raises(TraceError, match=r"x.0.et: the Chakra trace has no nodes"):
+        read_chakra(tmp_path / "x.0.et")
+
+
+def test_one_ranks_file_cannot_model_its_collectives(tmp_path):
+    all_reduce = node(5, "ar", 7, duration=3,
+                      attrs=[attribute("comm_type", int64=0), attribute("comm_size", int64=1024)])
+    et_file(tmp_path / "job.2.et", [all_reduce])
+    with pytest.raises(TraceError, match=r"job.2.et: node 5 \('ar'\): .*only rank 2's file was given"):
+        read_chakra(tmp_path / "job.2.et")
+    trace = read_chakra(tmp_path / "job.2.et", unsupported="delay")
+    assert trace.frame["kind"].tolist() == ["delay"] and trace.frame["delay_s"].tolist() == [pytest.approx(3e-6)]
+    assert "only rank 2's file" in trace.metadata["not_modelled"][0]["reason"]

@@ -102,3 +102,48 @@ def test_two_ranks_share_their_collectives(tmp_path):
     with pytest.raises(TraceError, match="not a readable Kineto JSON trace"):
         (tmp_path / "broken.json").write_text("{")
         read_kineto(tmp_path / "broken.json")
+
+
+def _kineto_file(tmp_path, change=None, info=None):
+    """A one-kernel Kineto trace (event 1; event 0 is its CPU op), changed by ``change(kernel, events)``."""
+    cpu = {"ph": "X", "cat": "cpu_op", "name": "aten::foo", "ts": 0.0, "dur": 30.0, "args": {"External id": 1}}
+    kernel = {"ph": "X", "cat": "kernel", "name": "mystery_kernel", "ts": 10.0, "dur": 5.0,
+              "args": {"stream": 7, "External id": 1}}
+    events = [cpu, kernel]
+    if change is not None:
+        change(kernel, events)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": info or {"rank": 0, "world_size": 1}}))
+    return path
+
+
+def test_a_minimal_trace_imports(tmp_path):
+    frame = read_kineto(_kineto_file(tmp_path), unsupported="delay").frame
+    assert frame["kind"].tolist() == ["delay"] and frame["measured_s"].tolist() == [pytest.approx(5e-6)]
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda k, e: k.pop("dur"), r"event 1: field 'dur' is missing"),
+        (lambda k, e: k.pop("ts"), r"event 1: field 'ts' is missing"),
+        (lambda k, e: k.update(dur=-5.0), r"event 1: field 'dur' must be a duration >= 0 us, got -5.0"),
+        (lambda k, e: k.update(dur=float("inf")), r"event 1: field 'dur' must be a finite number .*got inf"),
+        (lambda k, e: k.update(dur="abc"), r"event 1: field 'dur' must be a finite number .*got 'abc'"),
+        (lambda k, e: k.update(ts="abc"), r"event 1: field 'ts' must be a finite number .*got 'abc'"),
+        (lambda k, e: k.update(ts=None), r"event 1: field 'ts' must be a finite number .*got None"),
+        (lambda k, e: k.update(args=None), r"event 1: field 'args' must be a JSON object, got None"),
+        (lambda k, e: k.update(name=None), r"event 1: field 'name' must be text, got None"),
+        (lambda k, e: e.append(5), r"event 2: must be a JSON object, got 5"),
+    ],
+)
+def test_malformed_events_name_the_file_event_and_field(tmp_path, change, pattern):
+    path = _kineto_file(tmp_path, change)
+    with pytest.raises(TraceError, match=rf"trace.json: {pattern}"):
+        read_kineto(path, unsupported="delay")
+
+
+def test_a_malformed_rank_names_the_field(tmp_path):
+    path = _kineto_file(tmp_path, info={"rank": "x", "world_size": 2})
+    with pytest.raises(TraceError, match=r"trace.json: field 'distributedInfo.rank' must be a whole number >= 0, got"):
+        read_kineto(path, unsupported="delay")

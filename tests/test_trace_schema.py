@@ -1,7 +1,11 @@
 """The trace schema: validation errors name the row and field; CSV/Parquet round trips; DAG semantics."""
 
+import re
+
 import networkx as nx
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,6 +60,8 @@ def test_round_trip(tmp_path, suffix):
         (lambda f: f.assign(function=["", "frobnicate", ""]), r"row 1 .*field 'function' must be one of"),
         (lambda f: f.assign(dtype=["fp13", "fp16", "fp16"]), r"row 0 .*field 'dtype'"),
         (lambda f: f.assign(delay_s=[None, None, -1.0]), r"row 2 .*field 'delay_s'"),
+        (lambda f: f.assign(delay_s=[None, None, float("inf")]), r"row 2 .*field 'delay_s' must be a finite number"),
+        (lambda f: f.assign(measured_s=[float("inf"), None, None]), r"row 0 .*field 'measured_s' must be a finite"),
         (lambda f: f.assign(trans_a=["maybe", "", ""]), r"row 0 .*field 'trans_a' must be true or false"),
     ],
 )
@@ -98,6 +104,55 @@ def test_reading_a_malformed_file_names_the_file_and_row(tmp_path):
         read(tmp_path / "bad.txt")
     with pytest.raises(TraceError, match="no such trace file"):
         read(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("op_id,gpu,stream,kind,delay_s\n99999999999999999999,0,s,delay,0\n",
+         r"row 0 .*field 'op_id' must be a whole number below 2\*\*63 in magnitude, got '99999999999999999999'"),
+        ("op_id,gpu,stream,kind,m,n,k\n1,0,s,gemm,inf,8,8\n",
+         r"row 0 \(op_id 1, gpu 0\): field 'm' must be a whole number, got 'inf'"),
+        ("op_id,gpu,stream,kind,delay_s,deps\n1,0,s,delay,0,,extra\n",
+         r"the first data line has more fields than the header's 6 column names"),
+    ],
+)
+def test_csv_values_that_do_not_fit_name_the_file_and_field(tmp_path, text, pattern):
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(TraceError, match=rf"t.csv: {pattern}"):
+        read(tmp_path / "t.csv")
+
+
+@pytest.mark.parametrize(("raw", "pattern"), [(b"{bad json", "is not valid JSON"),
+                                              (b"[1,2]", "must be a JSON object, got list")])
+def test_corrupt_parquet_metadata_names_the_file(tmp_path, raw, pattern):
+    table = pa.Table.from_pandas(Trace(rows()).frame, preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({b"gpusim.trace": raw}), tmp_path / "t.parquet")
+    with pytest.raises(TraceError, match=rf"t.parquet: the 'gpusim.trace' metadata {pattern}"):
+        read(tmp_path / "t.parquet")
+
+
+def test_a_failed_write_names_the_path_and_leaves_nothing_behind(tmp_path):
+    trace = Trace(rows())
+    (tmp_path / "folder.parquet").mkdir()
+    (tmp_path / "file").write_text("x")
+    for target in (tmp_path / "folder.parquet", tmp_path / "file" / "t.csv"):
+        with pytest.raises(TraceError, match=rf"{re.escape(str(target))}: cannot write the trace file"):
+            trace.write(target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file", "folder.parquet"]
+
+
+def test_parquet_keeps_int_metadata_keys(tmp_path):
+    metadata = {"measured_span_s": {0: 1.5, 3: 2.0}, "text_keys": {"0": 1}, "nested": [{1: "a"}]}
+    assert read(Trace(rows(), metadata=metadata).write(tmp_path / "t.parquet")).metadata == metadata
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_text_none_and_nan_are_kept(tmp_path, suffix):
+    trace = Trace(rows().assign(stream=["None", "nan", "side"], name=["None", None, "nan"]))
+    assert trace.frame["stream"].tolist() == ["None", "nan", "side"]
+    assert trace.frame["name"].tolist() == ["None", "", "nan"]
+    pd.testing.assert_frame_equal(read(trace.write(tmp_path / f"t{suffix}")).frame, trace.frame)
 
 
 def test_replay_keeps_trace_ids_names_and_measured_durations():

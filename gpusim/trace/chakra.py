@@ -4,7 +4,8 @@ A ``.et`` file is a stream of varint-length-delimited protobuf messages: one ``G
 then ``Node`` messages (schema ``et_def.proto`` of mlcommons/chakra).  Nodes map onto ops:
 
 * ``COMM_COLL_NODE``: ``comm_type`` ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL with
-  ``comm_size`` bytes over all ranks; the k-th collective of every rank is one op.
+  ``comm_size`` bytes over all ranks; the k-th collective of every rank is one op.  The ranks are
+  the files read, so one rank's file alone cannot model its collectives.
 * ``COMM_SEND_NODE`` / ``COMM_RECV_NODE``: a send on rank s to ``comm_dst`` d is paired with the
   receive on d from ``comm_src`` s (same ``comm_tag``, in order) into one send/receive.
 * ``COMP_NODE``: a GEMM when its inputs record two matrix shapes and its name is a matrix
@@ -50,6 +51,28 @@ MODELLED_COLLECTIVES = {"ALL_REDUCE": "allreduce", "REDUCE_SCATTER": "reducescat
 GEMM_NAMES = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")
 _RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
 
+# {number: (name, wire types)} of the fields gpusim reads, by message of et_def.proto
+_LEN = (pb.LENGTH_DELIMITED,)
+METADATA_FIELDS = {1: ("version", _LEN), 2: ("attr", _LEN)}
+NODE_FIELDS = {
+    1: ("id", (pb.VARINT,)), 2: ("name", _LEN), 3: ("type", (pb.VARINT,)),
+    4: ("ctrl_deps", (pb.VARINT, pb.LENGTH_DELIMITED)), 5: ("data_deps", (pb.VARINT, pb.LENGTH_DELIMITED)),
+    6: ("start_time_micros", (pb.VARINT,)), 7: ("duration_micros", (pb.VARINT,)), 8: ("inputs", _LEN),
+    10: ("attr", _LEN),
+}  # fmt: skip
+IO_INFO_FIELDS = {2: ("inputs.shapes", _LEN), 3: ("inputs.types", _LEN)}
+_ATTRIBUTE_SCALARS = {
+    "double": pb.FIXED64, "float": pb.FIXED32, "int32": pb.VARINT, "int64": pb.VARINT, "uint32": pb.VARINT,
+    "uint64": pb.VARINT, "sint32": pb.VARINT, "sint64": pb.VARINT, "fixed32": pb.FIXED32, "fixed64": pb.FIXED64,
+    "sfixed32": pb.FIXED32, "sfixed64": pb.FIXED64, "bool": pb.VARINT, "string": pb.LENGTH_DELIMITED,
+    "bytes": pb.LENGTH_DELIMITED,
+}  # fmt: skip
+ATTRIBUTE_FIELDS = {  # <type>_val = 3, 5, 7...; <type>_list = 4, 6, 8... (a message of repeated values = 1)
+    1: ("attr.name", _LEN), 2: ("attr.doc_string", _LEN),
+    **{3 + 2 * i: (f"attr.{kind}_val", (wire,)) for i, (kind, wire) in enumerate(_ATTRIBUTE_SCALARS.items())},
+    **{4 + 2 * i: (f"attr.{kind}_list", _LEN) for i, kind in enumerate(_ATTRIBUTE_SCALARS)},
+}
+
 
 @dataclass
 class Node:
@@ -73,8 +96,10 @@ class Node:
 
 
 def _list_values(number: int, payload: bytes) -> list:
+    (element_wire_type,) = ATTRIBUTE_FIELDS[number - 1][1]
+    schema = {1: (f"{ATTRIBUTE_FIELDS[number][0]}.values", (element_wire_type, pb.LENGTH_DELIMITED))}  # packed or not
     values = []
-    for inner, wire_type, value in pb.fields(payload):
+    for inner, wire_type, value in pb.fields(payload, schema):
         if inner != 1:
             continue
         if number in (4,):  # DoubleList
@@ -103,7 +128,7 @@ def _fixed_items(value, wire_type: int, width: int) -> list[int]:
 def decode_attribute(payload: bytes) -> tuple[str, object]:
     """``(name, value)`` of an encoded ``AttributeProto``."""
     name, value = "", None
-    for number, _, raw in pb.fields(payload):
+    for number, _, raw in pb.fields(payload, ATTRIBUTE_FIELDS):
         if number == 1:
             name = raw.decode("utf-8", "replace")
         elif number == 2:
@@ -138,7 +163,7 @@ def decode_attribute(payload: bytes) -> tuple[str, object]:
 def decode_node(payload: bytes) -> Node:
     """A :class:`Node` from an encoded ``Node`` message."""
     node = Node()
-    for number, wire_type, value in pb.fields(payload):
+    for number, wire_type, value in pb.fields(payload, NODE_FIELDS):
         if number == 1:
             node.id = value
         elif number == 2:
@@ -154,7 +179,7 @@ def decode_node(payload: bytes) -> Node:
         elif number == 7:
             node.duration_micros = value
         elif number == 8:
-            for inner, _, text in pb.fields(value):
+            for inner, _, text in pb.fields(value, IO_INFO_FIELDS):
                 if inner == 2:
                     node.input_shapes = text.decode("utf-8", "replace")
                 elif inner == 3:
@@ -163,6 +188,18 @@ def decode_node(payload: bytes) -> Node:
             name, attribute = decode_attribute(value)
             node.attrs[name] = attribute
     return node
+
+
+def decode_metadata(payload: bytes) -> dict[str, object]:
+    """``version`` and the attributes of an encoded ``GlobalMetadata`` message."""
+    metadata: dict[str, object] = {}
+    for number, _, value in pb.fields(payload, METADATA_FIELDS):
+        if number == 1:
+            metadata["version"] = value.decode("utf-8", "replace")
+        elif number == 2:
+            name, attribute = decode_attribute(value)
+            metadata[name] = attribute
+    return metadata
 
 
 def read_et(path: str | os.PathLike) -> tuple[dict, list[Node]]:
@@ -174,18 +211,20 @@ def read_et(path: str | os.PathLike) -> tuple[dict, list[Node]]:
         raise TraceError(f"{path}: cannot be read: {exc}") from exc
     try:
         messages = list(pb.delimited(data))
-        if not messages:
-            raise TraceError(f"{path}: empty Chakra trace")
-        metadata: dict[str, object] = {}
-        for number, _, value in pb.fields(messages[0]):
-            if number == 1:
-                metadata["version"] = value.decode("utf-8", "replace")
-            elif number == 2:
-                name, attribute = decode_attribute(value)
-                metadata[name] = attribute
-        nodes = [decode_node(message) for message in messages[1:]]
     except pb.ProtobufError as exc:
         raise TraceError(f"{path}: not a Chakra execution trace: {exc}") from exc
+    if not messages:
+        raise TraceError(f"{path}: empty Chakra trace")
+    nodes: list[Node] = []
+    for index, message in enumerate(messages):
+        try:
+            if index == 0:
+                metadata = decode_metadata(message)
+            else:
+                nodes.append(decode_node(message))
+        except pb.ProtobufError as exc:
+            where = "GlobalMetadata message 0" if index == 0 else f"Node message {index}"
+            raise TraceError(f"{path}: not a Chakra execution trace: {where}: {exc}") from exc
     return metadata, nodes
 
 
@@ -216,7 +255,12 @@ def _ranks(files: list[Path]) -> list[int]:
 
 
 def _topological(nodes: list[Node], path: Path) -> list[Node]:
-    by_id = {node.id: node for node in nodes}
+    by_id: dict[int, Node] = {}
+    for node in nodes:
+        if node.id in by_id:
+            raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'id': another node of the file "
+                             "has the same id; every node needs its own")
+        by_id[node.id] = node
     waiting = {node.id: {d for d in node.ctrl_deps + node.data_deps if d in by_id} for node in nodes}
     users: dict[int, list[int]] = {}
     for node_id, deps in waiting.items():
@@ -270,6 +314,7 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     paths
         A folder of ``.et`` files, a glob pattern, or a list of files; the rank is the number
         before ``.et`` in the name (``all_reduce.3.et``), else the position in the sorted list.
+        Collectives span the ranks read: a single file's collectives cannot be modelled.
     unsupported
         ``"error"``: a node that cannot be modelled is an error naming the file and node;
         ``"delay"``: it becomes a delay of its ``duration_micros``.
@@ -291,6 +336,8 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     not_modelled: list[dict] = []
     for path, rank in sorted(zip(files, ranks), key=lambda item: item[1]):
         _, nodes = read_et(path)
+        if not nodes:
+            raise TraceError(f"{path}: the Chakra trace has no nodes (only its GlobalMetadata)")
         op_of_node: dict[int, int] = {}
         collectives_seen = 0
         for node in _topological(nodes, path):
@@ -299,12 +346,16 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
             kind = node.type_name
             reason = None
             if kind == "COMM_COLL_NODE":
-                collective = COLLECTIVE_TYPES.get(int(node.attrs.get("comm_type", -1)), "unknown")
+                comm_type = node.attrs.get("comm_type")
+                collective = COLLECTIVE_TYPES.get(comm_type, "unknown") if isinstance(comm_type, int) else "unknown"
                 size = node.attrs.get("comm_size")
                 if collective not in MODELLED_COLLECTIVES:
                     reason = f"collective {collective} has no gpusim op"
                 elif not isinstance(size, int) or size <= 0:
                     reason = "collective without a positive comm_size"
+                elif len(files) == 1:
+                    reason = (f"a collective over all ranks, but only rank {rank}'s file was given (read the files "
+                              "of every rank together, e.g. their folder)")
                 else:
                     row.update(kind="collective", stream="comm", collective=MODELLED_COLLECTIVES[collective],
                                bytes=size, group=format_ints(world), kernel_class="collective")

@@ -1,8 +1,9 @@
 """Reading and writing traces as CSV or Parquet files.
 
 Both formats hold the columns of :mod:`gpusim.trace.schema`; lists are space-separated text.
-Parquet files also keep the trace's metadata (model, parallelism...) as JSON; CSV files keep only
-the table.  Reading validates the whole table before anything is returned.
+Parquet files also keep the trace's metadata (model, parallelism...) as JSON, mappings keyed by ints
+included; CSV files keep only the table.  Reading validates the whole table before anything is
+returned.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from gpusim.errors import TraceError
 METADATA_KEY = b"gpusim.trace"
 CSV_SUFFIXES = (".csv", ".csv.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+INT_KEYS = "gpusim.int_keys"
+"""Marks a metadata mapping whose keys were ints (JSON object keys are always text)."""
 
 
 def _format_of(path: Path) -> str:
@@ -32,6 +35,24 @@ def _format_of(path: Path) -> str:
     )
 
 
+def _encode_int_keys(value: object) -> object:
+    """``value`` with every dict keyed by ints wrapped as ``{INT_KEYS: ...}`` (JSON keys are text)."""
+    if isinstance(value, dict):
+        encoded = {key: _encode_int_keys(item) for key, item in value.items()}
+        integer = bool(value) and all(isinstance(key, int) and not isinstance(key, bool) for key in value)
+        return {INT_KEYS: encoded} if integer else encoded
+    if isinstance(value, (list, tuple)):
+        return [_encode_int_keys(item) for item in value]
+    return value
+
+
+def _decode_int_keys(obj: dict) -> dict:
+    """The JSON object hook undoing :func:`_encode_int_keys`."""
+    if len(obj) == 1 and isinstance(obj.get(INT_KEYS), dict):
+        return {int(key): item for key, item in obj[INT_KEYS].items()}
+    return obj
+
+
 def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     """The raw table and metadata of a trace file (not yet validated)."""
     path = Path(path)
@@ -43,6 +64,9 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
             frame = pd.read_csv(path, dtype=str, keep_default_na=False)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             raise TraceError(f"{path}: not a readable CSV table: {exc}") from exc
+        if not isinstance(frame.index, pd.RangeIndex):  # pandas took the extra leading fields for an index
+            raise TraceError(f"{path}: the first data line has more fields than the header's {len(frame.columns)} "
+                             "column names")
         return frame, {}
     import pyarrow.lib
     import pyarrow.parquet as pq
@@ -52,7 +76,13 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     except (pyarrow.lib.ArrowException, OSError) as exc:
         raise TraceError(f"{path}: not a readable Parquet table: {exc}") from exc
     raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    metadata = json.loads(raw) if raw else {}
+    try:
+        metadata = json.loads(raw, object_hook=_decode_int_keys) if raw else {}
+    except ValueError as exc:  # not JSON, not UTF-8, or a mangled int-keyed mapping
+        raise TraceError(f"{path}: the '{METADATA_KEY.decode()}' metadata is not valid JSON: {exc}") from exc
+    if not isinstance(metadata, dict):
+        raise TraceError(f"{path}: the '{METADATA_KEY.decode()}' metadata must be a JSON object, "
+                         f"got {type(metadata).__name__}")
     return table.to_pandas(), metadata
 
 
@@ -63,13 +93,20 @@ def write_table(frame: pd.DataFrame, metadata: dict, path: str | os.PathLike) ->
 
     path = Path(path)
     kind = _format_of(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    if kind == "csv":
-        frame.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
-    else:
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})
-        pq.write_table(table, tmp)
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "csv":
+            frame.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
+        else:
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            encoded = json.dumps(_encode_int_keys(metadata))
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: encoded})
+            pq.write_table(table, tmp)
+        tmp.replace(path)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot write the trace file: {exc}") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return path

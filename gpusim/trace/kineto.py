@@ -351,11 +351,52 @@ def load_json(path: Path) -> dict:
     return data
 
 
+def _event_error(path: Path, index: int, field: str, message: str) -> TraceError:
+    return TraceError(f"{path}: event {index}: field '{field}' {message}")
+
+
+def _micros(event: dict, index: int, field: str, path: Path) -> float:
+    """The timestamp or duration ``field`` of an event: a finite number (a duration >= 0), us."""
+    if field not in event:
+        raise _event_error(path, index, field, "is missing")
+    value = event[field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _event_error(path, index, field, f"must be a finite number of microseconds, got {value!r}")
+    if field == "dur" and value < 0:
+        raise _event_error(path, index, field, f"must be a duration >= 0 us, got {value!r}")
+    return float(value)
+
+
+def _check_events(events: list, path: Path) -> None:
+    """Check the events' structure; raises :class:`TraceError` naming the first bad event and field.
+
+    Every event must be an object, with a text ``name`` and an object ``args`` when it has them;
+    GPU activities and launch calls need a finite ``ts``.
+    """
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise TraceError(f"{path}: event {index}: must be a JSON object, got {json.dumps(event)[:80]}")
+        if not isinstance(event.get("name", ""), str):
+            raise _event_error(path, index, "name", f"must be text, got {event['name']!r}")
+        if not isinstance(event.get("args", {}), dict):
+            raise _event_error(path, index, "args", f"must be a JSON object, got {event['args']!r}")
+        if event.get("cat") in GPU_CATEGORIES + LAUNCH_CATEGORIES:
+            _micros(event, index, "ts", path)
+
+
+def _rank_field(info: dict, field: str, default: int, minimum: int, path: Path) -> int:
+    value = info.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TraceError(f"{path}: field 'distributedInfo.{field}' must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
 def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[float, float]:
     name = f"ProfilerStep#{iteration}"
-    for event in events:
+    for index, event in enumerate(events):
         if event.get("name") == name and event.get("cat") in ("user_annotation", "cpu_op") and "dur" in event:
-            return float(event["ts"]), float(event["ts"]) + float(event["dur"])
+            start = _micros(event, index, "ts", path)
+            return start, start + _micros(event, index, "dur", path)
     steps = sorted({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
     raise TraceError(f"{path}: no {name} annotation; the trace has {', '.join(steps) or 'none'}")
 
@@ -363,11 +404,14 @@ def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[f
 def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
     data = load_json(path)
     events = data["traceEvents"]
+    _check_events(events, path)
     info = data.get("distributedInfo") or {}
-    rank = int(info.get("rank", default_rank))
-    world = list(range(int(info.get("world_size", 1))))
+    if not isinstance(info, dict):
+        raise TraceError(f"{path}: field 'distributedInfo' must be a JSON object, got {info!r}")
+    rank = _rank_field(info, "rank", default_rank, 0, path)
+    world = list(range(_rank_field(info, "world_size", 1, 1, path)))
     cpu_ops = {e["args"]["External id"]: e for e in events
-               if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict) and "External id" in e["args"]}
+               if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
     launches = launch_calls(events)
     gpu_events = [(index, e) for index, e in enumerate(events)
                   if e.get("cat") in GPU_CATEGORIES and e.get("ph") == "X"]
@@ -390,10 +434,11 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
         launch = launches.get(args.get("correlation"))
         klass = kernel_class(event.get("name", ""), event.get("cat", ""))
         label = f"{cpu_op['name']} | {short_name(event.get('name', ''))}" if cpu_op else short_name(event.get("name", ""))
+        start, duration = float(event["ts"]), _micros(event, index, "dur", path)
         row = {"gpu": rank, "stream": f"stream{args.get('stream', 0)}", "name": label,
-               "measured_s": float(event.get("dur", 0.0)) * 1e-6, "kernel_class": klass,
-               "_start_us": float(event["ts"]), "_end_us": float(event["ts"]) + float(event.get("dur", 0.0)),
-               "_launch_us": float(launch["ts"]) if launch else float(event["ts"])}
+               "measured_s": duration * 1e-6, "kernel_class": klass,
+               "_start_us": start, "_end_us": start + duration,
+               "_launch_us": float(launch["ts"]) if launch else start}
         try:
             row.update(lower_event(event, cpu_op, launch, world))
         except UnsupportedEvent as exc:

@@ -2,16 +2,18 @@
 
 Messages are decoded field by field without a schema: :func:`fields` yields ``(number, wire_type,
 value)`` where ``value`` is an int for varint and fixed-width fields and bytes for length-delimited
-ones; the caller interprets them by field number.  :func:`delimited` splits a stream of
-varint-length-prefixed messages (how Chakra writes its ``.et`` files).
+ones; the caller interprets them by field number, after :func:`fields` has checked the wire types
+of the fields it names.  :func:`delimited` splits a stream of varint-length-prefixed messages (how
+Chakra writes its ``.et`` files).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
+WIRE_TYPE_NAMES = {VARINT: "varint", FIXED64: "64-bit", LENGTH_DELIMITED: "length-delimited", FIXED32: "32-bit"}
 
 
 class ProtobufError(ValueError):
@@ -35,8 +37,19 @@ def read_varint(data: bytes, position: int) -> tuple[int, int]:
             raise ProtobufError(f"varint longer than 10 bytes at byte {position}")
 
 
-def fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """``(field_number, wire_type, value)`` of every field of one encoded message."""
+def fields(
+    data: bytes, schema: Mapping[int, tuple[str, tuple[int, ...]]] | None = None
+) -> Iterator[tuple[int, int, int | bytes]]:
+    """``(field_number, wire_type, value)`` of every field of one encoded message.
+
+    Parameters
+    ----------
+    data
+        The encoded message.
+    schema
+        ``{field_number: (field_name, allowed_wire_types)}``: a field it names with another wire
+        type is a :class:`ProtobufError` naming the field; fields it does not name are not checked.
+    """
     position = 0
     end = len(data)
     while position < end:
@@ -64,6 +77,10 @@ def fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             position += 4
         else:
             raise ProtobufError(f"unsupported wire type {wire_type} (field {number}) at byte {position}")
+        if schema is not None and number in schema and wire_type not in schema[number][1]:
+            name, allowed = schema[number]
+            raise ProtobufError(f"field {number} ('{name}') is {WIRE_TYPE_NAMES[wire_type]}-encoded, expected "
+                                f"{' or '.join(WIRE_TYPE_NAMES[w] for w in allowed)}")
         yield number, wire_type, value
 
 

@@ -37,7 +37,7 @@ measured_s      float    measured duration (imported traces), s; blank when unkn
 inputs, output  strs     tensor names (rows naming the same tensor read the same memory)
 layer           int      index of the repeated layer the row belongs to (-1: none; see caching)
 phase           str      ``fwd``, ``bwd``, ``opt``, ``prompt``, ``decode``... (labels; used by caching)
-step            int      microbatch (training, prompt) or generated token (decode)
+step            int      microbatch (training, prompt) or token x microbatches + microbatch (decode)
 kernel_class    str      class of the measured kernel (``gemm``, ``elementwise``, ``reduction``,
                          ``collective``, ``memcpy``, ``other``); blank: the row's ``kind``
 =============== ======== =============================================================================
@@ -138,10 +138,16 @@ def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool
     raw = frame[column]
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
     numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
-    bad = (~blank & numeric.isna()) | (numeric.notna() & (numeric != np.floor(numeric.fillna(0))))
+    value = numeric.astype(float)
+    bad = ~blank & ~(np.isfinite(value) & (value == np.floor(value)))
     if bad.any():
         position = int(np.flatnonzero(bad.to_numpy())[0])
         raise _fail(frame, position, source, column, f"must be a whole number, got {raw.iloc[position]!r}")
+    too_large = ~blank & (value.abs() >= 2.0**63)
+    if too_large.any():
+        position = int(np.flatnonzero(too_large.to_numpy())[0])
+        raise _fail(frame, position, source, column,
+                    f"must be a whole number below 2**63 in magnitude, got {raw.iloc[position]!r}")
     if not nullable and blank.any():
         position = int(np.flatnonzero(blank.to_numpy())[0])
         raise _fail(frame, position, source, column, "must not be blank")
@@ -152,10 +158,10 @@ def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     raw = frame[column]
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
     numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
-    bad = ~blank & numeric.isna()
+    bad = ~blank & ~np.isfinite(numeric.astype(float))
     if bad.any():
         position = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(frame, position, source, column, f"must be a number, got {raw.iloc[position]!r}")
+        raise _fail(frame, position, source, column, f"must be a finite number, got {raw.iloc[position]!r}")
     return numeric.astype(float)
 
 
@@ -178,7 +184,7 @@ def _booleans(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
 
 def _texts(frame: pd.DataFrame, column: str) -> pd.Series:
     series = frame[column]
-    return series.where(series.notna(), "").astype(str).str.strip().replace({"nan": "", "<NA>": "", "None": ""})
+    return series.where(series.notna(), "").astype(str).str.strip()
 
 
 def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
