@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ OP_NAMES = {
     "softmax": gops.RowReduce,
     "layernorm": gops.RowReduce,
     "rmsnorm": gops.RowReduce,
+    "rowreduce": gops.RowReduce,
     "allreduce": gops.AllReduce,
     "reducescatter": gops.ReduceScatter,
     "allgather": gops.AllGather,
@@ -32,25 +34,31 @@ OP_NAMES = {
 }
 SIZE_FIELDS = {"nbytes"}
 INT_FIELDS = {"m", "n", "k", "batch", "elements", "rows", "cols", "src", "dst", "channels"}
-BOOL_FIELDS = {"trans_a", "trans_b"}
+BOOL_FIELDS = {"trans_a", "trans_b", "stagger"}
+LIST_FIELDS = {"inputs"}
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")
 
 
 def _parse_int(text: str, field: str, spec: str) -> int:
+    """A whole number; for a size field (``nbytes``) optionally with a unit (``1.5MiB``)."""
+    what = "a whole number of bytes, e.g. 4096 or 1.5MiB" if field in SIZE_FIELDS else "a whole number"
     try:
-        if field in SIZE_FIELDS:
-            return int(parse_quantity(text, "bytes"))
-        value = float(text)
+        value = parse_quantity(text, "bytes") if field in SIZE_FIELDS else float(text)
     except (ValueError, QuantityError) as exc:
-        raise GpusimError(f"op {spec!r}: field {field!r} expects a number, got {text!r}") from exc
-    if value != int(value):
-        raise GpusimError(f"op {spec!r}: field {field!r} expects a whole number, got {text!r}")
+        raise GpusimError(f"op {spec!r}: field {field!r} expects {what}, got {text!r}") from exc
+    if not math.isfinite(value) or value != int(value):
+        raise GpusimError(f"op {spec!r}: field {field!r} expects {what}, got {text!r}")
     return int(value)
 
 
 def parse_op(spec: str) -> gops.Op:
-    """Parse ``"gemm m=8192 n=8192 k=8192 dtype=fp16"`` (or ``allreduce nbytes=64MiB``...) into an op."""
+    """Parse ``"gemm m=8192 n=8192 k=8192 dtype=fp16"`` (or ``allreduce nbytes=64MiB``...) into an op.
+
+    The first word names the op (:data:`OP_NAMES`; ``softmax``, ``layernorm`` and ``rmsnorm`` are
+    row reductions of that kind, ``rowreduce`` takes ``kind=``); each field may be given once.
+    ``ranks`` and ``inputs`` are comma-separated lists.
+    """
     words = spec.split()
     if not words or words[0].lower() not in OP_NAMES:
         raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}")
@@ -61,6 +69,8 @@ def parse_op(spec: str) -> gops.Op:
             raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}")
         key, value = word.split("=", 1)
         key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
+        if key in fields:
+            raise GpusimError(f"op {spec!r}: field {key!r} is given more than once")
         if key in INT_FIELDS or key in SIZE_FIELDS:
             fields[key] = _parse_int(value, key, spec)
         elif key in BOOL_FIELDS:
@@ -72,11 +82,14 @@ def parse_op(spec: str) -> gops.Op:
                 fields[key] = [int(r) for r in value.split(",")]
             except ValueError:
                 raise GpusimError(f"op {spec!r}: field 'ranks' expects GPU indices such as 0,1,2, got {value!r}") from None
+        elif key in LIST_FIELDS:
+            fields[key] = tuple(value.split(","))
         else:
             fields[key] = value
     cls = OP_NAMES[name]
-    if cls is gops.RowReduce:
-        fields.setdefault("kind", name)
+    if cls is gops.RowReduce and name != "rowreduce" and fields.setdefault("kind", name) != name:
+        raise GpusimError(f"op {spec!r}: {name} is the row reduction of kind {name!r}, but kind={fields['kind']!r} "
+                          f"is given; use 'rowreduce kind=...' or drop kind=")
     known = [f for f in dataclasses.fields(cls) if f.init]
     names = [f.name for f in known]
     takes = ", ".join(names)
@@ -211,13 +224,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a positive integer."""
+    message = f"expected a positive integer, got {text!r}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(message)
+    return value
+
+
 def _add_validate(parser: argparse.ArgumentParser) -> None:
     from gpusim.validation import DATASETS
 
     parser.add_argument("--dataset", action="append", choices=list(DATASETS),
                         help="data set to compare (repeatable; default: all)")
     parser.add_argument("--out", default="out/validate", help="folder for the CSVs, plots and summary.csv")
-    parser.add_argument("--points", type=int, default=None,
+    parser.add_argument("--points", type=_positive_int, default=None,
                         help="simulate a random subset of this many points per data set (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random subset")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
@@ -227,10 +252,16 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
+    from gpusim.hw.memctrl import PICK_POLICIES
+
     parser.add_argument("--system", required=True, help="preset name or YAML file")
-    parser.add_argument("--op", action="append", required=True, help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16"')
-    parser.add_argument("--mode", default="full", choices=["full", "symmetric"])
-    parser.add_argument("--policy", default=None, help="memory-controller policy (fr-fcfs, fcfs, round-robin, t3-mca)")
+    parser.add_argument("--op", action="append", required=True,
+                        help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
+                             "(auto: direct for alltoall, ring for the other collectives)")
+    parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
+                        help="symmetric simulates rank 0 only (every op must run on rank 0)")
+    parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
+                        help="memory-controller policy (default: each GPU's configured one)")
     parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
     parser.add_argument("--out", help="folder for ops.csv, summary.csv, timeline.png and a Perfetto trace")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -8,9 +8,14 @@ Compute ops run on every rank in ``ranks`` (default: all); collectives span ``ra
 
 from __future__ import annotations
 
+import copy
 import itertools
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import OpError
@@ -21,9 +26,33 @@ if TYPE_CHECKING:
 _ids = itertools.count()
 
 
-def _check_positive_int(op: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def as_int(value: object) -> int | None:
+    """``value`` as a Python ``int`` if it is an integer (Python or NumPy, not a bool), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
+def as_sequence(value: object) -> list | None:
+    """The items of a list, tuple, range or one-dimensional NumPy array, else ``None``."""
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.ndim == 1 else None
+    if isinstance(value, (list, tuple, range)):
+        return list(value)
+    return None
+
+
+def _positive_int(op: str, name: str, value: object) -> int:
+    number = as_int(value)
+    if number is None or number <= 0:
         raise OpError(f"{op}: field '{name}' must be a positive integer, got {value!r}")
+    return number
+
+
+def _bool(op: str, name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise OpError(f"{op}: field '{name}' must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _check_dtype(op: str, dtype: object) -> None:
@@ -31,16 +60,19 @@ def _check_dtype(op: str, dtype: object) -> None:
         raise OpError(f"{op}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
 
 
-def _check_ranks(op: str, ranks: object) -> None:
+def _ranks(op: str, ranks: object) -> tuple[int, ...] | None:
     if ranks is None:
-        return
-    if not isinstance(ranks, (list, tuple)) or not ranks:
+        return None
+    items = as_sequence(ranks)
+    if not items:
         raise OpError(f"{op}: field 'ranks' must be a non-empty list of GPU indices, got {ranks!r}")
-    for rank in ranks:
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+    indices = [as_int(rank) for rank in items]
+    for rank, index in zip(items, indices):
+        if index is None or index < 0:
             raise OpError(f"{op}: field 'ranks' must hold non-negative integers, got {rank!r}")
-    if len(set(ranks)) != len(ranks):
-        raise OpError(f"{op}: field 'ranks' repeats a GPU: {list(ranks)}")
+    if len(set(indices)) != len(indices):
+        raise OpError(f"{op}: field 'ranks' repeats a GPU: {indices}")
+    return tuple(indices)
 
 
 @dataclass
@@ -52,18 +84,30 @@ class Op:
     name
         Label in results (default: derived from the op).
     ranks
-        GPUs it runs on (``None``: all GPUs of the system).
+        GPUs it runs on (``None``: all GPUs of the system); stored as a tuple of ints.
     category
         (class attribute) ``gemm``, ``elementwise``, ``reduction``, ``collective``... as in results.
+    symmetric
+        (class attribute) Whether symmetric mode can simulate it, i.e. every rank does the same work.
+    uid
+        A number that identifies this op object (and its execution in results, see :meth:`copy`).
     """
 
     name: str | None = field(default=None, kw_only=True)
     ranks: tuple[int, ...] | list[int] | None = field(default=None, kw_only=True)
     category: ClassVar[str] = "op"
+    symmetric: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_ranks(type(self).__name__, self.ranks)
+        self.ranks = _ranks(type(self).__name__, self.ranks)
         self.uid = next(_ids)
+
+    def copy(self) -> Op:
+        """The same op with its own :attr:`uid`, for a second execution of this op in one run
+        (its own row in results, and collective state that is not shared with the first)."""
+        clone = copy.copy(self)
+        clone.uid = next(_ids)
+        return clone
 
     @property
     def label(self) -> str:
@@ -88,21 +132,23 @@ class GemmShape(Op):
     Attributes
     ----------
     m, n, k
-        Dimensions (positive).
+        Dimensions (positive integers).
     dtype
         Input and output dtype; accumulation is fp32.
     trans_a, trans_b
-        Whether A / B are stored transposed, in row-major (PyTorch/NumPy) terms: A is ``[m, k]``
-        or, transposed, ``[k, m]``; B is ``[k, n]`` or ``[n, k]``.  (A column-major cuBLAS call
-        with ``op(A) = N`` is ``trans_a=True`` here.)  The layout decides the contiguous runs of
-        the panels the GEMM loads, and so its DRAM row activations.
+        Whether A / B are stored transposed (bools), in row-major (PyTorch/NumPy) terms: A is
+        ``[m, k]`` or, transposed, ``[k, m]``; B is ``[k, n]`` or ``[n, k]``.  (A column-major
+        cuBLAS call with ``op(A) = N`` is ``trans_a=True`` here.)  The layout decides the
+        contiguous runs of the panels the GEMM loads, and so its DRAM row activations.
     batch
         Batch count.
     a, b, out
         Tensor names (optional).
     kernel
-        Force a kernel implementation by name (e.g. ``"MT128x128x32_T256"``); default: the
-        library heuristic's choice.
+        Force a kernel implementation by name (e.g. ``"MT128x128x32_T256"``, one of
+        :data:`gpusim.kernels.gemm.LIBRARY`, optionally with a split-K suffix ``_SK2``..``_SK16``);
+        default: the library heuristic's choice.  A kernel whose workgroup fits on no CU of the
+        GPU is an error when the op runs.
     """
 
     m: int
@@ -118,9 +164,19 @@ class GemmShape(Op):
     kernel: str | None = None
 
     def __post_init__(self) -> None:
+        op = type(self).__name__
         for name in ("m", "n", "k", "batch"):
-            _check_positive_int(type(self).__name__, name, getattr(self, name))
-        _check_dtype(type(self).__name__, self.dtype)
+            setattr(self, name, _positive_int(op, name, getattr(self, name)))
+        _check_dtype(op, self.dtype)
+        self.trans_a = _bool(op, "trans_a", self.trans_a)
+        self.trans_b = _bool(op, "trans_b", self.trans_b)
+        if self.kernel is not None:
+            from gpusim.kernels.gemm import find_spec
+
+            try:
+                find_spec(self.kernel)
+            except OpError as exc:
+                raise OpError(f"{op}: field 'kernel': {exc}") from None
         super().__post_init__()
 
     @property
@@ -179,6 +235,7 @@ class GemmReduceScatter(GemmShape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.stagger = _bool("GemmReduceScatter", "stagger", self.stagger)
         if self.algorithm not in FUSED_ALGORITHMS:
             raise OpError(
                 f"GemmReduceScatter: field 'algorithm' must be one of {', '.join(FUSED_ALGORITHMS)}, "
@@ -228,8 +285,11 @@ class Elementwise(Op):
         Elements per tensor.
     dtype
         Element dtype.
-    inputs, out
-        Tensor names (optional).
+    inputs
+        Names of the tensors it reads (optional): a tuple of at most as many names as the kind
+        reads (:data:`ELEMENTWISE_KINDS`); inputs without a name are private.
+    out
+        Name of the tensor it writes (optional).
     """
 
     kind: str
@@ -244,8 +304,17 @@ class Elementwise(Op):
             raise OpError(
                 f"Elementwise: field 'kind' must be one of {', '.join(ELEMENTWISE_KINDS)}, got {self.kind!r}"
             )
-        _check_positive_int("Elementwise", "elements", self.elements)
+        self.elements = _positive_int("Elementwise", "elements", self.elements)
         _check_dtype("Elementwise", self.dtype)
+        if self.inputs is not None:
+            names = as_sequence(self.inputs)
+            reads = ELEMENTWISE_KINDS[self.kind][0]
+            if names is None or not all(isinstance(name, str) and name for name in names):
+                raise OpError(f"Elementwise: field 'inputs' must be a tuple of tensor names, got {self.inputs!r}")
+            if len(names) > reads:
+                raise OpError(f"Elementwise: field 'inputs' names {len(names)} tensors, but {self.kind!r} reads "
+                              f"{reads}: {self.inputs!r}")
+            self.inputs = tuple(names)
         super().__post_init__()
 
     def describe(self) -> str:
@@ -293,8 +362,8 @@ class RowReduce(Op):
     def __post_init__(self) -> None:
         if self.kind not in ROW_REDUCE_KINDS:
             raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
-        _check_positive_int("RowReduce", "rows", self.rows)
-        _check_positive_int("RowReduce", "cols", self.cols)
+        self.rows = _positive_int("RowReduce", "rows", self.rows)
+        self.cols = _positive_int("RowReduce", "cols", self.cols)
         _check_dtype("RowReduce", self.dtype)
         super().__post_init__()
 
@@ -308,6 +377,9 @@ class RowReduce(Op):
 
 
 COLLECTIVE_ALGORITHMS = ("ring", "direct", "hierarchical", "auto")
+"""Every collective algorithm; each collective accepts some of them (``Collective.algorithms``)."""
+DMA_ALGORITHMS = ("ring", "auto")
+"""Algorithms of DMA-driven collectives."""
 
 
 @dataclass
@@ -321,14 +393,23 @@ class Collective(Op):
     dtype
         Element dtype (reductions add in this dtype).
     algorithm
-        ``ring``, ``direct`` (each rank talks to every other), ``hierarchical`` (across nodes),
-        or ``auto`` (ring within a node, hierarchical across nodes).
+        ``ring`` (not for all-to-all; across nodes one ring per channel, each leaving a node
+        through a different GPU's NIC), ``direct`` (each rank talks to every other),
+        ``hierarchical`` (all-reduce only: reduce-scatter inside each node, all-reduce across
+        nodes, all-gather inside each node), or ``auto``: ``direct`` for all-to-all, ``ring``
+        for the others, within a node and across nodes alike.
     driver
-        ``"cu"`` (a kernel on the configured number of CUs, as NCCL/RCCL) or ``"dma"``.
+        ``"cu"`` (a kernel on the configured number of CUs, as NCCL/RCCL) or ``"dma"`` (the DMA
+        engines; ``ring`` or ``auto`` algorithm, not all-to-all; a DMA-driven reduction needs
+        near-memory op-and-store, ``gpu.nmc.enabled``).
     channels
         CUs a CU-driven collective uses (default: the node's ``collectives.cus``).
     input, out
         Tensor names (optional).
+    algorithms
+        (class attribute) The algorithms this collective accepts.
+    dma
+        (class attribute) Whether it can be DMA-driven.
     """
 
     nbytes: int
@@ -340,17 +421,24 @@ class Collective(Op):
     out: str | None = None
     category: ClassVar[str] = "collective"
     collective: ClassVar[str] = "collective"
+    algorithms: ClassVar[tuple[str, ...]] = ("ring", "direct", "auto")
+    dma: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        _check_positive_int(name, "nbytes", self.nbytes)
+        self.nbytes = _positive_int(name, "nbytes", self.nbytes)
         _check_dtype(name, self.dtype)
-        if self.algorithm not in COLLECTIVE_ALGORITHMS:
-            raise OpError(f"{name}: field 'algorithm' must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, got {self.algorithm!r}")
+        if self.algorithm not in self.algorithms:
+            raise OpError(f"{name}: field 'algorithm' must be one of {', '.join(self.algorithms)}, got {self.algorithm!r}")
         if self.driver not in ("cu", "dma"):
             raise OpError(f"{name}: field 'driver' must be 'cu' or 'dma', got {self.driver!r}")
+        if self.driver == "dma" and not self.dma:
+            raise OpError(f"{name}: driver 'dma' is not supported ({self.collective} runs on CUs); use driver='cu'")
+        if self.driver == "dma" and self.algorithm not in DMA_ALGORITHMS:
+            raise OpError(f"{name}: driver 'dma' runs the ring algorithm only, got algorithm={self.algorithm!r}; "
+                          f"use algorithm='ring' or 'auto', or driver='cu'")
         if self.channels is not None:
-            _check_positive_int(name, "channels", self.channels)
+            self.channels = _positive_int(name, "channels", self.channels)
         super().__post_init__()
 
     def describe(self) -> str:
@@ -369,6 +457,7 @@ class AllReduce(Collective):
     """Every rank ends with the element-wise sum of all ranks' ``nbytes`` arrays."""
 
     collective: ClassVar[str] = "allreduce"
+    algorithms: ClassVar[tuple[str, ...]] = COLLECTIVE_ALGORITHMS
 
 
 @dataclass
@@ -387,14 +476,19 @@ class AllGather(Collective):
 
 @dataclass
 class AllToAll(Collective):
-    """Rank i sends chunk j of its ``nbytes`` array to rank j."""
+    """Rank i sends chunk j of its ``nbytes`` array to rank j (``direct`` algorithm, on CUs)."""
 
     collective: ClassVar[str] = "alltoall"
+    algorithms: ClassVar[tuple[str, ...]] = ("direct", "auto")
+    dma: ClassVar[bool] = False
 
 
 @dataclass
 class SendRecv(Op):
     """Rank ``src`` sends ``nbytes`` to rank ``dst`` (pipeline-parallel activations).
+
+    It runs on exactly the two ranks ``src`` and ``dst`` (the sender's DMA engine copies the
+    data), in full mode only: ``ranks`` is ``(src, dst)``; giving other ranks is an error.
 
     Attributes
     ----------
@@ -402,6 +496,8 @@ class SendRecv(Op):
         Message size.
     src, dst
         Sender and receiver ranks.
+    input, out
+        Names of the sent tensor on ``src`` and of the received one on ``dst`` (optional).
     """
 
     nbytes: int
@@ -410,18 +506,23 @@ class SendRecv(Op):
     input: str | None = None
     out: str | None = None
     category: ClassVar[str] = "sendrecv"
+    symmetric: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _check_positive_int("SendRecv", "nbytes", self.nbytes)
+        self.nbytes = _positive_int("SendRecv", "nbytes", self.nbytes)
         for field_name in ("src", "dst"):
             value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            rank = as_int(value)
+            if rank is None or rank < 0:
                 raise OpError(f"SendRecv: field '{field_name}' must be a non-negative integer, got {value!r}")
+            setattr(self, field_name, rank)
         if self.src == self.dst:
             raise OpError(f"SendRecv: 'src' and 'dst' must differ, both are {self.src}")
-        if self.ranks is None:
-            self.ranks = (self.src, self.dst)
         super().__post_init__()
+        if self.ranks is not None and set(self.ranks) != {self.src, self.dst}:
+            raise OpError(f"SendRecv: field 'ranks' must be the two ranks src and dst, {self.src} and {self.dst} "
+                          f"(or be left out), got {list(self.ranks)}")
+        self.ranks = (self.src, self.dst)
 
     def describe(self) -> str:
         from gpusim.units import format_bytes
@@ -441,15 +542,17 @@ class Delay(Op):
     Attributes
     ----------
     seconds
-        Duration.
+        Duration (a finite non-negative number), s.
     """
 
     seconds: float = 0.0
     category: ClassVar[str] = "delay"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seconds, (int, float)) or self.seconds < 0:
-            raise OpError(f"Delay: field 'seconds' must be a non-negative number, got {self.seconds!r}")
+        value = self.seconds
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+            raise OpError(f"Delay: field 'seconds' must be a finite non-negative number of seconds, got {value!r}")
+        self.seconds = float(value)
         super().__post_init__()
 
     def describe(self) -> str:
@@ -505,11 +608,10 @@ class Optimizer(Op):
             )
         if self.impl not in OPTIMIZER_IMPLS:
             raise OpError(f"Optimizer: field 'impl' must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.impl!r}")
-        if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, (list, tuple)) or not self.sizes:
+        sizes = as_sequence(self.sizes)
+        if not sizes:
             raise OpError(f"Optimizer: field 'sizes' must be a non-empty list of tensor sizes, got {self.sizes!r}")
-        for size in self.sizes:
-            _check_positive_int("Optimizer", "sizes", size)
-        self.sizes = tuple(self.sizes)
+        self.sizes = tuple(_positive_int("Optimizer", "sizes", size) for size in sizes)
         _check_dtype("Optimizer", self.dtype)
         if self.grad_norm not in ("banks", "gpu"):
             raise OpError(f"Optimizer: field 'grad_norm' must be 'banks' or 'gpu', got {self.grad_norm!r}")

@@ -29,6 +29,21 @@ OP_COLUMNS = [
     "bytes",
     "measured_s",
 ]
+SUMMARY_COLUMNS = [
+    "op_id",
+    "name",
+    "kind",
+    "impl",
+    "gpus",
+    "start_s",
+    "end_s",
+    "flops",
+    "bytes",
+    "duration_s",
+    "tflop_per_s",
+    "gb_per_s",
+]
+"""Columns of :meth:`Result.summary`."""
 
 
 @dataclass
@@ -40,8 +55,9 @@ class Result:
     time_s
         Simulated time from the first op's start to the last op's end, s.
     ops
-        One row per op per GPU: op_id, name, kind, gpu, stream, start_s, end_s, duration_s, impl,
-        flops, bytes, measured_s (empty unless the op came from a measured trace) and more.
+        One row per op execution per GPU: op_id (one per execution: an op object run twice has
+        two), name, kind, gpu, stream, start_s, end_s, duration_s, impl, flops, bytes, measured_s
+        (empty unless the op came from a measured trace) and more.
     kernels
         One row per kernel per GPU.
     dram
@@ -70,9 +86,11 @@ class Result:
     bin_s: float = 5e-6
 
     def summary(self) -> pd.DataFrame:
-        """One row per op (over all its GPUs): kind, implementation, start, end, duration and rates."""
+        """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`, i.e. op_id, name,
+        kind, implementation, GPUs, start, end, FLOPs, bytes, duration and rates (TFLOP/s for
+        GEMMs)."""
         if self.ops.empty:
-            return pd.DataFrame(columns=["name", "kind", "gpus", "start_s", "end_s", "duration_s"])
+            return pd.DataFrame(columns=SUMMARY_COLUMNS)
         grouped = self.ops.groupby("op_id", sort=True)
         table = grouped.agg(
             name=("name", "first"),
@@ -88,7 +106,7 @@ class Result:
         table["tflop_per_s"] = table["flops"] / table["duration_s"] / 1e12
         table.loc[table["kind"] != "gemm", "tflop_per_s"] = float("nan")
         table["gb_per_s"] = table["bytes"] / table["duration_s"] / 1e9
-        return table.reset_index()
+        return table.reset_index()[SUMMARY_COLUMNS]
 
     def dram_totals(self) -> pd.DataFrame:
         """DRAM bytes per GPU, stream and direction."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpusim.engine.simulation import Simulation
-from gpusim.errors import OpError, SimulationError
+from gpusim.errors import ConfigError, OpError, SimulationError
 from gpusim.hw.system import Machine
-from gpusim.ops import Op
+from gpusim.ops import Op, as_int
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import Executor, Stream
 from gpusim.system import System, load_system
@@ -23,17 +26,42 @@ def _as_stream(stream: str | Stream) -> Stream:
     raise OpError(f"a stream must be a non-empty name or a gpusim.Stream, got {stream!r}")
 
 
-def _check_cu_mask(stream: Stream, num_cus: int, system_name: str) -> None:
+def _checked_cu_mask(stream: Stream, num_cus: int, system_name: str) -> Stream:
+    """``stream`` with its CU mask checked and made a tuple of ints (NumPy integers accepted)."""
     mask = stream.cu_mask
     if mask is None:
-        return
-    if not mask:
+        return stream
+    if isinstance(mask, (str, bytes)) or not isinstance(mask, Iterable):
+        raise OpError(f"stream {stream.name!r}: cu_mask must be a collection of CU indices 0..{num_cus - 1} "
+                      f"or None for all CUs, got {mask!r}")
+    given = list(mask)
+    if not given:
         raise OpError(f"stream {stream.name!r}: cu_mask is empty; give CU indices 0..{num_cus - 1} or None for all CUs")
-    outside = sorted({cu for cu in mask if not (isinstance(cu, int) and 0 <= cu < num_cus)}, key=str)
+    indices = [as_int(cu) for cu in given]
+    outside = [cu for cu, index in zip(given, indices) if index is None or not 0 <= index < num_cus]
     if outside:
         raise OpError(f"stream {stream.name!r}: cu_mask has {outside[:5]}, outside {system_name}'s CUs 0..{num_cus - 1}")
-    if len(set(mask)) != len(mask):
-        raise OpError(f"stream {stream.name!r}: cu_mask repeats a CU: {list(mask)}")
+    if len(set(indices)) != len(indices):
+        raise OpError(f"stream {stream.name!r}: cu_mask repeats a CU: {indices}")
+    return dataclasses.replace(stream, cu_mask=tuple(indices))
+
+
+def _check_bin(bin_s: object) -> None:
+    """Raise :class:`ConfigError` unless ``bin_s`` is a positive finite number of seconds."""
+    if isinstance(bin_s, bool) or not isinstance(bin_s, numbers.Real) or not math.isfinite(bin_s) or bin_s <= 0:
+        raise ConfigError(f"bin_s must be a positive finite number of seconds, got {bin_s!r}")
+
+
+def _group_of(op: Op, executor: Executor) -> list[int]:
+    """The ranks ``op`` runs on; :class:`OpError` if one does not exist or symmetric mode cannot run it."""
+    machine = executor.machine
+    group = executor.group_of(op)
+    if machine.mode == "symmetric" and not op.symmetric:
+        raise OpError(f"{op.label}: {type(op).__name__} needs mode='full' (its ranks do different work)")
+    if machine.mode == "symmetric" and 0 not in group:
+        raise OpError(f"{op.label}: symmetric mode simulates rank 0 only, and this op runs on ranks {group}, "
+                      f"not on rank 0; use mode='full'")
+    return group
 
 
 def _progress_bar(total: int, enabled: bool, description: str):
@@ -53,11 +81,15 @@ def prepare(
     bin_s: float = 5e-6,
     on_op_done=None,
 ) -> tuple[System, Simulation, Machine, Executor]:
-    """Build a simulation, its machine and an executor (for callers that submit ops themselves)."""
+    """Build a simulation, its machine and an executor (for callers that submit ops themselves).
+
+    Arguments are those of :func:`run`; bad settings raise :class:`ConfigError`.
+    """
     if isinstance(system, str):
         system = load_system(system)
     if not isinstance(system, System):
         raise TypeError(f"expected a gpusim.System or a preset name, got {type(system).__name__}")
+    _check_bin(bin_s)
     sim = Simulation(seed=seed, bin_ns=bin_s * 1e9)
     machine = Machine(sim, system.config, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
                       topology=system.topology)
@@ -125,7 +157,8 @@ def run(
         and share its CUs, L2 and HBM.  Default: all ops on one stream.
     mode
         ``"full"`` simulates every GPU; ``"symmetric"`` simulates GPU 0 and mirrors its
-        neighbours' traffic into it (for work that every GPU does alike).
+        neighbours' traffic into it (for work that every GPU does alike; an op that does not run
+        on rank 0, or a :class:`gpusim.ops.SendRecv`, is an error there).
     memory_policy
         Memory-controller arbitration for all GPUs (``fr-fcfs``, ``fcfs``, ``round-robin``,
         ``t3-mca``); default: each GPU's configured policy.
@@ -136,11 +169,20 @@ def run(
     progress
         Show a progress bar of finished ops.
     bin_s
-        Time resolution of the DRAM and link traffic in the result, s.
+        Time resolution of the DRAM and link traffic in the result, s (positive).
 
     Returns
     -------
     Result
+        An op object that appears several times in ``ops`` runs (and is reported) once per
+        appearance, each with its own ``op_id``.
+
+    Raises
+    ------
+    OpError
+        For bad ops or streams, including ranks that the system lacks.
+    ConfigError
+        For bad settings (mode, policies, ``bin_s``).
     """
     wall_start = time.perf_counter()
     if hasattr(ops, "replay"):
@@ -162,13 +204,16 @@ def run(
             bar.update()
 
     system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
-    for stream in stream_list:
-        _check_cu_mask(stream, system.gpu.num_cus, system.name)
+    stream_list = [_checked_cu_mask(stream, system.gpu.num_cus, system.name) for stream in stream_list]
     last: dict[tuple[int, str], Any] = {}
     expected = 0
     plans = []
+    seen: set[int] = set()
     for op, stream in zip(op_list, stream_list):
-        group = executor.group_of(op)
+        group = _group_of(op, executor)
+        if op.uid in seen:
+            op = op.copy()
+        seen.add(op.uid)
         for rank in group:
             if machine.is_simulated(rank):
                 plans.append((op, rank, stream))

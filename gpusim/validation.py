@@ -14,6 +14,7 @@ Errors are relative to the measurement: ``error = simulated / measured - 1``; st
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,8 +289,11 @@ def get(name: str) -> DataSet:
 def sample(frame: pd.DataFrame, count: int | None, seed: int = 0, by: str | None = None) -> pd.DataFrame:
     """A reproducible random subset of ``count`` rows (all rows when ``count`` is None or larger).
 
-    With ``by``, the rows are drawn evenly from each value of that column.
+    With ``by``, the rows are drawn evenly from each value of that column.  ``count`` must be a
+    positive integer (:class:`ConfigError` otherwise).
     """
+    if count is not None and (isinstance(count, bool) or not isinstance(count, numbers.Integral) or count <= 0):
+        raise ConfigError(f"points: expected a positive number of rows to sample, got {count!r}")
     if count is None or count >= len(frame):
         return frame
     if by is None:

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -69,8 +70,31 @@ def test_split_k_reduction_follows_its_gemm_after_the_dependent_launch_gap(gap_n
 
 
 def test_named_kernel_and_errors():
-    with pytest.raises(ValueError, match="unknown GEMM kernel"):
-        gpusim.run(SYSTEM, ops.Gemm(64, 64, 64, kernel="MT1x1"))
+    with pytest.raises(gpusim.OpError, match="Gemm: field 'kernel': unknown GEMM kernel 'MT1x1'; library kernels"):
+        ops.Gemm(64, 64, 64, kernel="MT1x1")
+    with pytest.raises(gpusim.OpError, match="unknown GEMM kernel"):
+        find_spec("MT999")
+    assert find_spec("MT64x64x32_T256_SK8").split_k == 8
+
+
+@pytest.mark.parametrize("system", ["a100-sxm4", "t4"])
+def test_a_named_kernel_that_fits_on_no_cu_is_rejected_before_it_runs(system):
+    op = ops.Gemm(512, 512, 512, kernel="MT256x256x32_T256")
+    message = (f"gemm 512x512x512 fp16: GEMM kernel MT256x256x32_T256 does not fit on a CU of {system}: "
+               r"one fp16 workgroup needs 303104 register bytes \(a CU has 262144\)")
+    with pytest.raises(gpusim.OpError, match=message):
+        gpusim.run(system, op)
+
+
+@pytest.mark.parametrize("value", ["no", "false", 0, 1, None])
+def test_transposes_must_be_bools(value):
+    with pytest.raises(gpusim.OpError, match="field 'trans_a' must be True or False"):
+        ops.Gemm(8, 8, 8, trans_a=value)
+
+
+def test_numpy_bools_are_bools():
+    op = ops.Gemm(8, 8, 8, trans_a=np.bool_(True), trans_b=np.bool_(False))
+    assert op.trans_a is True and op.trans_b is False
 
 
 @pytest.mark.parametrize("field", ["m", "n", "k"])

@@ -2,10 +2,13 @@
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import gpusim
 from gpusim import ops
+from gpusim.results import OP_COLUMNS, SUMMARY_COLUMNS, Result
 
 RING8 = gpusim.load_system("t3-ring8")
 ONE = gpusim.load_system("t3-table8.1")
@@ -60,13 +63,13 @@ def test_bad_inputs():
         gpusim.run(ONE, [])
     with pytest.raises(gpusim.OpError, match="streams has 1 entries for 2 ops"):
         gpusim.run(ONE, [ops.Gemm(8, 8, 8), ops.Gemm(8, 8, 8)], streams=["a"])
-    with pytest.raises(ValueError, match="rank 3 does not exist"):
+    with pytest.raises(gpusim.OpError, match=r"gemm 8x8x8 fp16: rank 3 does not exist; t3-table8.1 has ranks 0\.\.0"):
         gpusim.run(ONE, ops.Gemm(8, 8, 8, ranks=[3]))
     with pytest.raises(gpusim.OpError, match="Elementwise: field 'kind'"):
         ops.Elementwise("frobnicate", 10)
     with pytest.raises(gpusim.OpError, match="ranks"):
         ops.AllReduce(1024, ranks=[0, 0])
-    with pytest.raises(ValueError, match="symmetric mode"):
+    with pytest.raises(gpusim.ConfigError, match="symmetric mode needs a topology"):
         gpusim.run(gpusim.load_system("t3-ring8", {"topology.kind": "custom", "topology.edges": [[0, 1]]}),
                    ops.Gemm(8, 8, 8), mode="symmetric")
 
@@ -86,3 +89,143 @@ def test_elementwise_and_row_reductions_are_memory_bound():
     result = gpusim.run(ONE, [ops.Elementwise("add", n), ops.RowReduce("softmax", 8192, 8192)])
     for row in result.ops.itertuples():
         assert row.bytes / row.duration_s < ONE.gpu.hbm.bandwidth_bytes_per_s
+
+
+def test_cu_masks_may_be_numpy_arrays():
+    masked = gpusim.run(ONE, ops.Gemm(256, 256, 256), streams=[gpusim.Stream("s", cu_mask=np.arange(10))])
+    plain = gpusim.run(ONE, ops.Gemm(256, 256, 256), streams=[gpusim.Stream("s", cu_mask=range(10))])
+    assert masked.time_s == plain.time_s
+    listed = gpusim.run(ONE, ops.Gemm(64, 64, 64), streams=[gpusim.Stream("s", cu_mask=list(np.arange(4)))])
+    assert listed.time_s == gpusim.run(ONE, ops.Gemm(64, 64, 64), streams=[gpusim.Stream("s", cu_mask=range(4))]).time_s
+    with pytest.raises(gpusim.OpError, match="stream 's': cu_mask must be a collection of CU indices"):
+        gpusim.run(ONE, ops.Delay(1e-6), streams=[gpusim.Stream("s", cu_mask=5)])
+    with pytest.raises(gpusim.OpError, match=r"cu_mask has \[1.0\], outside"):
+        gpusim.run(ONE, ops.Delay(1e-6), streams=[gpusim.Stream("s", cu_mask=[0, 1.0])])
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"bin_s": 0}, "bin_s must be a positive finite number of seconds, got 0"),
+    ({"bin_s": -1e-6}, "bin_s must be a positive"),
+    ({"bin_s": float("nan")}, "bin_s must be a positive"),
+    ({"bin_s": True}, "bin_s must be a positive"),
+    ({"memory_policy": "bogus"}, "memory_policy: unknown memory-controller policy 'bogus'; known: fcfs, fr-fcfs"),
+    ({"dispatch_policy": "bogus"}, "dispatch_policy: unknown dispatch policy 'bogus'; known: round_robin, fifo"),
+    ({"mode": "bogus"}, "mode must be one of full, symmetric"),
+])
+def test_bad_run_settings_are_config_errors(settings, message):
+    with pytest.raises(gpusim.ConfigError, match=message):
+        gpusim.run(ONE, ops.Delay(1e-6), **settings)
+
+
+@pytest.mark.parametrize("op", [
+    ops.Gemm(256, 256, 256, ranks=[3]),
+    ops.AllReduce(2**16, ranks=[1, 2]),
+], ids=["gemm", "allreduce"])
+def test_symmetric_mode_rejects_ops_that_do_not_run_on_rank_0(op):
+    with pytest.raises(gpusim.OpError, match="symmetric mode simulates rank 0 only.*use mode='full'"):
+        gpusim.run(RING8, op, mode="symmetric")
+
+
+@pytest.mark.parametrize(("src", "dst"), [(0, 1), (3, 5)])
+def test_symmetric_mode_rejects_send_recv(src, dst):
+    with pytest.raises(gpusim.OpError, match="SendRecv needs mode='full'"):
+        gpusim.run(RING8, ops.SendRecv(1024, src=src, dst=dst), mode="symmetric")
+
+
+def test_an_empty_summary_has_the_summary_columns():
+    empty = Result(0.0, pd.DataFrame(columns=OP_COLUMNS), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {}, {}, {})
+    assert list(empty.summary().columns) == SUMMARY_COLUMNS
+    assert list(gpusim.run(ONE, ops.Delay(1e-6)).summary().columns) == SUMMARY_COLUMNS
+
+
+def test_each_execution_of_one_op_object_has_its_own_row():
+    gemm = ops.Gemm(256, 256, 256)
+    twice = gpusim.run(ONE, [gemm, gemm]).summary()
+    apart = gpusim.run(ONE, [ops.Gemm(256, 256, 256), ops.Gemm(256, 256, 256)]).summary()
+    assert len(twice) == 2 and twice["op_id"].nunique() == 2
+    assert twice["tflop_per_s"].tolist() == pytest.approx(apart["tflop_per_s"].tolist())
+    reduce = ops.AllReduce(2**20)  # a collective run twice must not reuse the first run's arrival flags
+    same = gpusim.run(RING8, [reduce, reduce], mode="symmetric")
+    distinct = gpusim.run(RING8, [ops.AllReduce(2**20), ops.AllReduce(2**20)], mode="symmetric")
+    assert same.time_s == pytest.approx(distinct.time_s)
+
+
+def test_auto_collectives_run_a_ring_across_nodes_too():
+    two_nodes = gpusim.load_system("dgx-a100", {"nodes": 2, "num_gpus": 2})
+    assert set(gpusim.run(two_nodes, ops.AllReduce(4096)).ops["impl"]) == {"ring_ar"}
+    documented = " ".join(ops.Collective.__doc__.split())
+    assert "``ring`` for the others, within a node and across nodes alike" in documented
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1e-6, True, "1", None])
+def test_delay_needs_a_finite_non_negative_number(seconds):
+    with pytest.raises(gpusim.OpError, match="Delay: field 'seconds' must be a finite non-negative number"):
+        ops.Delay(seconds)
+
+
+def test_delay_accepts_numpy_numbers():
+    assert ops.Delay(np.float64(2e-6)).seconds == 2e-6
+    assert type(ops.Delay(np.int64(1)).seconds) is float
+
+
+@pytest.mark.parametrize("ranks", [[2, 3], [0], [0, 1, 2]])
+def test_send_recv_runs_on_src_and_dst_only(ranks):
+    with pytest.raises(gpusim.OpError, match=r"SendRecv: field 'ranks' must be the two ranks src and dst, 0 and 1"):
+        ops.SendRecv(1024, src=0, dst=1, ranks=ranks)
+
+
+def test_send_recv_ranks_are_src_and_dst():
+    assert ops.SendRecv(1024, src=3, dst=1).ranks == (3, 1)
+    assert ops.SendRecv(1024, src=3, dst=1, ranks=[1, 3]).ranks == (3, 1)
+
+
+@pytest.mark.parametrize(("cls", "fields", "message"), [
+    (ops.ReduceScatter, {"algorithm": "hierarchical"}, "ReduceScatter: field 'algorithm' must be one of ring, direct, auto"),
+    (ops.AllGather, {"algorithm": "hierarchical"}, "AllGather: field 'algorithm' must be one of ring, direct, auto"),
+    (ops.AllToAll, {"algorithm": "ring"}, "AllToAll: field 'algorithm' must be one of direct, auto"),
+    (ops.AllToAll, {"driver": "dma"}, "AllToAll: driver 'dma' is not supported"),
+    (ops.AllReduce, {"algorithm": "direct", "driver": "dma"}, "AllReduce: driver 'dma' runs the ring algorithm only"),
+    (ops.AllGather, {"algorithm": "direct", "driver": "dma"}, "AllGather: driver 'dma' runs the ring algorithm only"),
+    (ops.AllReduce, {"algorithm": "hierarchical", "driver": "dma"}, "driver 'dma' runs the ring algorithm only"),
+])
+def test_collectives_reject_algorithms_they_lack_at_construction(cls, fields, message):
+    with pytest.raises(gpusim.OpError, match=message):
+        cls(1024, **fields)
+
+
+def test_collectives_accept_the_algorithms_they_have():
+    ops.AllReduce(1024, algorithm="hierarchical")
+    ops.AllToAll(1024, algorithm="direct")
+    ops.ReduceScatter(1024, algorithm="ring", driver="dma")
+    ops.AllGather(1024, driver="dma")
+
+
+def test_ops_accept_numpy_integers_as_ints():
+    gemm = ops.Gemm(np.int64(128), np.int32(64), np.uint16(32), batch=np.int64(2), ranks=[np.int64(0)])
+    assert (gemm.m, gemm.n, gemm.k, gemm.batch, gemm.ranks) == (128, 64, 32, 2, (0,))
+    assert all(type(value) is int for value in (gemm.m, gemm.n, gemm.k, gemm.batch, *gemm.ranks))
+    assert ops.AllReduce(np.int64(1024), ranks=np.arange(2), channels=np.int8(2)).ranks == (0, 1)
+    assert ops.Optimizer("adam", np.array([4, 8])).sizes == (4, 8)
+    assert ops.SendRecv(np.int64(8), src=np.int64(1), dst=np.int64(0)).ranks == (1, 0)
+    with pytest.raises(gpusim.OpError, match="field 'm' must be a positive integer"):
+        ops.Gemm(np.float64(128), 64, 32)
+    with pytest.raises(gpusim.OpError, match="field 'ranks' must hold non-negative integers, got True"):
+        ops.Gemm(8, 8, 8, ranks=[True])
+    with pytest.raises(gpusim.OpError, match="field 'ranks' must be a non-empty list"):
+        ops.Gemm(8, 8, 8, ranks=np.zeros((2, 2), dtype=int))
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ("ab", "field 'inputs' must be a tuple of tensor names, got 'ab'"),
+    (("a", 3), "field 'inputs' must be a tuple of tensor names"),
+    (("a", "b", "c"), "field 'inputs' names 3 tensors, but 'add' reads 2"),
+])
+def test_elementwise_inputs_are_names_the_kind_reads(inputs, message):
+    with pytest.raises(gpusim.OpError, match=message):
+        ops.Elementwise("add", 8, inputs=inputs)
+
+
+def test_elementwise_inputs_may_name_some_of_its_reads():
+    assert ops.Elementwise("add", 8, inputs=["x"]).inputs == ("x",)
+    with pytest.raises(gpusim.OpError, match="'fill' reads 0"):
+        ops.Elementwise("fill", 8, inputs=("x",))

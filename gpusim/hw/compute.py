@@ -24,7 +24,10 @@ import simpy
 
 from gpusim.config.gpu import CuConfig
 from gpusim.engine.primitives import Pipe
+from gpusim.errors import ConfigError
 
+DISPATCH_POLICIES = ("round_robin", "fifo")
+"""How concurrent kernels take turns placing workgroups (see :class:`Dispatcher`)."""
 SIMDS_PER_CU = 4
 """Issue slots of a CU (SIMDs on AMD, SM sub-partitions on NVIDIA); a WG needs this many
 wavefronts to use a CU's whole arithmetic rate."""
@@ -249,8 +252,8 @@ class Dispatcher:
     """
 
     def __init__(self, env: simpy.Environment, cus: list[ComputeUnit], policy: str = "round_robin"):
-        if policy not in ("round_robin", "fifo"):
-            raise ValueError(f"unknown dispatch policy {policy!r}; known: round_robin, fifo")
+        if policy not in DISPATCH_POLICIES:
+            raise ConfigError(f"dispatch_policy: unknown dispatch policy {policy!r}; known: {', '.join(DISPATCH_POLICIES)}")
         self.env = env
         self.cus = cus
         self.policy = policy

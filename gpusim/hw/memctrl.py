@@ -20,6 +20,7 @@ from typing import Protocol
 from gpusim.config.gpu import McaConfig, MemCtrlConfig
 from gpusim.engine.component import Component
 from gpusim.engine.simulation import Simulation
+from gpusim.errors import ConfigError
 from gpusim.hw.hbm import READ, HbmChannel
 from gpusim.hw.request import COMM, COMPUTE, NMC, MemRequest
 
@@ -159,7 +160,7 @@ class Arbiter:
 
     def __init__(self, name: str, mca: McaConfig):
         if name not in PICK_POLICIES:
-            raise ValueError(f"unknown memory-controller policy {name!r}; known: {', '.join(PICK_POLICIES)}")
+            raise ConfigError(f"memory_policy: unknown memory-controller policy {name!r}; known: {', '.join(PICK_POLICIES)}")
         self.name = name
         self.pick: PickFn = PICK_POLICIES[name]
         self.mca = McaState(mca) if name == "t3-mca" else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpusim.config.node import SystemConfig
 from gpusim.engine.component import Component
 from gpusim.engine.simulation import Simulation
+from gpusim.errors import ConfigError, OpError
 from gpusim.hw.gpu import Gpu
 from gpusim.hw.link import Interconnect
 from gpusim.hw.memory import MemorySystem
@@ -49,17 +50,18 @@ class Machine(Component):
     ):
         super().__init__(sim, "node")
         if mode not in MODES:
-            raise ValueError(f"unknown simulation mode {mode!r}; known: {', '.join(MODES)}")
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.config = config
         self.mode = mode
         self.topology = topology or Topology(config)
         if mode == "symmetric" and not self.topology.symmetric:
-            raise ValueError(
+            raise ConfigError(
                 f"symmetric mode needs a topology in which all GPUs are alike (ring, fully connected, "
-                f"switch); {config.name} is {config.topology.kind}"
+                f"switch); {config.name} is {config.topology.kind}; use mode='full'"
             )
         if mode == "symmetric" and config.nodes > 1:
-            raise ValueError("symmetric mode is limited to a single node")
+            raise ConfigError(f"symmetric mode is limited to a single node; {config.name} has {config.nodes} nodes; "
+                              "use mode='full'")
         self.num_ranks = config.total_gpus
         simulated = range(self.num_ranks) if mode == "full" else range(1)
         self.gpus = {
@@ -77,7 +79,7 @@ class Machine(Component):
     def gpu(self, rank: int) -> Gpu:
         """The simulated GPU that stands for ``rank``."""
         if not 0 <= rank < self.num_ranks:
-            raise ValueError(f"rank {rank} does not exist; {self.config.name} has ranks 0..{self.num_ranks - 1}")
+            raise OpError(f"rank {rank} does not exist; {self.config.name} has ranks 0..{self.num_ranks - 1}")
         return self.gpus[rank if self.mode == "full" else 0]
 
     def memory_of(self, rank: int) -> MemorySystem:

@@ -47,6 +47,7 @@ from gpusim.hw.tracker import TrackedRegion
 from gpusim.kernels.collectives import ring_orders
 from gpusim.kernels.gemm import (
     GemmKernel,
+    check_fits,
     choose_kernel,
     execute_gemm,
     find_spec,
@@ -351,6 +352,7 @@ def _kernel_spec(ctx, op, problem):
         spec = find_spec(op.kernel)
         if spec.split_k > 1:
             raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
+        check_fits(spec, op.dtype, ctx.gpu.config, op.label)
         return spec
     spec = choose_kernel(problem, ctx.gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
     return spec.with_split(1)

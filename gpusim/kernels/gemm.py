@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
+from gpusim.errors import OpError
 from gpusim.hw.compute import SIMDS_PER_CU, ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.request import COMPUTE
@@ -426,13 +427,31 @@ class GemmKernel:
 
 
 def find_spec(name: str) -> GemmKernelSpec:
-    """The library kernel called ``name`` (split-K suffix allowed)."""
+    """The library kernel called ``name`` (split-K suffix allowed); :class:`OpError` if there is none."""
     for spec in LIBRARY:
         for split in SPLIT_K_FACTORS:
             if spec.with_split(split).name == name:
                 return spec.with_split(split)
     known = ", ".join(spec.name for spec in LIBRARY)
-    raise ValueError(f"unknown GEMM kernel {name!r}; library kernels: {known} (optionally with _SK2.._SK16)")
+    raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (optionally with _SK2.._SK16)")
+
+
+def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str) -> None:
+    """Raise :class:`OpError` if a workgroup of ``spec`` (for ``dtype`` inputs) fits on no CU of
+    ``gpu``, naming the op ``label``, the kernel, the GPU and the resources it lacks."""
+    shape = spec.shape(dtype)
+    if occupancy(shape, gpu.cu) > 0:
+        return
+    cu = gpu.cu
+    needs = [
+        ("threads", shape.threads, cu.max_threads),
+        ("wavefronts", shape.wavefronts(cu.wavefront_size), cu.max_wavefronts),
+        ("register bytes", shape.register_bytes(), int(cu.register_file_bytes)),
+        ("LDS bytes", shape.lds_bytes, int(cu.lds_bytes)),
+    ]
+    short = "; ".join(f"{need} {what} (a CU has {have})" for what, need, have in needs if need > have)
+    raise OpError(f"{label}: GEMM kernel {spec.name} does not fit on a CU of {gpu.name}: one {dtype} workgroup "
+                  f"needs {short}; choose a smaller kernel or leave 'kernel' out")
 
 
 def problem_of(op) -> GemmProblem:
@@ -454,6 +473,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     if spec is None:
         if op.kernel is not None:
             spec = find_spec(op.kernel)
+            check_fits(spec, problem.dtype, gpu.config, op.label)
         else:
             spec = choose_kernel(problem, gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
     size = problem.dtype_bytes

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from simpy.events import Event
 
 from gpusim.engine.simulation import Simulation, Span
+from gpusim.errors import OpError
 from gpusim.hw.compute import Kernel, KernelRun
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.system import Machine
@@ -162,7 +163,7 @@ class Executor:
         ranks = list(range(self.machine.num_ranks)) if op.ranks is None else list(op.ranks)
         for rank in ranks:
             if rank >= self.machine.num_ranks:
-                raise ValueError(
+                raise OpError(
                     f"{op.label}: rank {rank} does not exist; {self.machine.config.name} has "
                     f"ranks 0..{self.machine.num_ranks - 1}"
                 )
