@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -300,10 +301,15 @@ def main(argv: list[str] | None = None) -> int:
         command.set_defaults(handler=handler)
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
+        return status
     except GpusimError as exc:
         print(f"gpusim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``gpusim show-config x | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -116,3 +116,16 @@ def test_validate_needs_a_positive_number_of_points(points, capsys):
 def test_validation_sample_needs_a_positive_count(count):
     with pytest.raises(ConfigError, match="points: expected a positive number of rows"):
         validation.sample(pd.DataFrame({"x": range(5)}), count)
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like ``| head`` that has already exited
+    writer = subprocess.run([sys.executable, "-m", "gpusim.cli", "show-config", "dgx-a100"], stdout=write_end,
+                            stderr=subprocess.PIPE, text=True, check=False)
+    os.close(write_end)
+    assert writer.returncode == 1 and "Traceback" not in writer.stderr and "BrokenPipe" not in writer.stderr

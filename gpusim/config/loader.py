@@ -146,6 +146,8 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
         own["gpu"] = {"base": ref, **own["gpu"]}
     if "name" not in own:  # a derived description is not its base
         own["name"] = f"{origin.stem}.gpu" if inline else origin.stem
+    if "description" not in own:
+        own["description"] = f"{fields['base']}, changed ({base.data.get('description', '')})"
     return _Description(_merged(base.data, own), [(origin, fields), *base.layers], not inline)
 
 
