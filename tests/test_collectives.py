@@ -116,3 +116,20 @@ def test_direct_collectives_on_a_ring_respect_the_links_they_share(make, mode):
     chunk = nbytes / 8
     result = gpusim.run(RING8, make(nbytes), mode=mode)
     assert result.time_s >= 8 * chunk / LINK
+
+
+@pytest.mark.parametrize(("system", "op"), [
+    (RING8, ops.AllReduce(2**20)),
+    (RING8, ops.AllReduce(2**20, driver="dma")),
+    (MI210_4, ops.AllGather(2**20, algorithm="direct")),
+    (gpusim.load_system("dgx-a100"), ops.AllGather(2**20)),  # received data allocated in the L2
+], ids=["ring-ar", "dma-ar", "direct-ag", "ring-ag-l2"])
+def test_symmetric_mode_moves_the_same_dram_bytes_as_full_mode(system, op):
+    # The mirrored data must land where the simulated GPU reads it next, or its forwards and
+    # reductions hit or miss the L2 where the real ones would not.
+    traffic = {}
+    for mode in ("full", "symmetric"):
+        result = gpusim.run(system, op, mode=mode)
+        traffic[mode] = result.dram[result.dram["gpu"] == 0].groupby("direction")["bytes"].sum().to_dict()
+        traffic[mode]["time_s"] = result.time_s
+    assert traffic["symmetric"] == pytest.approx(traffic["full"], rel=0.01)

@@ -155,6 +155,23 @@ class Flags:
         if not event.triggered:
             succeed_at(self.env, event, time_ns + self.sync_ns - self.env.now)
 
+    def arrival_chunk(self, chunk: int, distance: int, n: int, chunk_bytes: int, nbytes: int) -> int:
+        """The chunk position at which data sent as ``chunk`` to the rank ``distance`` ahead lands.
+
+        In full mode that is ``chunk``.  In symmetric mode the simulated GPU receives its own
+        traffic in the place of what the rank ``distance`` behind sends it, whose chunks are
+        ``distance`` positions back, so the data lands there (and the reads that follow find it)
+        as long as both chunks are as long; the last, shorter chunk keeps its place.
+        """
+        if not self.mirrored:
+            return chunk
+        mirrored = (chunk - distance) % n
+
+        def length(c: int) -> int:
+            return max(0, min(chunk_bytes, nbytes - c * chunk_bytes))
+
+        return mirrored if length(mirrored) == length(chunk) else chunk
+
     def raise_for_empty(self, what: str, rank: int, *key: int) -> None:
         """A piece with no bytes is not sent; in symmetric mode raise its flag anyway.
 
@@ -301,7 +318,8 @@ class RingKernel:
                                 yield freed
                         stage_sends.add((step.index, s))
                     else:
-                        target = self.out.addr + offset
+                        landing = flags.arrival_chunk(step.chunk, 1, self.n, self.chunk, self.nbytes)
+                        target = self.out.addr + landing * self.chunk + in_chunk
                     delivered = Countdown(self._arrival(nxt, step.index + 1, channel, s))
                     yield from interconnect.transfer(me, nxt, target, wire, WRITE, delivered)
                     delivered.close(env.now)
@@ -379,7 +397,8 @@ class DirectKernel:
             if staged:
                 target = self.stage.addr + distance * self.chunk + within
             else:
-                target = self.out.addr + dst_chunk * self.chunk + within
+                landing = self.flags.arrival_chunk(dst_chunk, distance, self.n, self.chunk, self.nbytes)
+                target = self.out.addr + landing * self.chunk + within
             delivered = Countdown(self._arrival(dst, phase, distance, channel))
             yield from interconnect.transfer(me, dst, target, size, WRITE, delivered)
             delivered.close(env.now)
@@ -484,7 +503,8 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
                 flags.raise_at("data", nxt, time_ns, tag, step + 1, p)
                 finished.done_at(time_ns)
 
-            engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + start, op_kind, buf.cached, done))
+            landing = flags.arrival_chunk(chunk_index, 1, n, chunk, nbytes) * chunk + p * part
+            engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + landing, op_kind, buf.cached, done))
         yield finished.close()
     # The previous rank's last step sends the chunk that this rank's next step would handle.
     last = (plan[-1][0] + 1) if plan else 0
