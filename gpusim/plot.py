@@ -1,5 +1,5 @@
 """Matplotlib plots of results.  Every function takes a DataFrame (or Result) and ``ax=None`` and
-returns the Axes it drew on."""
+returns the Axes it drew on; a frame with nothing to plot gives empty axes with a note saying so."""
 
 from __future__ import annotations
 
@@ -24,10 +24,19 @@ def _axes(ax):
     return ax
 
 
+def _no_data(ax, note: str = "no data"):
+    """Write ``note`` in the middle of ``ax`` (a plot with nothing to draw) and return ``ax``."""
+    ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    return ax
+
+
 def timeline(ops: pd.DataFrame, ax=None, gpus: list[int] | None = None):
     """Gantt chart of ops per GPU and stream (``Result.ops``)."""
     ax = _axes(ax)
     frame = ops if gpus is None else ops[ops["gpu"].isin(gpus)]
+    ax.set_xlabel("time (ms)")
+    if frame.empty:
+        return _no_data(ax, "no ops")
     lanes = sorted({(int(g), s) for g, s in zip(frame["gpu"], frame["stream"])})
     index = {lane: i for i, lane in enumerate(lanes)}
     kinds = sorted(frame["kind"].unique())
@@ -36,7 +45,6 @@ def timeline(ops: pd.DataFrame, ax=None, gpus: list[int] | None = None):
         y = index[(int(row.gpu), row.stream)]
         ax.barh(y, row.duration_s * 1e3, left=row.start_s * 1e3, color=colours[row.kind], edgecolor="k", linewidth=0.3)
     ax.set_yticks(range(len(lanes)), [f"GPU{g} {s}" for g, s in lanes])
-    ax.set_xlabel("time (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds]
     ax.legend(handles, kinds, loc="upper right", fontsize="small")
     ax.invert_yaxis()
@@ -46,14 +54,15 @@ def timeline(ops: pd.DataFrame, ax=None, gpus: list[int] | None = None):
 def dram_bandwidth(bandwidth: pd.DataFrame, ax=None, title: str | None = None):
     """DRAM bandwidth over time per stream and direction (``Result.dram_bandwidth(gpu)``)."""
     ax = _axes(ax)
-    for column in bandwidth.columns:
-        if column == "t_s":
-            continue
-        ax.plot(bandwidth["t_s"] * 1e3, bandwidth[column], label=column, linewidth=1)
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("DRAM GB/s")
     if title:
         ax.set_title(title)
+    series = [column for column in bandwidth.columns if column != "t_s"]
+    if bandwidth.empty or not series:
+        return _no_data(ax, "no DRAM traffic")
+    for column in series:
+        ax.plot(bandwidth["t_s"] * 1e3, bandwidth[column], label=column, linewidth=1)
     ax.legend(fontsize="small")
     return ax
 
@@ -61,23 +70,27 @@ def dram_bandwidth(bandwidth: pd.DataFrame, ax=None, title: str | None = None):
 def bars(frame: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None, ylabel: str | None = None):
     """Grouped bar chart of ``y`` by ``x`` (and ``hue``)."""
     ax = _axes(ax)
+    ax.set_ylabel(ylabel or y)
+    ax.set_xlabel(x)
+    if frame.empty:
+        return _no_data(ax)
     if hue is None:
         ax.bar(frame[x].astype(str), frame[y])
     else:
         table = frame.pivot_table(index=x, columns=hue, values=y, aggfunc="first", sort=False)
         table.plot.bar(ax=ax, rot=30)
-    ax.set_ylabel(ylabel or y)
-    ax.set_xlabel(x)
     return ax
 
 
 def stacked_bars(frame: pd.DataFrame, x: str, y: str, stack: str, ax=None, ylabel: str | None = None):
     """Bars of ``y`` by ``x``, each split into the parts named by ``stack`` (in order of appearance)."""
     ax = _axes(ax)
-    table = frame.pivot_table(index=x, columns=stack, values=y, aggfunc="sum", sort=False).fillna(0.0)
-    table.plot.bar(stacked=True, ax=ax, rot=30)
     ax.set_ylabel(ylabel or y)
     ax.set_xlabel(x)
+    if frame.empty:
+        return _no_data(ax)
+    table = frame.pivot_table(index=x, columns=stack, values=y, aggfunc="sum", sort=False).fillna(0.0)
+    table.plot.bar(stacked=True, ax=ax, rot=30)
     return ax
 
 
@@ -85,12 +98,14 @@ def measured_vs_simulated(frame: pd.DataFrame, measured: str = "measured_s", sim
                           ax=None, label: str | None = None):
     """Scatter of simulated against measured times on log axes, with the ideal line."""
     ax = _axes(ax)
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("simulated (ms)")
+    if frame.empty:
+        return _no_data(ax)
     ax.loglog(frame[measured] * 1e3, frame[simulated] * 1e3, "o", markersize=4, label=label)
     low = min(frame[measured].min(), frame[simulated].min()) * 1e3
     high = max(frame[measured].max(), frame[simulated].max()) * 1e3
     ax.loglog([low, high], [low, high], "k--", linewidth=0.8)
-    ax.set_xlabel("measured (ms)")
-    ax.set_ylabel("simulated (ms)")
     return ax
 
 
@@ -98,6 +113,10 @@ def measured_and_simulated(frame: pd.DataFrame, x: str, by: str | None = None, m
                            simulated: str = "simulated_s", ax=None, xlabel: str | None = None, logx: bool = True):
     """Measured (lines) and simulated (markers) times against ``x``, one colour per value of ``by``."""
     ax = _axes(ax)
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel("time (ms)")
+    if frame.empty:
+        return _no_data(ax)
     groups = [(None, frame)] if by is None else list(frame.groupby(by, sort=True))
     for index, (value, part) in enumerate(groups):
         part = part.sort_values(x)
@@ -108,8 +127,6 @@ def measured_and_simulated(frame: pd.DataFrame, x: str, by: str | None = None, m
     if logx:
         ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(xlabel or x)
-    ax.set_ylabel("time (ms)")
     ax.legend(fontsize="x-small", ncol=2)
     return ax
 
@@ -118,14 +135,16 @@ def relative_error(frame: pd.DataFrame, x: str = "measured_s", error: str = "err
                    xlabel: str | None = None, tolerance: float | None = None):
     """Signed relative error (simulated / measured - 1) of each point against ``x`` (log axis)."""
     ax = _axes(ax)
+    ax.set_xlabel(xlabel or (f"{x[:-2]} (ms)" if x.endswith("_s") else x))
+    ax.set_ylabel("error (%)")
+    if frame.empty:
+        return _no_data(ax)
     scale = 1e3 if x.endswith("_s") else 1.0
     ax.semilogx(frame[x] * scale, frame[error] * 100, "o", markersize=3)
     ax.axhline(0.0, color="k", linewidth=0.8)
     if tolerance is not None:
         for sign in (-1, 1):
             ax.axhline(sign * tolerance * 100, color="r", linewidth=0.8, linestyle="--")
-    ax.set_xlabel(xlabel or (f"{x[:-2]} (ms)" if x.endswith("_s") else x))
-    ax.set_ylabel("error (%)")
     return ax
 
 
@@ -133,14 +152,16 @@ def lines(frame: pd.DataFrame, x: str, y: str, by: str | None = None, ax=None, x
           ylabel: str | None = None, logx: bool = False, marker: str = "o"):
     """``y`` against ``x`` as lines with markers, one line per value of ``by`` (sweep results)."""
     ax = _axes(ax)
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel(ylabel or y)
+    if frame.empty:
+        return _no_data(ax)
     groups = [(None, frame)] if by is None else list(frame.groupby(by, sort=False))
     for value, part in groups:
         part = part.sort_values(x)
         ax.plot(part[x], part[y], marker=marker, markersize=4, linewidth=1, label=None if value is None else str(value))
     if logx:
         ax.set_xscale("log")
-    ax.set_xlabel(xlabel or x)
-    ax.set_ylabel(ylabel or y)
     if by is not None:
         ax.legend(fontsize="small", title=by)
     return ax
@@ -162,6 +183,12 @@ def breakdown(frame: pd.DataFrame, ax=None, label: str = "gpu", title: str | Non
     (e.g. ``"gpu"`` or a ``"system"`` column added by the caller).
     """
     ax = _axes(ax)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel(label)
+    if title:
+        ax.set_title(title, pad=24)
+    if frame.empty:
+        return _no_data(ax)
     parts = {
         "compute only": frame["compute_s"] - frame["overlapped_comm_s"],
         "overlapped communication": frame["overlapped_comm_s"],
@@ -173,10 +200,6 @@ def breakdown(frame: pd.DataFrame, ax=None, label: str = "gpu", title: str | Non
     for part, colour in BREAKDOWN_PARTS:
         ax.barh(names, parts[part] * 1e3, left=left * 1e3, color=colour, label=part, edgecolor="k", linewidth=0.3)
         left = left + parts[part]
-    ax.set_xlabel("time (ms)")
-    ax.set_ylabel(label)
     ax.invert_yaxis()
     ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
-    if title:
-        ax.set_title(title, pad=24)
     return ax

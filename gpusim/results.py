@@ -6,14 +6,17 @@ Times in results are seconds (``*_s`` columns); bytes are bytes.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpusim.engine.simulation import Span
+from gpusim.errors import GpusimError
 
 OP_COLUMNS = [
     "op_id",
@@ -29,6 +32,10 @@ OP_COLUMNS = [
     "bytes",
     "measured_s",
 ]
+KERNEL_COLUMNS = ["name", "gpu", "stream", "start_s", "end_s", "duration_s", "op_id"]
+"""Columns every :attr:`Result.kernels` has (kernels add their own, e.g. impl and workgroups)."""
+DRAM_COLUMNS = ["gpu", "channel", "stream", "direction", "t_s", "bytes"]
+LINK_COLUMNS = ["link", "src", "dst", "t_s", "bytes"]
 SUMMARY_COLUMNS = [
     "op_id",
     "name",
@@ -59,11 +66,13 @@ class Result:
         two), name, kind, gpu, stream, start_s, end_s, duration_s, impl, flops, bytes, measured_s
         (empty unless the op came from a measured trace) and more.
     kernels
-        One row per kernel per GPU.
+        One row per kernel per GPU: name, gpu, stream, start_s, end_s, duration_s, op_id (the
+        ``op_id`` of the op that launched it, as in ``ops``) and the kernel's own fields.
     dram
-        DRAM traffic: gpu, channel, stream, direction, t_s (start of its time bin), bytes.
+        DRAM traffic: gpu, channel, stream, direction, t_s (start of its time bin), bytes; only
+        bins with traffic have rows.
     links
-        Link traffic: link, src, dst, t_s, bytes.
+        Link traffic: link, src, dst, t_s, bytes; only bins with traffic have rows.
     counters
         Named totals (L2 hits, DMA bytes, tracker overflows...).
     config
@@ -114,22 +123,93 @@ class Result:
             return pd.DataFrame(columns=["gpu", "stream", "direction", "bytes"])
         return self.dram.groupby(["gpu", "stream", "direction"], as_index=False)["bytes"].sum()
 
+    def _bins(self) -> np.ndarray:
+        """Indices of the time bins from the first op's start to the last op's end (and any traffic)."""
+        first: list[int] = []
+        last: list[int] = []
+        if not self.ops.empty:
+            first.append(math.floor(float(self.ops["start_s"].min()) / self.bin_s))
+            last.append(max(first[0], math.ceil(float(self.ops["end_s"].max()) / self.bin_s) - 1))
+        for traffic in (self.dram, self.links):
+            if not traffic.empty:
+                indices = self._bin_of(traffic["t_s"])
+                first.append(int(indices.min()))
+                last.append(int(indices.max()))
+        if not first:
+            return np.arange(0)
+        return np.arange(min(first), max(last) + 1)
+
+    def _bin_of(self, t_s: pd.Series) -> np.ndarray:
+        """The bin index of each bin start ``t_s``."""
+        return np.rint(t_s.to_numpy(dtype=float) / self.bin_s).astype(int)
+
     def dram_bandwidth(self, gpu: int = 0) -> pd.DataFrame:
-        """DRAM traffic of one GPU over time: t_s and GB/s per stream and direction."""
+        """DRAM traffic of one GPU over time: t_s and GB/s per stream and direction.
+
+        Parameters
+        ----------
+        gpu
+            The GPU.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per time bin (``bin_s`` wide, ``t_s`` its start) from the first op's start to
+            the last op's end, bins without traffic included as 0, and one column
+            ``{stream}_{direction}`` of GB/s per stream and direction the GPU moved data on (none
+            when it moved nothing).  The mean of a column times the span (rows x ``bin_s``) is its
+            bytes.
+        """
+        bins = self._bins()
         frame = self.dram[self.dram["gpu"] == gpu]
         if frame.empty:
-            return pd.DataFrame(columns=["t_s"])
-        table = frame.pivot_table(index="t_s", columns=["stream", "direction"], values="bytes", aggfunc="sum")
-        table = table.fillna(0.0) / self.bin_s / 1e9
+            return pd.DataFrame({"t_s": bins * self.bin_s})
+        table = frame.assign(bin=self._bin_of(frame["t_s"])).pivot_table(
+            index="bin", columns=["stream", "direction"], values="bytes", aggfunc="sum"
+        )
+        table = table.reindex(bins).fillna(0.0) / self.bin_s / 1e9
         table.columns = [f"{stream}_{direction}" for stream, direction in table.columns]
-        return table.reset_index()
+        table.insert(0, "t_s", bins * self.bin_s)
+        return table.reset_index(drop=True)
+
+    def _link_bandwidth(self) -> pd.DataFrame:
+        """GB/s per link (columns) and time bin (rows, as in :meth:`dram_bandwidth`), with t_s."""
+        bins = self._bins()
+        table = self.links.assign(bin=self._bin_of(self.links["t_s"])).pivot_table(
+            index="bin", columns="link", values="bytes", aggfunc="sum"
+        )
+        table = table.reindex(bins).fillna(0.0) / self.bin_s / 1e9
+        table.columns = [str(link) for link in table.columns]
+        table.insert(0, "t_s", bins * self.bin_s)
+        return table.reset_index(drop=True)
 
     def to_perfetto(self, path: str | os.PathLike) -> Path:
         """Write the timeline as Chrome-trace JSON that opens in Perfetto (ui.perfetto.dev).
 
         Processes are GPUs; threads are streams (ops, kernels) and DMA engines; DRAM bandwidth per
-        GPU and stream, and link bandwidth, are counter tracks.
+        GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
+        last bin.
+
+        Parameters
+        ----------
+        path
+            The file to write (its folder is created); written whole or not at all.
+
+        Returns
+        -------
+        pathlib.Path
+            ``path``.
+
+        Raises
+        ------
+        GpusimError
+            ``path`` is empty or a folder, or the file cannot be written; the message names it.
         """
+        target = Path(path)
+        if not os.fspath(path):
+            raise GpusimError("cannot write the Perfetto timeline to an empty path; give a file name")
+        if target.name in ("", ".", "..") or target.is_dir():
+            raise GpusimError(f"{target}: cannot write the Perfetto timeline: it is a folder; give a file name")
         events: list[dict[str, Any]] = []
         lanes: dict[tuple[int, str], int] = {}
         for span in self.spans:
@@ -155,32 +235,45 @@ class Result:
         for (gpu, lane), tid in lanes.items():
             events.append({"name": "thread_name", "ph": "M", "pid": int(gpu), "tid": tid, "args": {"name": lane}})
         for gpu in gpus:
-            bandwidth = self.dram_bandwidth(int(gpu))
-            for row in bandwidth.itertuples(index=False):
-                values = {name: round(float(value), 3) for name, value in zip(bandwidth.columns[1:], row[1:])}
-                events.append(
-                    {"name": "DRAM GB/s", "ph": "C", "ts": row[0] * 1e6, "pid": int(gpu), "args": values}
-                )
+            events += self._counter("DRAM GB/s", int(gpu), self.dram_bandwidth(int(gpu)))
         if not self.links.empty:
             link_pid = (max(gpus) + 1) if gpus else 0
             events.append({"name": "process_name", "ph": "M", "pid": int(link_pid), "args": {"name": "links"}})
-            per_bin = self.links.groupby(["link", "t_s"], as_index=False)["bytes"].sum()
-            for row in per_bin.itertuples(index=False):
-                events.append(
-                    {
-                        "name": f"{row.link} GB/s",
-                        "ph": "C",
-                        "ts": row.t_s * 1e6,
-                        "pid": int(link_pid),
-                        "args": {"GB/s": round(row.bytes / self.bin_s / 1e9, 3)},
-                    }
-                )
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
-        tmp.replace(path)
-        return path
+            bandwidth = self._link_bandwidth()
+            for link in bandwidth.columns[1:]:
+                track = bandwidth[["t_s", link]].rename(columns={link: "GB/s"})
+                events += self._counter(f"{link} GB/s", int(link_pid), track)
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+            tmp.replace(target)
+        except OSError as exc:
+            raise GpusimError(f"{target}: cannot write the Perfetto timeline: {exc.strerror or exc}") from exc
+        finally:
+            if tmp.is_file():
+                tmp.unlink()
+        return target
+
+    def _counter(self, name: str, pid: int, table: pd.DataFrame) -> list[dict[str, Any]]:
+        """Counter events of one track from a bandwidth table (t_s, then one GB/s column per series).
+
+        A counter holds its value until the next sample, so a sample is written where the values
+        change, and a last one of 0 at the end of the last bin.
+        """
+        series = list(table.columns[1:])
+        if table.empty or not series:
+            return []
+        events: list[dict[str, Any]] = []
+        previous: dict[str, float] | None = None
+        for row in table.itertuples(index=False):
+            values = {column: round(float(value), 3) for column, value in zip(series, row[1:])}
+            if values != previous:
+                events.append({"name": name, "ph": "C", "ts": row[0] * 1e6, "pid": pid, "args": values})
+                previous = values
+        end_s = float(table["t_s"].iloc[-1]) + self.bin_s
+        events.append({"name": name, "ph": "C", "ts": end_s * 1e6, "pid": pid, "args": dict.fromkeys(series, 0.0)})
+        return events
 
 
 def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
@@ -219,15 +312,13 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
         for span in recorder.spans
         if span.category == "kernel"
     ]
-    kernels = pd.DataFrame(kernel_rows)
+    kernels = pd.DataFrame(kernel_rows, columns=None if kernel_rows else KERNEL_COLUMNS)
     bin_s = recorder.bin_ns * 1e-9
     dram = pd.DataFrame(
-        [(g, c, s, d, b * bin_s, n) for (g, c, s, d, b), n in recorder.dram.items()],
-        columns=["gpu", "channel", "stream", "direction", "t_s", "bytes"],
+        [(g, c, s, d, b * bin_s, n) for (g, c, s, d, b), n in recorder.dram.items()], columns=DRAM_COLUMNS
     )
     links = pd.DataFrame(
-        [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()],
-        columns=["link", "src", "dst", "t_s", "bytes"],
+        [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()], columns=LINK_COLUMNS
     )
     time_s = float(ops["end_s"].max() - ops["start_s"].min()) if not ops.empty else 0.0
     return Result(

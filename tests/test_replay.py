@@ -7,7 +7,7 @@ import pytest
 
 import gpusim
 from gpusim.errors import TraceError
-from gpusim.trace import ModelConfig, Trace, breakdown, read, transformer
+from gpusim.trace import ModelConfig, Trace, breakdown, compare, read, transformer
 from gpusim.trace.replay import choose_mode
 from tests.conftest import REPO
 
@@ -152,3 +152,50 @@ def test_auto_mode_mirrors_only_where_it_is_exact(tmp_path, collective, algorith
     path = tmp_path / "coll.csv"
     path.write_text("op_id,gpu,stream,kind,collective,bytes,group,algorithm\n" + "\n".join(rows) + "\n")
     assert choose_mode(read(path), system) == mode
+
+
+@pytest.mark.parametrize("cache_layers", [True, False])
+def test_kernels_carry_the_trace_op_id_of_their_op(tmp_path, cache_layers):
+    trace = transformer(TINY, batch=1, seq_len=32, layers=3, optimizer=None)
+    result = trace.replay(RING8, cache_layers=cache_layers)
+    assert result.ops["simulated"].all() != cache_layers
+    joined = result.kernels.merge(result.ops, on=["op_id", "gpu"], suffixes=("_kernel", "_op"), validate="many_to_one")
+    assert len(joined) == len(result.kernels) > len(result.ops) // 2
+    assert (joined["stream_kernel"] == joined["stream_op"]).all()
+    assert (joined["start_s_kernel"] >= joined["start_s_op"] - 1e-12).all()
+    assert (joined["end_s_kernel"] <= joined["end_s_op"] + 1e-12).all()
+    gemm_kernels = joined["name_kernel"].str.startswith(("gemm", "splitk"))
+    assert (gemm_kernels == (joined["kind"] == "gemm")).all()
+    layernorms = joined[joined["name_kernel"] == "layernorm_kernel"]
+    assert len(layernorms) and layernorms["name_op"].str.contains(r"ln|norm").all()
+    events = json.loads(result.to_perfetto(tmp_path / "t.json").read_text())["traceEvents"]
+    kernel_ops = sorted(e["args"]["op_id"] for e in events if e.get("cat") == "kernel")
+    assert kernel_ops == sorted(result.kernels["op_id"])
+
+
+def _measured(*kinds):
+    rows = []
+    for op_id, kind in enumerate(kinds, start=1):
+        row = {"op_id": op_id, "gpu": 0, "stream": "s", "kind": kind, "measured_s": 1e-4, "kernel_class": "gemm"}
+        rows.append(row | ({"m": 256, "n": 256, "k": 256} if kind == "gemm" else {"delay_s": 1e-4}))
+    return Trace(pd.DataFrame(rows))
+
+
+def test_all_kernels_error_leaves_out_the_delays():
+    result = _measured("gemm", "delay", "delay").replay(RING8)
+    table = compare(result.ops, 1e-3).set_index("kernel_class")
+    gemm = result.ops[result.ops["kind"] == "gemm"].iloc[0]
+    whole = table.loc["all kernels"]
+    assert whole["kernels"] == 1 and whole["not_simulated"] == 2
+    assert whole["measured_s"] == pytest.approx(1e-4) and whole["not_simulated_s"] == pytest.approx(2e-4)
+    assert whole["error"] == pytest.approx(gemm["duration_s"] / 1e-4 - 1.0)
+    assert whole["error"] == pytest.approx(table.loc["gemm", "error"])
+
+
+def test_a_replay_of_delays_alone_compares_nothing():
+    """Delays replay their measured durations: the comparison must not read as 0 % error."""
+    table = compare(read(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv").replay(RING8).ops, 0.2)
+    table = table.set_index("kernel_class")
+    assert (table["kernels"].drop("iteration") == 0).all()
+    assert table["error"].isna().all()
+    assert table.loc["all kernels", "not_simulated"] == 28

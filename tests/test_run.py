@@ -229,3 +229,97 @@ def test_elementwise_inputs_may_name_some_of_its_reads():
     assert ops.Elementwise("add", 8, inputs=["x"]).inputs == ("x",)
     with pytest.raises(gpusim.OpError, match="'fill' reads 0"):
         ops.Elementwise("fill", 8, inputs=("x",))
+
+
+def _counter_at(events, name, pid, ts_us):
+    """The value of a Perfetto counter track at ``ts_us`` (its last sample at or before it)."""
+    samples = sorted((e["ts"], e["args"]) for e in events if e["ph"] == "C" and e["name"] == name and e["pid"] == pid)
+    held = [args for ts, args in samples if ts <= ts_us]
+    return held[-1] if held else None, samples
+
+
+def test_dram_bandwidth_is_zero_while_the_gpu_idles(tmp_path):
+    result = gpusim.run(ONE, [ops.Gemm(512, 512, 512), ops.Delay(100e-6), ops.Gemm(512, 512, 512)])
+    delay = result.ops.set_index("kind").loc["delay"]
+    bandwidth = result.dram_bandwidth(0)
+    assert bandwidth["t_s"].iloc[0] <= result.ops["start_s"].min()
+    assert bandwidth["t_s"].iloc[-1] < result.ops["end_s"].max() <= bandwidth["t_s"].iloc[-1] + result.bin_s
+    assert np.diff(bandwidth["t_s"]) == pytest.approx(result.bin_s)  # every bin, traffic or not
+    idle = bandwidth[(bandwidth["t_s"] >= delay["start_s"]) & (bandwidth["t_s"] + result.bin_s <= delay["end_s"])]
+    assert len(idle) >= 15 and (idle.drop(columns="t_s") == 0).all().all()
+    span_s = len(bandwidth) * result.bin_s
+    for (stream, direction), moved in result.dram.groupby(["stream", "direction"])["bytes"].sum().items():
+        assert bandwidth[f"{stream}_{direction}"].mean() * 1e9 * span_s == pytest.approx(moved)
+    events = json.loads(result.to_perfetto(tmp_path / "t.json").read_text())["traceEvents"]
+    middle_us = (delay["start_s"] + delay["end_s"]) / 2 * 1e6
+    held, samples = _counter_at(events, "DRAM GB/s", 0, middle_us)
+    assert set(held.values()) == {0.0}  # nothing moves during the delay
+    last_ts, last = samples[-1]
+    assert set(last.values()) == {0.0} and last_ts >= result.ops["end_s"].max() * 1e6  # drops to 0 at the end
+
+
+def test_link_counters_are_zero_while_links_idle(tmp_path):
+    result = gpusim.run(RING8, [ops.AllReduce(2**20), ops.Delay(100e-6), ops.AllReduce(2**20)], mode="symmetric")
+    delay = result.ops[result.ops["kind"] == "delay"].iloc[0]
+    events = json.loads(result.to_perfetto(tmp_path / "t.json").read_text())["traceEvents"]
+    pid = next(e["pid"] for e in events if e["ph"] == "M" and e["args"].get("name") == "links")
+    links = set(result.links["link"])
+    assert links
+    for link in links:
+        held, samples = _counter_at(events, f"{link} GB/s", pid, (delay["start_s"] + delay["end_s"]) / 2 * 1e6)
+        assert held == {"GB/s": 0.0}
+        assert samples[-1][1] == {"GB/s": 0.0} and samples[-1][0] >= result.ops["end_s"].max() * 1e6
+        assert max(args["GB/s"] for _, args in samples) > 0
+
+
+def test_a_run_without_kernels_keeps_every_frame_s_columns():
+    from gpusim.results import KERNEL_COLUMNS
+
+    result = gpusim.run(ONE, ops.Delay(1e-5))
+    assert list(result.kernels.columns) == KERNEL_COLUMNS and result.kernels["duration_s"].sum() == 0
+    assert list(result.ops.columns[: len(OP_COLUMNS)]) == OP_COLUMNS
+    assert list(result.dram.columns) == ["gpu", "channel", "stream", "direction", "t_s", "bytes"]
+    assert list(result.links.columns) == ["link", "src", "dst", "t_s", "bytes"]
+    assert list(result.dram_totals().columns) == ["gpu", "stream", "direction", "bytes"]
+    bandwidth = result.dram_bandwidth(0)
+    assert list(bandwidth.columns) == ["t_s"] and len(bandwidth) == 2  # the 10 us span, no traffic
+
+
+def test_plots_of_empty_frames_say_so():
+    import matplotlib.pyplot as plt
+
+    from gpusim import plot
+
+    result = gpusim.run(ONE, ops.Delay(1e-5))
+    empty = pd.DataFrame(columns=["x", "y", "by", "measured_s", "simulated_s", "error"])
+    no_breakdown = pd.DataFrame(columns=["gpu", "compute_s", "overlapped_comm_s", "exposed_comm_s", "idle_s"])
+    drawings = [
+        plot.timeline(result.ops, gpus=[1]),
+        plot.dram_bandwidth(result.dram_bandwidth(0)),
+        plot.bars(result.dram_totals(), "gpu", "bytes", hue="direction"),
+        plot.stacked_bars(result.dram_totals(), "gpu", "bytes", "direction"),
+        plot.measured_vs_simulated(empty),
+        plot.measured_and_simulated(empty, "x", by="by"),
+        plot.relative_error(empty, tolerance=0.1),
+        plot.lines(empty, "x", "y", by="by"),
+        plot.breakdown(no_breakdown),
+    ]
+    for ax in drawings:
+        assert [text.get_text() for text in ax.texts] in (["no data"], ["no ops"], ["no DRAM traffic"])
+        plt.close(ax.figure)
+
+
+def test_perfetto_refuses_folders_and_leaves_no_temporary_file(tmp_path):
+    result = gpusim.run(ONE, ops.Delay(1e-6))
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for target, message in [
+        (tmp_path / "adir", "adir: cannot write the Perfetto timeline: it is a folder"),
+        ("/", "/: cannot write the Perfetto timeline: it is a folder"),
+        ("", "cannot write the Perfetto timeline to an empty path"),
+        (tmp_path / "afile" / "t.json", "afile/t.json: cannot write the Perfetto timeline"),
+    ]:
+        with pytest.raises(gpusim.GpusimError, match=message):
+            result.to_perfetto(target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["adir", "afile"]
+    assert list((tmp_path / "adir").iterdir()) == []

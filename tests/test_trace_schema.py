@@ -3,6 +3,7 @@
 import re
 
 import networkx as nx
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -202,3 +203,26 @@ def test_replayed_delays_take_the_critical_path(frame):
     ends = result.ops.set_index("op_id")["end_s"]
     for node, end in finish.items():
         assert ends[node] == pytest.approx(end, abs=1e-12)
+
+
+def test_parquet_writes_numpy_scalars_in_metadata_as_numbers(tmp_path):
+    metadata = {"n": np.int64(3), "span": np.float32(0.5), "flag": np.bool_(True), "by_gpu": {np.int64(1): 2.0}}
+    again = read(Trace(rows(), metadata=metadata).write(tmp_path / "t.parquet")).metadata
+    assert again == {"n": 3, "span": 0.5, "flag": True, "by_gpu": {1: 2.0}}
+    assert type(again["n"]) is int and type(again["flag"]) is bool
+
+
+@pytest.mark.parametrize(("metadata", "where"), [
+    ({"gpus": {0, 1}}, r"metadata\['gpus'\]: metadata of type set"),
+    ({("a", "b"): 1}, r"metadata\[\('a', 'b'\)\]: a metadata key must be text or an integer, got tuple"),
+    ({"model": {"layers": [1, object()]}}, r"metadata\['model'\]\['layers'\]\[1\]: metadata of type object"),
+    ({"mixed": {1: "a", "b": 2}}, r"metadata\['mixed'\]: a metadata mapping's keys must be all text or all integers"),
+])  # fmt: skip
+def test_metadata_json_cannot_hold_names_its_key_and_writes_nothing(tmp_path, metadata, where):
+    trace = Trace(rows(), metadata=metadata)
+    (tmp_path / "old.parquet").write_text("kept")
+    for target in (tmp_path / "new" / "t.parquet", tmp_path / "old.parquet"):
+        with pytest.raises(TraceError, match=rf"{re.escape(str(target))}: {where}"):
+            trace.write(target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["old.parquet"]
+    assert (tmp_path / "old.parquet").read_text() == "kept"

@@ -10,7 +10,7 @@ Quick use::
 
     measured = gpusim.trace.read_kineto("rank0.json.gz", unsupported="delay")
     result = gpusim.run(gpusim.load_system("dgx-a100"), measured, mode="symmetric")
-    print(gpusim.trace.compare(result.ops))
+    print(gpusim.trace.compare(result.ops, kernels=result.kernels))
 """
 
 from gpusim.trace.breakdown import breakdown

@@ -2,8 +2,9 @@
 
 Both formats hold the columns of :mod:`gpusim.trace.schema`; lists are space-separated text.
 Parquet files also keep the trace's metadata (model, parallelism...) as JSON, mappings keyed by ints
-included; CSV files keep only the table.  Reading validates the whole table before anything is
-returned.
+included and numpy scalars as numbers; metadata JSON cannot hold (a set, a tuple key...) is a
+:class:`TraceError` naming its key, before anything is written.  CSV files keep only the table.
+Reading validates the whole table before anything is returned.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from gpusim.errors import TraceError
@@ -35,19 +37,39 @@ def _format_of(path: Path) -> str:
     )
 
 
-def _encode_int_keys(value: object) -> object:
-    """``value`` with every dict keyed by ints wrapped as ``{INT_KEYS: ...}`` (JSON keys are text)."""
+def _encode_metadata(value: object, where: str) -> object:
+    """``value`` as plain JSON data: numpy scalars as Python numbers, tuples as lists and every dict
+    keyed by ints wrapped as ``{INT_KEYS: ...}`` (JSON keys are text).
+
+    Raises
+    ------
+    TraceError
+        A value or key JSON cannot hold (a set, an object, a tuple key...); the message names
+        ``where`` it is (e.g. ``metadata['parallel'][2]``).
+    """
+    if isinstance(value, np.generic) and isinstance(value.item(), (bool, int, float, str)):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     if isinstance(value, dict):
-        encoded = {key: _encode_int_keys(item) for key, item in value.items()}
-        integer = bool(value) and all(isinstance(key, int) and not isinstance(key, bool) for key in value)
+        keys = [key.item() if isinstance(key, np.integer) else key for key in value]
+        for key in keys:
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise TraceError(f"{where}[{key!r}]: a metadata key must be text or an integer, "
+                                 f"got {type(key).__name__}")
+        encoded = {key: _encode_metadata(item, f"{where}[{key!r}]") for key, item in zip(keys, value.values())}
+        integer = bool(keys) and all(isinstance(key, int) for key in keys)
+        if not integer and any(isinstance(key, int) for key in keys):
+            raise TraceError(f"{where}: a metadata mapping's keys must be all text or all integers, got {keys!r}")
         return {INT_KEYS: encoded} if integer else encoded
     if isinstance(value, (list, tuple)):
-        return [_encode_int_keys(item) for item in value]
-    return value
+        return [_encode_metadata(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    raise TraceError(f"{where}: metadata of type {type(value).__name__} cannot be written as JSON; use numbers, "
+                     "text, lists and mappings")
 
 
 def _decode_int_keys(obj: dict) -> dict:
-    """The JSON object hook undoing :func:`_encode_int_keys`."""
+    """The JSON object hook undoing :func:`_encode_metadata`'s wrapping of int-keyed mappings."""
     if len(obj) == 1 and isinstance(obj.get(INT_KEYS), dict):
         return {int(key): item for key, item in obj[INT_KEYS].items()}
     return obj
@@ -93,6 +115,8 @@ def write_table(frame: pd.DataFrame, metadata: dict, path: str | os.PathLike) ->
 
     path = Path(path)
     kind = _format_of(path)
+    if kind == "parquet":  # checked before anything is written
+        encoded = json.dumps(_encode_metadata(metadata, f"{path}: metadata"))
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +124,6 @@ def write_table(frame: pd.DataFrame, metadata: dict, path: str | os.PathLike) ->
             frame.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
-            encoded = json.dumps(_encode_int_keys(metadata))
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: encoded})
             pq.write_table(table, tmp)
         tmp.replace(path)

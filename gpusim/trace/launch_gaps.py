@@ -8,6 +8,14 @@ Two latencies of the command processor, both counted from after the host's launc
 * **idle latency**: the stream was idle when the launch call returned; the time from that return to
   the kernel's start adds the doorbell and the packet fetch to the dispatch.
 
+Both are the time from the later of the launch's return and the predecessor's end to the start, so
+they cannot be negative.  An activity that started before its launch call returned gives neither
+(kind ``in_call``, no wait): the call returned only after the GPU had begun, because it blocked on
+the work (a synchronous copy such as ``hipMemcpyWithStream``) or the host lingered in it after
+submitting, so when the packet reached the queue is unknown.  Neither does one that started before
+its stream predecessor ended (kind ``overlap``; activities of one stream of one device never
+overlap, so the trace is inconsistent there).  Streams are told apart per device.
+
 Times in the result are microseconds, as in the traces.
 """
 
@@ -19,6 +27,12 @@ from pathlib import Path
 import pandas as pd
 
 from gpusim.trace.kineto import GPU_CATEGORIES, launch_calls, load_json
+
+GAP_COLUMNS = ["device", "stream", "name", "previous", "start_us", "launch_return_us", "previous_end_us", "kind",
+               "wait_us"]
+"""Columns of :func:`stream_gaps`."""
+SUMMARY_COLUMNS = ["count", "min_us", "median_us", "p90_us"]
+"""Columns of :func:`summarize` (indexed by kind)."""
 
 
 def stream_gaps(path: str | os.PathLike) -> pd.DataFrame:
@@ -32,20 +46,26 @@ def stream_gaps(path: str | os.PathLike) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        One row per GPU activity that has a launch call: ``stream``, ``name``, ``previous`` (the
-        predecessor's name, empty for a stream's first), ``start_us``, ``launch_return_us`` (end of
-        the launch call), ``previous_end_us`` (NaN for a stream's first), ``kind`` (``"queued"`` when
-        the launch returned before the predecessor ended, else ``"idle"``) and ``wait_us`` (queued:
-        start minus the predecessor's end; idle: start minus the launch's return).
+        One row per GPU activity that has a launch call (:data:`GAP_COLUMNS`): ``device`` (the
+        event's ``args.device``, else its ``pid``), ``stream``, ``name``, ``previous`` (the
+        predecessor's name on the device's stream, empty for a stream's first), ``start_us``,
+        ``launch_return_us`` (end of the launch call), ``previous_end_us`` (NaN for a stream's
+        first), ``kind`` and ``wait_us``: ``"in_call"`` when the activity started before its launch
+        returned, ``"overlap"`` when it started before its predecessor ended (both without a wait:
+        NaN), else ``"queued"`` when the launch returned before the predecessor ended (wait: start
+        minus the predecessor's end) or ``"idle"`` (wait: start minus the launch's return).  Waits
+        are never negative.
     """
     events = load_json(Path(path))["traceEvents"]
     launches = launch_calls(events)
-    streams: dict[object, list[dict]] = {}
+    streams: dict[tuple[object, object], list[dict]] = {}
     for event in events:
         if event.get("cat") in GPU_CATEGORIES and event.get("ph") == "X":
-            streams.setdefault(event.get("args", {}).get("stream", event.get("tid")), []).append(event)
+            args = event.get("args", {})
+            streams.setdefault((args.get("device", event.get("pid")), args.get("stream", event.get("tid"))),
+                               []).append(event)
     rows = []
-    for stream, activities in streams.items():
+    for (device, stream), activities in streams.items():
         activities.sort(key=lambda e: float(e["ts"]))
         previous: dict | None = None
         for event in activities:
@@ -54,19 +74,40 @@ def stream_gaps(path: str | os.PathLike) -> pd.DataFrame:
             previous_end = float(previous["ts"]) + float(previous.get("dur", 0.0)) if previous else float("nan")
             if launch is not None:
                 returned = float(launch["ts"]) + float(launch.get("dur", 0.0))
-                queued = previous is not None and returned < previous_end
-                rows.append({"stream": stream, "name": event.get("name", ""),
+                if start < returned:
+                    kind, wait = "in_call", float("nan")
+                elif start < previous_end:
+                    kind, wait = "overlap", float("nan")
+                elif returned < previous_end:
+                    kind, wait = "queued", start - previous_end
+                else:
+                    kind, wait = "idle", start - returned
+                rows.append({"device": device, "stream": stream, "name": event.get("name", ""),
                              "previous": previous.get("name", "") if previous else "", "start_us": start,
-                             "launch_return_us": returned, "previous_end_us": previous_end,
-                             "kind": "queued" if queued else "idle",
-                             "wait_us": start - (previous_end if queued else returned)})
+                             "launch_return_us": returned, "previous_end_us": previous_end, "kind": kind,
+                             "wait_us": wait})
             previous = event
-    return pd.DataFrame(rows, columns=["stream", "name", "previous", "start_us", "launch_return_us",
-                                       "previous_end_us", "kind", "wait_us"])
+    gaps = pd.DataFrame(rows, columns=GAP_COLUMNS)
+    return gaps.astype({column: float for column in ("start_us", "launch_return_us", "previous_end_us", "wait_us")})
 
 
 def summarize(gaps: pd.DataFrame) -> pd.DataFrame:
-    """Count, minimum, median and 90th percentile of ``wait_us`` per kind (rows of :func:`stream_gaps`)."""
-    grouped = gaps.groupby("kind")["wait_us"]
-    return pd.DataFrame({"count": grouped.size(), "min_us": grouped.min(), "median_us": grouped.median(),
-                         "p90_us": grouped.quantile(0.9)})
+    """Count, minimum, median and 90th percentile of ``wait_us`` per kind (rows of :func:`stream_gaps`).
+
+    Parameters
+    ----------
+    gaps
+        Rows of :func:`stream_gaps`, possibly none.
+
+    Returns
+    -------
+    pandas.DataFrame
+        :data:`SUMMARY_COLUMNS` indexed by ``kind``; no rows when ``gaps`` has none, and NaN
+        statistics for the kinds without a wait (``in_call``, ``overlap``).
+    """
+    waits = gaps["wait_us"].astype(float)
+    grouped = waits.groupby(gaps["kind"].rename("kind"))
+    summary = pd.DataFrame({"count": grouped.size(), "min_us": grouped.min(), "median_us": grouped.median(),
+                            "p90_us": grouped.quantile(0.9)}, columns=SUMMARY_COLUMNS)
+    summary.index.name = "kind"
+    return summary

@@ -115,16 +115,19 @@ def choose_mode(trace: Trace, system: System) -> str:
     return "symmetric"
 
 
-def _kernel_spans(recorder: Recorder) -> dict[tuple[int, str], list[Span]]:
-    lanes: dict[tuple[int, str], list[Span]] = {}
+def _kernel_spans(recorder: Recorder) -> dict[tuple[int, object], list[Span]]:
+    """The kernel spans of a recorder by GPU and the ``op_id`` (op uid) of the op that launched them."""
+    kernels: dict[tuple[int, object], list[Span]] = {}
     for span in recorder.spans:
         if span.category == "kernel":
-            lanes.setdefault((span.gpu, span.lane), []).append(span)
-    return lanes
+            kernels.setdefault((span.gpu, span.args.get("op_id")), []).append(span)
+    return kernels
 
 
-def _spans_within(spans: list[Span], start: float, end: float) -> list[Span]:
-    return [span for span in spans if span.start_ns >= start - 1e-6 and span.end_ns <= end + 1e-6]
+def _with_op_id(span: Span, op_id: int, shift: float = 0.0) -> Span:
+    """``span`` moved by ``shift`` ns, its ``op_id`` arg the trace's ``op_id``."""
+    return Span(span.name, span.category, span.gpu, span.lane, span.start_ns + shift, span.end_ns + shift,
+                {**span.args, "op_id": op_id})
 
 
 def replay(
@@ -246,13 +249,18 @@ def _assemble(
 ) -> Result:
     """Build the Result from the row timings (simulated, or re-timed after layer caching)."""
     frame = trace.frame
-    kernel_lanes = _kernel_spans(sim.recorder)
+    kernels = _kernel_spans(sim.recorder)
     recorder = Recorder(sim.recorder.bin_ns)
     recorder.dram = sim.recorder.dram
     recorder.links = sim.recorder.links
     recorder.counters = sim.recorder.counters
-    if not plan.reduced:
-        recorder.spans = [span for span in sim.recorder.spans if span.category != "op"]
+    if not plan.reduced:  # the simulation's spans carry op uids: give them the trace's op_id
+        trace_op_id = {record.op.uid: int(frame["op_id"].iat[position]) for position, record in record_of.items()}
+        recorder.spans = [
+            _with_op_id(span, trace_op_id[span.args["op_id"]]) if span.args.get("op_id") in trace_op_id else span
+            for span in sim.recorder.spans
+            if span.category != "op"
+        ]
     records: list[OpRecord] = []
     rows = frame.to_dict("records")
     for position in sorted(times):
@@ -272,11 +280,9 @@ def _assemble(
         args = {"category": model.op.category, "op_id": int(row["op_id"]), "replica_of": info["replica_of"]}
         recorder.span(Span(name, "op", int(row["gpu"]), row["stream"], start, end, args))
         if plan.reduced:
-            source_start, source_end = simulated[source]
-            shift = start - source_start
-            for span in _spans_within(kernel_lanes.get((int(row["gpu"]), row["stream"]), []), source_start, source_end):
-                recorder.span(Span(span.name, span.category, span.gpu, span.lane, span.start_ns + shift,
-                                   span.end_ns + shift, span.args))
+            shift = start - simulated[source][0]
+            for span in kernels.get((model.rank, model.op.uid), []):
+                recorder.span(_with_op_id(span, int(row["op_id"]), shift))
     stats = {
         **run_stats(sim, machine, wall_start),
         "trace_rows": len(records),
