@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpusim import ops as gops
+from gpusim.arguments import output_folder, positive_int
 from gpusim.errors import GpusimError
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
 from gpusim.units import QuantityError, parse_quantity
@@ -39,6 +40,8 @@ BOOL_FIELDS = {"trans_a", "trans_b", "stagger"}
 LIST_FIELDS = {"inputs"}
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")
+SEED_MAX = 2**32 - 1
+"""The largest random seed (numpy's and pandas' random states take 32-bit seeds)."""
 
 
 def _parse_int(text: str, field: str, spec: str) -> int:
@@ -145,13 +148,14 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
 def write_outputs(result, out: Path, title: str) -> None:
-    """Write a result's tables, a timeline plot and a Perfetto trace into ``out``."""
+    """Write a result's tables, a timeline plot and a Perfetto trace into the existing folder ``out``."""
     import matplotlib.pyplot as plt
 
     from gpusim import plot
 
-    out.mkdir(parents=True, exist_ok=True)
     result.ops.to_csv(out / "ops.csv", index=False)
     result.summary().to_csv(out / "summary.csv", index=False)
     fig, axes = plt.subplots(2, 1, figsize=(9, 6))
@@ -171,13 +175,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     system = load_system(args.system, parse_overrides(args.set))
     op_list = [parse_op(spec) for spec in args.op]
+    out = output_folder(args.out)
     result = run(system, op_list, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s", "gb_per_s"]].to_string(index=False))
     print(f"total {result.time_s * 1e3:.3f} ms simulated; {result.stats['events']} events in {result.stats['wall_s']:.2f} s")
-    if args.out:
-        write_outputs(result, Path(args.out), f"{system.name}")
-        print(f"wrote {args.out}/ (ops.csv, summary.csv, timeline.png, timeline.perfetto.json)")
+    if out is not None:
+        write_outputs(result, out, f"{system.name}")
+        print(f"wrote {out}/ (ops.csv, summary.csv, timeline.png, timeline.perfetto.json)")
     return 0
 
 
@@ -185,7 +190,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main demo (see :mod:`gpusim.demo`)."""
     from gpusim.demo import main as demo_main
 
-    return demo_main(Path(args.out), quick=args.quick)
+    return demo_main(output_folder(args.out), quick=args.quick)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -194,13 +199,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from gpusim import validation
 
-    names = args.dataset or list(validation.DATASETS)
+    names = list(dict.fromkeys(args.dataset or validation.DATASETS))  # each data set once, in the order given
+    out = output_folder(args.out)
     tables = []
     broken: list[str] = []
+    subsets: list[str] = []
     for name in names:
         dataset = validation.get(name)
-        _, table, violations = validation.report(
-            dataset, args.out, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
+        frame, table, violations = validation.report(
+            dataset, out, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
             progress=not args.quiet,
         )
         limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
@@ -208,31 +215,33 @@ def cmd_validate(args: argparse.Namespace) -> int:
         table["verdict"] = ["FAIL" if violations else "ok" if subset == "all" else "" for subset in table["subset"]]
         tables.append(table)
         broken += violations
+        subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
     table = pd.concat(tables, ignore_index=True)
     shown = table.copy()
     for column in ("median", "p90", "max"):
         shown[column] = shown[column].map(lambda value: f"{value:.1%}")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(shown.to_string(index=False))
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        table.to_csv(Path(args.out) / "summary.csv", index=False)
-        print(f"wrote {args.out}/ (summary.csv, one CSV and one PNG per data set)")
+    if out is not None:
+        table.to_csv(out / "summary.csv", index=False)
+        print(f"wrote {out}/ (summary.csv, one CSV and one PNG per data set)")
     if broken:
         print("validation FAILED:\n  " + "\n  ".join(broken), file=sys.stderr)
         return 1
-    print("validation passed" + (f" (on a random subset of {args.points} points per data set)" if args.points else ""))
+    print("validation passed" + (f" (on random subsets of the points: {', '.join(subsets)})" if args.points else ""))
     return 0
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a positive integer."""
-    message = f"expected a positive integer, got {text!r}"
+
+
+def _seed(text: str) -> int:
+    """An argparse type: a random seed, a whole number from 0 to 2**32 - 1."""
+    message = f"expected a whole number from 0 to {SEED_MAX}, got {text!r}"
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(message) from None
-    if value <= 0:
+    if not 0 <= value <= SEED_MAX:
         raise argparse.ArgumentTypeError(message)
     return value
 
@@ -241,14 +250,15 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
     from gpusim.validation import DATASETS
 
     parser.add_argument("--dataset", action="append", choices=list(DATASETS),
-                        help="data set to compare (repeatable; default: all)")
+                        help="data set to compare (repeatable, each compared once; default: all)")
     parser.add_argument("--out", default="out/validate", help="folder for the CSVs, plots and summary.csv")
-    parser.add_argument("--points", type=_positive_int, default=None,
-                        help="simulate a random subset of this many points per data set (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random subset")
+    parser.add_argument("--points", type=positive_int, default=None,
+                        help="simulate a random subset of at most this many points per data set, spread evenly "
+                             "over its groups (default: all)")
+    parser.add_argument("--seed", type=_seed, default=0, help=f"seed of the random subset (0 to {SEED_MAX})")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
                         help="simulation mode of single-node collectives (multi-node ones run in full mode)")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: all CPUs)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -310,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``gpusim show-config x | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as exc:  # an output that cannot be written (a full disk, a folder removed meanwhile)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"gpusim: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -289,7 +289,11 @@ def get(name: str) -> DataSet:
 def sample(frame: pd.DataFrame, count: int | None, seed: int = 0, by: str | None = None) -> pd.DataFrame:
     """A reproducible random subset of ``count`` rows (all rows when ``count`` is None or larger).
 
-    With ``by``, the rows are drawn evenly from each value of that column.  ``count`` must be a
+    With ``by``, the ``count`` rows are spread as evenly as the groups (the values of that column)
+    allow: every group gets ``count // groups`` rows or one more, the groups that get one more
+    being drawn at random, so that when ``count`` is smaller than the number of groups only
+    ``count`` groups, drawn at random, are represented; a group too small for its share gives the
+    rest to the others.  The subset has exactly ``count`` rows.  ``count`` must be a
     positive integer (:class:`ConfigError` otherwise).
     """
     if count is not None and (isinstance(count, bool) or not isinstance(count, numbers.Integral) or count <= 0):
@@ -298,9 +302,16 @@ def sample(frame: pd.DataFrame, count: int | None, seed: int = 0, by: str | None
         return frame
     if by is None:
         return frame.sample(n=count, random_state=seed).sort_index()
-    groups = list(frame.groupby(by, sort=True))
-    per_group = max(1, count // len(groups))
-    parts = [part.sample(n=min(per_group, len(part)), random_state=seed) for _, part in groups]
+    groups = [part for _, part in frame.groupby(by, sort=True, dropna=False)]
+    order = np.random.default_rng(seed).permutation(len(groups))
+    shares = [0] * len(groups)
+    left = count
+    while left:  # one row per group and round, in the drawn order, until count rows are handed out
+        for index in order:
+            if left and shares[index] < len(groups[index]):
+                shares[index] += 1
+                left -= 1
+    parts = [part.sample(n=share, random_state=seed) for part, share in zip(groups, shares) if share]
     return pd.concat(parts).sort_index()
 
 
@@ -408,7 +419,8 @@ def report(dataset: DataSet | str, out: str | Path | None = None, points: int | 
         Folder for ``NAME.csv`` (measured, simulated, error per point) and ``NAME.png``; nothing
         is written when None.
     points
-        Simulate only this many rows, drawn at random (evenly over the data set's groups).
+        Simulate at most this many rows, drawn at random and spread evenly over the data set's
+        groups (:func:`sample`).
     seed
         Seed of that draw.
     mode, workers, progress

@@ -129,3 +129,82 @@ def test_a_reader_that_stops_early_gets_no_traceback():
                             stderr=subprocess.PIPE, text=True, check=False)
     os.close(write_end)
     assert writer.returncode == 1 and "Traceback" not in writer.stderr and "BrokenPipe" not in writer.stderr
+
+
+BAD_OUT_COMMANDS = {
+    "run": ["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8", "--quiet"],
+    "simulate": ["simulate", "--model", "bert-base", "--layers", "1", "--system", "t3-ring8", "--quiet"],
+    "validate-trace": ["validate-trace", "workloads/traces/dp_backward_v100_2gpu.csv", "--system", "t3-ring8",
+                       "--quiet"],
+    "validate": ["validate", "--dataset", "gelu-mi210", "--points", "1", "--quiet"],
+    "demo": ["demo", "--quick"],
+}
+
+
+@pytest.mark.parametrize("command", BAD_OUT_COMMANDS)
+@pytest.mark.parametrize(("out", "message"), [
+    ("afile", "--out afile: afile is a file, not a folder"),
+    ("afile/sub", "--out afile/sub: afile is a file, not a folder"),
+    ("", "--out: expected a folder, got an empty path"),
+])
+def test_a_bad_out_is_one_error_line_before_anything_is_simulated(command, out, message, tmp_path, capsys,
+                                                                   monkeypatch):
+    from tests.conftest import REPO
+
+    argv = [str(REPO / word) if word.startswith("workloads/") else word for word in BAD_OUT_COMMANDS[command]]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    assert main([*argv, "--out", out]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"gpusim: error: {message}\n"
+    assert captured.out == ""  # refused before the simulation (which prints its results)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile"]
+
+
+def test_an_out_folder_that_cannot_be_created_is_an_error(tmp_path, capsys, monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr("pathlib.Path.mkdir", refuse)
+    out = tmp_path / "new"
+    assert main(["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8", "--quiet", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"gpusim: error: --out {out}: cannot create the folder: Permission denied\n"
+    assert captured.out == ""
+
+
+def test_an_output_that_cannot_be_written_is_an_error_not_a_traceback(tmp_path, capsys, monkeypatch):
+    def full_disk(result, out, title):
+        raise OSError(28, "No space left on device", str(out / "ops.csv"))
+
+    monkeypatch.setattr("gpusim.cli.write_outputs", full_disk)
+    assert main(["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8", "--quiet", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"gpusim: error: {tmp_path / 'ops.csv'}: No space left on device\n"
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999", "1.5"])
+def test_validate_needs_a_seed_numpy_accepts(seed, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--dataset", "gemm-mi210", "--points", "1", "--seed", seed])
+    assert exit_info.value.code == 2
+    assert f"argument --seed: expected a whole number from 0 to 4294967295, got '{seed}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", ["0", "-3"])
+def test_validate_needs_a_positive_number_of_workers(workers, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--dataset", "gemm-mi210", "--points", "1", "--workers", workers])
+    assert exit_info.value.code == 2
+    assert f"argument --workers: expected a positive integer, got '{workers}'" in capsys.readouterr().err
+
+
+def test_validation_sample_takes_count_rows_spread_over_the_groups():
+    frame = pd.DataFrame({"gpus": [2] * 5 + [4] * 5 + [8] * 5 + [16] * 5, "x": range(20)})
+    two = validation.sample(frame, 2, seed=3, by="gpus")
+    assert len(two) == 2 and two["gpus"].nunique() == 2
+    six = validation.sample(frame, 6, seed=3, by="gpus")
+    assert sorted(six["gpus"].value_counts()) == [1, 1, 2, 2]
+    assert validation.sample(frame, 6, seed=3, by="gpus").equals(six)  # reproducible
+    uneven = pd.DataFrame({"gpus": [2] + [4] * 10 + [8] * 10, "x": range(21)})
+    assert validation.sample(uneven, 9, by="gpus")["gpus"].value_counts().to_dict() == {2: 1, 4: 4, 8: 4}
+    assert len(validation.sample(uneven, 20, by="gpus")) == 20

@@ -215,3 +215,8 @@ def test_ring_traffic_of_a_tensor_parallel_layer_is_2_n_minus_1_over_n_S():
     size = batch * seq * TINY.hidden * 2
     sent = result.links[result.links["src"] == 0]["bytes"].sum()
     assert sent == pytest.approx(2 * 2 * (tp - 1) / tp * size, rel=0.01)
+
+
+def test_more_layers_than_the_model_has_is_an_error():
+    with pytest.raises(TraceError, match=r"'layers' \(13\) exceeds the 12 layers of bert-base"):
+        transformer("bert-base", layers=13)

@@ -3,6 +3,7 @@
 import json
 
 import pandas as pd
+import pytest
 
 from gpusim.cli import main
 from tests.conftest import REPO, shared_data
@@ -69,3 +70,64 @@ def test_validate_trace_reports_per_class_and_fails_loudly(tmp_path, capsys):
                  "--tolerance", "0.0001"]) == 1
     assert main(["validate-trace", trace, "--system", "mi210", "--quiet"]) == 2
     assert "cannot be modelled" in capsys.readouterr().err
+
+
+def test_simulate_refuses_more_layers_than_the_model_has(capsys):
+    assert main(["simulate", "--model", "bert-base", "--layers", "13", "--system", "t3-ring8", "--quiet"]) == 2
+    assert capsys.readouterr().err == "gpusim: error: transformer(): 'layers' (13) exceeds the 12 layers of bert-base\n"
+
+
+TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["simulate", "--model", "bert-base", "--phase", "decode", "--recompute"],
+     "--recompute applies to --phase train only, not to --phase decode"),
+    (["simulate", "--model", "bert-base", "--phase", "prompt", "--schedule", "gpipe"],
+     "--schedule applies to --phase train only, not to --phase prompt"),
+    (["simulate", "--model", "bert-base", "--decode-tokens", "4"],
+     "--decode-tokens applies to --phase decode only, not to --phase train"),
+    (["simulate", "--trace", TRACE, "--tp", "2"], "--tp describes a generated model (--model) and does not apply to --trace"),
+    (["simulate", "--trace", TRACE, "--layers", "2"],
+     "--layers describes a generated model (--model) and does not apply to --trace"),
+    (["validate-trace", TRACE, "--iteration", "2"],
+     f"--iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
+])
+def test_contradictory_options_are_errors(argv, message, capsys):
+    assert main([*argv, "--system", "t3-ring8", "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("gpusim: error: ") and message in captured.err and captured.out == ""
+
+
+def test_a_trace_that_is_not_there_is_named(tmp_path, capsys):
+    (tmp_path / "gemms.csv").write_text("")
+    (tmp_path / "empty").mkdir()
+    for path, message in [(tmp_path / "nope.csv", "no such file or folder"),
+                          (tmp_path / "*.et", "no file matches the pattern"),
+                          (tmp_path / "*.csv", f"a pattern must select Chakra .et files, but it matches {tmp_path / 'gemms.csv'}"),
+                          (tmp_path / "empty", "a folder of Chakra traces must hold .et files, but it holds none")]:
+        assert main(["simulate", "--trace", str(path), "--system", "t3-ring8", "--quiet"]) == 2
+        assert capsys.readouterr().err == f"gpusim: error: {path}: {message}\n"
+
+
+def test_an_unmodelled_kineto_kernel_points_to_the_option(tmp_path, capsys):
+    trace = tmp_path / "one.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1,
+                                                  "args": {"stream": 7, "correlation": 1}}]}))
+    assert main(["simulate", "--trace", str(trace), "--system", "t3-ring8", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be modelled" in err and "--unsupported delay replays" in err and "read_kineto" not in err
+    assert main(["simulate", "--trace", str(trace), "--system", "t3-ring8", "--quiet", "--unsupported", "delay"]) == 0
+
+
+def test_a_tolerance_cannot_pass_when_nothing_was_simulated(capsys):
+    trace = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
+    assert main(["validate-trace", trace, "--system", "dgx1-v100", "--tolerance", "0.01", "--quiet"]) == 1
+    assert "nothing to check against the tolerance: all 28 kernels" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tolerance", ["-1", "nan", "inf"])
+def test_a_tolerance_is_a_finite_non_negative_fraction(tolerance, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate-trace", "t.csv", "--system", "dgx1-v100", "--tolerance", tolerance])
+    assert exit_.value.code == 2 and "expected a finite number of at least 0" in capsys.readouterr().err

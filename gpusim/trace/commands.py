@@ -3,25 +3,84 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 from pathlib import Path
 
-from gpusim.errors import GpusimError
+from gpusim.arguments import non_negative_float, output_folder
+from gpusim.errors import GpusimError, TraceError
+
+PATTERN_CHARACTERS = "*?["
+"""Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
+
+READER_HINTS = ("read_kineto(..., unsupported='delay')", "read_chakra(..., unsupported='delay')")
+"""How the readers' errors name their ``unsupported`` argument; the command names its option instead."""
+
+MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
+                 "decode_tokens")
+"""The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
+
+
+def _option(name: str) -> str:
+    """The command-line spelling of an argparse name (``seq_len`` -> ``--seq-len``)."""
+    return "--" + name.replace("_", "-")
+
+
+def trace_format(path: str) -> str:
+    """How :func:`load_any` reads ``path``: ``"kineto"``, ``"chakra"`` or ``"table"`` (gpusim CSV/Parquet).
+
+    Raises
+    ------
+    gpusim.errors.TraceError
+        Nothing at ``path``, a pattern that matches nothing or matches other files than Chakra
+        ``.et`` ones, or a folder without ``.et`` files.
+    """
+    name = path.lower()
+    if not Path(path).exists():
+        if not any(character in path for character in PATTERN_CHARACTERS):
+            raise TraceError(f"{path}: no such file or folder")
+        matches = sorted(glob.glob(path))
+        if not matches:
+            raise TraceError(f"{path}: no file matches the pattern")
+        others = [match for match in matches if not match.lower().endswith(".et")]
+        if others:
+            raise TraceError(f"{path}: a pattern must select Chakra .et files, but it matches {others[0]}")
+        return "chakra"
+    if Path(path).is_dir():
+        if not any(Path(path).glob("*.et")):
+            raise TraceError(f"{path}: a folder of Chakra traces must hold .et files, but it holds none")
+        return "chakra"
+    if name.endswith((".json", ".json.gz")):
+        return "kineto"
+    if name.endswith(".et"):
+        return "chakra"
+    return "table"
 
 
 def load_any(path: str, unsupported: str = "error", iteration: int | None = None):
-    """A trace from a file by its kind: ``.csv``/``.parquet`` (gpusim), ``.json``/``.json.gz``
-    (Kineto), ``.et`` or a folder of them (Chakra)."""
+    """A trace from a file by its kind (:func:`trace_format`): ``.csv``/``.parquet`` (gpusim),
+    ``.json``/``.json.gz`` (Kineto), ``.et``, a folder of them or a pattern matching them (Chakra).
+
+    Errors that point to the readers' ``unsupported='delay'`` name ``--unsupported delay`` instead.
+    """
     from gpusim.trace.chakra import read_chakra
     from gpusim.trace.kineto import read_kineto
     from gpusim.trace.trace import read
 
-    name = path.lower()
-    if name.endswith((".json", ".json.gz")):
-        return read_kineto(path, unsupported=unsupported, iteration=iteration)
-    if name.endswith(".et") or Path(path).is_dir() or "*" in path:
-        return read_chakra(path, unsupported=unsupported)
-    return read(path)
+    kind = trace_format(path)
+    try:
+        if kind == "kineto":
+            return read_kineto(path, unsupported=unsupported, iteration=iteration)
+        if kind == "chakra":
+            return read_chakra(path, unsupported=unsupported)
+        return read(path)
+    except TraceError as exc:
+        message = str(exc)
+        if not any(hint in message for hint in READER_HINTS):
+            raise
+        for hint in READER_HINTS:
+            message = message.replace(hint, "--unsupported delay")
+        raise TraceError(message) from None
 
 
 def _system(args: argparse.Namespace):
@@ -37,6 +96,30 @@ def _mode(args: argparse.Namespace, trace, system) -> str:
     return choose_mode(trace, system) if args.mode == "auto" else args.mode
 
 
+def _model_options(args: argparse.Namespace) -> dict[str, object]:
+    """The model options given to ``simulate`` (the others keep :func:`~gpusim.trace.transformer`'s defaults).
+
+    Raises
+    ------
+    GpusimError
+        Model options with ``--trace``, or an option that the phase ignores (the generator checks
+        the values themselves).
+    """
+    given = {name: getattr(args, name) for name in MODEL_OPTIONS if getattr(args, name) is not None}
+    if args.trace is not None:
+        if given:
+            raise GpusimError(f"simulate: {_option(next(iter(given)))} describes a generated model (--model) "
+                              f"and does not apply to --trace")
+        return given
+    phase = given.get("phase", "train")
+    for name in ("schedule", "recompute"):
+        if name in given and phase != "train":
+            raise GpusimError(f"simulate: {_option(name)} applies to --phase train only, not to --phase {phase}")
+    if "decode_tokens" in given and phase != "decode":
+        raise GpusimError(f"simulate: --decode-tokens applies to --phase decode only, not to --phase {phase}")
+    return given
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline and a breakdown plot."""
     import matplotlib.pyplot as plt
@@ -47,14 +130,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if (args.trace is None) == (args.model is None):
         raise GpusimError("simulate: give exactly one of --trace FILE or --model NAME")
+    options = _model_options(args)
     system = _system(args)
     if args.model:
-        trace = transformer(args.model, phase=args.phase, tp=args.tp, dp=args.dp, pp=args.pp, batch=args.batch,
-                            seq_len=args.seq_len, microbatches=args.microbatches, schedule=args.schedule,
-                            recompute=args.recompute, layers=args.layers, decode_tokens=args.decode_tokens)
+        trace = transformer(args.model, **options)
     else:
         trace = load_any(args.trace, unsupported=args.unsupported)
     mode = _mode(args, trace, system)
+    out = output_folder(args.out)
     result = trace.replay(system, mode=mode, progress=not args.quiet, cache_layers=not args.no_cache)
     parts = breakdown(result.ops)
     print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
@@ -62,9 +145,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     stats = result.stats
     print(f"{stats['simulated_rows']} of {stats['trace_rows']} rows simulated; {stats['events']} events in "
           f"{stats['wall_s']:.1f} s ({stats['events_per_s']:.0f} events/s)")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         result.ops.to_parquet(out / "ops.parquet", index=False)
         summary = {
             "trace": trace.source, "system": system.name, "mode": mode, "time_s": result.time_s,
@@ -88,15 +169,19 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
     from gpusim import plot
     from gpusim.trace.compare import compare, kernel_comparison
 
+    if args.iteration is not None and trace_format(args.trace) != "kineto":
+        raise GpusimError(f"validate-trace: --iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), "
+                          f"but the trace {args.trace} is not one")
     system = _system(args)
     trace = load_any(args.trace, unsupported=args.unsupported, iteration=args.iteration)
     if not trace.frame["measured_s"].notna().any():
         raise GpusimError(f"validate-trace: {trace.source} has no measured durations to compare with")
     mode = _mode(args, trace, system)
+    out = output_folder(args.out)
     result = trace.replay(system, mode=mode, progress=not args.quiet)
     spans = trace.metadata.get("measured_span_s") or {}
     span = spans.get(0, spans.get("0")) if mode == "symmetric" else (max(spans.values()) if spans else None)
-    table = compare(result.ops, span)
+    table = compare(result.ops, span, result.kernels)
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         shown = table.copy()
         for column in ("measured_s", "simulated_s", "not_simulated_s"):
@@ -110,11 +195,9 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
         print(f"{len(not_modelled)} kernels replayed as delays of their measured duration (not modelled):")
         for reason, count in not_modelled["reason"].value_counts().items():
             print(f"  {count:6d}  {reason}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         table.to_csv(out / "validate_trace.csv", index=False)
-        kernels = kernel_comparison(result.ops)
+        kernels = kernel_comparison(result.ops, result.kernels)
         kernels.to_csv(out / "kernels.csv", index=False)
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         modelled = kernels[kernels["modelled"]]
@@ -131,7 +214,12 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
         plot.save_figure(fig, out / "validate_trace.png")
         print(f"wrote {out}/ (validate_trace.csv, kernels.csv, validate_trace.png)")
     if args.tolerance is not None:
-        whole = table[table["kernel_class"] == "all kernels"]["error"].iloc[0]
+        everything = table[table["kernel_class"] == "all kernels"].iloc[0]
+        if everything["kernels"] == 0:
+            print(f"validate-trace: nothing to check against the tolerance: all {everything['not_simulated']} kernels "
+                  "were replayed as their measured durations")
+            return 1
+        whole = everything["error"]
         if not abs(whole) <= args.tolerance:
             print(f"validate-trace: all-kernel error {whole:+.1%} exceeds the tolerance {args.tolerance:.1%}")
             return 1
@@ -151,19 +239,22 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``gpusim simulate``."""
-    parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et or folder")
+    parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et (or a folder or pattern of them)")
     parser.add_argument("--model", help="generate a transformer trace (see gpusim.trace.list_models())")
-    parser.add_argument("--phase", default="train", choices=["train", "prompt", "decode"])
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel degree")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    parser.add_argument("--batch", type=int, help="global batch in sequences (default: the model's)")
-    parser.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
-    parser.add_argument("--microbatches", type=int, help="microbatches (default: pp)")
-    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
-    parser.add_argument("--recompute", action="store_true", help="activation recomputation")
-    parser.add_argument("--layers", type=int, help="use only this many layers")
-    parser.add_argument("--decode-tokens", type=int, default=1, help="tokens generated in the decode phase")
+    parser.add_argument("--phase", choices=["train", "prompt", "decode"], help="--model: the phase to generate (default: train)")
+    parser.add_argument("--tp", type=int, help="--model: tensor-parallel degree (default: 1)")
+    parser.add_argument("--dp", type=int, help="--model: data-parallel degree (default: 1)")
+    parser.add_argument("--pp", type=int, help="--model: pipeline-parallel degree (default: 1)")
+    parser.add_argument("--batch", type=int, help="--model: global batch in sequences (default: the model's)")
+    parser.add_argument("--seq-len", type=int, help="--model: sequence length (default: the model's)")
+    parser.add_argument("--microbatches", type=int, help="--model: microbatches (default: pp)")
+    parser.add_argument("--schedule", choices=["1f1b", "gpipe"], help="--model, --phase train: pipeline schedule "
+                        "(default: 1f1b)")
+    parser.add_argument("--recompute", action="store_true", default=None,
+                        help="--model, --phase train: activation recomputation")
+    parser.add_argument("--layers", type=int, help="--model: use only this many of the model's layers")
+    parser.add_argument("--decode-tokens", type=int,
+                        help="--model, --phase decode: tokens generated (default: 1)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
     _common(parser)
 
@@ -172,6 +263,6 @@ def add_validate_trace_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``gpusim validate-trace``."""
     parser.add_argument("trace", help="measured trace: Kineto .json(.gz), Chakra .et/folder, or .csv/.parquet")
     parser.add_argument("--iteration", type=int, help="Kineto: only the kernels of ProfilerStep#N")
-    parser.add_argument("--tolerance", type=float,
+    parser.add_argument("--tolerance", type=non_negative_float,
                         help="exit with status 1 when the all-kernel error exceeds this fraction (e.g. 0.25)")
     _common(parser)

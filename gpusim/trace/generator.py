@@ -556,8 +556,11 @@ def transformer(
     TraceError
         Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``...).
     """
-    overrides = {"layers": _positive("layers", layers)} if layers is not None else {}
-    config = load_model(model, **overrides)
+    config = load_model(model)
+    if layers is not None:
+        if _positive("layers", layers) > config.layers:
+            raise TraceError(f"transformer(): 'layers' ({layers}) exceeds the {config.layers} layers of {config.name}")
+        config = load_model(config, layers=layers)
     if phase not in PHASES:
         raise TraceError(f"transformer(): 'phase' must be one of {', '.join(PHASES)}, got {phase!r}")
     if schedule not in SCHEDULES:

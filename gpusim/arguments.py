@@ -1,0 +1,84 @@
+"""Command-line argument checks shared by the ``gpusim`` command and the study scripts.
+
+Each check runs before any simulation, so that a bad argument costs nothing and leaves nothing
+half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from gpusim.errors import GpusimError
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    message = f"expected a positive integer, got {text!r}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(message)
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number of at least 0 (a tolerance, a fraction)."""
+    message = f"expected a finite number of at least 0, got {text!r}"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(message)
+    return value
+
+
+def output_folder(text: str | None, option: str = "--out") -> Path | None:
+    """Check and create the folder an output option names.
+
+    Parameters
+    ----------
+    text
+        The folder as given on the command line; None when the option was not given.
+    option
+        The option's name, for the message.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The folder, created with its parents when missing; None for None (nothing is to be written).
+
+    Raises
+    ------
+    GpusimError
+        An empty path, a path onto or through a file, or a folder that cannot be created or
+        written to.
+    """
+    if text is None:
+        return None
+    if not text.strip():
+        raise GpusimError(f"{option}: expected a folder, got an empty path")
+    folder = Path(text)
+    blocking = next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
+    if blocking is not None:
+        raise GpusimError(f"{option} {text}: {blocking} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpusimError(f"{option} {text}: cannot create the folder: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise GpusimError(f"{option} {text}: the folder is not writable")
+    return folder
+
+
+def output_folder_or_exit(parser: argparse.ArgumentParser, text: str | None, option: str = "--out") -> Path | None:
+    """:func:`output_folder` for a script: a bad folder ends it with ``parser.error`` (exit code 2)."""
+    try:
+        return output_folder(text, option)
+    except GpusimError as exc:
+        parser.error(str(exc))
