@@ -3,7 +3,8 @@
 Each case runs in its own process (so its peak memory can be read) on one core, ``--repeat`` times
 (3 by default); the table reports the fastest run, as ``timeit`` does, since other load on a shared
 machine only ever slows a run down, and beside it the slowest.  With ``--out`` the table replaces
-the part of that Markdown file between the core-benchmarks markers; without it the table is printed.
+the part of that Markdown file between the core-benchmarks markers (a new file is made of them and
+the table); without it the table is printed.
 
     python benchmarks/run_benchmarks.py --out docs/benchmarks.md
 """
@@ -21,6 +22,8 @@ from datetime import date
 from pathlib import Path
 
 import simpy
+
+from gpusim.arguments import positive_int
 
 CASES = {
     "gemm-8192-mi210": {
@@ -104,21 +107,57 @@ def run_case(name: str) -> dict:
     }
 
 
+
+
+def page_around_table(out: str) -> tuple[str, str]:
+    """The text of Markdown file ``out`` up to the table (its start marker) and from the end marker
+    on; for a file that does not exist yet, the two markers.
+
+    Raises
+    ------
+    ValueError
+        When the file cannot be read and written (or made), or an existing file lacks the markers.
+    """
+    path = Path(out)
+    try:
+        if not path.exists():
+            path.touch(exist_ok=False)  # can it be made?  (removed again: nothing is written before the runs)
+            path.unlink()
+            return f"{START}\n", f"{END}\n"
+        with path.open("r+") as handle:  # readable and writable
+            page = handle.read()
+    except OSError as error:
+        raise ValueError(f"cannot write it ({error.strerror})") from error
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not a text file ({error.reason})") from error
+    before, start, rest = page.partition(START)
+    _, end, after = rest.partition(END)
+    if not (start and end):
+        raise ValueError(f"an existing file needs the markers {START} and {END} (in this order) around the table")
+    return before + START + "\n", END + after
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", help="Markdown file to write (default: print)")
+    parser.add_argument("--out", help="Markdown file to write the table into, between its core-benchmarks markers "
+                                      "(a new file gets them); default: print")
     parser.add_argument("--case", action="append", choices=list(CASES), help="run only these cases")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest is reported (default 3)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per case; the fastest is reported (default 3)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_case(args.one)))
         return 0
-    repeat = max(1, args.repeat)
+    if args.out:
+        try:
+            before, after = page_around_table(args.out)
+        except ValueError as error:
+            parser.error(f"--out {args.out}: {error}")
     rows = []
     for name in args.case or list(CASES):
         runs = []
-        for _ in range(repeat):
+        for _ in range(args.repeat):
             output = subprocess.run(
                 ["taskset", "-c", "0", sys.executable, __file__, "--one", name],
                 check=True, capture_output=True, text=True,
@@ -142,18 +181,12 @@ def main() -> int:
         )
     header = (
         f"Measured {date.today()} on {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-        f"one core per case (taskset), fastest of {repeat} runs, "
+        f"one core per case (taskset), fastest of {args.repeat} runs, "
         f"bare simpy: {rows[0]['bare_simpy_events_per_s']:,.0f} timeouts/s.\n\n"
     )
     text = header + "\n".join(lines) + "\n"
     if args.out:
-        path = Path(args.out)
-        page = path.read_text() if path.exists() else f"{START}\n{END}\n"
-        if START not in page:
-            page += f"\n{START}\n{END}\n"
-        before, rest = page.split(START, 1)
-        _, after = rest.split(END, 1)
-        path.write_text(f"{before}{START}\n{text}{END}{after}")
+        Path(args.out).write_text(before + text + after)
     else:
         print(text)
     return 0

@@ -2,6 +2,7 @@
 and the signs and orderings of the dissertation's chapter 7 that it must reproduce."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -79,8 +80,10 @@ def test_composed_goldyloc_agrees_with_the_command_processor(quick):
     assert len(check) and check["ratio"].between(0.7, 1.3).all()
 
 
-def test_a_size_limit_that_leaves_no_gemm_is_a_clear_error(tmp_path):
+def test_a_size_limit_that_leaves_no_gemm_is_a_clear_error(tmp_path, capsys):
     out = tmp_path / "none"
-    with pytest.raises(SystemExit, match=r"--max-gflop 0.01 leaves none of the \d+ GEMMs; the smallest has"):
+    with pytest.raises(SystemExit) as exit_:
         load_reproduce().main(["--out", str(out), "--max-gflop", "0.01", "--quiet"])
+    assert exit_.value.code == 2  # a usage error
+    assert re.search(r"--max-gflop 0.01 leaves none of the \d+ GEMMs; the smallest has", capsys.readouterr().err)
     assert not out.exists()  # nothing half-written

@@ -17,19 +17,28 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from pathlib import Path
 
 import pandas as pd
 
+import gpusim
 from gpusim import validation
+from gpusim.arguments import output_folder_or_exit, positive_int
+from gpusim.errors import GpusimError
 
 
-def parse_param(text: str) -> tuple[str, list[str]]:
-    """``"path=v1,v2"`` -> ``(path, [v1, v2])`` (values stay strings; the loader parses units)."""
-    if "=" not in text:
-        raise SystemExit(f"--param {text!r}: expected path=value1,value2,...")
-    path, values = text.split("=", 1)
-    return path.strip(), [value.strip() for value in values.split(",") if value.strip()]
+def parse_param(option: str, text: str) -> tuple[str, list[str]]:
+    """``"path=v1,v2"`` -> ``(path, [v1, v2])`` (values stay strings; the loader parses units).
+
+    Raises
+    ------
+    ValueError
+        Without a path or a value (the message names ``option``).
+    """
+    path, equals, values = text.partition("=")
+    parsed = [value.strip() for value in values.split(",") if value.strip()]
+    if not (equals and path.strip() and parsed):
+        raise ValueError(f"{option} {text!r}: expected path=value1,value2,...")
+    return path.strip(), parsed
 
 
 def as_value(text: str):
@@ -41,11 +50,21 @@ def as_value(text: str):
 
 
 def rows_of(name: str, query: str | None, points: int | None, seed: int) -> pd.DataFrame:
-    """The rows of data set ``name`` selected by ``query`` (a random ``points`` of them)."""
+    """The rows of data set ``name`` selected by ``query`` (a random ``points`` of them).
+
+    Raises
+    ------
+    ValueError
+        When ``query`` cannot be evaluated on the data set.
+    """
     dataset = validation.get(name)
     rows = dataset.load()
     if query:
-        rows = rows.query(query)
+        try:
+            rows = rows.query(query)
+        except Exception as error:  # the user's expression can fail in any way (syntax, names, types)
+            reason = str(error).splitlines()[0] if str(error) else ""
+            raise ValueError(f"{query!r} on {name}: {type(error).__name__}: {reason}") from error
     return validation.sample(rows, points, seed, by=dataset.group)
 
 
@@ -66,36 +85,75 @@ def describe(frame: pd.DataFrame) -> str:
     return "; ".join(texts)
 
 
+
+
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", action="append", required=True, choices=list(validation.DATASETS),
                         help="data set to fit on (repeatable: the fit minimises the largest median)")
-    parser.add_argument("--param", action="append", required=True, help="override path=value1,value2,...")
-    parser.add_argument("--fixed", action="append", default=[], help="override path=value held fixed")
+    parser.add_argument("--param", action="append", required=True,
+                        help="override path=value1,value2,... to fit (repeatable: every combination is tried)")
+    parser.add_argument("--fixed", action="append", default=[], help="override path=value held fixed (repeatable)")
     parser.add_argument("--query", help="pandas query selecting the rows to use (e.g. '2*m*n*k > 1e11')")
-    parser.add_argument("--points", type=int, help="random subset of this many rows per data set")
+    parser.add_argument("--points", type=positive_int, help="random subset of this many rows per data set")
     parser.add_argument("--holdout-dataset", choices=list(validation.DATASETS),
                         help="judge the chosen values on this data set instead of a random half")
     parser.add_argument("--holdout-query", help="pandas query on the hold-out data set")
-    parser.add_argument("--holdout-points", type=int, help="random subset of this many hold-out rows")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mode", default="symmetric", choices=["full", "symmetric"])
-    parser.add_argument("--workers", type=int)
-    parser.add_argument("--out", default="out/fit")
+    parser.add_argument("--holdout-points", type=positive_int, help="random subset of this many hold-out rows")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random row subsets and of the hold-out half (default 0)")
+    parser.add_argument("--mode", default="symmetric", choices=["full", "symmetric"],
+                        help="simulation mode of single-node rows (default symmetric)")
+    parser.add_argument("--workers", type=positive_int, help="processes (default: the CPUs available)")
+    parser.add_argument("--out", default="out/fit", help="output folder (default out/fit)")
     args = parser.parse_args(argv)
 
-    grid = dict(parse_param(text) for text in args.param)
-    fixed = {path: as_value(values[0]) for path, values in map(parse_param, args.fixed)}
+    if not 0 <= args.seed < 2**32:
+        parser.error(f"argument --seed: expected an integer from 0 to 2**32 - 1, got {args.seed}")
+    if not args.holdout_dataset and (args.holdout_query or args.holdout_points):
+        parser.error("--holdout-query and --holdout-points need --holdout-dataset")
+    try:
+        grid = dict(parse_param("--param", text) for text in args.param)
+        fixed = dict(parse_param("--fixed", text) for text in args.fixed)
+    except ValueError as error:
+        parser.error(str(error))
+    if len(grid) < len(args.param) or len(fixed) < len(args.fixed) or grid.keys() & fixed.keys():
+        parser.error("each override path may be given once, in --param or in --fixed")
+    if any(len(values) > 1 for values in fixed.values()):
+        parser.error("--fixed takes one value per path (path=value)")
+    fixed = {path: as_value(values[0]) for path, values in fixed.items()}
     fit_parts, holdout_parts = {}, {}
     for name in args.dataset:
-        rows = rows_of(name, args.query, args.points, args.seed)
+        try:
+            rows = rows_of(name, args.query, args.points, args.seed)
+        except ValueError as error:
+            parser.error(f"--query {error}")
+        needed = 1 if args.holdout_dataset else 2
+        if len(rows) < needed:
+            parser.error(f"{name}: --query/--points leave {len(rows)} of its rows; the fit needs at least {needed}"
+                         + ("" if args.holdout_dataset else " (half of them are held out)"))
         if args.holdout_dataset:
             fit_parts[name] = rows
         else:
             fit_parts[name], holdout_parts[name] = validation.holdout_split(rows, args.seed)
     if args.holdout_dataset:
-        holdout_parts[args.holdout_dataset] = rows_of(args.holdout_dataset, args.holdout_query, args.holdout_points,
-                                                      args.seed)
+        try:
+            rows = rows_of(args.holdout_dataset, args.holdout_query, args.holdout_points, args.seed)
+        except ValueError as error:
+            parser.error(f"--holdout-query {error}")
+        if rows.empty:
+            parser.error(f"{args.holdout_dataset}: --holdout-query/--holdout-points leave none of its rows")
+        holdout_parts[args.holdout_dataset] = rows
+    systems = {validation.get(name).system for name in [*fit_parts, *holdout_parts]}
+    for system, (path, values) in itertools.product(sorted(systems), grid.items()):
+        for value in values:  # every override the runs will use, before any of them
+            try:
+                gpusim.load_system(system, {**fixed, path: as_value(value)})
+            except GpusimError as error:
+                parser.error(f"--param {path}={value} on {system}: {error}")
+    out = output_folder_or_exit(parser, args.out, "--out")
     print("fitting on " + ", ".join(f"{len(rows)} rows of {name}" for name, rows in fit_parts.items())
           + "; holding out " + ", ".join(f"{len(rows)} rows of {name}" for name, rows in holdout_parts.items()))
 
@@ -116,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     print("chosen: " + ", ".join(f"{path}={best[path]}" for path in grid))
     print("  fitting rows:  " + describe(fitted))
     print("  held-out rows: " + describe(holdout))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "+".join(args.dataset)
     table.to_csv(out / f"fit-{stem}.csv", index=False)
     holdout.to_csv(out / f"fit-{stem}-holdout.csv", index=False)

@@ -38,7 +38,9 @@ import numpy as np
 import pandas as pd
 
 from gpusim import plot
+from gpusim.arguments import output_folder_or_exit, positive_int
 from gpusim.cli import parse_overrides
+from gpusim.errors import GpusimError
 from gpusim.studies import concurrency_e2e
 from gpusim.studies.concurrency import ConcurrencyStudy, geomean
 from gpusim.studies.concurrency_workloads import attention_gemms, model_gemms, systematic_sample, with_shapes
@@ -59,7 +61,7 @@ def within(gemms: pd.DataFrame, max_gflop: float) -> pd.DataFrame:
 
     Raises
     ------
-    SystemExit
+    ValueError
         When the limit leaves no GEMM (the message names the smallest GEMM's size).
     """
     frame = with_shapes(gemms)
@@ -67,7 +69,7 @@ def within(gemms: pd.DataFrame, max_gflop: float) -> pd.DataFrame:
         return frame
     kept = frame[frame["flops"] <= max_gflop * 1e9].reset_index(drop=True)
     if kept.empty:
-        raise SystemExit(f"--max-gflop {max_gflop:g} leaves none of the {len(frame)} GEMMs; the smallest has "
+        raise ValueError(f"--max-gflop {max_gflop:g} leaves none of the {len(frame)} GEMMs; the smallest has "
                          f"{frame['flops'].min() / 1e9:.3f} GFLOP")
     return kept
 
@@ -327,13 +329,17 @@ def end_to_end(study: ConcurrencyStudy, model, small: bool) -> tuple[pd.DataFram
     return pd.concat([gnmt_groups, bert_groups], ignore_index=True), totals
 
 
+
+
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the study, write the tables and plots, print the comparison; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--out", required=True, help="output folder (CSV tables, PNG plots; the cache by default)")
     parser.add_argument("--quick", action="store_true",
                         help="the CI set (36 GEMMs up to 9.7 GFLOP; shortlists of 2, CU-Partition at 2, Resource-Partition at 2 and 16)")
-    parser.add_argument("--every", type=int, default=4,
+    parser.add_argument("--every", type=positive_int, default=4,
                         help="simulate about every N-th GEMM shape of each app, in order of size (default 4; 1: all); "
                              "ignored with --quick")
     parser.add_argument("--max-gflop", type=float, default=50.0,
@@ -342,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                              "ignored with --quick")
     parser.add_argument("--extension", action="store_true",
                         help="also train the predictor on the extension set (workloads/concurrency/extension.yaml)")
-    parser.add_argument("--workers", type=int, default=None, help="local processes (default: all CPUs)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="local processes (default: all CPUs)")
     parser.add_argument("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to run the simulations on")
     parser.add_argument("--cache", default=None, help="cache folder of finished simulations (default: OUT/cache)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a sign or ordering check fails")
@@ -353,19 +359,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", metavar="PATH=VALUE",
                         help="hardware override for every simulation, e.g. gpu.hardware_queues=32")
     args = parser.parse_args(argv)
-    if args.every < 1:
-        parser.error(f"--every must be at least 1, got {args.every}")
+    if not args.max_gflop >= 0:  # also NaN
+        parser.error(f"argument --max-gflop: expected a size of at least 0 (0: no limit), got {args.max_gflop}")
     if args.quick:
         gemms, training = model_gemms("quick"), None
     else:
-        gemms = systematic_sample(within(model_gemms("table7.3"), args.max_gflop), args.every)
-        training = systematic_sample(within(model_gemms("extension"), args.max_gflop), args.every) if args.extension else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = Path(args.cache) if args.cache else out / "cache"
-    started = time.perf_counter()
+        try:
+            gemms = systematic_sample(within(model_gemms("table7.3"), args.max_gflop), args.every)
+            training = (systematic_sample(within(model_gemms("extension"), args.max_gflop), args.every)
+                        if args.extension else None)
+        except ValueError as error:  # --max-gflop leaves no GEMM
+            parser.error(str(error))
+    cache = Path(args.cache) if args.cache else Path(args.out) / "cache"
     reduced = {"shortlist_size": 2, "cu_partition_degrees": (2,), "resource_partition_degrees": (2, 16)} if args.quick else {}
-    study = ConcurrencyStudy(**study_options(args, cache), **reduced)
+    try:  # parses --set and loads the system with it: a bad override fails here, before anything is written
+        study = ConcurrencyStudy(**study_options(args, cache), **reduced)
+    except GpusimError as error:
+        parser.error(str(error))
+    if args.cache:
+        output_folder_or_exit(parser, args.cache, "--cache")
+    out = output_folder_or_exit(parser, args.out, "--out")
+    started = time.perf_counter()
     result = study.run(gemms, training)
     empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
 

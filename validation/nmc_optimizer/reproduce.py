@@ -34,6 +34,7 @@ import pandas as pd
 
 import gpusim
 from gpusim import ops, plot
+from gpusim.arguments import output_folder_or_exit, positive_int
 from gpusim.studies import nmc_optimizer as study
 
 HERE = Path(__file__).resolve().parent
@@ -166,14 +167,17 @@ def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.Dat
     }
 
 
+
+
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder (CSV, PNG, timeline)")
     parser.add_argument("--quick", action="store_true", help="smaller models and fewer points")
-    parser.add_argument("--workers", type=int, default=None, help="processes for the sweeps (default: all CPUs)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="processes for the sweeps (default: all CPUs)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder_or_exit(parser, args.out, "--out")
     model = "bert-base" if args.quick else "bert-large"
     start = time.perf_counter()
 

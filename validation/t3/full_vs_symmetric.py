@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 
+from gpusim.arguments import output_folder_or_exit, positive_int
 from gpusim.studies import t3
 from gpusim.sweep import sweep
 
@@ -33,16 +33,21 @@ def timed_case(**point) -> dict:
     return row
 
 
+
+
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both modes; return 1 with ``--check`` when a case leaves the tolerance."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--check", action="store_true")
-    parser.add_argument("--models", nargs="+", default=list(t3.MAIN_MODELS), choices=list(t3.MODELS))
-    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--out", required=True, help="output folder (full_vs_symmetric.csv, sweep cache)")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 when a case's two modes differ by more than {TOLERANCE * 100:.0f}%%")
+    parser.add_argument("--models", nargs="+", default=list(t3.MAIN_MODELS), choices=list(t3.MODELS),
+                        help=f"models whose sub-layers to run in both modes (default: {' '.join(t3.MAIN_MODELS)})")
+    parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: the CPUs available)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder_or_exit(parser, args.out, "--out")
     points = [p | {"mode": mode} for p in t3.case_points(args.models) for mode in ("full", "symmetric")]
     raw = sweep(timed_case, points, workers=args.workers, cache=out / "cache", description="full vs symmetric")
     keys = t3.CASE + ["config"]

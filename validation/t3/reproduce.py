@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpusim import plot
+from gpusim.arguments import output_folder_or_exit, positive_int
 from gpusim.studies import t3
 from gpusim.sweep import sweep
 
@@ -213,17 +214,20 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         plot.save_figure(fig, out / "fig8_18_2x_cus.png")
 
 
+
+
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the reproduction; return 1 with ``--check`` when a metric leaves its tolerance."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder (CSVs, PNGs, sweep cache)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a figure leaves its tolerance")
     parser.add_argument("--subset", choices=["all", "ci"], default="all", help="'ci': two sub-layers, all configurations")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: the CPUs available)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: the CPUs available)")
     parser.add_argument("--no-cache", action="store_true", help="do not reuse results cached under --out")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder_or_exit(parser, args.out, "--out")
     raw = sweep(t3.run_point, points(args.subset), workers=args.workers,
                 cache=None if args.no_cache else out / "cache", description="T3 study")
     tables = tables_from(raw)
