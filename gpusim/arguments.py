@@ -9,33 +9,40 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from gpusim.errors import GpusimError
 
+SEED_MAX = 2**32 - 1
+"""The largest random seed (numpy's and pandas' random states take 32-bit seeds)."""
+
+
+def _number(text: str, convert: Callable[[str], float], fits: Callable[[float], bool], expected: str):
+    """``convert(text)`` when it ``fits``, else an argparse error saying what was ``expected``."""
+    message = f"expected {expected}, got {text!r}"
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if not fits(value):
+        raise argparse.ArgumentTypeError(message)
+    return value
+
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1."""
-    message = f"expected a positive integer, got {text!r}"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(message) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(message)
-    return value
+    return _number(text, int, lambda value: value > 0, "a positive integer")
 
 
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number of at least 0 (a tolerance, a fraction)."""
-    message = f"expected a finite number of at least 0, got {text!r}"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(message) from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(message)
-    return value
+    return _number(text, float, lambda value: math.isfinite(value) and value >= 0, "a finite number of at least 0")
+
+
+def random_seed(text: str) -> int:
+    """An argparse type: a random seed, a whole number from 0 to :data:`SEED_MAX`."""
+    return _number(text, int, lambda value: 0 <= value <= SEED_MAX, f"a whole number from 0 to {SEED_MAX}")
 
 
 def output_folder(text: str | None, option: str = "--out") -> Path | None:

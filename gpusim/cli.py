@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpusim import ops as gops
-from gpusim.arguments import output_folder, positive_int
+from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
 from gpusim.errors import GpusimError
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
 from gpusim.units import QuantityError, parse_quantity
@@ -40,8 +40,6 @@ BOOL_FIELDS = {"trans_a", "trans_b", "stagger"}
 LIST_FIELDS = {"inputs"}
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")
-SEED_MAX = 2**32 - 1
-"""The largest random seed (numpy's and pandas' random states take 32-bit seeds)."""
 
 
 def _parse_int(text: str, field: str, spec: str) -> int:
@@ -234,16 +232,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 
-def _seed(text: str) -> int:
-    """An argparse type: a random seed, a whole number from 0 to 2**32 - 1."""
-    message = f"expected a whole number from 0 to {SEED_MAX}, got {text!r}"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(message) from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(message)
-    return value
 
 
 def _add_validate(parser: argparse.ArgumentParser) -> None:
@@ -255,7 +243,7 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--points", type=positive_int, default=None,
                         help="simulate a random subset of at most this many points per data set, spread evenly "
                              "over its groups (default: all)")
-    parser.add_argument("--seed", type=_seed, default=0, help=f"seed of the random subset (0 to {SEED_MAX})")
+    parser.add_argument("--seed", type=random_seed, default=0, help=f"seed of the random subset (0 to {SEED_MAX})")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
                         help="simulation mode of single-node collectives (multi-node ones run in full mode)")
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")

@@ -17,6 +17,7 @@ import pandas as pd
 
 from gpusim.engine.simulation import Span
 from gpusim.errors import GpusimError
+from gpusim.output_files import write_whole
 
 OP_COLUMNS = [
     "op_id",
@@ -243,17 +244,8 @@ class Result:
             for link in bandwidth.columns[1:]:
                 track = bandwidth[["t_s", link]].rename(columns={link: "GB/s"})
                 events += self._counter(f"{link} GB/s", int(link_pid), track)
-        tmp = target.with_name(target.name + ".tmp")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
-            tmp.replace(target)
-        except OSError as exc:
-            raise GpusimError(f"{target}: cannot write the Perfetto timeline: {exc.strerror or exc}") from exc
-        finally:
-            if tmp.is_file():
-                tmp.unlink()
-        return target
+        text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"})
+        return write_whole(target, lambda tmp: tmp.write_text(text), "the Perfetto timeline")
 
     def _counter(self, name: str, pid: int, table: pd.DataFrame) -> list[dict[str, Any]]:
         """Counter events of one track from a bandwidth table (t_s, then one GB/s column per series).

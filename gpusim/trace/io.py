@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpusim.errors import TraceError
+from gpusim.output_files import write_whole
 
 METADATA_KEY = b"gpusim.trace"
 CSV_SUFFIXES = (".csv", ".csv.gz")
@@ -117,19 +118,12 @@ def write_table(frame: pd.DataFrame, metadata: dict, path: str | os.PathLike) ->
     kind = _format_of(path)
     if kind == "parquet":  # checked before anything is written
         encoded = json.dumps(_encode_metadata(metadata, f"{path}: metadata"))
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def write(tmp: Path) -> None:
         if kind == "csv":
             frame.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: encoded})
             pq.write_table(table, tmp)
-        tmp.replace(path)
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot write the trace file: {exc}") from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+
+    return write_whole(path, write, "the trace file", TraceError)

@@ -22,7 +22,7 @@ import pandas as pd
 
 import gpusim
 from gpusim import validation
-from gpusim.arguments import output_folder_or_exit, positive_int
+from gpusim.arguments import output_folder_or_exit, positive_int, random_seed
 from gpusim.errors import GpusimError
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="judge the chosen values on this data set instead of a random half")
     parser.add_argument("--holdout-query", help="pandas query on the hold-out data set")
     parser.add_argument("--holdout-points", type=positive_int, help="random subset of this many hold-out rows")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=random_seed, default=0,
                         help="seed of the random row subsets and of the hold-out half (default 0)")
     parser.add_argument("--mode", default="symmetric", choices=["full", "symmetric"],
                         help="simulation mode of single-node rows (default symmetric)")
@@ -110,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out/fit", help="output folder (default out/fit)")
     args = parser.parse_args(argv)
 
-    if not 0 <= args.seed < 2**32:
-        parser.error(f"argument --seed: expected an integer from 0 to 2**32 - 1, got {args.seed}")
     if not args.holdout_dataset and (args.holdout_query or args.holdout_points):
         parser.error("--holdout-query and --holdout-points need --holdout-dataset")
     try:
