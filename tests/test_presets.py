@@ -22,7 +22,7 @@ PROVENANCE = re.compile(r"#\s*\[(spec|lit|fit|trace|assumed|carried: [\w.-]+)\]"
 CALIBRATION_KEYS = ("max_inflight_bytes", "gemm_efficiency", "vector_efficiency", "kernel_launch_ns", "dependent_launch_ns",
                     "hit_latency_ns", "latency_ns", "streaming_inflight_bytes_per_thread", "sustained_efficiency",
                     "t_rrd_cycles", "t_faw_cycles", "port_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s",
-                    "node_bandwidth_bytes_per_s", "launch_ns", "cus", "protocols")
+                    "node_bandwidth_bytes_per_s", "launch_ns", "cus", "protocols", "gemm_pipeline_stages")
 
 
 @pytest.mark.parametrize("name", list_presets()["gpus"] + list_presets()["nodes"])

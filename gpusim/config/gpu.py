@@ -411,6 +411,13 @@ class GpuConfig(Model):
         already queued behind it on the stream (a split-K GEMM's reduction): the command
         processor's completion-to-dispatch latency, with no host in the loop.  The default is the
         A100's, measured in a public Kineto trace (``validation/calibration/launch_gaps.py``).
+    gemm_pipeline_stages
+        Shared-memory stages of the architecture's BLAS GEMM kernels: K-tiles held in LDS, the one
+        being computed and those loaded ahead of it.  2 (double buffering) where loads pass
+        through registers (Volta, Turing, CDNA); more with asynchronous copies (Ampere's
+        ``cp.async``, Hopper's TMA), whose kernels keep several K-tiles in flight.  A
+        double-buffered library kernel runs with this many stages, fewer if they would not fit
+        in LDS (:func:`gpusim.kernels.gemm.pipelined`).
     hardware_queues
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
@@ -433,6 +440,7 @@ class GpuConfig(Model):
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
     dependent_launch_ns: Nanoseconds = 1200.0
+    gemm_pipeline_stages: int = Field(2, ge=2)
     hardware_queues: PositiveInt = 4
     streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config

@@ -53,6 +53,7 @@ from gpusim.kernels.gemm import (
     find_spec,
     grouped_order,
     padded_k,
+    pipelined,
     problem_of,
     tiles,
 )
@@ -352,10 +353,11 @@ def _kernel_spec(ctx, op, problem):
         spec = find_spec(op.kernel)
         if spec.split_k > 1:
             raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
-        check_fits(spec, op.dtype, ctx.gpu.config, op.label)
-        return spec
-    spec = choose_kernel(problem, ctx.gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
-    return spec.with_split(1)
+    else:
+        spec = choose_kernel(problem, ctx.gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None).with_split(1)
+    spec = pipelined(spec, ctx.gpu.config, op.dtype)
+    check_fits(spec, op.dtype, ctx.gpu.config, op.label)
+    return spec
 
 
 def _configure(op, members: list[int], rank: int) -> OutputConfig:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
@@ -181,6 +181,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     then decides how long it really takes.
     """
     cus = cus or gpu.num_cus
+    spec = pipelined(spec, gpu, problem.dtype)
     shape = spec.shape(problem.dtype)
     resident = occupancy(shape, gpu.cu)
     if resident == 0:
@@ -207,6 +208,17 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     parallelism = per_cu * wg_bytes * latency / inflight
     reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.sustained_bandwidth_bytes_per_s * 1e9
     return max(compute, memory, parallelism) + reduction + (gpu.dependent_launch_ns if spec.split_k > 1 else 0.0)
+
+
+def pipelined(spec: GemmKernelSpec, gpu: GpuConfig, dtype: str) -> GemmKernelSpec:
+    """``spec`` as it runs on ``gpu`` with ``dtype`` inputs: a double-buffered kernel keeps the GPU's
+    ``gemm_pipeline_stages`` K-tiles in LDS (as many as fit in a CU's LDS, at least 2), so it has
+    ``stages - 1`` loads in flight; a single-buffered kernel stays as it is."""
+    if spec.lds_buffers < 2:
+        return spec
+    panel = (spec.tile_m + spec.tile_n) * spec.tile_k * DTYPE_BYTES[dtype]
+    stages = max(2, min(gpu.gemm_pipeline_stages, int(gpu.cu.lds_bytes) // panel))
+    return spec if stages == spec.lds_buffers else replace(spec, lds_buffers=stages)
 
 
 def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
@@ -463,8 +475,8 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     """Run a :class:`gpusim.ops.Gemm` on ``ctx``'s rank (a generator for the op's stream).
 
     The kernel is ``spec``, else the op's named kernel, else the library heuristic's choice for
-    the CUs the stream may use.  With split-K, fp32 partial tiles go to a workspace and an
-    element-wise reduction kernel writes C.
+    the CUs the stream may use, with the GPU's pipeline stages (:func:`pipelined`).  With split-K,
+    fp32 partial tiles go to a workspace and an element-wise reduction kernel writes C.
     """
     from gpusim.kernels.elementwise import StreamingKernel
 
@@ -473,9 +485,10 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     if spec is None:
         if op.kernel is not None:
             spec = find_spec(op.kernel)
-            check_fits(spec, problem.dtype, gpu.config, op.label)
         else:
             spec = choose_kernel(problem, gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
+    spec = pipelined(spec, gpu.config, problem.dtype)
+    check_fits(spec, problem.dtype, gpu.config, op.label)
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
     k_extent = padded_k(problem, spec) * spec.split_k
