@@ -14,14 +14,15 @@ import resource
 import time
 
 import gpusim
+from gpusim.arguments import positive_int
 from gpusim.trace import breakdown, transformer
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="gpt3")
-    parser.add_argument("--tp", type=int, default=8)
-    parser.add_argument("--system", default="t3-ring8")
+    parser.add_argument("--model", default="gpt3", help="model preset of workloads/models (default gpt3)")
+    parser.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel degree (default 8)")
+    parser.add_argument("--system", default="t3-ring8", help="hardware preset or YAML file (default t3-ring8)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (slow)")
     args = parser.parse_args()
     wall, cpu = time.perf_counter(), time.process_time()

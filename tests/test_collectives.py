@@ -133,3 +133,9 @@ def test_symmetric_mode_moves_the_same_dram_bytes_as_full_mode(system, op):
         traffic[mode] = result.dram[result.dram["gpu"] == 0].groupby("direction")["bytes"].sum().to_dict()
         traffic[mode]["time_s"] = result.time_s
     assert traffic["symmetric"] == pytest.approx(traffic["full"], rel=0.01)
+
+
+def test_a_dma_reduction_without_near_memory_alus_is_an_op_error():
+    system = gpusim.load_system("dgx-a100", {"gpu.nmc.enabled": False})
+    with pytest.raises(gpusim.OpError, match="needs near-memory op-and-store, which a100-sxm4 lacks"):
+        gpusim.run(system, ops.AllReduce(2**20, driver="dma"))

@@ -27,6 +27,7 @@ from simpy.events import Event
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.engine.primitives import Countdown, Join, succeed_at
+from gpusim.errors import OpError
 from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape
 from gpusim.hw.dma import DmaCommand
 from gpusim.hw.gpu import Buffer
@@ -462,7 +463,8 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     gpu = ctx.gpu
     env = ctx.env
     if kind in ("rs", "ar") and not gpu.config.nmc.enabled:
-        raise ValueError(f"{ctx.op.label}: a DMA-driven reduction needs near-memory op-and-store (gpu.nmc.enabled)")
+        raise OpError(f"{ctx.op.label}: a DMA-driven reduction needs near-memory op-and-store, which "
+                      f"{gpu.config.name} lacks (gpu.nmc.enabled); use driver='cu'")
     n = len(group)
     chunk = math.ceil(nbytes / n)
     engines = gpu.dma
@@ -600,35 +602,28 @@ def execute_collective(ctx, op):
     else:
         inp = ctx.tensor(op.input, op.nbytes)
         out = ctx.tensor(op.out, op.nbytes) if op.out is not None or kind != "ar" else inp
-    if op.driver == "dma":
-        if kind == "a2a" or algorithm != "ring":
-            raise ValueError(f"{op.label}: DMA-driven collectives support the ring algorithm for rs/ag/ar")
+    if op.driver == "dma":  # the op allows only the ring (or auto) with DMA, and no all-to-all
         yield ctx.env.timeout(ctx.config.collectives.launch_ns)
         yield from dma_ring(ctx, kind, group, op.nbytes, inp, flags)
         ctx.info.update(impl=f"dma_ring_{kind}")
         return
     overhead = ctx.gpu.config.kernel_launch_ns + ctx.config.collectives.launch_ns + protocol.base_latency_ns
     if algorithm == "hierarchical":
-        yield from _hierarchical(ctx, op, kind, group, inp, out, flags, overhead)
+        yield from _hierarchical(ctx, op, group, inp, out, flags, overhead)
         return
     stage = ctx.tensor(None, chunk * (n if algorithm == "direct" else 2))
-    if algorithm == "ring":
-        if kind == "a2a":
-            raise ValueError(f"{op.label}: all-to-all has no ring algorithm; use 'direct'")
+    if algorithm == "ring":  # never for all-to-all (the op refuses it, and auto picks direct)
         kernel = RingKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels,
                             wire_efficiency=protocol.wire_efficiency)
-    elif algorithm == "direct":
-        kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
     else:
-        raise ValueError(f"{op.label}: unknown algorithm {algorithm!r}")
+        kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
     yield from ctx.launch(kernel.kernel, overhead)
     ctx.info.update(impl=kernel.kernel.info["impl"], channels=channels, protocol=protocol.name)
 
 
-def _hierarchical(ctx, op, kind, group, inp, out, flags, overhead):
-    """Reduce-scatter inside the node, all-reduce across nodes, all-gather inside the node."""
-    if kind != "ar":
-        raise ValueError(f"{op.label}: the hierarchical algorithm is defined for all-reduce")
+def _hierarchical(ctx, op, group, inp, out, flags, overhead):
+    """Reduce-scatter inside the node, all-reduce across nodes, all-gather inside the node (all-reduce
+    only: the other collectives refuse the algorithm)."""
     local, cross = _node_groups(ctx, group)
     local_chunk = math.ceil(op.nbytes / len(local))
     stage = ctx.tensor(None, local_chunk * 2)
@@ -649,7 +644,7 @@ def execute_sendrecv(ctx, op):
     flags = shared.setdefault("flags", Flags(ctx))
     buf = ctx.tensor(op.input if ctx.rank == op.src else op.out, op.nbytes)
     if ctx.machine.mode != "full":
-        raise ValueError(f"{op.label}: send/recv needs full mode (the two ranks do different work)")
+        raise OpError(f"{op.label}: send/recv needs full mode (the two ranks do different work)")
     if ctx.rank == op.src:
         finished = Join(ctx.env)
         finished.add()

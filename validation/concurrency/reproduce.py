@@ -376,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         study = ConcurrencyStudy(**study_options(args, cache), **reduced)
     except GpusimError as error:
         parser.error(str(error))
+    out = output_folder_or_exit(parser, args.out, "--out")  # before the cache: a bad --out leaves nothing
     if args.cache:
         output_folder_or_exit(parser, args.cache, "--cache")
-    out = output_folder_or_exit(parser, args.out, "--out")
     started = time.perf_counter()
     result = study.run(gemms, training)
     empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
