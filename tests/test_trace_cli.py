@@ -131,3 +131,9 @@ def test_a_tolerance_is_a_finite_non_negative_fraction(tolerance, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["validate-trace", "t.csv", "--system", "dgx1-v100", "--tolerance", tolerance])
     assert exit_.value.code == 2 and "expected a finite number of at least 0" in capsys.readouterr().err
+
+
+def test_unsupported_applies_to_imported_traces_only(capsys):
+    argv = ["simulate", "--model", "bert-base", "--layers", "1", "--system", "a100-sxm4", "--unsupported", "delay"]
+    assert main(argv) == 2
+    assert "--unsupported applies to imported traces (--trace), not to --model" in capsys.readouterr().err

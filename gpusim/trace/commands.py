@@ -133,9 +133,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     options = _model_options(args)
     system = _system(args)
     if args.model:
+        if args.unsupported is not None:
+            raise GpusimError("simulate: --unsupported applies to imported traces (--trace), not to --model")
         trace = transformer(args.model, **options)
     else:
-        trace = load_any(args.trace, unsupported=args.unsupported)
+        trace = load_any(args.trace, unsupported=args.unsupported or "error")
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
     result = trace.replay(system, mode=mode, progress=not args.quiet, cache_layers=not args.no_cache)
@@ -173,7 +175,7 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
         raise GpusimError(f"validate-trace: --iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), "
                           f"but the trace {args.trace} is not one")
     system = _system(args)
-    trace = load_any(args.trace, unsupported=args.unsupported, iteration=args.iteration)
+    trace = load_any(args.trace, unsupported=args.unsupported or "error", iteration=args.iteration)
     if not trace.frame["measured_s"].notna().any():
         raise GpusimError(f"validate-trace: {trace.source} has no measured durations to compare with")
     mode = _mode(args, trace, system)
@@ -231,8 +233,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", help="override, e.g. links.bandwidth=300GB/s")
     parser.add_argument("--mode", default="auto", choices=["auto", "full", "symmetric"],
                         help="simulation mode (auto: symmetric when every GPU does the same work)")
-    parser.add_argument("--unsupported", default="error", choices=["error", "delay"],
-                        help="imported kernels gpusim cannot model: fail, or replay as measured-duration delays")
+    parser.add_argument("--unsupported", choices=["error", "delay"],
+                        help="imported kernels gpusim cannot model: fail (default), or replay as measured-duration "
+                             "delays")
     parser.add_argument("--out", help="output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
