@@ -173,16 +173,6 @@ class Result:
         table.insert(0, "t_s", bins * self.bin_s)
         return table.reset_index(drop=True)
 
-    def _link_bandwidth(self) -> pd.DataFrame:
-        """GB/s per link (columns) and time bin (rows, as in :meth:`dram_bandwidth`), with t_s."""
-        bins = self._bins()
-        table = self.links.assign(bin=self._bin_of(self.links["t_s"])).pivot_table(
-            index="bin", columns="link", values="bytes", aggfunc="sum"
-        )
-        table = table.reindex(bins).fillna(0.0) / self.bin_s / 1e9
-        table.columns = [str(link) for link in table.columns]
-        table.insert(0, "t_s", bins * self.bin_s)
-        return table.reset_index(drop=True)
 
     def to_perfetto(self, path: str | os.PathLike) -> Path:
         """Write the timeline as Chrome-trace JSON that opens in Perfetto (ui.perfetto.dev).
@@ -236,35 +226,48 @@ class Result:
         for (gpu, lane), tid in lanes.items():
             events.append({"name": "thread_name", "ph": "M", "pid": int(gpu), "tid": tid, "args": {"name": lane}})
         for gpu in gpus:
-            events += self._counter("DRAM GB/s", int(gpu), self.dram_bandwidth(int(gpu)))
+            traffic = self.dram[self.dram["gpu"] == gpu]
+            rates = self._rates(traffic, traffic["stream"] + "_" + traffic["direction"])
+            events += self._counter("DRAM GB/s", int(gpu), rates)
         if not self.links.empty:
             link_pid = (max(gpus) + 1) if gpus else 0
             events.append({"name": "process_name", "ph": "M", "pid": int(link_pid), "args": {"name": "links"}})
-            bandwidth = self._link_bandwidth()
-            for link in bandwidth.columns[1:]:
-                track = bandwidth[["t_s", link]].rename(columns={link: "GB/s"})
-                events += self._counter(f"{link} GB/s", int(link_pid), track)
+            for link, traffic in self.links.groupby("link", sort=True):
+                rates = self._rates(traffic, pd.Series("GB/s", index=traffic.index))
+                events += self._counter(f"{link} GB/s", int(link_pid), rates)
         text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"})
         return write_whole(target, lambda tmp: tmp.write_text(text), "the Perfetto timeline")
 
-    def _counter(self, name: str, pid: int, table: pd.DataFrame) -> list[dict[str, Any]]:
-        """Counter events of one track from a bandwidth table (t_s, then one GB/s column per series).
+    def _rates(self, traffic: pd.DataFrame, series: pd.Series) -> pd.DataFrame:
+        """GB/s per time bin (index: the bins with traffic, in order) and ``series`` (columns)."""
+        if traffic.empty:
+            return pd.DataFrame()
+        table = traffic.assign(bin=self._bin_of(traffic["t_s"]), series=series.to_numpy()).pivot_table(
+            index="bin", columns="series", values="bytes", aggfunc="sum")
+        return table.fillna(0.0).sort_index() / self.bin_s / 1e9
+
+    def _counter(self, name: str, pid: int, rates: pd.DataFrame) -> list[dict[str, Any]]:
+        """Counter events of one track from the bins with traffic (:meth:`_rates`).
 
         A counter holds its value until the next sample, so a sample is written where the values
-        change, and a last one of 0 at the end of the last bin.
+        change, and a sample of 0 where a run of busy bins ends (idle bins carry no rows, so long
+        idle spans cost nothing).
         """
-        series = list(table.columns[1:])
-        if table.empty or not series:
+        if rates.empty:
             return []
+        zero = dict.fromkeys((str(column) for column in rates.columns), 0.0)
         events: list[dict[str, Any]] = []
         previous: dict[str, float] | None = None
-        for row in table.itertuples(index=False):
-            values = {column: round(float(value), 3) for column, value in zip(series, row[1:])}
+        bins = rates.index.to_numpy()
+        for position, (index, row) in enumerate(zip(bins, rates.to_numpy())):
+            values = {column: round(float(value), 3) for column, value in zip(zero, row)}
             if values != previous:
-                events.append({"name": name, "ph": "C", "ts": row[0] * 1e6, "pid": pid, "args": values})
+                events.append({"name": name, "ph": "C", "ts": index * self.bin_s * 1e6, "pid": pid, "args": values})
                 previous = values
-        end_s = float(table["t_s"].iloc[-1]) + self.bin_s
-        events.append({"name": name, "ph": "C", "ts": end_s * 1e6, "pid": pid, "args": dict.fromkeys(series, 0.0)})
+            if position + 1 == len(bins) or bins[position + 1] != index + 1:
+                events.append({"name": name, "ph": "C", "ts": (index + 1) * self.bin_s * 1e6, "pid": pid,
+                               "args": dict(zero)})
+                previous = zero
         return events
 
 
