@@ -33,6 +33,14 @@ def as_int(value: object) -> int | None:
     return int(value)
 
 
+def as_real(value: object) -> float | None:
+    """``value`` as a Python ``float`` if it is a finite real number (Python or NumPy, not a bool),
+    else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def as_sequence(value: object) -> list | None:
     """The items of a list, tuple, range or one-dimensional NumPy array, else ``None``."""
     if isinstance(value, np.ndarray):
@@ -549,10 +557,10 @@ class Delay(Op):
     category: ClassVar[str] = "delay"
 
     def __post_init__(self) -> None:
-        value = self.seconds
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-            raise OpError(f"Delay: field 'seconds' must be a finite non-negative number of seconds, got {value!r}")
-        self.seconds = float(value)
+        seconds = as_real(self.seconds)
+        if seconds is None or seconds < 0:
+            raise OpError(f"Delay: field 'seconds' must be a finite non-negative number of seconds, got {self.seconds!r}")
+        self.seconds = seconds
         super().__post_init__()
 
     def describe(self) -> str:

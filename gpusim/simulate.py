@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -12,7 +10,7 @@ from typing import Any
 from gpusim.engine.simulation import Simulation
 from gpusim.errors import ConfigError, OpError, SimulationError
 from gpusim.hw.system import Machine
-from gpusim.ops import Op, as_int
+from gpusim.ops import Op, as_int, as_real
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import Executor, Stream
 from gpusim.system import System, load_system
@@ -48,7 +46,8 @@ def _checked_cu_mask(stream: Stream, num_cus: int, system_name: str) -> Stream:
 
 def _check_bin(bin_s: object) -> None:
     """Raise :class:`ConfigError` unless ``bin_s`` is a positive finite number of seconds."""
-    if isinstance(bin_s, bool) or not isinstance(bin_s, numbers.Real) or not math.isfinite(bin_s) or bin_s <= 0:
+    value = as_real(bin_s)
+    if value is None or value <= 0:
         raise ConfigError(f"bin_s must be a positive finite number of seconds, got {bin_s!r}")
 
 

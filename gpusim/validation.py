@@ -14,7 +14,6 @@ Errors are relative to the measurement: ``error = simulated / measured - 1``; st
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from gpusim.errors import ConfigError
+from gpusim.ops import as_int
 
 MEASURED_DIR = Path(__file__).resolve().parents[1] / "validation" / "measured"
 """Where the repository keeps its copies of the measured data (with SOURCES.md)."""
@@ -296,7 +296,8 @@ def sample(frame: pd.DataFrame, count: int | None, seed: int = 0, by: str | None
     rest to the others.  The subset has exactly ``count`` rows.  ``count`` must be a
     positive integer (:class:`ConfigError` otherwise).
     """
-    if count is not None and (isinstance(count, bool) or not isinstance(count, numbers.Integral) or count <= 0):
+    rows = as_int(count)
+    if count is not None and (rows is None or rows <= 0):
         raise ConfigError(f"points: expected a positive number of rows to sample, got {count!r}")
     if count is None or count >= len(frame):
         return frame

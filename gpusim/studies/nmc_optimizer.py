@@ -12,7 +12,6 @@ register them) from the model definitions in ``workloads/models``.
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.config.loader import load_gpu_config
 from gpusim.hw.nmc import NearMemoryUnits
 from gpusim.kernels.optimizer import ALGORITHMS
-from gpusim.ops import Optimizer
+from gpusim.ops import Optimizer, as_real
 from gpusim.simulate import run
 from gpusim.sweep import sweep
 from gpusim.system import System, load_system
@@ -268,7 +267,8 @@ def nmc_breakdown(
 
 def end_to_end(speedup: float, lamb_shares: Sequence[float] = (0.10, 0.20)) -> pd.DataFrame:
     """Speedup of a whole training iteration when LAMB, a ``share`` of it, becomes ``speedup`` x faster (Amdahl)."""
-    if isinstance(speedup, bool) or not isinstance(speedup, numbers.Real) or not 0 < speedup < math.inf:
+    value = as_real(speedup)
+    if value is None or value <= 0:
         raise ValueError(f"end_to_end: speedup must be a positive finite number, got {speedup!r}")
     if not all(isinstance(share, numbers.Real) and 0 <= share <= 1 for share in lamb_shares):
         raise ValueError(f"end_to_end: lamb_shares must be fractions between 0 and 1, got {list(lamb_shares)}")

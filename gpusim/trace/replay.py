@@ -13,8 +13,6 @@ work on every GPU (or only GPU 0's).  Repeated identical layers are simulated on
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
 from typing import TYPE_CHECKING
 
@@ -24,6 +22,7 @@ import pandas as pd
 from gpusim.engine.simulation import Recorder, Simulation, Span
 from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
+from gpusim.ops import as_int, as_real
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
 from gpusim.simulate import finish, prepare, run_stats
@@ -174,10 +173,11 @@ def replay(
         The trace does not fit the system or the mode, or ``bin_s`` or ``warmup_layers`` is invalid.
     """
     wall_start = time.perf_counter()
-    if isinstance(bin_s, bool) or not isinstance(bin_s, numbers.Real) or not math.isfinite(bin_s) or bin_s <= 0:
+    seconds = as_real(bin_s)
+    if seconds is None or seconds <= 0:
         raise TraceError(f"replay(): 'bin_s' must be a positive number of seconds, got {bin_s!r}")
-    if warmup_layers is not None and (isinstance(warmup_layers, bool) or not isinstance(warmup_layers, numbers.Integral)
-                                      or warmup_layers < 0):
+    layers = as_int(warmup_layers)
+    if warmup_layers is not None and (layers is None or layers < 0):
         raise TraceError(f"replay(): 'warmup_layers' must be a non-negative integer or None, got {warmup_layers!r}")
     if isinstance(system, str):
         system = load_system(system)
