@@ -43,6 +43,30 @@ class TraceError(GpusimError, ValueError):
     """A malformed operator trace."""
 
 
+class UnsupportedTraceError(TraceError):
+    """An imported kernel or node that gpusim cannot model; its reader can replay such rows as delays.
+
+    Parameters
+    ----------
+    problem
+        Where (file, event or node, field) and why it cannot be modelled.
+    replayed
+        What the delay option does with it (``"such kernels as delays of their measured duration"``).
+    option
+        How the caller spells that option: the readers' ``unsupported='delay'`` argument or a
+        command's ``--unsupported delay``.
+    """
+
+    def __init__(self, problem: str, replayed: str, option: str):
+        self.problem = problem
+        self.replayed = replayed
+        super().__init__(f"{problem}; {option} replays {replayed}")
+
+    def naming(self, option: str) -> UnsupportedTraceError:
+        """The same error with the option spelled ``option``."""
+        return UnsupportedTraceError(self.problem, self.replayed, option)
+
+
 class SimulationError(GpusimError, RuntimeError):
     """The simulation reached an inconsistent state (e.g. a deadlock)."""
 

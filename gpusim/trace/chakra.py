@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpusim.errors import TraceError
+from gpusim.errors import TraceError, UnsupportedTraceError
 from gpusim.trace import protobuf as pb
 from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
@@ -393,8 +393,9 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 reason = f"a {kind} is not modelled"
             if reason is not None:
                 if unsupported == "error":
-                    raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'type': cannot be modelled: {reason}; "
-                                     "read_chakra(..., unsupported='delay') replays it as a delay of duration_micros")
+                    raise UnsupportedTraceError(f"{path}: node {node.id} ('{node.name}'): field 'type': cannot be "
+                                                f"modelled: {reason}", "it as a delay of duration_micros",
+                                                "read_chakra(..., unsupported='delay')")
                 duration = node.duration_micros * 1e-6
                 klass = "collective" if kind.startswith("COMM") else "gemm" if kind == "COMP_NODE" else "other"
                 row.update(kind="delay", delay_s=duration, stream="comm" if kind.startswith("COMM") else "compute",

@@ -8,13 +8,10 @@ import json
 from pathlib import Path
 
 from gpusim.arguments import non_negative_float, output_folder
-from gpusim.errors import GpusimError, TraceError
+from gpusim.errors import GpusimError, TraceError, UnsupportedTraceError
 
 PATTERN_CHARACTERS = "*?["
 """Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
-
-READER_HINTS = ("read_kineto(..., unsupported='delay')", "read_chakra(..., unsupported='delay')")
-"""How the readers' errors name their ``unsupported`` argument; the command names its option instead."""
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens")
@@ -74,13 +71,8 @@ def load_any(path: str, unsupported: str = "error", iteration: int | None = None
         if kind == "chakra":
             return read_chakra(path, unsupported=unsupported)
         return read(path)
-    except TraceError as exc:
-        message = str(exc)
-        if not any(hint in message for hint in READER_HINTS):
-            raise
-        for hint in READER_HINTS:
-            message = message.replace(hint, "--unsupported delay")
-        raise TraceError(message) from None
+    except UnsupportedTraceError as exc:
+        raise exc.naming("--unsupported delay") from None
 
 
 def _system(args: argparse.Namespace):

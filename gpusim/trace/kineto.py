@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpusim.errors import TraceError
+from gpusim.errors import TraceError, UnsupportedTraceError
 from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
 
@@ -443,10 +443,10 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
             row.update(lower_event(event, cpu_op, launch, world))
         except UnsupportedEvent as exc:
             if unsupported == "error":
-                raise TraceError(
+                raise UnsupportedTraceError(
                     f"{path}: event {index} ('{short_name(event.get('name', ''))}' at ts {event.get('ts')} us): "
-                    f"field 'name': cannot be modelled: {exc}; read_kineto(..., unsupported='delay') replays such "
-                    "kernels as delays of their measured duration"
+                    f"field 'name': cannot be modelled: {exc}", "such kernels as delays of their measured duration",
+                    "read_kineto(..., unsupported='delay')",
                 ) from None
             row.update(kind="delay", delay_s=row["measured_s"], _reason=str(exc))
         rows.append(row)
