@@ -125,17 +125,16 @@ class Result:
         return self.dram.groupby(["gpu", "stream", "direction"], as_index=False)["bytes"].sum()
 
     def _bins(self) -> np.ndarray:
-        """Indices of the time bins from the first op's start to the last op's end (and any traffic)."""
+        """Indices of the time bins from the first op's start to the last op's end (and any DRAM traffic)."""
         first: list[int] = []
         last: list[int] = []
         if not self.ops.empty:
             first.append(math.floor(float(self.ops["start_s"].min()) / self.bin_s))
             last.append(max(first[0], math.ceil(float(self.ops["end_s"].max()) / self.bin_s) - 1))
-        for traffic in (self.dram, self.links):
-            if not traffic.empty:
-                indices = self._bin_of(traffic["t_s"])
-                first.append(int(indices.min()))
-                last.append(int(indices.max()))
+        if not self.dram.empty:
+            indices = self._bin_of(self.dram["t_s"])
+            first.append(int(indices.min()))
+            last.append(int(indices.max()))
         if not first:
             return np.arange(0)
         return np.arange(min(first), max(last) + 1)
@@ -162,17 +161,15 @@ class Result:
             bytes.
         """
         bins = self._bins()
-        frame = self.dram[self.dram["gpu"] == gpu]
-        if frame.empty:
-            return pd.DataFrame({"t_s": bins * self.bin_s})
-        table = frame.assign(bin=self._bin_of(frame["t_s"])).pivot_table(
-            index="bin", columns=["stream", "direction"], values="bytes", aggfunc="sum"
-        )
-        table = table.reindex(bins).fillna(0.0) / self.bin_s / 1e9
-        table.columns = [f"{stream}_{direction}" for stream, direction in table.columns]
+        table = self._dram_rates(gpu).reindex(bins, fill_value=0.0)
+        table.columns = [str(column) for column in table.columns]
         table.insert(0, "t_s", bins * self.bin_s)
         return table.reset_index(drop=True)
 
+    def _dram_rates(self, gpu: int) -> pd.DataFrame:
+        """GB/s of one GPU per busy time bin and ``{stream}_{direction}`` (:meth:`_rates`)."""
+        traffic = self.dram[self.dram["gpu"] == gpu]
+        return self._rates(traffic, traffic["stream"] + "_" + traffic["direction"])
 
     def to_perfetto(self, path: str | os.PathLike) -> Path:
         """Write the timeline as Chrome-trace JSON that opens in Perfetto (ui.perfetto.dev).
@@ -226,9 +223,7 @@ class Result:
         for (gpu, lane), tid in lanes.items():
             events.append({"name": "thread_name", "ph": "M", "pid": int(gpu), "tid": tid, "args": {"name": lane}})
         for gpu in gpus:
-            traffic = self.dram[self.dram["gpu"] == gpu]
-            rates = self._rates(traffic, traffic["stream"] + "_" + traffic["direction"])
-            events += self._counter("DRAM GB/s", int(gpu), rates)
+            events += self._counter("DRAM GB/s", int(gpu), self._dram_rates(int(gpu)))
         if not self.links.empty:
             link_pid = (max(gpus) + 1) if gpus else 0
             events.append({"name": "process_name", "ph": "M", "pid": int(link_pid), "args": {"name": "links"}})
