@@ -107,8 +107,6 @@ def run_case(name: str) -> dict:
     }
 
 
-
-
 def page_around_table(out: str) -> tuple[str, str]:
     """The text of Markdown file ``out`` up to the table (its start marker) and from the end marker
     on; for a file that does not exist yet, the two markers.

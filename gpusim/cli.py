@@ -146,8 +146,6 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 def write_outputs(result, out: Path, title: str) -> None:
     """Write a result's tables, a timeline plot and a Perfetto trace into the existing folder ``out``."""
     import matplotlib.pyplot as plt
@@ -228,10 +226,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print("validation passed" + (f" (on random subsets of the points: {', '.join(subsets)})" if args.points else ""))
     return 0
-
-
-
-
 
 
 def _add_validate(parser: argparse.ArgumentParser) -> None:

@@ -118,6 +118,7 @@ def write_table(frame: pd.DataFrame, metadata: dict, path: str | os.PathLike) ->
     kind = _format_of(path)
     if kind == "parquet":  # checked before anything is written
         encoded = json.dumps(_encode_metadata(metadata, f"{path}: metadata"))
+
     def write(tmp: Path) -> None:
         if kind == "csv":
             frame.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)

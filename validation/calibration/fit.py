@@ -85,10 +85,6 @@ def describe(frame: pd.DataFrame) -> str:
     return "; ".join(texts)
 
 
-
-
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", action="append", required=True, choices=list(validation.DATASETS),

@@ -329,10 +329,6 @@ def end_to_end(study: ConcurrencyStudy, model, small: bool) -> tuple[pd.DataFram
     return pd.concat([gnmt_groups, bert_groups], ignore_index=True), totals
 
 
-
-
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the study, write the tables and plots, print the comparison; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

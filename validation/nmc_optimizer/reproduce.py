@@ -167,10 +167,6 @@ def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.Dat
     }
 
 
-
-
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder (CSV, PNG, timeline)")

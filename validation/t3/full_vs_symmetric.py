@@ -33,10 +33,6 @@ def timed_case(**point) -> dict:
     return row
 
 
-
-
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run both modes; return 1 with ``--check`` when a case leaves the tolerance."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -214,10 +214,6 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         plot.save_figure(fig, out / "fig8_18_2x_cus.png")
 
 
-
-
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the reproduction; return 1 with ``--check`` when a metric leaves its tolerance."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
