@@ -114,17 +114,16 @@ def _merged(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _base_file(ref: Any, origin: Path) -> Path:
-    if not isinstance(ref, str) or not ref:
-        raise ConfigError(f"{origin}: field 'base': expected a preset name or a YAML path, got {ref!r}")
+def _referenced_file(ref: str, origin: Path, field: str, presets: dict[str, Path], what: str) -> Path:
+    """The file that ``field`` of the description in ``origin`` names: a YAML path relative to
+    ``origin``, or one of ``presets`` (``what`` they are, for the message)."""
     candidate = origin.parent / ref
     if candidate.suffix in (".yaml", ".yml"):
         if not candidate.is_file():
-            raise ConfigError(f"{origin}: field 'base': no such file {candidate}")
+            raise ConfigError(f"{origin}: field '{field}': no such file {candidate}")
         return candidate
-    presets = {**_preset_files("gpus"), **_preset_files("nodes")}
     if ref not in presets:
-        raise ConfigError(f"{origin}: field 'base': unknown preset {ref!r}; known: {', '.join(sorted(presets))}")
+        raise ConfigError(f"{origin}: field '{field}': unknown {what} {ref!r}; known: {', '.join(sorted(presets))}")
     return presets[ref]
 
 
@@ -133,7 +132,10 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
     if "base" not in fields:
         return _Description(copy.deepcopy(fields), [(origin, fields)], not inline)
     own = {key: value for key, value in fields.items() if key != "base"}
-    base_path = _base_file(fields["base"], origin)
+    ref = fields["base"]
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{origin}: field 'base': expected a preset name or a YAML path, got {ref!r}")
+    base_path = _referenced_file(ref, origin, "base", {**_preset_files("gpus"), **_preset_files("nodes")}, "preset")
     chain = (*seen, origin)
     if base_path.resolve() in {path.resolve() for path in chain}:
         cycle = " -> ".join(str(path) for path in (*chain, base_path))
@@ -142,8 +144,8 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
     base_gpu = base.data.get("gpu")
     if isinstance(own.get("gpu"), dict) and "base" not in own["gpu"] and isinstance(base_gpu, str):
         # changes to the base's GPU preset: start from that preset (a path is relative to the file naming it)
-        ref = base_gpu if Path(base_gpu).suffix not in (".yaml", ".yml") else str(base.origin(["gpu"]).parent / base_gpu)
-        own["gpu"] = {"base": ref, **own["gpu"]}
+        gpu_file = _referenced_file(base_gpu, base.origin(["gpu"]), "gpu", _preset_files("gpus"), "GPU preset")
+        own["gpu"] = {"base": str(gpu_file), **own["gpu"]}
     if "name" not in own:  # a derived description is not its base
         own["name"] = f"{origin.stem}.gpu" if inline else origin.stem
     if "description" not in own:
@@ -156,13 +158,8 @@ def _gpu_description(ref: Any, origin: Path) -> _Description:
         return _description(ref, origin, inline=True)
     if not isinstance(ref, str):
         raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
-    candidate = (origin.parent / ref) if origin.suffix else Path(ref)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return _description(_read_yaml(candidate), candidate)
-    gpus = _preset_files("gpus")
-    if ref not in gpus:
-        raise ConfigError(f"{origin}: field 'gpu': unknown GPU preset {ref!r}; known: {', '.join(sorted(gpus))}")
-    return _description(_read_yaml(gpus[ref]), gpus[ref])
+    path = _referenced_file(ref, origin, "gpu", _preset_files("gpus"), "GPU preset")
+    return _description(_read_yaml(path), path)
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
