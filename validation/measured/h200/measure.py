@@ -1,0 +1,610 @@
+"""Measure kernels on an NVIDIA H200 with PyTorch, for gpusim's ``h200-sxm`` preset.
+
+Runs on the GPU machine (PyTorch, CUDA; Hugging Face ``transformers`` for the optimizer models and
+the profiled training step) and imports nothing from gpusim.  Every section writes its CSV as soon
+as it ends, and a section that fails is logged and skipped, so one failure loses only its own rows.
+
+Sections and files (in ``--out``):
+
+``env.json``
+    Device, driver, library versions, the measured copy-bandwidth and matrix-rate ceilings, and
+    the parameter tensor sizes of the optimizer models.
+``launch.csv``
+    The fixed cost of a kernel: host time per eager call back to back, device time per kernel in a
+    CUDA graph, a single call's round trip, and the profiler's kernel durations and gaps.
+``gemm.csv``
+    ``torch.matmul`` over DeepBench's and LLMCompass's GEMM shapes (read from the sibling CSVs),
+    a transformer grid and square shapes in several dtypes.
+``streaming.csv``
+    Element-wise kernels over 2^10 .. 2^30 elements and row reductions (softmax, layernorm,
+    rmsnorm, sum) over the LLMCompass shapes.
+``optimizer.csv``
+    ``optimizer.step()`` of Adam, AdamW and SGD with momentum on BERT-base (classifier) and
+    BERT-Large (pre-training) parameters, fp32, in the four implementations of seed 000 (one
+    unfused kernel chain per tensor, one fused kernel per tensor, multi-tensor unfused, multi-tensor
+    fused): median step time, kernels per step and the kernels' busy time.
+``gpt2_train_step.json.gz``
+    A Kineto trace (record_shapes) of one fp16 forward + backward step of GPT-2 small.
+
+Timing methods, per case (all medians; times in ms):
+
+``graph_ms``
+    ``reps`` calls back to back on the same buffers, captured in one CUDA graph and replayed
+    between two CUDA events, divided by ``reps`` (DeepBench's back-to-back method without host
+    dispatch; inputs that fit stay in the 50 MB L2).
+``cold_ms``
+    One call between two CUDA events after a 512 MiB write that evicts the L2.
+``host_ms``
+    Host wall clock of one call followed by ``torch.cuda.synchronize()`` (LLMCompass's method).
+
+Usage: ``python3 measure.py --out DIR [--budget-s 480] [--dry-run]`` (``--dry-run``: tiny sizes on
+the CPU, to check the script without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+MEASURED = HERE.parent
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
+
+
+class Bench:
+    """Timers on one device; on the CPU (``--dry-run``) every method falls back to host timing."""
+
+    def __init__(self, device: str, deadline: float, log) -> None:
+        self.device = device
+        self.cuda = device == "cuda"
+        self.deadline = deadline
+        self.log = log
+        flush_bytes = 512 * 2**20 if self.cuda else 2**20
+        self.flush = torch.empty(flush_bytes // 4, dtype=torch.float32, device=device)
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def host_ms(self, fn: Callable[[], object], repeats: int) -> float:
+        samples = []
+        for _ in range(repeats):
+            self.sync()
+            start = time.perf_counter()
+            fn()
+            self.sync()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(samples)
+
+    def cold_ms(self, fn: Callable[[], object], repeats: int) -> float:
+        if not self.cuda:
+            return self.host_ms(fn, repeats)
+        samples = []
+        for _ in range(repeats):
+            self.flush.fill_(1.0)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        return statistics.median(samples)
+
+    def graph_ms(self, fn: Callable[[], object], reps: int, replays: int = 5) -> float:
+        """Per-call time of ``reps`` back-to-back calls replayed from one CUDA graph."""
+        if not self.cuda:
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - start) * 1e3 / reps
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        graph.replay()
+        self.sync()
+        samples = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / reps)
+        del graph
+        return statistics.median(samples)
+
+    def eager_ms(self, fn: Callable[[], object], calls: int) -> float:
+        """Per-call time of ``calls`` eager calls back to back, between two device syncs (host clock)."""
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        self.sync()
+        return (time.perf_counter() - start) * 1e3 / calls
+
+    def profile_kernels(self, fn: Callable[[], object]) -> list[dict]:
+        """The GPU kernels ``fn`` runs, from the PyTorch profiler (name, ts and dur in us)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        with profile(activities=activities) as prof:
+            fn()
+            self.sync()
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as handle:
+                events = json.load(handle).get("traceEvents", [])
+        wanted = "kernel" if self.cuda else "cpu_op"
+        kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == wanted]
+        return sorted(({"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])} for e in kernels),
+                      key=lambda e: e["ts"])
+
+
+def reps_for(estimate_ms: float, target_ms: float = 2.0, most: int = 200) -> int:
+    """Calls per graph so that one replay lasts about ``target_ms`` (at least 1, at most ``most``)."""
+    return max(1, min(most, math.ceil(target_ms / max(estimate_ms, 1e-4))))
+
+
+def timed_case(bench: Bench, fn: Callable[[], object], cold_repeats: int = 10) -> dict[str, float]:
+    """graph_ms, cold_ms and host_ms of one case (see the module docstring)."""
+    fn()
+    estimate = bench.host_ms(fn, 3)
+    repeats = cold_repeats if estimate < 5 else 3
+    cold = bench.cold_ms(fn, repeats)
+    host = bench.host_ms(fn, repeats)
+    try:
+        graph = bench.graph_ms(fn, reps_for(cold), replays=5 if cold < 5 else 2)
+    except RuntimeError as error:  # an op that cannot be captured keeps its other two times
+        bench.log(f"graph capture failed: {error}")
+        graph = math.nan
+    return {"graph_ms": graph, "cold_ms": cold, "host_ms": host}
+
+
+class Table:
+    """A CSV written row by row (flushed), so that a failure keeps what was measured."""
+
+    def __init__(self, path: Path, fields: list[str]) -> None:
+        self.handle = open(path, "w", newline="")
+        self.writer = csv.DictWriter(self.handle, fieldnames=fields, extrasaction="raise")
+        self.writer.writeheader()
+        self.rows = 0
+
+    def add(self, row: dict) -> None:
+        self.writer.writerow({key: (f"{value:.6g}" if isinstance(value, float) else value) for key, value in row.items()})
+        self.handle.flush()
+        self.rows += 1
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+# -- ceilings and environment -------------------------------------------------------------------
+def nvidia_smi(query: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", *query.split()], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"nvidia-smi failed: {error}"
+
+
+def ceilings(bench: Bench, dry: bool) -> dict:
+    elements = 2**20 if dry else 2**30  # 2 GiB of fp16 per tensor
+    src = torch.randn(elements, dtype=torch.float16, device=bench.device)
+    dst = torch.empty_like(src)
+    copy = bench.graph_ms(lambda: dst.copy_(src), reps=4 if not dry else 2, replays=5)
+    size = 256 if dry else 8192
+    out = {"copy_gib_per_tensor": elements * 2 / 2**30, "copy_ms": copy,
+           "copy_read_plus_write_tb_per_s": 2 * elements * 2 / (copy * 1e-3) / 1e12}
+    for name in ("fp16", "bf16"):
+        a = torch.randn(size, size, dtype=DTYPES[name], device=bench.device)
+        b = torch.randn(size, size, dtype=DTYPES[name], device=bench.device)
+        c = torch.empty(size, size, dtype=DTYPES[name], device=bench.device)
+        ms = bench.graph_ms(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), reps=10 if not dry else 2)
+        out[f"gemm_{name}_{size}_ms"] = ms
+        out[f"gemm_{name}_{size}_tflops"] = 2 * size**3 / (ms * 1e-3) / 1e12
+    return out
+
+
+# -- launch cost ----------------------------------------------------------------------------------
+def gaps_and_durations(kernels: list[dict]) -> tuple[float, float]:
+    """Median kernel duration and median gap between one kernel's end and the next one's start, us."""
+    durations = [k["dur"] for k in kernels]
+    gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(kernels, kernels[1:])]
+    return (statistics.median(durations) if durations else math.nan, statistics.median(gaps) if gaps else math.nan)
+
+
+def launch(bench: Bench, out: Path, dry: bool) -> None:
+    table = Table(out / "launch.csv", ["kernel", "elements", "method", "us_per_kernel", "note"])
+    calls = 50 if dry else 2000
+    for elements in (1, 2**16, 2**20):
+        x = torch.zeros(elements, dtype=torch.float32, device=bench.device)
+
+        def tiny(x=x) -> None:
+            x.add_(1.0)
+
+        tiny()
+        rows = {
+            "eager_back_to_back": (bench.eager_ms(tiny, calls) * 1e3, "host clock over many eager calls / calls"),
+            "graph_back_to_back": (bench.graph_ms(tiny, reps=calls // 2) * 1e3, "CUDA graph replay / kernels"),
+            "single_call_round_trip": (bench.host_ms(tiny, 50) * 1e3, "one call + synchronize, host clock"),
+        }
+        for method, (value, note) in rows.items():
+            table.add({"kernel": "add_scalar_inplace", "elements": elements, "method": method,
+                       "us_per_kernel": value, "note": note})
+        kernels = bench.profile_kernels(lambda: [tiny() for _ in range(200)])
+        duration, gap = gaps_and_durations(kernels[-150:])
+        table.add({"kernel": "add_scalar_inplace", "elements": elements, "method": "profiler_kernel_duration",
+                   "us_per_kernel": duration, "note": "eager, 200 calls"})
+        table.add({"kernel": "add_scalar_inplace", "elements": elements, "method": "profiler_gap_eager",
+                   "us_per_kernel": gap, "note": "end of one kernel to start of the next, eager"})
+        if bench.cuda:
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                tiny()
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                for _ in range(200):
+                    tiny()
+            graph.replay()
+            kernels = bench.profile_kernels(graph.replay)
+            duration, gap = gaps_and_durations(kernels)
+            table.add({"kernel": "add_scalar_inplace", "elements": elements, "method": "profiler_kernel_duration_graph",
+                       "us_per_kernel": duration, "note": "CUDA graph, 200 kernels"})
+            table.add({"kernel": "add_scalar_inplace", "elements": elements, "method": "profiler_gap_graph",
+                       "us_per_kernel": gap, "note": "end of one kernel to start of the next, CUDA graph"})
+    table.close()
+
+
+# -- GEMMs ----------------------------------------------------------------------------------------
+def gemm_cases(dry: bool) -> list[dict]:
+    """The shapes: DeepBench's and LLMCompass's (from the sibling CSVs), a transformer grid, squares."""
+    cases = []
+    with open(MEASURED / "deepbench_v100_gemm_fp16.csv") as handle:
+        for row in csv.DictReader(handle):
+            # DeepBench is column-major: an operand that is not transposed ("N") is transposed when
+            # read row-major (the convention gpusim.validation uses for this file).
+            cases.append({"set": "deepbench", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+                          "trans_a": row["trans_a"] == "N", "trans_b": row["trans_b"] == "N", "dtype": "fp16"})
+    with open(MEASURED / "llmcompass_mi210_gemm_fp16.csv") as handle:
+        for row in csv.DictReader(handle):
+            cases.append({"set": "llmcompass", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+                          "trans_a": False, "trans_b": False, "dtype": "fp16"})
+    for tokens in (1, 16, 128, 512, 2048, 8192):
+        for hidden in (4096, 8192):
+            for n, k in ((3 * hidden, hidden), (hidden, hidden), (4 * hidden, hidden), (hidden, 4 * hidden)):
+                cases.append({"set": "transformer", "m": tokens, "n": n, "k": k, "trans_a": False, "trans_b": True,
+                              "dtype": "fp16"})
+    for dtype in ("fp16", "bf16", "tf32", "fp32"):
+        for size in (512, 1024, 2048, 4096, 8192, 16384):
+            cases.append({"set": "square", "m": size, "n": size, "k": size, "trans_a": False, "trans_b": False,
+                          "dtype": dtype})
+    if dry:
+        cases = [dict(case, m=min(case["m"], 64), n=min(case["n"], 64), k=min(case["k"], 64)) for case in cases[::25]]
+    return cases
+
+
+def operand(rows: int, cols: int, transposed: bool, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """A rows x cols operand, stored transposed (a transposed view of a cols x rows tensor) if asked."""
+    if transposed:
+        return torch.randn(cols, rows, dtype=dtype, device=device).t()
+    return torch.randn(rows, cols, dtype=dtype, device=device)
+
+
+def gemms(bench: Bench, out: Path, dry: bool) -> None:
+    fields = ["set", "m", "n", "k", "trans_a", "trans_b", "dtype", "graph_ms", "cold_ms", "host_ms", "tflops_graph",
+              "tflops_cold"]
+    table = Table(out / "gemm.csv", fields)
+    cases = gemm_cases(dry)
+    for index, case in enumerate(cases):
+        if bench.left_s() < 60:
+            bench.log(f"gemm: out of time after {index} of {len(cases)} cases")
+            break
+        torch.backends.cuda.matmul.allow_tf32 = case["dtype"] == "tf32"
+        dtype = DTYPES[case["dtype"]]
+        a = operand(case["m"], case["k"], case["trans_a"], dtype, bench.device)
+        b = operand(case["k"], case["n"], case["trans_b"], dtype, bench.device)
+        c = torch.empty(case["m"], case["n"], dtype=dtype, device=bench.device)
+        times = timed_case(bench, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
+        flops = 2.0 * case["m"] * case["n"] * case["k"]
+        table.add({**case, **times, "tflops_graph": flops / (times["graph_ms"] * 1e-3) / 1e12,
+                   "tflops_cold": flops / (times["cold_ms"] * 1e-3) / 1e12})
+        del a, b, c
+    torch.backends.cuda.matmul.allow_tf32 = False
+    table.close()
+    bench.log(f"gemm: {table.rows} cases")
+
+
+# -- element-wise and row reductions -------------------------------------------------------------
+ELEMENTWISE: dict[str, tuple[int, Callable]] = {
+    # kind (gpusim's ELEMENTWISE_KINDS) -> (inputs, function of the inputs)
+    "copy": (1, lambda x, out: out.copy_(x)),
+    "fill": (0, lambda out: out.fill_(1.0)),
+    "add": (2, lambda x, y, out: torch.add(x, y, out=out)),
+    "mul": (2, lambda x, y, out: torch.mul(x, y, out=out)),
+    "scale": (1, lambda x, out: torch.mul(x, 0.5, out=out)),
+    "relu": (1, lambda x, out: torch.clamp_min(x, 0.0, out=out)),
+    "gelu": (1, lambda x, out: torch.ops.aten.gelu.out(x, approximate="tanh", out=out)),
+    "sigmoid": (1, lambda x, out: torch.sigmoid(x, out=out)),
+    "tanh": (1, lambda x, out: torch.tanh(x, out=out)),
+}
+
+
+PROFILED_SHAPES = ((4096, 4096), (4096, 32768), (64, 64))
+"""Row-reduction shapes whose kernels are counted (the profiler costs about a second a case)."""
+
+
+def streaming(bench: Bench, out: Path, dry: bool) -> None:
+    fields = ["op", "kind", "elements", "rows", "cols", "dtype", "graph_ms", "cold_ms", "host_ms", "kernels",
+              "gb_per_s_graph"]
+    table = Table(out / "streaming.csv", fields)
+    largest = 14 if dry else 30
+    for kind, (inputs, function) in ELEMENTWISE.items():
+        exponents = range(10, largest + 1) if kind in ("copy", "add") else range(10, largest + 1, 2)
+        for dtype_name in ("fp16", "fp32") if kind in ("copy", "add") else ("fp16",):
+            for exponent in exponents:
+                if bench.left_s() < 60:
+                    bench.log(f"streaming: out of time at {kind} 2^{exponent}")
+                    table.close()
+                    return
+                elements = 2**exponent
+                dtype = DTYPES[dtype_name]
+                args = [torch.randn(elements, dtype=dtype, device=bench.device) for _ in range(inputs)]
+                result = torch.empty(elements, dtype=dtype, device=bench.device)
+
+                def run(args=args, result=result, function=function) -> None:
+                    function(*args, result)
+
+                times = timed_case(bench, run)
+                kernels = len(bench.profile_kernels(run)) if exponent == 20 else ""
+                moved = (inputs + 1) * elements * dtype.itemsize
+                table.add({"op": "elementwise", "kind": kind, "elements": elements, "rows": "", "cols": "",
+                           "dtype": dtype_name, **times, "kernels": kernels,
+                           "gb_per_s_graph": moved / (times["graph_ms"] * 1e-3) / 1e9})
+                del args, result
+    shapes = []
+    with open(MEASURED / "llmcompass_mi210_softmax_fp16.csv") as handle:
+        shapes = [(int(row["m"]), int(row["n"])) for row in csv.DictReader(handle)]
+    shapes += [(16384, 1024), (8192, 12288), (1024, 65536)]
+    if dry:
+        shapes = [(min(m, 64), min(n, 64)) for m, n in shapes[::6]]
+    for m, n in shapes:
+        x = torch.randn(m, n, dtype=torch.float16, device=bench.device)
+        weight = torch.randn(n, dtype=torch.float16, device=bench.device)
+        bias = torch.randn(n, dtype=torch.float16, device=bench.device)
+        reductions = {
+            "softmax": (lambda x=x: torch.softmax(x, dim=-1), 2),
+            "layernorm": (lambda x=x, w=weight, b=bias: F.layer_norm(x, (x.shape[-1],), w, b), 2),
+            "rmsnorm": (lambda x=x, w=weight: F.rms_norm(x, (x.shape[-1],), w), 2),
+            "sum": (lambda x=x: x.sum(dim=-1), 1),
+        }
+        for kind, (run, passes) in reductions.items():
+            if bench.left_s() < 60:
+                bench.log(f"streaming: out of time at {kind} {m}x{n}")
+                table.close()
+                return
+            times = timed_case(bench, run)
+            kernels = len(bench.profile_kernels(run)) if (m, n) in PROFILED_SHAPES else ""
+            moved = passes * m * n * 2
+            table.add({"op": "rowreduce", "kind": kind, "elements": m * n, "rows": m, "cols": n, "dtype": "fp16",
+                       **times, "kernels": kernels, "gb_per_s_graph": moved / (times["graph_ms"] * 1e-3) / 1e9})
+        del x
+    table.close()
+    bench.log(f"streaming: {table.rows} cases")
+
+
+# -- optimizers -----------------------------------------------------------------------------------
+def models(dry: bool) -> dict[str, list[tuple[int, ...]]]:
+    """Parameter shapes of the optimizer models, from Hugging Face ``transformers`` (on the meta device)."""
+    from transformers import BertConfig, BertForPreTraining, BertForSequenceClassification
+
+    configs = {
+        "bert-base-classifier": (BertForSequenceClassification, BertConfig()),
+        "bert-large": (BertForPreTraining, BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                                      intermediate_size=4096)),
+    }
+    shapes = {}
+    for name, (cls, config) in configs.items():
+        if dry:
+            config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                                vocab_size=1000)
+        with torch.device("meta"):
+            model = cls(config)
+        shapes[name] = [tuple(p.shape) for p in model.parameters()]
+    return shapes
+
+
+def optimizer_steps(params: list[torch.Tensor], algorithm: str, impl: str) -> Callable[[], None]:
+    """One ``step()`` of ``algorithm`` over ``params`` in the implementation ``impl``."""
+    cls, options = {"adam": (torch.optim.Adam, {"lr": 1e-6}), "adamw": (torch.optim.AdamW, {"lr": 1e-6}),
+                    "sgd": (torch.optim.SGD, {"lr": 1e-6, "momentum": 0.9})}[algorithm]
+    flags = {"unfused": {"foreach": False}, "fused": {"fused": True}, "multi_unfused": {"foreach": True},
+             "multi_fused": {"fused": True}}[impl]
+    if impl == "fused":  # one fused kernel per tensor: one single-tensor optimizer each
+        optimizers = [cls([p], **options, **flags) for p in params]
+    else:
+        optimizers = [cls(params, **options, **flags)]
+
+    def step() -> None:
+        for optimizer in optimizers:
+            optimizer.step()
+
+    return step
+
+
+def optimizers(bench: Bench, out: Path, shapes: dict[str, list[tuple[int, ...]]]) -> None:
+    fields = ["model", "tensors", "parameters", "algorithm", "impl", "dtype", "step_ms", "step_min_ms",
+              "kernels_per_step", "kernel_busy_ms", "kernel_span_ms"]
+    table = Table(out / "optimizer.csv", fields)
+    for model, model_shapes in shapes.items():
+        params = [torch.randn(shape, dtype=torch.float32, device=bench.device) * 0.02 for shape in model_shapes]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        for algorithm in ("adam", "adamw", "sgd"):
+            for impl in ("unfused", "fused", "multi_unfused", "multi_fused"):
+                if bench.left_s() < 45:
+                    bench.log(f"optimizer: out of time at {model} {algorithm} {impl}")
+                    table.close()
+                    return
+                if impl in ("fused", "multi_fused") and not bench.cuda:
+                    continue
+                try:
+                    step = optimizer_steps(params, algorithm, impl)
+                    for _ in range(3):
+                        step()
+                    bench.sync()
+                    samples = [bench.host_ms(step, 1) for _ in range(10)]
+                    kernels = bench.profile_kernels(step)
+                except (RuntimeError, TypeError, ValueError) as error:  # an implementation this torch lacks
+                    bench.log(f"optimizer: {model} {algorithm} {impl} failed: {error}")
+                    continue
+                span = (kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / 1e3 if kernels else math.nan
+                table.add({"model": model, "tensors": len(params), "parameters": sum(p.numel() for p in params),
+                           "algorithm": algorithm, "impl": impl, "dtype": "fp32",
+                           "step_ms": statistics.median(samples), "step_min_ms": min(samples),
+                           "kernels_per_step": len(kernels), "kernel_busy_ms": sum(k["dur"] for k in kernels) / 1e3,
+                           "kernel_span_ms": span})
+        del params
+        if bench.cuda:
+            torch.cuda.empty_cache()
+    table.close()
+    bench.log(f"optimizer: {table.rows} cases")
+
+
+# -- a profiled training step ----------------------------------------------------------------------
+def training_trace(bench: Bench, out: Path, dry: bool) -> None:
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000) if dry else GPT2Config()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(bench.device)
+    if bench.cuda:
+        model = model.half()
+    batch, sequence = (2, 32) if dry else (8, 512)
+    tokens = torch.randint(0, config.vocab_size, (batch, sequence), device=bench.device)
+
+    def step() -> None:
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    bench.sync()
+    iteration_ms = bench.host_ms(step, 5)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.cuda else [])
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=1, warmup=1, active=1, repeat=1)) as prof:
+            for _ in range(3):
+                step()
+                bench.sync()
+                prof.step()
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as source, gzip.open(out / "gpt2_train_step.json.gz", "wb") as target:
+            target.write(source.read())
+    bench.log(f"trace: GPT-2 small fp16 forward+backward, batch {batch} x {sequence}: {iteration_ms:.3f} ms per step")
+
+
+# -- main -----------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new cases after this long")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
+    parser.add_argument("--sections", default="ceilings,launch,gemm,streaming,optimizer,trace")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_file = open(args.out / "log.txt", "a")
+
+    def log(message: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        log("no CUDA device")
+        return 1
+    torch.manual_seed(0)
+    bench = Bench(device, time.monotonic() + args.budget_s, log)
+    env: dict = {"python": sys.version, "platform": platform.platform(), "torch": torch.__version__,
+                 "cuda": torch.version.cuda, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if bench.cuda:
+        props = torch.cuda.get_device_properties(0)
+        env.update({"device": props.name, "multiprocessors": props.multi_processor_count,
+                    "memory_bytes": props.total_memory, "l2_bytes": getattr(props, "L2_cache_size", None),
+                    "capability": f"{props.major}.{props.minor}", "cudnn_version": torch.backends.cudnn.version(),
+                    "nvidia_smi": nvidia_smi("--query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,"
+                                             "power.limit,pstate --format=csv")})
+    sections = args.sections.split(",")
+    shapes: dict = {}
+
+    def section(name: str, body: Callable[[], None]) -> None:
+        if name not in sections:
+            return
+        log(f"{name}: start ({bench.left_s():.0f} s left)")
+        try:
+            body()
+        except Exception:  # a failed section is logged; the others still run
+            log(f"{name}: FAILED\n{traceback.format_exc()}")
+        bench.sync()
+        if bench.cuda:
+            torch.cuda.empty_cache()
+
+    def write_env() -> None:
+        (args.out / "env.json").write_text(json.dumps(env, indent=1, default=str))
+
+    def run_ceilings() -> None:
+        env["ceilings"] = ceilings(bench, args.dry_run)
+        log(f"ceilings: {env['ceilings']}")
+
+    def run_models() -> None:
+        shapes.update(models(args.dry_run))
+        env["optimizer_models"] = {name: [list(shape) for shape in value] for name, value in shapes.items()}
+
+    section("ceilings", run_ceilings)
+    write_env()
+    section("launch", lambda: launch(bench, args.out, args.dry_run))
+    section("gemm", lambda: gemms(bench, args.out, args.dry_run))
+    section("streaming", lambda: streaming(bench, args.out, args.dry_run))
+    section("optimizer", run_models)
+    write_env()
+    if shapes:
+        section("optimizer", lambda: optimizers(bench, args.out, shapes))
+    section("trace", lambda: training_trace(bench, args.out, args.dry_run))
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
