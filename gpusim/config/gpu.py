@@ -418,6 +418,12 @@ class GpuConfig(Model):
         ``cp.async``, Hopper's TMA), whose kernels keep several K-tiles in flight.  A
         double-buffered library kernel runs with this many stages, fewer if they would not fit
         in LDS (:func:`gpusim.kernels.gemm.pipelined`).
+    gemm_k_tile_bytes
+        Bytes of each input row that the architecture's BLAS GEMM kernels stage per K-tile, or
+        ``None`` for the library's own depths (:data:`gpusim.kernels.gemm.LIBRARY`).  Hopper's TMA
+        kernels load 128-byte swizzled rows (64 fp16 values): their K-tiles are that deep whatever
+        the macro tile, which also sets the contiguous runs of a transposed operand in DRAM
+        (:func:`gpusim.kernels.gemm.library_for`).
     hardware_queues
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
@@ -441,6 +447,7 @@ class GpuConfig(Model):
     kernel_launch_ns: Nanoseconds = 5000.0
     dependent_launch_ns: Nanoseconds = 1200.0
     gemm_pipeline_stages: int = Field(2, ge=2)
+    gemm_k_tile_bytes: Bytes | None = None
     hardware_queues: PositiveInt = 4
     streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config

@@ -104,6 +104,10 @@ LIBRARY: tuple[GemmKernelSpec, ...] = (
 
 SPLIT_K_FACTORS = (1, 2, 4, 8, 16)
 
+K_TILE_DEPTHS = (16, 32, 64, 128)
+"""K depths a kernel named by hand may have: the library's macro tiles at the depths GPUs'
+``gemm_k_tile_bytes`` give them (:func:`library_for`)."""
+
 
 @dataclass(frozen=True)
 class GemmProblem:
@@ -221,6 +225,15 @@ def pipelined(spec: GemmKernelSpec, gpu: GpuConfig, dtype: str) -> GemmKernelSpe
     return spec if stages == spec.lds_buffers else replace(spec, lds_buffers=stages)
 
 
+def library_for(gpu: GpuConfig, dtype: str) -> tuple[GemmKernelSpec, ...]:
+    """The kernel library as ``gpu``'s BLAS has it for ``dtype`` inputs: :data:`LIBRARY`, or, where
+    the GPU sets ``gemm_k_tile_bytes``, its macro tiles with K-tiles of that many bytes per row."""
+    if gpu.gemm_k_tile_bytes is None:
+        return LIBRARY
+    depth = max(1, int(gpu.gemm_k_tile_bytes) // DTYPE_BYTES[dtype])
+    return tuple(dict.fromkeys(replace(spec, tile_k=depth) for spec in LIBRARY))
+
+
 def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
     """Every library kernel, with the split-K factors that make sense for ``problem``."""
     result = []
@@ -244,7 +257,8 @@ def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
     one with the largest output tile, then the fewest K splits, then the shallowest K-tile.
     """
-    estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem)]
+    library = library_for(gpu, problem.dtype)
+    estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)]
     fastest = min(estimate for estimate, _ in estimates)
     near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
     return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, -spec.tile_k))
@@ -441,11 +455,14 @@ class GemmKernel:
 def find_spec(name: str) -> GemmKernelSpec:
     """The library kernel called ``name`` (split-K suffix allowed); :class:`OpError` if there is none."""
     for spec in LIBRARY:
-        for split in SPLIT_K_FACTORS:
-            if spec.with_split(split).name == name:
-                return spec.with_split(split)
+        for depth in K_TILE_DEPTHS:
+            for split in SPLIT_K_FACTORS:
+                candidate = replace(spec, tile_k=depth).with_split(split)
+                if candidate.name == name:
+                    return candidate
     known = ", ".join(spec.name for spec in LIBRARY)
-    raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (optionally with _SK2.._SK16)")
+    raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (K depth may be any of "
+                  f"{', '.join(map(str, K_TILE_DEPTHS))}; optionally with _SK2.._SK16)")
 
 
 def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str) -> None:

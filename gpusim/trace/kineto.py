@@ -44,6 +44,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -91,7 +92,7 @@ REDUCTION_OPS = {
     "linalg_vector_norm": "sum", "amax": "sum", "max": "sum", "nll_loss": "sum",
 }  # fmt: skip
 
-_GEMM_NAME = re.compile(r"gemm|Cijk_|xmma|scudnn|cutlass.*(fprop|dgrad|wgrad)|implicit_gemm|_nn_|_tn_|_nt_", re.I)
+_GEMM_NAME = re.compile(r"gemm|Cijk_|xmma|nvjet|scudnn|cutlass.*(fprop|dgrad|wgrad)|implicit_gemm|_nn_|_tn_|_nt_", re.I)
 _REDUCTION_NAME = re.compile(r"reduce|softmax|norm|bn_fw|bn_bw|welford|splitk|nll_loss|cross_entropy|argmax", re.I)
 _ELEMENTWISE_NAME = re.compile(
     r"elementwise|vectorized|unrolled|multi_tensor_apply|fill|cat|copy|nchwtonhwc|nhwctonchw|transpose|index|gather|"
@@ -155,18 +156,19 @@ def _op_base(op_name: str) -> str:
 _TILE_PATTERNS = (
     re.compile(r"MT(\d+)x(\d+)x(\d+)"),  # Tensile (rocBLAS, hipBLASLt): MT<m>x<n>x<depth>
     re.compile(r"tilesize(\d+)x(\d+)x(\d+)"),  # cuDNN/cuBLAS xmma kernels
-    re.compile(r"_(\d+)x(\d+)_(\d+)x\d+_"),  # CUTLASS: <m>x<n>_<k>x<stages>
+    re.compile(r"_(\d+)x(\d+)_(\d+)x\d+_"),  # CUTLASS and cuBLAS's sm90 nvjet kernels: <m>x<n>_<k>x<stages>
     re.compile(r"gemm_(\d+)x(\d+)()"),  # cuBLAS SIMT: sgemm_<m>x<n>
 )
 
 
 def library_kernel_of(kernel_name: str, threads: int | None) -> str:
-    """The gpusim library kernel with the measured kernel's macro tile, or ``""`` when none has it.
+    """The gpusim library kernel with the measured kernel's macro tile (and K depth, where it is one of
+    :data:`gpusim.kernels.gemm.K_TILE_DEPTHS`), or ``""`` when the library has no such tile.
 
     BLAS libraries are column-major: a tile ``a x b`` of their C is ``b x a`` of the row-major
     product gpusim models (PyTorch's ``mm(A, B)`` runs as ``C^T = B^T A^T``).
     """
-    from gpusim.kernels.gemm import LIBRARY
+    from gpusim.kernels.gemm import K_TILE_DEPTHS, LIBRARY
 
     for pattern in _TILE_PATTERNS:
         match = pattern.search(kernel_name)
@@ -177,7 +179,7 @@ def library_kernel_of(kernel_name: str, threads: int | None) -> str:
             if not same_tile:
                 return ""
             best = max(same_tile, key=lambda spec: (spec.tile_k == depth, spec.threads == threads))
-            return best.name
+            return (replace(best, tile_k=depth) if depth in K_TILE_DEPTHS else best).name
     return ""
 
 
