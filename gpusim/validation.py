@@ -162,6 +162,45 @@ def _rowreduce_point(kind: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
+H200_COLD_CALL_NS = 3300.0
+"""Fixed cost of the H200 measurements' cold method, ns: a call timed between two CUDA events and
+queued behind the kernel that flushes the L2, so that the host's per-call cost is hidden and the
+events' own cost is not.  The 1024-element copy's cold time (3.78 us) less the model's 0.49 us span
+of that kernel.  It takes the place of the preset's host per-call cost (``kernel_launch_ns``)."""
+
+ROW_MAJOR_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
+
+
+def aligned_rows(frame: pd.DataFrame) -> pd.Series:
+    """Whether every operand row of each GEMM (A, B and C; row-major, with the transposes) starts on
+    a 16-byte boundary, which vectorized and TMA loads need.  cuBLAS runs the others in fallback
+    kernels the model does not have (docs/validation.md)."""
+    size = frame["dtype"].map(ROW_MAJOR_BYTES)
+    lda = frame["m"].where(frame["trans_a"].astype(bool), frame["k"])
+    ldb = frame["k"].where(frame["trans_b"].astype(bool), frame["n"])
+    return ((lda * size) % 16 == 0) & ((ldb * size) % 16 == 0) & ((frame["n"] * size) % 16 == 0)
+
+
+def _h200_gemm_point(row: pd.Series) -> dict[str, Any]:
+    return {"kind": "gemm", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+            "dtype": str(row["dtype"]), "trans_a": bool(row["trans_a"]), "trans_b": bool(row["trans_b"]),
+            "overrides": {"gpu.kernel_launch_ns": H200_COLD_CALL_NS}}
+
+
+def _h200_streaming_point(row: pd.Series) -> dict[str, Any]:
+    shape = ({"elements": int(row["elements"])} if row["op"] == "elementwise"
+             else {"rows": int(row["rows"]), "cols": int(row["cols"])})
+    return {"kind": str(row["op"]), "system": "h200-sxm", "op": str(row["kind"]), "dtype": str(row["dtype"]), **shape,
+            "overrides": {"gpu.kernel_launch_ns": H200_COLD_CALL_NS}}
+
+
+def _where(column: str, value: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def select(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[frame[column] == value]
+
+    return select
+
+
 ALLREDUCE_MIN_BYTES = 2**20
 ALLREDUCE_MAX_BYTES = 64 * 2**20
 
@@ -245,6 +284,46 @@ DATASETS: dict[str, DataSet] = {
             measured_s=_ms("time_ms"),
             tolerances={"median": 0.20},
             plot_x="elements",
+        ),
+        DataSet(
+            name="gemm-h200",
+            description="torch.matmul on an H200 (cuBLAS, CUDA 13.0): DeepBench's and LLMCompass's shapes, a "
+            "transformer grid and squares in fp16/bf16/tf32/fp32, whose rows are 16-byte aligned; cold L2",
+            file="h200/gemm.csv",
+            system="h200-sxm",
+            point=_h200_gemm_point,
+            measured_s=_ms("cold_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+            select=lambda frame: frame[aligned_rows(frame)],
+            group="set",
+        ),
+        DataSet(
+            name="elementwise-h200",
+            description="PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, tanh) "
+            "over 2^10-2^30 values on an H200; cold L2",
+            file="h200/streaming.csv",
+            system="h200-sxm",
+            point=_h200_streaming_point,
+            measured_s=_ms("cold_ms"),
+            tolerances={"median": 0.20},
+            select=_where("op", "elementwise"),
+            group="kind",
+            plot_x="elements",
+            plot_by="kind",
+        ),
+        DataSet(
+            name="rowreduce-h200",
+            description="PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes "
+            "on an H200; cold L2",
+            file="h200/streaming.csv",
+            system="h200-sxm",
+            point=_h200_streaming_point,
+            measured_s=_ms("cold_ms"),
+            tolerances={"median": 0.20},
+            select=_where("op", "rowreduce"),
+            group="kind",
+            plot_x="elements",
+            plot_by="kind",
         ),
         DataSet(
             name="allreduce-dgx-a100",

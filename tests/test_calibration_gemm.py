@@ -64,3 +64,52 @@ def test_grouped_rasterization_keeps_shared_panels_in_the_l2():
     read = result.dram_totals().query("direction == 'read'")["bytes"].sum()
     b_bytes = 24000 * 2048 * 2
     assert read < 1.5 * b_bytes
+
+
+def test_h200_gemms_within_tolerance():
+    # 40 of the H200's 222 aligned GEMMs drawn at random (the whole set: gpusim validate)
+    dataset = validation.get("gemm-h200")
+    chosen = validation.sample(dataset.load(), 40, seed=1)
+    frame = validation.compare(dataset, chosen, workers=1, progress=False)
+    stats = validation.error_stats(frame)
+    assert not validation.violations(frame, dataset), stats
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (docs/validation.md): cuBLAS runs GEMMs whose rows are not 16-byte "
+                   "aligned in fallback kernels 3-5x slower than its TMA kernels; the model has no such kernels")
+def test_h200_unaligned_gemms_within_tolerance():
+    dataset = validation.get("gemm-h200")
+    rows = pd.read_csv(validation.MEASURED_DIR / dataset.file)
+    unaligned = rows[~validation.aligned_rows(rows)]
+    chosen = validation.sample(unaligned.assign(measured_s=unaligned["cold_ms"] * 1e-3), 8, seed=1)
+    frame = validation.compare(dataset, chosen, workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
+
+
+def test_aligned_rows_need_every_row_on_a_16_byte_boundary():
+    frame = pd.DataFrame({"m": [35, 35, 35, 64], "n": [8457, 8192, 8192, 8192], "k": [2048, 2048, 1530, 1530],
+                          "trans_a": [False, False, False, True], "trans_b": [True, True, False, False],
+                          "dtype": ["fp16", "fp16", "fp16", "fp16"]})
+    # C's rows of 8457 halves; A's rows of 1530 halves; A stored transposed has rows of m = 64
+    assert validation.aligned_rows(frame).tolist() == [False, True, False, True]
+
+
+def test_hopper_kernels_stage_128_byte_k_rows():
+    """The H200's library kernels are 64 deep in fp16 and 32 in tf32 (128-byte TMA rows); the V100's
+    keep the library's depths."""
+    from gpusim.kernels.gemm import LIBRARY, library_for
+
+    hopper = gpusim.load_system("h200-sxm").gpu
+    assert {spec.tile_k for spec in library_for(hopper, "fp16")} == {64}
+    assert {spec.tile_k for spec in library_for(hopper, "tf32")} == {32}
+    assert library_for(gpusim.load_system("v100-sxm2").gpu, "fp16") == LIBRARY
+
+
+def test_h200_skinny_gemm_streams_its_weights_at_the_measured_bandwidth():
+    """1 x 32768 x 8192 with B stored [n, k] (a decode step's linear layer): with 32-deep K-tiles
+    each B row was read in 64-byte runs that each opened a DRAM row (0.26 ms); with Hopper's 64-deep
+    tiles the runs are 128 bytes and the GEMM streams B as measured (0.141 ms cold)."""
+    measured = pd.read_csv(validation.MEASURED_DIR / "h200" / "gemm.csv").query(
+        "m == 1 and n == 32768 and k == 8192")["cold_ms"].iloc[0] * 1e-3
+    system = gpusim.load_system("h200-sxm").with_overrides({"gpu.kernel_launch_ns": validation.H200_COLD_CALL_NS})
+    assert gpusim.run(system, ops.Gemm(1, 32768, 8192, trans_b=True)).time_s == pytest.approx(measured, rel=0.15)

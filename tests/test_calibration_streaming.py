@@ -58,3 +58,19 @@ def test_streaming_bandwidth_follows_memory_level_parallelism():
     large = ops.Elementwise("gelu", 2**24, "fp16")
     narrow, wide = gpusim.run(narrow_system, large).time_s, gpusim.run(wide_system, large).time_s
     assert wide > 0.6 * narrow
+
+
+def test_h200_elementwise_kernels_within_tolerance():
+    # 40 of the 161 element-wise rows drawn at random (the whole set: gpusim validate)
+    dataset = validation.get("elementwise-h200")
+    frame = validation.compare(dataset, validation.sample(dataset.load(), 40, seed=1), workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (docs/validation.md): PyTorch's eager softmax, layernorm and rmsnorm "
+                   "kernels on the H200 reach 1.0-2.7 TB/s, half of what the model's bandwidth-bound row reductions "
+                   "give; the median misses 20% by far (about 45% too fast)")
+def test_h200_row_reductions_within_tolerance():
+    dataset = validation.get("rowreduce-h200")
+    frame = validation.compare(dataset, validation.sample(dataset.load(), 16, seed=1), workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)

@@ -26,6 +26,9 @@ echo "== MI210: per-call floor and streaming memory-level parallelism, jointly o
 $FIT --dataset gelu-mi210 --dataset softmax-mi210 \
      --param "gpu.kernel_launch_ns=16 us,18 us,20 us,22 us" --param "gpu.streaming_inflight_bytes_per_thread=1,2,4" \
      --holdout-dataset layernorm-mi210
+echo "== H200 (and the H100, the same chip): tensor-core GEMM efficiency on the aligned GEMMs above 100 GFLOP (random half / other half)"
+$FIT --dataset gemm-h200 --query "2*m*n*k > 1e11" \
+     --param "gpu.gemm_efficiency.fp16=0.82,0.85,0.88,0.91,0.94"
 echo "== DGX A100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
      --param "gpu.cu.max_inflight_bytes=16384,20480,24576" --param "collectives.launch_ns=20 us,25 us,30 us"
