@@ -70,7 +70,7 @@ def test_data_movement_reduction_of_13x_is_the_gpu_reading_the_gradients(lamb):
 
 @pytest.mark.slow
 def test_adan_multi_tensor_fused_step_on_v100_matches_the_measurement():
-    step = study.adan_point("v100-sxm2", "bert-base-classifier", "multi_fused")
+    step = study.gpu_step_point("v100-sxm2", "bert-base-classifier", "adan", "multi_fused")
     assert step["kernels"] == ADAN.loc["multi_fused", "kernels_measured"]
     assert step["time_s"] * 1e3 == pytest.approx(ADAN.loc["multi_fused", "measured_ms"], rel=ADAN_TOLERANCE)
 
@@ -101,3 +101,20 @@ def test_bert_iterations_reject_an_empty_list_of_storage_multiples():
 def test_end_to_end_needs_a_positive_finite_speedup(speedup):
     with pytest.raises(ValueError, match="speedup must be a positive finite number"):
         study.end_to_end(speedup)
+
+
+H200 = pd.read_csv(VALIDATION.parent / "measured" / "h200" / "optimizer.csv").query(
+    "model == 'bert-base-classifier' and algorithm == 'adam'").set_index("impl")
+H200_BUSY_TOLERANCE = 0.15
+TORCH_STEP_COUNTER_LAUNCHES = 2
+"""PyTorch's fused Adam adds one to every tensor's step counter on the GPU (a multi-tensor launch
+per 110 tensors) before its update launches; the modeled optimizer keeps the step on the host."""
+
+
+def test_adam_multi_tensor_steps_on_h200_launch_and_take_what_pytorch_measured():
+    """Multi-tensor Adam on BERT-base (201 fp32 tensors) on the H200: the model makes the launches
+    PyTorch made, and their kernels are busy as long as the profiler measured."""
+    for impl, extra in (("multi_unfused", 0), ("multi_fused", TORCH_STEP_COUNTER_LAUNCHES)):
+        step = study.gpu_step_point("h200-sxm", "bert-base-classifier", "adam", impl)
+        assert step["kernels"] + extra == H200.loc[impl, "kernels_per_step"], impl
+        assert step["kernel_busy_s"] * 1e3 == pytest.approx(H200.loc[impl, "kernel_busy_ms"], rel=H200_BUSY_TOLERANCE), impl

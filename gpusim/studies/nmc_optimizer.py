@@ -143,14 +143,17 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
     dict
         ``time_s``, ``kernels``, ``broadcasts``, ``dram_bytes_gpu`` (bytes between DRAM and the
         GPU), ``dram_bytes_nmc`` (bytes inside the banks for near-memory commands),
-        ``activations``, ``events`` and ``wall_s`` (simulator cost).
+        ``activations``, ``events``, ``kernel_busy_s`` (the kernels' summed durations, as a profiler
+        adds them up) and ``wall_s`` (simulator cost).
     """
     start = time.perf_counter()
     result = run(system, Optimizer(algorithm, list(sizes), impl=impl, **fields))
     row = result.ops.iloc[0]
     counters = result.counters
+    kernels = result.kernels
     return {
         "time_s": result.time_s,
+        "kernel_busy_s": float((kernels["end_s"] - kernels["start_s"]).sum()) if len(kernels) else 0.0,
         "kernels": int(row["kernels"]),
         "broadcasts": int(row.get("broadcasts", 0) or 0),
         "dram_bytes_gpu": float(result.dram["bytes"].sum()),
@@ -370,28 +373,30 @@ def bert_iterations(
     return nmc[columns].reset_index(drop=True)
 
 
-# -- the GPU baseline against measurements: Adan on a V100 -------------------------------------
-ADAN_CASES = ("unfused", "fused", "multi_unfused", "multi_fused")
-"""Seed 000 Table 4.3 cases: single-tensor unfused/fused, multi-tensor unfused/fused."""
+# -- the GPU baseline against measurements: Adan on a V100, Adam on an H200 ----------------------
+IMPLEMENTATIONS = ("unfused", "fused", "multi_unfused", "multi_fused")
+"""Seed 000 Table 4.3's cases: single-tensor unfused/fused, multi-tensor unfused/fused."""
 
 
-def adan_point(system: str, model: str, impl: str) -> dict[str, Any]:
-    """One Adan step of ``model`` on ``system`` (top-level, for :func:`gpusim.sweep.sweep`)."""
-    return simulate_step(load_system(system), "adan", model_parameter_sizes(model), impl)
+def gpu_step_point(system: str, model: str, algorithm: str, impl: str) -> dict[str, Any]:
+    """One GPU step of ``algorithm`` over ``model`` on ``system`` (top-level, for :func:`gpusim.sweep.sweep`)."""
+    return simulate_step(load_system(system), algorithm, model_parameter_sizes(model), impl)
 
 
-def adan_steps(
-    system: str = "v100-sxm2",
-    model: str = "bert-base-classifier",
-    cases: Sequence[str] = ADAN_CASES,
+def gpu_steps(
+    system: str,
+    model: str,
+    algorithm: str,
+    cases: Sequence[str] = IMPLEMENTATIONS,
     workers: int | None = None,
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Simulated Adan steps (time and kernel count) of every implementation, in parallel processes."""
-    points = [{"system": system, "model": model, "impl": impl} for impl in cases]
-    frame = sweep(adan_point, points, workers=workers, cache=cache, progress=progress, description="adan")
+    """Simulated GPU steps (time, kernel count, kernels' busy time) of every implementation, in parallel processes."""
+    points = [{"system": system, "model": model, "algorithm": algorithm, "impl": impl} for impl in cases]
+    frame = sweep(gpu_step_point, points, workers=workers, cache=cache, progress=progress, description=algorithm)
     frame["simulated_ms"] = frame["time_s"] * 1e3
+    frame["simulated_busy_ms"] = frame["kernel_busy_s"] * 1e3
     return frame
 
 

@@ -10,6 +10,10 @@ Writes into ``--out``:
   gradient norm; the dissertation's values beside ours and the relative error;
 * ``adan_v100.csv``: one Adan step of BERT-base (IMDb fine-tuning, 201 tensors) on ``v100-sxm2`` in
   the four implementations: measured and simulated time and kernel counts;
+* ``adam_h200.csv``: one Adam step of BERT-base (201 tensors, fp32) on ``h200-sxm`` in the four
+  implementations: the H200 measurements of ``validation/measured/h200/optimizer.csv`` (the step's
+  host-timed time, its kernels and their summed durations, from the PyTorch profiler) beside the
+  simulated ones;
 * ``end_to_end.csv``: simulated BERT-Large training iterations (chapter 4's configurations) with
   LAMB on the GPU and on NMC: LAMB's share of the iteration and the iteration's speedup, beside
   the dissertation's 9-20%;
@@ -18,8 +22,8 @@ Writes into ``--out``:
   root cost, the other optimizers;
 * ``*.png``: plots of all of these; ``lamb_nmc.perfetto.json``: a timeline of LAMB on NMC.
 
-``--quick`` uses BERT-base for LAMB, fewer sweep points and only the multi-tensor Adan cases (a
-minute); the full run takes several minutes, most of it the single-tensor Adan cases.
+``--quick`` uses BERT-base for LAMB, fewer sweep points and only the multi-tensor Adan and Adam
+cases (a minute); the full run takes several minutes, most of it the single-tensor cases.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from gpusim.arguments import output_folder_or_exit, positive_int
 from gpusim.studies import nmc_optimizer as study
 
 HERE = Path(__file__).resolve().parent
+H200_OPTIMIZER = HERE.parents[0] / "measured" / "h200" / "optimizer.csv"
 LAMB_TOLERANCE = 0.15
 DATA_REDUCTION_TOLERANCE = 0.20
 ADAN_TOLERANCE = 0.25  # the multi-tensor fused case
@@ -84,7 +89,7 @@ def adan_table(quick: bool, workers: int | None) -> pd.DataFrame:
     reference = reference_adan()
     if quick:
         reference = reference[reference.impl.str.startswith("multi")]
-    simulated = study.adan_steps(cases=list(reference.impl), workers=workers)
+    simulated = study.gpu_steps("v100-sxm2", "bert-base-classifier", "adan", cases=list(reference.impl), workers=workers)
     frame = reference.merge(simulated[["impl", "simulated_ms", "kernels", "wall_s"]], on="impl")
     frame = frame.rename(columns={"kernels": "kernels_simulated"})
     frame["error"] = frame["simulated_ms"] / frame["measured_ms"] - 1
@@ -92,6 +97,22 @@ def adan_table(quick: bool, workers: int | None) -> pd.DataFrame:
     columns = ["case", "impl", "measured_ms", "measured_active_ms", "simulated_ms", "error", "error_vs_active",
                "kernels_measured", "kernels_simulated", "wall_s", "source"]
     return frame[columns]
+
+
+def adam_h200_table(quick: bool, workers: int | None) -> pd.DataFrame:
+    """Simulated Adam steps of BERT-base on the H200 beside the measured ones."""
+    measured = pd.read_csv(H200_OPTIMIZER).query("model == 'bert-base-classifier' and algorithm == 'adam'")
+    if quick:
+        measured = measured[measured.impl.str.startswith("multi")]
+    simulated = study.gpu_steps("h200-sxm", "bert-base-classifier", "adam", cases=list(measured.impl), workers=workers)
+    frame = measured.merge(simulated[["impl", "simulated_ms", "simulated_busy_ms", "kernels", "wall_s"]], on="impl")
+    frame = frame.rename(columns={"step_ms": "measured_ms", "kernel_busy_ms": "measured_busy_ms",
+                                  "kernels_per_step": "kernels_measured", "kernels": "kernels_simulated"})
+    frame["error"] = frame["simulated_ms"] / frame["measured_ms"] - 1
+    frame["busy_error"] = frame["simulated_busy_ms"] / frame["measured_busy_ms"] - 1
+    columns = ["impl", "measured_ms", "simulated_ms", "error", "measured_busy_ms", "simulated_busy_ms", "busy_error",
+               "kernels_measured", "kernels_simulated", "wall_s"]
+    return frame[columns].reset_index(drop=True)
 
 
 def plot_lamb(frame: pd.DataFrame, out: Path) -> None:
@@ -129,6 +150,16 @@ def plot_adan(frame: pd.DataFrame, out: Path) -> None:
     ax.set_yscale("log")
     ax.set_title("Adan on BERT-base, V100: measured (seed 000) vs simulated")
     plot.save_figure(fig, out / "adan_v100.png")
+
+
+def plot_adam_h200(frame: pd.DataFrame, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    long = frame.melt(id_vars="impl", value_vars=["measured_ms", "simulated_ms", "measured_busy_ms", "simulated_busy_ms"],
+                      var_name="kind", value_name="ms")
+    plot.bars(long, x="impl", y="ms", hue="kind", ax=ax, ylabel="Adam step (ms)")
+    ax.set_yscale("log")
+    ax.set_title("Adam on BERT-base, H200: measured vs simulated")
+    plot.save_figure(fig, out / "adam_h200.png")
 
 
 def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
@@ -193,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     adan = adan_table(args.quick, args.workers)
     adan.to_csv(out / "adan_v100.csv", index=False)
     plot_adan(adan, out)
+    adam = adam_h200_table(args.quick, args.workers)
+    adam.to_csv(out / "adam_h200.csv", index=False)
+    plot_adam_h200(adam, out)
 
     sweeps = run_sweeps(args.quick, args.workers, model)
     for name, frame in sweeps.items():
@@ -213,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         print(end_to_end.to_string(index=False))
         print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
         print(adan.drop(columns=["source"]).to_string(index=False))
+        print("\nAdam step on H200 (validation/measured/h200/optimizer.csv; busy: the kernels' summed durations)")
+        print(adam.to_string(index=False))
     print(f"\nwrote {out}/ in {time.perf_counter() - start:.0f} s")
     return 0
 
