@@ -420,6 +420,93 @@ def streaming(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"streaming: {table.rows} cases")
 
 
+# -- memory bandwidth by access kind --------------------------------------------------------------
+def memory(bench: Bench, out: Path, dry: bool) -> None:
+    """Read-only (a sum), write-only (a fill) and read-write (a copy) streams from 1 MiB to 4 GiB:
+    the L2's and the HBM's bandwidth for each kind of access."""
+    table = Table(out / "memory.csv", ["access", "bytes", "graph_ms", "cold_ms", "host_ms", "tb_per_s_graph",
+                                       "tb_per_s_cold"])
+    largest = 22 if dry else 32
+    for exponent in range(20, largest + 1):
+        elements = 2**exponent // 4
+        source = torch.randn(elements, dtype=torch.float32, device=bench.device)
+        target = torch.empty_like(source)
+        cases = {"read": (lambda x=source: torch.sum(x), 1),
+                 "write": (lambda y=target: y.fill_(1.0), 1),
+                 "read_write": (lambda x=source, y=target: torch.add(x, 1.0, out=y), 2)}
+        for access, (run, tensors) in cases.items():
+            if bench.left_s() < 60:
+                bench.log(f"memory: out of time at {access} 2^{exponent} B")
+                table.close()
+                return
+            times = timed_case(bench, run)
+            moved = tensors * 2**exponent
+            table.add({"access": access, "bytes": 2**exponent, **times,
+                       "tb_per_s_graph": moved / (times["graph_ms"] * 1e-3) / 1e12,
+                       "tb_per_s_cold": moved / (times["cold_ms"] * 1e-3) / 1e12})
+        del source, target
+    table.close()
+    bench.log(f"memory: {table.rows} cases")
+
+
+# -- concurrent GEMMs -------------------------------------------------------------------------------
+CONCURRENT_GEMMS = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                    (512, 4096, 4096), (128, 12288, 4096), (4096, 4096, 512), (16384, 1024, 1024),
+                    (2048, 8192, 2048), (256, 256, 16384))
+"""GEMM shapes (m, n, k; fp16, row-major, no transposes) run 1, 2, 4 and 8 at a time."""
+
+
+def concurrency(bench: Bench, out: Path, dry: bool) -> None:
+    """``count`` independent copies of a GEMM, one after another on one stream (sequential) and
+    each on its own stream (concurrent, as a framework's Default), timed between two events on the
+    launching stream; eager launches, so the host's per-call cost is in both."""
+    table = Table(out / "concurrency.csv", ["m", "n", "k", "dtype", "count", "mode", "ms", "ms_min", "repeats"])
+    shapes = [(64, 64, 64), (128, 128, 128)] if dry else CONCURRENT_GEMMS
+    counts = (1, 2) if dry else (1, 2, 4, 8)
+    streams = [torch.cuda.Stream() for _ in range(max(counts))] if bench.cuda else []
+    for m, n, k in shapes:
+        operands = [(torch.randn(m, k, dtype=torch.float16, device=bench.device),
+                     torch.randn(k, n, dtype=torch.float16, device=bench.device),
+                     torch.empty(m, n, dtype=torch.float16, device=bench.device)) for _ in range(max(counts))]
+        for count in counts:
+            if bench.left_s() < 45:
+                bench.log(f"concurrency: out of time at {m}x{n}x{k} x{count}")
+                table.close()
+                return
+            for mode in ("sequential", "concurrent"):
+                samples = []
+                for repeat in range(12):
+                    bench.flush.fill_(1.0)
+                    if not bench.cuda:
+                        start = time.perf_counter()
+                        for a, b, c in operands[:count]:
+                            torch.matmul(a, b, out=c)
+                        samples.append((time.perf_counter() - start) * 1e3)
+                        continue
+                    main = torch.cuda.current_stream()
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record(main)
+                    if mode == "sequential":
+                        for a, b, c in operands[:count]:
+                            torch.matmul(a, b, out=c)
+                    else:
+                        for stream, (a, b, c) in zip(streams, operands[:count]):
+                            stream.wait_event(begin)
+                            with torch.cuda.stream(stream):
+                                torch.matmul(a, b, out=c)
+                        for stream in streams[:count]:
+                            main.wait_stream(stream)
+                    end.record(main)
+                    end.synchronize()
+                    if repeat >= 2:  # the first two warm up the streams and the library
+                        samples.append(begin.elapsed_time(end))
+                table.add({"m": m, "n": n, "k": k, "dtype": "fp16", "count": count, "mode": mode,
+                           "ms": statistics.median(samples), "ms_min": min(samples), "repeats": len(samples)})
+        del operands
+    table.close()
+    bench.log(f"concurrency: {table.rows} cases")
+
+
 # -- optimizers -----------------------------------------------------------------------------------
 def models(dry: bool) -> dict[str, list[tuple[int, ...]]]:
     """Parameter shapes of the optimizer models, from Hugging Face ``transformers`` (on the meta device)."""
@@ -499,11 +586,12 @@ def optimizers(bench: Bench, out: Path, shapes: dict[str, list[tuple[int, ...]]]
 
 
 # -- a profiled training step ----------------------------------------------------------------------
-def training_trace(bench: Bench, out: Path, dry: bool) -> None:
+def training_trace(bench: Bench, out: Path, dry: bool, name: str = "gpt2_train_step", **sizes: int) -> None:
+    """A profiled forward + backward step of GPT-2 (``sizes``: GPT2Config fields, e.g. fewer layers)."""
     from torch.profiler import ProfilerActivity, profile, schedule
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000) if dry else GPT2Config()
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000) if dry else GPT2Config(**sizes)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(bench.device)
     if bench.cuda:
         model = model.half()
@@ -529,9 +617,10 @@ def training_trace(bench: Bench, out: Path, dry: bool) -> None:
                 bench.sync()
                 prof.step()
         prof.export_chrome_trace(path)
-        with open(path, "rb") as source, gzip.open(out / "gpt2_train_step.json.gz", "wb") as target:
+        with open(path, "rb") as source, gzip.open(out / f"{name}.json.gz", "wb") as target:
             target.write(source.read())
-    bench.log(f"trace: GPT-2 small fp16 forward+backward, batch {batch} x {sequence}: {iteration_ms:.3f} ms per step")
+    bench.log(f"trace {name}: GPT-2 {sizes or 'small'} fp16 forward+backward, batch {batch} x {sequence}: "
+              f"{iteration_ms:.3f} ms per step")
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -602,6 +691,10 @@ def main() -> int:
     if shapes:
         section("optimizer", lambda: optimizers(bench, args.out, shapes))
     section("trace", lambda: training_trace(bench, args.out, args.dry_run))
+    section("memory", lambda: memory(bench, args.out, args.dry_run))
+    section("concurrency", lambda: concurrency(bench, args.out, args.dry_run))
+    section("small_trace", lambda: training_trace(bench, args.out, args.dry_run, name="gpt2_2layers_train_step",
+                                                  n_layer=2, vocab_size=8192))
     log("done")
     return 0
 
