@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusim.config import load_gpu_config
-from gpusim.hw.hbm import AddressMap, HbmChannel
+from gpusim.hw.hbm import AddressMap, HbmChannel, bank_of
 
 GPU = load_gpu_config("t3-table8.1")
 
@@ -78,3 +78,33 @@ def test_updates_to_one_group_are_slower_than_writes():
     _, channel = fresh()
     update_end = max(channel.access(i * stride, address_map.row_bytes, "update", 0.0) for i in range(16))
     assert update_end / write_end == pytest.approx(GPU.hbm.t_ccd_wl_cycles / GPU.hbm.t_ccd_l_cycles, rel=0.1)
+
+
+def test_bank_xor_spreads_rows_a_bank_span_apart_over_banks():
+    """Without hashing, pieces a multiple of the bank count apart share a bank; with the row bits
+    folded into the bank index they do not, and every bank still holds one piece of each span."""
+    groups, per_group = GPU.hbm.bank_groups, GPU.hbm.banks_per_group
+    banks = groups * per_group
+    pieces = [row * banks for row in (0, banks, 2 * banks, 3 * banks)]  # rows 0, 16, 32, 48 of 16 banks
+    plain = {bank_of(piece, groups, per_group, False)[0] for piece in pieces}
+    hashed = {bank_of(piece, groups, per_group, True)[0] for piece in pieces}
+    assert len(plain) == 1 and len(hashed) == len(pieces)
+    for row in range(40):
+        slots = {bank_of(row * banks + i, groups, per_group, True)[0] for i in range(banks)}
+        assert slots == set(range(banks))
+
+
+def test_channel_timing_uses_the_hashed_bank():
+    hashed = GPU.hbm.model_copy(update={"bank_xor": True})
+    address_map = AddressMap(hashed, GPU.memctrl.max_request_bytes)
+    channel = HbmChannel(hashed, address_map)
+    span = address_map.row_bytes * GPU.hbm.banks_per_channel
+    channel.access(0, 64, "read", 0.0)
+    assert channel.row_is_open(0)
+    assert address_map.bank_row(span)[0] != address_map.bank_row(0)[0]
+    assert not channel.row_is_open(span)  # another bank, no row open there yet
+
+
+def test_bank_xor_needs_a_power_of_two_bank_count():
+    with pytest.raises(ValueError, match="bank_xor needs a power-of-two number of banks"):
+        type(GPU.hbm)(**{**GPU.hbm.model_dump(), "bank_groups": 3, "bank_xor": True})

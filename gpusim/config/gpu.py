@@ -142,6 +142,12 @@ class HbmConfig(Model):
         Simulation granularity: this many physical channels are simulated as one channel working
         in lockstep (bursts, rows and interleave units ``lockstep_channels`` times wider; the same
         bandwidth and timing).  Fewer, wider channels cost fewer simulated requests.
+    bank_xor
+        Permutation-based bank interleaving (Zhang, Zhu and Zhang, MICRO 2000): the bank index is
+        XORed with the row's bits, folded to the bank index's width, as memory controllers hash addresses, so that streams
+        whose addresses differ by a multiple of a channel's bank span (tensors of a size such as
+        3 x 2^22 elements on 12 channels) fall into different banks instead of taking turns opening
+        rows in one.  Needs a power-of-two bank count.  ``False`` keeps the plain rotation.
     """
 
     stacks: PositiveInt
@@ -168,6 +174,15 @@ class HbmConfig(Model):
     interleave_bytes: Bytes = 4096
     capacity_bytes: Bytes = 32 * 2**30
     lockstep_channels: PositiveInt = 1
+    bank_xor: bool = False
+
+    @model_validator(mode="after")
+    def _xor_needs_power_of_two_banks(self) -> HbmConfig:
+        banks = self.bank_groups * self.banks_per_group
+        if self.bank_xor and banks & (banks - 1):
+            raise ValueError(f"bank_xor needs a power-of-two number of banks per channel; "
+                             f"bank_groups x banks_per_group = {banks}")
+        return self
 
     @property
     def channels(self) -> int:

@@ -11,7 +11,8 @@ arithmetically: a channel costs no simulation events of its own.
 
 Address mapping (low to high bits): ``interleave_bytes`` of contiguous addresses on one channel,
 then the channel, then the next unit of the same channel.  Inside a channel, row-sized pieces
-rotate over bank groups first, then over the banks of a group, then rows.
+rotate over bank groups first, then over the banks of a group, then rows; with ``bank_xor`` the
+bank slot is XORed with the folded bits of the row (:func:`bank_of`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ UPDATE = "update"
 """Near-bank op-and-store: the bank reads, combines and writes back the incoming data."""
 
 KINDS = (READ, WRITE, UPDATE)
+
+
+def bank_of(piece: int, groups: int, per_group: int, xor: bool) -> tuple[int, int, int]:
+    """``(bank, bank_group, row)`` of the ``piece``-th row-sized piece of a channel: pieces rotate
+    over bank groups, then the banks of a group, then rows; with ``xor`` the rotation's slot is
+    XORed with every bank-index-wide group of the row's bits (permutation-based interleaving with
+    the row folded, so that rows a multiple of the bank count apart still land in different banks)."""
+    banks = groups * per_group
+    row = piece // banks
+    slot = piece % banks
+    if xor:
+        folded = row
+        while folded:
+            slot ^= folded % banks
+            folded //= banks
+    group = slot % groups
+    return group * per_group + slot // groups, group, row
 
 
 class AddressMap:
@@ -49,6 +67,7 @@ class AddressMap:
         self.row_bytes = hbm.sim_row_bytes
         self.bank_groups = hbm.bank_groups
         self.banks_per_group = hbm.banks_per_group
+        self.bank_xor = hbm.bank_xor
         self.max_request = max(int(max_request_bytes) * hbm.lockstep_channels, self.interleave)
 
     def split(self, addr: int, nbytes: int) -> list[tuple[int, int, int]]:
@@ -92,12 +111,8 @@ class AddressMap:
 
     def bank_row(self, ch_addr: int) -> tuple[int, int]:
         """Bank index and row of the byte at channel address ``ch_addr``."""
-        piece = ch_addr // self.row_bytes
-        groups = self.bank_groups
-        group = piece % groups
-        return group * self.banks_per_group + (piece // groups) % self.banks_per_group, piece // (
-            groups * self.banks_per_group
-        )
+        bank, _, row = bank_of(ch_addr // self.row_bytes, self.bank_groups, self.banks_per_group, self.bank_xor)
+        return bank, row
 
     def segments(self, ch_addr: int, nbytes: int):
         """Yield ``(bank, bank_group, row, nbytes)`` for the row segments of a channel range."""
@@ -107,9 +122,8 @@ class AddressMap:
         while position < end:
             piece = position // row_bytes
             take = min((piece + 1) * row_bytes, end) - position
-            group = piece % groups
-            bank = group * per_group + (piece // groups) % per_group
-            yield bank, group, piece // (groups * per_group), take
+            bank, group, row = bank_of(piece, groups, per_group, self.bank_xor)
+            yield bank, group, row, take
             position += take
 
 
@@ -154,6 +168,7 @@ class HbmChannel:
         self.map = address_map
         self._geometry = (address_map.row_bytes, address_map.bank_groups, address_map.banks_per_group,
                           address_map.bank_groups * address_map.banks_per_group)
+        self.bank_xor = address_map.bank_xor
         self.burst_bytes = hbm.sim_burst_bytes
         self.t_rp = cycles_to_ns(hbm.t_rp_cycles, clock)
         self.t_rcd = cycles_to_ns(hbm.t_rcd_cycles, clock)
@@ -203,6 +218,7 @@ class HbmChannel:
             self.last_write = is_write
         end = now
         row_bytes, groups, per_group, banks = self._geometry
+        xor = self.bank_xor
         open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
         burst = self.burst_bytes
         t_ccd_s, t_ras, t_rp, t_rcd = self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd
@@ -218,9 +234,15 @@ class HbmChannel:
                 segment_stop = stop
             size = segment_stop - position
             position = segment_stop
-            group = piece % groups
-            bank = group * per_group + (piece // groups) % per_group
             row = piece // banks
+            slot = piece % banks
+            if xor:  # bank_of, inlined: this loop runs for every row segment of every request
+                folded = row
+                while folded:
+                    slot ^= folded % banks
+                    folded //= banks
+            group = slot % groups
+            bank = group * per_group + slot // groups
             if open_row[bank] == row:
                 ready = bank_free[bank]
                 row_hits += 1
