@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
 from gpusim.ops import as_int
 
@@ -168,14 +169,11 @@ queued behind the kernel that flushes the L2, so that the host's per-call cost i
 events' own cost is not.  The 1024-element copy's cold time (3.78 us) less the model's 0.49 us span
 of that kernel.  It takes the place of the preset's host per-call cost (``kernel_launch_ns``)."""
 
-ROW_MAJOR_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
-
-
 def aligned_rows(frame: pd.DataFrame) -> pd.Series:
     """Whether every operand row of each GEMM (A, B and C; row-major, with the transposes) starts on
     a 16-byte boundary, which vectorized and TMA loads need.  cuBLAS runs the others in fallback
     kernels the model does not have (docs/validation.md)."""
-    size = frame["dtype"].map(ROW_MAJOR_BYTES)
+    size = frame["dtype"].map(DTYPE_BYTES)
     lda = frame["m"].where(frame["trans_a"].astype(bool), frame["k"])
     ldb = frame["k"].where(frame["trans_b"].astype(bool), frame["n"])
     return ((lda * size) % 16 == 0) & ((ldb * size) % 16 == 0) & ((frame["n"] * size) % 16 == 0)

@@ -144,10 +144,11 @@ class HbmConfig(Model):
         bandwidth and timing).  Fewer, wider channels cost fewer simulated requests.
     bank_xor
         Permutation-based bank interleaving (Zhang, Zhu and Zhang, MICRO 2000): the bank index is
-        XORed with the row's bits, folded to the bank index's width, as memory controllers hash addresses, so that streams
-        whose addresses differ by a multiple of a channel's bank span (tensors of a size such as
-        3 x 2^22 elements on 12 channels) fall into different banks instead of taking turns opening
-        rows in one.  Needs a power-of-two bank count.  ``False`` keeps the plain rotation.
+        XORed with the row's bits folded to the bank index's width, as memory controllers hash
+        addresses, so that streams whose addresses differ by a multiple of a channel's bank span
+        (tensors of a size such as 3 x 2^22 elements on 12 channels) fall into different banks
+        instead of taking turns opening rows in one.  Needs a power-of-two bank count.  ``False``
+        keeps the plain rotation.
     """
 
     stacks: PositiveInt

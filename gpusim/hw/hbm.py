@@ -114,18 +114,6 @@ class AddressMap:
         bank, _, row = bank_of(ch_addr // self.row_bytes, self.bank_groups, self.banks_per_group, self.bank_xor)
         return bank, row
 
-    def segments(self, ch_addr: int, nbytes: int):
-        """Yield ``(bank, bank_group, row, nbytes)`` for the row segments of a channel range."""
-        row_bytes, groups, per_group = self.row_bytes, self.bank_groups, self.banks_per_group
-        end = ch_addr + nbytes
-        position = ch_addr
-        while position < end:
-            piece = position // row_bytes
-            take = min((piece + 1) * row_bytes, end) - position
-            bank, group, row = bank_of(piece, groups, per_group, self.bank_xor)
-            yield bank, group, row, take
-            position += take
-
 
 @dataclass
 class ChannelStats:
