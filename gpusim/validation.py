@@ -169,6 +169,10 @@ queued behind the kernel that flushes the L2, so that the host's per-call cost i
 events' own cost is not.  The 1024-element copy's cold time (3.78 us) less the model's 0.49 us span
 of that kernel.  It takes the place of the preset's host per-call cost (``kernel_launch_ns``)."""
 
+H200_COLD_OVERRIDES = {"gpu.kernel_launch_ns": H200_COLD_CALL_NS}
+"""The preset overrides under which a simulated call compares with an H200 ``cold_ms`` time."""
+
+
 def aligned_rows(frame: pd.DataFrame) -> pd.Series:
     """Whether every operand row of each GEMM (A, B and C; row-major, with the transposes) starts on
     a 16-byte boundary, which vectorized and TMA loads need.  cuBLAS runs the others in fallback
@@ -182,21 +186,25 @@ def aligned_rows(frame: pd.DataFrame) -> pd.Series:
 def _h200_gemm_point(row: pd.Series) -> dict[str, Any]:
     return {"kind": "gemm", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
             "dtype": str(row["dtype"]), "trans_a": bool(row["trans_a"]), "trans_b": bool(row["trans_b"]),
-            "overrides": {"gpu.kernel_launch_ns": H200_COLD_CALL_NS}}
+            "overrides": dict(H200_COLD_OVERRIDES)}
 
 
 def _h200_streaming_point(row: pd.Series) -> dict[str, Any]:
     shape = ({"elements": int(row["elements"])} if row["op"] == "elementwise"
              else {"rows": int(row["rows"]), "cols": int(row["cols"])})
     return {"kind": str(row["op"]), "system": "h200-sxm", "op": str(row["kind"]), "dtype": str(row["dtype"]), **shape,
-            "overrides": {"gpu.kernel_launch_ns": H200_COLD_CALL_NS}}
+            "overrides": dict(H200_COLD_OVERRIDES)}
 
 
-def _where(column: str, value: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
+def _h200_streaming(name: str, op: str, description: str) -> DataSet:
+    """The rows of ``op`` (``elementwise`` or ``rowreduce``) of the H200's streaming.csv, cold L2."""
+
     def select(frame: pd.DataFrame) -> pd.DataFrame:
-        return frame[frame[column] == value]
+        return frame[frame["op"] == op]
 
-    return select
+    return DataSet(name=name, description=description, file="h200/streaming.csv", system="h200-sxm",
+                   point=_h200_streaming_point, measured_s=_ms("cold_ms"), tolerances={"median": 0.20},
+                   select=select, group="kind", plot_x="elements", plot_by="kind")
 
 
 ALLREDUCE_MIN_BYTES = 2**20
@@ -295,34 +303,12 @@ DATASETS: dict[str, DataSet] = {
             select=lambda frame: frame[aligned_rows(frame)],
             group="set",
         ),
-        DataSet(
-            name="elementwise-h200",
-            description="PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, tanh) "
-            "over 2^10-2^30 values on an H200; cold L2",
-            file="h200/streaming.csv",
-            system="h200-sxm",
-            point=_h200_streaming_point,
-            measured_s=_ms("cold_ms"),
-            tolerances={"median": 0.20},
-            select=_where("op", "elementwise"),
-            group="kind",
-            plot_x="elements",
-            plot_by="kind",
-        ),
-        DataSet(
-            name="rowreduce-h200",
-            description="PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes "
-            "on an H200; cold L2",
-            file="h200/streaming.csv",
-            system="h200-sxm",
-            point=_h200_streaming_point,
-            measured_s=_ms("cold_ms"),
-            tolerances={"median": 0.20},
-            select=_where("op", "rowreduce"),
-            group="kind",
-            plot_x="elements",
-            plot_by="kind",
-        ),
+        _h200_streaming("elementwise-h200", "elementwise",
+                        "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, tanh) "
+                        "over 2^10-2^30 values on an H200; cold L2"),
+        _h200_streaming("rowreduce-h200", "rowreduce",
+                        "PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes "
+                        "on an H200; cold L2"),
         DataSet(
             name="allreduce-dgx-a100",
             description="vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 GPUs in a node and "

@@ -81,7 +81,7 @@ def test_h200_unaligned_gemms_within_tolerance():
     dataset = validation.get("gemm-h200")
     rows = pd.read_csv(validation.MEASURED_DIR / dataset.file)
     unaligned = rows[~validation.aligned_rows(rows)]
-    chosen = validation.sample(unaligned.assign(measured_s=unaligned["cold_ms"] * 1e-3), 8, seed=1)
+    chosen = validation.sample(unaligned.assign(measured_s=dataset.measured_s(unaligned)), 8, seed=1)
     frame = validation.compare(dataset, chosen, workers=1, progress=False)
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
 
@@ -111,7 +111,7 @@ def test_h200_skinny_gemm_streams_its_weights_at_the_measured_bandwidth():
     tiles the runs are 128 bytes and the GEMM streams B as measured (0.141 ms cold)."""
     measured = pd.read_csv(validation.MEASURED_DIR / "h200" / "gemm.csv").query(
         "m == 1 and n == 32768 and k == 8192")["cold_ms"].iloc[0] * 1e-3
-    system = gpusim.load_system("h200-sxm").with_overrides({"gpu.kernel_launch_ns": validation.H200_COLD_CALL_NS})
+    system = gpusim.load_system("h200-sxm").with_overrides(validation.H200_COLD_OVERRIDES)
     assert gpusim.run(system, ops.Gemm(1, 32768, 8192, trans_b=True)).time_s == pytest.approx(measured, rel=0.15)
 
 
@@ -121,7 +121,7 @@ def test_h200_skinny_gemm_streams_its_weights_at_the_measured_bandwidth():
 def test_h200_concurrent_gemms_gain_what_was_measured():
     measured = pd.read_csv(validation.MEASURED_DIR / "h200" / "concurrency.csv").query(
         "m == 2048 and n == 2048 and k == 2048 and count == 2").set_index("mode")["ms"]
-    system = gpusim.load_system("h200-sxm").with_overrides({"gpu.kernel_launch_ns": validation.H200_COLD_CALL_NS})
+    system = gpusim.load_system("h200-sxm").with_overrides(validation.H200_COLD_OVERRIDES)
     sequential = gpusim.run(system, [ops.Gemm(2048, 2048, 2048) for _ in range(2)]).time_s
     concurrent = gpusim.run(system, [ops.Gemm(2048, 2048, 2048) for _ in range(2)], streams=["a", "b"]).time_s
     assert sequential / concurrent == pytest.approx(measured["sequential"] / measured["concurrent"], abs=0.05)
