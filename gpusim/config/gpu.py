@@ -421,12 +421,15 @@ class GpuConfig(Model):
     vector_efficiency
         Calibrated fraction of the vector peak that element-wise kernels sustain.
     kernel_launch_ns
-        Time from a kernel reaching the head of its stream to its first workgroup starting.
+        What one launch call costs the host thread that issues the rank's kernels (the framework's
+        per-call cost), which is also when the kernel of an idle GPU starts after the call began;
+        the host issues its launches one after another without waiting for the GPU
+        (:mod:`gpusim.sched.executor`).
     dependent_launch_ns
-        Gap between a kernel's end and the start of the next kernel that the same library call has
-        already queued behind it on the stream (a split-K GEMM's reduction): the command
-        processor's completion-to-dispatch latency, with no host in the loop.  The default is the
-        A100's, measured in a public Kineto trace (``validation/calibration/launch_gaps.py``).
+        Gap between a kernel's end and the start of the next kernel already queued behind it (by
+        the host running ahead, or by the same library call, as a split-K GEMM's reduction): the
+        command processor's completion-to-dispatch latency, with no host in the loop.  The default
+        is the A100's, measured in a public Kineto trace (``validation/calibration/launch_gaps.py``).
     gemm_pipeline_stages
         Shared-memory stages of the architecture's BLAS GEMM kernels: K-tiles held in LDS, the one
         being computed and those loaded ahead of it.  2 (double buffering) where loads pass

@@ -607,9 +607,9 @@ def execute_collective(ctx, op):
         yield from dma_ring(ctx, kind, group, op.nbytes, inp, flags)
         ctx.info.update(impl=f"dma_ring_{kind}")
         return
-    overhead = ctx.gpu.config.kernel_launch_ns + ctx.config.collectives.launch_ns + protocol.base_latency_ns
+    set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
     if algorithm == "hierarchical":
-        yield from _hierarchical(ctx, op, group, inp, out, flags, overhead)
+        yield from _hierarchical(ctx, op, group, inp, out, flags, set_up)
         return
     stage = ctx.tensor(None, chunk * (n if algorithm == "direct" else 2))
     if algorithm == "ring":  # never for all-to-all (the op refuses it, and auto picks direct)
@@ -617,11 +617,11 @@ def execute_collective(ctx, op):
                             wire_efficiency=protocol.wire_efficiency)
     else:
         kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
-    yield from ctx.launch(kernel.kernel, overhead)
+    yield from ctx.launch(kernel.kernel, latency_ns=set_up)
     ctx.info.update(impl=kernel.kernel.info["impl"], channels=channels, protocol=protocol.name)
 
 
-def _hierarchical(ctx, op, group, inp, out, flags, overhead):
+def _hierarchical(ctx, op, group, inp, out, flags, set_up):
     """Reduce-scatter inside the node, all-reduce across nodes, all-gather inside the node (all-reduce
     only: the other collectives refuse the algorithm)."""
     local, cross = _node_groups(ctx, group)
@@ -634,7 +634,7 @@ def _hierarchical(ctx, op, group, inp, out, flags, overhead):
         channels = _channels_for(ctx, op, math.ceil(size / len(ranks)))
         cross_stage = ctx.tensor(None, math.ceil(size / len(ranks)) * 2) if phase == "ar" else stage
         kernel = RingKernel(ctx, phase, ranks, size, inp, out, cross_stage, flags, channels, tag=tag)
-        yield from ctx.launch(kernel.kernel, overhead)
+        yield from ctx.launch(kernel.kernel, latency_ns=set_up)
     ctx.info.update(impl="hierarchical_ar")
 
 

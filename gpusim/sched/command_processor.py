@@ -321,7 +321,7 @@ class CommandProcessor:
         packet.degree = degree
         packet.released_ns = self.env.now
         self.dispatching[op.uid] = packet
-        finished = self.executor.submit(op, self.rank, packet.stream)
+        finished = self.executor.submit(op, self.rank, packet.stream, preissued=True)
         finished.callbacks.append(lambda _event, packet=packet, uid=op.uid: self._on_done(packet, uid))
 
     def _on_dispatched(self, run: KernelRun) -> None:

@@ -4,6 +4,16 @@ An op runs on a rank inside an :class:`OpContext`, which gives it the rank's GPU
 way to launch kernels.  Ops on one stream of a rank run one after another; ops on different
 streams run concurrently and share the GPU.  Collectives additionally share per-op state across
 the ranks that take part (flags that say a neighbour's data has arrived).
+
+Each rank has one host thread that issues its kernels asynchronously, as a framework does: every
+launch call costs it ``GpuConfig.kernel_launch_ns``, one after another in the order the launches
+are made, and it never waits for the GPU.  A kernel starts at the later of its launch call's return
+and its predecessor's end plus the GPU's completion-to-dispatch latency
+(``GpuConfig.dependent_launch_ns``).  So a stream of short kernels is bound by the host (one kernel
+per launch cost) and a stream of long kernels by the GPU (gaps of the dispatch latency): the host
+runs ahead of the GPU.  Ops whose kernels were issued before the run (a command processor's
+packets, :mod:`gpusim.sched.command_processor`) bypass the host: each kernel waits the launch
+cost from its release (the dispatch latency for a kernel queued behind its op's previous one).
 """
 
 from __future__ import annotations
@@ -63,12 +73,20 @@ class OpContext:
         The op, the rank it runs on, that rank's (simulated) GPU and the stream.
     group
         The ranks the op spans.
+    preissued
+        The op's kernels were issued before the run: they bypass the rank's host thread.
+    follows
+        The next kernel follows GPU work that just ended (the op's dependencies, or its previous
+        kernel), so the GPU's completion-to-dispatch latency applies to it.
     info
         Facts the executor adds to the op's record (implementation, FLOPs, bytes...).
     """
 
-    def __init__(self, executor: Executor, op: Op, rank: int, stream: Stream, group: list[int]):
+    def __init__(self, executor: Executor, op: Op, rank: int, stream: Stream, group: list[int],
+                 preissued: bool = False, follows: bool = False):
         self.executor = executor
+        self.preissued = preissued
+        self.follows = follows
         self.machine = executor.machine
         self.sim = executor.sim
         self.env = executor.sim.env
@@ -101,24 +119,38 @@ class OpContext:
         """State shared by all ranks taking part in this op (e.g. arrival flags)."""
         return self.executor.shared.setdefault(self.op.uid, {})
 
-    def launch(self, kernel: Kernel, overhead_ns: float | None = None) -> Generator[Event, Any, KernelRun]:
-        """Launch ``kernel`` on this rank's GPU after the launch overhead; return when it ends.
+    def launch(self, kernel: Kernel, host_ns: float | None = None,
+               latency_ns: float = 0.0) -> Generator[Event, Any, KernelRun]:
+        """Launch ``kernel`` on this rank's GPU; return when it ends.
 
-        After the overhead the kernel waits for its stream's hardware queue to finish the kernel
+        The rank's host thread issues the launch after its earlier ones, which costs it
+        ``host_ns`` (default: the GPU's ``kernel_launch_ns``; 0 for a kernel the same library call
+        queues behind the previous one, such as a split-K GEMM's reduction).  The kernel is ready
+        at the later of that issue and now, plus the GPU's ``dependent_launch_ns`` where it
+        follows GPU work (:attr:`follows`), then ``latency_ns`` more (device-side set-up such as a
+        collective's), ns.  It then waits for its stream's hardware queue to finish the kernel
         before it (:mod:`gpusim.hw.queues`).  The kernel's ``info`` gains the launching op's
         ``op_id`` (kept in ``Result.kernels``).
         """
         if kernel.cu_mask is None and self.cu_mask is not None:
             kernel.cu_mask = self.cu_mask
         kernel.info.setdefault("op_id", self.op.uid)
-        delay = self.gpu.config.kernel_launch_ns if overhead_ns is None else overhead_ns
-        if delay:
-            yield self.env.timeout(delay)
+        config = self.gpu.config
+        cost = config.kernel_launch_ns if host_ns is None else host_ns
+        if self.preissued:  # released by a command processor: the launch latency, or the dispatch gap
+            ready = self.env.now + (cost or config.dependent_launch_ns)
+        else:
+            gap = config.dependent_launch_ns if self.follows else 0.0
+            ready = max(self.executor.issue(self.rank, cost), self.env.now + gap)
+        ready += latency_ns
+        if ready > self.env.now:
+            yield self.env.timeout(ready - self.env.now)
         queue = self.gpu.queues.queue(self.stream.name, masked=self.stream.cu_mask is not None)
         with queue.request() as turn:
             yield turn
             run = self.gpu.dispatcher.launch(kernel)
             yield run.done
+        self.follows = True
         self.sim.recorder.span(
             Span(kernel.name, "kernel", self.rank, self.stream.name, run.start_ns, run.end_ns, dict(kernel.info))
         )
@@ -145,6 +177,14 @@ class Executor:
         self.shared: dict[int, dict[str, Any]] = {}
         self._tensors: dict[int, dict[str, Buffer]] = {}
         self._on_op_done = on_op_done
+        self._host_ns: dict[int, float] = {}
+
+    def issue(self, rank: int, cost_ns: float) -> float:
+        """Issue a launch call on ``rank``'s host thread, which it keeps busy for ``cost_ns``;
+        return when the call returns, ns (the host never waits for the GPU)."""
+        returned = self._host_ns.get(rank, 0.0) + cost_ns
+        self._host_ns[rank] = returned
+        return returned
 
     def tensor(self, rank: int, name: str | None, nbytes: int, cached: bool, op: Op) -> Buffer:
         """See :meth:`OpContext.tensor`."""
@@ -169,17 +209,21 @@ class Executor:
                 )
         return ranks
 
-    def submit(self, op: Op, rank: int, stream: Stream, after: list[Event] | None = None) -> Event:
-        """Run ``op`` on ``rank`` once every event in ``after`` has fired; return its completion event."""
+    def submit(self, op: Op, rank: int, stream: Stream, after: list[Event] | None = None,
+               preissued: bool = False) -> Event:
+        """Run ``op`` on ``rank`` once every event in ``after`` has fired; return its completion event.
+
+        ``preissued``: the op's kernels were issued before the run (they bypass the host thread).
+        """
         done = self.sim.event()
-        self.sim.process(self._execute(op, rank, stream, after or [], done))
+        self.sim.process(self._execute(op, rank, stream, after or [], done, preissued))
         return done
 
-    def _execute(self, op: Op, rank: int, stream: Stream, after: list[Event], done: Event):
+    def _execute(self, op: Op, rank: int, stream: Stream, after: list[Event], done: Event, preissued: bool):
         for event in after:
             if not event.processed:
                 yield event
-        ctx = OpContext(self, op, rank, stream, self.group_of(op))
+        ctx = OpContext(self, op, rank, stream, self.group_of(op), preissued, follows=bool(after))
         start = self.sim.now
         yield from op.run_on(ctx)
         end = self.sim.now
