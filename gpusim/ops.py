@@ -567,6 +567,7 @@ class Delay(Op):
         return f"delay {self.seconds * 1e6:.3g} us"
 
     def run_on(self, ctx: OpContext):
+        yield from ctx.wait_for_issue()
         yield ctx.sim.timeout(self.seconds * 1e9)
 
 

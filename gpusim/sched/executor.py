@@ -78,15 +78,19 @@ class OpContext:
     follows
         The next kernel follows GPU work that just ended (the op's dependencies, or its previous
         kernel), so the GPU's completion-to-dispatch latency applies to it.
+    issue_ns
+        When the host's launch call of the op's first kernel returned, measured (a replayed trace's
+        ``issue_s``), ns; ``None``: the host thread's model.
     info
         Facts the executor adds to the op's record (implementation, FLOPs, bytes...).
     """
 
     def __init__(self, executor: Executor, op: Op, rank: int, stream: Stream, group: list[int],
-                 preissued: bool = False, follows: bool = False):
+                 preissued: bool = False, follows: bool = False, issue_ns: float | None = None):
         self.executor = executor
         self.preissued = preissued
         self.follows = follows
+        self.issue_ns = issue_ns
         self.machine = executor.machine
         self.sim = executor.sim
         self.env = executor.sim.env
@@ -119,6 +123,15 @@ class OpContext:
         """State shared by all ranks taking part in this op (e.g. arrival flags)."""
         return self.executor.shared.setdefault(self.op.uid, {})
 
+    def wait_for_issue(self) -> Generator[Event, Any, None]:
+        """Wait until the host issued this op, where that was measured (``issue_ns``); an op that
+        runs no kernel (a measured copy replayed as a delay) starts no earlier."""
+        if self.issue_ns is not None and not self.preissued:
+            at = self.executor.issue(self.rank, 0.0, self.issue_ns)
+            self.issue_ns = None
+            if at > self.env.now:
+                yield self.env.timeout(at - self.env.now)
+
     def launch(self, kernel: Kernel, host_ns: float | None = None,
                latency_ns: float = 0.0) -> Generator[Event, Any, KernelRun]:
         """Launch ``kernel`` on this rank's GPU; return when it ends.
@@ -141,7 +154,8 @@ class OpContext:
             ready = self.env.now + (cost or config.dependent_launch_ns)
         else:
             gap = config.dependent_launch_ns if self.follows else 0.0
-            ready = max(self.executor.issue(self.rank, cost), self.env.now + gap)
+            ready = max(self.executor.issue(self.rank, cost, self.issue_ns), self.env.now + gap)
+            self.issue_ns = None
         ready += latency_ns
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
@@ -179,11 +193,13 @@ class Executor:
         self._on_op_done = on_op_done
         self._host_ns: dict[int, float] = {}
 
-    def issue(self, rank: int, cost_ns: float) -> float:
+    def issue(self, rank: int, cost_ns: float, at_ns: float | None = None) -> float:
         """Issue a launch call on ``rank``'s host thread, which it keeps busy for ``cost_ns``;
-        return when the call returns, ns (the host never waits for the GPU)."""
-        returned = self._host_ns.get(rank, 0.0) + cost_ns
-        self._host_ns[rank] = returned
+        return when the call returns, ns (the host never waits for the GPU).  ``at_ns``: the call
+        returned then, measured (the host's later calls follow it)."""
+        last = self._host_ns.get(rank, 0.0)
+        returned = last + cost_ns if at_ns is None else at_ns
+        self._host_ns[rank] = max(last, returned)
         return returned
 
     def tensor(self, rank: int, name: str | None, nbytes: int, cached: bool, op: Op) -> Buffer:
@@ -210,20 +226,22 @@ class Executor:
         return ranks
 
     def submit(self, op: Op, rank: int, stream: Stream, after: list[Event] | None = None,
-               preissued: bool = False) -> Event:
+               preissued: bool = False, issue_ns: float | None = None) -> Event:
         """Run ``op`` on ``rank`` once every event in ``after`` has fired; return its completion event.
 
         ``preissued``: the op's kernels were issued before the run (they bypass the host thread).
+        ``issue_ns``: when the host's call that launched its first kernel returned, measured, ns.
         """
         done = self.sim.event()
-        self.sim.process(self._execute(op, rank, stream, after or [], done, preissued))
+        self.sim.process(self._execute(op, rank, stream, after or [], done, preissued, issue_ns))
         return done
 
-    def _execute(self, op: Op, rank: int, stream: Stream, after: list[Event], done: Event, preissued: bool):
+    def _execute(self, op: Op, rank: int, stream: Stream, after: list[Event], done: Event, preissued: bool,
+                 issue_ns: float | None):
         for event in after:
             if not event.processed:
                 yield event
-        ctx = OpContext(self, op, rank, stream, self.group_of(op), preissued, follows=bool(after))
+        ctx = OpContext(self, op, rank, stream, self.group_of(op), preissued, follows=bool(after), issue_ns=issue_ns)
         start = self.sim.now
         yield from op.run_on(ctx)
         end = self.sim.now

@@ -67,7 +67,12 @@ def compare(ops: pd.DataFrame, measured_span_s: float | None = None, kernels: pd
     rows = [_row(klass, compared[compared["kernel_class"] == klass]) for klass in present]
     rows.append(_row("all kernels", compared))
     if measured_span_s:
-        span = float(ops["end_s"].max() - ops["start_s"].min())
+        # the GPU's work: a delay lasts its measured time up to its end, an op begins with its first kernel
+        starts = ops["start_s"].where(ops["kind"] != "delay", ops["end_s"] - ops["measured_s"])
+        if kernels is not None and len(kernels):
+            first = kernels.groupby(["op_id", "gpu"])["start_s"].min().rename("first")
+            starts = ops.join(first, on=["op_id", "gpu"])["first"].fillna(starts)
+        span = float(ops["end_s"].max() - starts.min())
         delayed = compared[~compared["modelled"]]
         rows.append({"kernel_class": "iteration", "kernels": len(compared), "measured_s": measured_span_s,
                      "simulated_s": span,

@@ -29,9 +29,12 @@ with the reason.
 
 Dependencies: kernels on one stream run in order; a kernel that started later than both its launch
 and its stream predecessor's end was waiting for another stream, and depends on the kernel of
-another stream that ended last before it started (within :data:`WAIT_SLACK_US`).  CPU-side gaps
-(Python overhead between launches) are not replayed: kernels start as soon as their dependencies
-allow.  Several files (one per rank) can be read together; their collectives are matched by
+another stream that ended last before it started (within :data:`WAIT_SLACK_US`).  The host's
+time is replayed as measured: each row's ``issue_s`` is when its launch call returned (from the
+first launch call of its rank), and the replay issues its kernel then instead of charging the
+GPU's ``kernel_launch_ns`` (:mod:`gpusim.sched.executor`); so CPU-side gaps (Python overhead
+between launches) stay in the iteration.  A host that waited for the GPU (a synchronisation)
+waited as long as the measured GPU took, which a what-if on other hardware keeps.  Several files (one per rank) can be read together; their collectives are matched by
 process group and order.
 """
 
@@ -440,7 +443,8 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
         row = {"gpu": rank, "stream": f"stream{args.get('stream', 0)}", "name": label,
                "measured_s": duration * 1e-6, "kernel_class": klass,
                "_start_us": start, "_end_us": start + duration,
-               "_launch_us": float(launch["ts"]) if launch else start}
+               "_launch_us": float(launch["ts"]) if launch else start,
+               "_return_us": float(launch["ts"]) + float(launch.get("dur", 0.0)) if launch else math.nan}
         try:
             row.update(lower_event(event, cpu_op, launch, world))
         except UnsupportedEvent as exc:
@@ -540,7 +544,9 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     frame = pd.DataFrame(rows)
     spans = frame.groupby("gpu").agg(start=("_start_us", "min"), end=("_end_us", "max"))
     measured_span_s = {int(gpu): (row.end - row.start) * 1e-6 for gpu, row in spans.iterrows()}
-    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us"])
+    first_launch = frame["_launch_us"].where(frame["_return_us"].notna()).groupby(frame["gpu"]).transform("min")
+    frame["issue_s"] = (frame["_return_us"] - first_launch) * 1e-6
+    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us"])
     source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
     metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
                 "iteration": iteration, "measured_span_s": measured_span_s, "not_modelled": not_modelled}

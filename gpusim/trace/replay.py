@@ -3,7 +3,9 @@
 A row starts when the rows it depends on (same GPU) and the row before it on the same stream have
 finished; rows on different streams of a GPU overlap and share the GPU (e.g. a gradient all-reduce
 on a communication stream overlapping the backward GEMMs on the compute stream).  Collectives and
-send/receives synchronise their ranks inside the simulation.
+send/receives synchronise their ranks inside the simulation.  A row with ``issue_s`` (an imported
+trace's measured launch) has its kernel issued by the host then; the others by the host thread's
+model (:mod:`gpusim.sched.executor`).
 
 In ``full`` mode every GPU with rows is simulated.  In ``symmetric`` mode only GPU 0's rows are
 simulated and its neighbours' traffic is mirrored into it; the trace must then describe the same
@@ -13,6 +15,7 @@ work on every GPU (or only GPU 0's).  Repeated identical layers are simulated on
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -213,6 +216,7 @@ def replay(
     op_ids = frame["op_id"].tolist()
     gpus = frame["gpu"].tolist()
     stream_names = frame["stream"].tolist()
+    issued_ns = (frame["issue_s"].to_numpy(dtype=float) * 1e9).tolist()
     for position in np.flatnonzero(run_rows):
         op_id, gpu, stream_name = op_ids[position], gpus[position], stream_names[position]
         op = built[op_id]
@@ -221,7 +225,8 @@ def replay(
         previous = last.get((gpu, stream_name))
         if previous is not None:
             after.append(previous)
-        event = executor.submit(op, gpu, stream, after)
+        issue_ns = issued_ns[position]
+        event = executor.submit(op, gpu, stream, after, issue_ns=issue_ns if math.isfinite(issue_ns) else None)
         done[(op_id, gpu)] = last[(gpu, stream_name)] = event
         position_of[(op.uid, gpu)] = int(position)
     try:

@@ -34,6 +34,8 @@ dtype           str      element type (default ``fp16``)
 deps            ints     op_ids on the same GPU that must finish before this row starts
 delay_s         float    duration of a ``delay`` row, s
 measured_s      float    measured duration (imported traces), s; blank when unknown
+issue_s         float    when the host's launch call of the row's kernel returned, measured (imported
+                         traces), s from the first launch call; blank: the model's host thread
 inputs, output  strs     tensor names (rows naming the same tensor read the same memory)
 layer           int      index of the repeated layer the row belongs to (-1: none; see caching)
 phase           str      ``fwd``, ``bwd``, ``opt``, ``prompt``, ``decode``... (labels; used by caching)
@@ -72,7 +74,7 @@ KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "collective", "sendrecv", 
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "rows", "cols", "bytes", "layer", "step")
-FLOAT_COLUMNS = ("delay_s", "measured_s")
+FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
 BOOL_COLUMNS = ("trans_a", "trans_b")
 TEXT_COLUMNS = (
     "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
@@ -81,7 +83,7 @@ TEXT_COLUMNS = (
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
     "rows", "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm",
-    "dtype", "deps", "delay_s", "measured_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
+    "dtype", "deps", "delay_s", "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
 
@@ -307,6 +309,11 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "measured_s", f"must be >= 0 s or blank, got {measured[position]!r}")
+    issued = frame["issue_s"].to_numpy()
+    bad = issued < 0
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "issue_s", f"must be >= 0 s or blank, got {issued[position]!r}")
     classes = frame["kernel_class"]
     bad = ((classes != "") & ~classes.isin(KERNEL_CLASSES)).to_numpy()
     if bad.any():
