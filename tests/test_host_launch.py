@@ -77,3 +77,13 @@ def test_negative_issue_times_are_rejected_naming_the_field():
     trace = read_kineto(shared_data(MI250), unsupported="delay")
     with pytest.raises(gpusim.errors.TraceError, match="issue_s"):
         Trace(trace.frame.assign(issue_s=-1.0), source="bad")
+
+
+def test_the_host_s_calls_are_on_a_track_of_their_own():
+    """One call per kernel on the host lane, one after another, each kernel after its call."""
+    result = gpusim.run(H100, [ops.Elementwise("add", 2**20, "fp16") for _ in range(4)], streams=["a", "b", "a", "b"])
+    calls = sorted((span for span in result.spans if span.category == "call"), key=lambda span: span.start_ns)
+    assert [span.lane for span in calls] == ["host"] * 4
+    assert all(later.start_ns >= earlier.end_ns for earlier, later in zip(calls, calls[1:]))
+    kernel_start = {span.args["op_id"]: span.start_ns for span in result.spans if span.category == "kernel"}
+    assert all(kernel_start[call.args["op_id"]] >= call.end_ns for call in calls)

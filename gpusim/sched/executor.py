@@ -136,7 +136,8 @@ class OpContext:
                latency_ns: float = 0.0) -> Generator[Event, Any, KernelRun]:
         """Launch ``kernel`` on this rank's GPU; return when it ends.
 
-        The rank's host thread issues the launch after its earlier ones, which costs it
+        The rank's host thread issues the launch after its earlier ones (a span on the rank's
+        ``host`` lane, category ``call``, shows the call in the timeline), which costs it
         ``host_ns`` (default: the GPU's ``kernel_launch_ns``; 0 for a kernel the same library call
         queues behind the previous one, such as a split-K GEMM's reduction).  The kernel is ready
         at the later of that issue and now, plus the GPU's ``dependent_launch_ns`` where it
@@ -149,12 +150,17 @@ class OpContext:
             kernel.cu_mask = self.cu_mask
         kernel.info.setdefault("op_id", self.op.uid)
         config = self.gpu.config
-        cost = config.kernel_launch_ns if host_ns is None else host_ns
         if self.preissued:  # released by a command processor: the launch latency, or the dispatch gap
-            ready = self.env.now + (cost or config.dependent_launch_ns)
+            ready = self.env.now + (config.kernel_launch_ns if host_ns is None else config.dependent_launch_ns)
         else:
+            cost = config.kernel_launch_ns if host_ns is None else host_ns
             gap = config.dependent_launch_ns if self.follows else 0.0
-            ready = max(self.executor.issue(self.rank, cost, self.issue_ns), self.env.now + gap)
+            returned = self.executor.issue(self.rank, cost, self.issue_ns)
+            if cost or self.issue_ns is not None:  # the host's call, on the rank's "host calls" track
+                called = returned if self.issue_ns is not None else returned - cost
+                self.sim.recorder.span(Span(f"launch {kernel.name}", "call", self.rank, "host", called, returned,
+                                            {"op_id": self.op.uid}))
+            ready = max(returned, self.env.now + gap)
             self.issue_ns = None
         ready += latency_ns
         if ready > self.env.now:
