@@ -67,7 +67,8 @@ def test_measured_launches_are_replayed_as_the_host_issued_them():
     assert (first_kernel >= frame.set_index("op_id")["issue_s"].loc[first_kernel.index] - 1e-12).all()
     iteration = compare(result.ops, measured_span, result.kernels).set_index("kernel_class").loc["iteration"]
     assert iteration["error"] == pytest.approx(0.0, abs=0.02)
-    modelled_host = Trace(frame.assign(issue_s=np.nan), source="mi250 without host times")
+    modelled_host = trace.with_modelled_host()
+    assert modelled_host.frame["issue_s"].isna().all() and trace.frame["issue_s"].notna().all()
     result = gpusim.run("mi210", modelled_host)
     iteration = compare(result.ops, measured_span, result.kernels).set_index("kernel_class").loc["iteration"]
     assert iteration["simulated_s"] < 0.2 * measured_span

@@ -72,6 +72,19 @@ def test_validate_trace_reports_per_class_and_fails_loudly(tmp_path, capsys):
     assert "cannot be modelled" in capsys.readouterr().err
 
 
+def test_validate_trace_replays_the_measured_host_unless_told_to_model_it(tmp_path):
+    """The MI250 step is CPU-bound: its iteration is the measured host's, or far shorter without it."""
+    trace = str(shared_data("traces/kineto/mi250_minitoy_train_kineto.json.gz"))
+    errors = {}
+    for flags in ([], ["--model-host"]):
+        out = tmp_path / ("model" if flags else "measured")
+        assert main(["validate-trace", trace, "--system", "mi210", "--unsupported", "delay", "--quiet",
+                     "--out", str(out), *flags]) == 0
+        table = pd.read_csv(out / "validate_trace.csv").set_index("kernel_class")
+        errors[bool(flags)] = table.loc["iteration", "error"]
+    assert abs(errors[False]) < 0.02 and errors[True] < -0.8
+
+
 def test_simulate_refuses_more_layers_than_the_model_has(capsys):
     assert main(["simulate", "--model", "bert-base", "--layers", "13", "--system", "t3-ring8", "--quiet"]) == 2
     assert capsys.readouterr().err == "gpusim: error: transformer(): 'layers' (13) exceeds the 12 layers of bert-base\n"

@@ -168,6 +168,8 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
                           f"but the trace {args.trace} is not one")
     system = _system(args)
     trace = load_any(args.trace, unsupported=args.unsupported or "error", iteration=args.iteration)
+    if args.model_host:
+        trace = trace.with_modelled_host()
     if not trace.frame["measured_s"].notna().any():
         raise GpusimError(f"validate-trace: {trace.source} has no measured durations to compare with")
     mode = _mode(args, trace, system)
@@ -260,4 +262,7 @@ def add_validate_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iteration", type=int, help="Kineto: only the kernels of ProfilerStep#N")
     parser.add_argument("--tolerance", type=non_negative_float,
                         help="exit with status 1 when the all-kernel error exceeds this fraction (e.g. 0.25)")
+    parser.add_argument("--model-host", action="store_true",
+                        help="issue kernels by the model's host thread (kernel_launch_ns per call) instead of at "
+                             "the trace's measured launch times")
     _common(parser)

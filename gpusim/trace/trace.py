@@ -77,6 +77,12 @@ class Trace:
                       seed=seed, progress=progress, bin_s=bin_s, cache_layers=cache_layers,
                       warmup_layers=warmup_layers)
 
+    def with_modelled_host(self) -> Trace:
+        """This trace without its measured launch times (``issue_s`` blank): replayed, its kernels
+        are issued by the model's host thread, one per ``kernel_launch_ns`` (e.g. to ask what the
+        GPU alone would take, or a faster host)."""
+        return Trace(self.frame.assign(issue_s=float("nan")), f"{self.source} (modelled host)", self.metadata)
+
     def communication_bytes(self) -> pd.DataFrame:
         """Bytes of every collective and send/receive, per op (rows of one op counted once)."""
         frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv"])]
