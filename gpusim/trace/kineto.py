@@ -34,8 +34,8 @@ time is replayed as measured: each row's ``issue_s`` is when its launch call ret
 first launch call of its rank), and the replay issues its kernel then instead of charging the
 GPU's ``kernel_launch_ns`` (:mod:`gpusim.sched.executor`); so CPU-side gaps (Python overhead
 between launches) stay in the iteration.  A host that waited for the GPU (a synchronisation)
-waited as long as the measured GPU took, which a what-if on other hardware keeps.  Several files (one per rank) can be read together; their collectives are matched by
-process group and order.
+waited as long as the measured GPU took, which a what-if on other hardware keeps.  Several files
+(one per rank) can be read together; their collectives are matched by process group and order.
 """
 
 from __future__ import annotations
