@@ -304,16 +304,12 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "delay_s", f"must be a duration >= 0 s for a delay row, got {delays[position]!r}")
-    measured = frame["measured_s"].to_numpy()
-    bad = measured < 0
-    if bad.any():
-        position = int(np.flatnonzero(bad)[0])
-        raise _fail(frame, position, source, "measured_s", f"must be >= 0 s or blank, got {measured[position]!r}")
-    issued = frame["issue_s"].to_numpy()
-    bad = issued < 0
-    if bad.any():
-        position = int(np.flatnonzero(bad)[0])
-        raise _fail(frame, position, source, "issue_s", f"must be >= 0 s or blank, got {issued[position]!r}")
+    for column in ("measured_s", "issue_s"):  # optional measured times
+        values = frame[column].to_numpy()
+        bad = values < 0
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _fail(frame, position, source, column, f"must be >= 0 s or blank, got {values[position]!r}")
     classes = frame["kernel_class"]
     bad = ((classes != "") & ~classes.isin(KERNEL_CLASSES)).to_numpy()
     if bad.any():
