@@ -357,6 +357,10 @@ class RowReduce(Op):
         Matrix shape.
     dtype
         Element dtype.
+    library
+        Whose kernel runs it (:data:`gpusim.kernels.rowreduce.LIBRARIES`): PyTorch's eager kernels
+        (``pytorch``, 2.5 and later; ``pytorch-2.0``) or ``torch.compile``'s Triton kernels
+        (``inductor``).
     """
 
     kind: str
@@ -365,11 +369,16 @@ class RowReduce(Op):
     dtype: str = "fp16"
     input: str | None = None
     out: str | None = None
+    library: str = "pytorch"
     category: ClassVar[str] = "reduction"
 
     def __post_init__(self) -> None:
+        from gpusim.kernels.rowreduce import LIBRARIES
+
         if self.kind not in ROW_REDUCE_KINDS:
             raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
+        if self.library not in LIBRARIES:
+            raise OpError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {self.library!r}")
         self.rows = _positive_int("RowReduce", "rows", self.rows)
         self.cols = _positive_int("RowReduce", "cols", self.cols)
         _check_dtype("RowReduce", self.dtype)
@@ -379,7 +388,7 @@ class RowReduce(Op):
         return f"{self.kind} {self.rows}x{self.cols} {self.dtype}"
 
     def run_on(self, ctx: OpContext):
-        from gpusim.kernels.elementwise import execute_row_reduce
+        from gpusim.kernels.rowreduce import execute_row_reduce
 
         return execute_row_reduce(ctx, self)
 

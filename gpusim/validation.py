@@ -113,7 +113,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     elif kind == "elementwise":
         op = ops.Elementwise(params["op"], params["elements"], params.get("dtype", "fp16"))
     elif kind == "rowreduce":
-        op = ops.RowReduce(params["op"], params["rows"], params["cols"], params.get("dtype", "fp16"))
+        op = ops.RowReduce(params["op"], params["rows"], params["cols"], params.get("dtype", "fp16"),
+                           library=params.get("library", "pytorch"))
     elif kind == "allreduce":
         op = ops.AllReduce(params["nbytes"], params.get("dtype", "fp16"))
     else:
@@ -155,10 +156,10 @@ def _gelu_point(row: pd.Series) -> dict[str, Any]:
             "dtype": str(row["dtype"])}
 
 
-def _rowreduce_point(kind: str) -> Callable[[pd.Series], dict[str, Any]]:
+def _rowreduce_point(kind: str, library: str) -> Callable[[pd.Series], dict[str, Any]]:
     def point(row: pd.Series) -> dict[str, Any]:
         return {"kind": "rowreduce", "system": "mi210", "op": kind, "rows": int(row["m"]), "cols": int(row["n"]),
-                "dtype": str(row["dtype"])}
+                "dtype": str(row["dtype"]), "library": library}
 
     return point
 
@@ -268,7 +269,7 @@ DATASETS: dict[str, DataSet] = {
             description="LLMCompass's row-wise softmax over m x n fp16 (PyTorch) on an MI210",
             file="llmcompass_mi210_softmax_fp16.csv",
             system="mi210",
-            point=_rowreduce_point("softmax"),
+            point=_rowreduce_point("softmax", "pytorch-2.0"),
             measured_s=_ms("time_ms"),
             tolerances={"median": 0.20},
         ),
@@ -277,7 +278,7 @@ DATASETS: dict[str, DataSet] = {
             description="LLMCompass's row-wise layernorm over m x n fp16 (torch.compile) on an MI210",
             file="llmcompass_mi210_layernorm_fp16.csv",
             system="mi210",
-            point=_rowreduce_point("layernorm"),
+            point=_rowreduce_point("layernorm", "inductor"),
             measured_s=_ms("time_ms"),
             tolerances={"median": 0.20},
         ),

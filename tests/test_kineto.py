@@ -161,3 +161,18 @@ def test_a_malformed_rank_names_the_field(tmp_path):
     path = _kineto_file(tmp_path, info={"rank": "x", "world_size": 2})
     with pytest.raises(TraceError, match=r"trace.json: field 'distributedInfo.rank' must be a whole number >= 0, got"):
         read_kineto(path, unsupported="delay")
+
+
+@pytest.mark.parametrize(("kernel_name", "library"), [
+    ("void (anonymous namespace)::softmax_warp_forward<c10::Half, c10::Half, float, 9, false, false>", "pytorch"),
+    ("triton_per_fused__softmax_0", "inductor"),
+])
+def test_a_reduction_replays_as_its_library_s_kernel(tmp_path, kernel_name, library):
+    def softmax(kernel, events):
+        kernel["name"] = kernel_name
+        events[0].update(name="aten::_softmax", args={"External id": 1, "Input Dims": [[64, 512]],
+                                                        "Input type": ["c10::Half"]})
+
+    frame = read_kineto(_kineto_file(tmp_path, softmax)).frame
+    assert frame[["kind", "function", "rows", "cols", "kernel"]].values.tolist() == [
+        ["reduction", "softmax", 64, 512, library]]

@@ -172,7 +172,7 @@ def test_kernels_carry_the_trace_op_id_of_their_op(tmp_path, cache_layers):
     assert (joined["end_s_kernel"] <= joined["end_s_op"] + 1e-12).all()
     gemm_kernels = joined["name_kernel"].str.startswith(("gemm", "splitk"))
     assert (gemm_kernels == (joined["kind"] == "gemm")).all()
-    layernorms = joined[joined["name_kernel"] == "layernorm_kernel"]
+    layernorms = joined[joined["name_kernel"] == "vectorized_layer_norm_kernel"]
     assert len(layernorms) and layernorms["name_op"].str.contains(r"ln|norm").all()
     events = json.loads(result.to_perfetto(tmp_path / "t.json").read_text())["traceEvents"]
     kernel_ops = sorted(e["args"]["op_id"] for e in events if e.get("cat") == "kernel")

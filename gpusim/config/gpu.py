@@ -41,6 +41,13 @@ class CuConfig(Model):
     max_inflight_bytes
         Bytes of memory requests one CU can have outstanding (miss-status registers x line size);
         with the loaded memory latency this bounds one CU's memory bandwidth (Little's law).
+    transcendentals_per_cycle
+        Special-function results (exp2, reciprocal, square root) per cycle per CU.
+    shuffle_cycles
+        Latency of one dependent step of a cross-lane reduction (a shuffle and an add), cycles.
+    barrier_cycles
+        Latency of a workgroup barrier once every wavefront has arrived, with the local data share
+        round trip that follows it, cycles.
     """
 
     max_threads: PositiveInt = 2048
@@ -52,6 +59,9 @@ class CuConfig(Model):
     matrix_flops_per_cycle: dict[str, PositiveFloat]
     vector_flops_per_cycle: dict[str, PositiveFloat]
     max_inflight_bytes: Bytes = 32768
+    transcendentals_per_cycle: PositiveFloat = 16.0
+    shuffle_cycles: PositiveFloat = 30.0
+    barrier_cycles: PositiveFloat = 40.0
 
 
 class L2Config(Model):
@@ -448,10 +458,11 @@ class GpuConfig(Model):
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
         after another (:mod:`gpusim.hw.queues`).
     streaming_inflight_bytes_per_thread
-        Bytes each thread of an element-wise or row-reduction kernel keeps in flight (load width
-        times the loads it issues before using the first): the memory-level parallelism of the
-        framework's streaming kernels on this GPU.  With the miss latency it bounds a workgroup's
-        bandwidth (Little's law); calibrated per GPU.
+        Bytes each thread of an element-wise kernel keeps in flight (load width times the loads it
+        issues before using the first): the memory-level parallelism of the framework's streaming
+        kernels on this GPU.  With the miss latency it bounds a workgroup's bandwidth (Little's
+        law); calibrated per GPU.  (Row reductions load what their kernel's geometry says,
+        :mod:`gpusim.kernels.rowreduce`.)
     """
 
     name: str

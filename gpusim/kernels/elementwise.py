@@ -1,4 +1,4 @@
-"""Streaming kernels: element-wise ops, row reductions (softmax, layernorm), split-K reductions.
+"""Streaming kernels: element-wise ops and split-K reductions (row reductions: :mod:`gpusim.kernels.rowreduce`).
 
 A streaming kernel reads some tensors, computes a few FLOPs per element and writes some tensors.
 Its real grid has one workgroup per ``threads x bytes_per_thread`` of data; the simulation runs at
@@ -6,8 +6,7 @@ most one *logical* workgroup per resident slot, each looping over the real workg
 in up to :data:`MAX_CHUNKS` chunks (prefetching the next chunk while it computes and writes the
 current one); a logical workgroup that is one real workgroup does one load-compute-store round.
 A kernel with fewer real workgroups than slots runs exactly those, so small kernels are latency-
-and parallelism-bound as on hardware.  Row reductions whose rows do not fit on chip read each row
-several times; the re-reads go through the L2 and hit there only if the row is still resident.
+and parallelism-bound as on hardware.
 """
 
 from __future__ import annotations
@@ -26,11 +25,6 @@ BYTES_PER_THREAD = 16
 MAX_CHUNKS = 8
 """Most chunks per logical workgroup (simulation granularity); it has one per real workgroup it
 stands for, up to this many."""
-MAX_ROW_CHUNKS = 64
-"""Chunks per logical workgroup of a multi-pass row reduction: a chunk is one real workgroup's rows,
-so that the rows waiting in the L2 for their next pass are those of the resident workgroups."""
-ON_CHIP_ROW_BYTES = 8192
-"""A row this long (in fp32) or shorter stays on chip; longer rows need several passes."""
 
 
 Ranges = list[tuple[Buffer, int, int]]
@@ -77,29 +71,23 @@ def pipelined(
     writes: Callable[[int], Ranges],
     flops_per_ns: float,
     wavefronts: int,
-    passes: int = 1,
 ):
     """One logical streaming workgroup: fetch, compute and write ``pieces`` pieces in order (a generator).
 
-    The next piece is fetched while the current one is computed and written.  ``fetch(piece,
-    pass_index)`` requests a piece's data (``None``: the kernel reads nothing); a multi-pass row
-    reduction re-reads each piece ``passes - 1`` more times, each re-read starting when the
-    previous pass's data has arrived.  ``flops(piece)`` and ``writes(piece)`` give the piece's work
-    and output ranges.  Returns when every write is done.
+    The next piece is fetched while the current one is computed and written.  ``fetch(piece)``
+    requests a piece's data (``None``: the kernel reads nothing); ``flops(piece)`` and
+    ``writes(piece)`` give the piece's work and output ranges.  Returns when every write is done.
     """
     env = gpu.env
-    pending = fetch(0, 0) if fetch is not None else None
+    pending = fetch(0) if fetch is not None else None
     written = Join(env)
     for piece in range(pieces):
         if pending is not None:
-            for pass_index in range(1, passes):
-                yield pending.close()
-                pending = fetch(piece, pass_index)
             yield pending.close()
         done = cu.compute(env.now, flops(piece), flops_per_ns, wavefronts)
         more = piece + 1 < pieces
         if more and fetch is not None:
-            pending = fetch(piece + 1, 0)
+            pending = fetch(piece + 1)
             pending.extend_to(done)
         else:
             pending = None
@@ -126,10 +114,6 @@ class StreamingKernel:
         Total FLOPs (vector units).
     dtype
         Compute dtype of the FLOPs.
-    passes
-        Times each chunk of the *first* read tensor is read (row reductions: > 1).
-    rows
-        If given, chunks hold whole rows of the first read tensor (``rows`` rows in all).
     threads
         Threads per workgroup.
     """
@@ -142,29 +126,20 @@ class StreamingKernel:
         writes: list[tuple[Buffer, int]],
         flops: float,
         dtype: str = "fp32",
-        passes: int = 1,
-        rows: int | None = None,
         threads: int = 256,
     ):
         self.gpu = gpu
         self.reads = reads
         self.writes = writes
         self.flops = flops
-        self.passes = passes
         self.flops_per_ns = gpu.vector_flops_per_ns(dtype)
         largest = max([n for _, n in reads + writes] + [1])
-        if rows is not None:
-            real = rows
-        else:
-            real = max(1, math.ceil(largest / (threads * BYTES_PER_THREAD)))
+        real = max(1, math.ceil(largest / (threads * BYTES_PER_THREAD)))
         shape = WorkgroupShape(threads, 0, 32)
         slots = gpu.config.num_cus * max(1, occupancy(shape, gpu.config.cu))
         self.workgroups = min(real, slots)
-        units = rows if rows is not None else math.ceil(largest / BYTES_PER_THREAD)
-        real_per_wg = math.ceil(real / self.workgroups)
-        most = MAX_ROW_CHUNKS if passes > 1 and rows is not None else MAX_CHUNKS
-        self.chunks = max(1, min(most, real_per_wg))
-        self.units = units
+        self.chunks = max(1, min(MAX_CHUNKS, math.ceil(real / self.workgroups)))
+        self.units = math.ceil(largest / BYTES_PER_THREAD)
         self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
         per_thread = gpu.config.streaming_inflight_bytes_per_thread
         self.inflight_bytes = threads * per_thread * max(1, len(reads))
@@ -174,7 +149,7 @@ class StreamingKernel:
             num_wgs=self.workgroups,
             shape=shape,
             body=self._workgroup,
-            info={"flops": flops, "bytes": sum(n for _, n in reads) * passes + sum(n for _, n in writes)},
+            info={"flops": flops, "bytes": sum(n for _, n in reads) + sum(n for _, n in writes)},
         )
 
     def _span(self, wg: int, chunk: int) -> tuple[float, float]:
@@ -184,18 +159,16 @@ class StreamingKernel:
         hi = wg * per_wg + (chunk + 1) * per_wg / self.chunks
         return math.floor(lo) / self.units, math.floor(hi) / self.units
 
-    def _fetch(self, limit: InflightLimit, wg: int, chunk: int, pass_index: int = 0) -> Join:
-        """Request one chunk's data: every read tensor on the first pass, the first tensor again on
-        later passes (a row re-read after the previous pass's result is known)."""
+    def _fetch(self, limit: InflightLimit, wg: int, chunk: int) -> Join:
+        """Request one chunk's data of every read tensor."""
         lo, hi = self._span(wg, chunk)
-        tensors = self.reads if pass_index == 0 else self.reads[:1]
-        return read_ranges(self.gpu, limit, [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in tensors])
+        return read_ranges(self.gpu, limit, [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in self.reads])
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
 
-        def fetch(chunk: int, pass_index: int) -> Join:
-            return self._fetch(limit, wg, chunk, pass_index)
+        def fetch(chunk: int) -> Join:
+            return self._fetch(limit, wg, chunk)
 
         def flops(chunk: int) -> float:
             lo, hi = self._span(wg, chunk)
@@ -206,7 +179,7 @@ class StreamingKernel:
             return [(buffer, int(lo * n), int(hi * n) - int(lo * n)) for buffer, n in self.writes]
 
         yield from pipelined(self.gpu, cu, self.chunks, fetch if self.reads else None, flops, writes,
-                             self.flops_per_ns, self.wavefronts, self.passes)
+                             self.flops_per_ns, self.wavefronts)
 
 
 def execute_elementwise(ctx, op):
@@ -222,40 +195,3 @@ def execute_elementwise(ctx, op):
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
 
-
-MAX_ROW_THREADS = 1024
-
-
-def row_reduce_threads(row_bytes: int) -> int:
-    """Threads of a row-reduction workgroup, as PyTorch's block softmax sizes them: one thread per
-    16-byte vector of the row, a power of two between 64 and :data:`MAX_ROW_THREADS`."""
-    vectors = max(1, row_bytes // BYTES_PER_THREAD)
-    return max(64, min(MAX_ROW_THREADS, 1 << (vectors - 1).bit_length()))
-
-
-def execute_row_reduce(ctx, op):
-    """Run a :class:`gpusim.ops.RowReduce` on ``ctx``'s rank."""
-    from gpusim.ops import ROW_REDUCE_KINDS
-
-    passes_when_long, flops = ROW_REDUCE_KINDS[op.kind]
-    size = DTYPE_BYTES[op.dtype]
-    nbytes = op.rows * op.cols * size
-    out_bytes = op.rows * size if op.kind == "sum" else nbytes
-    passes = 1 if op.cols * 4 <= ON_CHIP_ROW_BYTES else passes_when_long
-    reads = [(ctx.tensor(op.input, nbytes), nbytes)]
-    writes = [(ctx.tensor(op.out, out_bytes), out_bytes)]
-    threads = row_reduce_threads(op.cols * size)
-    rows_per_wg = max(1, (BYTES_PER_THREAD * threads) // (op.cols * size))
-    kernel = StreamingKernel(
-        ctx.gpu,
-        f"{op.kind}_kernel",
-        reads,
-        writes,
-        flops * op.rows * op.cols,
-        "fp32",
-        passes=passes,
-        rows=math.ceil(op.rows / rows_per_wg),
-        threads=threads,
-    )
-    yield from ctx.launch(kernel.kernel)
-    ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.rows * op.cols, bytes=nbytes + out_bytes, passes=passes)

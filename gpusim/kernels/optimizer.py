@@ -522,7 +522,7 @@ class TensorListKernel:
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pieces = self._pieces(wg)
 
-        def fetch(index: int, _pass: int) -> Join:
+        def fetch(index: int) -> Join:
             return self._fetch(limit, pieces[index])
 
         reads = any(piece.reads for piece in pieces)

@@ -323,7 +323,9 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
         fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None)
         return fields
     if klass == "reduction":
-        return _reduction_fields(cpu_op)
+        fields = _reduction_fields(cpu_op)
+        fields["kernel"] = "inductor" if name.startswith("triton") else "pytorch"
+        return fields
     if klass == "elementwise":
         return _elementwise_fields(cpu_op, name, grid, block)
     raise UnsupportedEvent("a kernel of no class gpusim models")

@@ -46,7 +46,7 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
                                out=output, name=name, ranks=ranks)
     if kind == "reduction":
         return ops.RowReduce(row.function, int(row.rows), int(row.cols), dtype=row.dtype, input=first_input,
-                             out=output, name=name, ranks=ranks)
+                             out=output, library=row.kernel or "pytorch", name=name, ranks=ranks)
     if kind == "collective":
         group = parse_ints(row.group) or None
         return COLLECTIVE_OPS[row.collective](int(row.bytes), dtype=row.dtype, algorithm=row.algorithm,

@@ -18,7 +18,8 @@ name            str      label in results (optional)
 m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``)
 batch           int      GEMMs in a strided batch (``gemm``, default 1)
 trans_a/b       bool     transposed GEMM inputs (``gemm``)
-kernel          str      force a GEMM kernel of the library (optional)
+kernel          str      force a GEMM kernel of the library; a reduction's kernel library (``pytorch``,
+                         ``pytorch-2.0``, ``inductor``; default ``pytorch``) (optional)
 elements        int      elements per tensor (``elementwise``)
 rows, cols      int      matrix shape (``reduction``)
 function        str      element-wise function (``gelu``, ``add``...), reduction (``softmax``...) or
@@ -92,7 +93,7 @@ DEFAULTS: dict[str, object] = {"batch": 1, "layer": -1, "step": 0, "dtype": "fp1
 SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
     "elementwise": ("elements", "function", "dtype"),
-    "reduction": ("rows", "cols", "function", "dtype"),
+    "reduction": ("rows", "cols", "function", "dtype", "kernel"),
     "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
     "sendrecv": ("bytes", "group"),
     "optimizer": ("function", "tensor_sizes", "optimizer_impl", "dtype"),

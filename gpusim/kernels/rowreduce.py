@@ -1,0 +1,425 @@
+"""Row reductions (softmax, layernorm, rmsnorm, row sums) as the framework's kernels run them.
+
+A row-reduction kernel gives each workgroup one row (a short row may share a workgroup with a few
+others).  The workgroup works through its row in *passes* -- the statistics, then the output --
+and each pass is a loop whose iterations load one vector per thread and use it before the next
+load: the loop does not prefetch, so a pass takes its iterations times the memory latency (an L2
+hit or a DRAM miss), on top of its instructions.  That latency is the loaded one: an iteration's
+loads queue behind those of every resident workgroup, so each adds the time the L2 or the DRAM
+takes to move one iteration of all of them to the unloaded latency (a closed loop, as
+measured: PyTorch's row sums reach half a copy's bandwidth with one wave of workgroups).  A pass that gathers a statistic ends in a
+reduction across the workgroup's lanes: a tree of cross-lane exchanges (within a wavefront) and,
+for a block-wide one, workgroup barriers and the local data share between the trees.  Rows short
+enough for the loads of all their iterations to be in flight at once, rows cached in the local data
+share, and rows re-read through the L2 all come out of the same accounting.
+
+Throughput is then the workgroups' occupancy (how many of their threads fit on a CU) over the time
+of that chain, unless the memory or the CUs' instruction issue saturates first.  This is what
+makes PyTorch's eager softmax and layernorm reach only a half or a third of the bandwidth of a copy
+(``docs/validation.md``).
+
+Which kernel runs is the library's choice, made as the framework makes it (:func:`row_kernel`);
+each kernel records its threads, rows per workgroup, load width and passes (:class:`RowKernelSpec`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
+from gpusim.engine.primitives import Join
+from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.gpu import Buffer, Gpu
+from gpusim.hw.request import COMPUTE
+from gpusim.kernels.elementwise import write_ranges
+
+MAX_ROW_CHUNKS = 64
+"""Most chunks per simulated workgroup slot; a chunk stands for the real workgroups the slot runs
+one after another (simulation granularity: an event per pass of a chunk)."""
+SHARED_MEMORY_PER_BLOCK = {"nvidia": 48 * 1024, "amd": 64 * 1024}
+"""Shared memory a kernel may use without opting in, by vendor (``sharedMemPerBlock``: CUDA's 48 KiB,
+HIP's 64 KiB), bytes: PyTorch's block softmax caches the row there when it fits."""
+SOFTMAX_WARP_MAX_COLS = 1024
+"""Longest row PyTorch's softmax gives one wavefront (``dispatch_softmax_forward``)."""
+NORM_VECTOR_ELEMENTS = 4
+"""Elements each thread of PyTorch's vectorized layer norm loads per iteration (``vec_size``)."""
+REDUCE_VECTOR_ELEMENTS = 16
+"""Elements each thread of PyTorch's ``reduce_kernel`` loads per iteration: 4-wide vectors, 4 of
+them unrolled (``input_vectorization``, ``vt0``)."""
+REDUCE_THREADS = 128
+"""Threads of a ``reduce_kernel`` block (its ``max_threads`` template argument)."""
+REDUCE_SPLIT_VALUES = 256
+"""Values per thread from which ``setReduceConfig`` spreads one row over several blocks."""
+INDUCTOR_PERSISTENT_MAX_COLS = 1024
+"""Longest row Inductor reduces in one persistent block (the whole row loaded at once)."""
+INDUCTOR_RBLOCK = 2048
+"""Elements per iteration of Inductor's looped reductions."""
+SOFTMAX_MAX_REGISTERS = 10
+"""PyTorch's block softmax keeps a row in registers when each thread holds fewer of its elements
+than this (``potential_register_count``)."""
+
+
+@dataclass(frozen=True)
+class RowPass:
+    """One loop of a workgroup over its rows.
+
+    Attributes
+    ----------
+    source
+        Where the loop reads the row: ``"memory"`` (global loads through the L2), ``"lds"`` (the copy
+        cached in the local data share) or ``"registers"`` (held since an earlier pass).
+    ops_per_element
+        Vector instructions per element (conversions, arithmetic, address and loop overhead).
+    transcendentals_per_element
+        Special-function instructions per element (exp, reciprocal), which run on the CU's narrower
+        transcendental units.
+    reduction
+        The reduction that ends the pass: ``"block"`` (across the workgroup), ``"wave"`` (within each
+        wavefront) or ``None``.
+    combine_cycles
+        Extra latency of one step of that reduction beyond an add, cycles (Welford's combination of
+        means and variances divides by the counts).
+    writes
+        Whether the pass writes the output.
+    """
+
+    source: str
+    ops_per_element: float
+    transcendentals_per_element: float = 0.0
+    reduction: str | None = None
+    combine_cycles: float = 0.0
+    writes: bool = False
+
+
+@dataclass(frozen=True)
+class RowKernelSpec:
+    """A library's row-reduction kernel.
+
+    Attributes
+    ----------
+    name
+        Kernel name, as the framework's.
+    threads
+        Threads per workgroup.
+    rows_per_workgroup
+        Rows one workgroup reduces.
+    vector_bytes
+        Bytes of its rows each thread loads per loop iteration (all of them in flight at once).
+    registers_per_thread
+        32-bit registers per thread (with the threads, the occupancy).
+    passes
+        The workgroup's loops over its rows, in order.
+    split
+        Workgroups that share one row (each reduces a slice of it; their partial results are
+        combined through global memory).
+    """
+
+    name: str
+    threads: int
+    rows_per_workgroup: int
+    vector_bytes: int
+    registers_per_thread: int
+    passes: tuple[RowPass, ...]
+    split: int = 1
+
+
+def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
+    """Maximum, sum of exponentials, normalised exponentials (one ``expf`` per element in each of
+    the last two: a range reduction and a special-function ``ex2``); ``load_ops`` are the load
+    (and store) instructions per element of a pass that touches memory or shared memory."""
+    extra = 0.0 if later == "registers" else load_ops
+    return (
+        RowPass(first, ops_per_element=2.0 + load_ops, reduction=reduction),
+        RowPass(later, ops_per_element=8.0 + extra, transcendentals_per_element=1.0, reduction=reduction),
+        RowPass(later, ops_per_element=9.0 + extra + load_ops, transcendentals_per_element=1.0, writes=True),
+    )
+
+
+LIBRARIES = ("pytorch", "pytorch-2.0", "inductor")
+"""Row-reduction kernel libraries: PyTorch's eager CUDA/HIP kernels (2.5 and later; ``pytorch-2.0``
+for the release before the register-cached softmax and the new block sizes) and the Triton kernels
+``torch.compile`` generates (``inductor``)."""
+
+
+def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, library: str = "pytorch") -> RowKernelSpec:
+    """The kernel a library launches for a row reduction.
+
+    Parameters
+    ----------
+    kind
+        ``softmax``, ``layernorm``, ``rmsnorm`` or ``sum``.
+    rows, cols
+        Matrix shape, elements.
+    dtype
+        Element dtype.
+    gpu
+        The GPU (its wavefront size and CUs).
+    library
+        One of :data:`LIBRARIES`.
+
+    Returns
+    -------
+    RowKernelSpec
+        Its geometry and passes (:func:`_softmax_kernel`, :func:`_norm_kernel`,
+        :func:`_sum_kernel`, :func:`_inductor_kernel`).
+    """
+    if library not in LIBRARIES:
+        raise ValueError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    if kind not in ("softmax", "layernorm", "rmsnorm", "sum"):
+        raise ValueError(f"unknown row-reduction kind {kind!r}")
+    size = DTYPE_BYTES[dtype]
+    if library == "inductor":
+        return _inductor_kernel(kind, cols, size, gpu)
+    if kind == "softmax":
+        return _softmax_kernel(cols, size, gpu, library)
+    if kind == "sum":
+        return _sum_kernel(rows, cols, size, gpu)
+    return _norm_kernel(kind, cols, size)
+
+
+def _norm_passes(kind: str, source: str, reduction: str) -> tuple[RowPass, RowPass]:
+    """Statistics and output of a layer norm (Welford: a reciprocal of the running count per element
+    and a division per combination step) or an RMS norm (a sum of squares)."""
+    if kind == "layernorm":
+        return (RowPass(source, ops_per_element=10.0, transcendentals_per_element=1.0, reduction=reduction,
+                        combine_cycles=40.0),
+                RowPass(source, ops_per_element=7.0, writes=True))
+    return (RowPass(source, ops_per_element=3.0, reduction=reduction),
+            RowPass(source, ops_per_element=5.0, writes=True))
+
+
+def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
+    """``vectorized_layer_norm_kernel``: 128 threads per row, 4 elements per thread and iteration,
+    two passes over the row in global memory (statistics, then output); RMS norm runs the same
+    kernel.  Rows whose length is not a multiple of 4 load one element at a time."""
+    vector = NORM_VECTOR_ELEMENTS if cols % NORM_VECTOR_ELEMENTS == 0 else 1
+    return RowKernelSpec("vectorized_layer_norm_kernel", 128, 1, vector * size, 32, _norm_passes(kind, "memory", "block"))
+
+
+def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKernelSpec:
+    """PyTorch's softmax kernels.
+
+    - ``softmax_warp_forward``: rows of at most 1024 elements, one wavefront (or part of one) per
+      row, the whole row loaded at once into registers;
+    - ``cunn_SoftMaxForwardReg`` (2.5 and later): a block of ``min(cols, 1024)`` threads per row
+      when each thread holds fewer than 10 of its elements, one element per load instruction;
+    - ``cunn_SoftMaxForwardSmem`` (2.5 and later): longer rows that fit in a block's default shared memory,
+      loaded once with 16-byte loads;
+    - ``cunn_SoftMaxForward``: the row re-read from global memory by each of the three passes; in
+      2.0 every row longer than 1024 elements, with a block of the power of two at or above half
+      the row's 16-byte vectors (at most 1024 threads).
+    """
+    warp = gpu.cu.wavefront_size
+    row_bytes = cols * size
+    vector_ops = 1.0 / max(1, 16 // size)
+    if cols <= SOFTMAX_WARP_MAX_COLS:
+        width = 1 << (cols - 1).bit_length()
+        lanes = min(width, warp)
+        per_block = (128 // lanes) * (2 if width <= 128 else 1)
+        passes = _softmax_passes("memory", "registers", "wave", load_ops=vector_ops)
+        return RowKernelSpec("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), 32, passes)
+    if library == "pytorch-2.0":
+        most = max(1, min(row_bytes // 16, 1024) // 2)
+        threads = max(warp, 1 << (most - 1).bit_length())
+        passes = _softmax_passes("memory", "memory", "block", load_ops=vector_ops)
+        return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
+    threads = min(1024, -(-cols // warp) * warp)
+    held = -(-cols // threads)
+    if held < SOFTMAX_MAX_REGISTERS:
+        passes = _softmax_passes("memory", "registers", "block", load_ops=1.0)
+        return RowKernelSpec("cunn_SoftMaxForwardReg", threads, 1, held * size, 32 + held, passes)
+    shared = min(int(gpu.cu.lds_bytes), SHARED_MEMORY_PER_BLOCK.get(gpu.vendor, SHARED_MEMORY_PER_BLOCK["nvidia"]))
+    if row_bytes + threads // warp * 4 <= shared:
+        passes = _softmax_passes("memory", "lds", "block", load_ops=2 * vector_ops)
+        return RowKernelSpec("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, passes)
+    passes = _softmax_passes("memory", "memory", "block", load_ops=vector_ops)
+    return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
+
+
+def _sum_kernel(rows: int, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
+    """``reduce_kernel`` as ``setReduceConfig`` shapes it for a reduction over contiguous rows:
+    16 elements per thread and iteration; a wavefront per row of short rows, the whole block per
+    row once a thread would otherwise reduce 16 values per row of the block (or 256); and several
+    blocks per row when each thread would still have 256 values, as many as fill the GPU, their
+    partial sums combined through global memory."""
+    warp = gpu.cu.wavefront_size
+    lanes = min(1 << (cols.bit_length() - 1), warp)
+    per_block = REDUCE_THREADS // lanes
+    per_thread = cols / lanes
+    if per_thread >= per_block * REDUCE_VECTOR_ELEMENTS or per_thread >= REDUCE_SPLIT_VALUES:
+        per_block, per_thread = 1, cols / REDUCE_THREADS
+    split = 1
+    if per_thread >= REDUCE_SPLIT_VALUES:
+        target = gpu.num_cus * (gpu.cu.max_threads // REDUCE_THREADS)
+        split = max(1, min(-(-int(per_thread) // REDUCE_VECTOR_ELEMENTS), target // max(1, rows)))
+    passes = (RowPass("memory", ops_per_element=2.0, reduction="wave" if per_block > 1 else "block", writes=True),)
+    return RowKernelSpec("reduce_kernel", REDUCE_THREADS, per_block, REDUCE_VECTOR_ELEMENTS * size, 48, passes,
+                         split=split)
+
+
+def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
+    """The Triton kernel ``torch.compile`` generates: one row per program of 4 wavefronts;
+    a *persistent* reduction (the whole row loaded at once and kept in registers) for rows of at
+    most 1024 elements, a *looped* one (chunks of 2048 elements, 16-byte loads; the statistics
+    loop, then a second loop that re-reads the row) for longer rows."""
+    threads = 4 * gpu.cu.wavefront_size
+    row_bytes = cols * size
+    persistent = cols <= INDUCTOR_PERSISTENT_MAX_COLS
+    source = "registers" if persistent else "memory"
+    vector = -(-row_bytes // threads) if persistent else min(16, -(-INDUCTOR_RBLOCK * size // threads))
+    if kind == "softmax":
+        passes = _softmax_passes("memory", source, "block", load_ops=1.0 / max(1, vector // size))
+    elif kind == "sum":
+        passes = (RowPass("memory", ops_per_element=2.0, reduction="block", writes=True),)
+    else:
+        stats, output = _norm_passes(kind, source, "block")
+        passes = (RowPass("memory", stats.ops_per_element, stats.transcendentals_per_element, stats.reduction,
+                          stats.combine_cycles), output)
+    return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
+
+
+def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cycles: float = 0.0) -> float:
+    """Latency of a reduction across ``threads`` lanes, cycles.
+
+    A wavefront reduces in ``log2(wavefront)`` dependent exchange steps; a block-wide reduction adds
+    a barrier, one exchange through the local data share, ``log2(wavefronts)`` more steps in one
+    wavefront, and a barrier to broadcast the result.
+    """
+    if kind is None:
+        return 0.0
+    cu = gpu.cu
+    step = cu.shuffle_cycles + combine_cycles
+    wave_steps = math.log2(min(threads, cu.wavefront_size))
+    if kind == "wave":
+        return wave_steps * step
+    waves = max(1, -(-threads // cu.wavefront_size))
+    return (wave_steps + 1 + math.log2(waves)) * step + 2 * cu.barrier_cycles
+
+
+class RowReduceKernel:
+    """A row-reduction kernel on one GPU (see the module docstring).
+
+    The simulation runs at most one workgroup per resident slot; each stands for the real
+    workgroups that slot runs one after another, in up to :data:`MAX_ROW_CHUNKS` chunks.
+
+    Parameters
+    ----------
+    gpu
+        The GPU.
+    spec
+        The library kernel.
+    src, dst
+        Input rows and output (rows x cols, or one value per row for ``sum``).
+    rows, cols
+        Matrix shape.
+    dtype
+        Element dtype.
+    out_bytes_per_row
+        Bytes written per row.
+    """
+
+    def __init__(self, gpu: Gpu, spec: RowKernelSpec, src: Buffer, dst: Buffer, rows: int, cols: int, dtype: str,
+                 out_bytes_per_row: int):
+        config = gpu.config
+        self.gpu = gpu
+        self.spec = spec
+        self.src, self.dst = src, dst
+        self.size = DTYPE_BYTES[dtype]
+        self.in_bytes = rows * cols * self.size
+        self.out_bytes = rows * out_bytes_per_row
+        shape = WorkgroupShape(spec.threads, 0, spec.registers_per_thread)
+        self.real = -(-rows // spec.rows_per_workgroup) * spec.split
+        self.wg_bytes = spec.rows_per_workgroup * cols * self.size / spec.split
+        slots = config.num_cus * max(1, occupancy(shape, config.cu))
+        self.workgroups = min(self.real, slots)
+        self.chunks = max(1, min(MAX_ROW_CHUNKS, -(-self.real // self.workgroups)))
+        self.iterations = max(1, math.ceil(self.wg_bytes / (spec.threads * spec.vector_bytes)))
+        self.wavefronts = shape.wavefronts(config.cu.wavefront_size)
+        self.flops_per_ns = gpu.vector_flops_per_ns("fp32")
+        lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
+        self.transcendental_weight = lanes / config.cu.transcendentals_per_cycle
+        clock_ns = 1e9 / config.clock_hz
+        self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
+                             for p in spec.passes]
+        # a loop iteration waits behind those of every resident workgroup (closed-loop queueing)
+        round_bytes = self.workgroups * spec.threads * spec.vector_bytes
+        self.miss_latency_ns = gpu.unloaded_memory_latency_ns + round_bytes / config.hbm.sustained_bandwidth_bytes_per_s * 1e9
+        self.hit_latency_ns = config.l2.hit_latency_ns + round_bytes / config.l2.sustained_bandwidth_bytes_per_s * 1e9
+        # blocks sharing a row combine their partial results through global memory
+        self.combine_ns = gpu.unloaded_memory_latency_ns if spec.split > 1 else 0.0
+        self.kernel = Kernel(
+            name=spec.name,
+            num_wgs=self.workgroups,
+            shape=shape,
+            body=self._workgroup,
+            info={"bytes": self.in_bytes + self.out_bytes},
+        )
+
+    def _range(self, wg: int, chunk: int) -> tuple[int, int]:
+        """Real workgroups ``[first, stop)`` that chunk ``chunk`` of slot ``wg`` stands for."""
+        per_slot = self.real / self.workgroups
+        first = math.floor(wg * per_slot + chunk * per_slot / self.chunks)
+        stop = math.floor(wg * per_slot + (chunk + 1) * per_slot / self.chunks)
+        return first, stop
+
+    def _workgroup(self, wg: int, cu: ComputeUnit):
+        gpu = self.gpu
+        env = gpu.env
+        spec = self.spec
+        written = Join(env)
+        for chunk in range(self.chunks):
+            first, stop = self._range(wg, chunk)
+            if stop <= first:
+                continue
+            blocks = stop - first
+            lo = int(first * self.wg_bytes)
+            hi = min(self.in_bytes, int(stop * self.wg_bytes))
+            if hi <= lo:
+                continue
+            elements = (hi - lo) // self.size
+            for index, row_pass in enumerate(spec.passes):
+                if row_pass.source == "memory":
+                    yield self._load(cu, lo, hi - lo, blocks * self.iterations).close()
+                work = max(row_pass.ops_per_element, row_pass.transcendentals_per_element * self.transcendental_weight)
+                done = cu.compute(env.now, 2.0 * work * elements, self.flops_per_ns, self.wavefronts)
+                stall = blocks * self.reduction_ns[index]
+                if row_pass.writes:
+                    stall += blocks * self.combine_ns
+                yield env.timeout(max(0.0, done - env.now) + stall)
+                if row_pass.writes:
+                    out_lo = lo * self.out_bytes // self.in_bytes
+                    out_hi = hi * self.out_bytes // self.in_bytes
+                    write_ranges(gpu, cu, [(self.dst, out_lo, max(1, out_hi - out_lo))], written)
+        yield written.close()
+
+    def _load(self, cu: ComputeUnit, offset: int, nbytes: int, iterations: int) -> Join:
+        """Load ``nbytes`` of the rows in ``iterations`` dependent loop iterations: done when the
+        data has arrived, and no sooner than one loaded memory latency per iteration (an L2 hit's
+        or a miss's, in the proportion of the bytes), nor than the CU's own memory-level
+        parallelism allows."""
+        gpu = self.gpu
+        now = gpu.env.now
+        join = Join(gpu.env)
+        missed = gpu.memory.read(self.src.addr + offset, nbytes, join, COMPUTE, self.src.cached)
+        share = missed / nbytes
+        latency = share * self.miss_latency_ns + (1.0 - share) * self.hit_latency_ns
+        join.extend_to(now + iterations * latency)
+        join.extend_to(cu.memory(now, nbytes, missed))
+        return join
+
+
+def execute_row_reduce(ctx, op):
+    """Run a :class:`gpusim.ops.RowReduce` on ``ctx``'s rank."""
+    from gpusim.ops import ROW_REDUCE_KINDS
+
+    size = DTYPE_BYTES[op.dtype]
+    nbytes = op.rows * op.cols * size
+    out_per_row = size if op.kind == "sum" else op.cols * size
+    spec = row_kernel(op.kind, op.rows, op.cols, op.dtype, ctx.gpu.config, op.library)
+    src = ctx.tensor(op.input, nbytes)
+    dst = ctx.tensor(op.out, op.rows * out_per_row)
+    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_per_row)
+    yield from ctx.launch(kernel.kernel)
+    flops = ROW_REDUCE_KINDS[op.kind][1] * op.rows * op.cols
+    ctx.info.update(impl=spec.name, flops=flops, bytes=nbytes + op.rows * out_per_row, passes=len(spec.passes))

@@ -1,0 +1,126 @@
+"""Row reductions as the framework's kernels run them (gpusim.kernels.rowreduce)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.errors import OpError
+from gpusim.kernels.rowreduce import reduction_cycles, row_kernel
+
+H200 = gpusim.load_system("h200-sxm")
+MI210 = gpusim.load_system("mi210")
+
+
+def kernel(kind, rows, cols, system=H200, library="pytorch", dtype="fp16"):
+    return row_kernel(kind, rows, cols, dtype, system.config.gpu, library)
+
+
+def test_softmax_kernels_follow_pytorch_dispatch():
+    assert kernel("softmax", 4096, 1024).name == "softmax_warp_forward"
+    short = kernel("softmax", 4096, 64)
+    assert short.rows_per_workgroup == 8 and short.threads == 128  # two 64-element rows per warp
+    reg = kernel("softmax", 4096, 4096)
+    assert reg.name == "cunn_SoftMaxForwardReg" and reg.threads == 1024 and reg.vector_bytes == 4 * 2
+    assert kernel("softmax", 4096, 9216).name == "cunn_SoftMaxForwardReg"  # 9 elements per thread
+    smem = kernel("softmax", 4096, 16384)
+    assert smem.name == "cunn_SoftMaxForwardSmem" and [p.source for p in smem.passes] == ["memory", "lds", "lds"]
+    assert kernel("softmax", 4096, 32768).name == "cunn_SoftMaxForward"  # 64 KiB: over the 48 KiB default
+    assert [p.source for p in kernel("softmax", 4096, 32768).passes] == ["memory"] * 3
+
+
+def test_pytorch_2_0_softmax_rereads_rows_with_half_the_vectors_per_thread():
+    old = kernel("softmax", 4096, 4096, library="pytorch-2.0")
+    assert old.name == "cunn_SoftMaxForward" and old.threads == 256  # 512 vectors of 16 B, halved
+    assert kernel("softmax", 4096, 2048, system=MI210, library="pytorch-2.0").threads == 128
+    assert kernel("softmax", 4096, 1024, library="pytorch-2.0").name == "softmax_warp_forward"
+
+
+def test_norm_kernels_load_four_elements_per_thread_and_iteration():
+    norm = kernel("layernorm", 4096, 4096)
+    assert (norm.threads, norm.rows_per_workgroup, norm.vector_bytes) == (128, 1, 8)
+    assert [p.source for p in norm.passes] == ["memory", "memory"]
+    assert kernel("rmsnorm", 4096, 4098).vector_bytes == 2  # not a multiple of 4: one element at a time
+    assert kernel("layernorm", 8, 4096).passes[0].transcendentals_per_element == 1  # Welford's reciprocal
+
+
+def test_sum_spreads_few_long_rows_over_several_blocks():
+    short = kernel("sum", 4096, 32)
+    assert short.rows_per_workgroup == 4 and short.split == 1  # a warp per row
+    assert kernel("sum", 4096, 4096).rows_per_workgroup == 1
+    few_long = kernel("sum", 16, 65536)
+    assert few_long.split > 1 and few_long.rows_per_workgroup == 1
+
+
+def test_inductor_reductions_are_persistent_up_to_1024_columns():
+    assert kernel("layernorm", 4096, 1024, library="inductor").name.startswith("triton_per")
+    looped = kernel("layernorm", 4096, 4096, library="inductor")
+    assert looped.name.startswith("triton_red") and [p.source for p in looped.passes] == ["memory", "memory"]
+
+
+def test_block_reductions_cost_more_than_wavefront_reductions():
+    gpu = H200.config.gpu
+    wave = reduction_cycles("wave", 128, gpu)
+    block = reduction_cycles("block", 1024, gpu)
+    assert wave == 5 * gpu.cu.shuffle_cycles
+    assert block == (5 + 1 + 5) * gpu.cu.shuffle_cycles + 2 * gpu.cu.barrier_cycles
+    assert reduction_cycles(None, 1024, gpu) == 0.0
+
+
+def test_unknown_library_is_an_error_naming_the_field():
+    with pytest.raises(OpError, match="field 'library'.*pytorch, pytorch-2.0, inductor.*'cudnn'"):
+        ops.RowReduce("softmax", 8, 1024, library="cudnn")
+
+
+def time_of(system, op):
+    return gpusim.run(system, op).time_s
+
+
+def test_long_row_passes_are_latency_bound():
+    """A few long rows take one loaded memory latency per loop iteration: doubling the row doubles
+    the time, and the same bytes in many short rows (more workgroups at once) take far less."""
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    one = time_of(system, ops.RowReduce("layernorm", 16, 32768))
+    two = time_of(system, ops.RowReduce("layernorm", 16, 65536))
+    assert 1.8 < two / one < 2.2
+    iterations = 2 * 32768 // (128 * 4)  # two passes of 128 threads x 4 elements
+    assert one > iterations * H200.config.gpu.l2.hit_latency_ns * 1e-9
+    assert time_of(system, ops.RowReduce("layernorm", 4096, 128)) < 0.2 * one
+
+
+def test_occupancy_bounds_a_latency_bound_reduction():
+    """Fewer resident workgroups per CU make a latency-bound reduction slower."""
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    half = system.with_overrides({"gpu.cu.max_threads": 1024})
+    op = ops.RowReduce("rmsnorm", 16384, 1024)
+    assert time_of(half, op) > 1.15 * time_of(system, op)  # fewer rounds in flight also queue less
+
+
+def test_barrier_latency_slows_block_softmax_but_not_warp_softmax():
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    slow = system.with_overrides({"gpu.cu.barrier_cycles": 400})
+    block = ops.RowReduce("softmax", 4096, 4096)
+    assert time_of(slow, block) > 1.1 * time_of(system, block)
+    warp = ops.RowReduce("softmax", 4096, 512)
+    assert time_of(slow, warp) == time_of(system, warp)
+
+
+@settings(max_examples=12, deadline=None)
+@given(kind=st.sampled_from(["softmax", "layernorm", "rmsnorm", "sum"]),
+       rows=st.integers(1, 3000), cols=st.integers(1, 20000))
+def test_a_row_reduction_is_never_faster_than_its_bytes_allow(kind, rows, cols):
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    result = gpusim.run(system, ops.RowReduce(kind, rows, cols))
+    nbytes = rows * cols * 2
+    out = rows * 2 if kind == "sum" else nbytes
+    peak = system.config.gpu.hbm.bandwidth_bytes_per_s
+    assert result.time_s >= (nbytes + out) / max(peak, system.config.gpu.l2.bandwidth_bytes_per_s)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm", "rmsnorm", "sum"])
+def test_a_row_reduction_reads_every_input_byte_from_dram(kind):
+    result = gpusim.run(H200, ops.RowReduce(kind, 4096, 4096))
+    assert result.dram_totals().query("direction == 'read'")["bytes"].sum() >= 4096 * 4096 * 2
