@@ -35,6 +35,11 @@ def test_kernel_names_pick_the_library_tile():
     assert library_kernel_of("sm80_xmma_gemm_tilesize128x128x32_stage4", 256) == "MT128x128x32_T256"
     assert library_kernel_of("ampere_sgemm_32x32_sliced1x4_tn", 128) == "MT32x32x32_T64"
     assert library_kernel_of("cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4", 128) == ""  # no 64x256 tile
+    # the H200 trace's fallback kernels: align1 of fp16 is 2-byte accesses; align8 is the library kernel
+    align1 = "void cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_256x128_tn_align1>(cutlass_75_tensorop_f16_s"
+    assert library_kernel_of(align1, 256, 2) == "MT128x256x32_T256_V2"
+    assert library_kernel_of("cutlass_80_tensorop_f16_s16816gemm_f16_256x128_32x3_nn_align8", 256, 2) == "MT128x256x32_T256"
+    assert library_kernel_of("cutlass_80_tensorop_f16_s16816gemm_f16_256x128_32x3_nn_align2", 256, 2) == "MT128x256x32_T256_V4"
     assert library_kernel_of("at::native::elementwise_kernel", 128) == ""
 
 

@@ -414,6 +414,34 @@ class TrackerConfig(Model):
     entry_bytes: Bytes = 32
 
 
+class GemmFallbackConfig(Model):
+    """The GEMM kernels a GPU's BLAS falls back to when an operand's rows are not 16-byte aligned.
+
+    The main kernels of some architectures load their operands with copies that need every row to
+    start on a 16-byte boundary (Hopper's TMA needs 16-byte global strides; Ampere's multi-stage
+    ``cp.async`` copies 16 bytes).  A GEMM with a row length such as 7133 fp16 values runs in
+    register-staged kernels instead (CUTLASS's Turing-era ``cutlass_75_..._align1``: ``mma.sync``
+    tensor-core instructions, two LDS stages, loads as wide as the rows' alignment allows);
+    :mod:`gpusim.kernels.gemm` models them as the ``_V<bytes>`` variants of the library's kernels.
+
+    Attributes
+    ----------
+    mma_fraction
+        Rate of the fallback kernels' matrix instructions as a fraction of the main kernels'
+        sustained rate (``gemm_efficiency`` times the peak), for dtypes with matrix units: the
+        legacy ``mma.sync`` path on Hopper, which does not reach ``wgmma``'s rate.
+    access_cycles
+        CU cycles one narrow access costs the workgroup that issues it: a fallback kernel moves
+        each K-tile of A and B, and its output tile, in accesses of its vector width (2, 4 or 8
+        bytes), each a global load or store, its store to LDS and the address and bounds
+        arithmetic of an unaligned row; the same warps issue the matrix instructions, so the
+        accesses add to the K-tile's arithmetic time.
+    """
+
+    mma_fraction: Fraction
+    access_cycles: float = Field(ge=0)
+
+
 class GpuConfig(Model):
     """One GPU.
 
@@ -453,6 +481,11 @@ class GpuConfig(Model):
         kernels load 128-byte swizzled rows (64 fp16 values): their K-tiles are that deep whatever
         the macro tile, which also sets the contiguous runs of a transposed operand in DRAM
         (:func:`gpusim.kernels.gemm.library_for`).
+    gemm_fallback
+        The kernels for operands whose rows are not 16-byte aligned (:class:`GemmFallbackConfig`),
+        or ``None`` where the BLAS runs them in its main kernels at their rate: where those already
+        stage loads through registers (Volta, Turing, CDNA), narrower loads are all that changes,
+        and DeepBench's unaligned GEMMs on a V100 run at their aligned neighbours' rate.
     hardware_queues
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
@@ -478,6 +511,7 @@ class GpuConfig(Model):
     dependent_launch_ns: Nanoseconds = 1200.0
     gemm_pipeline_stages: int = Field(2, ge=2)
     gemm_k_tile_bytes: Bytes | None = None
+    gemm_fallback: GemmFallbackConfig | None = None
     hardware_queues: PositiveInt = 4
     streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config

@@ -51,6 +51,7 @@ from gpusim.kernels.gemm import (
     choose_kernel,
     execute_gemm,
     find_spec,
+    for_operands,
     grouped_order,
     padded_k,
     pipelined,
@@ -355,7 +356,7 @@ def _kernel_spec(ctx, op, problem):
             raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
     else:
         spec = choose_kernel(problem, ctx.gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None).with_split(1)
-    spec = pipelined(spec, ctx.gpu.config, op.dtype)
+    spec = pipelined(for_operands(spec, problem, ctx.gpu.config), ctx.gpu.config, op.dtype)
     check_fits(spec, op.dtype, ctx.gpu.config, op.label)
     return spec
 

@@ -17,6 +17,7 @@ that a stage's output is a contiguous address range).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
@@ -31,6 +32,19 @@ from gpusim.hw.request import COMPUTE
 ACCUMULATOR_BYTES = 4
 TARGET_K_STEPS = 16
 """Simulation steps per workgroup aimed at: the K loop is simulated in about this many steps."""
+
+ALIGNED_ROW_BYTES = 16
+"""Row alignment, bytes, that the library's kernels need on a GPU with a fallback family
+(:attr:`gpusim.config.GpuConfig.gemm_fallback`): Hopper's TMA needs global strides that are
+multiples of 16 bytes, Ampere's multi-stage ``cp.async`` copies 16 bytes.  It is also the vector
+width of those kernels' loads."""
+
+FALLBACK_WIDTHS = (1, 2, 4, 8)
+"""Vector widths, bytes, of the fallback kernels: the alignments below :data:`ALIGNED_ROW_BYTES`."""
+
+STAGING_REGISTER_BYTES = 4
+"""A fallback kernel holds the next K-tile in registers between its global loads and its LDS
+stores, each access in whole 32-bit registers."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,13 @@ class GemmKernelSpec:
         LDS copies of the A and B panels: 2 = double buffering (the next K step is fetched while
         the current one is computed); 1 = single buffering (half the LDS, so possibly higher
         occupancy, but each K step is fetched only after the previous one was computed).
+    vector_bytes
+        Bytes each thread moves per global access: :data:`ALIGNED_ROW_BYTES` for the library's
+        kernels; 1, 2, 4 or 8 for the *fallback* kernels that operands whose rows are aligned only
+        that far run in (:func:`for_operands`).  A fallback kernel stages its loads through
+        registers (no asynchronous copies, so :func:`pipelined` keeps its two LDS stages), holds
+        the staged K-tile in registers, and on a GPU with a fallback family issues one access per
+        ``vector_bytes`` (:func:`fallback_costs`).
     """
 
     tile_m: int
@@ -59,19 +80,41 @@ class GemmKernelSpec:
     threads: int = 256
     split_k: int = 1
     lds_buffers: int = 2
+    vector_bytes: int = ALIGNED_ROW_BYTES
 
     @property
     def name(self) -> str:
-        """Kernel name in the style of Tensile's macro-tile names."""
+        """Kernel name in the style of Tensile's macro-tile names (``_V2``: a fallback kernel with 2-byte accesses)."""
         split = f"_SK{self.split_k}" if self.split_k > 1 else ""
         buffers = f"_LB{self.lds_buffers}" if self.lds_buffers != 2 else ""
-        return f"MT{self.tile_m}x{self.tile_n}x{self.tile_k}_T{self.threads}{buffers}{split}"
+        vector = f"_V{self.vector_bytes}" if self.fallback else ""
+        return f"MT{self.tile_m}x{self.tile_n}x{self.tile_k}_T{self.threads}{buffers}{vector}{split}"
+
+    @property
+    def fallback(self) -> bool:
+        """Whether this is a fallback kernel (narrower accesses than :data:`ALIGNED_ROW_BYTES`)."""
+        return self.vector_bytes < ALIGNED_ROW_BYTES
+
+    def accesses(self, nbytes: float) -> float:
+        """Accesses (one thread's load or store each) that move ``nbytes``: one per ``vector_bytes``."""
+        return nbytes / self.vector_bytes
 
     def shape(self, dtype: str) -> WorkgroupShape:
-        """Per-workgroup resources for inputs of ``dtype``."""
-        lds = (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[dtype] * self.lds_buffers
-        accumulators = self.tile_m * self.tile_n * ACCUMULATOR_BYTES // self.threads // 4
-        return WorkgroupShape(self.threads, lds, accumulators + 40)
+        """Per-workgroup resources for inputs of ``dtype``.
+
+        Registers per thread: the fp32 accumulators of the tile, 40 for addresses and fragments,
+        and, in a fallback kernel, the next K-tile staged between its global loads and its LDS
+        stores (each access in whole 32-bit registers: 48 for a 256 x 128 x 32 fp16 tile loaded
+        2 bytes at a time, so 216 in all; the trace's ``cutlass_75_..._256x128_..._align1``
+        kernels have 226-236).
+        """
+        size = DTYPE_BYTES[dtype]
+        lds = (self.tile_m + self.tile_n) * self.tile_k * size * self.lds_buffers
+        registers = self.tile_m * self.tile_n * ACCUMULATOR_BYTES // self.threads // 4 + 40
+        if self.fallback:
+            per_thread = math.ceil(self.accesses((self.tile_m + self.tile_n) * self.tile_k * size) / self.threads)
+            registers += per_thread * math.ceil(self.vector_bytes / STAGING_REGISTER_BYTES)
+        return WorkgroupShape(self.threads, lds, registers)
 
     def inflight_bytes(self, dtype: str) -> int:
         """Bytes one workgroup keeps in flight: the A and B panels of the K-tiles it prefetches
@@ -80,7 +123,7 @@ class GemmKernelSpec:
 
     def with_split(self, split_k: int) -> GemmKernelSpec:
         """The same tile with ``split_k`` K splits."""
-        return GemmKernelSpec(self.tile_m, self.tile_n, self.tile_k, self.threads, split_k, self.lds_buffers)
+        return replace(self, split_k=split_k)
 
 
 LIBRARY: tuple[GemmKernelSpec, ...] = (
@@ -152,6 +195,17 @@ class GemmProblem:
         """Compulsory DRAM traffic: read A and B once, write C once."""
         return (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype_bytes * self.batch
 
+    @property
+    def row_alignment(self) -> int:
+        """Alignment of every operand row, bytes: the largest power of two up to
+        :data:`ALIGNED_ROW_BYTES` that divides the length of A's rows (``k``, or ``m`` when
+        transposed), B's (``n``, or ``k`` when transposed) and C's (``n``).  The matrices are packed
+        and start aligned, so each row starts at a multiple of its length."""
+        row_a = self.m if self.trans_a else self.k
+        row_b = self.k if self.trans_b else self.n
+        return math.gcd(row_a * self.dtype_bytes, row_b * self.dtype_bytes, self.n * self.dtype_bytes,
+                        ALIGNED_ROW_BYTES)
+
 
 def panel_runs(problem: GemmProblem, spec: GemmKernelSpec) -> tuple[int, int]:
     """Contiguous run length in bytes of the A and B panels a workgroup loads per K-tile.
@@ -192,10 +246,12 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
         return math.inf
     groups = num_workgroups(problem, spec)
     peak = gpu.cu.matrix_flops_per_cycle.get(problem.dtype) or gpu.cu.vector_flops_per_cycle.get("fp32", 1.0)
-    per_cu_flops_per_ns = peak * gpu.clock_hz * 1e-9
+    rate, access_ns = fallback_costs(spec, gpu, problem.dtype)
+    per_cu_flops_per_ns = peak * gpu.clock_hz * 1e-9 * rate
     share = min(1.0, shape.wavefronts(gpu.cu.wavefront_size) / SIMDS_PER_CU)
     k_per_split = math.ceil(problem.k / spec.split_k)
     tile_flops = 2.0 * spec.tile_m * spec.tile_n * k_per_split
+    tile_flops += access_ns * per_cu_flops_per_ns * tile_accesses(problem, spec, k_per_split, output=True)
     per_cu = math.ceil(groups / cus)
     concurrent = min(per_cu, resident)
     compute = per_cu * tile_flops / (per_cu_flops_per_ns * min(1.0, share * concurrent))
@@ -214,20 +270,62 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     return max(compute, memory, parallelism) + reduction + (gpu.dependent_launch_ns if spec.split_k > 1 else 0.0)
 
 
+def tile_accesses(problem: GemmProblem, spec: GemmKernelSpec, depth: int, output: bool) -> float:
+    """Accesses one workgroup of ``spec`` issues to load ``depth`` of K of its full A and B panels
+    and, with ``output``, to write its output tile (not with K splits: their partials go to the
+    library's own, aligned workspace)."""
+    size = problem.dtype_bytes
+    nbytes = (spec.tile_m + spec.tile_n) * depth * size
+    if output and spec.split_k == 1:
+        nbytes += spec.tile_m * spec.tile_n * size
+    return spec.accesses(nbytes)
+
+
+def fallback_costs(spec: GemmKernelSpec, gpu: GpuConfig, dtype: str) -> tuple[float, float]:
+    """What running as a fallback kernel costs ``spec`` on ``gpu``: the factor on its matrix rate
+    and the CU time of each of its accesses, ns (:class:`gpusim.config.GemmFallbackConfig`).
+
+    ``(1.0, 0.0)`` for the library's kernels, and on a GPU without a fallback family, whose
+    library runs any alignment at its rate.  The rate factor applies to dtypes with matrix units.
+    """
+    fallback = gpu.gemm_fallback
+    if not spec.fallback or fallback is None:
+        return 1.0, 0.0
+    rate = fallback.mma_fraction if gpu.cu.matrix_flops_per_cycle.get(dtype) else 1.0
+    return rate, fallback.access_cycles / gpu.clock_hz * 1e9
+
+
+def for_operands(spec: GemmKernelSpec, problem: GemmProblem, gpu: GpuConfig) -> GemmKernelSpec:
+    """``spec`` as ``gpu`` can run it on ``problem``'s operands: on a GPU with a fallback family, a
+    kernel whose accesses are wider than the operands' rows are aligned becomes the fallback
+    variant of its tile with accesses that wide (cuBLAS's ``align1`` / ``align2`` / ``align4``
+    kernels); elsewhere, and on aligned rows, ``spec`` itself."""
+    if gpu.gemm_fallback is None or spec.vector_bytes <= problem.row_alignment:
+        return spec
+    return replace(spec, vector_bytes=problem.row_alignment)
+
+
 def pipelined(spec: GemmKernelSpec, gpu: GpuConfig, dtype: str) -> GemmKernelSpec:
     """``spec`` as it runs on ``gpu`` with ``dtype`` inputs: a double-buffered kernel keeps the GPU's
     ``gemm_pipeline_stages`` K-tiles in LDS (as many as fit in a CU's LDS, at least 2), so it has
-    ``stages - 1`` loads in flight; a single-buffered kernel stays as it is."""
-    if spec.lds_buffers < 2:
+    ``stages - 1`` loads in flight; a single-buffered kernel, and a fallback kernel, whose loads
+    pass through registers, stay as they are."""
+    if spec.lds_buffers < 2 or spec.fallback:
         return spec
     panel = (spec.tile_m + spec.tile_n) * spec.tile_k * DTYPE_BYTES[dtype]
     stages = max(2, min(gpu.gemm_pipeline_stages, int(gpu.cu.lds_bytes) // panel))
     return spec if stages == spec.lds_buffers else replace(spec, lds_buffers=stages)
 
 
-def library_for(gpu: GpuConfig, dtype: str) -> tuple[GemmKernelSpec, ...]:
-    """The kernel library as ``gpu``'s BLAS has it for ``dtype`` inputs: :data:`LIBRARY`, or, where
-    the GPU sets ``gemm_k_tile_bytes``, its macro tiles with K-tiles of that many bytes per row."""
+def library_for(gpu: GpuConfig, dtype: str, row_alignment: int = ALIGNED_ROW_BYTES) -> tuple[GemmKernelSpec, ...]:
+    """The kernel library as ``gpu``'s BLAS has it for ``dtype`` inputs whose rows are aligned to
+    ``row_alignment`` bytes: :data:`LIBRARY`, or, where the GPU sets ``gemm_k_tile_bytes``, its
+    macro tiles with K-tiles of that many bytes per row.  Rows aligned to less than
+    :data:`ALIGNED_ROW_BYTES` on a GPU with a fallback family get the fallback kernels: the
+    library's tiles at their own depths (the K rows of TMA do not apply), with accesses of
+    ``row_alignment`` bytes."""
+    if gpu.gemm_fallback is not None and row_alignment < ALIGNED_ROW_BYTES:
+        return tuple(replace(spec, vector_bytes=row_alignment) for spec in LIBRARY)
     if gpu.gemm_k_tile_bytes is None:
         return LIBRARY
     depth = max(1, int(gpu.gemm_k_tile_bytes) // DTYPE_BYTES[dtype])
@@ -235,11 +333,17 @@ def library_for(gpu: GpuConfig, dtype: str) -> tuple[GemmKernelSpec, ...]:
 
 
 def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
-    """Every library kernel, with the split-K factors that make sense for ``problem``."""
+    """Every library kernel, with the split-K factors that make sense for ``problem``: at least 4
+    K-tiles per split, and, for a fallback kernel, only where K is at least as deep as the output
+    is long and wide (``k >= max(m, n)``).  cuBLAS split the fallback kernels' K in that case
+    only: on the H200 the 35 x 8457 x 1760-4096 GEMMs ran unsplit (their time grows with K at the
+    rate of one unsplit tile), GPT-2's 4096 x 768 x 50257 input gradient ran split 11 ways (the
+    trace's grid)."""
     result = []
     for spec in library:
         for split in SPLIT_K_FACTORS:
-            if split > 1 and problem.k // split < 4 * spec.tile_k:
+            if split > 1 and (problem.k // split < 4 * spec.tile_k
+                              or spec.fallback and problem.k < max(problem.m, problem.n)):
                 break
             result.append(spec.with_split(split))
     return result
@@ -255,9 +359,10 @@ def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) 
     """The kernel a BLAS library's heuristic would pick.
 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
-    one with the largest output tile, then the fewest K splits, then the shallowest K-tile.
+    one with the largest output tile, then the fewest K splits, then the shallowest K-tile.  Like
+    cuBLAS, it considers only kernels the operands' row alignment allows (:func:`library_for`).
     """
-    library = library_for(gpu, problem.dtype)
+    library = library_for(gpu, problem.dtype, problem.row_alignment)
     estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)]
     fastest = min(estimate for estimate, _ in estimates)
     near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
@@ -353,7 +458,12 @@ class GemmKernel:
         self.k_per_split = math.ceil(problem.k / spec.split_k)
         self.k_step = k_step(problem, spec)
         self.steps = math.ceil(self.k_per_split / self.k_step)
-        self.flops_per_ns = gpu.matrix_flops_per_ns(problem.dtype)
+        rate, access_ns = fallback_costs(spec, gpu.config, problem.dtype)
+        self.flops_per_ns = gpu.matrix_flops_per_ns(problem.dtype) * rate
+        # a fallback kernel's accesses take CU time beside its FLOPs (as FLOPs at its rate): per K step, and the
+        # output tile's with the last step
+        self.access_flops_per_step = access_ns * self.flops_per_ns * tile_accesses(problem, spec, self.k_step, output=False)
+        self.access_flops_per_tile = access_ns * self.flops_per_ns * tile_accesses(problem, spec, 0, output=True)
         self.wavefronts = spec.shape(problem.dtype).wavefronts(gpu.config.cu.wavefront_size)
         self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if spec.split_k > 1 else problem.dtype_bytes)
         self.inflight_bytes = spec.inflight_bytes(problem.dtype)
@@ -425,13 +535,14 @@ class GemmKernel:
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
         batch, row, col, split = self.tile_of(wg)
-        step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step
+        step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step + self.access_flops_per_step
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         pending = self._fetch(limit, batch, row, col, split, 0)
         yield pending.close()
         prefetch = self.spec.lds_buffers > 1
         for step in range(self.steps):
-            compute_done = cu.compute(env.now, step_flops, self.flops_per_ns, self.wavefronts)
+            flops = step_flops if step + 1 < self.steps else step_flops + self.access_flops_per_tile
+            compute_done = cu.compute(env.now, flops, self.flops_per_ns, self.wavefronts)
             if step + 1 < self.steps and prefetch:
                 pending = self._fetch(limit, batch, row, col, split, step + 1)
                 pending.extend_to(compute_done)
@@ -452,17 +563,28 @@ class GemmKernel:
         yield join.close()
 
 
-def find_spec(name: str) -> GemmKernelSpec:
-    """The library kernel called ``name`` (split-K suffix allowed); :class:`OpError` if there is none."""
+@functools.cache
+def _named_kernels() -> dict[str, GemmKernelSpec]:
+    """The kernels :func:`find_spec` knows, by name: the library's tiles at every depth of
+    :data:`K_TILE_DEPTHS`, as library or fallback kernels, with every split of :data:`SPLIT_K_FACTORS`."""
+    named: dict[str, GemmKernelSpec] = {}
     for spec in LIBRARY:
         for depth in K_TILE_DEPTHS:
-            for split in SPLIT_K_FACTORS:
-                candidate = replace(spec, tile_k=depth).with_split(split)
-                if candidate.name == name:
-                    return candidate
+            for vector in (ALIGNED_ROW_BYTES, *FALLBACK_WIDTHS):
+                for split in SPLIT_K_FACTORS:
+                    candidate = replace(spec, tile_k=depth, vector_bytes=vector, split_k=split)
+                    named.setdefault(candidate.name, candidate)
+    return named
+
+
+def find_spec(name: str) -> GemmKernelSpec:
+    """The library kernel called ``name`` (fallback and split-K suffixes allowed); :class:`OpError` if there is none."""
+    if name in _named_kernels():
+        return _named_kernels()[name]
     known = ", ".join(spec.name for spec in LIBRARY)
     raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (K depth may be any of "
-                  f"{', '.join(map(str, K_TILE_DEPTHS))}; optionally with _SK2.._SK16)")
+                  f"{', '.join(map(str, K_TILE_DEPTHS))}; optionally with a fallback kernel's access width "
+                  f"_V{'/_V'.join(map(str, FALLBACK_WIDTHS))} and _SK2.._SK16)")
 
 
 def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str) -> None:
@@ -492,7 +614,9 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     """Run a :class:`gpusim.ops.Gemm` on ``ctx``'s rank (a generator for the op's stream).
 
     The kernel is ``spec``, else the op's named kernel, else the library heuristic's choice for
-    the CUs the stream may use, with the GPU's pipeline stages (:func:`pipelined`).  With split-K,
+    the CUs the stream may use, as the GPU runs it on the operands' rows (:func:`for_operands`:
+    a named tile becomes its fallback variant where the rows are not aligned) and with the GPU's
+    pipeline stages (:func:`pipelined`).  With split-K,
     fp32 partial tiles go to a workspace and an element-wise reduction kernel writes C.
     """
     from gpusim.kernels.elementwise import StreamingKernel
@@ -504,7 +628,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
             spec = find_spec(op.kernel)
         else:
             spec = choose_kernel(problem, gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
-    spec = pipelined(spec, gpu.config, problem.dtype)
+    spec = pipelined(for_operands(spec, problem, gpu.config), gpu.config, problem.dtype)
     check_fits(spec, problem.dtype, gpu.config, op.label)
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)

@@ -20,7 +20,15 @@ from collections.abc import Iterable
 
 from gpusim.config.gpu import GpuConfig
 from gpusim.hw.compute import occupancy
-from gpusim.kernels.gemm import GemmKernelSpec, GemmProblem, candidates, estimate_ns
+from gpusim.kernels.gemm import (
+    ALIGNED_ROW_BYTES,
+    FALLBACK_WIDTHS,
+    GemmKernelSpec,
+    GemmProblem,
+    candidates,
+    estimate_ns,
+    for_operands,
+)
 
 TILES: tuple[tuple[int, int], ...] = (
     (256, 256), (256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64), (64, 128),
@@ -56,31 +64,38 @@ def _library() -> tuple[GemmKernelSpec, ...]:
 TUNING_LIBRARY: tuple[GemmKernelSpec, ...] = _library()
 """Every kernel the tuner may choose (without split-K; :func:`tuning_candidates` adds it)."""
 
-_NAME = re.compile(r"^MT(\d+)x(\d+)x(\d+)_T(\d+)(?:_LB(\d+))?(?:_SK(\d+))?$")
+_NAME = re.compile(r"^MT(\d+)x(\d+)x(\d+)_T(\d+)(?:_LB(\d+))?(?:_V(\d+))?(?:_SK(\d+))?$")
 
 
 def parse_kernel(name: str) -> GemmKernelSpec:
-    """The kernel called ``name`` (``MT128x64x32_T256``, optionally ``_LB1`` and ``_SK4``).
+    """The kernel called ``name`` (``MT128x64x32_T256``, optionally ``_LB1``, a fallback kernel's
+    access width ``_V2`` and ``_SK4``).
 
     Raises
     ------
     ValueError
-        When ``name`` is not a GEMM kernel name.
+        When ``name`` is not a GEMM kernel name, or its access width is not one of
+        :data:`gpusim.kernels.gemm.FALLBACK_WIDTHS`.
     """
     match = _NAME.match(name)
     if match is None:
-        raise ValueError(
-            f"GEMM kernel name {name!r} must look like MT<tile_m>x<tile_n>x<tile_k>_T<threads>[_LB<buffers>][_SK<splits>]"
-        )
+        raise ValueError(f"GEMM kernel name {name!r} must look like "
+                         "MT<tile_m>x<tile_n>x<tile_k>_T<threads>[_LB<buffers>][_V<access bytes>][_SK<splits>]")
     tile_m, tile_n, tile_k, threads = (int(group) for group in match.groups()[:4])
     buffers = int(match.group(5) or 2)
-    split = int(match.group(6) or 1)
-    return GemmKernelSpec(tile_m, tile_n, tile_k, threads, split, buffers)
+    vector = int(match.group(6) or ALIGNED_ROW_BYTES)
+    if match.group(6) and vector not in FALLBACK_WIDTHS:
+        raise ValueError(f"GEMM kernel name {name!r}: a fallback kernel's access width _V<bytes> is one of "
+                         f"{', '.join(map(str, FALLBACK_WIDTHS))}, not {vector}")
+    split = int(match.group(7) or 1)
+    return GemmKernelSpec(tile_m, tile_n, tile_k, threads, split, buffers, vector)
 
 
 def tuning_candidates(problem: GemmProblem, gpu: GpuConfig) -> list[GemmKernelSpec]:
-    """Every tuning-library kernel (with sensible split-K factors) whose workgroup fits a CU of ``gpu``."""
-    fits = [spec for spec in TUNING_LIBRARY if occupancy(spec.shape(problem.dtype), gpu.cu) > 0]
+    """Every tuning-library kernel (with sensible split-K factors), as ``gpu`` runs it on the
+    operands' rows (:func:`gpusim.kernels.gemm.for_operands`), whose workgroup fits a CU of ``gpu``."""
+    kernels = (for_operands(spec, problem, gpu) for spec in TUNING_LIBRARY)
+    fits = [spec for spec in kernels if occupancy(spec.shape(problem.dtype), gpu.cu) > 0]
     return candidates(problem, fits)
 
 

@@ -10,7 +10,8 @@ How a kernel becomes an op:
 * GEMM (cuBLAS/cuBLASLt/CUTLASS/Tensile/rocBLAS names): M, N, K and the dtype from the CPU op's
   ``Input Dims`` and ``Input type`` (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``,
   ``linear``); the macro tile in the kernel name (``MT64x16x32``, ``256x64_16x4``) picks the library
-  kernel with the same tile when there is one.  Without recorded shapes (profiling without
+  kernel with the same tile when there is one, and CUTLASS's ``align<N>`` below 16 bytes its
+  fallback variant (``_V<bytes>``).  Without recorded shapes (profiling without
   ``record_shapes=True``) grid, block and name fix only the output tiling, never K, so such a GEMM
   cannot be modelled.
 * Element-wise: the element count from the CPU op's shapes when it is an element-wise op, else from
@@ -52,6 +53,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError, UnsupportedTraceError
 from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
@@ -160,18 +162,24 @@ _TILE_PATTERNS = (
     re.compile(r"MT(\d+)x(\d+)x(\d+)"),  # Tensile (rocBLAS, hipBLASLt): MT<m>x<n>x<depth>
     re.compile(r"tilesize(\d+)x(\d+)x(\d+)"),  # cuDNN/cuBLAS xmma kernels
     re.compile(r"_(\d+)x(\d+)_(\d+)x\d+_"),  # CUTLASS and cuBLAS's sm90 nvjet kernels: <m>x<n>_<k>x<stages>
+    re.compile(r"_(\d+)x(\d+)_(?:nn|nt|tn|tt)_align()"),  # CUTLASS 2.x sm75 kernels: <m>x<n>_<layouts>_align<N>
     re.compile(r"gemm_(\d+)x(\d+)()"),  # cuBLAS SIMT: sgemm_<m>x<n>
 )
 
+_ALIGN = re.compile(r"_align(\d+)")
+"""CUTLASS's alignment in elements: the vector width of its kernel's accesses."""
 
-def library_kernel_of(kernel_name: str, threads: int | None) -> str:
+
+def library_kernel_of(kernel_name: str, threads: int | None, dtype_bytes: int | None = None) -> str:
     """The gpusim library kernel with the measured kernel's macro tile (and K depth, where it is one of
     :data:`gpusim.kernels.gemm.K_TILE_DEPTHS`), or ``""`` when the library has no such tile.
 
     BLAS libraries are column-major: a tile ``a x b`` of their C is ``b x a`` of the row-major
-    product gpusim models (PyTorch's ``mm(A, B)`` runs as ``C^T = B^T A^T``).
+    product gpusim models (PyTorch's ``mm(A, B)`` runs as ``C^T = B^T A^T``).  A CUTLASS kernel
+    whose ``align<N>`` elements of ``dtype_bytes`` each make less than 16 bytes is a fallback
+    kernel, the ``_V<bytes>`` variant of the tile (:mod:`gpusim.kernels.gemm`).
     """
-    from gpusim.kernels.gemm import K_TILE_DEPTHS, LIBRARY
+    from gpusim.kernels.gemm import FALLBACK_WIDTHS, K_TILE_DEPTHS, LIBRARY
 
     for pattern in _TILE_PATTERNS:
         match = pattern.search(kernel_name)
@@ -182,7 +190,12 @@ def library_kernel_of(kernel_name: str, threads: int | None) -> str:
             if not same_tile:
                 return ""
             best = max(same_tile, key=lambda spec: (spec.tile_k == depth, spec.threads == threads))
-            return (replace(best, tile_k=depth) if depth in K_TILE_DEPTHS else best).name
+            if depth in K_TILE_DEPTHS:
+                best = replace(best, tile_k=depth)
+            align = _ALIGN.search(kernel_name)
+            if align and dtype_bytes and int(align.group(1)) * dtype_bytes in FALLBACK_WIDTHS:
+                best = replace(best, vector_bytes=int(align.group(1)) * dtype_bytes)
+            return best.name
     return ""
 
 
@@ -320,7 +333,7 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
         return _collective_fields(args, name, world)
     if klass == "gemm":
         fields = _gemm_fields(cpu_op, name)
-        fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None)
+        fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None, DTYPE_BYTES[fields["dtype"]])
         return fields
     if klass == "reduction":
         fields = _reduction_fields(cpu_op)
