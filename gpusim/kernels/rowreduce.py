@@ -178,15 +178,15 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     return _norm_kernel(kind, cols, size)
 
 
-def _norm_passes(kind: str, source: str, reduction: str) -> tuple[RowPass, RowPass]:
-    """Statistics and output of a layer norm (Welford: a reciprocal of the running count per element
-    and a division per combination step) or an RMS norm (a sum of squares)."""
+def _norm_passes(kind: str, later: str) -> tuple[RowPass, RowPass]:
+    """Statistics (from memory, ending in a block reduction) and output (read from ``later``) of a
+    layer norm (Welford: a reciprocal of the running count per element and a division per
+    combination step) or an RMS norm (a sum of squares)."""
     if kind == "layernorm":
-        return (RowPass(source, ops_per_element=10.0, transcendentals_per_element=1.0, reduction=reduction,
+        return (RowPass("memory", ops_per_element=10.0, transcendentals_per_element=1.0, reduction="block",
                         combine_cycles=40.0),
-                RowPass(source, ops_per_element=7.0, writes=True))
-    return (RowPass(source, ops_per_element=3.0, reduction=reduction),
-            RowPass(source, ops_per_element=5.0, writes=True))
+                RowPass(later, ops_per_element=7.0, writes=True))
+    return (RowPass("memory", ops_per_element=3.0, reduction="block"), RowPass(later, ops_per_element=5.0, writes=True))
 
 
 def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
@@ -194,7 +194,7 @@ def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
     two passes over the row in global memory (statistics, then output); RMS norm runs the same
     kernel.  Rows whose length is not a multiple of 4 load one element at a time."""
     vector = NORM_VECTOR_ELEMENTS if cols % NORM_VECTOR_ELEMENTS == 0 else 1
-    return RowKernelSpec("vectorized_layer_norm_kernel", 128, 1, vector * size, 32, _norm_passes(kind, "memory", "block"))
+    return RowKernelSpec("vectorized_layer_norm_kernel", 128, 1, vector * size, 32, _norm_passes(kind, "memory"))
 
 
 def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKernelSpec:
@@ -273,9 +273,7 @@ def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKern
     elif kind == "sum":
         passes = (RowPass("memory", ops_per_element=2.0, reduction="block", writes=True),)
     else:
-        stats, output = _norm_passes(kind, source, "block")
-        passes = (RowPass("memory", stats.ops_per_element, stats.transcendentals_per_element, stats.reduction,
-                          stats.combine_cycles), output)
+        passes = _norm_passes(kind, source)
     return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
 
 
