@@ -41,6 +41,23 @@ def test_one_host_issues_every_stream_of_its_rank_in_turn():
     assert kernels["start_s"].to_numpy() == pytest.approx([LAUNCH_S, 2 * LAUNCH_S, 3 * LAUNCH_S])
 
 
+
+def test_a_kernel_completes_the_gpu_s_own_cost_after_its_last_workgroup():
+    """A kernel's span ends ``kernel_device_ns`` after its work; the next kernel of its stream waits
+    for that, a kernel on another stream does not."""
+    no_host = H100.with_overrides({"gpu.kernel_launch_ns": 0})
+    bare = no_host.with_overrides({"gpu.kernel_device_ns": 0})
+    device_s = H100.gpu.kernel_device_ns * 1e-9
+    assert device_s > 0
+    op = ops.Elementwise("add", 2**20, "fp16")
+    assert gpusim.run(no_host, op).time_s == pytest.approx(gpusim.run(bare, op).time_s + device_s)
+    chain = _kernels(gpusim.run(no_host, [ops.Elementwise("add", 2**20, "fp16") for _ in range(2)]))
+    assert chain["start_s"].iloc[1] == pytest.approx(chain["end_s"].iloc[0] + GAP_S)
+    halves = [gpusim.Stream(name, cu_mask=tuple(range(66 * i, 66 * i + 66))) for i, name in enumerate("ab")]
+    twins = [ops.Elementwise("add", 2**20, "fp16") for _ in range(2)]
+    apart = gpusim.run(no_host, twins, streams=halves).time_s
+    assert apart < gpusim.run(bare, twins, streams=halves).time_s + 1.5 * device_s
+
 @settings(max_examples=10, deadline=None)
 @given(sizes=st.lists(st.integers(10, 23), min_size=1, max_size=6))
 def test_a_kernel_starts_when_both_its_launch_and_its_predecessor_allow(sizes):

@@ -463,6 +463,13 @@ class GpuConfig(Model):
         per-call cost), which is also when the kernel of an idle GPU starts after the call began;
         the host issues its launches one after another without waiting for the GPU
         (:mod:`gpusim.sched.executor`).
+    kernel_device_ns
+        The GPU's own cost of a kernel beyond its workgroups' work: between its last workgroup's
+        end and its completion (the grid's memory flush and completion signal; with the set-up
+        before its first workgroup, which the model folds in here), ns.  A profiler's kernel
+        durations include it; the next kernel of the same queue waits for it, a concurrent one
+        does not.  Measured as the smallest kernels' durations in profiles less the model's span
+        of those kernels.
     dependent_launch_ns
         Gap between a kernel's end and the start of the next kernel already queued behind it (by
         the host running ahead, or by the same library call, as a split-K GEMM's reduction): the
@@ -508,6 +515,7 @@ class GpuConfig(Model):
     gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
+    kernel_device_ns: Nanoseconds = 0.0
     dependent_launch_ns: Nanoseconds = 1200.0
     gemm_pipeline_stages: int = Field(2, ge=2)
     gemm_k_tile_bytes: Bytes | None = None

@@ -11,7 +11,8 @@ are made, and it never waits for the GPU.  A kernel starts at the later of its l
 and its predecessor's end plus the GPU's completion-to-dispatch latency
 (``GpuConfig.dependent_launch_ns``).  So a stream of short kernels is bound by the host (one kernel
 per launch cost) and a stream of long kernels by the GPU (gaps of the dispatch latency): the host
-runs ahead of the GPU.  Ops whose kernels were issued before the run (a command processor's
+runs ahead of the GPU.  A kernel ends ``GpuConfig.kernel_device_ns`` after its last workgroup (the
+GPU's own per-kernel cost, which a profiler's kernel durations include).  Ops whose kernels were issued before the run (a command processor's
 packets, :mod:`gpusim.sched.command_processor`) bypass the host: each kernel waits the launch
 cost from its release (the dispatch latency for a kernel queued behind its op's previous one).
 """
@@ -143,8 +144,9 @@ class OpContext:
         at the later of that issue and now, plus the GPU's ``dependent_launch_ns`` where it
         follows GPU work (:attr:`follows`), then ``latency_ns`` more (device-side set-up such as a
         collective's), ns.  It then waits for its stream's hardware queue to finish the kernel
-        before it (:mod:`gpusim.hw.queues`).  The kernel's ``info`` gains the launching op's
-        ``op_id`` (kept in ``Result.kernels``).
+        before it (:mod:`gpusim.hw.queues`).  Once its last workgroup has ended, the kernel takes
+        the GPU's ``kernel_device_ns`` more to complete (its queue's next kernel waits for that).
+        The kernel's ``info`` gains the launching op's ``op_id`` (kept in ``Result.kernels``).
         """
         if kernel.cu_mask is None and self.cu_mask is not None:
             kernel.cu_mask = self.cu_mask
@@ -170,10 +172,11 @@ class OpContext:
             yield turn
             run = self.gpu.dispatcher.launch(kernel)
             yield run.done
+            if config.kernel_device_ns:
+                yield self.env.timeout(config.kernel_device_ns)
         self.follows = True
-        self.sim.recorder.span(
-            Span(kernel.name, "kernel", self.rank, self.stream.name, run.start_ns, run.end_ns, dict(kernel.info))
-        )
+        self.sim.recorder.span(Span(kernel.name, "kernel", self.rank, self.stream.name, run.start_ns,
+                                    run.end_ns + config.kernel_device_ns, dict(kernel.info)))
         return run
 
 

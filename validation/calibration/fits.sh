@@ -22,9 +22,12 @@ echo "== MI210: sustained HBM efficiency on large GeLU; held out: the skinny GEM
 $FIT --dataset gelu-mi210 --query "elements >= 2**22" \
      --param "gpu.hbm.sustained_efficiency=0.35,0.40,0.45,0.50,0.55" \
      --holdout-dataset gemm-mi210 --holdout-query "m <= 256 and n == 12288"
-echo "== MI210: per-call floor and element-wise memory-level parallelism, jointly on GeLU and softmax; held out: layernorm"
-$FIT --dataset gelu-mi210 --dataset softmax-mi210 \
-     --param "gpu.kernel_launch_ns=20 us,22 us,24 us,26 us" --param "gpu.streaming_inflight_bytes_per_thread=2,4,8" \
+echo "== MI210: per-call floor and element-wise memory-level parallelism on GeLU; held out: softmax, then layernorm"
+$FIT --dataset gelu-mi210 \
+     --param "gpu.kernel_launch_ns=16 us,17 us,18 us,20 us,22 us" --param "gpu.streaming_inflight_bytes_per_thread=2,4,8,16" \
+     --holdout-dataset softmax-mi210
+$FIT --dataset gelu-mi210 \
+     --param "gpu.kernel_launch_ns=16 us,17 us,18 us,20 us,22 us" --param "gpu.streaming_inflight_bytes_per_thread=2,4,8,16" \
      --holdout-dataset layernorm-mi210
 echo "== H200 (and the H100, the same chip): tensor-core GEMM efficiency on the aligned GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-h200 --query "2*m*n*k > 1e11" \
