@@ -45,10 +45,14 @@ class Fill:
             self.dependents = []
 
     def wait(self, join: Join, now: float) -> None:
-        """Make ``join`` wait for this fill."""
+        """Make ``join`` wait for this fill.
+
+        A join that is already the last dependent (a read covering several blocks of one fill)
+        is not added again: its parts would complete one after the other at the same time.
+        """
         if self.pending == 0:
             join.extend_to(self.latest)
-        else:
+        elif not self.dependents or self.dependents[-1] is not join:
             join.add()
             self.dependents.append(join)
 
