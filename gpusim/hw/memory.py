@@ -201,10 +201,14 @@ class MemorySystem:
         size = l2.block_bytes
         end = addr + nbytes
         block = addr // size
+        insert, sectors = l2.insert, l2.sectors
         while block * size < end:
             base = block * size
-            lo, hi = max(addr, base) - base, min(end, base + size) - base
-            self._writeback(l2.insert(block, hi - lo, None, l2.sectors(lo, hi)), join)
+            lo = addr - base if addr > base else 0
+            hi = end - base if end < base + size else size
+            evicted = insert(block, hi - lo, None, sectors(lo, hi))
+            if evicted:
+                self._writeback(evicted, join)
             block += 1
 
     def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:
