@@ -215,8 +215,9 @@ class MemorySystem:
         """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
         if kind == WRITE and self.l2.remote_writes_allocate:
             self.write(addr, nbytes, admission, stream=COMM)
-        else:
-            self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)
+        else:  # what write() does with an uncached write or an update
+            self._invalidate(addr, nbytes)
+            self.dram(addr, nbytes, kind, COMM, admission=admission)
 
     def flush(self, join: Join) -> None:
         """Write back every dirty L2 block (e.g. at the end of a kernel that must be visible in DRAM)."""
