@@ -100,9 +100,12 @@ class Credits:
 
     def give(self, amount: float) -> None:
         """Return ``amount`` units and wake waiters in FIFO order."""
-        self.available = min(self.capacity, self.available + min(amount, self.capacity))
-        while self._waiters and self.available >= self._waiters[0][0]:
-            wanted, event = self._waiters.popleft()
+        capacity = self.capacity
+        available = self.available + (amount if amount <= capacity else capacity)
+        self.available = available if available < capacity else capacity
+        waiters = self._waiters
+        while waiters and self.available >= waiters[0][0]:
+            wanted, event = waiters.popleft()
             self.available -= wanted
             event.succeed()
 

@@ -45,10 +45,14 @@ class Fill:
             self.dependents = []
 
     def wait(self, join: Join, now: float) -> None:
-        """Make ``join`` wait for this fill."""
+        """Make ``join`` wait for this fill.
+
+        A join that is already the last dependent (a read covering several blocks of one fill)
+        is not added again: its parts would complete one after the other at the same time.
+        """
         if self.pending == 0:
             join.extend_to(self.latest)
-        else:
+        elif not self.dependents or self.dependents[-1] is not join:
             join.add()
             self.dependents.append(join)
 
@@ -92,7 +96,9 @@ class L2Cache:
     def sectors(self, start: int, stop: int) -> int:
         """Bit mask of the sectors that byte offsets ``[start, stop)`` of a block touch."""
         first = start // self.sector_bytes
-        last = min(SECTORS - 1, (stop - 1) // self.sector_bytes)
+        last = (stop - 1) // self.sector_bytes
+        if last > SECTORS - 1:
+            last = SECTORS - 1
         return ((1 << (last - first + 1)) - 1) << first
 
     def lookup(self, block: int, now: float, sectors: int = ALL_SECTORS) -> Fill | bool:
@@ -146,18 +152,24 @@ class L2Cache:
 
         The same as :meth:`insert` with ``dirty_bytes=0`` and all sectors, block by block, in one call.
         """
-        cache, present, fills = self.blocks, self.present, self.fills
+        cache, present, fills, stats = self.blocks, self.present, self.fills, self.stats
         capacity = self.capacity_blocks
         evicted: list[tuple[int, int]] = []
         for block in blocks:
+            present[block] = ALL_SECTORS
+            fills[block] = fill
             if block in cache:
                 cache.move_to_end(block)
             else:
                 cache[block] = 0
-            present[block] = ALL_SECTORS
-            fills[block] = fill
-            if len(cache) > capacity:
-                self._evict_over_capacity(evicted)
+                if len(cache) > capacity:  # one block over: _evict_over_capacity, inlined
+                    victim, dirty = cache.popitem(last=False)
+                    fills.pop(victim, None)
+                    present.pop(victim, None)
+                    stats.evictions += 1
+                    if dirty:
+                        stats.writebacks += 1
+                        evicted.append((victim, dirty))
         return evicted
 
     def _evict_over_capacity(self, evicted: list[tuple[int, int]]) -> None:

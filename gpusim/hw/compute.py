@@ -135,8 +135,12 @@ class ComputeUnit:
     def compute(self, now: float, flops: float, flops_per_ns: float, wavefronts: int) -> float:
         """Run ``flops`` at a CU peak of ``flops_per_ns``; return the finishing time, ns."""
         full = flops / flops_per_ns
-        share = min(1.0, wavefronts / SIMDS_PER_CU)
-        return max(self.math.reserve(now, full), now + full / share)
+        share = wavefronts / SIMDS_PER_CU
+        if share > 1.0:
+            share = 1.0
+        reserved = self.math.reserve(now, full)
+        alone = now + full / share
+        return alone if alone > reserved else reserved
 
     def miss_equivalent(self, nbytes: float, missed: float | None = None) -> float:
         """Bytes at DRAM latency that occupy in-flight capacity as long as ``nbytes`` of which
@@ -177,8 +181,9 @@ class InflightLimit:
     def memory(self, now: float, nbytes: float, missed: float | None = None) -> float:
         """Earliest time the WG (and its CU) can have moved ``nbytes``, ``missed`` of them from DRAM, ns."""
         cu = self.cu
-        own = self.pipe.reserve(now, cu.miss_equivalent(nbytes, missed))
-        shared = cu.memory(now, nbytes, missed)
+        equivalent = cu.miss_equivalent(nbytes, missed)
+        own = self.pipe.reserve(now, equivalent)
+        shared = cu.mem.reserve(now, equivalent)  # cu.memory(now, nbytes, missed)
         return own if own > shared else shared
 
 

@@ -31,6 +31,16 @@ UPDATE = "update"
 KINDS = (READ, WRITE, UPDATE)
 
 
+def row_fold(row: int, banks: int) -> int:
+    """XOR of the bank-index-wide groups of ``row``'s bits (its base-``banks`` digits): what
+    :func:`bank_of` XORs into the bank slot of every piece of ``row``."""
+    fold = 0
+    while row:
+        fold ^= row % banks
+        row //= banks
+    return fold
+
+
 def bank_of(piece: int, groups: int, per_group: int, xor: bool) -> tuple[int, int, int]:
     """``(bank, bank_group, row)`` of the ``piece``-th row-sized piece of a channel: pieces rotate
     over bank groups, then the banks of a group, then rows; with ``xor`` the rotation's slot is
@@ -40,10 +50,7 @@ def bank_of(piece: int, groups: int, per_group: int, xor: bool) -> tuple[int, in
     row = piece // banks
     slot = piece % banks
     if xor:
-        folded = row
-        while folded:
-            slot ^= folded % banks
-            folded //= banks
+        slot ^= row_fold(row, banks)
     group = slot % groups
     return group * per_group + slot // groups, group, row
 
@@ -69,6 +76,12 @@ class AddressMap:
         self.banks_per_group = hbm.banks_per_group
         self.bank_xor = hbm.bank_xor
         self.max_request = max(int(max_request_bytes) * hbm.lockstep_channels, self.interleave)
+        self.banks = self.bank_groups * self.banks_per_group
+        # bank and bank group of each (hashed) slot, and the fold of each row met so far (bank_of
+        # as lookups: it runs for every request and every row segment)
+        self.slot_bank = [bank_of(slot, self.bank_groups, self.banks_per_group, False)[0] for slot in range(self.banks)]
+        self.slot_group = [slot % self.bank_groups for slot in range(self.banks)]
+        self.folds: dict[int, int] = {}
 
     def split(self, addr: int, nbytes: int) -> list[tuple[int, int, int]]:
         """Cut ``[addr, addr + nbytes)`` into per-channel requests.
@@ -83,11 +96,16 @@ class AddressMap:
         end = addr + nbytes
         first_unit = addr // interleave
         last_unit = (end - 1) // interleave
+        if first_unit == last_unit:
+            return [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave,
+                     nbytes)]
         if last_unit - first_unit < channels:
             pieces = []
             position = addr
             for unit in range(first_unit, last_unit + 1):
-                stop = min(end, (unit + 1) * interleave)
+                stop = (unit + 1) * interleave
+                if stop > end:
+                    stop = end
                 pieces.append((unit % channels, (unit // channels) * interleave + position - unit * interleave, stop - position))
                 position = stop
             return pieces
@@ -111,8 +129,21 @@ class AddressMap:
 
     def bank_row(self, ch_addr: int) -> tuple[int, int]:
         """Bank index and row of the byte at channel address ``ch_addr``."""
-        bank, _, row = bank_of(ch_addr // self.row_bytes, self.bank_groups, self.banks_per_group, self.bank_xor)
-        return bank, row
+        piece = ch_addr // self.row_bytes
+        banks = self.banks
+        row = piece // banks
+        slot = piece % banks
+        if self.bank_xor:
+            fold = self.folds.get(row)
+            slot ^= self.fold(row) if fold is None else fold
+        return self.slot_bank[slot], row
+
+    def fold(self, row: int) -> int:
+        """:func:`row_fold` of ``row``, remembered."""
+        fold = self.folds.get(row)
+        if fold is None:
+            fold = self.folds[row] = row_fold(row, self.banks)
+        return fold
 
 
 @dataclass
@@ -154,8 +185,6 @@ class HbmChannel:
         clock = hbm.clock_hz
         derate = 1.0 / ((1.0 - hbm.refresh_overhead) * hbm.sustained_efficiency)
         self.map = address_map
-        self._geometry = (address_map.row_bytes, address_map.bank_groups, address_map.banks_per_group,
-                          address_map.bank_groups * address_map.banks_per_group)
         self.bank_xor = address_map.bank_xor
         self.burst_bytes = hbm.sim_burst_bytes
         self.t_rp = cycles_to_ns(hbm.t_rp_cycles, clock)
@@ -179,6 +208,10 @@ class HbmChannel:
         self.bus_free = 0.0
         self.last_write = False
         self.stats = ChannelStats()
+        # What access() reads for every request, in one tuple (fewer attribute lookups).
+        self._constants = (address_map, address_map.row_bytes, address_map.banks, address_map.slot_bank,
+                           address_map.slot_group, address_map.folds if self.bank_xor else None, self.burst_bytes,
+                           -(-address_map.row_bytes // self.burst_bytes), self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd)
 
     @property
     def activation_ns(self) -> float:
@@ -205,50 +238,59 @@ class HbmChannel:
             bus_free = (bus_free if bus_free > now else now) + (self.t_rtw if is_write else self.t_wtr)
             self.last_write = is_write
         end = now
-        row_bytes, groups, per_group, banks = self._geometry
-        xor = self.bank_xor
+        (address_map, row_bytes, banks, slot_bank, slot_group, folds, burst, row_bursts, t_ccd_s, t_ras, t_rp,
+         t_rcd) = self._constants
         open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
-        burst = self.burst_bytes
-        t_ccd_s, t_ras, t_rp, t_rcd = self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd
         stats = self.stats
         row_hits = activations = 0
         busy = stats.busy_ns
+        row_group_occupancy, row_bus_occupancy = row_bursts * spacing, row_bursts * t_ccd_s  # a whole row's
         position = ch_addr
         stop = ch_addr + nbytes
+        # AddressMap.bank_row, inlined and stepped: consecutive row-sized pieces take consecutive
+        # slots of a row, then the next row (this loop runs for every row segment).
+        piece = ch_addr // row_bytes
+        boundary = (piece + 1) * row_bytes
+        row = piece // banks
+        unhashed = piece % banks
+        if folds is None:
+            fold = 0
+        else:
+            fold = folds.get(row)
+            if fold is None:
+                fold = address_map.fold(row)
         while position < stop:
-            piece = position // row_bytes
-            segment_stop = (piece + 1) * row_bytes
-            if segment_stop > stop:
-                segment_stop = stop
+            segment_stop = boundary if boundary <= stop else stop
             size = segment_stop - position
             position = segment_stop
-            row = piece // banks
-            slot = piece % banks
-            if xor:  # bank_of, inlined: this loop runs for every row segment of every request
-                folded = row
-                while folded:
-                    slot ^= folded % banks
-                    folded //= banks
-            group = slot % groups
-            bank = group * per_group + slot // groups
-            if open_row[bank] == row:
-                ready = bank_free[bank]
+            boundary += row_bytes
+            slot = unhashed ^ fold
+            bank = slot_bank[slot]
+            group = slot_group[slot]
+            bank_ready = bank_free[bank]
+            current = open_row[bank]
+            if current == row:
+                ready = bank_ready
                 row_hits += 1
             else:
-                act = bank_free[bank] if bank_free[bank] > now else now
-                if open_row[bank] >= 0:
+                act = bank_ready if bank_ready > now else now
+                if current >= 0:
                     earliest = activated_at[bank] + t_ras
                     act = (act if act > earliest else earliest) + t_rp
                 activated_at[bank] = act
                 open_row[bank] = row
                 ready = act + t_rcd
                 activations += 1
-            bursts = -(-size // burst)
-            start = ready if ready > group_free[group] else group_free[group]
+            if size == row_bytes:
+                group_occupancy, bus_occupancy = row_group_occupancy, row_bus_occupancy
+            else:
+                bursts = -(-size // burst)
+                group_occupancy, bus_occupancy = bursts * spacing, bursts * t_ccd_s
+            group_ready = group_free[group]
+            start = ready if ready > group_ready else group_ready
             if now > start:
                 start = now
-            group_end = start + bursts * spacing
-            bus_occupancy = bursts * t_ccd_s
+            group_end = start + group_occupancy
             bus_free = (bus_free if bus_free > start else start) + bus_occupancy
             busy += bus_occupancy
             segment_end = group_end if group_end > bus_free else bus_free
@@ -256,6 +298,11 @@ class HbmChannel:
             bank_free[bank] = segment_end
             if segment_end > end:
                 end = segment_end
+            unhashed += 1
+            if unhashed == banks:
+                unhashed = 0
+                row += 1
+                fold = 0 if folds is None else address_map.fold(row)
         self.bus_free = bus_free
         stats.row_hits += row_hits
         stats.activations += activations

@@ -124,6 +124,7 @@ class Interconnect:
             raise ValueError(f"transfer from GPU {src} to itself")
         links, packet = self._route(src, dst)
         credits = self._credits[(src, dst)]
+        memory = self.memory_of(dst)
         record = self.sim.recorder.link_transfer
         env = self.env
         offset = 0
@@ -132,19 +133,20 @@ class Interconnect:
             wait = credits.take(size)
             if wait is not None:
                 yield wait
-            t = env.now
+            now = t = env.now
             for link in links:
-                start = max(t, link.pipe.free_at)
-                record(link.name, src, dst, start, size)
+                pipe = link.pipe
+                record(link.name, src, dst, t if t >= pipe.free_at else pipe.free_at, size)
                 link.bytes_sent += size
-                t = link.pipe.reserve(t, size) + link.latency
+                t = pipe.reserve(t, size) + link.latency
             if done is not None:
                 done.pending += 1
-            arrival = env.timeout(t - env.now)
-            arrival.callbacks.append(self._arrival_callback(dst, addr + offset, size, kind, credits, done))
+            arrival = env.timeout(t - now)
+            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits, done))
             offset += size
 
-    def _arrival_callback(self, dst: int, addr: int, size: int, kind: str, credits: Credits, done: Countdown | None):
+    def _arrival_callback(self, memory: MemorySystem, addr: int, size: int, kind: str, credits: Credits,
+                          done: Countdown | None):
         def arrive(_event) -> None:
             def accepted(time_ns: float) -> None:
                 credits.give(size)
@@ -152,7 +154,7 @@ class Interconnect:
                     done.done_at(time_ns)
 
             admission = Countdown(accepted)
-            self.memory_of(dst).accept_remote(addr, size, kind, admission)
+            memory.accept_remote(addr, size, kind, admission)
             admission.close(self.env.now)
 
         return arrive

@@ -237,20 +237,16 @@ class MemoryController(Component):
         self._bin_ns = sim.recorder.bin_ns
         self._traffic = sim.recorder.dram
         self._bank_row = channel.map.bank_row
-
-    @property
-    def open_row(self) -> list[int]:
-        """Open row of each bank of the channel (-1: closed)."""
-        return self.channel.open_row
+        self.open_row: list[int] = channel.open_row
+        """Open row of each bank of the channel (-1: closed): the channel's own list."""
 
     # -- requests in ------------------------------------------------------------------------
     def submit(self, request: MemRequest) -> None:
         """Offer a request; it enters the queue now or waits (in arrival order) until admitted."""
-        request.bank, request.row = self._bank_row(request.ch_addr)
         stream = request.stream
         queue = self.queue
         if (
-            not self.waiting[stream]
+            (not self.waiting_count or not self.waiting[stream])
             and len(queue) < self.capacity
             and (self._admits_while_room or self.arbiter.may_admit(stream, len(queue), self.capacity, 0.0))
         ):
@@ -263,8 +259,17 @@ class MemoryController(Component):
     def _enqueue(self, request: MemRequest) -> None:
         queue = self.queue
         queue.append(request)
-        if len(queue) > self.max_occupancy:
-            self.max_occupancy = len(queue)
+        occupancy = len(queue)
+        if occupancy > 1:
+            # Only a pick between several requests compares rows: requests get their bank and row
+            # when they queue behind another, or when another queues behind them.
+            bank_row = self._bank_row
+            if occupancy == 2 and queue[0].bank < 0:
+                first = queue[0]
+                first.bank, first.row = bank_row(first.ch_addr)
+            request.bank, request.row = bank_row(request.ch_addr)
+        if occupancy > self.max_occupancy:
+            self.max_occupancy = occupancy
         if request.admission:
             now = self.env.now
             for join in request.admission:
@@ -276,13 +281,16 @@ class MemoryController(Component):
 
     def _admit_waiting(self) -> None:
         now = self.env.now
+        queue, capacity = self.queue, self.capacity
+        # Without admission rules, room in the queue is enough (Arbiter.may_admit).
+        may_admit = None if self._admits_while_room else self.arbiter.may_admit
         admitted = True
-        while admitted and len(self.queue) < self.capacity:
+        while admitted and len(queue) < capacity:
             admitted = False
             for stream in ADMISSION_ORDER:
                 waiting = self.waiting[stream]
-                if waiting and self.arbiter.may_admit(
-                    stream, len(self.queue), self.capacity, now - waiting[0].arrival_ns
+                if waiting and (
+                    may_admit is None or may_admit(stream, len(queue), capacity, now - waiting[0].arrival_ns)
                 ):
                     self._enqueue(waiting.popleft())
                     self.waiting_count -= 1
@@ -294,39 +302,42 @@ class MemoryController(Component):
         """Schedule queued requests while the bus has room in the window; then arrange a wake-up."""
         if self._pumping:
             return
-        self._pumping = True
-        env = self.env
         queue = self.queue
         channel = self.channel
-        pick = self.arbiter.pick
-        mca = self.arbiter.mca
-        access = channel.access
-        traffic, gpu, index, latency = self._traffic, self.gpu, self.index, self.latency
-        now = env.now
-        time_bin = int(now // self._bin_ns)
+        now = self.env.now
         limit = now + self.high_water
-        while queue and channel.bus_free <= limit:
-            if mca is not None:
-                mca.sample(len(queue) / self.capacity)
-            request = queue.pop(pick(queue, now, self) if len(queue) > 1 else 0)
-            kind = request.kind
-            end = access(request.ch_addr, request.nbytes, kind, now, request.run_bytes)
-            done = end + latency if kind == READ else end
-            request.done_ns = done
-            self.served += 1
-            self.last_stream = request.stream
-            traffic[(gpu, index, request.stream, kind, time_bin)] += request.nbytes
-            if request.completion:
-                for join in request.completion:
-                    join.done_at(done)
-            if request.on_done is not None:
-                request.on_done(request, done)
-            if self.waiting_count:
-                self._admit_waiting()
-        self._pumping = False
+        if queue and channel.bus_free <= limit:
+            self._pumping = True
+            pick = self.arbiter.pick
+            mca = self.arbiter.mca
+            access = channel.access
+            traffic, gpu, index, latency = self._traffic, self.gpu, self.index, self.latency
+            time_bin = int(now // self._bin_ns)
+            served = 0
+            while queue and channel.bus_free <= limit:
+                if mca is not None:
+                    mca.sample(len(queue) / self.capacity)
+                request = queue.pop(pick(queue, now, self) if len(queue) > 1 else 0)
+                kind = request.kind
+                stream = request.stream
+                end = access(request.ch_addr, request.nbytes, kind, now, request.run_bytes)
+                done = end + latency if kind == READ else end
+                request.done_ns = done
+                served += 1
+                self.last_stream = stream
+                traffic[(gpu, index, stream, kind, time_bin)] += request.nbytes
+                if request.completion:
+                    for join in request.completion:
+                        join.done_at(done)
+                if request.on_done is not None:
+                    request.on_done(request, done)
+                if self.waiting_count:
+                    self._admit_waiting()
+            self.served += served
+            self._pumping = False
         if queue and not self._wakeup_pending:
             self._wakeup_pending = True
-            wake = env.timeout(max(0.0, channel.bus_free - self.low_water - now))
+            wake = self.env.timeout(max(0.0, channel.bus_free - self.low_water - now))
             wake.callbacks.append(self._wake)
 
     def _wake(self, _event) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpusim.engine.primitives import Join
-from gpusim.hw.cache import Fill, L2Cache
+from gpusim.hw.cache import ALL_SECTORS, Fill, L2Cache
 from gpusim.hw.hbm import READ, UPDATE, WRITE, AddressMap
 from gpusim.hw.memctrl import MemoryController
 from gpusim.hw.request import COMM, COMPUTE, MemRequest
@@ -97,31 +97,55 @@ class MemorySystem:
         l2 = self.l2
         now = self.env.now
         join.extend_to(l2.bandwidth_done(now, nbytes))
-        l2.stats.bytes_read += nbytes
+        stats = l2.stats
+        stats.bytes_read += nbytes
         size = l2.block_bytes
         end = addr + nbytes
         run_first = -1
         block = addr // size
         last = (end - 1) // size
         missed = 0
-        lookup = l2.lookup
+        # L2Cache.lookup, inlined (this loop runs for every block of every read); the counts go
+        # to the statistics at the end.
+        blocks, present, fills = l2.blocks, l2.present, l2.fills
+        touch = blocks.move_to_end
+        hits = merged = misses = 0
+        waited = None  # the fill the previous block waited for, unless a fill was issued since
+        first_whole, last_whole = -(-addr // size), end // size - 1  # blocks the range covers entirely
         while block <= last:
-            base = block * size
-            if addr <= base and base + size <= end:
-                state = lookup(block, now)
+            whole = first_whole <= block <= last_whole
+            if whole:
+                wanted = ALL_SECTORS
             else:
-                state = lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
-            if state is False:
-                if run_first < 0:
-                    run_first = block
-            else:
+                base = block * size
+                wanted = l2.sectors(max(addr, base) - base, min(end, base + size) - base)
+            if block in blocks and wanted & ~present.get(block, ALL_SECTORS) == 0:
+                touch(block)
+                fill = fills.get(block)
+                if fill is not None and fill.pending == 0 and fill.latest <= now:
+                    del fills[block]
+                    fill = None
+                if fill is None:
+                    hits += 1
+                else:
+                    merged += 1
                 if run_first >= 0:
                     missed += self._fill(run_first, block - 1, addr, end, join, stream, run_bytes)
                     run_first = -1
-                if state is not True:
-                    state.wait(join, now)
-                    missed += min(end, base + size) - max(addr, base)
+                    waited = None
+                if fill is not None:
+                    if fill is not waited:  # waiting again for the same fill changes nothing
+                        fill.wait(join, now)
+                        waited = fill
+                    missed += size if whole else min(end, base + size) - max(addr, base)
+            else:
+                misses += 1
+                if run_first < 0:
+                    run_first = block
             block += 1
+        stats.hits += hits
+        stats.merged += merged
+        stats.misses += misses
         if run_first >= 0:
             missed += self._fill(run_first, last, addr, end, join, stream, run_bytes)
         return missed
@@ -177,18 +201,23 @@ class MemorySystem:
         size = l2.block_bytes
         end = addr + nbytes
         block = addr // size
+        insert, sectors = l2.insert, l2.sectors
         while block * size < end:
             base = block * size
-            lo, hi = max(addr, base) - base, min(end, base + size) - base
-            self._writeback(l2.insert(block, hi - lo, None, l2.sectors(lo, hi)), join)
+            lo = addr - base if addr > base else 0
+            hi = end - base if end < base + size else size
+            evicted = insert(block, hi - lo, None, sectors(lo, hi))
+            if evicted:
+                self._writeback(evicted, join)
             block += 1
 
     def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:
         """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
         if kind == WRITE and self.l2.remote_writes_allocate:
             self.write(addr, nbytes, admission, stream=COMM)
-        else:
-            self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)
+        else:  # what write() does with an uncached write or an update
+            self._invalidate(addr, nbytes)
+            self.dram(addr, nbytes, kind, COMM, admission=admission)
 
     def flush(self, join: Join) -> None:
         """Write back every dirty L2 block (e.g. at the end of a kernel that must be visible in DRAM)."""

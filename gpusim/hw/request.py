@@ -45,8 +45,9 @@ class MemRequest:
         strided in the real layout (a transposed GEMM panel: one short run per row or column);
         ``None`` for truly contiguous data.  Each run then needs its own DRAM row activation.
 
-    The memory controller fills in ``bank`` and ``row`` (of the first byte) on arrival, for
-    row-hit checks, and ``done_ns`` when it schedules the request.
+    The memory controller fills in ``bank`` and ``row`` (of the first byte) when the request
+    shares its queue with others, for the policies' row-hit checks, and ``done_ns`` when it
+    schedules the request.
     """
 
     __slots__ = (

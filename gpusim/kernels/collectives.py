@@ -19,6 +19,7 @@ each leaving a node through a different GPU's NIC, as NCCL does.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ class Step:
     forward_from_out: bool = False
 
 
-def ring_program(kind: str, position: int, n: int) -> list[Step]:
-    """The steps of ring reduce-scatter (``rs``), all-gather (``ag``) or all-reduce (``ar``) at ``position``."""
+@functools.cache
+def ring_program(kind: str, position: int, n: int) -> tuple[Step, ...]:
+    """The steps of ring reduce-scatter (``rs``), all-gather (``ag``) or all-reduce (``ar``) at ``position``
+    (computed once: every workgroup of every rank walks them)."""
     steps: list[Step] = []
     if kind in ("rs", "ar"):
         for k in range(n):
@@ -97,7 +100,7 @@ def ring_program(kind: str, position: int, n: int) -> list[Step]:
                 steps.append(Step(offset + j, chunk, "out", False, False, None, False))
             else:
                 steps.append(Step(offset + j, chunk, "out", False, False, "out", False, True))
-    return steps
+    return tuple(steps)
 
 
 def ring_orders(ctx, group: list[int], channels: int) -> list[list[int]]:
