@@ -124,6 +124,7 @@ def finish(system: System, sim: Simulation, machine: Machine, executor: Executor
         sim.recorder.count(f"gpu{rank}.l2_hits", l2.hits)
         sim.recorder.count(f"gpu{rank}.l2_misses", l2.misses)
         sim.recorder.count(f"gpu{rank}.l2_merged", l2.merged)
+        sim.recorder.count(f"gpu{rank}.l2_bytes_read", l2.bytes_read)
         sim.recorder.count(f"gpu{rank}.dram_activations", sum(ch.stats.activations for ch in gpu.channels))
         sim.recorder.count(f"gpu{rank}.mc_max_queue", max(mc.max_occupancy for mc in gpu.controllers))
         sim.recorder.count(f"gpu{rank}.dram_requests", sum(mc.served for mc in gpu.controllers))

@@ -58,6 +58,9 @@ class DataSet:
         Column whose values are reported separately as well (e.g. the GPU count).
     plot_x, plot_by
         Column to plot measured and simulated times against (and to colour by) in reports.
+    columns
+        Further values the simulation of a point returns (beside ``simulated_s`` and ``impl``)
+        that the comparison keeps as columns.
     """
 
     name: str
@@ -71,6 +74,7 @@ class DataSet:
     group: str | None = None
     plot_x: str | None = None
     plot_by: str | None = None
+    columns: tuple[str, ...] = ()
 
     def load(self) -> pd.DataFrame:
         """The measured rows of the comparison, with a ``measured_s`` column."""
@@ -93,7 +97,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     Parameters
     ----------
     kind
-        ``gemm``, ``elementwise``, ``rowreduce`` or ``allreduce``.
+        ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, or ``concurrency`` (see
+        :func:`simulate_concurrency`).
     system
         Preset name.
     overrides
@@ -107,6 +112,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     from gpusim import ops
 
     hardware = gpusim.load_system(system, overrides or {})
+    if kind == "concurrency":
+        return simulate_concurrency(hardware, **params)
     if kind == "gemm":
         op = ops.Gemm(params["m"], params["n"], params["k"], params.get("dtype", "fp16"),
                       bool(params.get("trans_a", False)), bool(params.get("trans_b", False)))
@@ -118,10 +125,52 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     elif kind == "allreduce":
         op = ops.AllReduce(params["nbytes"], params.get("dtype", "fp16"))
     else:
-        raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce")
+        raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
+                         f"concurrency")
     result = gpusim.run(hardware, op, mode=mode)
     return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
             "sim_wall_s": result.stats["wall_s"]}
+
+
+def simulate_concurrency(hardware: Any, m: int, n: int, k: int, count: int, measured_sequential_s: float,
+                         dtype: str = "fp16", fixed_ns: float = 0.0) -> dict[str, Any]:
+    """``count`` independent copies of one GEMM, one after another on one stream and each on its
+    own stream, as :data:`DATASETS`' ``concurrency-h200`` measured them.
+
+    Parameters
+    ----------
+    hardware
+        The system (a :class:`gpusim.System`).
+    m, n, k, dtype
+        The GEMM (row-major, no transposes).
+    count
+        Copies.
+    measured_sequential_s
+        The measured time of the copies on one stream, s.
+    fixed_ns
+        Fixed cost of the measurement, added once to both simulated times, ns.
+
+    Returns
+    -------
+    dict
+        ``sim_sequential_s`` and ``sim_concurrent_s`` (the simulated times, s),
+        ``simulated_speedup`` (their ratio), ``simulated_s``: the concurrent time the simulated
+        speedup predicts for the measured sequential time, s (so that the comparison's error,
+        ``simulated_s / measured_s - 1``, is that of the concurrent / sequential ratio), and the
+        kernel ``impl``.
+    """
+    import gpusim
+    from gpusim import ops
+
+    gemms = [ops.Gemm(m, n, k, dtype) for _ in range(count)]
+    sequential = gpusim.run(hardware, gemms)
+    concurrent = gpusim.run(hardware, gemms, streams=[f"stream{index}" for index in range(count)])
+    sequential_s = sequential.time_s + fixed_ns * 1e-9
+    concurrent_s = concurrent.time_s + fixed_ns * 1e-9
+    wall = sequential.stats["wall_s"] + concurrent.stats["wall_s"]
+    return {"simulated_s": measured_sequential_s * concurrent_s / sequential_s, "impl": str(sequential.ops["impl"].iloc[0]),
+            "sim_wall_s": wall, "sim_sequential_s": sequential_s, "sim_concurrent_s": concurrent_s,
+            "simulated_speedup": sequential_s / concurrent_s}
 
 
 # -- the data sets ----------------------------------------------------------------------------
@@ -209,6 +258,27 @@ def _h200_streaming(name: str, op: str, description: str) -> DataSet:
     return DataSet(name=name, description=description, file="h200/streaming.csv", system="h200-sxm",
                    point=_h200_streaming_point, measured_s=_ms("cold_ms"), tolerances={"median": 0.20},
                    select=select, group="kind", plot_x="elements", plot_by="kind")
+
+
+def _h200_concurrency_select(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per GEMM and count of copies above one: the measured ``sequential_ms`` and
+    ``concurrent_ms`` and their ratio, ``measured_speedup``."""
+    wide = frame.pivot_table(index=["m", "n", "k", "dtype", "count"], columns="mode", values="ms").reset_index()
+    wide = wide[wide["count"] > 1].rename(columns={"sequential": "sequential_ms", "concurrent": "concurrent_ms"})
+    wide.columns.name = None
+    wide["measured_speedup"] = wide["sequential_ms"] / wide["concurrent_ms"]
+    return wide
+
+
+def _h200_concurrency_point(row: pd.Series) -> dict[str, Any]:
+    """The measurement queued every call behind the 512 MiB write that flushes the L2 (about
+    115 us on the GPU, while the host issued the calls), so every kernel is ready when the timing
+    starts: no host cost per call (``kernel_launch_ns`` 0), and the events' fixed cost
+    (:data:`H200_COLD_CALL_NS`) once in both times."""
+    return {"kind": "concurrency", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+            "dtype": str(row["dtype"]), "count": int(row["count"]),
+            "measured_sequential_s": float(row["sequential_ms"]) * 1e-3, "fixed_ns": H200_COLD_CALL_NS,
+            "overrides": {"gpu.kernel_launch_ns": 0.0}}
 
 
 ALLREDUCE_MIN_BYTES = 2**20
@@ -317,6 +387,20 @@ DATASETS: dict[str, DataSet] = {
             measured_s=_ms("cold_ms"),
             tolerances={"median": 0.15, "p90": 0.35},
             select=lambda frame: frame[~aligned_rows(frame)],
+        ),
+        DataSet(
+            name="concurrency-h200",
+            description="1, 2, 4, 8 copies of ten fp16 GEMMs on an H200 (PyTorch, cuBLAS), each on its own stream "
+            "against one after another on one stream; compared as the concurrent / sequential ratio (simulated_s: "
+            "the measured sequential time over the simulated speedup); cold L2",
+            file="h200/concurrency.csv",
+            system="h200-sxm",
+            point=_h200_concurrency_point,
+            measured_s=_ms("concurrent_ms"),
+            tolerances={"median": 0.05, "p90": 0.15},
+            select=_h200_concurrency_select,
+            group="count",
+            columns=("sim_sequential_s", "sim_concurrent_s", "simulated_speedup"),
         ),
         _h200_streaming("elementwise-h200", "elementwise",
                         "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, tanh) "
@@ -442,6 +526,8 @@ def compare(dataset: DataSet | str, rows: pd.DataFrame | None = None, overrides:
     frame["simulated_s"] = simulated["simulated_s"].to_numpy()
     frame["impl"] = simulated["impl"].to_numpy()
     frame["sim_wall_s"] = simulated["sim_wall_s"].to_numpy()
+    for column in dataset.columns:
+        frame[column] = simulated[column].to_numpy()
     frame["error"] = frame["simulated_s"] / frame["measured_s"] - 1.0
     frame["abs_error"] = frame["error"].abs()
     frame.insert(0, "dataset", dataset.name)

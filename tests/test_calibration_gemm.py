@@ -124,13 +124,42 @@ def test_h200_skinny_gemm_streams_its_weights_at_the_measured_bandwidth():
     assert gpusim.run(system, ops.Gemm(1, 32768, 8192, trans_b=True)).time_s == pytest.approx(measured, rel=0.15)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/concurrency.md, the H200 section): two 2048^3 GEMMs on two "
-                   "streams gain 1.01x on the H200 and 1.14x in the model, whose single GEMM leaves CUs idle that a "
-                   "second one fills")
+def concurrency_rows(query: str) -> pd.DataFrame:
+    dataset = validation.get("concurrency-h200")
+    return validation.compare(dataset, dataset.load().query(query), workers=1, progress=False)
+
+
+def test_h200_concurrency_data_set_compares_the_concurrent_over_sequential_ratio():
+    """Every kernel is queued behind the flush before the timing starts (no host cost per call), the
+    events' fixed cost is in both times once, and the error is that of the speedup."""
+    dataset = validation.get("concurrency-h200")
+    rows = dataset.load()
+    assert len(rows) == 30 and set(rows["count"]) == {2, 4, 8}
+    point = dataset.point(rows.iloc[0])
+    assert point["overrides"] == {"gpu.kernel_launch_ns": 0.0} and point["fixed_ns"] == validation.H200_COLD_CALL_NS
+    frame = concurrency_rows("m == 16384 and count == 2")
+    row = frame.iloc[0]
+    assert row.simulated_speedup == pytest.approx(row.sim_sequential_s / row.sim_concurrent_s)
+    assert row.error == pytest.approx(row.measured_speedup / row.simulated_speedup - 1)
+
+
 def test_h200_concurrent_gemms_gain_what_was_measured():
-    measured = pd.read_csv(validation.MEASURED_DIR / "h200" / "concurrency.csv").query(
-        "m == 2048 and n == 2048 and k == 2048 and count == 2").set_index("mode")["ms"]
-    system = gpusim.load_system("h200-sxm").with_overrides(validation.H200_COLD_OVERRIDES)
-    sequential = gpusim.run(system, [ops.Gemm(2048, 2048, 2048) for _ in range(2)]).time_s
-    concurrent = gpusim.run(system, [ops.Gemm(2048, 2048, 2048) for _ in range(2)], streams=["a", "b"]).time_s
-    assert sequential / concurrent == pytest.approx(measured["sequential"] / measured["concurrent"], abs=0.05)
+    """Copies of GEMMs that fill the H200 gain 1-6% on separate streams (docs/concurrency.md): 2048^3
+    (one wave of 128 tiles, compute-bound once clusters halve its L2 reads and TMA loads pass the
+    CU's load slots), 128 x 12288 x 4096 (streaming its weights at the DRAM's rate alone, once TMA
+    loads pass the load slots) and 1024^3 (128 tiles whose stages fill the shared memory, one per SM).
+    Before those mechanisms the model gave 1.10, 1.38 and 1.76."""
+    frame = concurrency_rows("(m == 2048 and n == 2048 and count == 2) or (m == 128 and count == 4)"
+                             " or (m == 1024 and count == 2)")
+    assert len(frame) == 3
+    assert (frame["abs_error"] < 0.05).all(), frame[["m", "n", "k", "count", "measured_speedup", "simulated_speedup"]]
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (docs/concurrency.md, the H200 section): 256 x 256 x 16384 runs in "
+                   "64 split-K workgroups, half the GPU, and gains 1.7-1.9x where cuBLAS's kernel gains 1.1-1.2x; "
+                   "128 x 12288 x 4096 x 2 loses 7% where the H200 gains 2%")
+def test_h200_concurrency_data_set_within_tolerance():
+    # the 16 cheapest points (counts 2 and 4 below 4096^3; the whole set: gpusim validate --dataset concurrency-h200)
+    frame = concurrency_rows("count <= 4 and m * n * k < 4096**3")
+    assert len(frame) == 16
+    assert not validation.violations(frame, "concurrency-h200"), validation.error_stats(frame)

@@ -442,6 +442,25 @@ class GemmFallbackConfig(Model):
     access_cycles: float = Field(ge=0)
 
 
+class GemmTmaConfig(Model):
+    """GEMM kernels whose operands arrive by a tensor memory accelerator (Hopper's TMA).
+
+    A TMA copy is one bulk request of a whole tile into shared memory, tracked by a barrier in
+    shared memory, not by per-thread load slots: the bytes a workgroup keeps in flight are
+    bounded by its kernel's pipeline stages, not by the CU's ``cu.max_inflight_bytes`` (which
+    stays the bound of per-thread loads, including the fallback kernels').
+
+    Attributes
+    ----------
+    cluster_size
+        Workgroups of a thread-block cluster (1: no clusters): neighbouring output tiles along M
+        or N whose shared operand panel is multicast, so that the L2 serves it once per cluster,
+        each workgroup requesting its share (:func:`gpusim.kernels.gemm.multicast`).
+    """
+
+    cluster_size: PositiveInt = 1
+
+
 class GpuConfig(Model):
     """One GPU.
 
@@ -488,6 +507,9 @@ class GpuConfig(Model):
         kernels load 128-byte swizzled rows (64 fp16 values): their K-tiles are that deep whatever
         the macro tile, which also sets the contiguous runs of a transposed operand in DRAM
         (:func:`gpusim.kernels.gemm.library_for`).
+    gemm_tma
+        The architecture's BLAS GEMM kernels load their operands with a tensor memory accelerator
+        (Hopper's TMA; :class:`GemmTmaConfig`), or ``None`` (per-thread loads).
     gemm_fallback
         The kernels for operands whose rows are not 16-byte aligned (:class:`GemmFallbackConfig`),
         or ``None`` where the BLAS runs them in its main kernels at their rate: where those already
@@ -519,6 +541,7 @@ class GpuConfig(Model):
     dependent_launch_ns: Nanoseconds = 1200.0
     gemm_pipeline_stages: int = Field(2, ge=2)
     gemm_k_tile_bytes: Bytes | None = None
+    gemm_tma: GemmTmaConfig | None = None
     gemm_fallback: GemmFallbackConfig | None = None
     hardware_queues: PositiveInt = 4
     streaming_inflight_bytes_per_thread: Bytes = 16

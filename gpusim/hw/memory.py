@@ -79,11 +79,14 @@ class MemorySystem:
 
     # -- through the L2 ---------------------------------------------------------------------
     def read(self, addr: int, nbytes: int, join: Join, stream: str = COMPUTE, cached: bool = True,
-             run_bytes: int | None = None) -> int:
+             run_bytes: int | None = None, l2_bytes: float | None = None) -> int:
         """Read ``nbytes`` at ``addr``; ``join`` completes when the data has arrived at the CU.
 
         ``run_bytes`` says that the range stands for strided data in runs of that length (see
-        :class:`MemRequest`); DRAM fills then pay a row activation per run.
+        :class:`MemRequest`); DRAM fills then pay a row activation per run.  ``l2_bytes``: the
+        bytes of L2 bandwidth the read costs this requester, where it is one of several that
+        receive the same data from one L2 read (a multicast: each pays its share); default
+        ``nbytes``.
 
         Returns
         -------
@@ -96,9 +99,10 @@ class MemorySystem:
             return nbytes
         l2 = self.l2
         now = self.env.now
-        join.extend_to(l2.bandwidth_done(now, nbytes))
+        served = nbytes if l2_bytes is None else l2_bytes
+        join.extend_to(l2.bandwidth_done(now, served))
         stats = l2.stats
-        stats.bytes_read += nbytes
+        stats.bytes_read += served
         size = l2.block_bytes
         end = addr + nbytes
         run_first = -1

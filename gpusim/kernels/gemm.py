@@ -5,7 +5,10 @@ split).  It loops over K in simulation steps: it requests its A and B slices for
 through the L2 (double buffering) while it computes the current step's FLOPs on its CU, then writes
 its output tile.  Tile and wave quantization, L2 reuse between the workgroups resident together and
 the read-then-write bursts of each stage come out of this and of the dispatcher, not out of a
-formula.
+formula.  On a GPU whose library kernels load by TMA (Hopper, ``gpu.gemm_tma``) a workgroup keeps
+its stages' bytes in flight without the CU's per-thread limit (:class:`TmaInflight`), and the
+workgroups of a thread-block cluster each request their share of the panel they share, which the
+L2 serves once per cluster (:func:`multicast`).
 
 Memory layout (a simplification documented in docs/model.md): A and B are stored as contiguous
 *slices* (``tile x k_step`` panels), ordered by K step and then by tile so that the slices the
@@ -21,6 +24,7 @@ import functools
 import math
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
@@ -232,6 +236,88 @@ def num_workgroups(problem: GemmProblem, spec: GemmKernelSpec) -> int:
     return tm * tn * problem.batch * spec.split_k
 
 
+def loads_by_tma(spec: GemmKernelSpec, gpu: GpuConfig) -> bool:
+    """Whether ``spec`` loads its operands by TMA on ``gpu``: the library's kernels on a GPU with
+    :attr:`GpuConfig.gemm_tma`; fallback kernels stage their loads through registers."""
+    return gpu.gemm_tma is not None and not spec.fallback
+
+
+class TmaInflight(InflightLimit):
+    """The memory-level parallelism of a workgroup whose loads are TMA bulk copies: bounded by the
+    stages its kernel keeps in flight, not by the CU's per-thread load slots
+    (:class:`gpusim.config.gpu.GemmTmaConfig`)."""
+
+    __slots__ = ()
+
+    def memory(self, now: float, nbytes: float, missed: float | None = None) -> float:
+        """Earliest time the WG can have moved ``nbytes``, ``missed`` of them from DRAM, ns."""
+        return self.pipe.reserve(now, self.cu.miss_equivalent(nbytes, missed))
+
+
+@dataclass(frozen=True)
+class Multicast:
+    """How a kernel's thread-block clusters share an operand (:class:`gpusim.config.gpu.GemmTmaConfig`).
+
+    A cluster is ``size`` neighbouring output tiles along M (they share B's panel) or along N
+    (they share A's); its workgroups each request their share of the shared panel from the L2 and
+    receive all of it (TMA multicast), so the L2 serves that panel once per cluster.
+
+    Attributes
+    ----------
+    operand
+        ``"a"``, ``"b"``, or ``None`` (no clusters).
+    size
+        Workgroups per cluster along the clustered dimension (1: no clusters).
+    """
+
+    operand: Literal["a", "b"] | None = None
+    size: int = 1
+
+    def members(self, row: int, col: int, tiles_m: int, tiles_n: int) -> int:
+        """Workgroups of the cluster of tile ``(row, col)`` that exist (the last cluster along a
+        dimension whose tiles it does not divide has fewer)."""
+        if self.operand is None:
+            return 1
+        index, count = (row, tiles_m) if self.operand == "b" else (col, tiles_n)
+        return min(self.size, count - index // self.size * self.size)
+
+
+def multicast(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig) -> Multicast:
+    """The clusters ``spec`` runs in on ``gpu``: along the dimension whose tiles share the larger
+    panel (along M, sharing B, where ``tile_n >= tile_m``; along N, sharing A, otherwise; on square
+    tiles along the dimension with more tiles), or along the other where the first has a single
+    tile; none on GPUs without clusters, for fallback kernels, and where neither dimension has two
+    tiles.  As cuBLAS's Hopper kernels in the H200 trace: ``nvjet_..._256x128_64x4_1x2_...`` on a
+    row-major 4096 x 3072 output is, in cuBLAS's column-major terms, a 256 x 128 tile with a cluster
+    of two along cuBLAS's N: row-major 128 x 256 tiles, a cluster along M sharing B's 256 columns."""
+    size = 1 if gpu.gemm_tma is None else gpu.gemm_tma.cluster_size
+    tiles_m, tiles_n = tiles(problem, spec)
+    if size == 1 or spec.fallback or max(tiles_m, tiles_n) < 2:
+        return Multicast()
+    if spec.tile_n != spec.tile_m:
+        shared = "b" if spec.tile_n > spec.tile_m else "a"
+    else:
+        shared = "b" if tiles_m >= tiles_n else "a"
+    if (tiles_m if shared == "b" else tiles_n) < 2:
+        shared = "a" if shared == "b" else "b"
+    return Multicast(shared, size)
+
+
+def l2_read_bytes(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig) -> float:
+    """Bytes the L2 serves for all workgroups' A and B panels, with each cluster's shared panel
+    read once (:func:`multicast`)."""
+    tiles_m, tiles_n = tiles(problem, spec)
+    depth = math.ceil(problem.k / spec.split_k) * spec.split_k * problem.batch * problem.dtype_bytes
+    a_reads = tiles_m * tiles_n
+    b_reads = tiles_m * tiles_n
+    shared = multicast(problem, spec, gpu)
+    if shared.operand == "b":
+        b_reads = math.ceil(tiles_m / shared.size) * tiles_n
+    elif shared.operand == "a":
+        a_reads = tiles_m * math.ceil(tiles_n / shared.size)
+    return (a_reads * spec.tile_m + b_reads * spec.tile_n) * depth
+
+
 def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus: int | None = None) -> float:
     """A BLAS-heuristic estimate of a kernel's time: wave-quantized compute versus memory, ns.
 
@@ -256,7 +342,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     concurrent = min(per_cu, resident)
     compute = per_cu * tile_flops / (per_cu_flops_per_ns * min(1.0, share * concurrent))
     wg_bytes = (spec.tile_m + spec.tile_n) * k_per_split * problem.dtype_bytes
-    l2_bytes = groups * wg_bytes
+    l2_bytes = l2_read_bytes(problem, spec, gpu)
     partials = problem.m * problem.n * problem.batch * ACCUMULATOR_BYTES * spec.split_k if spec.split_k > 1 else 0
     dram_bytes = problem.min_bytes + partials
     memory = max(l2_bytes / gpu.l2.sustained_bandwidth_bytes_per_s, dram_bytes / gpu.hbm.sustained_bandwidth_bytes_per_s) * 1e9
@@ -264,7 +350,9 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     miss_latency = gpu.unloaded_miss_latency_ns
     hit_latency = min(gpu.l2.hit_latency_ns, miss_latency)
     latency = hit_latency + min(1.0, problem.min_bytes / l2_bytes) * (miss_latency - hit_latency)
-    inflight = min(concurrent * spec.inflight_bytes(problem.dtype), gpu.cu.max_inflight_bytes)
+    inflight = concurrent * spec.inflight_bytes(problem.dtype)
+    if not loads_by_tma(spec, gpu):
+        inflight = min(inflight, gpu.cu.max_inflight_bytes)
     parallelism = per_cu * wg_bytes * latency / inflight
     reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.sustained_bandwidth_bytes_per_s * 1e9
     return max(compute, memory, parallelism) + reduction + (gpu.dependent_launch_ns if spec.split_k > 1 else 0.0)
@@ -469,6 +557,8 @@ class GemmKernel:
         self.inflight_bytes = spec.inflight_bytes(problem.dtype)
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.run_a, self.run_b = panel_runs(problem, spec)
+        self.multicast = multicast(problem, spec, gpu.config)
+        self.inflight_limit = TmaInflight if loads_by_tma(spec, gpu.config) else InflightLimit
         self.kernel = Kernel(
             name=name or f"gemm_{spec.name}",
             num_wgs=num_workgroups(problem, spec),
@@ -525,10 +615,13 @@ class GemmKernel:
         join = Join(env)
         memory = gpu.memory
         missed = 0
+        share = self.multicast.members(row, col, self.tiles_m, self.tiles_n)
+        a_served = a_bytes / share if self.multicast.operand == "a" else None
+        b_served = b_bytes / share if self.multicast.operand == "b" else None
         if a_bytes:
-            missed += memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached, self.run_a)
+            missed += memory.read(self.a.addr + a_offset, a_bytes, join, COMPUTE, self.a.cached, self.run_a, a_served)
         if b_bytes:
-            missed += memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached, self.run_b)
+            missed += memory.read(self.b.addr + b_offset, b_bytes, join, COMPUTE, self.b.cached, self.run_b, b_served)
         join.extend_to(cu.memory(env.now, a_bytes + b_bytes, missed))
         return join
 
@@ -536,7 +629,7 @@ class GemmKernel:
         env = self.gpu.env
         batch, row, col, split = self.tile_of(wg)
         step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step + self.access_flops_per_step
-        limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
+        limit = self.inflight_limit(cu, self.inflight_bytes, self.miss_latency_ns)
         pending = self._fetch(limit, batch, row, col, split, 0)
         yield pending.close()
         prefetch = self.spec.lds_buffers > 1
@@ -559,7 +652,9 @@ class GemmKernel:
             waiting = self.store(wg, offset, nbytes, join)
             if waiting is not None:
                 yield from waiting
-        join.extend_to(cu.memory(env.now, nbytes, 0 if self.c.cached and self.store is None else None))
+        # a TMA kernel stores its tile by TMA too (as CUTLASS's sm90 epilogues do), past the CU's load/store slots
+        outgoing = limit if isinstance(limit, TmaInflight) else cu
+        join.extend_to(outgoing.memory(env.now, nbytes, 0 if self.c.cached and self.store is None else None))
         yield join.close()
 
 

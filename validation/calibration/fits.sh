@@ -31,10 +31,10 @@ $FIT --dataset gelu-mi210 \
      --holdout-dataset layernorm-mi210
 echo "== H200 (and the H100, the same chip): tensor-core GEMM efficiency on the aligned GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-h200 --query "2*m*n*k > 1e11" \
-     --param "gpu.gemm_efficiency.fp16=0.82,0.85,0.88,0.91,0.94"
+     --param "gpu.gemm_efficiency.fp16=0.64,0.66,0.68,0.70,0.72,0.74,0.76"
 echo "== H200 (and the H100): the fallback kernels' matrix rate and cost per narrow access, on the GEMMs whose rows are not 16-byte aligned (random half / other half)"
 $FIT --dataset gemm-h200-unaligned \
-     --param "gpu.gemm_fallback.mma_fraction=0.34,0.38,0.42,0.46,0.50" \
+     --param "gpu.gemm_fallback.mma_fraction=0.46,0.50,0.54,0.58,0.62" \
      --param "gpu.gemm_fallback.access_cycles=0.13,0.16,0.19,0.22,0.25"
 echo "== DGX A100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \

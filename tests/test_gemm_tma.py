@@ -1,0 +1,73 @@
+"""Hopper's TMA GEMM kernels: clusters that multicast a shared panel, loads bounded by the kernel's
+stages rather than the CU's load slots, and stages that fill the shared memory."""
+
+from __future__ import annotations
+
+import pytest
+
+import gpusim
+from gpusim import ops
+from gpusim.hw.compute import occupancy
+from gpusim.kernels.gemm import GemmProblem, Multicast, find_spec, l2_read_bytes, multicast, pipelined
+
+H200 = gpusim.load_system("h200-sxm")
+
+
+def l2_and_dram_reads(system, gemm):
+    result = gpusim.run(system, gemm)
+    dram = result.dram_totals().query("direction == 'read'")["bytes"].sum()
+    return result.counters["gpu0.l2_bytes_read"], dram
+
+
+def test_a_cluster_reads_its_shared_panel_from_the_l2_once():
+    # 512 x 512 x 1024 in 256 x 128 tiles: 2 x 4 tiles; clusters of two along N share A's 256-row panels
+    gemm = ops.Gemm(512, 512, 1024, kernel="MT256x128x64_T256")
+    unclustered = H200.with_overrides({"gpu.gemm_tma.cluster_size": 1})
+    a_panels, b_panels = 2 * 4 * 256 * 1024 * 2, 2 * 4 * 128 * 1024 * 2
+    assert l2_and_dram_reads(unclustered, gemm) == (a_panels + b_panels, 512 * 1024 * 2 * 2)
+    # each workgroup requests half of the A panel it shares: the L2 serves A once per cluster, DRAM is unchanged
+    assert l2_and_dram_reads(H200, gemm) == (a_panels / 2 + b_panels, 512 * 1024 * 2 * 2)
+    problem, spec = GemmProblem(512, 512, 1024), find_spec("MT256x128x64_T256")
+    assert l2_read_bytes(problem, spec, H200.gpu) == a_panels / 2 + b_panels
+
+
+def test_clusters_share_the_larger_panel_where_there_are_two_tiles_to_share_it():
+    gpu = H200.gpu
+    problem = GemmProblem(1024, 1024, 1024)
+    assert multicast(problem, find_spec("MT128x256x64_T256"), gpu) == Multicast("b", 2)  # along M, B's 256 columns
+    assert multicast(problem, find_spec("MT256x128x64_T256"), gpu) == Multicast("a", 2)  # along N, A's 256 rows
+    assert multicast(GemmProblem(2048, 1024, 64), find_spec("MT128x128x64_T256"), gpu).operand == "b"  # more rows
+    assert multicast(GemmProblem(128, 4096, 64), find_spec("MT128x256x64_T256"), gpu).operand == "a"  # one row
+    assert multicast(GemmProblem(128, 128, 4096), find_spec("MT128x128x64_T256"), gpu) == Multicast()
+    assert multicast(problem, find_spec("MT256x128x32_T256_V2"), gpu) == Multicast()  # fallback kernels: no TMA
+    assert multicast(problem, find_spec("MT128x256x32_T256"), gpusim.load_system("a100-sxm4").gpu) == Multicast()
+
+
+def test_the_last_cluster_of_an_odd_tile_count_has_one_member():
+    clusters = Multicast("b", 2)
+    assert [clusters.members(row, 0, tiles_m=3, tiles_n=1) for row in range(3)] == [2, 2, 1]
+    assert Multicast().members(0, 0, 3, 1) == 1
+    # 3 x 1 tiles of 128 x 128 sharing B: the pair reads B once, the third tile on its own
+    problem, spec = GemmProblem(384, 128, 256), find_spec("MT128x128x64_T256")
+    assert l2_read_bytes(problem, spec, H200.gpu) == (3 * 128 + 2 * 128) * 256 * 2
+
+
+def test_tma_loads_are_bounded_by_the_kernels_stages_not_by_the_cus_load_slots():
+    """A 2048^3 GEMM, one wave of 128 tiles: with TMA the CU's per-thread in-flight limit does not
+    matter; with per-thread loads (no TMA) a small limit starves every workgroup."""
+    def kernel_us(overrides):
+        result = gpusim.run(H200.with_overrides(overrides), ops.Gemm(2048, 2048, 2048, kernel="MT256x128x64_T256"))
+        return result.kernels["duration_s"].sum() * 1e6
+
+    few_slots = {"gpu.cu.max_inflight_bytes": 4096}
+    assert kernel_us(few_slots) == kernel_us({})
+    assert kernel_us({"gpu.gemm_tma": None, **few_slots}) > 3 * kernel_us({"gpu.gemm_tma": None})
+
+
+@pytest.mark.parametrize("tile, stages", [("MT256x128x64_T256", 4), ("MT128x128x64_T256", 7), ("MT128x64x64_T256", 8)])
+def test_hopper_kernels_fill_the_shared_memory_with_stages(tile, stages):
+    """cuBLAS's sm90 kernels in the H200 trace: 256x128_64x4, 192x128_64x5, 64x128_64x8, 128x64_64x8:
+    as many 64-deep stages as fit, at most 8, so one workgroup per SM."""
+    spec = pipelined(find_spec(tile), H200.gpu, "fp16")
+    assert spec.lds_buffers == stages
+    assert occupancy(spec.shape("fp16"), H200.gpu.cu) == 1
