@@ -18,7 +18,7 @@ from gpusim.config import list_presets
 HWCONFIGS = Path(__file__).resolve().parents[1] / "hwconfigs"
 CALIBRATED_GPUS = ["v100-sxm2", "a100-sxm4", "h100-sxm5", "h200-sxm", "mi210", "t4"]
 CALIBRATED_NODES = ["dgx-a100", "a100-4-nvlink", "dgx1-v100", "hgx-h100", "hgx-h200", "mi210-4"]
-PROVENANCE = re.compile(r"#\s*\[(spec|lit|fit|trace|assumed|measured|(carried|fit|measured): [\w.-]+)\]")
+PROVENANCE = re.compile(r"#\s*\[(spec|lit|fit|trace|assumed|measured|(carried|fit|measured|trace): [\w.-]+)\]")
 CALIBRATION_KEYS = ("max_inflight_bytes", "gemm_efficiency", "vector_efficiency", "kernel_launch_ns", "dependent_launch_ns",
                     "hit_latency_ns", "latency_ns", "streaming_inflight_bytes_per_thread", "sustained_efficiency",
                     "t_rrd_cycles", "t_faw_cycles", "port_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s",
