@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 
 import pytest
 
@@ -181,3 +182,51 @@ def test_a_reduction_replays_as_its_library_s_kernel(tmp_path, kernel_name, libr
     frame = read_kineto(_kineto_file(tmp_path, softmax)).frame
     assert frame[["kind", "function", "rows", "cols", "kernel"]].values.tolist() == [
         ["reduction", "softmax", 64, 512, library]]
+
+
+@pytest.mark.parametrize(("dims", "types", "function"), [
+    ([[8, 512, 3072], []], ["c10::Half", "double"], "scale"),  # x * 0.5: one tensor read
+    ([[8, 512, 3072], [8, 512, 3072]], ["c10::Half", "c10::Half"], "mul"),
+    ([[8, 12, 512, 512], [8, 1, 512, 512]], ["c10::Half", "c10::Half"], "scale"),  # a mask broadcast over heads
+    ([[4, 1024], [1024]], ["float", "float"], "scale"),  # a bias row
+    ([[1024], [1024]], ["float", "float"], "mul"),
+])
+def test_a_binary_op_with_a_scalar_or_small_broadcast_operand_reads_one_tensor(tmp_path, dims, types, function):
+    def mul(kernel, events):
+        kernel["name"] = "void at::native::vectorized_elementwise_kernel<4, MulFunctor>(int)"
+        events[0].update(name="aten::mul", args={"External id": 1, "Input Dims": dims, "Input type": types})
+
+    frame = read_kineto(_kineto_file(tmp_path, mul)).frame
+    assert frame[["kind", "function", "elements"]].values.tolist() == [
+        ["elementwise", function, max(math.prod(d) for d in dims)]]
+
+
+def _chain_file(tmp_path, shapes):
+    """A trace of element-wise tanh kernels on one stream, one per shape, back to back."""
+    events = []
+    for index, dims in enumerate(shapes):
+        ident = index + 1
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::tanh", "ts": 10.0 * index, "dur": 5.0,
+                       "args": {"External id": ident, "Input Dims": [dims], "Input type": ["c10::Half"]}})
+        events.append({"ph": "X", "cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel<4, F>(int)",
+                       "ts": 10.0 * index + 1, "dur": 3.0, "args": {"stream": 7, "External id": ident}})
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_inferred_dataflow_links_a_kernel_to_its_predecessor_of_the_same_size(tmp_path):
+    path = _chain_file(tmp_path, [[1024, 1024], [1024, 1024], [512, 1024], [512, 1024]])
+    frame = read_kineto(path, dataflow=True).frame
+    assert frame["output"].tolist() == ["t1", "t2", "t3", "t4"]
+    assert frame["inputs"].tolist() == ["", "t1", "", "t3"]  # the third kernel's input is smaller: not t2
+    assert (read_kineto(path).frame["inputs"] == "").all()  # default: private inputs
+
+
+def test_a_chained_kernel_finds_its_input_in_the_l2(tmp_path):
+    path = _chain_file(tmp_path, [[2048, 1024], [2048, 1024]])
+    system = gpusim.load_system("h200-sxm")
+    private, chained = (gpusim.run(system, read_kineto(path, dataflow=flow)).kernels["duration_s"].tolist()
+                        for flow in (False, True))
+    assert chained[1] < private[1]
+    assert chained[0] == private[0]

@@ -55,6 +55,7 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError, UnsupportedTraceError
+from gpusim.ops import ELEMENTWISE_KINDS
 from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
 
@@ -242,6 +243,10 @@ def _grid_elements(kernel_name: str, grid, block) -> int:
 
 
 def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> dict:
+    """An element-wise kernel's fields: its function and element count from the op's recorded shapes
+    (the largest tensor), else from the kernel's launch geometry.  A two-input function whose other
+    operand is a scalar, a 0-d tensor or a broadcast of at most half the output's elements (``x *
+    0.5``, an attention mask over the heads) reads one full tensor, so it runs as ``scale``."""
     base = _op_base(cpu_op["name"]) if cpu_op else ""
     if base.startswith("_foreach_"):
         base = base[len("_foreach_"):]
@@ -253,6 +258,9 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
         largest = max(range(len(sizes)), key=sizes.__getitem__)
         elements = sizes[largest]
         dtype = _dtype(types[largest] if largest < len(types) else None)
+        full_inputs = sum(1 for size in sizes if 2 * size > elements)
+        if ELEMENTWISE_KINDS[function][0] == 2 and full_inputs < 2:
+            function = "scale"
     else:
         elements = _grid_elements(kernel_name, grid, block)
         lowered = kernel_name.lower()
@@ -474,6 +482,47 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
     return rows, rank, world
 
 
+def _tensor_bytes(row: dict) -> tuple[int | None, int | None]:
+    """Bytes of the main tensor a modelled row reads and of the tensor it writes (``None``: none
+    that a neighbouring kernel could share; :func:`_infer_dataflow`)."""
+    kind = row.get("kind")
+    if kind not in ("gemm", "elementwise", "reduction"):
+        return None, None
+    size = DTYPE_BYTES[row["dtype"]]
+    if kind == "gemm":
+        return None, row["m"] * row["n"] * row.get("batch", 1) * size
+    if kind == "elementwise":
+        nbytes = row["elements"] * size
+        return (nbytes if ELEMENTWISE_KINDS[row["function"]][0] else None), nbytes
+    nbytes = row["rows"] * row["cols"] * size
+    return nbytes, row["rows"] * size if row["function"] == "sum" else nbytes
+
+
+def _infer_dataflow(rows: list[dict]) -> None:
+    """Name the tensors that consecutive kernels of a stream share.
+
+    A profiler trace records shapes, not tensors.  Eager PyTorch mostly runs a kernel on the output
+    of the kernel just before it on the same stream (an activation function's chain of element-wise
+    ops, a normalisation after a GEMM), which a real GPU then reads from its L2.  So every GEMM,
+    element-wise and reduction row writes a named tensor (``t<op_id>``), and an element-wise or
+    reduction row whose main input has exactly the byte size of its stream predecessor's output reads
+    that tensor (its first input); any other input is private.  A row of another kind breaks the
+    chain.  Without it (the default of :func:`read_kineto`) every input is private.
+    """
+    previous: dict[str, dict | None] = {}
+    for row in rows:
+        stream = row["stream"]
+        reads, writes = _tensor_bytes(row)
+        if writes is None:
+            previous[stream] = None
+            continue
+        before = previous.get(stream)
+        if reads is not None and before is not None and _tensor_bytes(before)[1] == reads:
+            row["inputs"] = before["output"]
+        row["output"] = f"t{row['op_id']}"
+        previous[stream] = row
+
+
 def _infer_dependencies(rows: list[dict]) -> None:
     """Give each row the op_id of the other stream's kernel it waited for (see the module doc)."""
     by_stream: dict[str, list[dict]] = {}
@@ -500,7 +549,7 @@ def _infer_dependencies(rows: list[dict]) -> None:
 
 
 def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsupported: str = "error",
-                iteration: int | None = None) -> Trace:
+                iteration: int | None = None, dataflow: bool = False) -> Trace:
     """Read PyTorch profiler traces (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
     Parameters
@@ -514,6 +563,11 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
         kept).
     iteration
         Keep only the kernels launched during ``ProfilerStep#iteration``.
+    dataflow
+        Let a kernel read its stream predecessor's output where the sizes match
+        (:func:`_infer_dataflow`), so that it finds that tensor in the L2 where the model's L2
+        holds it; default ``False``: every kernel reads private, cold inputs (on the H200 the
+        inferred chains come out too fast: docs/traces.md).
 
     Returns
     -------
@@ -553,6 +607,8 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
                 next_id += 1
                 row["op_id"] = next_id
         _infer_dependencies(file_rows)
+        if dataflow:
+            _infer_dataflow(file_rows)
         rows.extend(file_rows)
     not_modelled = [{"op_id": row["op_id"], "gpu": row["gpu"], "name": row["name"], "kernel_class": row["kernel_class"],
                      "reason": row.pop("_reason")} for row in rows if "_reason" in row]
@@ -564,5 +620,5 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us"])
     source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
     metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
-                "iteration": iteration, "measured_span_s": measured_span_s, "not_modelled": not_modelled}
+                "iteration": iteration, "dataflow": dataflow, "measured_span_s": measured_span_s, "not_modelled": not_modelled}
     return Trace(frame, source=source, metadata=metadata)
