@@ -509,7 +509,7 @@ def _infer_dataflow(rows: list[dict]) -> None:
     that tensor (its first input); any other input is private.  A row of another kind breaks the
     chain.  Without it (the default of :func:`read_kineto`) every input is private.
     """
-    previous: dict[str, dict | None] = {}
+    previous: dict[str, tuple[str, int] | None] = {}  # stream -> (name, bytes) of its last output
     for row in rows:
         stream = row["stream"]
         reads, writes = _tensor_bytes(row)
@@ -517,10 +517,10 @@ def _infer_dataflow(rows: list[dict]) -> None:
             previous[stream] = None
             continue
         before = previous.get(stream)
-        if reads is not None and before is not None and _tensor_bytes(before)[1] == reads:
-            row["inputs"] = before["output"]
+        if reads is not None and before is not None and before[1] == reads:
+            row["inputs"] = before[0]
         row["output"] = f"t{row['op_id']}"
-        previous[stream] = row
+        previous[stream] = (row["output"], writes)
 
 
 def _infer_dependencies(rows: list[dict]) -> None:
