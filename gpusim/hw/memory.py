@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpusim.engine.primitives import Join
-from gpusim.hw.cache import ALL_SECTORS, Fill, L2Cache
+from gpusim.hw.cache import Fill, L2Cache
 from gpusim.hw.hbm import READ, UPDATE, WRITE, AddressMap
 from gpusim.hw.memctrl import MemoryController
 from gpusim.hw.request import COMM, COMPUTE, MemRequest
@@ -101,55 +101,37 @@ class MemorySystem:
         now = self.env.now
         served = nbytes if l2_bytes is None else l2_bytes
         join.extend_to(l2.bandwidth_done(now, served))
-        stats = l2.stats
-        stats.bytes_read += served
+        l2.stats.bytes_read += served
         size = l2.block_bytes
         end = addr + nbytes
         run_first = -1
         block = addr // size
         last = (end - 1) // size
         missed = 0
-        # L2Cache.lookup, inlined (this loop runs for every block of every read); the counts go
-        # to the statistics at the end.
-        blocks, present, fills = l2.blocks, l2.present, l2.fills
-        touch = blocks.move_to_end
-        hits = merged = misses = 0
+        lookup = l2.lookup
         waited = None  # the fill the previous block waited for, unless a fill was issued since
         first_whole, last_whole = -(-addr // size), end // size - 1  # blocks the range covers entirely
         while block <= last:
             whole = first_whole <= block <= last_whole
             if whole:
-                wanted = ALL_SECTORS
+                state = lookup(block, now)
             else:
                 base = block * size
-                wanted = l2.sectors(max(addr, base) - base, min(end, base + size) - base)
-            if block in blocks and wanted & ~present.get(block, ALL_SECTORS) == 0:
-                touch(block)
-                fill = fills.get(block)
-                if fill is not None and fill.pending == 0 and fill.latest <= now:
-                    del fills[block]
-                    fill = None
-                if fill is None:
-                    hits += 1
-                else:
-                    merged += 1
+                state = lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
+            if state is False:
+                if run_first < 0:
+                    run_first = block
+            else:
                 if run_first >= 0:
                     missed += self._fill(run_first, block - 1, addr, end, join, stream, run_bytes)
                     run_first = -1
                     waited = None
-                if fill is not None:
-                    if fill is not waited:  # waiting again for the same fill changes nothing
-                        fill.wait(join, now)
-                        waited = fill
+                if state is not True:
+                    if state is not waited:  # waiting again for the same fill changes nothing
+                        state.wait(join, now)
+                        waited = state
                     missed += size if whole else min(end, base + size) - max(addr, base)
-            else:
-                misses += 1
-                if run_first < 0:
-                    run_first = block
             block += 1
-        stats.hits += hits
-        stats.merged += merged
-        stats.misses += misses
         if run_first >= 0:
             missed += self._fill(run_first, last, addr, end, join, stream, run_bytes)
         return missed
@@ -219,9 +201,8 @@ class MemorySystem:
         """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
         if kind == WRITE and self.l2.remote_writes_allocate:
             self.write(addr, nbytes, admission, stream=COMM)
-        else:  # what write() does with an uncached write or an update
-            self._invalidate(addr, nbytes)
-            self.dram(addr, nbytes, kind, COMM, admission=admission)
+        else:
+            self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)
 
     def flush(self, join: Join) -> None:
         """Write back every dirty L2 block (e.g. at the end of a kernel that must be visible in DRAM)."""
