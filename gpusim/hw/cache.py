@@ -152,7 +152,7 @@ class L2Cache:
 
         The same as :meth:`insert` with ``dirty_bytes=0`` and all sectors, block by block, in one call.
         """
-        cache, present, fills, stats = self.blocks, self.present, self.fills, self.stats
+        cache, present, fills = self.blocks, self.present, self.fills
         capacity = self.capacity_blocks
         evicted: list[tuple[int, int]] = []
         for block in blocks:
@@ -162,14 +162,8 @@ class L2Cache:
                 cache.move_to_end(block)
             else:
                 cache[block] = 0
-                if len(cache) > capacity:  # one block over: _evict_over_capacity, inlined
-                    victim, dirty = cache.popitem(last=False)
-                    fills.pop(victim, None)
-                    present.pop(victim, None)
-                    stats.evictions += 1
-                    if dirty:
-                        stats.writebacks += 1
-                        evicted.append((victim, dirty))
+                if len(cache) > capacity:
+                    self._evict_over_capacity(evicted)
         return evicted
 
     def _evict_over_capacity(self, evicted: list[tuple[int, int]]) -> None:
