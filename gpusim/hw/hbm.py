@@ -134,8 +134,7 @@ class AddressMap:
         row = piece // banks
         slot = piece % banks
         if self.bank_xor:
-            fold = self.folds.get(row)
-            slot ^= self.fold(row) if fold is None else fold
+            slot ^= self.fold(row)
         return self.slot_bank[slot], row
 
     def fold(self, row: int) -> int:
@@ -210,7 +209,7 @@ class HbmChannel:
         self.stats = ChannelStats()
         # What access() reads for every request, in one tuple (fewer attribute lookups).
         self._constants = (address_map, address_map.row_bytes, address_map.banks, address_map.slot_bank,
-                           address_map.slot_group, address_map.folds if self.bank_xor else None, self.burst_bytes,
+                           address_map.slot_group, self.bank_xor, self.burst_bytes,
                            -(-address_map.row_bytes // self.burst_bytes), self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd)
 
     @property
@@ -238,7 +237,7 @@ class HbmChannel:
             bus_free = (bus_free if bus_free > now else now) + (self.t_rtw if is_write else self.t_wtr)
             self.last_write = is_write
         end = now
-        (address_map, row_bytes, banks, slot_bank, slot_group, folds, burst, row_bursts, t_ccd_s, t_ras, t_rp,
+        (address_map, row_bytes, banks, slot_bank, slot_group, xor, burst, row_bursts, t_ccd_s, t_ras, t_rp,
          t_rcd) = self._constants
         open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
         stats = self.stats
@@ -253,12 +252,7 @@ class HbmChannel:
         boundary = (piece + 1) * row_bytes
         row = piece // banks
         unhashed = piece % banks
-        if folds is None:
-            fold = 0
-        else:
-            fold = folds.get(row)
-            if fold is None:
-                fold = address_map.fold(row)
+        fold = address_map.fold(row) if xor else 0
         while position < stop:
             segment_stop = boundary if boundary <= stop else stop
             size = segment_stop - position
@@ -302,7 +296,7 @@ class HbmChannel:
             if unhashed == banks:
                 unhashed = 0
                 row += 1
-                fold = 0 if folds is None else address_map.fold(row)
+                fold = address_map.fold(row) if xor else 0
         self.bus_free = bus_free
         stats.row_hits += row_hits
         stats.activations += activations
