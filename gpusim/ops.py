@@ -336,15 +336,14 @@ class Elementwise(Op):
         return execute_elementwise(ctx, self)
 
 
-ROW_REDUCE_KINDS: dict[str, tuple[int, float]] = {
-    "softmax": (3, 5.0),
-    "layernorm": (2, 8.0),
-    "rmsnorm": (2, 5.0),
-    "sum": (1, 1.0),
+ROW_REDUCE_KINDS: dict[str, float] = {
+    "softmax": 5.0,
+    "layernorm": 8.0,
+    "rmsnorm": 5.0,
+    "sum": 1.0,
 }
-"""Row-reduction kinds: (reads of each row when it does not fit on chip, FLOPs per element).
-Softmax reads a long row for its maximum, its sum of exponentials and the normalisation;
-layernorm for its statistics (one Welford pass) and the normalisation."""
+"""Row-reduction kinds and their FLOPs per element (reported in ``Result.ops``; the kernels' passes
+and instructions are the library's, :mod:`gpusim.kernels.rowreduce`)."""
 
 
 @dataclass

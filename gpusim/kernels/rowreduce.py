@@ -419,5 +419,5 @@ def execute_row_reduce(ctx, op):
     dst = ctx.tensor(op.out, op.rows * out_per_row)
     kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_per_row)
     yield from ctx.launch(kernel.kernel)
-    flops = ROW_REDUCE_KINDS[op.kind][1] * op.rows * op.cols
+    flops = ROW_REDUCE_KINDS[op.kind] * op.rows * op.cols
     ctx.info.update(impl=spec.name, flops=flops, bytes=nbytes + op.rows * out_per_row, passes=len(spec.passes))
