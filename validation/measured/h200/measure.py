@@ -25,13 +25,19 @@ Sections and files (in ``--out``):
     fused): median step time, kernels per step and the kernels' busy time.
 ``gpt2_train_step.json.gz``
     A Kineto trace (record_shapes) of one fp16 forward + backward step of GPT-2 small.
+``memory.csv``, ``concurrency.csv``, ``gpt2_2layers_train_step.json.gz``
+    Sections ``memory``, ``concurrency`` and ``small_trace`` (not run by default): bandwidth by
+    kind of access, concurrent GEMMs on 1-8 streams, and a 2-layer GPT-2 training step.
+``l2.csv``
+    Section ``l2`` (not run by default): per-call bandwidth of a working set reused from the L2,
+    4-256 MiB, in place and read only.
 
 Timing methods, per case (all medians; times in ms):
 
 ``graph_ms``
     ``reps`` calls back to back on the same buffers, captured in one CUDA graph and replayed
     between two CUDA events, divided by ``reps`` (DeepBench's back-to-back method without host
-    dispatch; inputs that fit stay in the 50 MB L2).
+    dispatch; inputs that fit stay in the L2).
 ``cold_ms``
     One call between two CUDA events after a 512 MiB write that evicts the L2.
 ``host_ms``
@@ -449,6 +455,40 @@ def memory(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"memory: {table.rows} cases")
 
 
+# -- the L2's effective capacity ---------------------------------------------------------------------
+L2_FOOTPRINTS_MIB = (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80, 96, 128, 192, 256)
+"""Working sets of the L2 sweep (MiB): fine steps around the 50 MB (H100) and 60 MiB (H200) L2s."""
+
+
+def l2_capacity(bench: Bench, out: Path, dry: bool) -> None:
+    """The same buffer read and written back (an in-place scale) and read only (row sums of 2048
+    values), over and over from a CUDA graph, for working sets from 4 MiB to 256 MiB: where the
+    per-call bandwidth falls from the L2's to the HBM's is the capacity the L2 holds for data that
+    every SM touches."""
+    table = Table(out / "l2.csv", ["access", "bytes", "graph_ms", "cold_ms", "host_ms", "tb_per_s_graph",
+                                   "tb_per_s_cold"])
+    footprints = (1, 2) if dry else L2_FOOTPRINTS_MIB
+    for mib in footprints:
+        elements = mib * 2**20 // 4
+        buffer = torch.randn(elements, dtype=torch.float32, device=bench.device)
+        rows = buffer.view(-1, 2048)
+        cases = {"read_write_inplace": (lambda x=buffer: x.mul_(1.0), 2),
+                 "read_rowsum": (lambda x=rows: torch.sum(x, dim=1), 1)}
+        for access, (run, passes) in cases.items():
+            if bench.left_s() < 30:
+                bench.log(f"l2: out of time at {access} {mib} MiB")
+                table.close()
+                return
+            times = timed_case(bench, run)
+            moved = passes * mib * 2**20
+            table.add({"access": access, "bytes": mib * 2**20, **times,
+                       "tb_per_s_graph": moved / (times["graph_ms"] * 1e-3) / 1e12,
+                       "tb_per_s_cold": moved / (times["cold_ms"] * 1e-3) / 1e12})
+        del buffer, rows
+    table.close()
+    bench.log(f"l2: {table.rows} cases")
+
+
 # -- concurrent GEMMs -------------------------------------------------------------------------------
 CONCURRENT_GEMMS = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
                     (512, 4096, 4096), (128, 12288, 4096), (4096, 4096, 512), (16384, 1024, 1024),
@@ -695,6 +735,7 @@ def main() -> int:
     section("concurrency", lambda: concurrency(bench, args.out, args.dry_run))
     section("small_trace", lambda: training_trace(bench, args.out, args.dry_run, name="gpt2_2layers_train_step",
                                                   n_layer=2, vocab_size=8192))
+    section("l2", lambda: l2_capacity(bench, args.out, args.dry_run))
     log("done")
     return 0
 
