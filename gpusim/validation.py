@@ -97,8 +97,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     Parameters
     ----------
     kind
-        ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, or ``concurrency`` (see
-        :func:`simulate_concurrency`).
+        ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, ``concurrency`` (see
+        :func:`simulate_concurrency`) or ``reuse`` (see :func:`simulate_reuse`).
     system
         Preset name.
     overrides
@@ -114,6 +114,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     hardware = gpusim.load_system(system, overrides or {})
     if kind == "concurrency":
         return simulate_concurrency(hardware, **params)
+    if kind == "reuse":
+        return simulate_reuse(hardware, **params)
     if kind == "gemm":
         op = ops.Gemm(params["m"], params["n"], params["k"], params.get("dtype", "fp16"),
                       bool(params.get("trans_a", False)), bool(params.get("trans_b", False)))
@@ -126,7 +128,7 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         op = ops.AllReduce(params["nbytes"], params.get("dtype", "fp16"))
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
-                         f"concurrency")
+                         f"concurrency, reuse")
     result = gpusim.run(hardware, op, mode=mode)
     return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
             "sim_wall_s": result.stats["wall_s"]}
@@ -173,6 +175,51 @@ def simulate_concurrency(hardware: Any, m: int, n: int, k: int, count: int, meas
             "simulated_speedup": sequential_s / concurrent_s}
 
 
+REUSE_ROW_VALUES = 2048
+"""Values per row of the read-only working-set sweep (row sums; ``measure.py``'s ``l2`` section)."""
+
+
+def simulate_reuse(hardware: Any, access: str, nbytes: int, calls: int = 4) -> dict[str, Any]:
+    """One fp32 buffer of ``nbytes`` used by ``calls`` kernels in a row, as the working-set sweep
+    (``measure.py``, section ``l2``) replays them from a CUDA graph; the time per call is that of
+    the calls after the second, when the buffer has had one full pass to settle in the L2.
+
+    Parameters
+    ----------
+    hardware
+        The system (a :class:`gpusim.System`); its host cost per call should be 0, as in a graph.
+    access
+        ``read_write_inplace`` (the buffer scaled in place) or ``read_rowsum`` (sums of rows of
+        :data:`REUSE_ROW_VALUES` values).
+    nbytes
+        Size of the buffer, bytes.
+    calls
+        Kernels simulated (at least 3).
+
+    Returns
+    -------
+    dict
+        ``simulated_s`` (time per call, s) and the kernel ``impl``.
+    """
+    import gpusim
+    from gpusim import ops
+
+    if calls < 3:
+        raise ValueError(f"simulate_reuse: calls must be at least 3, got {calls}")
+    elements = nbytes // 4
+    if access == "read_write_inplace":
+        kernels = [ops.Elementwise("scale", elements, "fp32", inputs=("buffer",), out="buffer") for _ in range(calls)]
+    elif access == "read_rowsum":
+        kernels = [ops.RowReduce("sum", elements // REUSE_ROW_VALUES, REUSE_ROW_VALUES, "fp32", input="buffer")
+                   for _ in range(calls)]
+    else:
+        raise ValueError(f"simulate_reuse: unknown access {access!r}; known: read_write_inplace, read_rowsum")
+    result = gpusim.run(hardware, kernels)
+    ends = result.ops["end_s"].to_numpy()
+    return {"simulated_s": float(ends[-1] - ends[1]) / (calls - 2), "impl": str(result.ops["impl"].iloc[0]),
+            "sim_wall_s": result.stats["wall_s"]}
+
+
 # -- the data sets ----------------------------------------------------------------------------
 def _ms(column: str) -> Callable[[pd.DataFrame], pd.Series]:
     def measured(frame: pd.DataFrame) -> pd.Series:
@@ -213,16 +260,19 @@ def _rowreduce_point(kind: str, library: str) -> Callable[[pd.Series], dict[str,
     return point
 
 
-H200_COLD_CALL_NS = 2800.0
-"""Fixed cost of the H200 measurements' cold method, ns: a call timed between two CUDA events and
-queued behind the kernel that flushes the L2, so that the host's per-call cost is hidden and the
-events' own cost is not.  The 1024-element copy's cold time (3.78 us) less the model's 0.99 us span
-of that kernel (0.49 us of work and the GPU's ``kernel_device_ns``; 3.3 us before stop 19 gave the
-model that per-kernel cost).  It takes the place of the preset's host per-call cost
-(``kernel_launch_ns``)."""
+HOPPER_COLD_CALL_NS = 2800.0
+"""Fixed cost of the H200's and H100's cold method (``validation/measured/h200/measure.py``), ns: a
+call timed between two CUDA events and queued behind the kernel that flushes the L2, so that the
+host's per-call cost is hidden and the events' own cost is not.  The H200's 1024-element copy's
+cold time (3.78 us) less the model's 0.99 us span of that kernel (0.49 us of work and the GPU's
+``kernel_device_ns``; 3.3 us before stop 19 gave the model that per-kernel cost); the H100's copy
+measured 3.76 us.  It takes the place of the preset's host per-call cost (``kernel_launch_ns``)."""
 
-H200_COLD_OVERRIDES = {"gpu.kernel_launch_ns": H200_COLD_CALL_NS}
-"""The preset overrides under which a simulated call compares with an H200 ``cold_ms`` time."""
+HOPPER_COLD_OVERRIDES = {"gpu.kernel_launch_ns": HOPPER_COLD_CALL_NS}
+"""The preset overrides under which a simulated call compares with a Hopper ``cold_ms`` time."""
+
+HOPPER_MEASUREMENTS = {"h200": "h200-sxm", "h100": "h100-sxm5"}
+"""This project's Hopper measurements: folder under :data:`MEASURED_DIR` -> the preset of that GPU."""
 
 
 def aligned_rows(frame: pd.DataFrame) -> pd.Series:
@@ -236,31 +286,26 @@ def aligned_rows(frame: pd.DataFrame) -> pd.Series:
     return ((lda * size) % 16 == 0) & ((ldb * size) % 16 == 0) & ((frame["n"] * size) % 16 == 0)
 
 
-def _h200_gemm_point(row: pd.Series) -> dict[str, Any]:
-    return {"kind": "gemm", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
-            "dtype": str(row["dtype"]), "trans_a": bool(row["trans_a"]), "trans_b": bool(row["trans_b"]),
-            "overrides": dict(H200_COLD_OVERRIDES)}
+def _hopper_gemm_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "gemm", "system": system, "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+                "dtype": str(row["dtype"]), "trans_a": bool(row["trans_a"]), "trans_b": bool(row["trans_b"]),
+                "overrides": dict(HOPPER_COLD_OVERRIDES)}
+
+    return point
 
 
-def _h200_streaming_point(row: pd.Series) -> dict[str, Any]:
-    shape = ({"elements": int(row["elements"])} if row["op"] == "elementwise"
-             else {"rows": int(row["rows"]), "cols": int(row["cols"])})
-    return {"kind": str(row["op"]), "system": "h200-sxm", "op": str(row["kind"]), "dtype": str(row["dtype"]), **shape,
-            "overrides": dict(H200_COLD_OVERRIDES)}
+def _hopper_streaming_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    def point(row: pd.Series) -> dict[str, Any]:
+        shape = ({"elements": int(row["elements"])} if row["op"] == "elementwise"
+                 else {"rows": int(row["rows"]), "cols": int(row["cols"])})
+        return {"kind": str(row["op"]), "system": system, "op": str(row["kind"]), "dtype": str(row["dtype"]),
+                **shape, "overrides": dict(HOPPER_COLD_OVERRIDES)}
+
+    return point
 
 
-def _h200_streaming(name: str, op: str, description: str) -> DataSet:
-    """The rows of ``op`` (``elementwise`` or ``rowreduce``) of the H200's streaming.csv, cold L2."""
-
-    def select(frame: pd.DataFrame) -> pd.DataFrame:
-        return frame[frame["op"] == op]
-
-    return DataSet(name=name, description=description, file="h200/streaming.csv", system="h200-sxm",
-                   point=_h200_streaming_point, measured_s=_ms("cold_ms"), tolerances={"median": 0.20},
-                   select=select, group="kind", plot_x="elements", plot_by="kind")
-
-
-def _h200_concurrency_select(frame: pd.DataFrame) -> pd.DataFrame:
+def _hopper_concurrency_select(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per GEMM and count of copies above one: the measured ``sequential_ms`` and
     ``concurrent_ms`` and their ratio, ``measured_speedup``."""
     wide = frame.pivot_table(index=["m", "n", "k", "dtype", "count"], columns="mode", values="ms").reset_index()
@@ -270,15 +315,110 @@ def _h200_concurrency_select(frame: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
-def _h200_concurrency_point(row: pd.Series) -> dict[str, Any]:
+def _hopper_concurrency_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """The measurement queued every call behind the 512 MiB write that flushes the L2 (about
-    115 us on the GPU, while the host issued the calls), so every kernel is ready when the timing
+    115 us on an H200, while the host issued the calls), so every kernel is ready when the timing
     starts: no host cost per call (``kernel_launch_ns`` 0), and the events' fixed cost
-    (:data:`H200_COLD_CALL_NS`) once in both times."""
-    return {"kind": "concurrency", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
-            "dtype": str(row["dtype"]), "count": int(row["count"]),
-            "measured_sequential_s": float(row["sequential_ms"]) * 1e-3, "fixed_ns": H200_COLD_CALL_NS,
-            "overrides": {"gpu.kernel_launch_ns": 0.0}}
+    (:data:`HOPPER_COLD_CALL_NS`) once in both times."""
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "concurrency", "system": system, "m": int(row["m"]), "n": int(row["n"]),
+                "k": int(row["k"]), "dtype": str(row["dtype"]), "count": int(row["count"]),
+                "measured_sequential_s": float(row["sequential_ms"]) * 1e-3, "fixed_ns": HOPPER_COLD_CALL_NS,
+                "overrides": {"gpu.kernel_launch_ns": 0.0}}
+
+    return point
+
+
+def _reuse_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    """A row of a working-set sweep, replayed from a CUDA graph: no host cost per call."""
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "reuse", "system": system, "access": str(row["access"]), "nbytes": int(row["bytes"]),
+                "overrides": {"gpu.kernel_launch_ns": 0.0}}
+
+    return point
+
+
+def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
+    """The data sets of one Hopper GPU's measurements (``validation/measured/<folder>``): aligned and
+    unaligned GEMMs, concurrent GEMMs, element-wise kernels and row reductions, all cold L2."""
+    system = HOPPER_MEASUREMENTS[folder]
+    gpu = folder.upper()
+
+    def streaming(op: str, description: str) -> DataSet:
+        return DataSet(name=f"{op}-{folder}", description=f"{description} on an {gpu}; cold L2",
+                       file=f"{folder}/streaming.csv", system=system, point=_hopper_streaming_point(system),
+                       measured_s=_ms("cold_ms"), tolerances={"median": 0.20},
+                       select=lambda frame: frame[frame["op"] == op], group="kind", plot_x="elements", plot_by="kind")
+
+    return (
+        DataSet(
+            name=f"gemm-{folder}",
+            description=f"torch.matmul on an {gpu} (cuBLAS, CUDA 13.0): DeepBench's and LLMCompass's shapes, a "
+            "transformer grid and squares in fp16/bf16/tf32/fp32, whose rows are 16-byte aligned; cold L2",
+            file=f"{folder}/gemm.csv",
+            system=system,
+            point=_hopper_gemm_point(system),
+            measured_s=_ms("cold_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+            select=lambda frame: frame[aligned_rows(frame)],
+            group="set",
+        ),
+        DataSet(
+            name=f"gemm-{folder}-unaligned",
+            description=f"the {gpu}'s torch.matmul GEMMs whose rows are not 16-byte aligned (DeepBench's odd "
+            "sizes), which cuBLAS runs in its fallback kernels; cold L2",
+            file=f"{folder}/gemm.csv",
+            system=system,
+            point=_hopper_gemm_point(system),
+            measured_s=_ms("cold_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+            select=lambda frame: frame[~aligned_rows(frame)],
+        ),
+        DataSet(
+            name=f"concurrency-{folder}",
+            description=f"1, 2, 4, 8 copies of ten fp16 GEMMs on an {gpu} (PyTorch, cuBLAS), each on its own "
+            "stream against one after another on one stream; compared as the concurrent / sequential ratio "
+            "(simulated_s: the measured sequential time over the simulated speedup); cold L2",
+            file=f"{folder}/concurrency.csv",
+            system=system,
+            point=_hopper_concurrency_point(system),
+            measured_s=_ms("concurrent_ms"),
+            tolerances={"median": 0.05, "p90": 0.15},
+            select=_hopper_concurrency_select,
+            group="count",
+            columns=("sim_sequential_s", "sim_concurrent_s", "simulated_speedup"),
+        ),
+        streaming("elementwise", "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, "
+                  "tanh) over 2^10-2^30 values"),
+        streaming("rowreduce", "PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes"),
+        DataSet(
+            name=f"l2-{folder}",
+            description=f"an fp32 buffer of 4-256 MiB scaled in place on an {gpu}, call after call from a CUDA "
+            "graph: the L2's bandwidth while it fits, the capacity where it stops fitting, then the HBM's; time per "
+            "call",
+            file=f"{folder}/l2.csv",
+            system=system,
+            point=_reuse_point(system),
+            measured_s=_ms("graph_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+            select=lambda frame: frame[frame["access"] == "read_write_inplace"],
+            plot_x="bytes",
+        ),
+        DataSet(
+            name=f"l2-rowsum-{folder}",
+            description=f"an fp32 buffer of 4-256 MiB summed by rows of 2048 values on an {gpu}, call after call "
+            "from a CUDA graph (the L2 read back by PyTorch's reduce kernel); time per call",
+            file=f"{folder}/l2.csv",
+            system=system,
+            point=_reuse_point(system),
+            measured_s=_ms("graph_ms"),
+            tolerances={"median": 0.15, "p90": 0.35},
+            select=lambda frame: frame[frame["access"] == "read_rowsum"],
+            plot_x="bytes",
+        ),
+    )
 
 
 ALLREDUCE_MIN_BYTES = 2**20
@@ -365,49 +505,8 @@ DATASETS: dict[str, DataSet] = {
             tolerances={"median": 0.20},
             plot_x="elements",
         ),
-        DataSet(
-            name="gemm-h200",
-            description="torch.matmul on an H200 (cuBLAS, CUDA 13.0): DeepBench's and LLMCompass's shapes, a "
-            "transformer grid and squares in fp16/bf16/tf32/fp32, whose rows are 16-byte aligned; cold L2",
-            file="h200/gemm.csv",
-            system="h200-sxm",
-            point=_h200_gemm_point,
-            measured_s=_ms("cold_ms"),
-            tolerances={"median": 0.15, "p90": 0.35},
-            select=lambda frame: frame[aligned_rows(frame)],
-            group="set",
-        ),
-        DataSet(
-            name="gemm-h200-unaligned",
-            description="the H200's torch.matmul GEMMs whose rows are not 16-byte aligned (DeepBench's odd sizes), "
-            "which cuBLAS runs in its fallback kernels; cold L2",
-            file="h200/gemm.csv",
-            system="h200-sxm",
-            point=_h200_gemm_point,
-            measured_s=_ms("cold_ms"),
-            tolerances={"median": 0.15, "p90": 0.35},
-            select=lambda frame: frame[~aligned_rows(frame)],
-        ),
-        DataSet(
-            name="concurrency-h200",
-            description="1, 2, 4, 8 copies of ten fp16 GEMMs on an H200 (PyTorch, cuBLAS), each on its own stream "
-            "against one after another on one stream; compared as the concurrent / sequential ratio (simulated_s: "
-            "the measured sequential time over the simulated speedup); cold L2",
-            file="h200/concurrency.csv",
-            system="h200-sxm",
-            point=_h200_concurrency_point,
-            measured_s=_ms("concurrent_ms"),
-            tolerances={"median": 0.05, "p90": 0.15},
-            select=_h200_concurrency_select,
-            group="count",
-            columns=("sim_sequential_s", "sim_concurrent_s", "simulated_speedup"),
-        ),
-        _h200_streaming("elementwise-h200", "elementwise",
-                        "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, tanh) "
-                        "over 2^10-2^30 values on an H200; cold L2"),
-        _h200_streaming("rowreduce-h200", "rowreduce",
-                        "PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes "
-                        "on an H200; cold L2"),
+        *_hopper_datasets("h200"),
+        *_hopper_datasets("h100"),
         DataSet(
             name="allreduce-dgx-a100",
             description="vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 GPUs in a node and "

@@ -87,7 +87,7 @@ def test_h200_unaligned_gemms_within_tolerance():
 def test_h200_unaligned_gemms_are_3_to_6_times_slower_than_aligned_neighbours_as_measured():
     """1760 x 7133 x 1760 (B's and C's rows of 7133 halves) against 1760 x 7000 x 1760: measured
     117 against 645 TFLOPS, cold (h200/gemm.csv)."""
-    system = gpusim.load_system("h200-sxm").with_overrides(validation.H200_COLD_OVERRIDES)
+    system = gpusim.load_system("h200-sxm").with_overrides(validation.HOPPER_COLD_OVERRIDES)
     unaligned = gpusim.run(system, ops.Gemm(1760, 7133, 1760, trans_a=True)).ops.iloc[0]
     aligned = gpusim.run(system, ops.Gemm(1760, 7000, 1760, trans_a=True, trans_b=True)).ops.iloc[0]
     ratio = (aligned.flops / aligned.duration_s) / (unaligned.flops / unaligned.duration_s)
@@ -120,7 +120,7 @@ def test_h200_skinny_gemm_streams_its_weights_at_the_measured_bandwidth():
     tiles the runs are 128 bytes and the GEMM streams B as measured (0.141 ms cold)."""
     measured = pd.read_csv(validation.MEASURED_DIR / "h200" / "gemm.csv").query(
         "m == 1 and n == 32768 and k == 8192")["cold_ms"].iloc[0] * 1e-3
-    system = gpusim.load_system("h200-sxm").with_overrides(validation.H200_COLD_OVERRIDES)
+    system = gpusim.load_system("h200-sxm").with_overrides(validation.HOPPER_COLD_OVERRIDES)
     assert gpusim.run(system, ops.Gemm(1, 32768, 8192, trans_b=True)).time_s == pytest.approx(measured, rel=0.15)
 
 
@@ -136,7 +136,7 @@ def test_h200_concurrency_data_set_compares_the_concurrent_over_sequential_ratio
     rows = dataset.load()
     assert len(rows) == 30 and set(rows["count"]) == {2, 4, 8}
     point = dataset.point(rows.iloc[0])
-    assert point["overrides"] == {"gpu.kernel_launch_ns": 0.0} and point["fixed_ns"] == validation.H200_COLD_CALL_NS
+    assert point["overrides"] == {"gpu.kernel_launch_ns": 0.0} and point["fixed_ns"] == validation.HOPPER_COLD_CALL_NS
     frame = concurrency_rows("m == 16384 and count == 2")
     row = frame.iloc[0]
     assert row.simulated_speedup == pytest.approx(row.sim_sequential_s / row.sim_concurrent_s)
