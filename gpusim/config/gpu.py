@@ -71,6 +71,12 @@ class L2Config(Model):
     ----------
     capacity_bytes
         Total capacity.
+    shared_fraction
+        Fraction of the capacity that holds data all CUs read and write: the capacity of the
+        simulated LRU is ``capacity_bytes x shared_fraction``.  A partitioned L2 (NVIDIA's A100 and
+        Hopper: two halves joined by a crossbar) keeps some lines in both halves, so a working set
+        every SM touches falls out of it before the nominal capacity.  Measured with a working-set
+        sweep (``validation/measured/h200/measure.py``, section ``l2``); 1 means all of it.
     block_bytes
         Granularity of the simulated cache (LRU over address blocks of this size).
     banks, bytes_per_cycle_per_bank, clock_hz
@@ -87,6 +93,7 @@ class L2Config(Model):
     """
 
     capacity_bytes: Bytes
+    shared_fraction: Fraction = 1.0
     block_bytes: Bytes = 16384
     banks: PositiveInt
     bytes_per_cycle_per_bank: Bytes = 64

@@ -81,7 +81,7 @@ class L2Cache:
 
     def __init__(self, config: L2Config):
         self.block_bytes = int(config.block_bytes)
-        self.capacity_blocks = max(1, int(config.capacity_bytes // self.block_bytes))
+        self.capacity_blocks = max(1, int(config.capacity_bytes * config.shared_fraction // self.block_bytes))
         self.hit_latency = config.hit_latency_ns
         self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
         self.remote_writes_allocate = config.remote_writes_allocate
