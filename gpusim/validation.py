@@ -352,6 +352,12 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
                        measured_s=_ms("cold_ms"), tolerances={"median": 0.20},
                        select=lambda frame: frame[frame["op"] == op], group="kind", plot_x="elements", plot_by="kind")
 
+    def sweep(name: str, access: str, description: str) -> DataSet:
+        return DataSet(name=f"{name}-{folder}", description=f"{description}, on an {gpu}, call after call from a "
+                       "CUDA graph; time per call", file=f"{folder}/l2.csv", system=system, point=_reuse_point(system),
+                       measured_s=_ms("graph_ms"), tolerances={"median": 0.15, "p90": 0.35},
+                       select=lambda frame: frame[frame["access"] == access], plot_x="bytes")
+
     return (
         DataSet(
             name=f"gemm-{folder}",
@@ -393,31 +399,10 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
         streaming("elementwise", "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, "
                   "tanh) over 2^10-2^30 values"),
         streaming("rowreduce", "PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes"),
-        DataSet(
-            name=f"l2-{folder}",
-            description=f"an fp32 buffer of 4-256 MiB scaled in place on an {gpu}, call after call from a CUDA "
-            "graph: the L2's bandwidth while it fits, the capacity where it stops fitting, then the HBM's; time per "
-            "call",
-            file=f"{folder}/l2.csv",
-            system=system,
-            point=_reuse_point(system),
-            measured_s=_ms("graph_ms"),
-            tolerances={"median": 0.15, "p90": 0.35},
-            select=lambda frame: frame[frame["access"] == "read_write_inplace"],
-            plot_x="bytes",
-        ),
-        DataSet(
-            name=f"l2-rowsum-{folder}",
-            description=f"an fp32 buffer of 4-256 MiB summed by rows of 2048 values on an {gpu}, call after call "
-            "from a CUDA graph (the L2 read back by PyTorch's reduce kernel); time per call",
-            file=f"{folder}/l2.csv",
-            system=system,
-            point=_reuse_point(system),
-            measured_s=_ms("graph_ms"),
-            tolerances={"median": 0.15, "p90": 0.35},
-            select=lambda frame: frame[frame["access"] == "read_rowsum"],
-            plot_x="bytes",
-        ),
+        sweep("l2", "read_write_inplace", "an fp32 buffer of 4-256 MiB scaled in place: the L2's bandwidth while it "
+              "fits, the capacity where it stops fitting, then the HBM's"),
+        sweep("l2-rowsum", "read_rowsum", "an fp32 buffer of 4-256 MiB summed by rows of 2048 values (the L2 read back "
+              "by PyTorch's reduce kernel)"),
     )
 
 
