@@ -342,7 +342,8 @@ def _reuse_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
 
 def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
     """The data sets of one Hopper GPU's measurements (``validation/measured/<folder>``): aligned and
-    unaligned GEMMs, concurrent GEMMs, element-wise kernels and row reductions, all cold L2."""
+    unaligned GEMMs, concurrent GEMMs, element-wise kernels and row reductions (all with a cold L2),
+    and the two working-set sweeps (warm, from a CUDA graph)."""
     system = HOPPER_MEASUREMENTS[folder]
     gpu = folder.upper()
 
