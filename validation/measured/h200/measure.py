@@ -31,6 +31,9 @@ Sections and files (in ``--out``):
 ``l2.csv``
     Section ``l2`` (not run by default): per-call bandwidth of a working set reused from the L2,
     4-256 MiB, in place and read only.
+``concurrency_graph.csv``, ``concurrency_graph_kernels.csv``
+    Section ``concurrency_graph`` (not run by default): the concurrent GEMMs with every call in one
+    CUDA graph (no host cost), and when each kernel of the largest concurrent graphs ran.
 
 Timing methods, per case (all medians; times in ms):
 
@@ -547,6 +550,83 @@ def concurrency(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"concurrency: {table.rows} cases")
 
 
+def concurrency_graph(bench: Bench, out: Path, dry: bool) -> None:
+    """The ``concurrency`` section's GEMMs with every call captured in one CUDA graph (on one stream,
+    or forked onto ``count`` streams and joined), so that the host's launches cost nothing: timed
+    between two events around the graph's replay after the L2 flush.  For the concurrent graphs of
+    the largest count the profiler also records when each kernel ran, to show how the GPU's
+    dispatcher shares the SMs between concurrent kernels (``concurrency_graph_kernels.csv``)."""
+    table = Table(out / "concurrency_graph.csv", ["m", "n", "k", "dtype", "count", "mode", "ms", "ms_min", "repeats"])
+    kernels_table = Table(out / "concurrency_graph_kernels.csv", ["m", "n", "k", "count", "kernel", "name",
+                                                                  "start_us", "duration_us"])
+    shapes = [(64, 64, 64)] if dry else CONCURRENT_GEMMS
+    counts = (1, 2) if dry else (1, 2, 4, 8)
+    streams = [torch.cuda.Stream() for _ in range(max(counts))] if bench.cuda else []
+    for m, n, k in shapes:
+        operands = [(torch.randn(m, k, dtype=torch.float16, device=bench.device),
+                     torch.randn(k, n, dtype=torch.float16, device=bench.device),
+                     torch.empty(m, n, dtype=torch.float16, device=bench.device)) for _ in range(max(counts))]
+        for count in counts:
+            if bench.left_s() < 45:
+                bench.log(f"concurrency_graph: out of time at {m}x{n}x{k} x{count}")
+                table.close()
+                kernels_table.close()
+                return
+            for mode in ("sequential", "concurrent"):
+                def work(mode=mode, count=count, operands=operands) -> None:
+                    if mode == "sequential" or not bench.cuda:
+                        for a, b, c in operands[:count]:
+                            torch.matmul(a, b, out=c)
+                        return
+                    fork = torch.cuda.current_stream()
+                    for stream, (a, b, c) in zip(streams, operands[:count]):
+                        stream.wait_stream(fork)
+                        with torch.cuda.stream(stream):
+                            torch.matmul(a, b, out=c)
+                    for stream in streams[:count]:
+                        fork.wait_stream(stream)
+
+                if not bench.cuda:
+                    table.add({"m": m, "n": n, "k": k, "dtype": "fp16", "count": count, "mode": mode,
+                               "ms": bench.host_ms(work, 3), "ms_min": math.nan, "repeats": 3})
+                    continue
+                capture = torch.cuda.Stream()
+                capture.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(capture):
+                    work()
+                    work()
+                torch.cuda.current_stream().wait_stream(capture)
+                bench.sync()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    work()
+                samples = []
+                for repeat in range(12):
+                    bench.flush.fill_(1.0)
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                    graph.replay()
+                    end.record()
+                    end.synchronize()
+                    if repeat >= 2:
+                        samples.append(begin.elapsed_time(end))
+                table.add({"m": m, "n": n, "k": k, "dtype": "fp16", "count": count, "mode": mode,
+                           "ms": statistics.median(samples), "ms_min": min(samples), "repeats": len(samples)})
+                if mode == "concurrent" and count == max(counts):
+                    bench.flush.fill_(1.0)
+                    kernels = [e for e in bench.profile_kernels(graph.replay) if "fill" not in e["name"].lower()]
+                    first = kernels[0]["ts"] if kernels else 0.0
+                    for index, kernel in enumerate(kernels):
+                        kernels_table.add({"m": m, "n": n, "k": k, "count": count, "kernel": index,
+                                           "name": kernel["name"][:120], "start_us": kernel["ts"] - first,
+                                           "duration_us": kernel["dur"]})
+                del graph
+        del operands
+    table.close()
+    kernels_table.close()
+    bench.log(f"concurrency_graph: {table.rows} cases, {kernels_table.rows} profiled kernels")
+
+
 # -- optimizers -----------------------------------------------------------------------------------
 def models(dry: bool) -> dict[str, list[tuple[int, ...]]]:
     """Parameter shapes of the optimizer models, from Hugging Face ``transformers`` (on the meta device)."""
@@ -736,6 +816,7 @@ def main() -> int:
     section("small_trace", lambda: training_trace(bench, args.out, args.dry_run, name="gpt2_2layers_train_step",
                                                   n_layer=2, vocab_size=8192))
     section("l2", lambda: l2_capacity(bench, args.out, args.dry_run))
+    section("concurrency_graph", lambda: concurrency_graph(bench, args.out, args.dry_run))
     log("done")
     return 0
 
