@@ -75,7 +75,7 @@ def prepare(
     system: System | str,
     mode: str = "full",
     memory_policy: str | None = None,
-    dispatch_policy: str = "round_robin",
+    dispatch_policy: str | None = None,
     seed: int = 0,
     bin_s: float = 5e-6,
     on_op_done=None,
@@ -138,7 +138,7 @@ def run(
     *,
     mode: str = "full",
     memory_policy: str | None = None,
-    dispatch_policy: str = "round_robin",
+    dispatch_policy: str | None = None,
     seed: int = 0,
     progress: bool = False,
     bin_s: float = 5e-6,
@@ -163,7 +163,8 @@ def run(
         Memory-controller arbitration for all GPUs (``fr-fcfs``, ``fcfs``, ``round-robin``,
         ``t3-mca``); default: each GPU's configured policy.
     dispatch_policy
-        How concurrent kernels share CUs: ``round_robin`` or ``fifo``.
+        How concurrent kernels share CUs for all GPUs: ``round_robin`` or ``fifo``; default: each
+        GPU's configured policy (``gpu.dispatch_policy``).
     seed
         Random seed (the same inputs and seed give identical results).
     progress

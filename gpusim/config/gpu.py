@@ -526,6 +526,11 @@ class GpuConfig(Model):
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
         after another (:mod:`gpusim.hw.queues`).
+    dispatch_policy
+        How the workgroup dispatcher shares the CUs between concurrent kernels
+        (:class:`gpusim.hw.compute.Dispatcher`): ``round_robin``, the kernels take turns placing one
+        workgroup each; ``fifo``, the earliest kernel places all it can first and later kernels
+        get what is left (NVIDIA's dispatch, measured on the H100 and H200).
     streaming_inflight_bytes_per_thread
         Bytes each thread of an element-wise kernel keeps in flight (load width times the loads it
         issues before using the first): the memory-level parallelism of the framework's streaming
@@ -551,6 +556,7 @@ class GpuConfig(Model):
     gemm_tma: GemmTmaConfig | None = None
     gemm_fallback: GemmFallbackConfig | None = None
     hardware_queues: PositiveInt = 4
+    dispatch_policy: Literal["round_robin", "fifo"] = "round_robin"
     streaming_inflight_bytes_per_thread: Bytes = 16
     l2: L2Config
     hbm: HbmConfig

@@ -60,7 +60,7 @@ class Gpu(Component):
     memory_policy
         Memory-controller arbitration policy name (default: the config's).
     dispatch_policy
-        Workgroup dispatch policy between concurrent kernels.
+        Workgroup dispatch policy between concurrent kernels (default: the config's).
     """
 
     def __init__(
@@ -70,7 +70,7 @@ class Gpu(Component):
         index: int,
         config: GpuConfig,
         memory_policy: str | None = None,
-        dispatch_policy: str = "round_robin",
+        dispatch_policy: str | None = None,
     ):
         super().__init__(sim, f"gpu{index}", parent)
         self.index = index
@@ -89,7 +89,7 @@ class Gpu(Component):
         inflight_ns_per_byte = miss_latency / config.cu.max_inflight_bytes
         hit_ratio = min(1.0, config.l2.hit_latency_ns / miss_latency)
         self.cus = [ComputeUnit(i, config.cu, inflight_ns_per_byte, hit_ratio) for i in range(config.num_cus)]
-        self.dispatcher = Dispatcher(self.env, self.cus, dispatch_policy)
+        self.dispatcher = Dispatcher(self.env, self.cus, dispatch_policy or config.dispatch_policy)
         self.queues = HardwareQueues(self.env, config.hardware_queues)
         self.dma: list[DmaEngine] = []
         self.tracker = Tracker(self, config.tracker)

@@ -34,7 +34,8 @@ class Machine(Component):
     memory_policy
         Memory-controller arbitration policy for every GPU (default: each GPU's configured one).
     dispatch_policy
-        Workgroup dispatch policy between concurrent kernels.
+        Workgroup dispatch policy between concurrent kernels for every GPU (default: each GPU's
+        configured one).
     topology
         A prebuilt topology of ``config`` (built if omitted).
     """
@@ -45,7 +46,7 @@ class Machine(Component):
         config: SystemConfig,
         mode: str = "full",
         memory_policy: str | None = None,
-        dispatch_policy: str = "round_robin",
+        dispatch_policy: str | None = None,
         topology: Topology | None = None,
     ):
         super().__init__(sim, "node")

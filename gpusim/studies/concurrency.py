@@ -259,7 +259,7 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
 
 
 def run_packets(system: System, packets: Sequence[KernelPacket], policy, timing: CommandProcessorTiming | None = None,
-                dispatch_policy: str = "round_robin"):
+                dispatch_policy: str | None = None):
     """Submit ``packets`` to GPU 0's command processor at time 0 and simulate them to the end.
 
     Returns

@@ -63,7 +63,7 @@ class Trace:
         system,
         mode: str = "full",
         memory_policy: str | None = None,
-        dispatch_policy: str = "round_robin",
+        dispatch_policy: str | None = None,
         seed: int = 0,
         progress: bool = False,
         bin_s: float = 5e-6,
