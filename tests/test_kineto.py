@@ -217,10 +217,10 @@ def _chain_file(tmp_path, shapes):
 
 def test_inferred_dataflow_links_a_kernel_to_its_predecessor_of_the_same_size(tmp_path):
     path = _chain_file(tmp_path, [[1024, 1024], [1024, 1024], [512, 1024], [512, 1024]])
-    frame = read_kineto(path, dataflow=True).frame
+    frame = read_kineto(path).frame  # the default since stop 20
     assert frame["output"].tolist() == ["t1", "t2", "t3", "t4"]
     assert frame["inputs"].tolist() == ["", "t1", "", "t3"]  # the third kernel's input is smaller: not t2
-    assert (read_kineto(path).frame["inputs"] == "").all()  # default: private inputs
+    assert (read_kineto(path, dataflow=False).frame["inputs"] == "").all()  # private inputs
 
 
 def test_a_chained_kernel_finds_its_input_in_the_l2(tmp_path):

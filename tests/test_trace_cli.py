@@ -106,7 +106,11 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
     (["validate-trace", TRACE, "--iteration", "2"],
      f"--iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
     (["validate-trace", TRACE, "--dataflow"],
-     f"--dataflow infers the tensors of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
+     f"--dataflow chooses how the tensors of a Kineto trace (.json/.json.gz) are inferred, but the trace {TRACE} is "
+     "not one"),
+    (["validate-trace", TRACE, "--no-dataflow"],
+     f"--no-dataflow chooses how the tensors of a Kineto trace (.json/.json.gz) are inferred, but the trace {TRACE} "
+     "is not one"),
 ])
 def test_contradictory_options_are_errors(argv, message, capsys):
     assert main([*argv, "--system", "t3-ring8", "--quiet"]) == 2

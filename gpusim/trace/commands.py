@@ -54,7 +54,7 @@ def trace_format(path: str) -> str:
     return "table"
 
 
-def load_any(path: str, unsupported: str = "error", iteration: int | None = None, dataflow: bool = False):
+def load_any(path: str, unsupported: str = "error", iteration: int | None = None, dataflow: bool = True):
     """A trace from a file by its kind (:func:`trace_format`): ``.csv``/``.parquet`` (gpusim),
     ``.json``/``.json.gz`` (Kineto), ``.et``, a folder of them or a pattern matching them (Chakra).
 
@@ -167,12 +167,13 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
     if args.iteration is not None and trace_format(args.trace) != "kineto":
         raise GpusimError(f"validate-trace: --iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), "
                           f"but the trace {args.trace} is not one")
-    if args.dataflow and trace_format(args.trace) != "kineto":
-        raise GpusimError(f"validate-trace: --dataflow infers the tensors of a Kineto trace (.json/.json.gz), "
-                          f"but the trace {args.trace} is not one")
+    if args.dataflow is not None and trace_format(args.trace) != "kineto":
+        flag = "--dataflow" if args.dataflow else "--no-dataflow"
+        raise GpusimError(f"validate-trace: {flag} chooses how the tensors of a Kineto trace (.json/.json.gz) are "
+                          f"inferred, but the trace {args.trace} is not one")
     system = _system(args)
     trace = load_any(args.trace, unsupported=args.unsupported or "error", iteration=args.iteration,
-                     dataflow=args.dataflow)
+                     dataflow=args.dataflow is not False)
     if args.model_host:
         trace = trace.with_modelled_host()
     if not trace.frame["measured_s"].notna().any():
@@ -265,9 +266,9 @@ def add_validate_trace_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``gpusim validate-trace``."""
     parser.add_argument("trace", help="measured trace: Kineto .json(.gz), Chakra .et/folder, or .csv/.parquet")
     parser.add_argument("--iteration", type=int, help="Kineto: only the kernels of ProfilerStep#N")
-    parser.add_argument("--dataflow", action="store_true",
+    parser.add_argument("--dataflow", action=argparse.BooleanOptionalAction,
                         help="Kineto: a kernel reads its stream predecessor's output where the sizes match "
-                             "(warm in the L2) instead of a private input")
+                             "(warm in the L2) instead of a private input (default: on for Kineto traces)")
     parser.add_argument("--tolerance", type=non_negative_float,
                         help="exit with status 1 when the all-kernel error exceeds this fraction (e.g. 0.25)")
     parser.add_argument("--model-host", action="store_true",

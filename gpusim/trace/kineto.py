@@ -549,7 +549,7 @@ def _infer_dependencies(rows: list[dict]) -> None:
 
 
 def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsupported: str = "error",
-                iteration: int | None = None, dataflow: bool = False) -> Trace:
+                iteration: int | None = None, dataflow: bool = True) -> Trace:
     """Read PyTorch profiler traces (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
     Parameters
@@ -566,8 +566,8 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     dataflow
         Let a kernel read its stream predecessor's output where the sizes match
         (:func:`_infer_dataflow`), so that it finds that tensor in the L2 where the model's L2
-        holds it; default ``False``: every kernel reads private, cold inputs (on the H200 the
-        inferred chains come out too fast: docs/traces.md).
+        holds it (the default since stop 20, when the Hopper presets' L2 learned the capacity it
+        keeps for shared data: docs/traces.md); ``False``: every kernel reads private, cold inputs.
 
     Returns
     -------
