@@ -167,3 +167,13 @@ def test_a_derived_node_changes_its_base_gpu(tmp_path):
 def test_a_negative_flop_rate_is_an_error():
     with pytest.raises(ConfigError, match=r"override 'gpu.cu.matrix_flops_per_cycle.fp16'.*greater than 0"):
         gpusim.load_system("a100-sxm4", {"gpu.cu.matrix_flops_per_cycle.fp16": -1})
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"gpu.dispatch_policy": "lifo"}, r"field 'gpu.dispatch_policy': Input should be 'round_robin' or 'fifo' \(got 'lifo'\)"),
+    ({"gpu.l2.shared_fraction": 1.5}, r"field 'gpu.l2.shared_fraction': Input should be less than or equal to 1"),
+    ({"gpu.l2.shared_fraction": 0}, r"field 'gpu.l2.shared_fraction': Input should be greater than 0"),
+])
+def test_the_dispatch_policy_and_the_l2_shared_fraction_are_checked(override, message):
+    with pytest.raises(ConfigError, match=message):
+        gpusim.load_system("h200-sxm", override)
