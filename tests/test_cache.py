@@ -81,3 +81,15 @@ def test_allocating_whole_blocks_at_once_equals_block_by_block(history, first, c
     assert at_once.present == one_by_one.present
     assert at_once.fills == one_by_one.fills
     assert at_once.stats == one_by_one.stats
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60), st.sampled_from([0.25, 0.5, 0.7, 1.0]))
+def test_the_lru_never_holds_more_than_its_shared_fraction(blocks, fraction):
+    # capacity 16 blocks; the LRU holds capacity x shared_fraction of them, and the most recent stay
+    l2 = L2Cache(CONFIG.model_copy(update={"capacity_bytes": 16 * 16384, "shared_fraction": fraction}))
+    for block in blocks:
+        l2.insert(block, 0)
+        assert len(l2.blocks) <= int(16 * fraction)
+    recent = list(dict.fromkeys(reversed(blocks)))[: int(16 * fraction)]
+    assert all(l2.lookup(block, 0.0) for block in recent)
