@@ -2,8 +2,8 @@
 and bytes in flight are chosen (this project; runs on the GPU machine, imports nothing from gpusim).
 
 Each program of ``scale_passes`` walks an fp32 buffer in blocks of ``BLOCK`` values, loading and
-storing each block in place, ``passes`` times over; ``sum_passes`` loads only and writes one sum per
-program.  A buffer of 16 MiB stays in the L2, one of 1 GiB streams from the HBM.  Varying the
+storing each block in place, ``passes`` times over, each pass on other blocks than the last (so
+that an SM does not find them in its L1); ``sum_passes`` loads only and writes one sum per program.  A buffer of 16 MiB stays in the L2, one of 1 GiB streams from the HBM.  Varying the
 programs (8 to 1056, one to eight per SM on a 132-SM GPU) and ``BLOCK`` (512 to 8192 values per
 128-thread program: 16 to 256 bytes per thread in flight) separates a bound per SM (bandwidth
 grows with the programs) from one of the L2 as a whole (it stops growing), and shows Little's law
@@ -32,9 +32,10 @@ def scale_passes(x_ptr, n, passes, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     blocks = tl.cdiv(n, BLOCK)
-    for _ in range(passes):
+    for step in range(passes):
         for block in range(pid, blocks, programs):
-            offsets = block * BLOCK + tl.arange(0, BLOCK)
+            # each pass moves every program 1237 blocks on (a prime), so no SM finds its blocks in its L1
+            offsets = ((block + step * 1237) % blocks) * BLOCK + tl.arange(0, BLOCK)
             mask = offsets < n
             values = tl.load(x_ptr + offsets, mask=mask)
             tl.store(x_ptr + offsets, values * 1.0000001, mask=mask)
@@ -46,9 +47,9 @@ def sum_passes(x_ptr, out_ptr, n, passes, BLOCK: tl.constexpr):
     programs = tl.num_programs(0)
     blocks = tl.cdiv(n, BLOCK)
     total = tl.zeros([BLOCK], dtype=tl.float32)
-    for _ in range(passes):
+    for step in range(passes):
         for block in range(pid, blocks, programs):
-            offsets = block * BLOCK + tl.arange(0, BLOCK)
+            offsets = ((block + step * 1237) % blocks) * BLOCK + tl.arange(0, BLOCK)
             total += tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
     tl.store(out_ptr + pid, tl.sum(total, axis=0))
 
