@@ -347,6 +347,12 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
     system = HOPPER_MEASUREMENTS[folder]
     gpu = folder.upper()
 
+    def gemm(suffix: str, description: str, aligned: bool) -> DataSet:
+        return DataSet(name=f"gemm-{folder}{suffix}", description=f"{description}; cold L2", file=f"{folder}/gemm.csv",
+                       system=system, point=_hopper_gemm_point(system), measured_s=_ms("cold_ms"),
+                       tolerances={"median": 0.15, "p90": 0.35},
+                       select=lambda frame: frame[aligned_rows(frame) == aligned], group="set" if aligned else None)
+
     def streaming(op: str, description: str) -> DataSet:
         return DataSet(name=f"{op}-{folder}", description=f"{description} on an {gpu}; cold L2",
                        file=f"{folder}/streaming.csv", system=system, point=_hopper_streaming_point(system),
@@ -369,29 +375,10 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
                        select=lambda frame: frame[frame["access"] == access], plot_x="bytes")
 
     return (
-        DataSet(
-            name=f"gemm-{folder}",
-            description=f"torch.matmul on an {gpu} (cuBLAS, CUDA 13.0): DeepBench's and LLMCompass's shapes, a "
-            "transformer grid and squares in fp16/bf16/tf32/fp32, whose rows are 16-byte aligned; cold L2",
-            file=f"{folder}/gemm.csv",
-            system=system,
-            point=_hopper_gemm_point(system),
-            measured_s=_ms("cold_ms"),
-            tolerances={"median": 0.15, "p90": 0.35},
-            select=lambda frame: frame[aligned_rows(frame)],
-            group="set",
-        ),
-        DataSet(
-            name=f"gemm-{folder}-unaligned",
-            description=f"the {gpu}'s torch.matmul GEMMs whose rows are not 16-byte aligned (DeepBench's odd "
-            "sizes), which cuBLAS runs in its fallback kernels; cold L2",
-            file=f"{folder}/gemm.csv",
-            system=system,
-            point=_hopper_gemm_point(system),
-            measured_s=_ms("cold_ms"),
-            tolerances={"median": 0.15, "p90": 0.35},
-            select=lambda frame: frame[~aligned_rows(frame)],
-        ),
+        gemm("", f"torch.matmul on an {gpu} (cuBLAS, CUDA 13.0): DeepBench's and LLMCompass's shapes, a "
+             "transformer grid and squares in fp16/bf16/tf32/fp32, whose rows are 16-byte aligned", aligned=True),
+        gemm("-unaligned", f"the {gpu}'s torch.matmul GEMMs whose rows are not 16-byte aligned (DeepBench's odd "
+             "sizes), which cuBLAS runs in its fallback kernels", aligned=False),
         concurrency("concurrency", "concurrency_graph.csv", "all the calls in one CUDA graph, so no host launch is "
                     "timed"),
         concurrency("concurrency-eager", "concurrency.csv", "eager calls queued behind the L2 flush; with eight "

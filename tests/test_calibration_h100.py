@@ -21,10 +21,9 @@ def test_h100_kernels_within_tolerance(name, points):
 
 
 def test_h100_data_sets_are_the_h200_ones_on_the_h100_preset():
-    for kind in ("gemm", "gemm-{}-unaligned", "concurrency", "concurrency-eager", "elementwise", "rowreduce", "l2",
-                 "l2-rowsum"):
-        h100 = validation.get(kind.format("h100") if "{}" in kind else f"{kind}-h100")
-        h200 = validation.get(kind.format("h200") if "{}" in kind else f"{kind}-h200")
+    for name in ("gemm-{}", "gemm-{}-unaligned", "concurrency-{}", "concurrency-eager-{}", "elementwise-{}",
+                 "rowreduce-{}", "l2-{}", "l2-rowsum-{}"):
+        h100, h200 = validation.get(name.format("h100")), validation.get(name.format("h200"))
         assert (h100.system, h200.system) == ("h100-sxm5", "h200-sxm")
         assert len(h100.load()) == len(h200.load())
 
