@@ -93,3 +93,28 @@ def test_the_lru_never_holds_more_than_its_shared_fraction(blocks, fraction):
         assert len(l2.blocks) <= int(16 * fraction)
     recent = list(dict.fromkeys(reversed(blocks)))[: int(16 * fraction)]
     assert all(l2.lookup(block, 0.0) for block in recent)
+
+
+def test_capacity_counts_the_sectors_present_not_the_blocks():
+    # four blocks' worth of sectors: eight half-filled blocks fit, a ninth evicts the least recent
+    l2 = L2Cache(CONFIG)
+    half = (1 << 16) - 1
+    for block in range(8):
+        assert l2.insert(block, 100, None, half) == []
+    assert len(l2.blocks) == 8 and l2.stats.evictions == 0
+    assert l2.insert(8, 0, None, half) == [(0, 100)]
+    assert l2.lookup(0, 0.0) is False and l2.lookup(1, 0.0, half) is True
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, (1 << 32) - 1), st.booleans()), max_size=60))
+def test_sectors_held_never_exceed_the_capacity(accesses):
+    l2 = L2Cache(CONFIG)
+    for block, sectors, invalidate in accesses:
+        if invalidate:
+            l2.invalidate(block)
+        else:
+            l2.insert(block, 0, None, sectors)
+        held = sum(mask.bit_count() for mask in l2.present.values())
+        assert held == l2.occupied_sectors <= l2.capacity_sectors
+        assert set(l2.present) == set(l2.blocks)

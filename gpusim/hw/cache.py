@@ -4,7 +4,9 @@ Hits are dictionary operations, not events.  Every access costs L2 bandwidth (a 
 and the hit latency.  A block is divided into :data:`SECTORS` sectors that are present or not (as a
 real cache's lines within the simulated block): a read hits only if every sector it touches is
 present, so neighbouring workgroups that read different parts of one block each fetch their own
-part from DRAM.  A missing block becomes part of a DRAM read; a second access to a block
+part from DRAM.  The capacity counts the sectors present, not the blocks: a real cache holds lines,
+so thousands of workgroups that each hold one row of a different block fill it by their rows, not
+by their blocks.  A missing block becomes part of a DRAM read; a second access to a block
 whose fill is still in flight waits for that fill (miss-status merging) instead of reading DRAM
 again.  Writes allocate (the block becomes dirty) unless the buffer is uncached; evicting a dirty
 block writes back its dirty bytes.
@@ -82,6 +84,8 @@ class L2Cache:
     def __init__(self, config: L2Config):
         self.block_bytes = int(config.block_bytes)
         self.capacity_blocks = max(1, int(config.capacity_bytes * config.shared_fraction // self.block_bytes))
+        self.capacity_sectors = self.capacity_blocks * SECTORS
+        self.occupied_sectors = 0
         self.hit_latency = config.hit_latency_ns
         self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
         self.remote_writes_allocate = config.remote_writes_allocate
@@ -111,7 +115,7 @@ class L2Cache:
             on a miss (the block, or one of the sectors, is absent).
         """
         blocks = self.blocks
-        if block in blocks and sectors & ~self.present.get(block, ALL_SECTORS) == 0:
+        if block in blocks and sectors & ~self.present[block] == 0:
             blocks.move_to_end(block)
             fill = self.fills.get(block)
             if fill is not None:
@@ -136,14 +140,17 @@ class L2Cache:
             blocks.move_to_end(block)
             if dirty_bytes:
                 blocks[block] = min(self.block_bytes, blocks[block] + dirty_bytes)
-            present[block] = present.get(block, ALL_SECTORS) | sectors
+            held = present[block]
+            present[block] = held | sectors
+            self.occupied_sectors += (held | sectors).bit_count() - held.bit_count()
         else:
             blocks[block] = dirty_bytes
             present[block] = sectors
+            self.occupied_sectors += sectors.bit_count()
         if fill is not None:
             fills[block] = fill
         evicted: list[tuple[int, int]] = []
-        if len(blocks) > self.capacity_blocks:
+        if self.occupied_sectors > self.capacity_sectors:
             self._evict_over_capacity(evicted)
         return evicted
 
@@ -153,28 +160,30 @@ class L2Cache:
         The same as :meth:`insert` with ``dirty_bytes=0`` and all sectors, block by block, in one call.
         """
         cache, present, fills = self.blocks, self.present, self.fills
-        capacity = self.capacity_blocks
+        capacity = self.capacity_sectors
         evicted: list[tuple[int, int]] = []
         for block in blocks:
-            present[block] = ALL_SECTORS
             fills[block] = fill
             if block in cache:
                 cache.move_to_end(block)
+                self.occupied_sectors += SECTORS - present[block].bit_count()
             else:
                 cache[block] = 0
-                if len(cache) > capacity:
-                    self._evict_over_capacity(evicted)
+                self.occupied_sectors += SECTORS
+            present[block] = ALL_SECTORS
+            if self.occupied_sectors > capacity:
+                self._evict_over_capacity(evicted)
         return evicted
 
     def _evict_over_capacity(self, evicted: list[tuple[int, int]]) -> None:
-        """Drop least recently used blocks down to the capacity; append the dirty ones to ``evicted``."""
+        """Drop least recently used blocks until their sectors fit the capacity; append the dirty ones
+        to ``evicted``."""
         blocks, present, fills, stats = self.blocks, self.present, self.fills, self.stats
-        excess = len(blocks) - self.capacity_blocks
-        stats.evictions += excess
-        for _ in range(excess):
+        while self.occupied_sectors > self.capacity_sectors:
             victim, dirty = blocks.popitem(last=False)
+            stats.evictions += 1
             fills.pop(victim, None)
-            present.pop(victim, None)
+            self.occupied_sectors -= present.pop(victim).bit_count()
             if dirty:
                 stats.writebacks += 1
                 evicted.append((victim, dirty))
@@ -183,7 +192,7 @@ class L2Cache:
         """Drop ``block`` (its data was replaced behind the cache, e.g. by a near-memory update)."""
         if self.blocks.pop(block, None) is not None:
             self.fills.pop(block, None)
-            self.present.pop(block, None)
+            self.occupied_sectors -= self.present.pop(block).bit_count()
 
     def flush(self) -> list[tuple[int, int]]:
         """Write back and clean every dirty block; return them as ``(block, bytes)``."""
