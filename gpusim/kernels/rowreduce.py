@@ -5,11 +5,11 @@ others).  The workgroup works through its row in *passes* -- the statistics, the
 and each pass is a loop whose iterations load one vector per thread and use it before the next
 load: the loop does not prefetch, so a pass takes its iterations times the memory latency (an L2
 hit or a DRAM miss), on top of its instructions.  That latency is the loaded one: an iteration's
-loads queue behind those of every resident workgroup, so each adds the time the L2 or the DRAM
-takes to move one iteration of all of them to the unloaded latency (a closed loop, as
-measured: PyTorch's row sums reach half a copy's bandwidth with one wave of workgroups).  A pass that gathers a statistic ends in a
-reduction across the workgroup's lanes: a tree of cross-lane exchanges (within a wavefront) and,
-for a block-wide one, workgroup barriers and the local data share between the trees.  Rows short
+loads queue behind those of every resident workgroup, so an iteration takes the unloaded latency
+or the time the L2 or the DRAM takes to move one iteration of all of them, whichever is longer (a
+closed loop).  A pass that gathers a statistic ends in a reduction across the workgroup's lanes: a
+tree of cross-lane exchanges (within a wavefront) and, for a block-wide one, workgroup barriers
+and the local data share between the trees.  Rows short
 enough for the loads of all their iterations to be in flight at once, rows cached in the local data
 share, and rows re-read through the L2 all come out of the same accounting.
 
@@ -44,13 +44,21 @@ SOFTMAX_WARP_MAX_COLS = 1024
 """Longest row PyTorch's softmax gives one wavefront (``dispatch_softmax_forward``)."""
 NORM_VECTOR_ELEMENTS = 4
 """Elements each thread of PyTorch's vectorized layer norm loads per iteration (``vec_size``)."""
-REDUCE_VECTOR_ELEMENTS = 16
-"""Elements each thread of PyTorch's ``reduce_kernel`` loads per iteration: 4-wide vectors, 4 of
-them unrolled (``input_vectorization``, ``vt0``)."""
-REDUCE_THREADS = 128
-"""Threads of a ``reduce_kernel`` block (its ``max_threads`` template argument)."""
+REDUCE_MAX_THREADS = 512
+"""Most threads of a ``reduce_kernel`` block (``mnt_wrapper::MAX_NUM_THREADS``; its launch bounds ask
+for four such blocks per SM, so 32 registers per thread)."""
+REDUCE_UNROLL = 4
+"""Loads each thread of ``reduce_kernel`` issues together when it does not load vectors (``vt0``)."""
+REDUCE_VECTOR_MIN_COLS = 128
+"""Shortest contiguous row ``setReduceConfig`` loads in vectors (``dim0 >= 128``)."""
+REDUCE_WARP_SPLIT_VALUES = 16
+"""Values per thread and row of the block from which the block's wavefronts share one row."""
 REDUCE_SPLIT_VALUES = 256
-"""Values per thread from which ``setReduceConfig`` spreads one row over several blocks."""
+"""Values per thread from which ``setReduceConfig`` spreads one row over several blocks
+(``max_values_per_thread``)."""
+REDUCE_MIN_SPLIT_VALUES = {"nvidia": 16, "amd": 128}
+"""Fewest values per thread it leaves each of those blocks (``min_values_per_thread``: 128 in
+PyTorch's ROCm build, which also spreads a row over at least 64 blocks once it spreads it)."""
 INDUCTOR_PERSISTENT_MAX_COLS = 1024
 """Longest row Inductor reduces in one persistent block (the whole row loaded at once)."""
 INDUCTOR_RBLOCK = 2048
@@ -237,25 +245,50 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
     return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
 
 
+def _pow2_floor(value: int) -> int:
+    """Largest power of two at or below ``value`` (at least 1)."""
+    return 1 << max(0, int(value).bit_length() - 1)
+
+
 def _sum_kernel(rows: int, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
-    """``reduce_kernel`` as ``setReduceConfig`` shapes it for a reduction over contiguous rows:
-    16 elements per thread and iteration; a wavefront per row of short rows, the whole block per
-    row once a thread would otherwise reduce 16 values per row of the block (or 256); and several
-    blocks per row when each thread would still have 256 values, as many as fill the GPU, their
-    partial sums combined through global memory."""
+    """``reduce_kernel`` as PyTorch's ``setReduceConfig`` shapes it for sums over contiguous rows.
+
+    Rows of at least 128 elements are loaded in 16-byte vectors (8 elements of 16 bits, 4 wider
+    ones), one per thread and loop iteration; shorter rows 4 elements at a time.  The block is a
+    wavefront's width of lanes along the row by as many rows as fit in 512 threads; each wavefront
+    sums its own row unless a thread would then sum at least 16 values per row of the block (or
+    256), in which case the whole block shares one row.  Each thread then runs through its part of
+    the row one dependent load after another, so a row of 4096 half-precision values summed by 32
+    lanes waits for 16 memory latencies.  When a thread would still sum 256 values and the blocks
+    do not fill the GPU, several blocks share the row and combine their partial sums through global
+    memory.
+    """
     warp = gpu.cu.wavefront_size
-    lanes = min(1 << (cols.bit_length() - 1), warp)
-    per_block = REDUCE_THREADS // lanes
-    per_thread = cols / lanes
-    if per_thread >= per_block * REDUCE_VECTOR_ELEMENTS or per_thread >= REDUCE_SPLIT_VALUES:
-        per_block, per_thread = 1, cols / REDUCE_THREADS
+    vector = 8 if size == 2 else 4
+    vectorized = cols >= REDUCE_VECTOR_MIN_COLS
+    lanes_wanted = cols // vector if vectorized else cols
+    dim0 = _pow2_floor(lanes_wanted) if lanes_wanted < REDUCE_MAX_THREADS else REDUCE_MAX_THREADS
+    dim1 = _pow2_floor(rows) if rows < REDUCE_MAX_THREADS else REDUCE_MAX_THREADS
+    height = min(dim1, REDUCE_MAX_THREADS // min(dim0, warp))
+    width = min(dim0, REDUCE_MAX_THREADS // height)
+    per_thread = -(-cols // width)
+    shared_row = per_thread >= min(height * REDUCE_WARP_SPLIT_VALUES, REDUCE_SPLIT_VALUES)
+    per_block = 1 if shared_row else height
+    if shared_row:
+        per_thread = -(-cols // (width * height))
+    threads = width * height
     split = 1
-    if per_thread >= REDUCE_SPLIT_VALUES:
-        target = gpu.num_cus * (gpu.cu.max_threads // REDUCE_THREADS)
-        split = max(1, min(-(-int(per_thread) // REDUCE_VECTOR_ELEMENTS), target // max(1, rows)))
-    passes = (RowPass("memory", ops_per_element=2.0, reduction="wave" if per_block > 1 else "block", writes=True),)
-    return RowKernelSpec("reduce_kernel", REDUCE_THREADS, per_block, REDUCE_VECTOR_ELEMENTS * size, 48, passes,
-                         split=split)
+    grid = -(-rows // per_block)
+    target = gpu.num_cus * (gpu.cu.max_threads // threads)
+    if shared_row and per_thread >= REDUCE_SPLIT_VALUES and grid <= target:
+        fewest = REDUCE_MIN_SPLIT_VALUES.get(gpu.vendor, REDUCE_MIN_SPLIT_VALUES["nvidia"])
+        split = max(min(-(-target // grid), -(-per_thread // fewest)), -(-per_thread // REDUCE_SPLIT_VALUES))
+        if split > 1 and gpu.vendor == "amd":
+            split = max(split, 64)
+    load_bytes = vector * size if vectorized else REDUCE_UNROLL * size
+    reduction = "block" if shared_row and height > 1 or width > warp else "wave"
+    passes = (RowPass("memory", ops_per_element=2.0, reduction=reduction, writes=True),)
+    return RowKernelSpec("reduce_kernel", threads, per_block, load_bytes, 32, passes, split=split)
 
 
 def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
@@ -293,6 +326,17 @@ def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cyc
         return wave_steps * step
     waves = max(1, -(-threads // cu.wavefront_size))
     return (wave_steps + 1 + math.log2(waves)) * step + 2 * cu.barrier_cycles
+
+
+def _rounds_ns(iterations: int, latency_ns: float, transfer_ns: float) -> float:
+    """Time of ``iterations`` dependent loads by every resident thread, ns.
+
+    A closed loop: each round waits for the memory's latency or for the memory to move the round's
+    bytes of all resident threads, whichever is longer, and the first round for both.  Once the bytes
+    in flight cover the latency the rounds stream at the memory's bandwidth (mean-value analysis of
+    thousands of wavefronts sharing one memory gives the same to within a percent or two).
+    """
+    return iterations * max(latency_ns, transfer_ns) + min(latency_ns, transfer_ns)
 
 
 class RowReduceKernel:
@@ -340,10 +384,10 @@ class RowReduceKernel:
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
-        # a loop iteration waits behind those of every resident workgroup (closed-loop queueing)
+        # a loop iteration queues behind those of every resident workgroup (_rounds_ns)
         round_bytes = self.workgroups * spec.threads * spec.vector_bytes
-        self.miss_latency_ns = gpu.unloaded_memory_latency_ns + round_bytes / config.hbm.sustained_bandwidth_bytes_per_s * 1e9
-        self.hit_latency_ns = config.l2.hit_latency_ns + round_bytes / config.l2.sustained_bandwidth_bytes_per_s * 1e9
+        self.miss_round_ns = (gpu.unloaded_memory_latency_ns, round_bytes / config.hbm.sustained_bandwidth_bytes_per_s * 1e9)
+        self.hit_round_ns = (config.l2.hit_latency_ns, round_bytes / config.l2.sustained_bandwidth_bytes_per_s * 1e9)
         # blocks sharing a row combine their partial results through global memory
         self.combine_ns = gpu.unloaded_memory_latency_ns if spec.split > 1 else 0.0
         self.kernel = Kernel(
@@ -401,8 +445,8 @@ class RowReduceKernel:
         join = Join(gpu.env)
         missed = gpu.memory.read(self.src.addr + offset, nbytes, join, COMPUTE, self.src.cached)
         share = missed / nbytes
-        latency = share * self.miss_latency_ns + (1.0 - share) * self.hit_latency_ns
-        join.extend_to(now + iterations * latency)
+        join.extend_to(now + share * _rounds_ns(iterations, *self.miss_round_ns)
+                       + (1.0 - share) * _rounds_ns(iterations, *self.hit_round_ns))
         join.extend_to(cu.memory(now, nbytes, missed))
         return join
 
