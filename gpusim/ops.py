@@ -341,14 +341,19 @@ ROW_REDUCE_KINDS: dict[str, float] = {
     "layernorm": 8.0,
     "rmsnorm": 5.0,
     "sum": 1.0,
+    "colsum": 1.0,
 }
-"""Row-reduction kinds and their FLOPs per element (reported in ``Result.ops``; the kernels' passes
-and instructions are the library's, :mod:`gpusim.kernels.rowreduce`)."""
+"""Row-reduction kinds (``colsum``: the sum of each column, as a bias gradient) and their FLOPs per
+element (reported in ``Result.ops``; the kernels' passes and instructions are the library's,
+:mod:`gpusim.kernels.rowreduce`)."""
 
 
 @dataclass
 class RowReduce(Op):
     """A row-wise reduction over an ``rows x cols`` matrix (softmax, layernorm), output the same size.
+
+    ``sum`` sums each row (``rows`` values out), ``colsum`` each column (``cols`` values out: the
+    matrix is read across its rows, as for a bias gradient).
 
     Attributes
     ----------
@@ -380,6 +385,9 @@ class RowReduce(Op):
             raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
         if self.library not in LIBRARIES:
             raise OpError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {self.library!r}")
+        if self.kind == "colsum" and self.library == "inductor":
+            raise OpError("RowReduce: field 'library' must be a PyTorch eager library for kind 'colsum' "
+                          "(Inductor's column reductions are not modelled), got 'inductor'")
         self.rows = _positive_int("RowReduce", "rows", self.rows)
         self.cols = _positive_int("RowReduce", "cols", self.cols)
         _check_dtype("RowReduce", self.dtype)

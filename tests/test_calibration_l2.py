@@ -50,10 +50,22 @@ def test_working_set_sweep_within_tolerance(gpu):
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/validation.md, the H100 section): PyTorch's row sums of 2048 "
-                   "fp32 values over 4-8 MiB take 5-10 us where the row-reduction model gives 2-4 us")
+@pytest.mark.xfail(strict=True, reason="known gap (docs/validation.md, stop 21): PyTorch's row sums of 2048 fp32 "
+                   "values over 4-16 MiB take 5.0-5.2 us from a CUDA graph, the model 3.7-4.0 us; its 16 dependent L2 hits "
+                   "cost what the H200 shows, but a reduce_kernel costs the H200 1-1.5 us more than the model's tiny kernel")
 def test_row_sums_of_an_l2_resident_buffer_within_tolerance():
     dataset = validation.get("l2-rowsum-h200")
     rows = dataset.load().query("bytes <= 16 * @MIB")
     frame = validation.compare(dataset, rows, workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
+
+
+@pytest.mark.parametrize("gpu", ["h200", pytest.param("h100", marks=pytest.mark.xfail(strict=True, reason=(
+    "known gap (docs/validation.md, stop 21): 22% / 42%; the row sums of 37-42 MiB keep about 0.8 of the H100's L2 "
+    "and the model's LRU holds 0.7 of it (35 MiB), so it sends them to the HBM early: +42..+76%")))])
+def test_row_sum_sweep_within_tolerance(gpu):
+    # 512 to 32768 rows of 2048 fp32 values replayed from a CUDA graph: 16 dependent loads per lane
+    dataset = validation.get(f"l2-rowsum-{gpu}")
+    frame = validation.compare(dataset, workers=1, progress=False)
+    assert len(frame) == 22
     assert not validation.violations(frame, dataset), validation.error_stats(frame)

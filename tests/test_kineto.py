@@ -184,6 +184,35 @@ def test_a_reduction_replays_as_its_library_s_kernel(tmp_path, kernel_name, libr
         ["reduction", "softmax", 64, 512, library]]
 
 
+@pytest.mark.parametrize(("concrete", "expected"), [
+    (["", "[0]", "True", ""], ["colsum", 4096, 768]),  # a bias gradient: the sum of each column
+    (["", "[-1]", "False", ""], ["sum", 4096, 768]),  # the sum of each row
+    (["", "", ""], ["sum", 1, 4096 * 768]),  # no dimension given: one sum of everything
+    (["", "[1, 0]", "True", ""], ["sum", 1, 4096 * 768]),
+    (None, ["sum", 4096, 768]),  # arguments not recorded: rows over the last dimension
+])
+def test_a_sum_reduces_the_dimensions_its_arguments_name(tmp_path, concrete, expected):
+    def total(kernel, events):
+        kernel["name"] = "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::Half>>(x)"
+        args = {"External id": 1, "Input Dims": [[4096, 768], [], [], []], "Input type": ["c10::Half"]}
+        if concrete is not None:
+            args["Concrete Inputs"] = concrete
+        events[0].update(name="aten::sum", args=args)
+
+    frame = read_kineto(_kineto_file(tmp_path, total)).frame
+    assert frame[["kind", "function", "rows", "cols"]].values.tolist() == [["reduction", *expected]]
+
+
+def test_a_triton_column_sum_replays_as_a_delay(tmp_path):
+    def total(kernel, events):
+        kernel["name"] = "triton_red_fused_sum_0"
+        events[0].update(name="aten::sum", args={"External id": 1, "Input Dims": [[4096, 768]],
+                                                   "Input type": ["c10::Half"], "Concrete Inputs": ["", "[0]"]})
+
+    frame = read_kineto(_kineto_file(tmp_path, total), unsupported="delay").frame
+    assert frame["kind"].tolist() == ["delay"]
+
+
 @pytest.mark.parametrize(("dims", "types", "function"), [
     ([[8, 512, 3072], []], ["c10::Half", "double"], "scale"),  # x * 0.5: one tensor read
     ([[8, 512, 3072], [8, 512, 3072]], ["c10::Half", "c10::Half"], "mul"),

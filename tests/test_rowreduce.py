@@ -61,6 +61,23 @@ def test_sum_follows_setreduceconfig():
     assert few_long.split == 32 and few_long.rows_per_workgroup == 1  # 512 values per thread, 16 blocks on 132 SMs
 
 
+@pytest.mark.parametrize(("rows", "cols", "grid"), [(4096, 768, (6, 64)), (4096, 3072, (24, 64)),
+                                                (4096, 2304, (18, 64)), (8, 512 * 768, (768, 1))])
+def test_column_sums_launch_the_grids_of_the_h200_trace(rows, cols, grid):
+    # GPT-2's bias gradients in validation/measured/h200/gpt2_2layers_train_step.json.gz: reduce_kernel<128, 4>,
+    # blocks of 32 x 4 threads, each lane 4 columns, 64 blocks sharing the columns of 4096 rows
+    spec = kernel("colsum", rows, cols)
+    assert spec.columns and spec.threads == 128 and spec.registers_per_thread == 48
+    assert (-(-cols // spec.rows_per_workgroup), spec.split) == grid
+
+
+def test_a_column_sum_writes_one_value_per_column():
+    result = gpusim.run(H200, ops.RowReduce("colsum", 4096, 768))
+    assert result.ops["bytes"].iloc[0] == (4096 + 1) * 768 * 2
+    with pytest.raises(OpError, match="field 'library'.*'colsum'"):
+        ops.RowReduce("colsum", 8, 1024, library="inductor")
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 1 << 20), cols=st.integers(1, 1 << 22), dtype=st.sampled_from(["fp16", "bf16", "fp32"]))
 def test_sum_blocks_cover_their_rows_within_pytorchs_limits(rows, cols, dtype):

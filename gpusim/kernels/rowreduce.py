@@ -111,7 +111,7 @@ class RowKernelSpec:
     threads
         Threads per workgroup.
     rows_per_workgroup
-        Rows one workgroup reduces.
+        Rows one workgroup reduces (columns, for a column reduction).
     vector_bytes
         Bytes of its rows each thread loads per loop iteration (all of them in flight at once).
     registers_per_thread
@@ -121,6 +121,8 @@ class RowKernelSpec:
     split
         Workgroups that share one row (each reduces a slice of it; their partial results are
         combined through global memory).
+    columns
+        A column reduction: each workgroup reads a strip of its columns across the rows.
     """
 
     name: str
@@ -130,6 +132,7 @@ class RowKernelSpec:
     registers_per_thread: int
     passes: tuple[RowPass, ...]
     split: int = 1
+    columns: bool = False
 
 
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
@@ -156,7 +159,8 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     Parameters
     ----------
     kind
-        ``softmax``, ``layernorm``, ``rmsnorm`` or ``sum``.
+        ``softmax``, ``layernorm``, ``rmsnorm``, ``sum`` (of each row) or ``colsum`` (of each column;
+        PyTorch's eager kernel only).
     rows, cols
         Matrix shape, elements.
     dtype
@@ -170,19 +174,23 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     -------
     RowKernelSpec
         Its geometry and passes (:func:`_softmax_kernel`, :func:`_norm_kernel`,
-        :func:`_sum_kernel`, :func:`_inductor_kernel`).
+        :func:`_reduce_kernel`, :func:`_inductor_kernel`).
     """
     if library not in LIBRARIES:
         raise ValueError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {library!r}")
-    if kind not in ("softmax", "layernorm", "rmsnorm", "sum"):
+    if kind not in ("softmax", "layernorm", "rmsnorm", "sum", "colsum"):
         raise ValueError(f"unknown row-reduction kind {kind!r}")
     size = DTYPE_BYTES[dtype]
+    if kind == "colsum":
+        if library == "inductor":
+            raise ValueError("RowReduce: kind 'colsum' is modelled for PyTorch's eager kernels only")
+        return _reduce_kernel(cols, rows, False, size, gpu)
     if library == "inductor":
         return _inductor_kernel(kind, cols, size, gpu)
     if kind == "softmax":
         return _softmax_kernel(cols, size, gpu, library)
     if kind == "sum":
-        return _sum_kernel(rows, cols, size, gpu)
+        return _reduce_kernel(rows, cols, True, size, gpu)
     return _norm_kernel(kind, cols, size)
 
 
@@ -250,45 +258,60 @@ def _pow2_floor(value: int) -> int:
     return 1 << max(0, int(value).bit_length() - 1)
 
 
-def _sum_kernel(rows: int, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
-    """``reduce_kernel`` as PyTorch's ``setReduceConfig`` shapes it for sums over contiguous rows.
+def _reduce_kernel(outputs: int, inputs: int, contiguous: bool, size: int, gpu: GpuConfig) -> RowKernelSpec:
+    """``reduce_kernel`` as PyTorch's ``setReduceConfig`` shapes it for ``outputs`` sums of
+    ``inputs`` values each: of contiguous rows (``contiguous``) or of columns.
 
-    Rows of at least 128 elements are loaded in 16-byte vectors (8 elements of 16 bits, 4 wider
-    ones), one per thread and loop iteration; shorter rows 4 elements at a time.  The block is a
-    wavefront's width of lanes along the row by as many rows as fit in 512 threads; each wavefront
-    sums its own row unless a thread would then sum at least 16 values per row of the block (or
-    256), in which case the whole block shares one row.  Each thread then runs through its part of
-    the row one dependent load after another, so a row of 4096 half-precision values summed by 32
-    lanes waits for 16 memory latencies.  When a thread would still sum 256 values and the blocks
-    do not fill the GPU, several blocks share the row and combine their partial sums through global
-    memory.
+    Row sums: rows of at least 128 elements are loaded in 16-byte vectors (8 elements of 16 bits, 4
+    wider ones), one per thread and loop iteration, shorter rows 4 elements at a time; a block is a
+    wavefront's width of lanes along the row by as many rows as fit in 512 threads.  Column sums:
+    each lane owns 4 neighbouring columns (fewer if the row length is not a multiple of 4) and loads
+    them as one vector per row, 4 rows per loop iteration, in blocks of up to 128 threads.  Either way
+    the block's wavefronts share its lines (rows, or the columns of a lane) once a thread would sum at
+    least 16 values per wavefront of the block (or 256), and when a thread would still sum 256 values
+    and the blocks do not fill the GPU, several blocks share a line and combine their partial sums
+    through global memory.  Each thread runs through its values one dependent iteration after
+    another: a row of 4096 half-precision values summed by 32 lanes waits for 16 memory latencies.
     """
     warp = gpu.cu.wavefront_size
-    vector = 8 if size == 2 else 4
-    vectorized = cols >= REDUCE_VECTOR_MIN_COLS
-    lanes_wanted = cols // vector if vectorized else cols
-    dim0 = _pow2_floor(lanes_wanted) if lanes_wanted < REDUCE_MAX_THREADS else REDUCE_MAX_THREADS
-    dim1 = _pow2_floor(rows) if rows < REDUCE_MAX_THREADS else REDUCE_MAX_THREADS
-    height = min(dim1, REDUCE_MAX_THREADS // min(dim0, warp))
-    width = min(dim0, REDUCE_MAX_THREADS // height)
-    per_thread = -(-cols // width)
-    shared_row = per_thread >= min(height * REDUCE_WARP_SPLIT_VALUES, REDUCE_SPLIT_VALUES)
-    per_block = 1 if shared_row else height
-    if shared_row:
-        per_thread = -(-cols // (width * height))
+    if contiguous:
+        output_vector = 1
+        input_vector = (8 if size == 2 else 4) if inputs >= REDUCE_VECTOR_MIN_COLS else 1
+        lanes_wanted, across = -(-inputs // input_vector), outputs
+    else:
+        output_vector = next(v for v in (4, 2, 1) if outputs % v == 0)
+        input_vector = 1
+        lanes_wanted, across = outputs // output_vector, inputs
+    most = REDUCE_MAX_THREADS // output_vector
+    dim0 = _pow2_floor(lanes_wanted) if lanes_wanted < most else most
+    dim1 = _pow2_floor(across) if across < most else most
+    height = min(dim1, most // min(dim0, warp))
+    width = min(dim0, most // height)
     threads = width * height
+    lanes_per_line = width if contiguous else 1
+    per_thread = -(-inputs // lanes_per_line)
+    shared = per_thread >= min(height * REDUCE_WARP_SPLIT_VALUES, REDUCE_SPLIT_VALUES)
+    if shared:
+        per_thread = -(-inputs // (lanes_per_line * height))
+    per_block = (1 if contiguous else width * output_vector) if shared else (height if contiguous else threads * output_vector)
+    grid = -(-outputs // per_block)
     split = 1
-    grid = -(-rows // per_block)
     target = gpu.num_cus * (gpu.cu.max_threads // threads)
-    if shared_row and per_thread >= REDUCE_SPLIT_VALUES and grid <= target:
+    if shared and per_thread >= REDUCE_SPLIT_VALUES and grid <= target:
         fewest = REDUCE_MIN_SPLIT_VALUES.get(gpu.vendor, REDUCE_MIN_SPLIT_VALUES["nvidia"])
         split = max(min(-(-target // grid), -(-per_thread // fewest)), -(-per_thread // REDUCE_SPLIT_VALUES))
         if split > 1 and gpu.vendor == "amd":
             split = max(split, 64)
-    load_bytes = vector * size if vectorized else REDUCE_UNROLL * size
-    reduction = "block" if shared_row and height > 1 or width > warp else "wave"
+    if contiguous:
+        load_bytes = input_vector * size if input_vector > 1 else REDUCE_UNROLL * size
+        reduction = "block" if shared and height > 1 or width > warp else "wave"
+    else:
+        load_bytes = REDUCE_UNROLL * output_vector * size
+        reduction = "block" if shared and height > 1 else None
     passes = (RowPass("memory", ops_per_element=2.0, reduction=reduction, writes=True),)
-    return RowKernelSpec("reduce_kernel", threads, per_block, load_bytes, 32, passes, split=split)
+    registers = 32 if contiguous else 48
+    return RowKernelSpec("reduce_kernel", threads, per_block, load_bytes, registers, passes, split=split,
+                         columns=not contiguous)
 
 
 def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
@@ -352,27 +375,30 @@ class RowReduceKernel:
     spec
         The library kernel.
     src, dst
-        Input rows and output (rows x cols, or one value per row for ``sum``).
+        Input rows and output (rows x cols; one value per row for ``sum``, per column for ``colsum``).
     rows, cols
         Matrix shape.
     dtype
         Element dtype.
-    out_bytes_per_row
-        Bytes written per row.
+    out_bytes
+        Bytes written.
     """
 
     def __init__(self, gpu: Gpu, spec: RowKernelSpec, src: Buffer, dst: Buffer, rows: int, cols: int, dtype: str,
-                 out_bytes_per_row: int):
+                 out_bytes: int):
         config = gpu.config
         self.gpu = gpu
         self.spec = spec
         self.src, self.dst = src, dst
         self.size = DTYPE_BYTES[dtype]
         self.in_bytes = rows * cols * self.size
-        self.out_bytes = rows * out_bytes_per_row
+        self.out_bytes = out_bytes
         shape = WorkgroupShape(spec.threads, 0, spec.registers_per_thread)
-        self.real = -(-rows // spec.rows_per_workgroup) * spec.split
-        self.wg_bytes = spec.rows_per_workgroup * cols * self.size / spec.split
+        lines, line_elements = (cols, rows) if spec.columns else (rows, cols)
+        self.real = -(-lines // spec.rows_per_workgroup) * spec.split
+        self.wg_bytes = spec.rows_per_workgroup * line_elements * self.size / spec.split
+        # a column reduction's workgroup reads a strip of its columns from every row
+        self.run_bytes = spec.rows_per_workgroup * self.size if spec.columns else None
         slots = config.num_cus * max(1, occupancy(shape, config.cu))
         self.workgroups = min(self.real, slots)
         self.chunks = max(1, min(MAX_ROW_CHUNKS, -(-self.real // self.workgroups)))
@@ -443,7 +469,8 @@ class RowReduceKernel:
         gpu = self.gpu
         now = gpu.env.now
         join = Join(gpu.env)
-        missed = gpu.memory.read(self.src.addr + offset, nbytes, join, COMPUTE, self.src.cached)
+        missed = gpu.memory.read(self.src.addr + offset, nbytes, join, COMPUTE, self.src.cached,
+                                 run_bytes=self.run_bytes)
         share = missed / nbytes
         join.extend_to(now + share * _rounds_ns(iterations, *self.miss_round_ns)
                        + (1.0 - share) * _rounds_ns(iterations, *self.hit_round_ns))
@@ -457,11 +484,11 @@ def execute_row_reduce(ctx, op):
 
     size = DTYPE_BYTES[op.dtype]
     nbytes = op.rows * op.cols * size
-    out_per_row = size if op.kind == "sum" else op.cols * size
+    out_bytes = {"sum": op.rows * size, "colsum": op.cols * size}.get(op.kind, nbytes)
     spec = row_kernel(op.kind, op.rows, op.cols, op.dtype, ctx.gpu.config, op.library)
     src = ctx.tensor(op.input, nbytes)
-    dst = ctx.tensor(op.out, op.rows * out_per_row)
-    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_per_row)
+    dst = ctx.tensor(op.out, out_bytes)
+    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_bytes)
     yield from ctx.launch(kernel.kernel)
     flops = ROW_REDUCE_KINDS[op.kind] * op.rows * op.cols
-    ctx.info.update(impl=spec.name, flops=flops, bytes=nbytes + op.rows * out_per_row, passes=len(spec.passes))
+    ctx.info.update(impl=spec.name, flops=flops, bytes=nbytes + out_bytes, passes=len(spec.passes))

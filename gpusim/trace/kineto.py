@@ -90,6 +90,8 @@ ELEMENTWISE_FUNCTIONS = {
     "native_dropout": "dropout", "native_dropout_backward": "mul", "neg": "scale", "sqrt": "scale",
     "rsqrt": "scale", "exp": "scale", "pow": "scale", "silu": "sigmoid", "where": "add", "masked_fill": "add",
 }  # fmt: skip
+REDUCED_DIMS_ARGUMENT = {"sum": 1, "mean": 1, "amax": 1, "max": 1, "norm": 2, "linalg_vector_norm": 2}
+"""Position of the reduced dimensions among a sum-like op's ``Concrete Inputs`` (blank: all)."""
 REDUCTION_OPS = {
     "softmax": "softmax", "_softmax": "softmax", "_log_softmax": "softmax", "log_softmax": "softmax",
     "_softmax_backward_data": "softmax", "_log_softmax_backward_data": "softmax",
@@ -271,17 +273,40 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
     return {"kind": "elementwise", "function": function, "elements": int(elements), "dtype": dtype}
 
 
+def _reduced_dims(base: str, args: dict, ndim: int) -> list[int] | None:
+    """The dimensions a sum-like op reduces, from its recorded arguments (``None``: not recorded)."""
+    position = REDUCED_DIMS_ARGUMENT.get(base)
+    concrete = args.get("Concrete Inputs")
+    if position is None or not isinstance(concrete, list) or len(concrete) <= position:
+        return None
+    text = str(concrete[position]).strip().strip("[]")
+    try:
+        dims = [int(part) for part in text.replace(",", " ").split()]
+    except ValueError:
+        return None
+    return sorted({dim % ndim for dim in dims}) if dims else list(range(ndim))
+
+
 def _reduction_fields(cpu_op: dict | None) -> dict:
     base = _op_base(cpu_op["name"]) if cpu_op else ""
     function = REDUCTION_OPS.get(base)
-    dims = (cpu_op or {}).get("args", {}).get("Input Dims")
-    types = (cpu_op or {}).get("args", {}).get("Input type") or []
+    args = (cpu_op or {}).get("args", {})
+    dims = args.get("Input Dims")
+    types = args.get("Input type") or []
     if function is None or not dims or not isinstance(dims[0], list) or not dims[0]:
         op = cpu_op.get("name") if cpu_op else "no CPU op"
         raise UnsupportedEvent(f"a reduction kernel of {op} whose input shape is not recorded or not modelled")
-    shape = dims[0]
-    cols = int(shape[-1])
-    rows = max(1, math.prod(int(d) for d in shape) // max(cols, 1))
+    shape = [int(d) for d in dims[0]]
+    cols = shape[-1]
+    rows = max(1, math.prod(shape) // max(cols, 1))
+    reduced = _reduced_dims(base, args, len(shape)) if function == "sum" else None
+    if reduced is not None and reduced == list(range(len(reduced))) and len(reduced) < len(shape):
+        # leading dimensions: each output sums a column of the matrix the rest of the shape makes
+        function, rows = "colsum", math.prod(shape[: len(reduced)])
+        cols = math.prod(shape) // max(rows, 1)
+    elif reduced is not None and reduced == list(range(len(shape) - len(reduced), len(shape))):
+        cols = math.prod(shape[len(shape) - len(reduced):])  # trailing dimensions (all of them: one sum)
+        rows = max(1, math.prod(shape) // max(cols, 1))
     return {"kind": "reduction", "function": function, "rows": rows, "cols": cols,
             "dtype": _dtype(types[0] if types else None)}
 
@@ -346,6 +371,8 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
     if klass == "reduction":
         fields = _reduction_fields(cpu_op)
         fields["kernel"] = "inductor" if name.startswith("triton") else "pytorch"
+        if fields["function"] == "colsum" and fields["kernel"] == "inductor":
+            raise UnsupportedEvent("a Triton kernel summing columns (Inductor's column reductions are not modelled)")
         return fields
     if klass == "elementwise":
         return _elementwise_fields(cpu_op, name, grid, block)
