@@ -123,6 +123,9 @@ class RowKernelSpec:
         combined through global memory).
     columns
         A column reduction: each workgroup reads a strip of its columns across the rows.
+    combine_loads
+        Dependent loads with which the last of the workgroups sharing a line reads their partial
+        results (when ``split`` > 1).
     """
 
     name: str
@@ -133,6 +136,7 @@ class RowKernelSpec:
     passes: tuple[RowPass, ...]
     split: int = 1
     columns: bool = False
+    combine_loads: int = 0
 
 
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
@@ -310,8 +314,10 @@ def _reduce_kernel(outputs: int, inputs: int, contiguous: bool, size: int, gpu: 
         reduction = "block" if shared and height > 1 else None
     passes = (RowPass("memory", ops_per_element=2.0, reduction=reduction, writes=True),)
     registers = 32 if contiguous else 48
+    # the last block reads the partials with all its threads (row sums) or one wavefront row at a time
+    combine_loads = -(-split // (threads if contiguous else height)) if split > 1 else 0
     return RowKernelSpec("reduce_kernel", threads, per_block, load_bytes, registers, passes, split=split,
-                         columns=not contiguous)
+                         columns=not contiguous, combine_loads=combine_loads)
 
 
 def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
@@ -414,8 +420,10 @@ class RowReduceKernel:
         round_bytes = self.workgroups * spec.threads * spec.vector_bytes
         self.miss_round_ns = (gpu.unloaded_memory_latency_ns, round_bytes / config.hbm.sustained_bandwidth_bytes_per_s * 1e9)
         self.hit_round_ns = (config.l2.hit_latency_ns, round_bytes / config.l2.sustained_bandwidth_bytes_per_s * 1e9)
-        # blocks sharing a row combine their partial results through global memory
-        self.combine_ns = gpu.unloaded_memory_latency_ns if spec.split > 1 else 0.0
+        # blocks sharing a line write their partial results, fence them and count themselves on a
+        # semaphore (a memory round trip); the last one reads the partials back from the L2
+        self.combine_ns = (gpu.unloaded_memory_latency_ns + spec.combine_loads * config.l2.hit_latency_ns
+                           if spec.split > 1 else 0.0)
         self.kernel = Kernel(
             name=spec.name,
             num_wgs=self.workgroups,
