@@ -34,6 +34,13 @@ Sections and files (in ``--out``):
 ``concurrency_graph.csv``, ``concurrency_graph_kernels.csv``
     Section ``concurrency_graph`` (not run by default): the concurrent GEMMs with every call in one
     CUDA graph (no host cost), and when each kernel of the largest concurrent graphs ran.
+``chain.csv``
+    Section ``chain`` (not run by default; added in stop 21, not yet run): the duration of each
+    kernel of out-of-place chains over 4-64 MiB tensors from a CUDA graph, starting from a tensor
+    or from a GEMM's output: how much of a producer's output the L2 keeps for its consumer.
+``reduction_costs.csv``
+    Section ``reduction_costs`` (not run by default; added in stop 21, not yet run): small row
+    sums, column sums, layer and RMS norms, with the profiled duration of each of their kernels.
 
 Timing methods, per case (all medians; times in ms):
 
@@ -550,6 +557,22 @@ def concurrency(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"concurrency: {table.rows} cases")
 
 
+def capture_graph(bench: Bench, work: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """``work`` captured in a CUDA graph, after two eager calls on a side stream (PyTorch's warm-up
+    before capture)."""
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        work()
+        work()
+    torch.cuda.current_stream().wait_stream(capture)
+    bench.sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    return graph
+
+
 def concurrency_graph(bench: Bench, out: Path, dry: bool) -> None:
     """The ``concurrency`` section's GEMMs with every call captured in one CUDA graph (on one stream,
     or forked onto ``count`` streams and joined), so that the host's launches cost nothing: timed
@@ -590,16 +613,7 @@ def concurrency_graph(bench: Bench, out: Path, dry: bool) -> None:
                     table.add({"m": m, "n": n, "k": k, "dtype": "fp16", "count": count, "mode": mode,
                                "ms": bench.host_ms(work, 3), "ms_min": math.nan, "repeats": 3})
                     continue
-                capture = torch.cuda.Stream()
-                capture.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(capture):
-                    work()
-                    work()
-                torch.cuda.current_stream().wait_stream(capture)
-                bench.sync()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    work()
+                graph = capture_graph(bench, work)
                 samples = []
                 for repeat in range(12):
                     bench.flush.fill_(1.0)
@@ -625,6 +639,98 @@ def concurrency_graph(bench: Bench, out: Path, dry: bool) -> None:
     table.close()
     kernels_table.close()
     bench.log(f"concurrency_graph: {table.rows} cases, {kernels_table.rows} profiled kernels")
+
+
+# -- producer -> consumer chains and small reductions (stop 21) -------------------------------------
+CHAIN_FOOTPRINTS_MIB = (4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64)
+"""Tensor sizes of the chains (MiB): two of them live at once, so 20-32 MiB straddle the shared L2."""
+CHAIN_LENGTH = 6
+"""Kernels after the chain's start."""
+REDUCTION_COST_CASES = (("sum", 4096, 32), ("sum", 32, 4096), ("sum", 1024, 4096), ("sum", 4096, 4096),
+                        ("colsum", 4096, 768), ("colsum", 4096, 2304), ("colsum", 4096, 3072), ("colsum", 8, 393216),
+                        ("layernorm", 4096, 32), ("rmsnorm", 4096, 32), ("layernorm", 4096, 768),
+                        ("rmsnorm", 4096, 768), ("layernorm", 4096, 4096), ("rmsnorm", 4096, 4096), ("add", 4096, 32))
+"""(kind, rows, cols) of the ``reduction_costs`` section, fp16."""
+
+
+def graph_kernels(bench: Bench, work: Callable[[], None], flush: bool) -> list[dict]:
+    """The kernels of one replay of ``work`` captured in a CUDA graph, after two replays that warm
+    it (with ``flush``, the L2 is flushed before the profiled replay); eagerly on the CPU."""
+    if not bench.cuda:
+        return bench.profile_kernels(work)
+    graph = capture_graph(bench, work)
+    graph.replay()
+    graph.replay()
+    if flush:
+        bench.flush.fill_(1.0)
+    kernels = [e for e in bench.profile_kernels(graph.replay) if not (flush and "fill" in e["name"].lower())]
+    del graph
+    return kernels
+
+
+def chains(bench: Bench, out: Path, dry: bool) -> None:
+    """Out-of-place chains ``y1 = 2 x``, ``y2 = 2 y1``, ... of fp16 tensors, replayed from a CUDA
+    graph without a flush: each kernel reads its predecessor's output while writing its own, so two
+    tensors are live at once, and its duration says how much of the producer's output the L2 kept.
+    The chain starts from a tensor or from the output of a GEMM of the same size (m x 1024 x 1024),
+    whose tiles are written a few hundred bytes at a time."""
+    table = Table(out / "chain.csv", ["start", "bytes", "kernel", "name", "duration_us"])
+    for mib in (1,) if dry else CHAIN_FOOTPRINTS_MIB:
+        elements = mib * 2**20 // 2
+        tensors = [torch.randn(elements, dtype=torch.float16, device=bench.device) for _ in range(CHAIN_LENGTH + 1)]
+        a = torch.randn(elements // 1024, 1024, dtype=torch.float16, device=bench.device)
+        b = torch.randn(1024, 1024, dtype=torch.float16, device=bench.device)
+        c = torch.empty(elements // 1024, 1024, dtype=torch.float16, device=bench.device)
+        for start in ("tensor", "gemm"):
+            if bench.left_s() < 30:
+                bench.log(f"chain: out of time at {start} {mib} MiB")
+                table.close()
+                return
+
+            def work(start=start, tensors=tensors, a=a, b=b, c=c) -> None:
+                source = tensors[0]
+                if start == "gemm":
+                    torch.matmul(a, b, out=c)
+                    source = c.view(-1)
+                for target in tensors[1:]:
+                    torch.mul(source, 2.0, out=target)
+                    source = target
+
+            for index, kernel in enumerate(graph_kernels(bench, work, flush=False)):
+                table.add({"start": start, "bytes": mib * 2**20, "kernel": index, "name": kernel["name"][:120],
+                           "duration_us": kernel["dur"]})
+        del tensors, a, b, c
+    table.close()
+    bench.log(f"chain: {table.rows} kernels")
+
+
+def reduction_costs(bench: Bench, out: Path, dry: bool) -> None:
+    """Reductions whose fixed costs the model lacks (docs/validation.md, stop 21): row sums of one and
+    of 16 dependent loads per lane, GPT-2's column sums (bias gradients), layer norm beside RMS norm,
+    and a tiny add for reference: graph, cold and host times, and each kernel's profiled duration in
+    a graph replay after an L2 flush."""
+    table = Table(out / "reduction_costs.csv", ["kind", "rows", "cols", "dtype", "graph_ms", "cold_ms", "host_ms",
+                                                "kernel", "name", "duration_us"])
+    cases = [(kind, min(rows, 64), min(cols, 64)) for kind, rows, cols in REDUCTION_COST_CASES] if dry \
+        else REDUCTION_COST_CASES
+    for kind, rows, cols in cases:
+        if bench.left_s() < 30:
+            bench.log(f"reduction_costs: out of time at {kind} {rows}x{cols}")
+            break
+        x = torch.randn(rows, cols, dtype=torch.float16, device=bench.device)
+        weight = torch.randn(cols, dtype=torch.float16, device=bench.device)
+        bias = torch.randn(cols, dtype=torch.float16, device=bench.device)
+        run = {"sum": lambda x=x: x.sum(dim=1), "colsum": lambda x=x: x.sum(dim=0),
+               "layernorm": lambda x=x, w=weight, b=bias: F.layer_norm(x, (x.shape[-1],), w, b),
+               "rmsnorm": lambda x=x, w=weight: F.rms_norm(x, (x.shape[-1],), w),
+               "add": lambda x=x: x.add_(1.0)}[kind]
+        times = timed_case(bench, run)
+        for index, kernel in enumerate(graph_kernels(bench, run, flush=True)):
+            table.add({"kind": kind, "rows": rows, "cols": cols, "dtype": "fp16", **times, "kernel": index,
+                       "name": kernel["name"][:120], "duration_us": kernel["dur"]})
+        del x, weight, bias
+    table.close()
+    bench.log(f"reduction_costs: {table.rows} kernels")
 
 
 # -- optimizers -----------------------------------------------------------------------------------
@@ -817,6 +923,8 @@ def main() -> int:
                                                   n_layer=2, vocab_size=8192))
     section("l2", lambda: l2_capacity(bench, args.out, args.dry_run))
     section("concurrency_graph", lambda: concurrency_graph(bench, args.out, args.dry_run))
+    section("chain", lambda: chains(bench, args.out, args.dry_run))
+    section("reduction_costs", lambda: reduction_costs(bench, args.out, args.dry_run))
     log("done")
     return 0
 
