@@ -9,9 +9,9 @@ loads queue behind those of every resident workgroup, so an iteration takes the 
 or the time the L2 or the DRAM takes to move one iteration of all of them, whichever is longer (a
 closed loop).  A pass that gathers a statistic ends in a reduction across the workgroup's lanes: a
 tree of cross-lane exchanges (within a wavefront) and, for a block-wide one, workgroup barriers
-and the local data share between the trees.  Rows short
-enough for the loads of all their iterations to be in flight at once, rows cached in the local data
-share, and rows re-read through the L2 all come out of the same accounting.
+and the local data share between the trees.  Rows short enough for the loads of all their
+iterations to be in flight at once, rows cached in the local data share, and rows re-read through
+the L2 all come out of the same accounting.
 
 Throughput is then the workgroups' occupancy (how many of their threads fit on a CU) over the time
 of that chain, unless the memory or the CUs' instruction issue saturates first.  This is what
