@@ -184,6 +184,18 @@ def test_a_reduction_replays_as_its_library_s_kernel(tmp_path, kernel_name, libr
         ["reduction", "softmax", 64, 512, library]]
 
 
+@pytest.mark.parametrize(("op", "function"), [("aten::_softmax_backward_data", "softmax_backward"),
+                                               ("aten::native_layer_norm_backward", "layernorm_backward")])
+def test_a_backward_reduction_replays_as_its_backward_kernel(tmp_path, op, function):
+    def backward(kernel, events):
+        kernel["name"] = "void (anonymous namespace)::softmax_warp_backward<c10::Half>(x)"
+        events[0].update(name=op, args={"External id": 1, "Input Dims": [[64, 512], [64, 512]],
+                                         "Input type": ["c10::Half", "c10::Half"]})
+
+    frame = read_kineto(_kineto_file(tmp_path, backward)).frame
+    assert frame[["kind", "function", "rows", "cols"]].values.tolist() == [["reduction", function, 64, 512]]
+
+
 @pytest.mark.parametrize(("concrete", "expected"), [
     (["", "[0]", "True", ""], ["colsum", 4096, 768]),  # a bias gradient: the sum of each column
     (["", "[-1]", "False", ""], ["sum", 4096, 768]),  # the sum of each row

@@ -78,6 +78,25 @@ def test_a_column_sum_writes_one_value_per_column():
         ops.RowReduce("colsum", 8, 1024, library="inductor")
 
 
+@pytest.mark.parametrize(("kind", "cols", "name"), [("softmax", 512, "softmax_warp_backward"),
+                                                 ("softmax", 4096, "cunn_SoftMaxBackwardReg"),
+                                                 ("layernorm", 768, "layer_norm_grad_input_kernel_vectorized")])
+def test_backward_kernels_read_the_gradient_beside_the_forward_row(kind, cols, name):
+    forward, backward = kernel(kind, 4096, cols), kernel(f"{kind}_backward", 4096, cols)
+    assert backward.name == name and backward.inputs == 2 and forward.inputs == 1
+    assert (backward.threads, backward.rows_per_workgroup, backward.vector_bytes) == \
+        (forward.threads, forward.rows_per_workgroup, forward.vector_bytes)
+    assert [p.reduction for p in backward.passes] == [forward.passes[0].reduction, None]
+    assert backward.passes[-1].writes and backward.passes[-1].transcendentals_per_element == 0
+
+
+def test_a_backward_kernel_moves_a_third_more_bytes_than_its_forward():
+    forward = gpusim.run(H200, ops.RowReduce("layernorm", 16384, 4096))
+    backward = gpusim.run(H200, ops.RowReduce("layernorm_backward", 16384, 4096))
+    assert backward.ops["bytes"].iloc[0] == 1.5 * forward.ops["bytes"].iloc[0]
+    assert backward.time_s > 1.2 * forward.time_s  # bandwidth-bound: the second input costs its bytes
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 1 << 20), cols=st.integers(1, 1 << 22), dtype=st.sampled_from(["fp16", "bf16", "fp32"]))
 def test_sum_blocks_cover_their_rows_within_pytorchs_limits(rows, cols, dtype):

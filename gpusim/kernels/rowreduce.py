@@ -25,7 +25,7 @@ each kernel records its threads, rows per workgroup, load width and passes (:cla
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
@@ -126,6 +126,9 @@ class RowKernelSpec:
     combine_loads
         Dependent loads with which the last of the workgroups sharing a line reads their partial
         results (when ``split`` > 1).
+    inputs
+        Row-sized tensors each pass from memory reads side by side (a backward kernel reads the
+        incoming gradient beside the forward pass's input or output).
     """
 
     name: str
@@ -137,6 +140,7 @@ class RowKernelSpec:
     split: int = 1
     columns: bool = False
     combine_loads: int = 0
+    inputs: int = 1
 
 
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
@@ -182,9 +186,12 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     """
     if library not in LIBRARIES:
         raise ValueError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {library!r}")
-    if kind not in ("softmax", "layernorm", "rmsnorm", "sum", "colsum"):
+    if kind not in ("softmax", "layernorm", "rmsnorm", "sum", "colsum", "softmax_backward", "layernorm_backward"):
         raise ValueError(f"unknown row-reduction kind {kind!r}")
     size = DTYPE_BYTES[dtype]
+    if kind.endswith("_backward"):
+        forward = row_kernel(kind.removesuffix("_backward"), rows, cols, dtype, gpu, library)
+        return _backward_kernel(forward)
     if kind == "colsum":
         if library == "inductor":
             raise ValueError("RowReduce: kind 'colsum' is modelled for PyTorch's eager kernels only")
@@ -255,6 +262,26 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
         return RowKernelSpec("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, passes)
     passes = _softmax_passes("memory", "memory", "block", load_ops=vector_ops)
     return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
+
+
+BACKWARD_NAMES = {"vectorized_layer_norm_kernel": "layer_norm_grad_input_kernel_vectorized"}
+"""Backward kernels whose names do not follow from the forward's (``Forward`` -> ``Backward``)."""
+
+
+def _backward_kernel(forward: RowKernelSpec) -> RowKernelSpec:
+    """The backward kernel of a softmax or a layer norm, shaped as its forward kernel.
+
+    The library's backward kernels keep the forward's geometry (a wavefront or a block per row, the
+    same vectors) and read the incoming gradient beside the forward's output (softmax) or input
+    (layer norm) wherever the forward reads its row: a first pass reduces one statistic per row
+    (``sum(dy * y)``; the layer norm's two sums, without Welford's divisions), the forward's last pass
+    writes the gradient (no exponentials).
+    """
+    first, last = forward.passes[0], forward.passes[-1]
+    passes = (replace(first, transcendentals_per_element=0.0, combine_cycles=0.0),
+              replace(last, transcendentals_per_element=0.0))
+    name = BACKWARD_NAMES.get(forward.name, forward.name.replace("Forward", "Backward").replace("forward", "backward"))
+    return replace(forward, name=name, passes=passes, inputs=2)
 
 
 def _pow2_floor(value: int) -> int:
@@ -388,14 +415,17 @@ class RowReduceKernel:
         Element dtype.
     out_bytes
         Bytes written.
+    extra
+        The other row-sized inputs of a kernel that reads several (``spec.inputs``).
     """
 
     def __init__(self, gpu: Gpu, spec: RowKernelSpec, src: Buffer, dst: Buffer, rows: int, cols: int, dtype: str,
-                 out_bytes: int):
+                 out_bytes: int, extra: tuple[Buffer, ...] = ()):
         config = gpu.config
         self.gpu = gpu
         self.spec = spec
         self.src, self.dst = src, dst
+        self.sources = (src, *extra)
         self.size = DTYPE_BYTES[dtype]
         self.in_bytes = rows * cols * self.size
         self.out_bytes = out_bytes
@@ -417,7 +447,7 @@ class RowReduceKernel:
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
         # a loop iteration queues behind those of every resident workgroup (_rounds_ns)
-        round_bytes = self.workgroups * spec.threads * spec.vector_bytes
+        round_bytes = self.workgroups * spec.threads * spec.vector_bytes * spec.inputs
         self.miss_round_ns = (gpu.unloaded_memory_latency_ns, round_bytes / config.hbm.sustained_bandwidth_bytes_per_s * 1e9)
         self.hit_round_ns = (config.l2.hit_latency_ns, round_bytes / config.l2.sustained_bandwidth_bytes_per_s * 1e9)
         # blocks sharing a line write their partial results, fence them and count themselves on a
@@ -477,8 +507,9 @@ class RowReduceKernel:
         gpu = self.gpu
         now = gpu.env.now
         join = Join(gpu.env)
-        missed = gpu.memory.read(self.src.addr + offset, nbytes, join, COMPUTE, self.src.cached,
-                                 run_bytes=self.run_bytes)
+        missed = sum(gpu.memory.read(source.addr + offset, nbytes, join, COMPUTE, source.cached,
+                                     run_bytes=self.run_bytes) for source in self.sources)
+        nbytes *= len(self.sources)
         share = missed / nbytes
         join.extend_to(now + share * _rounds_ns(iterations, *self.miss_round_ns)
                        + (1.0 - share) * _rounds_ns(iterations, *self.hit_round_ns))
@@ -496,7 +527,8 @@ def execute_row_reduce(ctx, op):
     spec = row_kernel(op.kind, op.rows, op.cols, op.dtype, ctx.gpu.config, op.library)
     src = ctx.tensor(op.input, nbytes)
     dst = ctx.tensor(op.out, out_bytes)
-    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_bytes)
+    extra = tuple(ctx.tensor(None, nbytes) for _ in range(spec.inputs - 1))
+    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_bytes, extra)
     yield from ctx.launch(kernel.kernel)
     flops = ROW_REDUCE_KINDS[op.kind] * op.rows * op.cols
-    ctx.info.update(impl=spec.name, flops=flops, bytes=nbytes + out_bytes, passes=len(spec.passes))
+    ctx.info.update(impl=spec.name, flops=flops, bytes=spec.inputs * nbytes + out_bytes, passes=len(spec.passes))

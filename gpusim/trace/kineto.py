@@ -94,8 +94,8 @@ REDUCED_DIMS_ARGUMENT = {"sum": 1, "mean": 1, "amax": 1, "max": 1, "norm": 2, "l
 """Position of the reduced dimensions among a sum-like op's ``Concrete Inputs`` (blank: all)."""
 REDUCTION_OPS = {
     "softmax": "softmax", "_softmax": "softmax", "_log_softmax": "softmax", "log_softmax": "softmax",
-    "_softmax_backward_data": "softmax", "_log_softmax_backward_data": "softmax",
-    "native_layer_norm": "layernorm", "layer_norm": "layernorm", "native_layer_norm_backward": "layernorm",
+    "_softmax_backward_data": "softmax_backward", "_log_softmax_backward_data": "softmax_backward",
+    "native_layer_norm": "layernorm", "layer_norm": "layernorm", "native_layer_norm_backward": "layernorm_backward",
     "rms_norm": "rmsnorm", "_fused_rms_norm": "rmsnorm", "sum": "sum", "mean": "sum", "norm": "sum",
     "linalg_vector_norm": "sum", "amax": "sum", "max": "sum", "nll_loss": "sum",
 }  # fmt: skip
