@@ -344,9 +344,10 @@ ROW_REDUCE_KINDS: dict[str, float] = {
     "colsum": 1.0,
     "softmax_backward": 3.0,
     "layernorm_backward": 8.0,
+    "rmsnorm_backward": 6.0,
 }
 """Row-reduction kinds (``colsum``: the sum of each column, as a bias gradient; ``*_backward``: the
-input gradient of a softmax or a layer norm) and their FLOPs per
+input gradient of a softmax, a layer norm or an RMS norm) and their FLOPs per
 element (reported in ``Result.ops``; the kernels' passes and instructions are the library's,
 :mod:`gpusim.kernels.rowreduce`)."""
 

@@ -186,7 +186,8 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     """
     if library not in LIBRARIES:
         raise ValueError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {library!r}")
-    if kind not in ("softmax", "layernorm", "rmsnorm", "sum", "colsum", "softmax_backward", "layernorm_backward"):
+    if kind not in ("softmax", "layernorm", "rmsnorm", "sum", "colsum", "softmax_backward", "layernorm_backward",
+                    "rmsnorm_backward"):
         raise ValueError(f"unknown row-reduction kind {kind!r}")
     size = DTYPE_BYTES[dtype]
     if kind.endswith("_backward"):

@@ -283,7 +283,7 @@ class _Transformer:
         wgrad = self._gemm(gpus, [], at("fc1_wgrad"), h, ff_in, t, trans_b=True)
         self._gradient(stage, layer, h * ff_in * size, wgrad, at("grad_allreduce"), False)
         self._tp_allreduce(stage, [], at("mlp_allreduce_bwd"), t * h * size)
-        self._reduction(gpus, [], at("ln2_bwd"), model.norm, t, h)
+        self._reduction(gpus, [], at("ln2_bwd"), f"{model.norm}_backward", t, h)
         self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t * h)
         self._gemm(gpus, [], at("attn_out_dgrad"), self.q_width, t, h)
         wgrad = self._gemm(gpus, [], at("attn_out_wgrad"), self.q_width, h, t, trans_b=True)
@@ -291,7 +291,7 @@ class _Transformer:
         self._gemm(gpus, [], at("attn_context_dgrad"), hd, s, s, batch=bh)
         self._gemm(gpus, [], at("attn_context_wgrad"), s, s, hd, batch=bh)
         self._elementwise(gpus, [], at("attn_dropout_bwd"), "mul", bh * s * s)
-        self._reduction(gpus, [], at("softmax_bwd"), "softmax", bh * s, s)
+        self._reduction(gpus, [], at("softmax_bwd"), "softmax_backward", bh * s, s)
         self._elementwise(gpus, [], at("attn_scale_bwd"), "scale", bh * s * s)
         self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
         self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
@@ -303,7 +303,7 @@ class _Transformer:
                 self._gemm(gpus, [], at(f"{part}_dgrad"), h, t, width)
                 wgrad = self._gemm(gpus, [], at(f"{part}_wgrad"), h, width, t, trans_b=True)
         self._tp_allreduce(stage, [], at("attn_allreduce_bwd"), t * h * size)
-        self._reduction(gpus, [], at("ln1_bwd"), model.norm, t, h)
+        self._reduction(gpus, [], at("ln1_bwd"), f"{model.norm}_backward", t, h)
         last = self._elementwise(gpus, [], at("residual_bwd"), "add", t * h)
         biases_and_norms = (self.qkv_out + h + ff_in + h + 4 * h) * size
         self._gradient(stage, layer, self.qkv_out * h * size + biases_and_norms, last, at("grad_allreduce"), True)
@@ -342,7 +342,8 @@ class _Transformer:
         self._gemm(gpus, [], self._labels("lm_head_dgrad", "bwd", -1, step), h, t, self.vocab_t)
         wgrad = self._gemm(gpus, [], self._labels("lm_head_wgrad", "bwd", -1, step), h, self.vocab_t, t, trans_b=True)
         self._tp_allreduce(stage, [], self._labels("lm_head_allreduce_bwd", "bwd", -1, step), t * h * size)
-        last = self._reduction(gpus, [], self._labels("final_norm_bwd", "bwd", -1, step), self.model.norm, t, h)
+        last = self._reduction(gpus, [], self._labels("final_norm_bwd", "bwd", -1, step),
+                                  f"{self.model.norm}_backward", t, h)
         if reduce_gradients and self.par.pp > 1:
             self._reduce_now, self._bucket = True, 0
             self._gradient(stage, -1, self.vocab_t * h * size, wgrad, self._labels("grad_allreduce", "bwd", -1, step),
