@@ -325,7 +325,10 @@ def _reduce_kernel(outputs: int, inputs: int, contiguous: bool, size: int, gpu: 
     shared = per_thread >= min(height * REDUCE_WARP_SPLIT_VALUES, REDUCE_SPLIT_VALUES)
     if shared:
         per_thread = -(-inputs // (lanes_per_line * height))
-    per_block = (1 if contiguous else width * output_vector) if shared else (height if contiguous else threads * output_vector)
+    if contiguous:  # rows per block: the block's, or each wavefront row's own
+        per_block = 1 if shared else height
+    else:  # columns per block: a lane's vector across the block's width, or across all its threads
+        per_block = (width if shared else threads) * output_vector
     grid = -(-outputs // per_block)
     split = 1
     target = gpu.num_cus * (gpu.cu.max_threads // threads)
@@ -425,7 +428,7 @@ class RowReduceKernel:
         config = gpu.config
         self.gpu = gpu
         self.spec = spec
-        self.src, self.dst = src, dst
+        self.dst = dst
         self.sources = (src, *extra)
         self.size = DTYPE_BYTES[dtype]
         self.in_bytes = rows * cols * self.size
