@@ -9,6 +9,14 @@ from gpusim import validation
 MIB = 2**20
 
 
+def compare_rows(name: str, query: str | None = None, **names: int):
+    """The data set ``name`` and its comparison with the model, on the rows ``query`` selects (all by
+    default; ``@MIB`` and ``names`` may appear in it)."""
+    dataset = validation.get(name)
+    rows = dataset.load().query(query, local_dict={"MIB": MIB, **names}) if query else None
+    return dataset, validation.compare(dataset, rows, workers=1, progress=False)
+
+
 def per_call_s(system: str, nbytes: int, **overrides) -> float:
     hardware = gpusim.load_system(system, {"gpu.kernel_launch_ns": 0.0, **overrides})
     return validation.simulate_reuse(hardware, "read_write_inplace", nbytes)["simulated_s"]
@@ -29,9 +37,7 @@ def test_the_l2_stops_holding_the_buffer_where_the_gpu_does(gpu, inside, outside
     """Measured and simulated alike, the time per byte grows by more than 1.2x from a buffer inside
     the shared capacity to one outside it (HBM bound): H200 36 / 48 MiB, H100 28 / 40 (measured
     1.31x and 1.56x). With the whole capacity the model held 48 MiB and 40 MiB in the L2."""
-    dataset = validation.get(f"l2-{gpu}")
-    rows = dataset.load().query("bytes in [@inside * @MIB, @outside * @MIB]")
-    frame = validation.compare(dataset, rows, workers=1, progress=False)
+    _, frame = compare_rows(f"l2-{gpu}", "bytes in [@inside * @MIB, @outside * @MIB]", inside=inside, outside=outside)
     per_byte = frame["measured_s"] / frame["bytes"], frame["simulated_s"] / frame["bytes"]
     measured, simulated = (float(series.iloc[1] / series.iloc[0]) for series in per_byte)
     assert measured > 1.2 and simulated > 1.2
@@ -43,9 +49,7 @@ def test_the_l2_stops_holding_the_buffer_where_the_gpu_does(gpu, inside, outside
 @pytest.mark.parametrize("gpu", ["h200", "h100"])
 def test_working_set_sweep_within_tolerance(gpu):
     # sizes inside the shared capacity, around it and above it (the whole sweep: gpusim validate --dataset l2-h200)
-    dataset = validation.get(f"l2-{gpu}")
-    rows = dataset.load().query("bytes in [16 * @MIB, 24 * @MIB, 32 * @MIB, 48 * @MIB, 64 * @MIB, 96 * @MIB]")
-    frame = validation.compare(dataset, rows, workers=1, progress=False)
+    dataset, frame = compare_rows(f"l2-{gpu}", "bytes in [16 * @MIB, 24 * @MIB, 32 * @MIB, 48 * @MIB, 64 * @MIB, 96 * @MIB]")
     assert len(frame) == 6
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
 
@@ -54,9 +58,7 @@ def test_working_set_sweep_within_tolerance(gpu):
                    "values over 4-16 MiB take 5.0-5.2 us from a CUDA graph, the model 3.7-4.0 us; its 16 dependent L2 hits "
                    "cost what the H200 shows, but a reduce_kernel costs the H200 1-1.5 us more than the model's tiny kernel")
 def test_row_sums_of_an_l2_resident_buffer_within_tolerance():
-    dataset = validation.get("l2-rowsum-h200")
-    rows = dataset.load().query("bytes <= 16 * @MIB")
-    frame = validation.compare(dataset, rows, workers=1, progress=False)
+    dataset, frame = compare_rows("l2-rowsum-h200", "bytes <= 16 * @MIB")
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
 
 
@@ -65,7 +67,6 @@ def test_row_sums_of_an_l2_resident_buffer_within_tolerance():
     "and the model's LRU holds 0.7 of it (35 MiB), so it sends them to the HBM early: +42..+76%")))])
 def test_row_sum_sweep_within_tolerance(gpu):
     # 512 to 32768 rows of 2048 fp32 values replayed from a CUDA graph: 16 dependent loads per lane
-    dataset = validation.get(f"l2-rowsum-{gpu}")
-    frame = validation.compare(dataset, workers=1, progress=False)
+    dataset, frame = compare_rows(f"l2-rowsum-{gpu}")
     assert len(frame) == 22
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
