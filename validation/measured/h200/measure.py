@@ -506,6 +506,13 @@ CONCURRENT_GEMMS = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), 
 """GEMM shapes (m, n, k; fp16, row-major, no transposes) run 1, 2, 4 and 8 at a time."""
 
 
+def gemm_copies(bench: Bench, m: int, n: int, k: int, copies: int) -> list[tuple[torch.Tensor, ...]]:
+    """``copies`` independent fp16 operand triples ``(a [m, k], b [k, n], c [m, n])`` of one GEMM."""
+    return [(torch.randn(m, k, dtype=torch.float16, device=bench.device),
+             torch.randn(k, n, dtype=torch.float16, device=bench.device),
+             torch.empty(m, n, dtype=torch.float16, device=bench.device)) for _ in range(copies)]
+
+
 def concurrency(bench: Bench, out: Path, dry: bool) -> None:
     """``count`` independent copies of a GEMM, one after another on one stream (sequential) and
     each on its own stream (concurrent, as a framework's Default), timed between two events on the
@@ -515,9 +522,7 @@ def concurrency(bench: Bench, out: Path, dry: bool) -> None:
     counts = (1, 2) if dry else (1, 2, 4, 8)
     streams = [torch.cuda.Stream() for _ in range(max(counts))] if bench.cuda else []
     for m, n, k in shapes:
-        operands = [(torch.randn(m, k, dtype=torch.float16, device=bench.device),
-                     torch.randn(k, n, dtype=torch.float16, device=bench.device),
-                     torch.empty(m, n, dtype=torch.float16, device=bench.device)) for _ in range(max(counts))]
+        operands = gemm_copies(bench, m, n, k, max(counts))
         for count in counts:
             if bench.left_s() < 45:
                 bench.log(f"concurrency: out of time at {m}x{n}x{k} x{count}")
@@ -586,9 +591,7 @@ def concurrency_graph(bench: Bench, out: Path, dry: bool) -> None:
     counts = (1, 2) if dry else (1, 2, 4, 8)
     streams = [torch.cuda.Stream() for _ in range(max(counts))] if bench.cuda else []
     for m, n, k in shapes:
-        operands = [(torch.randn(m, k, dtype=torch.float16, device=bench.device),
-                     torch.randn(k, n, dtype=torch.float16, device=bench.device),
-                     torch.empty(m, n, dtype=torch.float16, device=bench.device)) for _ in range(max(counts))]
+        operands = gemm_copies(bench, m, n, k, max(counts))
         for count in counts:
             if bench.left_s() < 45:
                 bench.log(f"concurrency_graph: out of time at {m}x{n}x{k} x{count}")
