@@ -165,7 +165,8 @@ class Bench:
         return (time.perf_counter() - start) * 1e3 / calls
 
     def profile_kernels(self, fn: Callable[[], object]) -> list[dict]:
-        """The GPU kernels ``fn`` runs, from the PyTorch profiler (name, ts and dur in us)."""
+        """The GPU kernels ``fn`` runs, from the PyTorch profiler (name, ts and dur in us, and the
+        launch's grid and block as the profiler records them; empty on the CPU)."""
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
@@ -179,8 +180,9 @@ class Bench:
                 events = json.load(handle).get("traceEvents", [])
         wanted = "kernel" if self.cuda else "cpu_op"
         kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == wanted]
-        return sorted(({"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])} for e in kernels),
-                      key=lambda e: e["ts"])
+        return sorted(({"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"]),
+                        "grid": e.get("args", {}).get("grid", []), "block": e.get("args", {}).get("block", [])}
+                       for e in kernels), key=lambda e: e["ts"])
 
 
 def reps_for(estimate_ms: float, target_ms: float = 2.0, most: int = 200) -> int:
@@ -356,6 +358,33 @@ def gemms(bench: Bench, out: Path, dry: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     table.close()
     bench.log(f"gemm: {table.rows} cases")
+
+
+def gemm_kernels(bench: Bench, out: Path, dry: bool) -> None:
+    """The kernels cuBLAS picks for the fp16 GEMMs of :func:`gemm_cases` and the concurrency
+    sections, with their grids: the library's choice of tile, cluster and split against the SMs
+    (gpusim's heuristic leaves SMs idle where cuBLAS fills them, docs/validation.md).  Each GEMM is
+    replayed from a CUDA graph and profiled once (about a second a case)."""
+    table = Table(out / "gemm_kernels.csv", ["set", "m", "n", "k", "trans_a", "trans_b", "kernel", "name", "grid",
+                                             "block", "duration_us"])
+    cases = [case for case in gemm_cases(dry) if case["dtype"] == "fp16"]
+    cases += [{"set": "concurrency", "m": m, "n": n, "k": k, "trans_a": False, "trans_b": False, "dtype": "fp16"}
+              for m, n, k in CONCURRENT_GEMMS]
+    for index, case in enumerate(cases):
+        if bench.left_s() < 30:
+            bench.log(f"gemm_kernels: out of time after {index} of {len(cases)} cases")
+            break
+        a = operand(case["m"], case["k"], case["trans_a"], torch.float16, bench.device)
+        b = operand(case["k"], case["n"], case["trans_b"], torch.float16, bench.device)
+        c = torch.empty(case["m"], case["n"], dtype=torch.float16, device=bench.device)
+        for number, kernel in enumerate(graph_kernels(bench, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c),
+                                                      flush=False)):
+            table.add({key: case[key] for key in ("set", "m", "n", "k", "trans_a", "trans_b")}
+                      | {"kernel": number, "name": kernel["name"][:200], "grid": "x".join(map(str, kernel["grid"])),
+                         "block": "x".join(map(str, kernel["block"])), "duration_us": kernel["dur"]})
+        del a, b, c
+    table.close()
+    bench.log(f"gemm_kernels: {table.rows} kernels")
 
 
 # -- element-wise and row reductions -------------------------------------------------------------
@@ -928,6 +957,7 @@ def main() -> int:
     section("concurrency_graph", lambda: concurrency_graph(bench, args.out, args.dry_run))
     section("chain", lambda: chains(bench, args.out, args.dry_run))
     section("reduction_costs", lambda: reduction_costs(bench, args.out, args.dry_run))
+    section("gemm_kernels", lambda: gemm_kernels(bench, args.out, args.dry_run))
     log("done")
     return 0
 
