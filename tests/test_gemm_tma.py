@@ -8,7 +8,16 @@ import pytest
 import gpusim
 from gpusim import ops
 from gpusim.hw.compute import occupancy
-from gpusim.kernels.gemm import GemmProblem, Multicast, find_spec, l2_read_bytes, multicast, pipelined
+from gpusim.kernels.gemm import (
+    GemmProblem,
+    Multicast,
+    choose_kernel,
+    find_spec,
+    l2_read_bytes,
+    multicast,
+    num_workgroups,
+    pipelined,
+)
 
 H200 = gpusim.load_system("h200-sxm")
 
@@ -71,3 +80,27 @@ def test_hopper_kernels_fill_the_shared_memory_with_stages(tile, stages):
     spec = pipelined(find_spec(tile), H200.gpu, "fp16")
     assert spec.lds_buffers == stages
     assert occupancy(spec.shape("fp16"), H200.gpu.cu) == 1
+
+
+@pytest.mark.parametrize("m, n, k, workgroups", [
+    (1024, 1024, 1024, 128),  # cuBLAS: 128 CTAs of 128 x 64 (nvjet 128x64_64x8_1x2), not 64 of 128 x 128
+    (128, 12288, 4096, 128),  # cuBLAS: 128 CTAs of 64 x 192 (nvjet 192x64_64x6_1x2), not 96 of 128 x 128
+    (8192, 8192, 8192, 1664),  # cuBLAS: 128 x 320 (nvjet 320x128_64x3_1x2)
+])
+def test_the_heuristic_fills_the_sms_as_cublas_does(m, n, k, workgroups):
+    """concurrency_graph_kernels.csv's kernel names give cuBLAS's tiles on the H200; a grid that leaves
+    SMs idle leaves their share of the L2's bandwidth unused (stop 22)."""
+    problem = GemmProblem(m, n, k)
+    assert num_workgroups(problem, choose_kernel(problem, H200.gpu)) == workgroups
+
+
+def test_a_split_k_gemm_spreads_over_the_gpu_instead_of_half_of_it():
+    problem = GemmProblem(256, 256, 16384)
+    assert num_workgroups(problem, choose_kernel(problem, H200.gpu)) >= H200.gpu.num_cus * 0.9
+
+
+def test_the_heuristic_does_not_pad_a_skinny_output_with_a_wide_tile():
+    """Among near-equal estimates the tile that covers the most of the output wins: 16 columns do not get the
+    320-wide tile although it is the largest."""
+    spec = choose_kernel(GemmProblem(1024, 16, 500000, trans_b=True), H200.gpu)
+    assert spec.tile_n <= 128

@@ -149,6 +149,17 @@ LIBRARY: tuple[GemmKernelSpec, ...] = (
 )
 """The kernel library: macro tiles from large (high reuse, few workgroups) to small."""
 
+TMA_TILES: tuple[GemmKernelSpec, ...] = tuple(
+    GemmKernelSpec(tile_m, tile_n, 64, 256)
+    for tile_m, tile_n in ((128, 320), (192, 192), (128, 192), (96, 192), (64, 192), (160, 128), (128, 96), (64, 96),
+                           (96, 64))
+)
+"""The other macro tiles of cuBLAS's sm90 kernels, for GPUs whose library loads by TMA: the ``nvjet``
+tiles that the H200 and H100 measurements and traces name beyond :data:`LIBRARY`'s, in the row-major
+orientation they ran in (a column-major ``a x b`` is ``b x a`` here).  Their widths of 96, 160, 192
+and 320 let the heuristic fill the SMs where a power of two leaves some idle (cuBLAS runs
+128 x 12288 x 4096 as 128 CTAs of 64 x 192)."""
+
 SPLIT_K_FACTORS = (1, 2, 4, 8, 16)
 
 K_TILE_DEPTHS = (16, 32, 64, 128)
@@ -322,7 +333,9 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     """A BLAS-heuristic estimate of a kernel's time: wave-quantized compute versus memory, ns.
 
     This is what a library heuristic knows without running: it picks the kernel; the simulation
-    then decides how long it really takes.
+    then decides how long it really takes.  Each CU reads the L2 through its own port, taken as its
+    share of the L2's sustained bandwidth: a grid that leaves CUs idle leaves their shares unused,
+    so it cannot read its panels as fast as one that fills the GPU.
     """
     cus = cus or gpu.num_cus
     spec = pipelined(spec, gpu, problem.dtype)
@@ -345,7 +358,9 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     l2_bytes = l2_read_bytes(problem, spec, gpu)
     partials = problem.m * problem.n * problem.batch * ACCUMULATOR_BYTES * spec.split_k if spec.split_k > 1 else 0
     dram_bytes = problem.min_bytes + partials
-    memory = max(l2_bytes / gpu.l2.sustained_bandwidth_bytes_per_s, dram_bytes / gpu.hbm.sustained_bandwidth_bytes_per_s) * 1e9
+    port_bytes_per_s = gpu.l2.sustained_bandwidth_bytes_per_s / gpu.num_cus
+    memory = max(l2_bytes / gpu.l2.sustained_bandwidth_bytes_per_s, dram_bytes / gpu.hbm.sustained_bandwidth_bytes_per_s,
+                 per_cu * l2_bytes / groups / port_bytes_per_s) * 1e9
     # Little's law: a CU moves at most its WGs' (and its own) in-flight bytes per access latency.
     miss_latency = gpu.unloaded_miss_latency_ns
     hit_latency = min(gpu.l2.hit_latency_ns, miss_latency)
@@ -407,17 +422,18 @@ def pipelined(spec: GemmKernelSpec, gpu: GpuConfig, dtype: str) -> GemmKernelSpe
 
 def library_for(gpu: GpuConfig, dtype: str, row_alignment: int = ALIGNED_ROW_BYTES) -> tuple[GemmKernelSpec, ...]:
     """The kernel library as ``gpu``'s BLAS has it for ``dtype`` inputs whose rows are aligned to
-    ``row_alignment`` bytes: :data:`LIBRARY`, or, where the GPU sets ``gemm_k_tile_bytes``, its
-    macro tiles with K-tiles of that many bytes per row.  Rows aligned to less than
+    ``row_alignment`` bytes: :data:`LIBRARY` (with :data:`TMA_TILES` on a GPU with ``gemm_tma``), or,
+    where the GPU sets ``gemm_k_tile_bytes``, its macro tiles with K-tiles of that many bytes per row.  Rows aligned to less than
     :data:`ALIGNED_ROW_BYTES` on a GPU with a fallback family get the fallback kernels: the
     library's tiles at their own depths (the K rows of TMA do not apply), with accesses of
     ``row_alignment`` bytes."""
     if gpu.gemm_fallback is not None and row_alignment < ALIGNED_ROW_BYTES:
         return tuple(replace(spec, vector_bytes=row_alignment) for spec in LIBRARY)
+    library = LIBRARY + TMA_TILES if gpu.gemm_tma is not None else LIBRARY
     if gpu.gemm_k_tile_bytes is None:
-        return LIBRARY
+        return library
     depth = max(1, int(gpu.gemm_k_tile_bytes) // DTYPE_BYTES[dtype])
-    return tuple(dict.fromkeys(replace(spec, tile_k=depth) for spec in LIBRARY))
+    return tuple(dict.fromkeys(replace(spec, tile_k=depth) for spec in library))
 
 
 def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY) -> list[GemmKernelSpec]:
@@ -439,22 +455,26 @@ def candidates(problem: GemmProblem, library: Iterable[GemmKernelSpec] = LIBRARY
 
 HEURISTIC_TOLERANCE = 0.03
 """Kernels estimated within this fraction of the fastest count as equally fast; the heuristic then
-prefers the largest tile (most reuse), as BLAS heuristics do, then the fewest K splits, then the
-shallower K-tile (32-deep fp16 tiles are the default of cuBLAS/CUTLASS tensor-core kernels)."""
+prefers the tile that covers the most of the output (most reuse: rows and columns beyond the
+problem's are padding, which reuses nothing), then the largest tile, as BLAS heuristics do, then the
+fewest K splits, then the shallower K-tile (32-deep fp16 tiles are the default of cuBLAS/CUTLASS
+tensor-core kernels)."""
 
 
 def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) -> GemmKernelSpec:
     """The kernel a BLAS library's heuristic would pick.
 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
-    one with the largest output tile, then the fewest K splits, then the shallowest K-tile.  Like
+    one whose tile covers the most of the output, then the largest tile, then the fewest K splits,
+    then the shallowest K-tile.  Like
     cuBLAS, it considers only kernels the operands' row alignment allows (:func:`library_for`).
     """
     library = library_for(gpu, problem.dtype, problem.row_alignment)
     estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)]
     fastest = min(estimate for estimate, _ in estimates)
     near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
-    return max(near, key=lambda spec: (spec.tile_m * spec.tile_n, -spec.split_k, -spec.tile_k))
+    return max(near, key=lambda spec: (min(spec.tile_m, problem.m) * min(spec.tile_n, problem.n),
+                                       spec.tile_m * spec.tile_n, -spec.split_k, -spec.tile_k))
 
 
 def k_step(problem: GemmProblem, spec: GemmKernelSpec) -> int:
@@ -660,10 +680,11 @@ class GemmKernel:
 
 @functools.cache
 def _named_kernels() -> dict[str, GemmKernelSpec]:
-    """The kernels :func:`find_spec` knows, by name: the library's tiles at every depth of
-    :data:`K_TILE_DEPTHS`, as library or fallback kernels, with every split of :data:`SPLIT_K_FACTORS`."""
+    """The kernels :func:`find_spec` knows, by name: the library's tiles and :data:`TMA_TILES` at
+    every depth of :data:`K_TILE_DEPTHS`, as library or fallback kernels, with every split of
+    :data:`SPLIT_K_FACTORS`."""
     named: dict[str, GemmKernelSpec] = {}
-    for spec in LIBRARY:
+    for spec in LIBRARY + TMA_TILES:
         for depth in K_TILE_DEPTHS:
             for vector in (ALIGNED_ROW_BYTES, *FALLBACK_WIDTHS):
                 for split in SPLIT_K_FACTORS:
@@ -676,7 +697,7 @@ def find_spec(name: str) -> GemmKernelSpec:
     """The library kernel called ``name`` (fallback and split-K suffixes allowed); :class:`OpError` if there is none."""
     if name in _named_kernels():
         return _named_kernels()[name]
-    known = ", ".join(spec.name for spec in LIBRARY)
+    known = ", ".join(spec.name for spec in LIBRARY + TMA_TILES)
     raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (K depth may be any of "
                   f"{', '.join(map(str, K_TILE_DEPTHS))}; optionally with a fallback kernel's access width "
                   f"_V{'/_V'.join(map(str, FALLBACK_WIDTHS))} and _SK2.._SK16)")
