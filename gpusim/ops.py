@@ -154,7 +154,7 @@ class GemmShape(Op):
         Tensor names (optional).
     kernel
         Force a kernel implementation by name (e.g. ``"MT128x128x32_T256"``, one of
-        :data:`gpusim.kernels.gemm.LIBRARY`, optionally a fallback kernel's access width ``_V1``..``_V8``
+        :data:`gpusim.kernels.gemm.KNOWN_TILES`, optionally a fallback kernel's access width ``_V1``..``_V8``
         and a split-K suffix ``_SK2``..``_SK16``); default: the library heuristic's choice.  On a GPU
         with a fallback family, a named kernel runs as its fallback variant where the operands'
         rows are not 16-byte aligned (:func:`gpusim.kernels.gemm.for_operands`).  A kernel whose

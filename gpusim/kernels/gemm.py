@@ -160,6 +160,9 @@ orientation they ran in (a column-major ``a x b`` is ``b x a`` here).  Their wid
 and 320 let the heuristic fill the SMs where a power of two leaves some idle (cuBLAS runs
 128 x 12288 x 4096 as 128 CTAs of 64 x 192)."""
 
+KNOWN_TILES = LIBRARY + TMA_TILES
+"""Every macro tile a kernel may be named by (:func:`find_spec`, and a measured trace's kernels)."""
+
 SPLIT_K_FACTORS = (1, 2, 4, 8, 16)
 
 K_TILE_DEPTHS = (16, 32, 64, 128)
@@ -423,13 +426,14 @@ def pipelined(spec: GemmKernelSpec, gpu: GpuConfig, dtype: str) -> GemmKernelSpe
 def library_for(gpu: GpuConfig, dtype: str, row_alignment: int = ALIGNED_ROW_BYTES) -> tuple[GemmKernelSpec, ...]:
     """The kernel library as ``gpu``'s BLAS has it for ``dtype`` inputs whose rows are aligned to
     ``row_alignment`` bytes: :data:`LIBRARY` (with :data:`TMA_TILES` on a GPU with ``gemm_tma``), or,
-    where the GPU sets ``gemm_k_tile_bytes``, its macro tiles with K-tiles of that many bytes per row.  Rows aligned to less than
-    :data:`ALIGNED_ROW_BYTES` on a GPU with a fallback family get the fallback kernels: the
+    where the GPU sets ``gemm_k_tile_bytes``, its macro tiles with K-tiles of that many bytes per
+    row.  Rows aligned to less than :data:`ALIGNED_ROW_BYTES` on a GPU with a fallback family get
+    the fallback kernels: the
     library's tiles at their own depths (the K rows of TMA do not apply), with accesses of
     ``row_alignment`` bytes."""
     if gpu.gemm_fallback is not None and row_alignment < ALIGNED_ROW_BYTES:
         return tuple(replace(spec, vector_bytes=row_alignment) for spec in LIBRARY)
-    library = LIBRARY + TMA_TILES if gpu.gemm_tma is not None else LIBRARY
+    library = KNOWN_TILES if gpu.gemm_tma is not None else LIBRARY
     if gpu.gemm_k_tile_bytes is None:
         return library
     depth = max(1, int(gpu.gemm_k_tile_bytes) // DTYPE_BYTES[dtype])
@@ -466,8 +470,8 @@ def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) 
 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
     one whose tile covers the most of the output, then the largest tile, then the fewest K splits,
-    then the shallowest K-tile.  Like
-    cuBLAS, it considers only kernels the operands' row alignment allows (:func:`library_for`).
+    then the shallowest K-tile.  Like cuBLAS, it considers only kernels the operands' row alignment
+    allows (:func:`library_for`).
     """
     library = library_for(gpu, problem.dtype, problem.row_alignment)
     estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)]
@@ -680,11 +684,10 @@ class GemmKernel:
 
 @functools.cache
 def _named_kernels() -> dict[str, GemmKernelSpec]:
-    """The kernels :func:`find_spec` knows, by name: the library's tiles and :data:`TMA_TILES` at
-    every depth of :data:`K_TILE_DEPTHS`, as library or fallback kernels, with every split of
-    :data:`SPLIT_K_FACTORS`."""
+    """The kernels :func:`find_spec` knows, by name: :data:`KNOWN_TILES` at every depth of
+    :data:`K_TILE_DEPTHS`, as library or fallback kernels, with every split of :data:`SPLIT_K_FACTORS`."""
     named: dict[str, GemmKernelSpec] = {}
-    for spec in LIBRARY + TMA_TILES:
+    for spec in KNOWN_TILES:
         for depth in K_TILE_DEPTHS:
             for vector in (ALIGNED_ROW_BYTES, *FALLBACK_WIDTHS):
                 for split in SPLIT_K_FACTORS:
@@ -697,7 +700,7 @@ def find_spec(name: str) -> GemmKernelSpec:
     """The library kernel called ``name`` (fallback and split-K suffixes allowed); :class:`OpError` if there is none."""
     if name in _named_kernels():
         return _named_kernels()[name]
-    known = ", ".join(spec.name for spec in LIBRARY + TMA_TILES)
+    known = ", ".join(spec.name for spec in KNOWN_TILES)
     raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (K depth may be any of "
                   f"{', '.join(map(str, K_TILE_DEPTHS))}; optionally with a fallback kernel's access width "
                   f"_V{'/_V'.join(map(str, FALLBACK_WIDTHS))} and _SK2.._SK16)")

@@ -182,14 +182,14 @@ def library_kernel_of(kernel_name: str, threads: int | None, dtype_bytes: int | 
     whose ``align<N>`` elements of ``dtype_bytes`` each make less than 16 bytes is a fallback
     kernel, the ``_V<bytes>`` variant of the tile (:mod:`gpusim.kernels.gemm`).
     """
-    from gpusim.kernels.gemm import FALLBACK_WIDTHS, K_TILE_DEPTHS, LIBRARY, TMA_TILES
+    from gpusim.kernels.gemm import FALLBACK_WIDTHS, K_TILE_DEPTHS, KNOWN_TILES
 
     for pattern in _TILE_PATTERNS:
         match = pattern.search(kernel_name)
         if match:
             column_tile, row_tile = int(match.group(1)), int(match.group(2))
             depth = int(match.group(3)) if match.group(3) else None
-            same_tile = [spec for spec in LIBRARY + TMA_TILES if (spec.tile_m, spec.tile_n) == (row_tile, column_tile)]
+            same_tile = [spec for spec in KNOWN_TILES if (spec.tile_m, spec.tile_n) == (row_tile, column_tile)]
             if not same_tile:
                 return ""
             best = max(same_tile, key=lambda spec: (spec.tile_k == depth, spec.threads == threads))
