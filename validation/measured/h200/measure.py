@@ -362,8 +362,9 @@ def gemms(bench: Bench, out: Path, dry: bool) -> None:
 
 def gemm_kernels(bench: Bench, out: Path, dry: bool) -> None:
     """The kernels cuBLAS picks for the fp16 GEMMs of :func:`gemm_cases` and the concurrency
-    sections, with their grids: the library's choice of tile, cluster and split against the SMs
-    (gpusim's heuristic leaves SMs idle where cuBLAS fills them, docs/validation.md).  Each GEMM is
+    sections, with their grids: the library's choice of tile, cluster and split against the SMs,
+    which gpusim's heuristic follows on the shapes whose tiles were known (docs/validation.md, stop
+    22) and guesses on the rest (skinny GEMMs, split-K counts).  Each GEMM is
     replayed from a CUDA graph and profiled once (about a second a case)."""
     table = Table(out / "gemm_kernels.csv", ["set", "m", "n", "k", "trans_a", "trans_b", "kernel", "name", "grid",
                                              "block", "duration_us"])
