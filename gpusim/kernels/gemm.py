@@ -428,9 +428,8 @@ def library_for(gpu: GpuConfig, dtype: str, row_alignment: int = ALIGNED_ROW_BYT
     ``row_alignment`` bytes: :data:`LIBRARY` (with :data:`TMA_TILES` on a GPU with ``gemm_tma``), or,
     where the GPU sets ``gemm_k_tile_bytes``, its macro tiles with K-tiles of that many bytes per
     row.  Rows aligned to less than :data:`ALIGNED_ROW_BYTES` on a GPU with a fallback family get
-    the fallback kernels: the
-    library's tiles at their own depths (the K rows of TMA do not apply), with accesses of
-    ``row_alignment`` bytes."""
+    the fallback kernels: the library's tiles at their own depths (the K rows of TMA do not apply),
+    with accesses of ``row_alignment`` bytes."""
     if gpu.gemm_fallback is not None and row_alignment < ALIGNED_ROW_BYTES:
         return tuple(replace(spec, vector_bytes=row_alignment) for spec in LIBRARY)
     library = KNOWN_TILES if gpu.gemm_tma is not None else LIBRARY
