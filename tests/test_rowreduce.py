@@ -160,6 +160,19 @@ def test_occupancy_bounds_a_latency_bound_reduction():
     assert time_of(quarter, op) > 1.4 * time_of(system, op)
 
 
+def test_a_grid_that_overflows_its_slots_pays_only_for_its_tail():
+    """Row sums of 2048 fp32 values on the H100: 8192 rows are 512 workgroups of 16 rows, one per
+    resident slot (528), bound by the HBM; 9216 rows add a tail of 48 workgroups, which run with the
+    memory to themselves (latency-bound), so the time grows far less than a second full wave."""
+    system = gpusim.load_system("h100-sxm5", {"gpu.kernel_launch_ns": 0})
+    assert kernel("sum", 9216, 2048, system, dtype="fp32").rows_per_workgroup == 16
+    full = time_of(system, ops.RowReduce("sum", 8192, 2048, "fp32"))
+    overflowing = time_of(system, ops.RowReduce("sum", 9216, 2048, "fp32"))
+    iterations = 16  # 16 rows x 2048 values x 4 bytes over 512 threads x 16 bytes
+    tail = iterations * system.config.gpu.unloaded_miss_latency_ns * 1e-9
+    assert full + 0.8 * tail < overflowing < full + 1.5 * tail
+
+
 def test_barrier_latency_slows_block_softmax_but_not_warp_softmax():
     system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
     slow = system.with_overrides({"gpu.cu.barrier_cycles": 400})

@@ -450,10 +450,14 @@ class RowReduceKernel:
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
-        # a loop iteration queues behind those of every resident workgroup (_rounds_ns)
-        round_bytes = self.workgroups * spec.threads * spec.vector_bytes * spec.inputs
-        self.miss_round_ns = (gpu.unloaded_memory_latency_ns, round_bytes / config.hbm.sustained_bandwidth_bytes_per_s * 1e9)
-        self.hit_round_ns = (config.l2.hit_latency_ns, round_bytes / config.l2.sustained_bandwidth_bytes_per_s * 1e9)
+        # a loop iteration queues behind those of every workgroup resident with it (_rounds_ns): a
+        # slot's n-th chunk runs beside the n-th chunks of the other slots, and a grid that overflows
+        # its slots by a few workgroups leaves a tail that runs with the memory to itself
+        thread_bytes = spec.threads * spec.vector_bytes * spec.inputs
+        self.round_bytes = [slots * thread_bytes for slots in self._concurrent_slots()]
+        self.miss_latency_ns = gpu.unloaded_memory_latency_ns
+        self.miss_bandwidth = config.hbm.sustained_bandwidth_bytes_per_s * 1e-9
+        self.hit_bandwidth = config.l2.sustained_bandwidth_bytes_per_s * 1e-9
         # blocks sharing a line write their partial results, fence them and count themselves on a
         # semaphore (a memory round trip); the last one reads the partials back from the L2
         self.combine_ns = (gpu.unloaded_memory_latency_ns + spec.combine_loads * config.l2.hit_latency_ns
@@ -465,6 +469,23 @@ class RowReduceKernel:
             body=self._workgroup,
             info={"bytes": self.in_bytes + self.out_bytes},
         )
+
+    def _concurrent_slots(self) -> list[int]:
+        """Slots that run an ``n``-th non-empty chunk, for each ``n`` (the workgroups resident
+        together during it)."""
+        counts = [0] * self.chunks
+        for wg in range(self.workgroups):
+            runs = sum(1 for chunk in range(self.chunks) if self._blocks(wg, chunk))
+            for n in range(runs):
+                counts[n] += 1
+        return counts
+
+    def _blocks(self, wg: int, chunk: int) -> int:
+        """Real workgroups in chunk ``chunk`` of slot ``wg`` that have rows to read."""
+        first, stop = self._range(wg, chunk)
+        if stop <= first or min(self.in_bytes, int(stop * self.wg_bytes)) <= int(first * self.wg_bytes):
+            return 0
+        return stop - first
 
     def _range(self, wg: int, chunk: int) -> tuple[int, int]:
         """Real workgroups ``[first, stop)`` that chunk ``chunk`` of slot ``wg`` stands for."""
@@ -478,19 +499,20 @@ class RowReduceKernel:
         env = gpu.env
         spec = self.spec
         written = Join(env)
+        run = 0
         for chunk in range(self.chunks):
-            first, stop = self._range(wg, chunk)
-            if stop <= first:
+            blocks = self._blocks(wg, chunk)
+            if not blocks:
                 continue
-            blocks = stop - first
+            first, stop = self._range(wg, chunk)
             lo = int(first * self.wg_bytes)
             hi = min(self.in_bytes, int(stop * self.wg_bytes))
-            if hi <= lo:
-                continue
             elements = (hi - lo) // self.size
+            round_bytes = self.round_bytes[run]
+            run += 1
             for index, row_pass in enumerate(spec.passes):
                 if row_pass.source == "memory":
-                    yield self._load(cu, lo, hi - lo, blocks * self.iterations).close()
+                    yield self._load(cu, lo, hi - lo, blocks * self.iterations, round_bytes).close()
                 work = max(row_pass.ops_per_element, row_pass.transcendentals_per_element * self.transcendental_weight)
                 done = cu.compute(env.now, 2.0 * work * elements, self.flops_per_ns, self.wavefronts)
                 stall = blocks * self.reduction_ns[index]
@@ -503,11 +525,12 @@ class RowReduceKernel:
                     write_ranges(gpu, cu, [(self.dst, out_lo, max(1, out_hi - out_lo))], written)
         yield written.close()
 
-    def _load(self, cu: ComputeUnit, offset: int, nbytes: int, iterations: int) -> Join:
+    def _load(self, cu: ComputeUnit, offset: int, nbytes: int, iterations: int, round_bytes: float) -> Join:
         """Load ``nbytes`` of the rows in ``iterations`` dependent loop iterations: done when the
         data has arrived, and no sooner than one loaded memory latency per iteration (an L2 hit's
-        or a miss's, in the proportion of the bytes), nor than the CU's own memory-level
-        parallelism allows."""
+        or a miss's, in the proportion of the bytes; ``round_bytes`` is what one iteration of all
+        the workgroups resident together loads), nor than the CU's own memory-level parallelism
+        allows."""
         gpu = self.gpu
         now = gpu.env.now
         join = Join(gpu.env)
@@ -515,8 +538,9 @@ class RowReduceKernel:
                                      run_bytes=self.run_bytes) for source in self.sources)
         nbytes *= len(self.sources)
         share = missed / nbytes
-        join.extend_to(now + share * _rounds_ns(iterations, *self.miss_round_ns)
-                       + (1.0 - share) * _rounds_ns(iterations, *self.hit_round_ns))
+        miss_rounds = _rounds_ns(iterations, self.miss_latency_ns, round_bytes / self.miss_bandwidth)
+        hit_rounds = _rounds_ns(iterations, self.gpu.config.l2.hit_latency_ns, round_bytes / self.hit_bandwidth)
+        join.extend_to(now + share * miss_rounds + (1.0 - share) * hit_rounds)
         join.extend_to(cu.memory(now, nbytes, missed))
         return join
 
