@@ -35,7 +35,7 @@ OP_NAMES = {
     "sendrecv": gops.SendRecv,
 }
 SIZE_FIELDS = {"nbytes"}
-INT_FIELDS = {"m", "n", "k", "batch", "elements", "rows", "cols", "src", "dst", "channels"}
+INT_FIELDS = {"m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "src", "dst", "channels"}
 BOOL_FIELDS = {"trans_a", "trans_b", "stagger"}
 LIST_FIELDS = {"inputs"}
 TRUE_WORDS = ("1", "true", "yes", "t")

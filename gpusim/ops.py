@@ -281,6 +281,8 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "fill": (0, 1, 0.0),
 }
 """Element-wise kinds: (tensors read, tensors written, FLOPs per element)."""
+MAX_INDEX_DIMS = 25
+"""Most dimensions PyTorch's ``TensorIterator`` handles (``MAX_DIMS``)."""
 
 
 @dataclass
@@ -300,6 +302,14 @@ class Elementwise(Op):
         reads (:data:`ELEMENTWISE_KINDS`); inputs without a name are private.
     out
         Name of the tensor it writes (optional).
+    index_dims
+        Dimensions each element's offsets are computed over, as PyTorch's ``TensorIterator``
+        leaves them once it has merged the dimensions that are contiguous in every tensor. 0
+        (default): contiguous tensors in 16-byte vectors (PyTorch's vectorized kernel). 1:
+        contiguous tensors one element per access (its unrolled kernel, for casts and misaligned
+        tensors). 2 or more: strided or broadcast tensors, one element per access at offsets that
+        take an integer division per dimension (its offset-calculator kernel, and the
+        concatenation of strided tensors); at most :data:`MAX_INDEX_DIMS`.
     """
 
     kind: str
@@ -307,6 +317,7 @@ class Elementwise(Op):
     dtype: str = "fp16"
     inputs: tuple[str, ...] | None = None
     out: str | None = None
+    index_dims: int = 0
     category: ClassVar[str] = "elementwise"
 
     def __post_init__(self) -> None:
@@ -316,6 +327,11 @@ class Elementwise(Op):
             )
         self.elements = _positive_int("Elementwise", "elements", self.elements)
         _check_dtype("Elementwise", self.dtype)
+        dims = as_int(self.index_dims)
+        if dims is None or not 0 <= dims <= MAX_INDEX_DIMS:
+            raise OpError(f"Elementwise: field 'index_dims' must be an integer from 0 to {MAX_INDEX_DIMS}, "
+                          f"got {self.index_dims!r}")
+        self.index_dims = dims
         if self.inputs is not None:
             names = as_sequence(self.inputs)
             reads = ELEMENTWISE_KINDS[self.kind][0]
@@ -328,7 +344,8 @@ class Elementwise(Op):
         super().__post_init__()
 
     def describe(self) -> str:
-        return f"{self.kind} {self.elements} {self.dtype}"
+        strided = f" index_dims={self.index_dims}" if self.index_dims else ""
+        return f"{self.kind} {self.elements} {self.dtype}{strided}"
 
     def run_on(self, ctx: OpContext):
         from gpusim.kernels.elementwise import execute_elementwise

@@ -10,7 +10,7 @@ import gpusim
 from gpusim.errors import TraceError
 from gpusim.trace import compare, read_kineto
 from gpusim.trace.compare import kernel_comparison
-from gpusim.trace.kineto import kernel_class, library_kernel_of, short_name
+from gpusim.trace.kineto import coalesced_dims, kernel_class, library_kernel_of, short_name
 from tests.conftest import shared_data
 
 MI250 = "traces/kineto/mi250_minitoy_train_kineto.json.gz"
@@ -271,3 +271,53 @@ def test_a_chained_kernel_finds_its_input_in_the_l2(tmp_path):
                         for flow in (False, True))
     assert chained[1] < private[1]
     assert chained[0] == private[0]
+
+
+@pytest.mark.parametrize(("layouts", "dims"), [
+    ([([8, 512, 768], [393216, 768, 1])], 1),  # contiguous: one dimension
+    ([([8, 12, 512, 64], [393216, 32768, 64, 1]), ([8, 12, 512, 64], [393216, 64, 768, 1])], 4),  # heads transposed
+    ([([8, 12, 512, 512], [3145728, 262144, 512, 1]), ([8, 1, 1, 512], [512, 512, 512, 1])], 3),  # a mask over heads
+    ([([4096, 1], [1, 1]), ([4096, 1], [1, 1])], 1),  # size-1 dimensions drop out
+    ([([16, 32], [1, 16])], 2),  # a transposed matrix into a new one
+    ([], 1),
+])
+def test_tensoriterator_merges_dimensions_contiguous_in_every_tensor(layouts, dims):
+    assert coalesced_dims(layouts) == dims
+
+
+@pytest.mark.parametrize(("kernel_name", "op", "args", "expected"), [
+    ("void at::native::vectorized_elementwise_kernel<4, AddFunctor<c10::Half>>(int)", "aten::add",
+     {"Input Dims": [[8, 512, 768], [8, 512, 768]], "Input type": ["c10::Half", "c10::Half"]}, ["add", "fp16", 0]),
+    ("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>(int)", "aten::copy_",
+     {"Input Dims": [[8, 512], [8, 512]], "Input type": ["float", "c10::Half"]}, ["copy", "fp32", 1]),
+    ("void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>(int)", "aten::copy_",
+     {"Input Dims": [[8, 12, 512, 64], [8, 12, 512, 64]], "Input type": ["c10::Half", "c10::Half"],
+      "Input Strides": [[393216, 32768, 64, 1], [393216, 64, 768, 1]]}, ["copy", "fp16", 4]),
+    ("void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>(int)", "aten::copy_",
+     {"Input Dims": [[8, 512], [8, 512]], "Input type": ["c10::Half", "c10::Half"]}, ["copy", "fp16", 2]),  # no strides
+    ("void at::native::CatArrayBatchedCopy<at::native::OpaqueType<2u>, unsigned int, 4, 64, 64>(x)", "aten::cat",
+     {"Input Dims": [[[0], [8, 12, 512, 64]], []], "Input type": ["TensorList", "Scalar"],
+      "Input Strides": [[[1], [1179648, 64, 2304, 1]], []]}, ["copy", "fp16", 4]),
+    ("void at::native::CatArrayBatchedCopy_aligned16_contig<OpaqueType<4u>, unsigned int, 3, 128, 1>(x)",
+     "aten::cat", {"Input Dims": [[[8, 512], [8, 512]], []], "Input type": ["TensorList", "Scalar"]}, ["copy", "fp32", 0]),
+])
+def test_an_elementwise_kernel_replays_as_pytorchs_access_path(tmp_path, kernel_name, op, args, expected):
+    """Vectorized kernels run as contiguous 16-byte streams; the unrolled kernel and the offset-calculator
+    kernel (and the concatenation of strided tensors) one element per access, over the dimensions the
+    recorded strides leave; a tensor list's element size comes from the kernel's OpaqueType."""
+    def elementwise(kernel, events):
+        kernel["name"] = kernel_name
+        events[0].update(name=op, args={"External id": 1, **args})
+
+    frame = read_kineto(_kineto_file(tmp_path, elementwise)).frame
+    assert frame[["kind", "function", "dtype", "index_dims"]].values.tolist() == [["elementwise", *expected]]
+
+
+def test_tanh_backward_reads_the_gradient_and_the_output(tmp_path):
+    def backward(kernel, events):
+        kernel["name"] = "void at::native::vectorized_elementwise_kernel<4, TanhBackward>(int)"
+        events[0].update(name="aten::tanh_backward", args={"External id": 1, "Input Dims": [[4096, 3072], [4096, 3072]],
+                                                            "Input type": ["c10::Half", "c10::Half"]})
+
+    frame = read_kineto(_kineto_file(tmp_path, backward)).frame
+    assert frame[["function", "elements"]].values.tolist() == [["mul", 4096 * 3072]]

@@ -64,6 +64,8 @@ def test_round_trip(tmp_path, suffix):
         (lambda f: f.assign(delay_s=[None, None, float("inf")]), r"row 2 .*field 'delay_s' must be a finite number"),
         (lambda f: f.assign(measured_s=[float("inf"), None, None]), r"row 0 .*field 'measured_s' must be a finite"),
         (lambda f: f.assign(trans_a=["maybe", "", ""]), r"row 0 .*field 'trans_a' must be true or false"),
+        (lambda f: f.assign(index_dims=[None, -1, None]), r"row 1 .*field 'index_dims' must be a whole number from 0 to 25"),
+        (lambda f: f.assign(index_dims=[None, 26, None]), r"row 1 .*field 'index_dims' must be a whole number from 0 to 25"),
     ],
 )
 def test_malformed_traces_name_row_and_field(change, pattern):

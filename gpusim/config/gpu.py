@@ -43,6 +43,11 @@ class CuConfig(Model):
         with the loaded memory latency this bounds one CU's memory bandwidth (Little's law).
     transcendentals_per_cycle
         Special-function results (exp2, reciprocal, square root) per cycle per CU.
+    int32_ops_per_cycle
+        32-bit integer instructions (add, multiply-add, shift) per cycle per CU, lanes: 64 on
+        Volta, Turing, Ampere and Hopper SMs (half their FP32 lanes on Ampere and Hopper) and on a
+        CDNA CU (four SIMD16 units); CDNA's 32-bit multiplies issue at a quarter of that, which
+        this does not model.  It paces the offset arithmetic of kernels over strided tensors.
     shuffle_cycles
         Latency of one dependent step of a cross-lane reduction (a shuffle and an add), cycles.
     barrier_cycles
@@ -60,6 +65,7 @@ class CuConfig(Model):
     vector_flops_per_cycle: dict[str, PositiveFloat]
     max_inflight_bytes: Bytes = 32768
     transcendentals_per_cycle: PositiveFloat = 16.0
+    int32_ops_per_cycle: PositiveFloat = 64.0
     shuffle_cycles: PositiveFloat = 30.0
     barrier_cycles: PositiveFloat = 40.0
 

@@ -22,6 +22,14 @@ from gpusim.hw.request import COMPUTE
 
 BYTES_PER_THREAD = 16
 """Bytes of each tensor one thread handles (vectorised 16-byte accesses)."""
+SCALAR_THREADS = 128
+"""Threads per workgroup of PyTorch's element-at-a-time kernels (``elementwise_kernel<128, 4>``)."""
+SCALAR_ELEMENTS_PER_THREAD = 4
+"""Elements each of their threads handles, its loads all issued before the first is used."""
+DIVMOD_INSTRUCTIONS = 4
+"""Integer instructions of one division with remainder by a precomputed divisor (PyTorch's
+``IntDivider``: a high multiply, an add and a shift for the quotient, a multiply-add for the
+remainder)."""
 MAX_CHUNKS = 8
 """Most chunks per logical workgroup (simulation granularity); it has one per real workgroup it
 stands for, up to this many."""
@@ -116,6 +124,14 @@ class StreamingKernel:
         Compute dtype of the FLOPs.
     threads
         Threads per workgroup.
+    bytes_per_thread
+        Bytes of the largest tensor each thread handles.
+    inflight_bytes_per_thread
+        Bytes of each read tensor a thread keeps in flight (default: the GPU's
+        ``streaming_inflight_bytes_per_thread``).
+    int_ops
+        Total 32-bit integer instructions (address arithmetic), lanes; they issue at the CU's
+        ``int32_ops_per_cycle`` beside the FLOPs.
     """
 
     def __init__(
@@ -127,21 +143,29 @@ class StreamingKernel:
         flops: float,
         dtype: str = "fp32",
         threads: int = 256,
+        bytes_per_thread: int = BYTES_PER_THREAD,
+        inflight_bytes_per_thread: float | None = None,
+        int_ops: float = 0.0,
     ):
         self.gpu = gpu
         self.reads = reads
         self.writes = writes
-        self.flops = flops
+        cu_config = gpu.config.cu
+        # the integer instructions as the FLOPs that take as long: they issue at the integer lanes'
+        # peak, which the FLOP rate's vector efficiency (FLOPs per FMA slot) does not apply to
+        fp32_lanes = cu_config.vector_flops_per_cycle.get("fp32", 2.0) / 2
+        slots = int_ops * fp32_lanes / cu_config.int32_ops_per_cycle
+        self.flops = flops + 2.0 * slots * gpu.config.vector_efficiency
         self.flops_per_ns = gpu.vector_flops_per_ns(dtype)
         largest = max([n for _, n in reads + writes] + [1])
-        real = max(1, math.ceil(largest / (threads * BYTES_PER_THREAD)))
+        real = max(1, math.ceil(largest / (threads * bytes_per_thread)))
         shape = WorkgroupShape(threads, 0, 32)
         slots = gpu.config.num_cus * max(1, occupancy(shape, gpu.config.cu))
         self.workgroups = min(real, slots)
         self.chunks = max(1, min(MAX_CHUNKS, math.ceil(real / self.workgroups)))
-        self.units = math.ceil(largest / BYTES_PER_THREAD)
+        self.units = math.ceil(largest / bytes_per_thread)
         self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
-        per_thread = gpu.config.streaming_inflight_bytes_per_thread
+        per_thread = inflight_bytes_per_thread or gpu.config.streaming_inflight_bytes_per_thread
         self.inflight_bytes = threads * per_thread * max(1, len(reads))
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.kernel = Kernel(
@@ -182,16 +206,38 @@ class StreamingKernel:
                              self.flops_per_ns, self.wavefronts)
 
 
+def offset_instructions(index_dims: int, tensors: int) -> float:
+    """Integer instructions per element of an element-at-a-time kernel over ``tensors`` tensors
+    whose offsets span ``index_dims`` dimensions (:attr:`gpusim.ops.Elementwise.index_dims`).
+
+    Per dimension beyond a contiguous one, a division with remainder and a multiply-add per tensor
+    (PyTorch's ``OffsetCalculator``); per tensor a 64-bit address add and the access itself; and the
+    element's index and its bounds check.
+    """
+    per_dim = DIVMOD_INSTRUCTIONS + tensors if index_dims > 1 else 0
+    return index_dims * per_dim + 3 * tensors + 2
+
+
 def execute_elementwise(ctx, op):
     """Run a :class:`gpusim.ops.Elementwise` on ``ctx``'s rank."""
     from gpusim.ops import ELEMENTWISE_KINDS
 
     n_in, n_out, flops = ELEMENTWISE_KINDS[op.kind]
-    nbytes = op.elements * DTYPE_BYTES[op.dtype]
+    size = DTYPE_BYTES[op.dtype]
+    nbytes = op.elements * size
     names_in = list(op.inputs or []) + [None] * n_in
     reads = [(ctx.tensor(names_in[i], nbytes), nbytes) for i in range(n_in)]
     writes = [(ctx.tensor(op.out if i == 0 else None, nbytes), nbytes) for i in range(n_out)]
-    kernel = StreamingKernel(ctx.gpu, f"{op.kind}_kernel", reads, writes, flops * op.elements, "fp32")
+    impl = f"{op.kind}_kernel"
+    geometry = {}
+    if op.index_dims:
+        # PyTorch's element-at-a-time kernels: one element per access, offsets computed per element
+        impl = f"{op.kind}_kernel_strided{op.index_dims}" if op.index_dims > 1 else f"{op.kind}_kernel_unrolled"
+        per_thread = SCALAR_ELEMENTS_PER_THREAD * size
+        geometry = {"threads": SCALAR_THREADS, "bytes_per_thread": per_thread,
+                    "inflight_bytes_per_thread": min(per_thread, ctx.gpu.config.streaming_inflight_bytes_per_thread),
+                    "int_ops": offset_instructions(op.index_dims, n_in + n_out) * op.elements}
+    kernel = StreamingKernel(ctx.gpu, impl, reads, writes, flops * op.elements, "fp32", **geometry)
     yield from ctx.launch(kernel.kernel)
-    ctx.info.update(impl=f"{op.kind}_kernel", flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
+    ctx.info.update(impl=impl, flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
 

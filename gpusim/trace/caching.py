@@ -34,8 +34,9 @@ import pandas as pd
 from gpusim.trace.schema import SYNCHRONISING_KINDS, dependency_graph
 
 SIGNATURE_FIELDS = (
-    "gpu", "stream", "kind", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements", "rows", "cols",
-    "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "dtype", "delay_s",
+    "gpu", "stream", "kind", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements", "index_dims", "rows",
+    "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "dtype",
+    "delay_s",
 )  # fmt: skip
 
 

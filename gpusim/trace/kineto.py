@@ -87,8 +87,9 @@ ELEMENTWISE_FUNCTIONS = {
     "_to_copy": "copy", "to": "copy", "clone": "copy", "contiguous": "copy", "cat": "copy", "stack": "copy",
     "relu": "relu", "clamp": "relu", "clamp_min": "relu", "threshold": "relu", "threshold_backward": "relu",
     "gelu": "gelu", "gelu_backward": "bias_gelu", "sigmoid": "sigmoid", "tanh": "tanh", "dropout": "dropout",
-    "native_dropout": "dropout", "native_dropout_backward": "mul", "neg": "scale", "sqrt": "scale",
-    "rsqrt": "scale", "exp": "scale", "pow": "scale", "silu": "sigmoid", "where": "add", "masked_fill": "add",
+    "native_dropout": "dropout", "native_dropout_backward": "mul", "tanh_backward": "mul",
+    "sigmoid_backward": "mul", "neg": "scale", "sqrt": "scale", "rsqrt": "scale", "exp": "scale", "pow": "scale",
+    "silu": "sigmoid", "where": "add", "masked_fill": "add",
 }  # fmt: skip
 REDUCED_DIMS_ARGUMENT = {"sum": 1, "mean": 1, "amax": 1, "max": 1, "norm": 2, "linalg_vector_norm": 2}
 """Position of the reduced dimensions among a sum-like op's ``Concrete Inputs`` (blank: all)."""
@@ -106,6 +107,9 @@ _ELEMENTWISE_NAME = re.compile(
     r"elementwise|vectorized|unrolled|multi_tensor_apply|fill|cat|copy|nchwtonhwc|nhwctonchw|transpose|index|gather|"
     r"scatter|dropout|relu|gelu|where|pool", re.I,
 )
+_OPAQUE_TYPE = re.compile(r"OpaqueType<(\d+)u?>")
+OPAQUE_DTYPES = {1: "int8", 2: "fp16", 4: "fp32", 8: "fp64"}
+"""The element type the importer gives a kernel that moves elements of this many bytes as opaque words."""
 _ITEMS_PER_THREAD = re.compile(r"(?:vectorized_elementwise_kernel|elementwise_kernel|unrolled_elementwise_kernel)<(\d+)(?:,\s*(\d+))?")
 
 
@@ -244,6 +248,68 @@ def _grid_elements(kernel_name: str, grid, block) -> int:
     return math.prod(grid) * math.prod(block) * per_thread
 
 
+def _operand_layouts(dims: list, strides: list, types: list) -> list[tuple[list[int], list[int]]]:
+    """``(sizes, strides)`` of every tensor argument recorded with both (a tensor list gives each of
+    its tensors)."""
+    layouts = []
+    for size, stride, type_name in zip(dims, strides, types + [None] * len(dims)):
+        if _numel(size, type_name) == 0 or not isinstance(stride, list) or len(stride) != len(size):
+            continue
+        if size and isinstance(size[0], list):
+            layouts.extend((list(s), list(t)) for s, t in zip(size, stride)
+                           if isinstance(t, list) and len(t) == len(s))
+        else:
+            layouts.append((list(size), list(stride)))
+    return layouts
+
+
+def coalesced_dims(layouts: list[tuple[list[int], list[int]]]) -> int:
+    """Dimensions left once adjacent ones that are contiguous in every tensor are merged, as
+    PyTorch's ``TensorIterator`` merges them before it computes offsets.
+
+    ``layouts`` are ``(sizes, strides)`` per tensor, in elements; they are broadcast to the largest
+    shape (a broadcast dimension has stride 0), the output is taken as a new contiguous tensor of
+    that shape, and dimensions of size 1 drop out.  At least 1.
+    """
+    rank = max((len(sizes) for sizes, _ in layouts), default=0)
+    if rank == 0:
+        return 1
+    shape = [max([1] + [sizes[len(sizes) - rank + d] for sizes, _ in layouts if len(sizes) - rank + d >= 0])
+             for d in range(rank)]
+    operand_strides = []
+    for sizes, strides in layouts:
+        offset = rank - len(sizes)
+        operand_strides.append([0 if d < offset or sizes[d - offset] == 1 else strides[d - offset]
+                                for d in range(rank)])
+    contiguous = [math.prod(shape[d + 1:]) for d in range(rank)]
+    operand_strides.append(contiguous)
+    kept = [d for d in range(rank) if shape[d] > 1]
+    if not kept:
+        return 1
+    count = 1
+    for outer, inner in zip(kept, kept[1:]):
+        if any(strides[outer] != shape[inner] * strides[inner] for strides in operand_strides):
+            count += 1
+    return count
+
+
+def _index_dims(kernel_name: str, args: dict) -> int:
+    """:attr:`gpusim.ops.Elementwise.index_dims` of an element-wise kernel: 0 for PyTorch's vectorized
+    and contiguous kernels, 1 for its unrolled kernel, and for its offset-calculator kernel (and the
+    concatenation of strided tensors) the dimensions its tensors' recorded strides leave, at least 2
+    (2 when the strides are not recorded)."""
+    if "vectorized" in kernel_name:
+        return 0
+    if "unrolled_elementwise_kernel" in kernel_name:
+        return 1
+    # the contiguous concatenations are CatArrayBatchedCopy_contig and _aligned16_contig
+    if "elementwise_kernel<" not in kernel_name and "CatArrayBatchedCopy<" not in kernel_name:
+        return 0
+    layouts = _operand_layouts(args.get("Input Dims") or [], args.get("Input Strides") or [],
+                               args.get("Input type") or [])
+    return max(2, coalesced_dims(layouts))
+
+
 def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> dict:
     """An element-wise kernel's fields: its function and element count from the op's recorded shapes
     (the largest tensor), else from the kernel's launch geometry.  A two-input function whose other
@@ -260,6 +326,10 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
         largest = max(range(len(sizes)), key=sizes.__getitem__)
         elements = sizes[largest]
         dtype = _dtype(types[largest] if largest < len(types) else None)
+        opaque = _OPAQUE_TYPE.search(kernel_name)
+        if opaque and (largest >= len(types) or types[largest] == "TensorList"):
+            # a tensor list records no element type; the kernel's OpaqueType<bytes> has the size
+            dtype = OPAQUE_DTYPES.get(int(opaque.group(1)), dtype)
         full_inputs = sum(1 for size in sizes if 2 * size > elements)
         if ELEMENTWISE_KINDS[function][0] == 2 and full_inputs < 2:
             function = "scale"
@@ -270,7 +340,8 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
         function = function or "copy"
     if elements <= 0:
         raise UnsupportedEvent(f"element count {elements} from shapes {dims}")
-    return {"kind": "elementwise", "function": function, "elements": int(elements), "dtype": dtype}
+    return {"kind": "elementwise", "function": function, "elements": int(elements), "dtype": dtype,
+            "index_dims": _index_dims(kernel_name, (cpu_op or {}).get("args", {}))}
 
 
 def _reduced_dims(base: str, args: dict, ndim: int) -> list[int] | None:

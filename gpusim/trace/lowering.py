@@ -43,7 +43,7 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
         )  # fmt: skip
     if kind == "elementwise":
         return ops.Elementwise(row.function, int(row.elements), dtype=row.dtype, inputs=tuple(inputs) or None,
-                               out=output, name=name, ranks=ranks)
+                               out=output, index_dims=int(row.index_dims), name=name, ranks=ranks)
     if kind == "reduction":
         return ops.RowReduce(row.function, int(row.rows), int(row.cols), dtype=row.dtype, input=first_input,
                              out=output, library=row.kernel or "pytorch", name=name, ranks=ranks)

@@ -63,6 +63,7 @@ from gpusim.errors import TraceError
 from gpusim.ops import (
     COLLECTIVE_ALGORITHMS,
     ELEMENTWISE_KINDS,
+    MAX_INDEX_DIMS,
     OPTIMIZER_ALGORITHMS,
     OPTIMIZER_IMPLS,
     ROW_REDUCE_KINDS,
@@ -74,7 +75,7 @@ SYNCHRONISING_KINDS = ("collective", "sendrecv")
 KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "optimizer", "memcpy", "delay", "other")
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
-INT_COLUMNS = ("m", "n", "k", "batch", "elements", "rows", "cols", "bytes", "layer", "step")
+INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "bytes", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
 BOOL_COLUMNS = ("trans_a", "trans_b")
 TEXT_COLUMNS = (
@@ -83,16 +84,18 @@ TEXT_COLUMNS = (
 )  # fmt: skip
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
-    "rows", "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm",
-    "dtype", "deps", "delay_s", "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
+    "index_dims", "rows", "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group",
+    "algorithm", "dtype", "deps", "delay_s", "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step",
+    "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
 
-DEFAULTS: dict[str, object] = {"batch": 1, "layer": -1, "step": 0, "dtype": "fp16", "algorithm": "auto"}
+DEFAULTS: dict[str, object] = {"batch": 1, "index_dims": 0, "layer": -1, "step": 0, "dtype": "fp16",
+                               "algorithm": "auto"}
 
 SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
-    "elementwise": ("elements", "function", "dtype"),
+    "elementwise": ("elements", "function", "dtype", "index_dims"),
     "reduction": ("rows", "cols", "function", "dtype", "kernel"),
     "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
     "sendrecv": ("bytes", "group"),
@@ -281,6 +284,13 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
             position = int(np.flatnonzero(bad)[0])
             raise _fail(frame, position, source, field,
                         f"must be one of {', '.join(allowed)} for a {kind} row, got {frame[field].iloc[position]!r}")
+    dims = frame["index_dims"]
+    bad = (kinds == "elementwise") & (dims.isna() | (dims.fillna(0) < 0) | (dims.fillna(0) > MAX_INDEX_DIMS)).to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "index_dims",
+                    f"must be a whole number from 0 to {MAX_INDEX_DIMS} for an elementwise row, "
+                    f"got {dims.iloc[position]!r}")
     bad = (kinds == "collective") & ~frame["algorithm"].isin(COLLECTIVE_ALGORITHMS).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])

@@ -1,0 +1,56 @@
+"""PyTorch's element-at-a-time kernels (gpusim.ops.Elementwise.index_dims): one element per access,
+offsets computed per element on the CU's integer lanes."""
+
+import pytest
+
+import gpusim
+from gpusim import ops
+from gpusim.kernels.elementwise import offset_instructions
+
+H200 = gpusim.load_system("h200-sxm", {"gpu.kernel_launch_ns": 0})
+HEADS = 8 * 12 * 512 * 64  # GPT-2's attention heads, transposed by a copy
+
+
+def time_of(system, op):
+    return gpusim.run(system, op).time_s
+
+
+def test_offset_arithmetic_grows_with_the_dimensions_and_the_tensors():
+    assert offset_instructions(1, 2) == 3 * 2 + 2  # an address and an access per tensor, the index and its check
+    assert offset_instructions(4, 2) == 4 * (4 + 2) + 3 * 2 + 2  # a division and a multiply-add per tensor per dim
+    assert offset_instructions(3, 3) > offset_instructions(3, 2) > offset_instructions(2, 2)
+
+
+def test_element_at_a_time_copies_are_slower_the_more_dimensions_they_walk():
+    times = [time_of(H200, ops.Elementwise("copy", HEADS, "fp16", index_dims=dims)) for dims in (0, 1, 2, 4)]
+    assert times == sorted(times) and times[3] > 2 * times[0]
+    gpu = H200.config.gpu
+    issue_s = HEADS * offset_instructions(4, 2) / (gpu.num_cus * gpu.cu.int32_ops_per_cycle * gpu.clock_hz)
+    assert times[3] > issue_s  # the integer lanes bound it
+
+
+def test_integer_lanes_pace_only_the_strided_kernels():
+    wider = H200.with_overrides({"gpu.cu.int32_ops_per_cycle": 128})
+    strided = ops.Elementwise("copy", HEADS, "fp16", index_dims=4)
+    vectorized = ops.Elementwise("copy", HEADS, "fp16")
+    assert time_of(wider, strided) < 0.8 * time_of(H200, strided)
+    assert time_of(wider, vectorized) == time_of(H200, vectorized)
+
+
+def test_half_precision_elements_keep_half_the_bytes_in_flight():
+    """One 2-byte element per access: a thread's four loads hold 8 bytes against a 16-byte vector,
+    so a scalar fp16 copy streams slower than the vectorized one; four fp32 elements are 16 bytes."""
+    fast_integers = H200.with_overrides({"gpu.cu.int32_ops_per_cycle": 4096})  # the arithmetic out of the way
+
+    def ratio(dtype):
+        scalar, vector = (time_of(fast_integers, ops.Elementwise("copy", 2**22, dtype, index_dims=dims))
+                          for dims in (1, 0))
+        return scalar / vector
+
+    assert ratio("fp16") > 1.15 and ratio("fp32") < 1.1
+
+
+@pytest.mark.parametrize("dims", [-1, 26, 2.5, "two"])
+def test_index_dims_out_of_range_is_an_error_naming_the_field(dims):
+    with pytest.raises(gpusim.OpError, match="Elementwise: field 'index_dims' must be an integer from 0 to 25"):
+        ops.Elementwise("copy", 1024, index_dims=dims)
