@@ -268,6 +268,7 @@ class GemmReduceScatter(GemmShape):
 
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "copy": (1, 1, 0.0),
+    "cat": (1, 1, 0.0),
     "add": (2, 1, 1.0),
     "mul": (2, 1, 1.0),
     "scale": (1, 1, 1.0),
@@ -280,7 +281,8 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "residual_dropout": (2, 2, 5.0),
     "fill": (0, 1, 0.0),
 }
-"""Element-wise kinds: (tensors read, tensors written, FLOPs per element)."""
+"""Element-wise kinds: (tensors read, tensors written, FLOPs per element). ``cat`` is a copy into a
+concatenation, which over strided tensors computes its offsets differently (``index_dims``)."""
 MAX_INDEX_DIMS = 25
 """Most dimensions PyTorch's ``TensorIterator`` handles (``MAX_DIMS``)."""
 
@@ -308,8 +310,9 @@ class Elementwise(Op):
         (default): contiguous tensors in 16-byte vectors (PyTorch's vectorized kernel). 1:
         contiguous tensors one element per access (its unrolled kernel, for casts and misaligned
         tensors). 2 or more: strided or broadcast tensors, one element per access at offsets that
-        take an integer division per dimension (its offset-calculator kernel, and the
-        concatenation of strided tensors); at most :data:`MAX_INDEX_DIMS`.
+        take an integer division per dimension (its offset-calculator kernel; for ``cat``, the
+        concatenation kernel over tensors of that rank, which divides at run time and computes
+        the output's offset too); at most :data:`MAX_INDEX_DIMS`.
     """
 
     kind: str

@@ -21,6 +21,14 @@ def test_offset_arithmetic_grows_with_the_dimensions_and_the_tensors():
     assert offset_instructions(3, 3) > offset_instructions(3, 2) > offset_instructions(2, 2)
 
 
+def test_a_strided_concatenation_divides_at_run_time_for_both_offsets():
+    assert offset_instructions(4, 2, "cat") == 3 * 2 + 2 + 2 * 3 * (16 + 1)
+    assert offset_instructions(4, 2, "cat") > 2 * offset_instructions(4, 2)
+    assert offset_instructions(0, 2, "cat") == offset_instructions(0, 2)  # contiguous: a copy
+    cat, copy = (time_of(H200, ops.Elementwise(kind, HEADS, "fp16", index_dims=4)) for kind in ("cat", "copy"))
+    assert cat > 1.5 * copy
+
+
 def test_element_at_a_time_copies_are_slower_the_more_dimensions_they_walk():
     times = [time_of(H200, ops.Elementwise("copy", HEADS, "fp16", index_dims=dims)) for dims in (0, 1, 2, 4)]
     assert times == sorted(times) and times[3] > 2 * times[0]

@@ -297,9 +297,12 @@ def test_tensoriterator_merges_dimensions_contiguous_in_every_tensor(layouts, di
      {"Input Dims": [[8, 512], [8, 512]], "Input type": ["c10::Half", "c10::Half"]}, ["copy", "fp16", 2]),  # no strides
     ("void at::native::CatArrayBatchedCopy<at::native::OpaqueType<2u>, unsigned int, 4, 64, 64>(x)", "aten::cat",
      {"Input Dims": [[[0], [8, 12, 512, 64]], []], "Input type": ["TensorList", "Scalar"],
-      "Input Strides": [[[1], [1179648, 64, 2304, 1]], []]}, ["copy", "fp16", 4]),
+      "Input Strides": [[[1], [1179648, 64, 2304, 1]], []]}, ["cat", "fp16", 4]),
     ("void at::native::CatArrayBatchedCopy_aligned16_contig<OpaqueType<4u>, unsigned int, 3, 128, 1>(x)",
-     "aten::cat", {"Input Dims": [[[8, 512], [8, 512]], []], "Input type": ["TensorList", "Scalar"]}, ["copy", "fp32", 0]),
+     "aten::cat", {"Input Dims": [[[8, 512], [8, 512]], []], "Input type": ["TensorList", "Scalar"]}, ["cat", "fp32", 0]),
+    ("void at::native::CatArrayBatchedCopy<at::native::OpaqueType<2u>, unsigned int, 3, 64, 64>(x)", "aten::cat",
+     {"Input Dims": [[[8, 512, 768], [8, 512, 768]], []], "Input type": ["TensorList", "Scalar"],
+      "Input Strides": [[[393216, 768, 1], [393216, 1, 512]], []]}, ["cat", "fp16", 3]),  # the rank, unmerged
 ])
 def test_an_elementwise_kernel_replays_as_pytorchs_access_path(tmp_path, kernel_name, op, args, expected):
     """Vectorized kernels run as contiguous 16-byte streams; the unrolled kernel and the offset-calculator

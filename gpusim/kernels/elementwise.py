@@ -30,6 +30,10 @@ DIVMOD_INSTRUCTIONS = 4
 """Integer instructions of one division with remainder by a precomputed divisor (PyTorch's
 ``IntDivider``: a high multiply, an add and a shift for the quotient, a multiply-add for the
 remainder)."""
+DIVISION_INSTRUCTIONS = 16
+"""Integer-lane instructions of a 32-bit division by a divisor known only at run time, with its
+remainder: the reciprocal estimate and its conversions, the quotient's high multiply, two
+correction steps and the zero-divisor check that NVIDIA's compiler emits (an estimate)."""
 MAX_CHUNKS = 8
 """Most chunks per logical workgroup (simulation granularity); it has one per real workgroup it
 stands for, up to this many."""
@@ -206,16 +210,22 @@ class StreamingKernel:
                              self.flops_per_ns, self.wavefronts)
 
 
-def offset_instructions(index_dims: int, tensors: int) -> float:
+def offset_instructions(index_dims: int, tensors: int, kind: str = "copy") -> float:
     """Integer instructions per element of an element-at-a-time kernel over ``tensors`` tensors
     whose offsets span ``index_dims`` dimensions (:attr:`gpusim.ops.Elementwise.index_dims`).
 
-    Per dimension beyond a contiguous one, a division with remainder and a multiply-add per tensor
-    (PyTorch's ``OffsetCalculator``); per tensor a 64-bit address add and the access itself; and the
-    element's index and its bounds check.
+    Per tensor a 64-bit address add and the access itself, and the element's index and its bounds
+    check; then on the offset-calculator path, per dimension, a division with remainder by a
+    precomputed divisor and a multiply-add per tensor (PyTorch's ``OffsetCalculator``); for a
+    ``cat``, the output's and the input's offsets each take a run-time division and a multiply-add
+    per dimension but the outermost (``CatArrIndexToOffset``).
     """
-    per_dim = DIVMOD_INSTRUCTIONS + tensors if index_dims > 1 else 0
-    return index_dims * per_dim + 3 * tensors + 2
+    base = 3 * tensors + 2
+    if index_dims < 2:
+        return base
+    if kind == "cat":
+        return base + 2 * (index_dims - 1) * (DIVISION_INSTRUCTIONS + 1)
+    return base + index_dims * (DIVMOD_INSTRUCTIONS + tensors)
 
 
 def execute_elementwise(ctx, op):
@@ -236,7 +246,7 @@ def execute_elementwise(ctx, op):
         per_thread = SCALAR_ELEMENTS_PER_THREAD * size
         geometry = {"threads": SCALAR_THREADS, "bytes_per_thread": per_thread,
                     "inflight_bytes_per_thread": min(per_thread, ctx.gpu.config.streaming_inflight_bytes_per_thread),
-                    "int_ops": offset_instructions(op.index_dims, n_in + n_out) * op.elements}
+                    "int_ops": offset_instructions(op.index_dims, n_in + n_out, op.kind) * op.elements}
     kernel = StreamingKernel(ctx.gpu, impl, reads, writes, flops * op.elements, "fp32", **geometry)
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=impl, flops=flops * op.elements, bytes=nbytes * (n_in + n_out))

@@ -84,7 +84,7 @@ GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matm
 ELEMENTWISE_FUNCTIONS = {
     "add": "add", "sub": "add", "rsub": "add", "mul": "mul", "div": "mul", "addcmul": "mul", "addcdiv": "mul",
     "lerp": "mul", "fill": "fill", "zero": "fill", "zeros": "fill", "ones": "fill", "copy": "copy",
-    "_to_copy": "copy", "to": "copy", "clone": "copy", "contiguous": "copy", "cat": "copy", "stack": "copy",
+    "_to_copy": "copy", "to": "copy", "clone": "copy", "contiguous": "copy", "cat": "cat", "stack": "cat",
     "relu": "relu", "clamp": "relu", "clamp_min": "relu", "threshold": "relu", "threshold_backward": "relu",
     "gelu": "gelu", "gelu_backward": "bias_gelu", "sigmoid": "sigmoid", "tanh": "tanh", "dropout": "dropout",
     "native_dropout": "dropout", "native_dropout_backward": "mul", "tanh_backward": "mul",
@@ -108,6 +108,7 @@ _ELEMENTWISE_NAME = re.compile(
     r"scatter|dropout|relu|gelu|where|pool", re.I,
 )
 _OPAQUE_TYPE = re.compile(r"OpaqueType<(\d+)u?>")
+_CAT_RANK = re.compile(r"CatArrayBatchedCopy<.*?OpaqueType<\d+u?>\s*,\s*[\w ]+?\s*,\s*(\d+)\s*,")
 OPAQUE_DTYPES = {1: "int8", 2: "fp16", 4: "fp32", 8: "fp64"}
 """The element type the importer gives a kernel that moves elements of this many bytes as opaque words."""
 _ITEMS_PER_THREAD = re.compile(r"(?:vectorized_elementwise_kernel|elementwise_kernel|unrolled_elementwise_kernel)<(\d+)(?:,\s*(\d+))?")
@@ -305,6 +306,9 @@ def _index_dims(kernel_name: str, args: dict) -> int:
     # the contiguous concatenations are CatArrayBatchedCopy_contig and _aligned16_contig
     if "elementwise_kernel<" not in kernel_name and "CatArrayBatchedCopy<" not in kernel_name:
         return 0
+    rank = _CAT_RANK.search(kernel_name)
+    if rank:  # the concatenation walks every dimension of its tensors, merging none
+        return max(2, int(rank.group(1)))
     layouts = _operand_layouts(args.get("Input Dims") or [], args.get("Input Strides") or [],
                                args.get("Input type") or [])
     return max(2, coalesced_dims(layouts))
