@@ -181,11 +181,15 @@ class StreamingKernel:
         )
 
     def _span(self, wg: int, chunk: int) -> tuple[float, float]:
-        """Fraction of every tensor that chunk ``chunk`` of workgroup ``wg`` covers, as [start, stop)."""
-        per_wg = self.units / self.workgroups
-        lo = wg * per_wg + chunk * per_wg / self.chunks
-        hi = wg * per_wg + (chunk + 1) * per_wg / self.chunks
-        return math.floor(lo) / self.units, math.floor(hi) / self.units
+        """Fraction of every tensor that chunk ``chunk`` of workgroup ``wg`` covers, as [start, stop).
+
+        The chunks are dealt out round by round, as the hardware dispatches workgroups in order:
+        the ``chunk``-th chunks of all logical workgroups cover one contiguous stretch of the
+        tensors, so the workgroups resident together touch neighbouring addresses (and DRAM rows).
+        """
+        per_piece = self.units / (self.workgroups * self.chunks)
+        piece = chunk * self.workgroups + wg
+        return math.floor(piece * per_piece) / self.units, math.floor((piece + 1) * per_piece) / self.units
 
     def _fetch(self, limit: InflightLimit, wg: int, chunk: int) -> Join:
         """Request one chunk's data of every read tensor."""
