@@ -158,8 +158,8 @@ class StreamingKernel:
         # the integer instructions as the FLOPs that take as long: they issue at the integer lanes'
         # peak, which the FLOP rate's vector efficiency (FLOPs per FMA slot) does not apply to
         fp32_lanes = cu_config.vector_flops_per_cycle.get("fp32", 2.0) / 2
-        slots = int_ops * fp32_lanes / cu_config.int32_ops_per_cycle
-        self.flops = flops + 2.0 * slots * gpu.config.vector_efficiency
+        fma_slots = int_ops * fp32_lanes / cu_config.int32_ops_per_cycle
+        self.flops = flops + 2.0 * fma_slots * gpu.config.vector_efficiency
         self.flops_per_ns = gpu.vector_flops_per_ns(dtype)
         largest = max([n for _, n in reads + writes] + [1])
         real = max(1, math.ceil(largest / (threads * bytes_per_thread)))

@@ -456,6 +456,7 @@ class RowReduceKernel:
         thread_bytes = spec.threads * spec.vector_bytes * spec.inputs
         self.round_bytes = [slots * thread_bytes for slots in self._concurrent_slots()]
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
+        self.hit_latency_ns = config.l2.hit_latency_ns
         self.miss_bandwidth = config.hbm.sustained_bandwidth_bytes_per_s * 1e-9
         self.hit_bandwidth = config.l2.sustained_bandwidth_bytes_per_s * 1e-9
         # blocks sharing a line write their partial results, fence them and count themselves on a
@@ -539,7 +540,7 @@ class RowReduceKernel:
         nbytes *= len(self.sources)
         share = missed / nbytes
         miss_rounds = _rounds_ns(iterations, self.miss_latency_ns, round_bytes / self.miss_bandwidth)
-        hit_rounds = _rounds_ns(iterations, self.gpu.config.l2.hit_latency_ns, round_bytes / self.hit_bandwidth)
+        hit_rounds = _rounds_ns(iterations, self.hit_latency_ns, round_bytes / self.hit_bandwidth)
         join.extend_to(now + share * miss_rounds + (1.0 - share) * hit_rounds)
         join.extend_to(cu.memory(now, nbytes, missed))
         return join
