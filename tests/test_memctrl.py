@@ -19,8 +19,8 @@ def request(stream="compute", bank=0, row=0):
     return r
 
 
-def view(open_rows, last=None):
-    return SimpleNamespace(open_row=open_rows, last_stream=last)
+def view(open_rows, last=None, last_group=-1, banks_per_group=4):
+    return SimpleNamespace(open_row=open_rows, last_stream=last, last_group=last_group, banks_per_group=banks_per_group)
 
 
 def test_fcfs_picks_oldest():
@@ -31,6 +31,17 @@ def test_fr_fcfs_prefers_row_hits():
     queue = [request(row=1), request(row=2), request(row=1)]
     assert fr_fcfs(queue, 0.0, view([2])) == 1
     assert fr_fcfs(queue, 0.0, view([7])) == 0
+
+
+def test_fr_fcfs_alternates_bank_groups():
+    """Banks 0-3 are group 0, 4-7 group 1: after a group-0 request, a row hit in group 1 goes first,
+    then a group-1 miss (it opens its row while group 0 finishes), and a group-0 hit only last."""
+    rows = [1, -1, -1, -1, 5, -1, -1, -1]
+    hit_here, miss_there, hit_there = request(bank=0, row=1), request(bank=5, row=3), request(bank=4, row=5)
+    assert fr_fcfs([hit_here, miss_there, hit_there], 0.0, view(rows, last_group=0)) == 2
+    assert fr_fcfs([hit_here, miss_there], 0.0, view(rows, last_group=0)) == 1
+    assert fr_fcfs([hit_here, request(bank=1, row=2)], 0.0, view(rows, last_group=0)) == 0
+    assert fr_fcfs([hit_here, miss_there], 0.0, view(rows, last_group=1)) == 0  # a hit in the other group
 
 
 def test_round_robin_alternates_streams_and_falls_back():

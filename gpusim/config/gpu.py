@@ -96,6 +96,10 @@ class L2Config(Model):
     remote_writes_allocate
         Whether writes arriving over links from peer GPUs allocate in this L2 (NVIDIA-like) or go to
         DRAM (the dissertation's model).
+    write_through
+        Whether a write that allocates in the L2 also goes on to DRAM as it arrives, leaving the
+        block clean (later reads still hit it), instead of staying dirty until it is evicted: a
+        kernel pays for its own writes, not the kernels after it.
     """
 
     capacity_bytes: Bytes
@@ -107,6 +111,7 @@ class L2Config(Model):
     sustained_efficiency: Fraction = 1.0
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
+    write_through: bool = False
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

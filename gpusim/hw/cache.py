@@ -89,6 +89,7 @@ class L2Cache:
         self.hit_latency = config.hit_latency_ns
         self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
         self.remote_writes_allocate = config.remote_writes_allocate
+        self.write_through = config.write_through
         # block id -> dirty bytes (0 when clean)
         self.blocks: OrderedDict[int, int] = OrderedDict()
         # block id -> bit mask of the sectors present (fetched, being fetched, or written)

@@ -35,10 +35,16 @@ class ChannelView(Protocol):
         ``open_row[request.bank] == request.row``.
     last_stream
         Stream of the request served last.
+    last_group
+        Bank group of the request served last (-1: none known).
+    banks_per_group
+        Banks in a bank group (a request's group is ``request.bank // banks_per_group``).
     """
 
     open_row: list[int]
     last_stream: str | None
+    last_group: int
+    banks_per_group: int
 
 
 def fcfs(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
@@ -46,25 +52,38 @@ def fcfs(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
     return 0
 
 
-def fr_fcfs(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
-    """First-ready FCFS: the oldest request that hits an open row, else the oldest."""
+def _first_ready(queue: Sequence[MemRequest], view: ChannelView, streams: tuple[str, ...] | None = None) -> int | None:
+    """First-ready FCFS over bank groups among the requests of ``streams`` (``None``: all): the oldest
+    request that hits an open row in another bank group than the last request's; else the oldest
+    request in another bank group; else the oldest row hit; else the oldest (``None``: no request
+    of ``streams``).  A bank group takes a burst every ``t_ccd_l`` and the bus one every
+    ``t_ccd_s``, so a controller that alternates bank groups keeps its bus busy where serving one
+    group's row hits would leave it half idle."""
     open_row = view.open_row
+    last, per_group = view.last_group, view.banks_per_group
+    hit = other = first = None
     for index, request in enumerate(queue):
+        if streams is not None and request.stream not in streams:
+            continue
+        if first is None:
+            first = index
+        elsewhere = request.bank // per_group != last
         if open_row[request.bank] == request.row:
-            return index
-    return 0
-
-
-def _fr_fcfs_of(queue: Sequence[MemRequest], view: ChannelView, streams: tuple[str, ...]) -> int | None:
-    first = None
-    open_row = view.open_row
-    for index, request in enumerate(queue):
-        if request.stream in streams:
-            if open_row[request.bank] == request.row:
+            if elsewhere:
                 return index
-            if first is None:
-                first = index
-    return first
+            if hit is None:
+                hit = index
+        elif elsewhere and other is None:
+            other = index
+    if other is not None:
+        return other
+    return hit if hit is not None else first
+
+
+def fr_fcfs(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
+    """First-ready FCFS over bank groups (:func:`_first_ready`)."""
+    index = _first_ready(queue, view)
+    return 0 if index is None else index
 
 
 def round_robin_streams(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
@@ -76,7 +95,7 @@ def round_robin_streams(queue: Sequence[MemRequest], now: float, view: ChannelVi
     prefer_compute = view.last_stream != COMPUTE
     order = ((COMPUTE,), (COMM, NMC)) if prefer_compute else ((COMM, NMC), (COMPUTE,))
     for streams in order:
-        index = _fr_fcfs_of(queue, view, streams)
+        index = _first_ready(queue, view, streams)
         if index is not None:
             return index
     return 0
@@ -84,7 +103,7 @@ def round_robin_streams(queue: Sequence[MemRequest], now: float, view: ChannelVi
 
 def compute_first(queue: Sequence[MemRequest], now: float, view: ChannelView) -> int:
     """T3-MCA's pick: compute-stream requests first (first-ready FCFS), then the rest."""
-    index = _fr_fcfs_of(queue, view, (COMPUTE,))
+    index = _first_ready(queue, view, (COMPUTE,))
     if index is not None:
         return index
     return fr_fcfs(queue, now, view)
@@ -229,6 +248,8 @@ class MemoryController(Component):
         self.waiting: dict[str, deque[MemRequest]] = {stream: deque() for stream in ADMISSION_ORDER}
         self.waiting_count = 0
         self.last_stream: str | None = None
+        self.last_group = -1
+        self.banks_per_group = channel.map.banks_per_group
         self.max_occupancy = 0
         self.served = 0
         self.enqueue_observers: list[Callable[[MemRequest, float], None]] = []
@@ -325,6 +346,7 @@ class MemoryController(Component):
                 request.done_ns = done
                 served += 1
                 self.last_stream = stream
+                self.last_group = request.bank // self.banks_per_group if request.bank >= 0 else -1
                 traffic[(gpu, index, stream, kind, time_bin)] += request.nbytes
                 if request.completion:
                     for join in request.completion:

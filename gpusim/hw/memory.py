@@ -192,10 +192,12 @@ class MemorySystem:
             base = block * size
             lo = addr - base if addr > base else 0
             hi = end - base if end < base + size else size
-            evicted = insert(block, hi - lo, None, sectors(lo, hi))
+            evicted = insert(block, 0 if l2.write_through else hi - lo, None, sectors(lo, hi))
             if evicted:
                 self._writeback(evicted, join)
             block += 1
+        if l2.write_through:
+            self.dram(addr, nbytes, WRITE, stream, admission=join)
 
     def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:
         """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
