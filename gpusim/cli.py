@@ -23,6 +23,7 @@ from gpusim.units import QuantityError, parse_quantity
 OP_NAMES = {
     "gemm": gops.Gemm,
     "gemm_rs": gops.GemmReduceScatter,
+    "gemm_ag": gops.GemmAllGather,
     "elementwise": gops.Elementwise,
     "softmax": gops.RowReduce,
     "layernorm": gops.RowReduce,

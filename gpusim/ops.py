@@ -135,7 +135,7 @@ class Op:
 class GemmShape(Op):
     """The operands of a GEMM, C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched):
     the fields, their validation and the FLOP count that :class:`Gemm` and
-    :class:`GemmReduceScatter` share.
+    :class:`GemmReduceScatter` and :class:`GemmAllGather` share.
 
     Attributes
     ----------
@@ -215,6 +215,13 @@ class Gemm(GemmShape):
 
 
 FUSED_ALGORITHMS = ("ring", "direct", "auto")
+"""Algorithms of T3's fused collectives (``auto`` is ring)."""
+
+
+def _fused_algorithm(op: str, value: str) -> str:
+    if value not in FUSED_ALGORITHMS:
+        raise OpError(f"{op}: field 'algorithm' must be one of {', '.join(FUSED_ALGORITHMS)}, got {value!r}")
+    return value
 
 
 @dataclass
@@ -242,15 +249,12 @@ class GemmReduceScatter(GemmShape):
     algorithm: str = "auto"
     stagger: bool = True
     category: ClassVar[str] = "fused"
+    collective: ClassVar[str] = "reducescatter"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.stagger = _bool("GemmReduceScatter", "stagger", self.stagger)
-        if self.algorithm not in FUSED_ALGORITHMS:
-            raise OpError(
-                f"GemmReduceScatter: field 'algorithm' must be one of {', '.join(FUSED_ALGORITHMS)}, "
-                f"got {self.algorithm!r}"
-            )
+        self.algorithm = _fused_algorithm("GemmReduceScatter", self.algorithm)
 
     @property
     def nbytes(self) -> int:
@@ -261,9 +265,52 @@ class GemmReduceScatter(GemmShape):
         return f"gemm+rs {self._shape_text()}"
 
     def run_on(self, ctx: OpContext):
-        from gpusim.kernels.fused import execute_gemm_reduce_scatter
+        from gpusim.kernels.fused import execute_fused_gemm
 
-        return execute_gemm_reduce_scatter(ctx, self)
+        return execute_fused_gemm(ctx, self)
+
+
+@dataclass
+class GemmAllGather(GemmShape):
+    """A GEMM fused with the all-gather of its output over ``ranks`` (T3's track and trigger
+    applied to an all-gather, dissertation sections 8.3 and 8.6).
+
+    Each rank's GEMM computes its own shard, C[m, n].  Its stores write the shard into the rank's
+    slot of the gathered output and, at once, into the next rank's copy of that slot (``ring``) or
+    into every rank's (``direct``).  In a ring, the tracker counts the stores that arrive in a slot,
+    and a pre-programmed DMA forwards each complete tile to the next rank until the shard has gone
+    round.  Every rank ends with all ``len(ranks)`` shards, in ring (or group) order, as after
+    :class:`AllGather`.  Combine with ``memory_policy="t3-mca"`` for T3-MCA.
+
+    Attributes
+    ----------
+    m, n, k, dtype, trans_a, trans_b, batch, a, b, out, kernel
+        Each rank's GEMM, as in :class:`GemmShape`; ``out`` names the gathered output.
+    algorithm
+        ``ring`` (over the node's ring order), ``direct`` (every GPU stores its shard into every
+        other over its own link; fully connected nodes) or ``auto`` (ring).
+    """
+
+    algorithm: str = "auto"
+    category: ClassVar[str] = "fused"
+    collective: ClassVar[str] = "allgather"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.algorithm = _fused_algorithm("GemmAllGather", self.algorithm)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one rank's shard (its GEMM's output); the gathered output is ``len(ranks)`` times that."""
+        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        return f"gemm+ag {self._shape_text()}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.fused import execute_fused_gemm
+
+        return execute_fused_gemm(ctx, self)
 
 
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
@@ -693,6 +740,7 @@ __all__ = [
     "ELEMENTWISE_KINDS",
     "Elementwise",
     "Gemm",
+    "GemmAllGather",
     "GemmReduceScatter",
     "OPTIMIZER_ALGORITHMS",
     "OPTIMIZER_IMPLS",

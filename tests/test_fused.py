@@ -36,7 +36,7 @@ def test_ring_configuration_staggers_and_ends_with_each_rank_owning_its_chunk(n)
         assert order == [(rank - step - 1) % n for step in range(n)]  # GPU p produces chunk p-s-1 in step s
         kinds = [config.mappings[chunk].kind for chunk in order]
         assert kinds == [REMOTE] + [DMA] * (n - 2) + [FINAL]
-        assert all(config.mappings[c].dst == (rank + 1) % n for c in order[:-1])
+        assert all(config.mappings[c].dsts == ((rank + 1) % n,) for c in order[:-1])
         owners.append(order[-1])
         # what this rank sends in step s is what the next rank produces in step s + 1
         nxt = ring_reduce_scatter_config(ring, (rank + 1) % n).production_order
@@ -53,7 +53,7 @@ def test_direct_configuration_sends_every_other_chunk_to_its_owner():
             if chunk == rank:
                 assert mapping.kind == FINAL and mapping.updates_per_element == 4
             else:
-                assert mapping.kind == REMOTE and mapping.dst == chunk
+                assert mapping.kind == REMOTE and mapping.dsts == (chunk,)
 
 
 @settings(max_examples=40, deadline=None)

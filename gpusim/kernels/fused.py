@@ -1,4 +1,4 @@
-"""T3: a GEMM fused with the reduce-scatter of its output through its output address space.
+"""T3: a GEMM fused with the reduce-scatter or all-gather of its output through its output address space.
 
 Dissertation sections 8.3.1-8.3.4.  The GEMM kernel itself is unchanged (:class:`GemmKernel`); what
 changes is where its workgroups' output tiles go.  The tiles, in the order the GEMM produces them
@@ -12,7 +12,9 @@ chunk, one line of the *output address-space configuration* (dissertation Fig. 8
     reduction) and, once the tracker has counted the expected local and incoming updates of a
     tile (its *trigger count*), a pre-programmed DMA sends the tile to a peer as an update;
 ``final``
-    the chunk is written locally as updates and is this rank's result once every tile is complete.
+    the chunk is written locally as updates and is this rank's result once every tile is complete;
+``send``
+    the chunk is written locally and, at once, stored into peers' memory (an all-gather's own shard).
 
 Ring reduce-scatter (:func:`ring_reduce_scatter_config`): GPU at ring position ``p`` produces chunk
 ``(p - s - 1) mod n`` in step ``s`` (staggered workgroup order); the first chunk it produces is
@@ -20,6 +22,12 @@ Ring reduce-scatter (:func:`ring_reduce_scatter_config`): GPU at ring position `
 of two updates per element, and the last one is its final chunk.  Direct reduce-scatter on a fully
 connected node (:func:`direct_reduce_scatter_config`): every chunk but its own is
 ``remote_map``-ped to its owner, whose final chunk expects ``n`` updates per element.
+
+All-gather (:func:`ring_all_gather_config`, :func:`direct_all_gather_config`): the output address space
+holds one chunk per rank, each rank's GEMM produces only its own, and every store is a plain write.  In
+a ring the own chunk is sent to the next GPU as it is stored; a chunk that arrives is counted by the
+tracker (one store per element) and forwarded tile by tile by DMA until it has gone round.  On a fully
+connected node the own chunk is stored into every peer at once.
 
 GEMM outputs are uncached (they bypass the L2).  Remote stores are posted: a workgroup hands them to
 its GPU's link interface and finishes; they leave as fast as the link and its flow control allow.
@@ -41,7 +49,7 @@ from gpusim.engine.primitives import Countdown, Join
 from gpusim.engine.simulation import Span
 from gpusim.errors import OpError
 from gpusim.hw.dma import DmaCommand
-from gpusim.hw.hbm import UPDATE
+from gpusim.hw.hbm import UPDATE, WRITE
 from gpusim.hw.request import COMPUTE
 from gpusim.hw.tracker import TrackedRegion
 from gpusim.kernels.collectives import ring_orders
@@ -64,7 +72,9 @@ REMOTE = "remote"
 DMA = "dma"
 """``dma_map``: written locally, tracked, then DMA'd to a peer."""
 FINAL = "final"
-"""Written locally and tracked; the rank's own result."""
+"""Tracked; the rank's own result (written locally when the rank produces it)."""
+SEND = "send"
+"""Written locally and stored into peers' memory at once (an all-gather's own shard)."""
 
 
 @dataclass(frozen=True)
@@ -78,22 +88,28 @@ class ChunkMapping:
     step
         When this rank produces the chunk (0 first).
     kind
-        :data:`REMOTE`, :data:`DMA` or :data:`FINAL`.
-    dst
-        Rank whose memory receives the chunk (``None`` for :data:`FINAL`).
+        :data:`REMOTE`, :data:`DMA`, :data:`FINAL` or :data:`SEND`.
+    dsts
+        Ranks whose memory receives the chunk (none for :data:`FINAL`; every peer for a direct
+        all-gather's own shard).
     operation
-        ``"update"`` (near-memory op-and-store) or ``"write"`` at the destination.
+        ``"update"`` (near-memory op-and-store) or ``"write"`` (a plain store), locally and at the
+        destinations.
     updates_per_element
-        The tracker's trigger count for :data:`DMA` and :data:`FINAL` chunks: updates each element
-        receives (the local store plus those arriving from peers).
+        The tracker's trigger count for :data:`DMA` and :data:`FINAL` chunks: updates or stores each
+        element receives (the local store, if the rank produces the chunk, plus those arriving from
+        peers).
+    produced
+        Whether this rank's GEMM produces the chunk (an all-gather's other chunks only arrive).
     """
 
     chunk: int
     step: int
     kind: str
-    dst: int | None
+    dsts: tuple[int, ...] = ()
     operation: str = UPDATE
     updates_per_element: int = 1
+    produced: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,7 +133,7 @@ class OutputConfig:
     @property
     def production_order(self) -> list[int]:
         """Chunks in the order this rank's workgroups produce them (staggered)."""
-        return [m.chunk for m in sorted(self.mappings, key=lambda m: m.step)]
+        return [m.chunk for m in sorted(self.mappings, key=lambda m: m.step) if m.produced]
 
 
 def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
@@ -137,11 +153,11 @@ def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
     for step in range(n):
         chunk = (position - step - 1) % n
         if step == 0:
-            mapping = ChunkMapping(chunk, step, REMOTE, nxt, UPDATE, 1)
+            mapping = ChunkMapping(chunk, step, REMOTE, (nxt,), UPDATE, 1)
         elif step < n - 1:
-            mapping = ChunkMapping(chunk, step, DMA, nxt, UPDATE, 2)
+            mapping = ChunkMapping(chunk, step, DMA, (nxt,), UPDATE, 2)
         else:
-            mapping = ChunkMapping(chunk, step, FINAL, None, UPDATE, 2)
+            mapping = ChunkMapping(chunk, step, FINAL, (), UPDATE, 2)
         mappings[chunk] = mapping
     return OutputConfig(rank, tuple(ring), tuple(mappings))
 
@@ -159,10 +175,47 @@ def direct_reduce_scatter_config(group: list[int], rank: int) -> OutputConfig:
     for step in range(n):
         chunk = (position + step + 1) % n
         if chunk == position:
-            mapping = ChunkMapping(chunk, step, FINAL, None, UPDATE, n)
+            mapping = ChunkMapping(chunk, step, FINAL, (), UPDATE, n)
         else:
-            mapping = ChunkMapping(chunk, step, REMOTE, group[chunk], UPDATE, 1)
+            mapping = ChunkMapping(chunk, step, REMOTE, (group[chunk],), UPDATE, 1)
         mappings[chunk] = mapping
+    return OutputConfig(rank, tuple(group), tuple(mappings))
+
+
+def ring_all_gather_config(ring: list[int], rank: int) -> OutputConfig:
+    """Ring all-gather: chunk ``q`` is the shard of the rank at ring position ``q``; every rank ends
+    with all of them.
+
+    ``rank`` produces its own chunk, writes it locally and stores it into the next rank's copy of
+    that chunk as it goes.  The chunk of the rank ``h`` positions back arrives after ``h`` hops
+    (its ``step``); once the tracker has counted one store per element of a tile, a pre-programmed
+    DMA forwards the tile to the next rank.  The next rank's chunk has then gone round the ring:
+    here it is final.
+    """
+    n = len(ring)
+    position = ring.index(rank)
+    nxt = ring[(position + 1) % n]
+    mappings = []
+    for chunk in range(n):
+        hops = (position - chunk) % n
+        if hops == 0:
+            mappings.append(ChunkMapping(chunk, 0, SEND, (nxt,), WRITE, 1))
+        elif hops < n - 1:
+            mappings.append(ChunkMapping(chunk, hops, DMA, (nxt,), WRITE, 1, produced=False))
+        else:
+            mappings.append(ChunkMapping(chunk, hops, FINAL, (), WRITE, 1, produced=False))
+    return OutputConfig(rank, tuple(ring), tuple(mappings))
+
+
+def direct_all_gather_config(group: list[int], rank: int) -> OutputConfig:
+    """Direct all-gather (fully connected): ``rank`` stores its own chunk into every peer's copy of
+    it at once (successor first, so that the ranks load different links); every other chunk arrives
+    from its owner in one hop and is final."""
+    n = len(group)
+    position = group.index(rank)
+    peers = tuple(group[(position + step) % n] for step in range(1, n))
+    mappings = [ChunkMapping(chunk, 0, SEND, peers, WRITE, 1) if chunk == position
+                else ChunkMapping(chunk, 1, FINAL, (), WRITE, 1, produced=False) for chunk in range(n)]
     return OutputConfig(rank, tuple(group), tuple(mappings))
 
 
@@ -257,10 +310,11 @@ def expected_bytes(
 ) -> list[int]:
     """Per tile of the padded address space: the update bytes the tracker of ``me.rank`` must count.
 
-    A tile of a :data:`DMA` or :data:`FINAL` chunk expects its local update plus every update that
-    a sender's :data:`REMOTE` or :data:`DMA` chunk delivers to it; other tiles are not tracked (0).
-    In full mode every tile of a ring reduce-scatter expects twice its bytes: the dissertation's
-    threshold of tile size times two updates per element.
+    A tile of a :data:`DMA` or :data:`FINAL` chunk expects its local update (if ``me`` produces the
+    chunk) plus every update or store that a sender's :data:`REMOTE`, :data:`SEND` or :data:`DMA`
+    chunk delivers to it; other tiles are not tracked (0).  In full mode every tile of a ring
+    reduce-scatter expects twice its bytes: the dissertation's threshold of tile size times two
+    updates per element.
     """
     expected = [0] * layout.padded_tiles
     tracked = [False] * layout.padded_tiles
@@ -268,15 +322,17 @@ def expected_bytes(
         if mapping.kind in (DMA, FINAL):
             for tile in layout.tiles_of(mapping.chunk):
                 tracked[tile] = True
-                expected[tile] += layout.valid[tile]
+                if mapping.produced:
+                    expected[tile] += layout.valid[tile]
     for sender in senders:
         for mapping in sender.mappings:
-            if mapping.kind == FINAL or not (frame.mirrored or mapping.dst == me.rank):
-                continue
-            for tile in layout.tiles_of(mapping.chunk):
-                target = frame.destination_tile(tile, sender.rank, mapping.dst)
-                if tracked[target]:
-                    expected[target] += layout.valid[tile]
+            for dst in mapping.dsts:
+                if not (frame.mirrored or dst == me.rank):
+                    continue
+                for tile in layout.tiles_of(mapping.chunk):
+                    target = frame.destination_tile(tile, sender.rank, dst)
+                    if tracked[target]:
+                        expected[target] += layout.valid[tile]
     return expected
 
 
@@ -309,21 +365,22 @@ class PostedWrites:
         self.interconnect = ctx.machine.interconnect
         self.src = ctx.rank
         self.dst = dst
-        self.queue: deque[tuple[int, int, Callable[[float], None]]] = deque()
+        self.queue: deque[tuple[int, int, str, Callable[[float], None]]] = deque()
         self.draining = False
 
-    def post(self, addr: int, nbytes: int, on_arrival: Callable[[float], None]) -> None:
-        """Queue an update of ``nbytes`` at ``addr`` on the peer; ``on_arrival(time_ns)`` once it is accepted there."""
-        self.queue.append((addr, nbytes, on_arrival))
+    def post(self, addr: int, nbytes: int, operation: str, on_arrival: Callable[[float], None]) -> None:
+        """Queue an ``operation`` (update or write) of ``nbytes`` at ``addr`` on the peer;
+        ``on_arrival(time_ns)`` once it is accepted there."""
+        self.queue.append((addr, nbytes, operation, on_arrival))
         if not self.draining:
             self.draining = True
             self.env.process(self._drain())
 
     def _drain(self):
         while self.queue:
-            addr, nbytes, on_arrival = self.queue.popleft()
+            addr, nbytes, operation, on_arrival = self.queue.popleft()
             arrived = Countdown(on_arrival)
-            yield from self.interconnect.transfer(self.src, self.dst, addr, nbytes, UPDATE, arrived)
+            yield from self.interconnect.transfer(self.src, self.dst, addr, nbytes, operation, arrived)
             arrived.close(self.env.now)
         self.draining = False
 
@@ -361,10 +418,20 @@ def _kernel_spec(ctx, op, problem):
     return spec
 
 
+CONFIGURATIONS = {
+    ("reducescatter", "ring"): ring_reduce_scatter_config,
+    ("reducescatter", "direct"): direct_reduce_scatter_config,
+    ("allgather", "ring"): ring_all_gather_config,
+    ("allgather", "direct"): direct_all_gather_config,
+}
+"""The pre-programmed output configuration of each collective and algorithm."""
+STEP_LABELS = {"reducescatter": "rs", "allgather": "ag"}
+"""Short name of each fused collective, in kernel names, implementations and step spans."""
+COLLECTIVE_NAMES = {"reducescatter": "reduce-scatter", "allgather": "all-gather"}
+
+
 def _configure(op, members: list[int], rank: int) -> OutputConfig:
-    if op_algorithm(op) == "ring":
-        return ring_reduce_scatter_config(members, rank)
-    return direct_reduce_scatter_config(members, rank)
+    return CONFIGURATIONS[(op.collective, op_algorithm(op))](members, rank)
 
 
 def op_algorithm(op) -> str:
@@ -373,36 +440,46 @@ def op_algorithm(op) -> str:
 
 
 class FusedRank:
-    """One rank's side of a fused GEMM -> reduce-scatter: its programmed output, tracker region and traffic.
+    """One rank's side of a fused GEMM -> collective: its programmed output, tracker region and traffic.
 
     Parameters
     ----------
     ctx
         The op context of the rank.
     op
-        The :class:`gpusim.ops.GemmReduceScatter`.
+        The :class:`gpusim.ops.GemmReduceScatter` or :class:`gpusim.ops.GemmAllGather`.
     config
         This rank's output address-space configuration.
     senders
         Configurations of the ranks whose traffic reaches this rank's memory (itself, in symmetric mode).
     layout
-        Tiles and chunks of C.
+        Tiles and chunks of the output address space.
     c, spill
-        C (uncached) and the tracker's spill area on this rank.
+        The output (uncached) and the tracker's spill area on this rank.
+    first_tile
+        The tile of ``layout`` at which the GEMM's own C starts (0 when the GEMM produces every
+        chunk; an all-gather's GEMM produces only its rank's chunk).
     """
 
-    def __init__(self, ctx, op, config: OutputConfig, senders: list[OutputConfig], layout: ChunkLayout, c, spill):
+    def __init__(self, ctx, op, config: OutputConfig, senders: list[OutputConfig], layout: ChunkLayout, c, spill,
+                 first_tile: int = 0):
         self.ctx = ctx
         self.env = ctx.env
         self.gpu = ctx.gpu
         self.config = config
         self.layout = layout
         self.c = c
+        self.first_tile = first_tile
+        self.step_label = f"{STEP_LABELS[op.collective]} step"
         self.frame = Frame(config, layout, ctx.machine.mode == "symmetric")
-        self.outgoing = Join(self.env)  # a part per remote or DMA'd tile: done when the peer has accepted it
+        self.outgoing = Join(self.env)  # a part per tile and peer it goes to: done when the peer has accepted it
         self.final = Join(self.env)  # a part per tile of this rank's own chunk: done when it is complete
         for mapping in config.mappings:
-            (self.final if mapping.kind == FINAL else self.outgoing).add(len(layout.tiles_of(mapping.chunk)))
+            tiles = len(layout.tiles_of(mapping.chunk))
+            if mapping.kind == FINAL:
+                self.final.add(tiles)
+            else:
+                self.outgoing.add(tiles * len(mapping.dsts))
         self.region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, layout.tile_bytes,
                                     expected_bytes(config, senders, layout, self.frame), self.ready, spill.addr)
         self.posted: dict[int, PostedWrites] = {}
@@ -429,18 +506,21 @@ class FusedRank:
         if self.mca is not None and self.mca.observing:
             self.mca.choose()  # the first, isolated stage is over
         layout = self.layout
-        tile = offset // layout.tile_bytes
+        tile = self.first_tile + offset // layout.tile_bytes
         mapping = self.config.mappings[layout.chunk_of(tile)]
         self._mark(mapping.chunk, self.env.now)
-        if mapping.kind == REMOTE:
-            writer = self.posted.get(mapping.dst)
-            if writer is None:
-                writer = self.posted[mapping.dst] = PostedWrites(self.ctx, mapping.dst)
-            target = self.frame.destination_tile(tile, self.ctx.rank, mapping.dst)
-            writer.post(self.c.addr + target * layout.tile_bytes, nbytes, self._delivered(mapping.chunk))
-            self.counters[self.prefix + "t3_remote_bytes"] += nbytes
-        else:
-            self.gpu.memory.write(self.c.addr + offset, nbytes, join, COMPUTE, cached=False, kind=mapping.operation)
+        if mapping.kind in (REMOTE, SEND):
+            for dst in mapping.dsts:
+                writer = self.posted.get(dst)
+                if writer is None:
+                    writer = self.posted[dst] = PostedWrites(self.ctx, dst)
+                target = self.frame.destination_tile(tile, self.ctx.rank, dst)
+                writer.post(self.c.addr + target * layout.tile_bytes, nbytes, mapping.operation,
+                            self._delivered(mapping.chunk))
+                self.counters[self.prefix + "t3_remote_bytes"] += nbytes
+        if mapping.kind != REMOTE:
+            self.gpu.memory.write(self.c.addr + tile * layout.tile_bytes, nbytes, join, COMPUTE, cached=False,
+                                  kind=mapping.operation)
 
     def ready(self, tile: int, now: float) -> None:
         """The tracker's trigger: a tile has received every update it expects."""
@@ -450,18 +530,20 @@ class FusedRank:
         if mapping.kind == FINAL:
             self.final.done_at(now)
             return
-        target = self.frame.destination_tile(tile, self.ctx.rank, mapping.dst)
         nbytes = layout.valid[tile]
-        self.counters[self.prefix + "t3_dma_bytes"] += nbytes
         delivered = self._delivered(mapping.chunk)
 
         def finished(time_ns: float) -> None:
             delivered(time_ns)
             self.feeder.slot_freed()
 
-        self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, mapping.dst,
-                                      self.c.addr + target * layout.tile_bytes, mapping.operation, src_cached=False,
-                                      on_done=finished, label=f"t3 chunk {mapping.chunk}", setup_ns=0.0))
+        for dst in mapping.dsts:
+            target = self.frame.destination_tile(tile, self.ctx.rank, dst)
+            self.counters[self.prefix + "t3_dma_bytes"] += nbytes
+            self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, dst,
+                                          self.c.addr + target * layout.tile_bytes, mapping.operation,
+                                          src_cached=False, on_done=finished, label=f"t3 chunk {mapping.chunk}",
+                                          setup_ns=0.0))
 
     def run(self, kernel: GemmKernel):
         """Program the tracker, run the GEMM, wait for the collective (a generator on the op's stream)."""
@@ -479,15 +561,17 @@ class FusedRank:
         for mapping in self.config.mappings:
             if mapping.chunk in self.chunk_times:
                 start, end = self.chunk_times[mapping.chunk]
-                target = f" -> gpu{mapping.dst}" if mapping.dst is not None else ""
+                target = f" -> {', '.join(f'gpu{dst}' for dst in mapping.dsts)}" if mapping.dsts else ""
                 self.ctx.sim.recorder.span(
-                    Span(f"rs step {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}", "rs step", self.ctx.rank,
-                         self.ctx.stream.name, start, end, {"chunk": mapping.chunk, "kind": mapping.kind})
+                    Span(f"{self.step_label} {mapping.step}: chunk {mapping.chunk} {mapping.kind}{target}",
+                         self.step_label, self.ctx.rank, self.ctx.stream.name, start, end,
+                         {"chunk": mapping.chunk, "kind": mapping.kind})
                 )
 
 
-def execute_gemm_reduce_scatter(ctx, op):
-    """Run a :class:`gpusim.ops.GemmReduceScatter` on ``ctx``'s rank (a generator on the op's stream)."""
+def execute_fused_gemm(ctx, op):
+    """Run a :class:`gpusim.ops.GemmReduceScatter` or :class:`gpusim.ops.GemmAllGather` on ``ctx``'s
+    rank (a generator on the op's stream)."""
     group = ctx.group
     if ctx.rank not in group:
         return
@@ -496,7 +580,7 @@ def execute_gemm_reduce_scatter(ctx, op):
     n = len(group)
     problem = problem_of(op)
     spec = _kernel_spec(ctx, op, problem)
-    if n == 1:  # nothing to reduce: the GEMM alone
+    if n == 1:  # nothing to reduce or gather: the GEMM alone
         yield from execute_gemm(ctx, op, spec)
         return
     algorithm = op_algorithm(op)
@@ -506,9 +590,10 @@ def execute_gemm_reduce_scatter(ctx, op):
         members = list(group)
         neighbours = set(machine.topology.neighbours(ctx.rank))
         if any(other != ctx.rank and other not in neighbours for other in group):
-            raise OpError(f"{op.label}: direct reduce-scatter needs a direct link from every GPU to every other")
+            raise OpError(f"{op.label}: direct {COLLECTIVE_NAMES[op.collective]} needs a direct link from every GPU to every other")
     mirrored = machine.mode == "symmetric"
-    if mirrored and not op.stagger:
+    gather = op.collective == "allgather"
+    if mirrored and not gather and not op.stagger:
         raise OpError(
             f"{op.label}: without staggering the GPUs do different work in their own frames "
             f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
@@ -522,15 +607,25 @@ def execute_gemm_reduce_scatter(ctx, op):
     a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
     b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
     stride, valid = tile_bytes(problem, spec)
-    layout = ChunkLayout(stride, valid, n, grouped_order(tiles_m, tiles_n, problem.batch))
-    c = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
+    order = grouped_order(tiles_m, tiles_n, problem.batch)
+    if gather:  # one chunk per rank, each the whole output of that rank's GEMM
+        layout = ChunkLayout(stride, valid * n, n)
+        first_tile = members.index(ctx.rank) * len(valid)
+        wg_order = order
+    else:  # one GEMM output, cut into a chunk per rank
+        layout = ChunkLayout(stride, valid, n, order)
+        first_tile = 0
+        wg_order = workgroup_order(me, layout, op.stagger)
+    out = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
+    c = replace(out, addr=out.addr + first_tile * stride, nbytes=len(valid) * stride)
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
-    rank = FusedRank(ctx, op, me, senders, layout, c, spill)
-    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=workgroup_order(me, layout, op.stagger),
-                        name=f"gemm_rs_{spec.name}")
+    rank = FusedRank(ctx, op, me, senders, layout, out, spill, first_tile)
+    label = STEP_LABELS[op.collective]
+    kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=wg_order,
+                        name=f"gemm_{label}_{spec.name}")
     yield from rank.run(kernel)
-    ctx.info.update(impl=f"t3_{algorithm}_rs_{spec.name}", flops=problem.flops, bytes=op.nbytes,
-                    workgroups=layout.tiles, chunks=n)
+    ctx.info.update(impl=f"t3_{algorithm}_{label}_{spec.name}", flops=problem.flops, bytes=op.nbytes,
+                    workgroups=len(valid), chunks=n)
     if rank.mca is not None and rank.mca.chosen:
         intensity, threshold = rank.mca.chosen[-1]
         ctx.info.update(mca_intensity=intensity, mca_threshold=threshold if threshold is not None else 1.0)

@@ -1,0 +1,136 @@
+"""T3's track and trigger applied to an all-gather: a GEMM whose stores start the gather of its output."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.cli import parse_op
+from gpusim.kernels.fused import (
+    DMA,
+    FINAL,
+    SEND,
+    ChunkLayout,
+    Frame,
+    direct_all_gather_config,
+    expected_bytes,
+    ring_all_gather_config,
+)
+
+RING8 = gpusim.load_system("t3-ring8")
+FC4 = RING8.with_overrides({"topology.kind": "fully_connected", "num_gpus": 4})
+M, N, K = 4096, 2048, 2048  # 128 output tiles of 256 x 128: several waves on 80 CUs
+SHARD = M * N * 2
+
+
+def deliveries(configs):
+    """(receiver, chunk) -> senders, from every rank's SEND and DMA lines."""
+    received = {}
+    for config in configs:
+        for mapping in config.mappings:
+            for dst in mapping.dsts:
+                received.setdefault((dst, mapping.chunk), []).append(config.rank)
+    return received
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_ring_configuration_relays_each_shard_round_the_ring(n):
+    ring = list(range(n))
+    configs = [ring_all_gather_config(ring, rank) for rank in ring]
+    for rank, config in enumerate(configs):
+        assert config.production_order == [rank]  # the GEMM produces only its own shard
+        own = config.mappings[rank]
+        assert own.kind == SEND and own.dsts == ((rank + 1) % n,) and own.operation == "write"
+        for chunk, mapping in enumerate(config.mappings):
+            if chunk == rank:
+                continue
+            assert not mapping.produced and mapping.updates_per_element == 1
+            assert mapping.step == (rank - chunk) % n  # hops the shard has made
+            assert mapping.kind == (FINAL if chunk == (rank + 1) % n else DMA)
+    received = deliveries(configs)
+    # every rank receives every other rank's shard exactly once, from its ring predecessor
+    assert sorted(received) == sorted((r, q) for r in ring for q in ring if q != r)
+    assert all(senders == [(r - 1) % n] for (r, _), senders in received.items())
+
+
+def test_direct_configuration_stores_the_shard_into_every_peer():
+    group = [0, 1, 2, 3]
+    configs = [direct_all_gather_config(group, rank) for rank in group]
+    for rank, config in enumerate(configs):
+        assert config.mappings[rank].kind == SEND
+        assert config.mappings[rank].dsts == tuple((rank + step) % 4 for step in (1, 2, 3))  # successor first
+        assert all(m.kind == FINAL and not m.produced for c, m in enumerate(config.mappings) if c != rank)
+    received = deliveries(configs)
+    assert all(senders == [chunk] for (_, chunk), senders in received.items()) and len(received) == 12
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 10), st.lists(st.integers(1, 4096), min_size=1, max_size=20))
+def test_every_received_tile_waits_for_one_store_per_element(n, valid):
+    layout = ChunkLayout(4096, valid * n, n)
+    ring = list(range(n))
+    configs = [ring_all_gather_config(ring, r) for r in ring]
+    for me in configs:
+        full = expected_bytes(me, [c for c in configs if c.rank != me.rank], layout, Frame(me, layout, False))
+        for tile, value in enumerate(full):
+            own = layout.chunk_of(tile) == me.rank
+            assert value == (0 if own else layout.valid[tile])
+    mirrored = expected_bytes(configs[0], [configs[0]], layout, Frame(configs[0], layout, True))
+    assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
+
+
+def run(system, op, mode="symmetric", policy="round-robin"):
+    return gpusim.run(system, [op], mode=mode, memory_policy=policy)
+
+
+@pytest.mark.parametrize("system, algorithm", [(RING8, "ring"), (FC4, "direct"), (FC4, "ring")])
+def test_symmetric_mode_agrees_with_full_mode(system, algorithm):
+    op = ops.GemmAllGather(M, N, K, algorithm=algorithm)
+    full = run(system, op, "full")
+    symmetric = run(system, op, "symmetric")
+    assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
+    for result in (full, symmetric):
+        # only the rank's own shard is written without being counted
+        assert result.counters["gpu0.tracker_untracked_bytes"] == SHARD
+        assert result.counters["gpu0.tracker_tracked_bytes"] == (system.num_gpus - 1) * SHARD
+
+
+def test_the_ring_moves_each_shard_once_per_hop_and_only_the_gemm_runs():
+    result = run(RING8, ops.GemmAllGather(M, N, K), "full")
+    assert list(result.kernels["name"].unique()) == [result.kernels["name"].iloc[0]]  # the GEMM kernel only
+    assert result.kernels["name"].iloc[0].startswith("gemm_ag")
+    for gpu in range(8):
+        assert result.counters[f"gpu{gpu}.t3_remote_bytes"] == SHARD
+        assert result.counters[f"gpu{gpu}.t3_dma_bytes"] == 6 * SHARD  # every shard but its own and its successor's
+    sent = result.links.groupby("link")["bytes"].sum()
+    assert sorted(sent.index) == sorted(f"gpu{i}->gpu{(i + 1) % 8}" for i in range(8))
+    assert (sent == 7 * SHARD).all()
+    totals = result.dram_totals().groupby(["stream", "direction"])["bytes"].sum()
+    assert totals[("compute", "write")] == pytest.approx(8 * SHARD)  # each GEMM writes its shard once, locally
+    assert totals[("comm", "write")] == pytest.approx(8 * 7 * SHARD)  # and receives the seven others
+    assert totals[("comm", "read")] == pytest.approx(8 * 6 * SHARD)  # the DMAs read what they forward
+    assert ("compute", "update") not in totals.index  # plain stores: nothing is reduced
+
+
+def test_fusion_overlaps_the_gather_with_the_gemm():
+    bandwidth = RING8.config.links.bandwidth_bytes_per_s
+    gemm = gpusim.run(RING8, ops.Gemm(M, N, K), mode="symmetric").time_s
+    sequential = gpusim.run(RING8, [ops.Gemm(M, N, K, out="y"), ops.AllGather(8 * SHARD, input="y")],
+                            mode="symmetric").time_s
+    fused = run(RING8, ops.GemmAllGather(M, N, K, out="y"))
+    assert fused.time_s < 0.9 * sequential
+    assert fused.time_s >= max(gemm, 7 * SHARD / bandwidth)
+    steps = [span for span in fused.spans if span.category == "ag step"]
+    kernel = next(span for span in fused.spans if span.category == "kernel")
+    assert len(steps) == 8 and sum(span.start_ns < kernel.end_ns for span in steps) >= 4  # relays start during the GEMM
+
+
+def test_bad_uses_are_errors():
+    with pytest.raises(gpusim.OpError, match="direct all-gather needs a direct link"):
+        run(RING8, ops.GemmAllGather(M, N, K, algorithm="direct"))
+    with pytest.raises(gpusim.OpError, match="algorithm"):
+        ops.GemmAllGather(M, N, K, algorithm="tree")
+    with pytest.raises(gpusim.OpError, match="split-K"):
+        run(RING8, ops.GemmAllGather(M, N, K, kernel="MT64x64x32_T256_SK2"))
+    assert parse_op("gemm_ag m=8 n=8 k=8 algorithm=direct") == ops.GemmAllGather(8, 8, 8, algorithm="direct")
