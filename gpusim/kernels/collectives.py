@@ -384,10 +384,11 @@ class DirectKernel:
         me = self.ctx.rank
         my_index = self.group.index(me)
         interconnect = self.ctx.machine.interconnect
-        for j, dst in enumerate(self.group):
-            if dst == me:
-                continue
-            distance = (j - my_index) % self.n
+        for step in range(self.n - 1):
+            # each channel starts with a different peer, so that the channels load every link at once
+            distance = 1 + (channel + step) % (self.n - 1)
+            j = (my_index + distance) % self.n
+            dst = self.group[j]
             src_chunk, dst_chunk, staged = chunks(j, my_index)
             offset, size = self._piece(src_chunk, channel)
             if size == 0:
