@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 import simpy
@@ -138,6 +139,69 @@ class Pipe:
         self.free_at = start + duration
         self.busy_ns += duration
         return self.free_at
+
+
+class CalendarPipe:
+    """A server of fixed rate that serves work in the order it *arrives*, whatever the order in
+    which it was booked; its schedule is computed, not simulated.
+
+    Work is booked when it is known, which for the later hops of a route is before it gets there:
+    a packet booked at the second link of its route for ``t + 5 us`` must not hold up a packet
+    booked after it that reaches the link at ``t + 1 us``.  The calendar keeps the busy intervals
+    and gives each booking the earliest idle gap at or after its arrival that is long enough (a
+    plain :class:`Pipe` starts it after the last booking, leaving the link idle in between).
+
+    Parameters
+    ----------
+    ns_per_unit
+        Service time of one unit of work (a byte), in ns.
+    """
+
+    __slots__ = ("ns_per_unit", "starts", "ends", "busy_ns")
+
+    def __init__(self, ns_per_unit: float):
+        self.ns_per_unit = ns_per_unit
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.busy_ns = 0.0
+
+    def reserve(self, now: float, units: float, horizon: float) -> float:
+        """Book ``units`` of work arriving at ``now``; return the time it starts.
+
+        ``horizon`` is the simulation's present: no booking arrives before it, so the intervals
+        that ended by then are forgotten.
+        """
+        duration = units * self.ns_per_unit
+        self.busy_ns += duration
+        starts, ends = self.starts, self.ends
+        stale = bisect.bisect_right(ends, horizon)
+        if stale:
+            del starts[:stale], ends[:stale]
+        if not ends or now >= ends[-1]:
+            if ends and now == ends[-1]:
+                ends[-1] = now + duration
+            else:
+                starts.append(now)
+                ends.append(now + duration)
+            return now
+        index = bisect.bisect_right(ends, now)
+        start = now
+        while index < len(starts) and start + duration > starts[index]:
+            start = max(start, ends[index])
+            index += 1
+        end = start + duration
+        # merge with the neighbours it touches, so that a busy stretch stays one interval
+        if index < len(starts) and end == starts[index]:
+            starts[index] = start
+            if index > 0 and ends[index - 1] == start:
+                starts[index] = starts[index - 1]
+                del starts[index - 1], ends[index - 1]
+        elif index > 0 and ends[index - 1] == start:
+            ends[index - 1] = end
+        else:
+            starts.insert(index, start)
+            ends.insert(index, end)
+        return start
 
 
 class Countdown:

@@ -1,8 +1,9 @@
 """Links between GPUs and the interconnect that moves packets over them.
 
-Each direction of a link is a FIFO server of fixed bandwidth plus a time of flight.  A message is
-cut into packets; each packet reserves every link on its route in turn (store and forward) and
-costs one simulation event: its arrival, when its data is handed to the destination GPU's memory.
+Each direction of a link is a server of fixed bandwidth, serving packets in the order they reach it,
+plus a time of flight.  A message is cut into packets; each packet books every link on its route in
+turn (store and forward), each for when it will get there, and costs one simulation event: its
+arrival, when its data is handed to the destination GPU's memory.
 End-to-end flow control bounds the bytes a sender may have in flight towards one destination:
 credits come back when the destination's memory controllers accept the packet's data, so a
 congested memory back-pressures the senders.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpusim.config.node import LinkConfig
-from gpusim.engine.primitives import Countdown, Credits, Pipe
+from gpusim.engine.primitives import CalendarPipe, Countdown, Credits
 from gpusim.engine.simulation import Simulation
 from gpusim.hw.memory import MemorySystem
 from gpusim.hw.topology import Topology, gpu_index, gpu_node, is_gpu_node
@@ -39,7 +40,7 @@ class Link:
 
     def __init__(self, name: str, bandwidth_bytes_per_s: float, latency_ns: float, kind: str):
         self.name = name
-        self.pipe = Pipe(NS_PER_S / bandwidth_bytes_per_s)
+        self.pipe = CalendarPipe(NS_PER_S / bandwidth_bytes_per_s)
         self.latency = latency_ns
         self.kind = kind
         self.bytes_sent = 0.0
@@ -136,9 +137,10 @@ class Interconnect:
             now = t = env.now
             for link in links:
                 pipe = link.pipe
-                record(link.name, src, dst, t if t >= pipe.free_at else pipe.free_at, size)
+                start = pipe.reserve(t, size, now)
+                record(link.name, src, dst, start, size)
                 link.bytes_sent += size
-                t = pipe.reserve(t, size) + link.latency
+                t = start + size * pipe.ns_per_unit + link.latency
             if done is not None:
                 done.pending += 1
             arrival = env.timeout(t - now)
