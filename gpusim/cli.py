@@ -24,6 +24,7 @@ OP_NAMES = {
     "gemm": gops.Gemm,
     "gemm_rs": gops.GemmReduceScatter,
     "gemm_ag": gops.GemmAllGather,
+    "gemm_a2a": gops.GemmAllToAll,
     "elementwise": gops.Elementwise,
     "softmax": gops.RowReduce,
     "layernorm": gops.RowReduce,

@@ -135,7 +135,7 @@ class Op:
 class GemmShape(Op):
     """The operands of a GEMM, C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched):
     the fields, their validation and the FLOP count that :class:`Gemm` and
-    :class:`GemmReduceScatter` and :class:`GemmAllGather` share.
+    fused GEMMs (:class:`GemmReduceScatter`, :class:`GemmAllGather`, :class:`GemmAllToAll`) share.
 
     Attributes
     ----------
@@ -306,6 +306,48 @@ class GemmAllGather(GemmShape):
 
     def describe(self) -> str:
         return f"gemm+ag {self._shape_text()}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.fused import execute_fused_gemm
+
+        return execute_fused_gemm(ctx, self)
+
+
+@dataclass
+class GemmAllToAll(GemmShape):
+    """A GEMM fused with the all-to-all of its output over ``ranks`` (T3's address-space mapping
+    applied to an all-to-all, dissertation section 8.6.1; expert parallelism's exchange).
+
+    Each rank's GEMM output C[m, n] is cut into ``len(ranks)`` chunks in the order the GEMM produces
+    its tiles; chunk ``j`` belongs to rank ``j``.  Its stores go straight into that rank's memory (they
+    are not written locally), where they land at the sender's place: every rank ends with chunk
+    ``r`` of every rank ``s`` at place ``s`` (``m * n * batch`` elements in all), as after
+    :class:`AllToAll`.  Every GPU needs a direct link (or a switch) to every other.
+
+    Attributes
+    ----------
+    m, n, k, dtype, trans_a, trans_b, batch, a, b, out, kernel
+        Each rank's GEMM, as in :class:`GemmShape`; ``out`` names the exchanged output.
+    algorithm
+        ``direct`` or ``auto`` (direct).
+    """
+
+    algorithm: str = "auto"
+    category: ClassVar[str] = "fused"
+    collective: ClassVar[str] = "alltoall"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.algorithm not in ("direct", "auto"):
+            raise OpError(f"GemmAllToAll: field 'algorithm' must be one of direct, auto, got {self.algorithm!r}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one rank's GEMM output, which it exchanges."""
+        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        return f"gemm+a2a {self._shape_text()}"
 
     def run_on(self, ctx: OpContext):
         from gpusim.kernels.fused import execute_fused_gemm
@@ -741,6 +783,7 @@ __all__ = [
     "Elementwise",
     "Gemm",
     "GemmAllGather",
+    "GemmAllToAll",
     "GemmReduceScatter",
     "OPTIMIZER_ALGORITHMS",
     "OPTIMIZER_IMPLS",

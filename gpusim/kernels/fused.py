@@ -1,4 +1,4 @@
-"""T3: a GEMM fused with the reduce-scatter or all-gather of its output through its output address space.
+"""T3: a GEMM fused with the reduce-scatter, all-gather or all-to-all of its output through its output address space.
 
 Dissertation sections 8.3.1-8.3.4.  The GEMM kernel itself is unchanged (:class:`GemmKernel`); what
 changes is where its workgroups' output tiles go.  The tiles, in the order the GEMM produces them
@@ -28,6 +28,11 @@ holds one chunk per rank, each rank's GEMM produces only its own, and every stor
 a ring the own chunk is sent to the next GPU as it is stored; a chunk that arrives is counted by the
 tracker (one store per element) and forwarded tile by tile by DMA until it has gone round.  On a fully
 connected node the own chunk is stored into every peer at once.
+
+All-to-all (:func:`direct_all_to_all_config`, dissertation section 8.6.1): chunk ``j`` of each rank's
+GEMM output is rank ``j``'s; it is stored straight into that rank's memory and not written locally, so
+the space it leaves holds what rank ``j`` sends back: rank ``r``'s chunk ``j`` lands in rank ``j``'s
+chunk ``r``.
 
 GEMM outputs are uncached (they bypass the L2).  Remote stores are posted: a workgroup hands them to
 its GPU's link interface and finishes; they leave as fast as the link and its flow control allow.
@@ -101,6 +106,13 @@ class ChunkMapping:
         peers).
     produced
         Whether this rank's GEMM produces the chunk (an all-gather's other chunks only arrive).
+    lands_at
+        The chunk of the destinations' address space it lands in (``None``: the same chunk; an
+        all-to-all's chunk lands at the sender's place).
+    receives
+        Whether the chunk's local space, left free by a :data:`REMOTE` chunk, holds this rank's
+        result arriving from a peer (an all-to-all); it is tracked and final like a :data:`FINAL`
+        chunk.
     """
 
     chunk: int
@@ -110,6 +122,13 @@ class ChunkMapping:
     operation: str = UPDATE
     updates_per_element: int = 1
     produced: bool = True
+    lands_at: int | None = None
+    receives: bool = False
+
+    @property
+    def final(self) -> bool:
+        """Whether this rank's tracker completes the chunk as its own result."""
+        return self.kind == FINAL or self.receives
 
 
 @dataclass(frozen=True)
@@ -219,6 +238,24 @@ def direct_all_gather_config(group: list[int], rank: int) -> OutputConfig:
     return OutputConfig(rank, tuple(group), tuple(mappings))
 
 
+def direct_all_to_all_config(group: list[int], rank: int) -> OutputConfig:
+    """Direct all-to-all (fully connected): chunk ``j`` goes to rank ``j`` and lands at this rank's
+    place; the space it leaves receives rank ``j``'s chunk for this rank.  The rank produces the
+    others' chunks first, its successor's first (so that the ranks load different links at once),
+    and keeps its own chunk, written locally, for last."""
+    n = len(group)
+    position = group.index(rank)
+    mappings: list[ChunkMapping | None] = [None] * n
+    for step in range(n):
+        chunk = (position + step + 1) % n
+        if chunk == position:
+            mappings[chunk] = ChunkMapping(chunk, step, FINAL, (), WRITE, 1)
+        else:
+            mappings[chunk] = ChunkMapping(chunk, step, REMOTE, (group[chunk],), WRITE, 1, lands_at=position,
+                                           receives=True)
+    return OutputConfig(rank, tuple(group), tuple(mappings))
+
+
 class ChunkLayout:
     """The tiles of C and their chunks.
 
@@ -263,9 +300,13 @@ class ChunkLayout:
         """Chunk of ``tile``."""
         return self.position[tile] // self.per_chunk
 
+    def places_of(self, chunk: int) -> list[int]:
+        """Every tile of ``chunk``'s address space in production order, padding included."""
+        return self.order[chunk * self.per_chunk:(chunk + 1) * self.per_chunk]
+
     def tiles_of(self, chunk: int) -> list[int]:
         """The real tiles of ``chunk`` in production order (the last chunks may have fewer, or none)."""
-        return [tile for tile in self.order[chunk * self.per_chunk:(chunk + 1) * self.per_chunk] if tile < self.tiles]
+        return [tile for tile in self.places_of(chunk) if tile < self.tiles]
 
     def shifted(self, tile: int, shift: int) -> int:
         """The tile at the same place of the chunk ``shift`` chunks earlier (cyclically)."""
@@ -298,11 +339,15 @@ class Frame:
         self.layout = layout
         self.mirrored = mirrored
 
-    def destination_tile(self, tile: int, src: int, dst: int) -> int:
-        """Tile index at which ``src``'s ``tile`` lands when sent to ``dst``."""
-        if not self.mirrored:
-            return tile
-        return self.layout.shifted(tile, self.position[dst] - self.position[src])
+    def destination_tile(self, tile: int, src: int, dst: int, lands_at: int | None = None) -> int:
+        """Tile index at which ``src``'s ``tile`` lands when sent to ``dst``, in chunk ``lands_at``
+        of the destination (``None``: the tile's own chunk), at the same place in the chunk.  In
+        symmetric mode it lands where what the rank ``src - (dst - src)`` sends to ``src`` lands."""
+        chunk = self.layout.chunk_of(tile)
+        landing = chunk if lands_at is None else lands_at
+        if self.mirrored:
+            landing -= self.position[dst] - self.position[src]
+        return self.layout.shifted(tile, chunk - landing)
 
 
 def expected_bytes(
@@ -312,13 +357,16 @@ def expected_bytes(
 
     A tile of a :data:`DMA` or :data:`FINAL` chunk expects its local update (if ``me`` produces the
     chunk) plus every update or store that a sender's :data:`REMOTE`, :data:`SEND` or :data:`DMA`
-    chunk delivers to it; other tiles are not tracked (0).  In full mode every tile of a ring
-    reduce-scatter expects twice its bytes: the dissertation's threshold of tile size times two
-    updates per element.
+    chunk delivers to it; a tile of a chunk that ``receives`` expects what arrives in it (which may
+    include padding places, when the sender's chunk has more real tiles); other tiles are not
+    tracked (0).  In full mode every tile of a ring reduce-scatter expects twice its bytes: the
+    dissertation's threshold of tile size times two updates per element.
     """
     expected = [0] * layout.padded_tiles
     tracked = [False] * layout.padded_tiles
+    receiving = [False] * layout.chunks
     for mapping in me.mappings:
+        receiving[mapping.chunk] = mapping.receives
         if mapping.kind in (DMA, FINAL):
             for tile in layout.tiles_of(mapping.chunk):
                 tracked[tile] = True
@@ -330,8 +378,8 @@ def expected_bytes(
                 if not (frame.mirrored or dst == me.rank):
                     continue
                 for tile in layout.tiles_of(mapping.chunk):
-                    target = frame.destination_tile(tile, sender.rank, dst)
-                    if tracked[target]:
+                    target = frame.destination_tile(tile, sender.rank, dst, mapping.lands_at)
+                    if tracked[target] or receiving[layout.chunk_of(target)]:
                         expected[target] += layout.valid[tile]
     return expected
 
@@ -423,11 +471,12 @@ CONFIGURATIONS = {
     ("reducescatter", "direct"): direct_reduce_scatter_config,
     ("allgather", "ring"): ring_all_gather_config,
     ("allgather", "direct"): direct_all_gather_config,
+    ("alltoall", "direct"): direct_all_to_all_config,
 }
 """The pre-programmed output configuration of each collective and algorithm."""
-STEP_LABELS = {"reducescatter": "rs", "allgather": "ag"}
+STEP_LABELS = {"reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}
 """Short name of each fused collective, in kernel names, implementations and step spans."""
-COLLECTIVE_NAMES = {"reducescatter": "reduce-scatter", "allgather": "all-gather"}
+COLLECTIVE_NAMES = {"reducescatter": "reduce-scatter", "allgather": "all-gather", "alltoall": "all-to-all"}
 
 
 def _configure(op, members: list[int], rank: int) -> OutputConfig:
@@ -435,8 +484,10 @@ def _configure(op, members: list[int], rank: int) -> OutputConfig:
 
 
 def op_algorithm(op) -> str:
-    """The collective algorithm of a fused op (``auto`` is ring)."""
-    return "ring" if op.algorithm == "auto" else op.algorithm
+    """The collective algorithm of a fused op (``auto`` is ring, or direct for an all-to-all)."""
+    if op.algorithm == "auto":
+        return "direct" if op.collective == "alltoall" else "ring"
+    return op.algorithm
 
 
 class FusedRank:
@@ -447,7 +498,8 @@ class FusedRank:
     ctx
         The op context of the rank.
     op
-        The :class:`gpusim.ops.GemmReduceScatter` or :class:`gpusim.ops.GemmAllGather`.
+        The :class:`gpusim.ops.GemmReduceScatter`, :class:`gpusim.ops.GemmAllGather` or
+        :class:`gpusim.ops.GemmAllToAll`.
     config
         This rank's output address-space configuration.
     senders
@@ -472,16 +524,15 @@ class FusedRank:
         self.first_tile = first_tile
         self.step_label = f"{STEP_LABELS[op.collective]} step"
         self.frame = Frame(config, layout, ctx.machine.mode == "symmetric")
+        thresholds = expected_bytes(config, senders, layout, self.frame)
         self.outgoing = Join(self.env)  # a part per tile and peer it goes to: done when the peer has accepted it
-        self.final = Join(self.env)  # a part per tile of this rank's own chunk: done when it is complete
+        self.final = Join(self.env)  # a part per tracked tile of this rank's result: done when it is complete
         for mapping in config.mappings:
-            tiles = len(layout.tiles_of(mapping.chunk))
-            if mapping.kind == FINAL:
-                self.final.add(tiles)
-            else:
-                self.outgoing.add(tiles * len(mapping.dsts))
-        self.region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, layout.tile_bytes,
-                                    expected_bytes(config, senders, layout, self.frame), self.ready, spill.addr)
+            self.outgoing.add(len(layout.tiles_of(mapping.chunk)) * len(mapping.dsts))
+            if mapping.final:
+                self.final.add(sum(1 for tile in layout.places_of(mapping.chunk) if thresholds[tile] > 0))
+        self.region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, layout.tile_bytes, thresholds, self.ready,
+                                    spill.addr)
         self.posted: dict[int, PostedWrites] = {}
         self.feeder = DmaFeeder(self.gpu.dma)
         self.chunk_times: dict[int, list[float]] = {}
@@ -514,7 +565,7 @@ class FusedRank:
                 writer = self.posted.get(dst)
                 if writer is None:
                     writer = self.posted[dst] = PostedWrites(self.ctx, dst)
-                target = self.frame.destination_tile(tile, self.ctx.rank, dst)
+                target = self.frame.destination_tile(tile, self.ctx.rank, dst, mapping.lands_at)
                 writer.post(self.c.addr + target * layout.tile_bytes, nbytes, mapping.operation,
                             self._delivered(mapping.chunk))
                 self.counters[self.prefix + "t3_remote_bytes"] += nbytes
@@ -527,7 +578,7 @@ class FusedRank:
         layout = self.layout
         mapping = self.config.mappings[layout.chunk_of(tile)]
         self._mark(mapping.chunk, now)
-        if mapping.kind == FINAL:
+        if mapping.final:
             self.final.done_at(now)
             return
         nbytes = layout.valid[tile]
@@ -538,7 +589,7 @@ class FusedRank:
             self.feeder.slot_freed()
 
         for dst in mapping.dsts:
-            target = self.frame.destination_tile(tile, self.ctx.rank, dst)
+            target = self.frame.destination_tile(tile, self.ctx.rank, dst, mapping.lands_at)
             self.counters[self.prefix + "t3_dma_bytes"] += nbytes
             self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, dst,
                                           self.c.addr + target * layout.tile_bytes, mapping.operation,
@@ -570,8 +621,8 @@ class FusedRank:
 
 
 def execute_fused_gemm(ctx, op):
-    """Run a :class:`gpusim.ops.GemmReduceScatter` or :class:`gpusim.ops.GemmAllGather` on ``ctx``'s
-    rank (a generator on the op's stream)."""
+    """Run a :class:`gpusim.ops.GemmReduceScatter`, :class:`gpusim.ops.GemmAllGather` or
+    :class:`gpusim.ops.GemmAllToAll` on ``ctx``'s rank (a generator on the op's stream)."""
     group = ctx.group
     if ctx.rank not in group:
         return
@@ -580,7 +631,7 @@ def execute_fused_gemm(ctx, op):
     n = len(group)
     problem = problem_of(op)
     spec = _kernel_spec(ctx, op, problem)
-    if n == 1:  # nothing to reduce or gather: the GEMM alone
+    if n == 1:  # nothing to send: the GEMM alone
         yield from execute_gemm(ctx, op, spec)
         return
     algorithm = op_algorithm(op)
@@ -593,7 +644,8 @@ def execute_fused_gemm(ctx, op):
             raise OpError(f"{op.label}: direct {COLLECTIVE_NAMES[op.collective]} needs a direct link from every GPU to every other")
     mirrored = machine.mode == "symmetric"
     gather = op.collective == "allgather"
-    if mirrored and not gather and not op.stagger:
+    stagger = getattr(op, "stagger", True)  # only a reduce-scatter may leave its GPUs unstaggered
+    if mirrored and not stagger:
         raise OpError(
             f"{op.label}: without staggering the GPUs do different work in their own frames "
             f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
@@ -615,7 +667,7 @@ def execute_fused_gemm(ctx, op):
     else:  # one GEMM output, cut into a chunk per rank
         layout = ChunkLayout(stride, valid, n, order)
         first_tile = 0
-        wg_order = workgroup_order(me, layout, op.stagger)
+        wg_order = workgroup_order(me, layout, stagger)
     out = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
     c = replace(out, addr=out.addr + first_tile * stride, nbytes=len(valid) * stride)
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)

@@ -1,4 +1,5 @@
-"""T3's track and trigger applied to an all-gather: a GEMM whose stores start the gather of its output."""
+"""T3's output address-space mapping applied to an all-gather and an all-to-all: a GEMM whose stores start
+the collective of its output."""
 
 import pytest
 from hypothesis import given, settings
@@ -10,16 +11,19 @@ from gpusim.cli import parse_op
 from gpusim.kernels.fused import (
     DMA,
     FINAL,
+    REMOTE,
     SEND,
     ChunkLayout,
     Frame,
     direct_all_gather_config,
+    direct_all_to_all_config,
     expected_bytes,
     ring_all_gather_config,
 )
 
 RING8 = gpusim.load_system("t3-ring8")
 FC4 = RING8.with_overrides({"topology.kind": "fully_connected", "num_gpus": 4})
+HGX = gpusim.load_system("hgx-h200")
 M, N, K = 4096, 2048, 2048  # 128 output tiles of 256 x 128: several waves on 80 CUs
 SHARD = M * N * 2
 
@@ -134,3 +138,72 @@ def test_bad_uses_are_errors():
     with pytest.raises(gpusim.OpError, match="split-K"):
         run(RING8, ops.GemmAllGather(M, N, K, kernel="MT64x64x32_T256_SK2"))
     assert parse_op("gemm_ag m=8 n=8 k=8 algorithm=direct") == ops.GemmAllGather(8, 8, 8, algorithm="direct")
+
+
+def test_all_to_all_configuration_sends_chunk_j_to_rank_j_at_the_senders_place():
+    group = [0, 1, 2, 3]
+    configs = [direct_all_to_all_config(group, rank) for rank in group]
+    landed = {}
+    for rank, config in enumerate(configs):
+        assert config.production_order == [(rank + step) % 4 for step in (1, 2, 3, 0)]  # own chunk last
+        assert config.mappings[rank].kind == FINAL and config.mappings[rank].produced
+        for chunk, mapping in enumerate(config.mappings):
+            if chunk != rank:
+                assert mapping.kind == REMOTE and mapping.dsts == (chunk,) and mapping.operation == "write"
+                assert mapping.receives and mapping.final  # the space it leaves holds what rank `chunk` sends
+                landed.setdefault((chunk, mapping.lands_at), []).append((rank, chunk))
+    # rank r's place s holds rank s's chunk r, for every s != r
+    assert landed == {(r, s): [(s, r)] for r in group for s in group if s != r}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 6), st.integers(1, 4096))
+def test_an_all_to_all_place_waits_for_what_its_sender_stores(n, per_chunk, tile_bytes):
+    layout = ChunkLayout(4096, [tile_bytes] * (n * per_chunk), n)
+    group = list(range(n))
+    configs = [direct_all_to_all_config(group, r) for r in group]
+    for me in configs:
+        full = expected_bytes(me, [c for c in configs if c.rank != me.rank], layout, Frame(me, layout, False))
+        assert full == [tile_bytes] * layout.tiles  # every place: its sender's store, or the local one
+    mirrored = expected_bytes(configs[0], [configs[0]], layout, Frame(configs[0], layout, True))
+    assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
+
+
+@pytest.mark.parametrize("system", [FC4, HGX], ids=["fully-connected", "switch"])
+def test_all_to_all_symmetric_mode_agrees_with_full_mode(system):
+    op = ops.GemmAllToAll(M, N, K)
+    full = run(system, op, "full")
+    symmetric = run(system, op, "symmetric")
+    assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
+    for result in (full, symmetric):
+        assert result.counters["gpu0.tracker_tracked_bytes"] == SHARD
+        assert result.counters["gpu0.tracker_untracked_bytes"] == 0
+
+
+def test_all_to_all_stores_every_chunk_once_and_keeps_only_its_own():
+    result = run(FC4, ops.GemmAllToAll(M, N, K), "full")
+    sent = result.links.groupby("link")["bytes"].sum()
+    assert len(sent) == 12 and (sent == SHARD / 4).all()
+    for gpu in range(4):
+        assert result.counters[f"gpu{gpu}.t3_remote_bytes"] == 3 * SHARD / 4
+        assert result.counters.get(f"gpu{gpu}.t3_dma_bytes", 0) == 0
+    totals = result.dram_totals().groupby(["stream", "direction"])["bytes"].sum()
+    assert totals[("compute", "write")] == pytest.approx(4 * SHARD / 4)  # each GPU writes only its own chunk
+    assert totals[("comm", "write")] == pytest.approx(4 * 3 * SHARD / 4)
+    assert ("comm", "read") not in totals.index  # no DMA: the GEMM's stores are the whole exchange
+
+
+def test_all_to_all_fusion_hides_the_exchange_behind_the_gemm():
+    sequential = gpusim.run(HGX, [ops.Gemm(M, N, K, out="y"), ops.AllToAll(SHARD, input="y")],
+                            mode="symmetric").time_s
+    gemm = gpusim.run(HGX, ops.Gemm(M, N, K), mode="symmetric").time_s
+    fused = run(HGX, ops.GemmAllToAll(M, N, K)).time_s
+    assert gemm <= fused < 0.8 * sequential
+
+
+def test_bad_all_to_alls_are_errors():
+    with pytest.raises(gpusim.OpError, match="direct all-to-all needs a direct link"):
+        run(RING8, ops.GemmAllToAll(M, N, K))
+    with pytest.raises(gpusim.OpError, match="algorithm"):
+        ops.GemmAllToAll(M, N, K, algorithm="ring")
+    assert parse_op("gemm_a2a m=8 n=8 k=8").collective == "alltoall"
