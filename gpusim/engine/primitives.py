@@ -174,10 +174,10 @@ class CalendarPipe:
         duration = units * self.ns_per_unit
         self.busy_ns += duration
         starts, ends = self.starts, self.ends
-        stale = bisect.bisect_right(ends, horizon)
-        if stale:
+        if ends and ends[0] <= horizon:
+            stale = bisect.bisect_right(ends, horizon)
             del starts[:stale], ends[:stale]
-        if not ends or now >= ends[-1]:
+        if not ends or now >= ends[-1]:  # after every booking: the common case
             if ends and now == ends[-1]:
                 ends[-1] = now + duration
             else:
