@@ -158,7 +158,8 @@ def run(
     mode
         ``"full"`` simulates every GPU; ``"symmetric"`` simulates GPU 0 and mirrors its
         neighbours' traffic into it (for work that every GPU does alike; an op that does not run
-        on rank 0, or a :class:`gpusim.ops.SendRecv`, is an error there).
+        on rank 0, or a :class:`gpusim.ops.SendRecv`, is an error there).  An op on a subset of
+        the GPUs runs as if every rotation of its group ran it too (docs/model.md).
     memory_policy
         Memory-controller arbitration for all GPUs (``fr-fcfs``, ``fcfs``, ``round-robin``,
         ``t3-mca``); default: each GPU's configured policy.
