@@ -148,7 +148,8 @@ def test_breakdown_times_are_never_negative():
 @pytest.mark.parametrize(("collective", "algorithm", "system", "mode"), [
     ("allreduce", "auto", "t3-ring8", "symmetric"),
     ("alltoall", "auto", "t3-ring8", "full"),
-    ("allgather", "direct", "dgx-a100", "full"),
+    ("allgather", "direct", "dgx-a100", "symmetric"),
+    ("alltoall", "auto", "hgx-h200", "symmetric"),
     ("allgather", "direct", "mi210-4", "symmetric"),
 ])
 def test_auto_mode_mirrors_only_where_it_is_exact(tmp_path, collective, algorithm, system, mode):

@@ -98,10 +98,11 @@ def choose_mode(trace: Trace, system: System) -> str:
     """``"symmetric"`` when the trace and the system allow it (every GPU alike, a symmetric single-node
     topology, no send/receive) and it is exact for the trace's collectives, else ``"full"``.
 
-    Symmetric mode is exact for ring collectives and, on a fully connected node, for direct ones.
-    Direct collectives and all-to-all on a ring or a switch contend between ranks (on multi-hop
-    routes, at switch egress ports) in ways one GPU's mirrored traffic only approximates: 15-30%
-    too fast (docs/model.md), so those traces are replayed in full mode.
+    Symmetric mode is exact for ring collectives and, on a fully connected node, for direct ones;
+    on a switch it is within 1.5% of full mode for direct collectives and all-to-all.  On a ring
+    those route over several hops, where one GPU's mirrored traffic meets the other ranks' at other
+    moments than theirs do: up to 4.4% slow at 16 MiB (docs/model.md), so such traces are replayed
+    in full mode.
     """
     if not system.topology.symmetric or system.config.nodes > 1:
         return "full"
@@ -112,7 +113,7 @@ def choose_mode(trace: Trace, system: System) -> str:
     frame = trace.frame
     collectives = frame[frame["kind"] == "collective"]
     direct = (collectives["collective"] == "alltoall") | (collectives["algorithm"] == "direct")
-    if direct.any() and system.config.topology.kind != "fully_connected":
+    if direct.any() and system.config.topology.kind not in ("fully_connected", "switch"):
         return "full"
     return "symmetric"
 
