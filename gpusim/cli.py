@@ -252,7 +252,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", required=True, help="preset name or YAML file")
     parser.add_argument("--op", action="append", required=True,
                         help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
-                             "(auto: direct for alltoall, ring for the other collectives)")
+                             "(auto: direct for alltoall, ring for the other collectives); ops: "
+                             f"{', '.join(OP_NAMES)} (gemm_rs, gemm_ag, gemm_a2a: T3's fused GEMM and collective)")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
                         help="symmetric simulates rank 0 only (every op must run on rank 0)")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
