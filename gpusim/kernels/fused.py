@@ -181,24 +181,26 @@ def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
     return OutputConfig(rank, tuple(ring), tuple(mappings))
 
 
-def direct_reduce_scatter_config(group: list[int], rank: int) -> OutputConfig:
-    """Direct reduce-scatter (fully connected): every chunk goes straight to its owner.
-
-    ``rank`` produces the others' chunks first, starting with its successor's (so that the ranks
-    load different links at once), and its own chunk last; its own chunk expects one update per
-    element from every rank.
-    """
+def _successor_first(group: list[int], rank: int, own: Callable[[int, int], ChunkMapping],
+                     other: Callable[[int, int], ChunkMapping]) -> OutputConfig:
+    """A direct program: ``rank`` produces the others' chunks first, starting with its successor's
+    (so that the ranks load different links at once), and its own chunk last; ``own(chunk, step)``
+    and ``other(chunk, step)`` make the lines."""
     n = len(group)
     position = group.index(rank)
     mappings: list[ChunkMapping | None] = [None] * n
     for step in range(n):
         chunk = (position + step + 1) % n
-        if chunk == position:
-            mapping = ChunkMapping(chunk, step, FINAL, (), UPDATE, n)
-        else:
-            mapping = ChunkMapping(chunk, step, REMOTE, (group[chunk],), UPDATE, 1)
-        mappings[chunk] = mapping
+        mappings[chunk] = own(chunk, step) if chunk == position else other(chunk, step)
     return OutputConfig(rank, tuple(group), tuple(mappings))
+
+
+def direct_reduce_scatter_config(group: list[int], rank: int) -> OutputConfig:
+    """Direct reduce-scatter (fully connected): every chunk goes straight to its owner, the
+    successor's first (:func:`_successor_first`); the own chunk expects one update per element
+    from every rank."""
+    return _successor_first(group, rank, lambda chunk, step: ChunkMapping(chunk, step, FINAL, (), UPDATE, len(group)),
+                            lambda chunk, step: ChunkMapping(chunk, step, REMOTE, (group[chunk],), UPDATE, 1))
 
 
 def ring_all_gather_config(ring: list[int], rank: int) -> OutputConfig:
@@ -240,20 +242,12 @@ def direct_all_gather_config(group: list[int], rank: int) -> OutputConfig:
 
 def direct_all_to_all_config(group: list[int], rank: int) -> OutputConfig:
     """Direct all-to-all (fully connected): chunk ``j`` goes to rank ``j`` and lands at this rank's
-    place; the space it leaves receives rank ``j``'s chunk for this rank.  The rank produces the
-    others' chunks first, its successor's first (so that the ranks load different links at once),
-    and keeps its own chunk, written locally, for last."""
-    n = len(group)
+    place; the space it leaves receives rank ``j``'s chunk for this rank.  The others' chunks are
+    produced successor first (:func:`_successor_first`); the own chunk, written locally, last."""
     position = group.index(rank)
-    mappings: list[ChunkMapping | None] = [None] * n
-    for step in range(n):
-        chunk = (position + step + 1) % n
-        if chunk == position:
-            mappings[chunk] = ChunkMapping(chunk, step, FINAL, (), WRITE, 1)
-        else:
-            mappings[chunk] = ChunkMapping(chunk, step, REMOTE, (group[chunk],), WRITE, 1, lands_at=position,
-                                           receives=True)
-    return OutputConfig(rank, tuple(group), tuple(mappings))
+    return _successor_first(group, rank, lambda chunk, step: ChunkMapping(chunk, step, FINAL, (), WRITE, 1),
+                            lambda chunk, step: ChunkMapping(chunk, step, REMOTE, (group[chunk],), WRITE, 1,
+                                                             lands_at=position, receives=True))
 
 
 class ChunkLayout:
