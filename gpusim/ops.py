@@ -218,9 +218,9 @@ FUSED_ALGORITHMS = ("ring", "direct", "auto")
 """Algorithms of T3's fused collectives (``auto`` is ring)."""
 
 
-def _fused_algorithm(op: str, value: str) -> str:
-    if value not in FUSED_ALGORITHMS:
-        raise OpError(f"{op}: field 'algorithm' must be one of {', '.join(FUSED_ALGORITHMS)}, got {value!r}")
+def _fused_algorithm(op: str, value: str, allowed: tuple[str, ...] = FUSED_ALGORITHMS) -> str:
+    if value not in allowed:
+        raise OpError(f"{op}: field 'algorithm' must be one of {', '.join(allowed)}, got {value!r}")
     return value
 
 
@@ -338,8 +338,7 @@ class GemmAllToAll(GemmShape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.algorithm not in ("direct", "auto"):
-            raise OpError(f"GemmAllToAll: field 'algorithm' must be one of direct, auto, got {self.algorithm!r}")
+        self.algorithm = _fused_algorithm("GemmAllToAll", self.algorithm, ("direct", "auto"))
 
     @property
     def nbytes(self) -> int:

@@ -337,6 +337,8 @@ class Frame:
         """Tile index at which ``src``'s ``tile`` lands when sent to ``dst``, in chunk ``lands_at``
         of the destination (``None``: the tile's own chunk), at the same place in the chunk.  In
         symmetric mode it lands where what the rank ``src - (dst - src)`` sends to ``src`` lands."""
+        if lands_at is None and not self.mirrored:
+            return tile
         chunk = self.layout.chunk_of(tile)
         landing = chunk if lands_at is None else lands_at
         if self.mirrored:
@@ -471,6 +473,7 @@ CONFIGURATIONS = {
 STEP_LABELS = {"reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}
 """Short name of each fused collective, in kernel names, implementations and step spans."""
 COLLECTIVE_NAMES = {"reducescatter": "reduce-scatter", "allgather": "all-gather", "alltoall": "all-to-all"}
+"""Each fused collective's name in errors."""
 
 
 def _configure(op, members: list[int], rank: int) -> OutputConfig:
