@@ -215,24 +215,56 @@ class Gemm(GemmShape):
 
 
 FUSED_ALGORITHMS = ("ring", "direct", "auto")
-"""Algorithms of T3's fused collectives (``auto`` is ring)."""
-
-
-def _fused_algorithm(op: str, value: str, allowed: tuple[str, ...] = FUSED_ALGORITHMS) -> str:
-    if value not in allowed:
-        raise OpError(f"{op}: field 'algorithm' must be one of {', '.join(allowed)}, got {value!r}")
-    return value
+"""Algorithms of T3's fused collectives (``auto`` is ring, or direct for an all-to-all)."""
 
 
 @dataclass
-class GemmReduceScatter(GemmShape):
+class FusedGemm(GemmShape):
+    """A GEMM fused with a collective of its output over ``ranks`` (T3, dissertation chapter 8): what
+    :class:`GemmReduceScatter`, :class:`GemmAllGather` and :class:`GemmAllToAll` share.
+
+    Attributes
+    ----------
+    algorithm
+        One of the subclass's ``algorithms``.
+    collective
+        (class attribute) The collective fused with the GEMM.
+    algorithms
+        (class attribute) The algorithms it accepts.
+    """
+
+    algorithm: str = "auto"
+    category: ClassVar[str] = "fused"
+    collective: ClassVar[str] = "collective"
+    algorithms: ClassVar[tuple[str, ...]] = FUSED_ALGORITHMS
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.algorithm not in self.algorithms:
+            raise OpError(f"{type(self).__name__}: field 'algorithm' must be one of {', '.join(self.algorithms)}, "
+                          f"got {self.algorithm!r}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one rank's GEMM output, C[m, n] (``batch`` times)."""
+        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.fused import execute_fused_gemm
+
+        return execute_fused_gemm(ctx, self)
+
+
+@dataclass
+class GemmReduceScatter(FusedGemm):
     """A GEMM fused with the reduce-scatter of its output over ``ranks`` (T3, dissertation chapter 8).
 
     The GEMM's output address space is configured so that its stores start the collective: the
     first chunk each GPU produces goes straight to a peer's memory, later chunks are written
     locally as near-memory updates, counted by the tracker and sent on by pre-programmed DMAs.
     Every rank ends with its reduced chunk of C (``m * n * dtype bytes / len(ranks)``), as after
-    :class:`ReduceScatter`.  Combine with ``memory_policy="t3-mca"`` for T3-MCA.
+    :class:`ReduceScatter`; ``nbytes`` is the whole C.  Combine with ``memory_policy="t3-mca"``
+    for T3-MCA.
 
     Attributes
     ----------
@@ -246,41 +278,28 @@ class GemmReduceScatter(GemmShape):
         (without it every GPU produces chunks in the same order).
     """
 
-    algorithm: str = "auto"
     stagger: bool = True
-    category: ClassVar[str] = "fused"
     collective: ClassVar[str] = "reducescatter"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.stagger = _bool("GemmReduceScatter", "stagger", self.stagger)
-        self.algorithm = _fused_algorithm("GemmReduceScatter", self.algorithm)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the GEMM output that is reduce-scattered."""
-        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
 
     def describe(self) -> str:
         return f"gemm+rs {self._shape_text()}"
 
-    def run_on(self, ctx: OpContext):
-        from gpusim.kernels.fused import execute_fused_gemm
-
-        return execute_fused_gemm(ctx, self)
-
 
 @dataclass
-class GemmAllGather(GemmShape):
+class GemmAllGather(FusedGemm):
     """A GEMM fused with the all-gather of its output over ``ranks`` (T3's track and trigger
     applied to an all-gather, dissertation sections 8.3 and 8.6).
 
-    Each rank's GEMM computes its own shard, C[m, n].  Its stores write the shard into the rank's
-    slot of the gathered output and, at once, into the next rank's copy of that slot (``ring``) or
-    into every rank's (``direct``).  In a ring, the tracker counts the stores that arrive in a slot,
-    and a pre-programmed DMA forwards each complete tile to the next rank until the shard has gone
-    round.  Every rank ends with all ``len(ranks)`` shards, in ring (or group) order, as after
-    :class:`AllGather`.  Combine with ``memory_policy="t3-mca"`` for T3-MCA.
+    Each rank's GEMM computes its own shard, C[m, n] (``nbytes``).  Its stores write the shard into
+    the rank's slot of the gathered output and, at once, into the next rank's copy of that slot
+    (``ring``) or into every rank's (``direct``).  In a ring, the tracker counts the stores that
+    arrive in a slot, and a pre-programmed DMA forwards each complete tile to the next rank until
+    the shard has gone round.  Every rank ends with all ``len(ranks)`` shards, in ring (or group)
+    order, as after :class:`AllGather`.  Combine with ``memory_policy="t3-mca"`` for T3-MCA.
 
     Attributes
     ----------
@@ -291,38 +310,22 @@ class GemmAllGather(GemmShape):
         other over its own link; fully connected nodes) or ``auto`` (ring).
     """
 
-    algorithm: str = "auto"
-    category: ClassVar[str] = "fused"
     collective: ClassVar[str] = "allgather"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.algorithm = _fused_algorithm("GemmAllGather", self.algorithm)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one rank's shard (its GEMM's output); the gathered output is ``len(ranks)`` times that."""
-        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
 
     def describe(self) -> str:
         return f"gemm+ag {self._shape_text()}"
 
-    def run_on(self, ctx: OpContext):
-        from gpusim.kernels.fused import execute_fused_gemm
-
-        return execute_fused_gemm(ctx, self)
-
 
 @dataclass
-class GemmAllToAll(GemmShape):
+class GemmAllToAll(FusedGemm):
     """A GEMM fused with the all-to-all of its output over ``ranks`` (T3's address-space mapping
     applied to an all-to-all, dissertation section 8.6.1; expert parallelism's exchange).
 
-    Each rank's GEMM output C[m, n] is cut into ``len(ranks)`` chunks in the order the GEMM produces
-    its tiles; chunk ``j`` belongs to rank ``j``.  Its stores go straight into that rank's memory (they
-    are not written locally), where they land at the sender's place: every rank ends with chunk
-    ``r`` of every rank ``s`` at place ``s`` (``m * n * batch`` elements in all), as after
-    :class:`AllToAll`.  Every GPU needs a direct link (or a switch) to every other.
+    Each rank's GEMM output C[m, n] (``nbytes``) is cut into ``len(ranks)`` chunks in the order the
+    GEMM produces its tiles; chunk ``j`` belongs to rank ``j``.  Its stores go straight into that
+    rank's memory (they are not written locally), where they land at the sender's place: every rank
+    ends with chunk ``r`` of every rank ``s`` at place ``s`` (``m * n * batch`` elements in all), as
+    after :class:`AllToAll`.  Every GPU needs a direct link (or a switch) to every other.
 
     Attributes
     ----------
@@ -332,26 +335,11 @@ class GemmAllToAll(GemmShape):
         ``direct`` or ``auto`` (direct).
     """
 
-    algorithm: str = "auto"
-    category: ClassVar[str] = "fused"
     collective: ClassVar[str] = "alltoall"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.algorithm = _fused_algorithm("GemmAllToAll", self.algorithm, ("direct", "auto"))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one rank's GEMM output, which it exchanges."""
-        return self.m * self.n * self.batch * DTYPE_BYTES[self.dtype]
+    algorithms: ClassVar[tuple[str, ...]] = ("direct", "auto")
 
     def describe(self) -> str:
         return f"gemm+a2a {self._shape_text()}"
-
-    def run_on(self, ctx: OpContext):
-        from gpusim.kernels.fused import execute_fused_gemm
-
-        return execute_fused_gemm(ctx, self)
 
 
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
@@ -780,6 +768,7 @@ __all__ = [
     "Delay",
     "ELEMENTWISE_KINDS",
     "Elementwise",
+    "FusedGemm",
     "Gemm",
     "GemmAllGather",
     "GemmAllToAll",
