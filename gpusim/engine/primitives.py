@@ -157,13 +157,12 @@ class CalendarPipe:
         Service time of one unit of work (a byte), in ns.
     """
 
-    __slots__ = ("ns_per_unit", "starts", "ends", "busy_ns")
+    __slots__ = ("ns_per_unit", "starts", "ends")
 
     def __init__(self, ns_per_unit: float):
         self.ns_per_unit = ns_per_unit
         self.starts: list[float] = []
         self.ends: list[float] = []
-        self.busy_ns = 0.0
 
     def reserve(self, now: float, units: float, horizon: float) -> float:
         """Book ``units`` of work arriving at ``now``; return the time it starts.
@@ -172,7 +171,6 @@ class CalendarPipe:
         that ended by then are forgotten.
         """
         duration = units * self.ns_per_unit
-        self.busy_ns += duration
         starts, ends = self.starts, self.ends
         if ends and ends[0] <= horizon:
             stale = bisect.bisect_right(ends, horizon)
