@@ -766,6 +766,46 @@ def reduction_costs(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"reduction_costs: {table.rows} kernels")
 
 
+REDUCTION_GRID_ROWS = (512, 1024, 2048, 4096, 8192, 16384)
+REDUCTION_GRID = (
+    [(kind, rows, cols) for kind in ("layernorm", "rmsnorm") for rows in REDUCTION_GRID_ROWS
+     for cols in (32, 128, 512, 768, 1024, 2048, 4096)]
+    + [("softmax", rows, cols) for rows in REDUCTION_GRID_ROWS for cols in (32, 128, 512, 1024)]
+    + [("colsum", rows, cols) for rows in (64, 256, 1024, 4096, 16384) for cols in (768, 3072)]
+)
+"""(kind, rows, cols) of the ``reduction_grid`` section, fp16: rows and columns varied apart, so that
+a kernel's cost per row (its block reduction) and per element separate."""
+
+
+def reduction_grid(bench: Bench, out: Path, dry: bool) -> None:
+    """Layer and RMS norms, softmax and column sums over :data:`REDUCTION_GRID`: each kernel's
+    profiled duration in a graph replay after an L2 flush (``duration_us``, cold), and the per-call
+    time of calls back to back from a CUDA graph (``graph_ms``, warm)."""
+    table = Table(out / "reduction_grid.csv", ["kind", "rows", "cols", "dtype", "graph_ms", "kernel", "name",
+                                               "grid", "block", "duration_us"])
+    cases = [(kind, min(rows, 64), min(cols, 64)) for kind, rows, cols in REDUCTION_GRID[:4]] if dry else REDUCTION_GRID
+    for kind, rows, cols in cases:
+        if bench.left_s() < 20:
+            bench.log(f"reduction_grid: out of time at {kind} {rows}x{cols}")
+            break
+        x = torch.randn(rows, cols, dtype=torch.float16, device=bench.device)
+        weight = torch.randn(cols, dtype=torch.float16, device=bench.device)
+        bias = torch.randn(cols, dtype=torch.float16, device=bench.device)
+        run = {"colsum": lambda x=x: x.sum(dim=0),
+               "softmax": lambda x=x: torch.softmax(x, dim=-1),
+               "layernorm": lambda x=x, w=weight, b=bias: F.layer_norm(x, (x.shape[-1],), w, b),
+               "rmsnorm": lambda x=x, w=weight: F.rms_norm(x, (x.shape[-1],), w)}[kind]
+        run()
+        graph = bench.graph_ms(run, reps_for(bench.host_ms(run, 3) / 4, most=100), replays=3)
+        for index, kernel in enumerate(graph_kernels(bench, run, flush=True)):
+            table.add({"kind": kind, "rows": rows, "cols": cols, "dtype": "fp16", "graph_ms": graph, "kernel": index,
+                       "name": kernel["name"][:120], "grid": "x".join(map(str, kernel["grid"])),
+                       "block": "x".join(map(str, kernel["block"])), "duration_us": kernel["dur"]})
+        del x, weight, bias
+    table.close()
+    bench.log(f"reduction_grid: {table.rows} kernels")
+
+
 # -- optimizers -----------------------------------------------------------------------------------
 def models(dry: bool) -> dict[str, list[tuple[int, ...]]]:
     """Parameter shapes of the optimizer models, from Hugging Face ``transformers`` (on the meta device)."""
@@ -959,6 +999,7 @@ def main() -> int:
     section("chain", lambda: chains(bench, args.out, args.dry_run))
     section("reduction_costs", lambda: reduction_costs(bench, args.out, args.dry_run))
     section("gemm_kernels", lambda: gemm_kernels(bench, args.out, args.dry_run))
+    section("reduction_grid", lambda: reduction_grid(bench, args.out, args.dry_run))
     log("done")
     return 0
 
