@@ -17,6 +17,7 @@ from gpusim.kernels.gemm import (
     multicast,
     num_workgroups,
     pipelined,
+    workgroup_shape,
 )
 
 H200 = gpusim.load_system("h200-sxm")
@@ -104,3 +105,25 @@ def test_the_heuristic_does_not_pad_a_skinny_output_with_a_wide_tile():
     320-wide tile although it is the largest."""
     spec = choose_kernel(GemmProblem(1024, 16, 500000, trans_b=True), H200.gpu)
     assert spec.tile_n <= 128
+
+
+@pytest.mark.parametrize("kernel", ["MT256x128x64_T256", "MT128x320x64_T256", "MT128x64x64_T256", "MT64x64x64_T128"])
+def test_a_warp_specialized_workgroup_holds_the_whole_register_file(kernel):
+    """cuBLAS's nvjet kernels run 384 threads at 168 registers, one CTA per SM, whatever their tile (the
+    profiler's fields in validation/measured/h200/gpt2_2layers_train_step.json.gz): the consumers and a
+    producer warpgroup, each thread with the most registers that fit."""
+    spec = find_spec(kernel)
+    shape = workgroup_shape(spec, "fp16", H200.gpu)
+    assert shape.threads == spec.threads + 128
+    assert shape.registers_per_thread == 65536 // shape.threads // 8 * 8
+    assert shape.register_bytes() <= H200.gpu.cu.register_file_bytes
+    assert occupancy(shape, H200.gpu.cu) == 1
+    if kernel in ("MT256x128x64_T256", "MT128x320x64_T256"):  # 168 and 200 registers for the consumers
+        assert (shape.threads, shape.registers_per_thread) == (384, 168)
+    # a tile whose consumers need more than setmaxnreg can give them (240 each) fits no CU
+    assert occupancy(workgroup_shape(find_spec("MT256x256x64_T256"), "fp16", H200.gpu), H200.gpu.cu) == 0
+    # a GPU without TMA keeps the kernel's own registers, and a fallback kernel on the H200 too
+    a100 = gpusim.load_system("a100-sxm4").gpu
+    assert workgroup_shape(spec, "fp16", a100) == spec.shape("fp16")
+    fallback = find_spec(kernel + "_V2")
+    assert workgroup_shape(fallback, "fp16", H200.gpu) == fallback.shape("fp16")

@@ -256,6 +256,41 @@ def loads_by_tma(spec: GemmKernelSpec, gpu: GpuConfig) -> bool:
     return gpu.gemm_tma is not None and not spec.fallback
 
 
+PRODUCER_THREADS = 128
+"""Threads of a warp-specialized (TMA) kernel's producer warpgroup, which issues the TMA copies
+while the consumer warpgroups (:attr:`GemmKernelSpec.threads`) compute."""
+PRODUCER_REGISTERS = 24
+"""Registers per thread the producer warpgroup keeps once it has given the rest to the consumers
+(``setmaxnreg``'s least)."""
+REGISTER_ALLOCATION = 8
+"""Registers per thread are allocated in multiples of this."""
+
+
+def workgroup_shape(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig) -> WorkgroupShape:
+    """Resources one workgroup of ``spec`` holds on its CU of ``gpu`` while it runs.
+
+    A kernel that loads by TMA is warp-specialized, as cuBLAS's sm90 ``nvjet`` kernels are: a
+    producer warpgroup beside the consumers, and every thread launched with the most registers
+    that let the workgroup fit the register file.  So it holds a whole CU: 384 threads x 168
+    registers, as the profiler reports for every ``nvjet`` kernel of the H200's GPT-2 traces, and
+    no other kernel's workgroup can run beside it (``validation/measured/h200/interference.csv``: a
+    GEMM beside programs that hold a few SMs runs as if it had lost those SMs).  After the launch
+    ``setmaxnreg`` moves registers from the producer (down to :data:`PRODUCER_REGISTERS`) to the
+    consumers, so a tile fits if its consumers' registers fit what that leaves (240 each on a
+    Hopper SM); a larger one is returned with its consumers' count, which fits no CU.
+    """
+    shape = spec.shape(dtype)
+    if not loads_by_tma(spec, gpu):
+        return shape
+    registers = int(gpu.cu.register_file_bytes) // 4
+    threads = shape.threads + PRODUCER_THREADS
+    launched = registers // threads // REGISTER_ALLOCATION * REGISTER_ALLOCATION
+    consumers_most = ((registers - PRODUCER_REGISTERS * PRODUCER_THREADS) // shape.threads
+                      // REGISTER_ALLOCATION * REGISTER_ALLOCATION)
+    fits = shape.registers_per_thread <= consumers_most
+    return WorkgroupShape(threads, shape.lds_bytes, launched if fits else shape.registers_per_thread)
+
+
 class TmaInflight(InflightLimit):
     """The memory-level parallelism of a workgroup whose loads are TMA bulk copies: bounded by the
     stages its kernel keeps in flight, not by the CU's per-thread load slots
@@ -343,7 +378,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     cus = cus or gpu.num_cus
     spec = pipelined(spec, gpu, problem.dtype)
     shape = spec.shape(problem.dtype)
-    resident = occupancy(shape, gpu.cu)
+    resident = occupancy(workgroup_shape(spec, problem.dtype, gpu), gpu.cu)
     if resident == 0:
         return math.inf
     groups = num_workgroups(problem, spec)
@@ -585,7 +620,7 @@ class GemmKernel:
         self.kernel = Kernel(
             name=name or f"gemm_{spec.name}",
             num_wgs=num_workgroups(problem, spec),
-            shape=spec.shape(problem.dtype),
+            shape=workgroup_shape(spec, problem.dtype, gpu.config),
             body=self._workgroup,
             cu_mask=cu_mask,
             wg_order=wg_order if wg_order is not None else grouped_order(self.tiles_m, self.tiles_n, problem.batch,
@@ -594,7 +629,7 @@ class GemmKernel:
                 "impl": spec.name,
                 "flops": problem.flops,
                 "workgroups": num_workgroups(problem, spec),
-                "occupancy": occupancy(spec.shape(problem.dtype), gpu.config.cu),
+                "occupancy": occupancy(workgroup_shape(spec, problem.dtype, gpu.config), gpu.config.cu),
             },
         )
 
@@ -708,7 +743,7 @@ def find_spec(name: str) -> GemmKernelSpec:
 def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str) -> None:
     """Raise :class:`OpError` if a workgroup of ``spec`` (for ``dtype`` inputs) fits on no CU of
     ``gpu``, naming the op ``label``, the kernel, the GPU and the resources it lacks."""
-    shape = spec.shape(dtype)
+    shape = workgroup_shape(spec, dtype, gpu)
     if occupancy(shape, gpu.cu) > 0:
         return
     cu = gpu.cu

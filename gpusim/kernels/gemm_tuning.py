@@ -28,6 +28,7 @@ from gpusim.kernels.gemm import (
     candidates,
     estimate_ns,
     for_operands,
+    workgroup_shape,
 )
 
 TILES: tuple[tuple[int, int], ...] = (
@@ -95,7 +96,7 @@ def tuning_candidates(problem: GemmProblem, gpu: GpuConfig) -> list[GemmKernelSp
     """Every tuning-library kernel (with sensible split-K factors), as ``gpu`` runs it on the
     operands' rows (:func:`gpusim.kernels.gemm.for_operands`), whose workgroup fits a CU of ``gpu``."""
     kernels = (for_operands(spec, problem, gpu) for spec in TUNING_LIBRARY)
-    fits = [spec for spec in kernels if occupancy(spec.shape(problem.dtype), gpu.cu) > 0]
+    fits = [spec for spec in kernels if occupancy(workgroup_shape(spec, problem.dtype, gpu), gpu.cu) > 0]
     return candidates(problem, fits)
 
 
@@ -133,7 +134,7 @@ def shortlist(problem: GemmProblem, gpu: GpuConfig, count: int = 3, include: Ite
     for spec in ranked:
         if len(chosen) == count:
             break
-        twin = (round(estimates[spec], 1), spec.tile_m * spec.tile_n, spec.split_k, occupancy(spec.shape(problem.dtype), gpu.cu))
+        twin = (round(estimates[spec], 1), spec.tile_m * spec.tile_n, spec.split_k, occupancy(workgroup_shape(spec, problem.dtype, gpu), gpu.cu))
         if twin not in seen:
             seen.add(twin)
             chosen.append(spec)
