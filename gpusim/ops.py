@@ -389,6 +389,14 @@ class Elementwise(Op):
         take an integer division per dimension (its offset-calculator kernel; for ``cat``, the
         concatenation kernel over tensors of that rank, which divides at run time and computes
         the output's offset too); at most :data:`MAX_INDEX_DIMS`.
+    workgroups
+        A persistent kernel's grid (optional): this many workgroups, each striding over its share of
+        the tensors, as Triton's and NCCL's persistent kernels do; by default PyTorch's grid of one
+        workgroup per 16 bytes of every thread.
+    inflight_bytes_per_thread
+        Bytes of each read tensor a thread keeps in flight (optional; default the GPU's
+        ``streaming_inflight_bytes_per_thread``): a kernel that loads a block of 32 fp16 values per
+        thread at once keeps 64.
     """
 
     kind: str
@@ -397,6 +405,8 @@ class Elementwise(Op):
     inputs: tuple[str, ...] | None = None
     out: str | None = None
     index_dims: int = 0
+    workgroups: int | None = None
+    inflight_bytes_per_thread: int | None = None
     category: ClassVar[str] = "elementwise"
 
     def __post_init__(self) -> None:
@@ -411,6 +421,9 @@ class Elementwise(Op):
             raise OpError(f"Elementwise: field 'index_dims' must be an integer from 0 to {MAX_INDEX_DIMS}, "
                           f"got {self.index_dims!r}")
         self.index_dims = dims
+        for name in ("workgroups", "inflight_bytes_per_thread"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _positive_int("Elementwise", name, getattr(self, name)))
         if self.inputs is not None:
             names = as_sequence(self.inputs)
             reads = ELEMENTWISE_KINDS[self.kind][0]
@@ -424,7 +437,9 @@ class Elementwise(Op):
 
     def describe(self) -> str:
         strided = f" index_dims={self.index_dims}" if self.index_dims else ""
-        return f"{self.kind} {self.elements} {self.dtype}{strided}"
+        persistent = f" workgroups={self.workgroups}" if self.workgroups else ""
+        inflight = f" inflight_bytes_per_thread={self.inflight_bytes_per_thread}" if self.inflight_bytes_per_thread else ""
+        return f"{self.kind} {self.elements} {self.dtype}{strided}{persistent}{inflight}"
 
     def run_on(self, ctx: OpContext):
         from gpusim.kernels.elementwise import execute_elementwise

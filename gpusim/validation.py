@@ -98,7 +98,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     ----------
     kind
         ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, ``concurrency`` (see
-        :func:`simulate_concurrency`) or ``reuse`` (see :func:`simulate_reuse`).
+        :func:`simulate_concurrency`), ``reuse`` (see :func:`simulate_reuse`) or ``interference``
+        (see :func:`simulate_interference`).
     system
         Preset name.
     overrides
@@ -116,6 +117,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         return simulate_concurrency(hardware, **params)
     if kind == "reuse":
         return simulate_reuse(hardware, **params)
+    if kind == "interference":
+        return simulate_interference(hardware, **params)
     if kind == "gemm":
         op = ops.Gemm(params["m"], params["n"], params["k"], params.get("dtype", "fp16"),
                       bool(params.get("trans_a", False)), bool(params.get("trans_b", False)))
@@ -128,7 +131,7 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         op = ops.AllReduce(params["nbytes"], params.get("dtype", "fp16"))
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
-                         f"concurrency, reuse")
+                         f"concurrency, reuse, interference")
     result = gpusim.run(hardware, op, mode=mode)
     return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
             "sim_wall_s": result.stats["wall_s"]}
@@ -173,6 +176,54 @@ def simulate_concurrency(hardware: Any, m: int, n: int, k: int, count: int, meas
     return {"simulated_s": measured_sequential_s * concurrent_s / sequential_s, "impl": str(sequential.ops["impl"].iloc[0]),
             "sim_wall_s": wall, "sim_sequential_s": sequential_s, "sim_concurrent_s": concurrent_s,
             "simulated_speedup": sequential_s / concurrent_s}
+
+
+INTERFERENCE_COPY_MARGIN = 2.0
+"""The simulated copy moves the bytes the measured one moved while the GEMM ran, times this (at
+most all it moved: it outlasted the GEMM 1.8-21 times), so that it outlasts the GEMM though the
+model copies up to 1.4 times as fast; what it moves after the GEMM ends does not change the GEMM."""
+INTERFERENCE_INFLIGHT_BYTES_PER_THREAD = 64
+"""Bytes each thread of that copy loads at once (a block of 8192 fp16 values over 256 threads)."""
+
+
+def simulate_interference(hardware: Any, m: int, n: int, k: int, programs: int, copy_bytes: int,
+                          measured_alone_s: float, dtype: str = "fp16") -> dict[str, Any]:
+    """A GEMM alone, and beside a persistent copy of ``programs`` workgroups launched before it on
+    another stream, as ``interference-h200`` measured them.
+
+    Parameters
+    ----------
+    hardware
+        The system (a :class:`gpusim.System`).
+    m, n, k, dtype
+        The GEMM (row-major, no transposes).
+    programs
+        Workgroups of the copy (each thread :data:`INTERFERENCE_INFLIGHT_BYTES_PER_THREAD` in flight).
+    copy_bytes
+        Bytes the copy moves, read and written (enough to outlast the GEMM:
+        :data:`INTERFERENCE_COPY_MARGIN`).
+    measured_alone_s
+        The GEMM's measured time alone, s.
+
+    Returns
+    -------
+    dict
+        ``sim_alone_s`` and ``sim_beside_s`` (the GEMM's simulated time alone and beside the copy,
+        s), ``simulated_slowdown`` (their ratio), ``simulated_s``: the measured time alone times that
+        ratio (so that the comparison's error is the slowdown's), and the GEMM's ``impl``.
+    """
+    import gpusim
+    from gpusim import ops
+
+    copy = ops.Elementwise("copy", copy_bytes // (2 * DTYPE_BYTES[dtype]), dtype, workgroups=programs,
+                           inflight_bytes_per_thread=INTERFERENCE_INFLIGHT_BYTES_PER_THREAD)
+    alone = gpusim.run(hardware, ops.Gemm(m, n, k, dtype))
+    beside = gpusim.run(hardware, [copy, ops.Gemm(m, n, k, dtype)], streams=["background", "gemm"])
+    alone_s = float(alone.ops["duration_s"].iloc[0])
+    beside_s = float(beside.ops.loc[beside.ops["kind"] == "gemm", "duration_s"].iloc[0])
+    return {"simulated_s": measured_alone_s * beside_s / alone_s, "impl": str(alone.ops["impl"].iloc[0]),
+            "sim_wall_s": alone.stats["wall_s"] + beside.stats["wall_s"], "sim_alone_s": alone_s,
+            "sim_beside_s": beside_s, "simulated_slowdown": beside_s / alone_s}
 
 
 REUSE_ROW_VALUES = 2048
@@ -330,6 +381,24 @@ def _hopper_concurrency_point(system: str) -> Callable[[pd.Series], dict[str, An
     return point
 
 
+def _interference_select(frame: pd.DataFrame) -> pd.DataFrame:
+    """The GEMMs beside the copying programs, each with its measured time alone (``alone_ms``) and
+    the ratio of the two (``measured_slowdown``)."""
+    alone = frame[frame["mode"] == "alone"].set_index(["m", "n", "k"])["gemm_ms"].rename("alone_ms")
+    rows = frame[frame["mode"] == "copy"].join(alone, on=["m", "n", "k"])
+    return rows.assign(measured_slowdown=rows["gemm_ms"] / rows["alone_ms"])
+
+
+def _interference_point(row: pd.Series) -> dict[str, Any]:
+    """Both measured times are between two events on the GEMM's stream, so their fixed costs cancel
+    in the ratio; the measurement charges no host cost (the GEMM was queued behind a sleep)."""
+    return {"kind": "interference", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+            "programs": int(row["programs"]), "measured_alone_s": float(row["alone_ms"]) * 1e-3,
+            "copy_bytes": round(float(row["background_gb_per_s_alone"]) * float(row["background_alone_ms"]) * 1e6
+                                * min(1.0, INTERFERENCE_COPY_MARGIN * float(row["gemm_ms"]) / float(row["background_ms"]))),
+            "overrides": {"gpu.kernel_launch_ns": 0.0}}
+
+
 def _reuse_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """A row of a working-set sweep, replayed from a CUDA graph: no host cost per call."""
 
@@ -479,6 +548,21 @@ DATASETS: dict[str, DataSet] = {
         ),
         *_hopper_datasets("h200"),
         *_hopper_datasets("h100"),
+        DataSet(
+            name="interference-h200",
+            description="three fp16 GEMMs (8192^3, T-NLG FC-2 and OP at TP 8) on an H200 beside a persistent copy "
+            "over 1 GiB by 8-66 programs (one per SM, 16 KiB in flight each) launched before them on another stream "
+            "and lasting about three times as long; "
+            "compared as the GEMM's time beside the copy over its time alone",
+            file="h200/interference.csv",
+            system="h200-sxm",
+            point=_interference_point,
+            measured_s=_ms("gemm_ms"),
+            tolerances={"median": 0.10, "p90": 0.25},
+            select=_interference_select,
+            group="programs",
+            columns=("sim_alone_s", "sim_beside_s", "simulated_slowdown"),
+        ),
         DataSet(
             name="allreduce-dgx-a100",
             description="vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 GPUs in a node and "

@@ -39,6 +39,12 @@ MAX_CHUNKS = 8
 stands for, up to this many."""
 
 
+PERSISTENT_CHUNK_WINDOWS = 4
+"""In-flight windows (the workgroup's bytes in flight) per chunk of a persistent workgroup."""
+MAX_PERSISTENT_CHUNKS = 1024
+"""Most chunks per persistent workgroup (simulation granularity)."""
+
+
 Ranges = list[tuple[Buffer, int, int]]
 """``(buffer, offset, nbytes)`` ranges of tensors, bytes."""
 
@@ -136,6 +142,9 @@ class StreamingKernel:
     int_ops
         Total 32-bit integer instructions (address arithmetic), lanes; they issue at the CU's
         ``int32_ops_per_cycle`` beside the FLOPs.
+    max_workgroups
+        A persistent kernel's grid: at most this many workgroups, each striding over its share
+        (default: one per ``threads x bytes_per_thread`` of data).
     """
 
     def __init__(
@@ -150,6 +159,7 @@ class StreamingKernel:
         bytes_per_thread: int = BYTES_PER_THREAD,
         inflight_bytes_per_thread: float | None = None,
         int_ops: float = 0.0,
+        max_workgroups: int | None = None,
     ):
         self.gpu = gpu
         self.reads = reads
@@ -165,12 +175,19 @@ class StreamingKernel:
         real = max(1, math.ceil(largest / (threads * bytes_per_thread)))
         shape = WorkgroupShape(threads, 0, 32)
         slots = gpu.config.num_cus * max(1, occupancy(shape, gpu.config.cu))
-        self.workgroups = min(real, slots)
-        self.chunks = max(1, min(MAX_CHUNKS, math.ceil(real / self.workgroups)))
-        self.units = math.ceil(largest / bytes_per_thread)
-        self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
+        self.workgroups = min(real, slots, max_workgroups or slots)
         per_thread = inflight_bytes_per_thread or gpu.config.streaming_inflight_bytes_per_thread
         self.inflight_bytes = threads * per_thread * max(1, len(reads))
+        if max_workgroups:
+            # a persistent workgroup streams its share a few in-flight windows per chunk: a chunk's
+            # reads enter the memory system at once, and larger ones would flood its queues
+            windows = math.ceil(largest * max(1, len(reads)) / (self.workgroups * PERSISTENT_CHUNK_WINDOWS
+                                                                  * self.inflight_bytes))
+            self.chunks = max(1, min(MAX_PERSISTENT_CHUNKS, windows))
+        else:
+            self.chunks = max(1, min(MAX_CHUNKS, math.ceil(real / self.workgroups)))
+        self.units = math.ceil(largest / bytes_per_thread)
+        self.wavefronts = shape.wavefronts(gpu.config.cu.wavefront_size)
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.kernel = Kernel(
             name=name,
@@ -251,6 +268,11 @@ def execute_elementwise(ctx, op):
         geometry = {"threads": SCALAR_THREADS, "bytes_per_thread": per_thread,
                     "inflight_bytes_per_thread": min(per_thread, ctx.gpu.config.streaming_inflight_bytes_per_thread),
                     "int_ops": offset_instructions(op.index_dims, n_in + n_out, op.kind) * op.elements}
+    if op.workgroups:
+        impl = f"{impl}_persistent{op.workgroups}"
+        geometry["max_workgroups"] = op.workgroups
+    if op.inflight_bytes_per_thread:
+        geometry["inflight_bytes_per_thread"] = op.inflight_bytes_per_thread
     kernel = StreamingKernel(ctx.gpu, impl, reads, writes, flops * op.elements, "fp32", **geometry)
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=impl, flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
