@@ -389,14 +389,19 @@ def _interference_select(frame: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(measured_slowdown=rows["gemm_ms"] / rows["alone_ms"])
 
 
-def _interference_point(row: pd.Series) -> dict[str, Any]:
+def _interference_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """Both measured times are between two events on the GEMM's stream, so their fixed costs cancel
     in the ratio; the measurement charges no host cost (the GEMM was queued behind a sleep)."""
-    return {"kind": "interference", "system": "h200-sxm", "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
-            "programs": int(row["programs"]), "measured_alone_s": float(row["alone_ms"]) * 1e-3,
-            "copy_bytes": round(float(row["background_gb_per_s_alone"]) * float(row["background_alone_ms"]) * 1e6
-                                * min(1.0, INTERFERENCE_COPY_MARGIN * float(row["gemm_ms"]) / float(row["background_ms"]))),
-            "overrides": {"gpu.kernel_launch_ns": 0.0}}
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "interference", "system": system, "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
+                "programs": int(row["programs"]), "measured_alone_s": float(row["alone_ms"]) * 1e-3,
+                "copy_bytes": round(float(row["background_gb_per_s_alone"]) * float(row["background_alone_ms"]) * 1e6
+                                    * min(1.0, INTERFERENCE_COPY_MARGIN * float(row["gemm_ms"])
+                                          / float(row["background_ms"]))),
+                "overrides": {"gpu.kernel_launch_ns": 0.0}}
+
+    return point
 
 
 def _reuse_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
@@ -412,7 +417,7 @@ def _reuse_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
 def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
     """The data sets of one Hopper GPU's measurements (``validation/measured/<folder>``): aligned and
     unaligned GEMMs, concurrent GEMMs, element-wise kernels and row reductions (all with a cold L2),
-    and the two working-set sweeps (warm, from a CUDA graph)."""
+    GEMMs beside a persistent copy, and the two working-set sweeps (warm, from a CUDA graph)."""
     system = HOPPER_MEASUREMENTS[folder]
     gpu = folder.upper()
 
@@ -437,6 +442,15 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
                        tolerances={"median": 0.05, "p90": 0.15}, select=_hopper_concurrency_select, group="count",
                        columns=("sim_sequential_s", "sim_concurrent_s", "simulated_speedup"))
 
+    def interference() -> DataSet:
+        return DataSet(name=f"interference-{folder}", description=f"three fp16 GEMMs (8192^3, T-NLG FC-2 and OP at "
+                       f"TP 8) on an {gpu} beside a persistent copy over 1 GiB by 8-66 programs (one per SM, 16 KiB "
+                       "in flight each) launched before them on another stream and outlasting them; compared as the "
+                       "GEMM's time beside the copy over its time alone", file=f"{folder}/interference.csv",
+                       system=system, point=_interference_point(system), measured_s=_ms("gemm_ms"),
+                       tolerances={"median": 0.10, "p90": 0.25}, select=_interference_select, group="programs",
+                       columns=("sim_alone_s", "sim_beside_s", "simulated_slowdown"))
+
     def sweep(name: str, access: str, description: str) -> DataSet:
         return DataSet(name=f"{name}-{folder}", description=f"{description}, on an {gpu}, call after call from a "
                        "CUDA graph; time per call", file=f"{folder}/l2.csv", system=system, point=_reuse_point(system),
@@ -455,6 +469,7 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
         streaming("elementwise", "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, "
                   "tanh) over 2^10-2^30 values"),
         streaming("rowreduce", "PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes"),
+        interference(),
         sweep("l2", "read_write_inplace", "an fp32 buffer of 4-256 MiB scaled in place: the L2's bandwidth while it "
               "fits, the capacity where it stops fitting, then the HBM's"),
         sweep("l2-rowsum", "read_rowsum", "an fp32 buffer of 4-256 MiB summed by rows of 2048 values (the L2 read back "
@@ -548,21 +563,6 @@ DATASETS: dict[str, DataSet] = {
         ),
         *_hopper_datasets("h200"),
         *_hopper_datasets("h100"),
-        DataSet(
-            name="interference-h200",
-            description="three fp16 GEMMs (8192^3, T-NLG FC-2 and OP at TP 8) on an H200 beside a persistent copy "
-            "over 1 GiB by 8-66 programs (one per SM, 16 KiB in flight each) launched before them on another stream "
-            "and lasting about three times as long; "
-            "compared as the GEMM's time beside the copy over its time alone",
-            file="h200/interference.csv",
-            system="h200-sxm",
-            point=_interference_point,
-            measured_s=_ms("gemm_ms"),
-            tolerances={"median": 0.10, "p90": 0.25},
-            select=_interference_select,
-            group="programs",
-            columns=("sim_alone_s", "sim_beside_s", "simulated_slowdown"),
-        ),
         DataSet(
             name="allreduce-dgx-a100",
             description="vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 GPUs in a node and "
