@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 GEMMS = ((8192, 8192, 8192), (8192, 4256, 2128), (8192, 4256, 532), (8192, 4256, 536), (4096, 4096, 1530),
          (35, 8457, 2048), (2048, 7133, 2048), (5124, 9124, 2048), (1024, 700, 512))
@@ -27,16 +23,9 @@ cuBLAS runs a fallback kernel), an aligned neighbour of OP, and DeepBench's unal
 
 def write_kernels(writer: csv.DictWriter, shape: tuple, work) -> None:
     """Profile one call of ``work`` and write a row per kernel it ran."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        work()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "trace.json")
-        prof.export_chrome_trace(path)
-        events = json.loads(Path(path).read_text()).get("traceEvents", [])
-    for event in events:
-        if event.get("ph") != "X" or event.get("cat") != "kernel":
-            continue
+    from interference import device_events
+
+    for event in device_events(work, ("kernel",)):
         info = event.get("args", {})
         row = {"m": shape[0], "n": shape[1], "k": shape[2], "name": event["name"][:160],
                "registers_per_thread": info.get("registers per thread"),

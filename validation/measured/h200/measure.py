@@ -737,6 +737,17 @@ def chains(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"chain: {table.rows} kernels")
 
 
+def reduction_call(kind: str, rows: int, cols: int, device: str) -> Callable[[], object]:
+    """One call of a reduction (or ``add``, a tiny in-place add for reference) over a fresh random
+    ``rows x cols`` fp16 tensor, with a weight (and bias) where the kind takes them."""
+    x = torch.randn(rows, cols, dtype=torch.float16, device=device)
+    weight = torch.randn(cols, dtype=torch.float16, device=device)
+    bias = torch.randn(cols, dtype=torch.float16, device=device)
+    return {"sum": lambda: x.sum(dim=1), "colsum": lambda: x.sum(dim=0), "softmax": lambda: torch.softmax(x, dim=-1),
+            "layernorm": lambda: F.layer_norm(x, (cols,), weight, bias), "rmsnorm": lambda: F.rms_norm(x, (cols,), weight),
+            "add": lambda: x.add_(1.0)}[kind]
+
+
 def reduction_costs(bench: Bench, out: Path, dry: bool) -> None:
     """Reductions whose fixed costs the model lacks (docs/validation.md, stop 21): row sums of one and
     of 16 dependent loads per lane, GPT-2's column sums (bias gradients), layer norm beside RMS norm,
@@ -750,18 +761,11 @@ def reduction_costs(bench: Bench, out: Path, dry: bool) -> None:
         if bench.left_s() < 30:
             bench.log(f"reduction_costs: out of time at {kind} {rows}x{cols}")
             break
-        x = torch.randn(rows, cols, dtype=torch.float16, device=bench.device)
-        weight = torch.randn(cols, dtype=torch.float16, device=bench.device)
-        bias = torch.randn(cols, dtype=torch.float16, device=bench.device)
-        run = {"sum": lambda x=x: x.sum(dim=1), "colsum": lambda x=x: x.sum(dim=0),
-               "layernorm": lambda x=x, w=weight, b=bias: F.layer_norm(x, (x.shape[-1],), w, b),
-               "rmsnorm": lambda x=x, w=weight: F.rms_norm(x, (x.shape[-1],), w),
-               "add": lambda x=x: x.add_(1.0)}[kind]
+        run = reduction_call(kind, rows, cols, bench.device)
         times = timed_case(bench, run)
         for index, kernel in enumerate(graph_kernels(bench, run, flush=True)):
             table.add({"kind": kind, "rows": rows, "cols": cols, "dtype": "fp16", **times, "kernel": index,
                        "name": kernel["name"][:120], "duration_us": kernel["dur"]})
-        del x, weight, bias
     table.close()
     bench.log(f"reduction_costs: {table.rows} kernels")
 
@@ -788,20 +792,13 @@ def reduction_grid(bench: Bench, out: Path, dry: bool) -> None:
         if bench.left_s() < 20:
             bench.log(f"reduction_grid: out of time at {kind} {rows}x{cols}")
             break
-        x = torch.randn(rows, cols, dtype=torch.float16, device=bench.device)
-        weight = torch.randn(cols, dtype=torch.float16, device=bench.device)
-        bias = torch.randn(cols, dtype=torch.float16, device=bench.device)
-        run = {"colsum": lambda x=x: x.sum(dim=0),
-               "softmax": lambda x=x: torch.softmax(x, dim=-1),
-               "layernorm": lambda x=x, w=weight, b=bias: F.layer_norm(x, (x.shape[-1],), w, b),
-               "rmsnorm": lambda x=x, w=weight: F.rms_norm(x, (x.shape[-1],), w)}[kind]
+        run = reduction_call(kind, rows, cols, bench.device)
         run()
         graph = bench.graph_ms(run, reps_for(bench.host_ms(run, 3) / 4, most=100), replays=3)
         for index, kernel in enumerate(graph_kernels(bench, run, flush=True)):
             table.add({"kind": kind, "rows": rows, "cols": cols, "dtype": "fp16", "graph_ms": graph, "kernel": index,
                        "name": kernel["name"][:120], "grid": "x".join(map(str, kernel["grid"])),
                        "block": "x".join(map(str, kernel["block"])), "duration_us": kernel["dur"]})
-        del x, weight, bias
     table.close()
     bench.log(f"reduction_grid: {table.rows} kernels")
 
