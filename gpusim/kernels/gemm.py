@@ -408,7 +408,19 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
         inflight = min(inflight, gpu.cu.max_inflight_bytes)
     parallelism = per_cu * wg_bytes * latency / inflight
     reduction = (partials + problem.m * problem.n * problem.batch * problem.dtype_bytes) / gpu.hbm.sustained_bandwidth_bytes_per_s * 1e9
-    return max(compute, memory, parallelism) + reduction + (gpu.dependent_launch_ns if spec.split_k > 1 else 0.0)
+    return max(compute, memory, parallelism) + reduction + (split_k_fixed_ns(gpu) if spec.split_k > 1 else 0.0)
+
+
+def split_k_fixed_ns(gpu: GpuConfig) -> float:
+    """What a split-K GEMM's reduction kernel costs beyond moving its bytes, ns: it is a second kernel,
+    so it waits for the GEMM's completion (``dependent_launch_ns``), pays the GPU's own cost of a
+    kernel (``kernel_device_ns``) and, however small its output, one round trip to memory between
+    reading the partials and writing C (the unloaded miss latency), as the simulation charges it.
+    cuBLAS's ``splitKreduce_kernel`` takes 1.95-2.56 us on the H200 for outputs of up to 256 x 256
+    and 3.0-5.5 us for larger ones (``validation/measured/h200/gemm_kernels.csv``); cuBLAS does not
+    split GEMMs whose K loop is shorter than that saves (1760-2560 x 16-128 x 1760-2560 run unsplit
+    on 56-112 CTAs)."""
+    return gpu.dependent_launch_ns + gpu.kernel_device_ns + gpu.unloaded_miss_latency_ns
 
 
 def tile_accesses(problem: GemmProblem, spec: GemmKernelSpec, depth: int, output: bool) -> float:
