@@ -20,9 +20,8 @@ from gpusim.kernels.fused import (
     expected_bytes,
     ring_all_gather_config,
 )
+from tests.test_fused import FC4, RING8, run
 
-RING8 = gpusim.load_system("t3-ring8")
-FC4 = RING8.with_overrides({"topology.kind": "fully_connected", "num_gpus": 4})
 HGX = gpusim.load_system("hgx-h200")
 M, N, K = 4096, 2048, 2048  # 128 output tiles of 256 x 128: several waves on 80 CUs
 SHARD = M * N * 2
@@ -82,10 +81,6 @@ def test_every_received_tile_waits_for_one_store_per_element(n, valid):
             assert value == (0 if own else layout.valid[tile])
     mirrored = expected_bytes(configs[0], [configs[0]], layout, Frame(configs[0], layout, True))
     assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
-
-
-def run(system, op, mode="symmetric", policy="round-robin"):
-    return gpusim.run(system, [op], mode=mode, memory_policy=policy)
 
 
 @pytest.mark.parametrize("system, algorithm", [(RING8, "ring"), (FC4, "direct"), (FC4, "ring")])

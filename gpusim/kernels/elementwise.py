@@ -181,8 +181,7 @@ class StreamingKernel:
         if max_workgroups:
             # a persistent workgroup streams its share a few in-flight windows per chunk: a chunk's
             # reads enter the memory system at once, and larger ones would flood its queues
-            windows = math.ceil(largest * max(1, len(reads)) / (self.workgroups * PERSISTENT_CHUNK_WINDOWS
-                                                                  * self.inflight_bytes))
+            windows = math.ceil(largest / (self.workgroups * PERSISTENT_CHUNK_WINDOWS * threads * per_thread))
             self.chunks = max(1, min(MAX_PERSISTENT_CHUNKS, windows))
         else:
             self.chunks = max(1, min(MAX_CHUNKS, math.ceil(real / self.workgroups)))
