@@ -118,23 +118,3 @@ def test_sectors_held_never_exceed_the_capacity(accesses):
         held = sum(mask.bit_count() for mask in l2.present.values())
         assert held == l2.occupied_sectors <= l2.capacity_sectors
         assert set(l2.present) == set(l2.blocks)
-
-
-def second_kernel_s(source: str, extra: float) -> float:
-    """The second of two out-of-place scales of 4 MiB on the H200 (L2-resident): it reads the first's
-    output (``source="y"``) or the first's input again (``"x"``)."""
-    import gpusim
-    from gpusim import ops
-
-    system = gpusim.load_system("h200-sxm", {"gpu.kernel_launch_ns": 0.0, "gpu.l2.written_read_extra": extra})
-    elements = 2 * 2**20
-    first = ops.Elementwise("scale", elements, inputs=("x",), out="y")
-    second = ops.Elementwise("scale", elements, inputs=(source,), out="z")
-    return float(gpusim.run(system, [first, second]).ops["duration_s"].iloc[1])
-
-
-def test_reading_what_a_kernel_just_wrote_costs_the_far_half_of_the_l2_more():
-    """Hopper's L2 keeps a line one SM wrote in one half, and the SMs on the other side read it across
-    (``l2.written_read_extra``); data that was only read costs its bytes once."""
-    assert second_kernel_s("y", 0.5) > 1.1 * second_kernel_s("x", 0.5)
-    assert second_kernel_s("y", 0.0) == pytest.approx(second_kernel_s("x", 0.0), rel=0.02)

@@ -100,13 +100,6 @@ class L2Config(Model):
         Whether a write that allocates in the L2 also goes on to DRAM as it arrives, leaving the
         block clean (later reads still hit it), instead of staying dirty until it is evicted: a
         kernel pays for its own writes, not the kernels after it.
-    written_read_extra
-        Extra L2 bandwidth, per byte, of a read hit on data written since it was last read (a
-        consumer reading its producer's output, or an in-place update's next pass), as a fraction
-        of the bytes read.  A partitioned L2 (NVIDIA's A100 and Hopper) keeps a line that only one
-        SM wrote in one half; the SMs of the other half, about half of a kernel's workgroups, read it
-        through a slice on each side, so such reads cost 1.5 times their bytes on average (0.5).  Data
-        that was read before (and may be held in both halves) costs its bytes once.  0: no extra.
     """
 
     capacity_bytes: Bytes
@@ -119,7 +112,6 @@ class L2Config(Model):
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
     write_through: bool = False
-    written_read_extra: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

@@ -90,9 +90,6 @@ class L2Cache:
         self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
         self.remote_writes_allocate = config.remote_writes_allocate
         self.write_through = config.write_through
-        self.written_read_extra = config.written_read_extra
-        # block id -> bit mask of the sectors written since they were last read (only with written_read_extra)
-        self.written: dict[int, int] = {}
         # block id -> dirty bytes (0 when clean)
         self.blocks: OrderedDict[int, int] = OrderedDict()
         # block id -> bit mask of the sectors present (fetched, being fetched, or written)
@@ -187,7 +184,6 @@ class L2Cache:
             victim, dirty = blocks.popitem(last=False)
             stats.evictions += 1
             fills.pop(victim, None)
-            self.written.pop(victim, None)
             self.occupied_sectors -= present.pop(victim).bit_count()
             if dirty:
                 stats.writebacks += 1
@@ -197,7 +193,6 @@ class L2Cache:
         """Drop ``block`` (its data was replaced behind the cache, e.g. by a near-memory update)."""
         if self.blocks.pop(block, None) is not None:
             self.fills.pop(block, None)
-            self.written.pop(block, None)
             self.occupied_sectors -= self.present.pop(block).bit_count()
 
     def flush(self) -> list[tuple[int, int]]:
@@ -206,21 +201,6 @@ class L2Cache:
         for block, _ in dirty:
             self.blocks[block] = 0
         return dirty
-
-    def read_written(self, block: int, sectors: int) -> int:
-        """Clear the written marks of ``sectors`` of ``block`` (it is being read); return how many
-        of them were marked."""
-        marks = self.written.get(block)
-        if marks is None:
-            return 0
-        hit = marks & sectors
-        if hit:
-            left = marks & ~sectors
-            if left:
-                self.written[block] = left
-            else:
-                del self.written[block]
-        return hit.bit_count()
 
     def bandwidth_done(self, now: float, nbytes: float) -> float:
         """Reserve L2 bandwidth for ``nbytes``; return when they have passed, including hit latency."""

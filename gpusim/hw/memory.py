@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpusim.engine.primitives import Join
-from gpusim.hw.cache import ALL_SECTORS, Fill, L2Cache
+from gpusim.hw.cache import Fill, L2Cache
 from gpusim.hw.hbm import READ, UPDATE, WRITE, AddressMap
 from gpusim.hw.memctrl import MemoryController
 from gpusim.hw.request import COMM, COMPUTE, MemRequest
@@ -111,24 +111,13 @@ class MemorySystem:
         lookup = l2.lookup
         waited = None  # the fill the previous block waited for, unless a fill was issued since
         first_whole, last_whole = -(-addr // size), end // size - 1  # blocks the range covers entirely
-        written = l2.written if l2.written_read_extra else None
-        marked = 0  # sectors read that were written since they were last read
         while block <= last:
             whole = first_whole <= block <= last_whole
             if whole:
                 state = lookup(block, now)
-                if written and block in written:
-                    cleared = l2.read_written(block, ALL_SECTORS)
-                    if state is not False:  # a miss refetches the lines from DRAM
-                        marked += cleared
             else:
                 base = block * size
-                touched = l2.sectors(max(addr, base) - base, min(end, base + size) - base)
-                state = lookup(block, now, touched)
-                if written and block in written:
-                    cleared = l2.read_written(block, touched)
-                    if state is not False:
-                        marked += cleared
+                state = lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
             if state is False:
                 if run_first < 0:
                     run_first = block
@@ -145,9 +134,6 @@ class MemorySystem:
             block += 1
         if run_first >= 0:
             missed += self._fill(run_first, last, addr, end, join, stream, run_bytes)
-        if marked:  # hits on written data: the far half's reads pass a slice on each side
-            extra = min(marked * l2.sector_bytes, served) * l2.written_read_extra
-            join.extend_to(l2.pipe.reserve(now, extra) + l2.hit_latency)
         return missed
 
     def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str,
@@ -206,10 +192,7 @@ class MemorySystem:
             base = block * size
             lo = addr - base if addr > base else 0
             hi = end - base if end < base + size else size
-            touched = sectors(lo, hi)
-            evicted = insert(block, 0 if l2.write_through else hi - lo, None, touched)
-            if l2.written_read_extra:
-                l2.written[block] = l2.written.get(block, 0) | touched
+            evicted = insert(block, 0 if l2.write_through else hi - lo, None, sectors(lo, hi))
             if evicted:
                 self._writeback(evicted, join)
             block += 1
