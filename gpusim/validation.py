@@ -189,7 +189,7 @@ INTERFERENCE_INFLIGHT_BYTES_PER_THREAD = 64
 def simulate_interference(hardware: Any, m: int, n: int, k: int, programs: int, copy_bytes: int,
                           measured_alone_s: float, dtype: str = "fp16") -> dict[str, Any]:
     """A GEMM alone, and beside a persistent copy of ``programs`` workgroups launched before it on
-    another stream, as ``interference-h200`` measured them.
+    another stream, as ``interference-h200`` and ``interference-h100`` measured them.
 
     Parameters
     ----------

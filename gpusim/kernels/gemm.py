@@ -629,10 +629,11 @@ class GemmKernel:
         self.run_a, self.run_b = panel_runs(problem, spec)
         self.multicast = multicast(problem, spec, gpu.config)
         self.inflight_limit = TmaInflight if loads_by_tma(spec, gpu.config) else InflightLimit
+        shape = workgroup_shape(spec, problem.dtype, gpu.config)
         self.kernel = Kernel(
             name=name or f"gemm_{spec.name}",
             num_wgs=num_workgroups(problem, spec),
-            shape=workgroup_shape(spec, problem.dtype, gpu.config),
+            shape=shape,
             body=self._workgroup,
             cu_mask=cu_mask,
             wg_order=wg_order if wg_order is not None else grouped_order(self.tiles_m, self.tiles_n, problem.batch,
@@ -641,7 +642,7 @@ class GemmKernel:
                 "impl": spec.name,
                 "flops": problem.flops,
                 "workgroups": num_workgroups(problem, spec),
-                "occupancy": occupancy(workgroup_shape(spec, problem.dtype, gpu.config), gpu.config.cu),
+                "occupancy": occupancy(shape, gpu.config.cu),
             },
         )
 
