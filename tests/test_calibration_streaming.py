@@ -36,16 +36,18 @@ def test_long_rows_reread_from_dram_short_rows_from_the_l2():
     assert long_reads >= 2.9 * 1024 * 32768 * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/validation.md): measured 1.52 ms (32768 x 4096) vs 2.18 ms (4096 x 32768); "
-    "the model gives 1.86 vs 1.60 ms: with PyTorch 2.0's 256-thread blocks the short rows of the resident "
-    "workgroups (6.5 MiB) and the output crowd the 8 MiB L2, and both shapes re-read their rows from DRAM",
-)
 def test_long_row_softmax_is_slower_than_short_row_softmax_of_the_same_size():
+    """LLMCompass's MI210: 1.52 ms for 32768 rows of 4096 against 2.18 ms for 4096 rows of 32768.
+    PyTorch 2.0's kernel reads a row three times; the short rows of the workgroups resident together
+    (neighbours, as the hardware dispatches them in order) mostly stay in the 8 MiB L2 between the
+    passes, the long ones do not (a strict expected failure until stop 26 dealt the rows round by
+    round: 1.86 against 1.60 ms)."""
     system = gpusim.load_system("mi210")
     short = gpusim.run(system, ops.RowReduce("softmax", 32768, 4096, library="pytorch-2.0"))
     long = gpusim.run(system, ops.RowReduce("softmax", 4096, 32768, library="pytorch-2.0"))
+    nbytes = 32768 * 4096 * 2
+    assert short.dram_totals().query("direction == 'read'")["bytes"].sum() < 2.5 * nbytes
+    assert long.dram_totals().query("direction == 'read'")["bytes"].sum() >= 2.9 * nbytes
     assert long.time_s > 1.15 * short.time_s
 
 

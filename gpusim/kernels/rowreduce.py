@@ -497,11 +497,15 @@ class RowReduceKernel:
         return stop - first
 
     def _range(self, wg: int, chunk: int) -> tuple[int, int]:
-        """Real workgroups ``[first, stop)`` that chunk ``chunk`` of slot ``wg`` stands for."""
-        per_slot = self.real / self.workgroups
-        first = math.floor(wg * per_slot + chunk * per_slot / self.chunks)
-        stop = math.floor(wg * per_slot + (chunk + 1) * per_slot / self.chunks)
-        return first, stop
+        """Real workgroups ``[first, stop)`` that chunk ``chunk`` of slot ``wg`` stands for.
+
+        The chunks are dealt out round by round, as the hardware dispatches workgroups in order:
+        the ``chunk``-th chunks of all slots cover one contiguous run of rows, so the workgroups
+        resident together read neighbouring rows (and DRAM rows), and a grid that overflows its
+        slots leaves its last workgroups to a partial round (the tail)."""
+        per_piece = -(-self.real // (self.workgroups * self.chunks))
+        piece = chunk * self.workgroups + wg
+        return min(self.real, piece * per_piece), min(self.real, (piece + 1) * per_piece)
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         gpu = self.gpu
