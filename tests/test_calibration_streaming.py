@@ -11,7 +11,7 @@ LAYERNORM_GAP = pytest.mark.xfail(
     strict=True,
     reason="known gap (docs/validation.md): the measured torch.compile layernorm costs 34-55 us even on "
     "256 KiB inputs, 13-34 us more than GeLU and softmax calls of the same size; Inductor's Triton kernel in "
-    "the model leaves the eleven smallest shapes 27-55% too fast, and the median (29.2%) misses 20%",
+    "the model leaves the persistent shapes (4096 x 32-1024) about 40% too fast, and the median (23.7%) misses 20%",
 )
 
 

@@ -66,6 +66,15 @@ INDUCTOR_RBLOCK = 2048
 SOFTMAX_MAX_REGISTERS = 10
 """PyTorch's block softmax keeps a row in registers when each thread holds fewer of its elements
 than this (``potential_register_count``)."""
+SUM_COMBINE_OPS = 2.0
+"""Instructions of one step of a sum's (or a maximum's) reduction in a wavefront: a shuffle and an add."""
+WELFORD_COMBINE_OPS = 22.0
+"""Instructions of one step of a Welford reduction in a wavefront (``cuWelfordCombine`` after three
+shuffles): two adds, the count's test, a precise reciprocal (about six), the two weights, the mean
+(a multiply and a multiply-add) and the variance (four), and the loop."""
+LDS_EXCHANGE_OPS = 2.0
+"""Instructions of a cross-wavefront reduction step beside the combination (the store to and the
+load from the local data share)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,9 @@ class RowPass:
     combine_cycles
         Extra latency of one step of that reduction beyond an add, cycles (Welford's combination of
         means and variances divides by the counts).
+    combine_ops
+        Instructions of one step of that reduction in each wavefront: the exchanges and the
+        combination (a shuffle and an add for a sum or a maximum).
     writes
         Whether the pass writes the output.
     """
@@ -97,6 +109,7 @@ class RowPass:
     transcendentals_per_element: float = 0.0
     reduction: str | None = None
     combine_cycles: float = 0.0
+    combine_ops: float = SUM_COMBINE_OPS
     writes: bool = False
 
 
@@ -192,7 +205,7 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     size = DTYPE_BYTES[dtype]
     if kind.endswith("_backward"):
         forward = row_kernel(kind.removesuffix("_backward"), rows, cols, dtype, gpu, library)
-        return _backward_kernel(forward)
+        return _backward_kernel(forward, statistics=2 if kind == "layernorm_backward" else 1)
     if kind == "colsum":
         if library == "inductor":
             raise ValueError("RowReduce: kind 'colsum' is modelled for PyTorch's eager kernels only")
@@ -220,7 +233,7 @@ def _norm_passes(kind: str, later: str) -> tuple[RowPass, RowPass]:
     (docs/validation.md, stop 25)."""
     if kind == "layernorm":
         return (RowPass("memory", ops_per_element=16.0, transcendentals_per_element=1.0, reduction="block",
-                        combine_cycles=90.0),
+                        combine_cycles=90.0, combine_ops=WELFORD_COMBINE_OPS),
                 RowPass(later, ops_per_element=7.0, writes=True))
     return (RowPass("memory", ops_per_element=3.0, reduction="block"), RowPass(later, ops_per_element=5.0, writes=True))
 
@@ -277,17 +290,18 @@ BACKWARD_NAMES = {"vectorized_layer_norm_kernel": "layer_norm_grad_input_kernel_
 """Backward kernels whose names do not follow from the forward's (``Forward`` -> ``Backward``)."""
 
 
-def _backward_kernel(forward: RowKernelSpec) -> RowKernelSpec:
+def _backward_kernel(forward: RowKernelSpec, statistics: int) -> RowKernelSpec:
     """The backward kernel of a softmax or a layer norm, shaped as its forward kernel.
 
     The library's backward kernels keep the forward's geometry (a wavefront or a block per row, the
     same vectors) and read the incoming gradient beside the forward's output (softmax) or input
-    (layer norm) wherever the forward reads its row: a first pass reduces one statistic per row
-    (``sum(dy * y)``; the layer norm's two sums, without Welford's divisions), the forward's last pass
+    (layer norm) wherever the forward reads its row: a first pass reduces ``statistics`` sums per
+    row (``sum(dy * y)``; the layer norm's two, without Welford's divisions), the forward's last pass
     writes the gradient (no exponentials).
     """
     first, last = forward.passes[0], forward.passes[-1]
-    passes = (replace(first, transcendentals_per_element=0.0, combine_cycles=0.0),
+    passes = (replace(first, transcendentals_per_element=0.0, combine_cycles=0.0,
+                      combine_ops=statistics * SUM_COMBINE_OPS),
               replace(last, transcendentals_per_element=0.0))
     name = BACKWARD_NAMES.get(forward.name, forward.name.replace("Forward", "Backward").replace("forward", "backward"))
     return replace(forward, name=name, passes=passes, inputs=2)
@@ -363,7 +377,10 @@ def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKern
     """The Triton kernel ``torch.compile`` generates: one row per program of 4 wavefronts;
     a *persistent* reduction (the whole row loaded at once and kept in registers) for rows of at
     most 1024 elements, a *looped* one (chunks of 2048 elements, 16-byte loads; the statistics
-    loop, then a second loop that re-reads the row) for longer rows."""
+    loop, then a second loop that re-reads the row) for longer rows.  A persistent layer norm takes
+    its variance as a second sum, of the squared deviations from the mean (Inductor's
+    ``welford_reduce_fallback``: with the row in registers Welford's updates buy nothing); a looped
+    one runs Welford's updates and combinations."""
     threads = 4 * gpu.cu.wavefront_size
     row_bytes = cols * size
     persistent = cols <= INDUCTOR_PERSISTENT_MAX_COLS
@@ -373,6 +390,10 @@ def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKern
         passes = _softmax_passes("memory", source, "block", load_ops=1.0 / max(1, vector // size))
     elif kind == "sum":
         passes = (RowPass("memory", ops_per_element=2.0, reduction="block", writes=True),)
+    elif kind == "layernorm" and persistent:
+        passes = (RowPass("memory", ops_per_element=3.0, reduction="block"),
+                  RowPass("registers", ops_per_element=3.0, reduction="block"),
+                  RowPass("registers", ops_per_element=4.0, writes=True))
     else:
         passes = _norm_passes(kind, source)
     return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
@@ -394,6 +415,25 @@ def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cyc
         return wave_steps * step
     waves = max(1, -(-threads // cu.wavefront_size))
     return (wave_steps + 1 + math.log2(waves)) * step + 2 * cu.barrier_cycles
+
+
+def reduction_ops(kind: str | None, threads: int, rows: int, gpu: GpuConfig, combine_ops: float) -> float:
+    """Lane-instructions a workgroup of ``threads`` issues for the reductions of its ``rows``: every
+    wavefront runs ``log2(wavefront)`` steps of ``combine_ops`` instructions for each row it reduces
+    (a wavefront reduction) or for the row (a block-wide one, which adds ``log2(wavefronts)`` steps
+    of one wavefront through the local data share).  They take the CU's issue slots
+    (:meth:`ComputeUnit.compute`) beside the steps' latency (:func:`reduction_cycles`): with many
+    workgroups resident, the instructions bound a reduction-heavy kernel, not the latency."""
+    if kind is None:
+        return 0.0
+    wave = gpu.cu.wavefront_size
+    waves = max(1, -(-threads // wave))
+    instructions = waves * math.log2(min(threads, wave)) * combine_ops
+    if kind == "block":
+        instructions = rows * (instructions + math.log2(waves) * (combine_ops + LDS_EXCHANGE_OPS))
+    else:
+        instructions *= max(1, rows // waves)
+    return instructions * wave
 
 
 def _rounds_ns(iterations: int, latency_ns: float, transfer_ns: float) -> float:
@@ -458,6 +498,10 @@ class RowReduceKernel:
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
+        # a column reduction's lanes each combine their own columns' partial sums: no row's tree
+        self.reduction_ops = [0.0 if spec.columns else
+                              reduction_ops(p.reduction, spec.threads, spec.rows_per_workgroup, config, p.combine_ops)
+                              for p in spec.passes]
         # a loop iteration queues behind those of every workgroup resident with it (_rounds_ns): a
         # slot's n-th chunk runs beside the n-th chunks of the other slots, and a grid that overflows
         # its slots by a few workgroups leaves a tail that runs with the memory to itself
@@ -527,7 +571,8 @@ class RowReduceKernel:
                 if row_pass.source == "memory":
                     yield self._load(cu, lo, hi - lo, blocks * self.iterations, round_bytes).close()
                 work = max(row_pass.ops_per_element, row_pass.transcendentals_per_element * self.transcendental_weight)
-                done = cu.compute(env.now, 2.0 * work * elements, self.flops_per_ns, self.wavefronts)
+                ops = work * elements + blocks * self.reduction_ops[index]
+                done = cu.compute(env.now, 2.0 * ops, self.flops_per_ns, self.wavefronts)
                 stall = blocks * self.reduction_ns[index]
                 if row_pass.writes:
                     stall += blocks * self.combine_ns
