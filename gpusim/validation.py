@@ -404,6 +404,16 @@ def _interference_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
+def _kernel_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    """A row reduction timed by the profiler: the kernel's duration, without a host's cost per call."""
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "rowreduce", "system": system, "op": str(row["kind"]), "rows": int(row["rows"]),
+                "cols": int(row["cols"]), "dtype": str(row["dtype"]), "overrides": {"gpu.kernel_launch_ns": 0.0}}
+
+    return point
+
+
 def _reuse_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """A row of a working-set sweep, replayed from a CUDA graph: no host cost per call."""
 
@@ -451,6 +461,14 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
                        tolerances={"median": 0.10, "p90": 0.25}, select=_interference_select, group="programs",
                        columns=("sim_alone_s", "sim_beside_s", "simulated_slowdown"))
 
+    def grid() -> DataSet:
+        return DataSet(name=f"rowreduce-grid-{folder}", description="PyTorch eager softmax, layer norm, RMS norm and "
+                       f"column sums over 512-16384 rows of 32-4096 fp16 values on an {gpu}: the profiler's kernel "
+                       "durations in a CUDA-graph replay after an L2 flush (no host cost)",
+                       file=f"{folder}/reduction_grid.csv", system=system, point=_kernel_point(system),
+                       measured_s=lambda frame: frame["duration_us"] * 1e-6, tolerances={"median": 0.20},
+                       group="kind", plot_x="rows", plot_by="kind")
+
     def sweep(name: str, access: str, description: str) -> DataSet:
         return DataSet(name=f"{name}-{folder}", description=f"{description}, on an {gpu}, call after call from a "
                        "CUDA graph; time per call", file=f"{folder}/l2.csv", system=system, point=_reuse_point(system),
@@ -469,6 +487,7 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
         streaming("elementwise", "PyTorch element-wise kernels (copy, fill, add, mul, scale, relu, gelu, sigmoid, "
                   "tanh) over 2^10-2^30 values"),
         streaming("rowreduce", "PyTorch eager softmax, layernorm, rmsnorm and row sums over LLMCompass's fp16 shapes"),
+        grid(),
         interference(),
         sweep("l2", "read_write_inplace", "an fp32 buffer of 4-256 MiB scaled in place: the L2's bandwidth while it "
               "fits, the capacity where it stops fitting, then the HBM's"),

@@ -22,7 +22,7 @@ def test_h100_kernels_within_tolerance(name, points):
 
 def test_h100_data_sets_are_the_h200_ones_on_the_h100_preset():
     for name in ("gemm-{}", "gemm-{}-unaligned", "concurrency-{}", "concurrency-eager-{}", "elementwise-{}",
-                 "rowreduce-{}", "l2-{}", "l2-rowsum-{}"):
+                 "rowreduce-{}", "rowreduce-grid-{}", "l2-{}", "l2-rowsum-{}"):
         h100, h200 = validation.get(name.format("h100")), validation.get(name.format("h200"))
         assert (h100.system, h200.system) == ("h100-sxm5", "h200-sxm")
         assert len(h100.load()) == len(h200.load())

@@ -75,3 +75,11 @@ def test_h200_row_reductions_within_tolerance():
     dataset = validation.get("rowreduce-h200")
     frame = validation.compare(dataset, validation.sample(dataset.load(), 16, seed=1), workers=1, progress=False)
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_hopper_row_reduction_kernels_within_tolerance(gpu):
+    # 24 of the grid's 118 kernel durations drawn at random (the whole set: gpusim validate)
+    dataset = validation.get(f"rowreduce-grid-{gpu}")
+    frame = validation.compare(dataset, validation.sample(dataset.load(), 24, seed=1), workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
