@@ -463,7 +463,7 @@ def _hopper_datasets(folder: str) -> tuple[DataSet, ...]:
 
     def grid() -> DataSet:
         return DataSet(name=f"rowreduce-grid-{folder}", description="PyTorch eager softmax, layer norm, RMS norm and "
-                       f"column sums over 512-16384 rows of 32-4096 fp16 values on an {gpu}: the profiler's kernel "
+                       f"column sums over 64-16384 rows of 32-4096 fp16 values on an {gpu}: the profiler's kernel "
                        "durations in a CUDA-graph replay after an L2 flush (no host cost)",
                        file=f"{folder}/reduction_grid.csv", system=system, point=_kernel_point(system),
                        measured_s=lambda frame: frame["duration_us"] * 1e-6, tolerances={"median": 0.20},
