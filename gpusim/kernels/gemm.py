@@ -291,6 +291,12 @@ def workgroup_shape(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig) -> Workgro
     return WorkgroupShape(threads, shape.lds_bytes, launched if fits else shape.registers_per_thread)
 
 
+def resident_workgroups(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig) -> int:
+    """Workgroups of ``spec`` (for ``dtype`` inputs) that one CU of ``gpu`` holds at once, with the
+    resources they really hold (:func:`workgroup_shape`); 0 if none fits."""
+    return occupancy(workgroup_shape(spec, dtype, gpu), gpu.cu)
+
+
 class TmaInflight(InflightLimit):
     """The memory-level parallelism of a workgroup whose loads are TMA bulk copies: bounded by the
     stages its kernel keeps in flight, not by the CU's per-thread load slots
@@ -378,7 +384,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     cus = cus or gpu.num_cus
     spec = pipelined(spec, gpu, problem.dtype)
     shape = spec.shape(problem.dtype)
-    resident = occupancy(workgroup_shape(spec, problem.dtype, gpu), gpu.cu)
+    resident = resident_workgroups(spec, problem.dtype, gpu)
     if resident == 0:
         return math.inf
     groups = num_workgroups(problem, spec)

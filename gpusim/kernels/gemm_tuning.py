@@ -19,7 +19,6 @@ import re
 from collections.abc import Iterable
 
 from gpusim.config.gpu import GpuConfig
-from gpusim.hw.compute import occupancy
 from gpusim.kernels.gemm import (
     ALIGNED_ROW_BYTES,
     FALLBACK_WIDTHS,
@@ -28,7 +27,7 @@ from gpusim.kernels.gemm import (
     candidates,
     estimate_ns,
     for_operands,
-    workgroup_shape,
+    resident_workgroups,
 )
 
 TILES: tuple[tuple[int, int], ...] = (
@@ -96,7 +95,7 @@ def tuning_candidates(problem: GemmProblem, gpu: GpuConfig) -> list[GemmKernelSp
     """Every tuning-library kernel (with sensible split-K factors), as ``gpu`` runs it on the
     operands' rows (:func:`gpusim.kernels.gemm.for_operands`), whose workgroup fits a CU of ``gpu``."""
     kernels = (for_operands(spec, problem, gpu) for spec in TUNING_LIBRARY)
-    fits = [spec for spec in kernels if occupancy(workgroup_shape(spec, problem.dtype, gpu), gpu.cu) > 0]
+    fits = [spec for spec in kernels if resident_workgroups(spec, problem.dtype, gpu) > 0]
     return candidates(problem, fits)
 
 
@@ -134,7 +133,8 @@ def shortlist(problem: GemmProblem, gpu: GpuConfig, count: int = 3, include: Ite
     for spec in ranked:
         if len(chosen) == count:
             break
-        twin = (round(estimates[spec], 1), spec.tile_m * spec.tile_n, spec.split_k, occupancy(workgroup_shape(spec, problem.dtype, gpu), gpu.cu))
+        twin = (round(estimates[spec], 1), spec.tile_m * spec.tile_n, spec.split_k,
+                 resident_workgroups(spec, problem.dtype, gpu))
         if twin not in seen:
             seen.add(twin)
             chosen.append(spec)

@@ -46,8 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpusim.hw.compute import occupancy
-from gpusim.kernels.gemm import GemmProblem, choose_kernel, num_workgroups
+from gpusim.kernels.gemm import GemmProblem, choose_kernel, num_workgroups, resident_workgroups
 from gpusim.kernels.gemm_tuning import parse_kernel, shortlist
 from gpusim.ops import Gemm
 from gpusim.sched.command_processor import (
@@ -492,7 +491,7 @@ class ConcurrencyStudy:
             for degree in self.degrees:
                 spec = parse_kernel(go[degree])
                 groups = num_workgroups(problem, spec)
-                resident = occupancy(spec.shape(problem.dtype), self.gpu.cu)
+                resident = resident_workgroups(spec, problem.dtype, self.gpu)
                 kernel_stats[degree] = (groups, resident, waves(groups, resident, self.gpu.num_cus))
                 row[f"go{degree}_kernel"] = go[degree]
                 row[f"default{degree}_s"] = times[(degree, isolated)]
@@ -581,7 +580,7 @@ class ConcurrencyStudy:
 
         def stats(problem: GemmProblem, shape: str, name: str) -> tuple[float, float, float]:
             spec = parse_kernel(name)
-            count = waves(num_workgroups(problem, spec), occupancy(spec.shape(problem.dtype), self.gpu.cu), self.gpu.num_cus)
+            count = waves(num_workgroups(problem, spec), resident_workgroups(spec, problem.dtype, self.gpu), self.gpu.num_cus)
             run = full.loc[(shape, name)]
             return count, run["l2_accesses"] / math.ceil(count), run["l2_misses"] / math.ceil(count)
 
