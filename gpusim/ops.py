@@ -500,9 +500,9 @@ class RowReduce(Op):
             raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
         if self.library not in LIBRARIES:
             raise OpError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {self.library!r}")
-        if self.kind == "colsum" and self.library == "inductor":
+        if self.kind == "colsum" and self.library.startswith("inductor"):
             raise OpError("RowReduce: field 'library' must be a PyTorch eager library for kind 'colsum' "
-                          "(Inductor's column reductions are not modelled), got 'inductor'")
+                          f"(Inductor's column reductions are not modelled), got {self.library!r}")
         self.rows = _positive_int("RowReduce", "rows", self.rows)
         self.cols = _positive_int("RowReduce", "cols", self.cols)
         _check_dtype("RowReduce", self.dtype)

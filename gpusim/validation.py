@@ -61,6 +61,9 @@ class DataSet:
     columns
         Further values the simulation of a point returns (beside ``simulated_s`` and ``impl``)
         that the comparison keeps as columns.
+    read
+        ``read(path) -> frame``: how to read a file kept as its source wrote it (default: a CSV
+        with a header).
     """
 
     name: str
@@ -75,13 +78,14 @@ class DataSet:
     plot_x: str | None = None
     plot_by: str | None = None
     columns: tuple[str, ...] = ()
+    read: Callable[[Path], pd.DataFrame] | None = None
 
     def load(self) -> pd.DataFrame:
         """The measured rows of the comparison, with a ``measured_s`` column."""
         path = MEASURED_DIR / self.file
         if not path.is_file():
             raise ConfigError(f"data set {self.name!r}: measured data {path} is missing")
-        frame = pd.read_csv(path)
+        frame = pd.read_csv(path) if self.read is None else self.read(path)
         if self.select is not None:
             frame = self.select(frame)
         frame = frame.reset_index(drop=True)
@@ -279,7 +283,13 @@ def _ms(column: str) -> Callable[[pd.DataFrame], pd.Series]:
     return measured
 
 
-def _gemm_point(system: str, column_major: bool) -> Callable[[pd.Series], dict[str, Any]]:
+def _host(host_ns: float | None) -> dict[str, Any]:
+    """The point's preset overrides for a measurement whose host costs ``host_ns`` per call (none:
+    the preset's ``kernel_launch_ns``)."""
+    return {} if host_ns is None else {"overrides": {"gpu.kernel_launch_ns": host_ns}}
+
+
+def _gemm_point(system: str, column_major: bool, host_ns: float | None = None) -> Callable[[pd.Series], dict[str, Any]]:
     """Rows of m, n, k (and, for BLAS data, the column-major ``N``/``T`` flags of A and B).
 
     gpusim's GEMM is row-major: a column-major operand that is not transposed (``N``) is, in
@@ -293,22 +303,54 @@ def _gemm_point(system: str, column_major: bool) -> Callable[[pd.Series], dict[s
         else:
             transposes = {"trans_a": False, "trans_b": False}
         return {"kind": "gemm", "system": system, "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
-                "dtype": str(row.get("dtype", "fp16")), **transposes}
+                "dtype": str(row.get("dtype", "fp16")), **transposes, **_host(host_ns)}
 
     return point
 
 
-def _gelu_point(row: pd.Series) -> dict[str, Any]:
-    return {"kind": "elementwise", "system": "mi210", "op": "gelu", "elements": int(row["elements"]),
-            "dtype": str(row["dtype"])}
-
-
-def _rowreduce_point(kind: str, library: str) -> Callable[[pd.Series], dict[str, Any]]:
+def _gelu_point(system: str, host_ns: float | None = None) -> Callable[[pd.Series], dict[str, Any]]:
     def point(row: pd.Series) -> dict[str, Any]:
-        return {"kind": "rowreduce", "system": "mi210", "op": kind, "rows": int(row["m"]), "cols": int(row["n"]),
-                "dtype": str(row["dtype"]), "library": library}
+        return {"kind": "elementwise", "system": system, "op": "gelu", "elements": int(row["elements"]),
+                "dtype": str(row["dtype"]), **_host(host_ns)}
 
     return point
+
+
+def _rowreduce_point(kind: str, library: str, system: str = "mi210",
+                     host_ns: float | None = None) -> Callable[[pd.Series], dict[str, Any]]:
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "rowreduce", "system": system, "op": kind, "rows": int(row["m"]), "cols": int(row["n"]),
+                "dtype": str(row["dtype"]), "library": library, **_host(host_ns)}
+
+    return point
+
+
+LLMCOMPASS_A100_HOST_NS = {"gemm": 26000.0, "softmax": 10000.0, "layernorm": 46000.0, "gelu": 46000.0}
+"""Host cost of one timed call on LLMCompass's A100 machine, by call, ns: ``torch.matmul`` and
+``torch.softmax`` eager, GeLU and layer norm under ``torch.compile`` (PyTorch 2.0).  Each is the
+preset's ``kernel_launch_ns`` for its data set, fitted on its smallest calls
+(``validation/calibration/fits.sh``); the machine's host is not the GPU's, so the preset keeps
+its own."""
+
+
+def _llmcompass_gemm(path: Path) -> pd.DataFrame:
+    """LLMCompass's ``matmul_<GPU>.csv`` as written: ``m, n, k, <ms>ms, <TFLOPS>Tflops`` (no
+    header); ``run_on_gpu`` multiplies bf16 matrices."""
+    frame = pd.read_csv(path, header=None, names=["m", "n", "k", "time", "tflops"], skipinitialspace=True)
+    frame["time_ms"] = frame["time"].str.removesuffix("ms").astype(float)
+    return frame[["m", "n", "k", "time_ms"]].assign(dtype="bf16")
+
+
+def _llmcompass_rate(columns: list[str]) -> Callable[[Path], pd.DataFrame]:
+    """A reader of LLMCompass's row-reduction and GeLU files as written: the shape's ``columns``,
+    then the rate in 10^9 elements per second (no header); fp16."""
+
+    def read(path: Path) -> pd.DataFrame:
+        frame = pd.read_csv(path, header=None, names=[*columns, "gelements_per_s"], skipinitialspace=True)
+        elements = frame[columns].prod(axis=1)
+        return frame.assign(time_ms=elements / frame["gelements_per_s"] * 1e-6, dtype="fp16")
+
+    return read
 
 
 HOPPER_COLD_CALL_NS = 2800.0
@@ -531,6 +573,33 @@ def _allreduce_point(row: pd.Series) -> dict[str, Any]:
             "dtype": "fp16"}
 
 
+def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
+    """LLMCompass's A100 measurements (``validation/measured/llmcompass-a100``, files as published):
+    the MI210 data sets' calls, timed the same way on an A100 SXM4 80GB."""
+    folder = "llmcompass-a100"
+    system = "a100-sxm4"
+    host = LLMCOMPASS_A100_HOST_NS
+    how = "on an A100 SXM4 80GB, host wall clock of one call"
+    return (
+        DataSet(name="gemm-a100", description=f"LLMCompass's 20 bf16 GEMMs (torch.matmul, cuBLAS) {how}",
+                file=f"{folder}/matmul_A100.csv", system=system, read=_llmcompass_gemm,
+                point=_gemm_point(system, column_major=False, host_ns=host["gemm"]), measured_s=_ms("time_ms"),
+                tolerances={"median": 0.15, "p90": 0.35}),
+        DataSet(name="softmax-a100", description=f"LLMCompass's row-wise softmax over m x n fp16 (PyTorch 2.0) {how}",
+                file=f"{folder}/softmax_A100.csv", system=system, read=_llmcompass_rate(["m", "n"]),
+                point=_rowreduce_point("softmax", "pytorch-2.0", system, host["softmax"]),
+                measured_s=_ms("time_ms"), tolerances={"median": 0.20}),
+        DataSet(name="layernorm-a100", description=f"LLMCompass's row-wise layernorm over m x n fp16 (torch.compile) "
+                f"{how}", file=f"{folder}/layernorm_A100.csv", system=system, read=_llmcompass_rate(["m", "n"]),
+                point=_rowreduce_point("layernorm", "inductor-2.0", system, host["layernorm"]),
+                measured_s=_ms("time_ms"), tolerances={"median": 0.20}),
+        DataSet(name="gelu-a100", description=f"LLMCompass's element-wise GeLU over N fp16 values (torch.compile) {how}",
+                file=f"{folder}/gelu_A100.csv", system=system, read=_llmcompass_rate(["elements"]),
+                point=_gelu_point(system, host["gelu"]), measured_s=_ms("time_ms"), tolerances={"median": 0.20},
+                plot_x="elements"),
+    )
+
+
 DATASETS: dict[str, DataSet] = {
     dataset.name: dataset
     for dataset in (
@@ -566,7 +635,7 @@ DATASETS: dict[str, DataSet] = {
             description="LLMCompass's row-wise layernorm over m x n fp16 (torch.compile) on an MI210",
             file="llmcompass_mi210_layernorm_fp16.csv",
             system="mi210",
-            point=_rowreduce_point("layernorm", "inductor"),
+            point=_rowreduce_point("layernorm", "inductor-2.0"),
             measured_s=_ms("time_ms"),
             tolerances={"median": 0.20},
         ),
@@ -575,11 +644,12 @@ DATASETS: dict[str, DataSet] = {
             description="LLMCompass's element-wise GeLU over N fp16 values (torch.compile) on an MI210",
             file="llmcompass_mi210_gelu_fp16.csv",
             system="mi210",
-            point=_gelu_point,
+            point=_gelu_point("mi210"),
             measured_s=_ms("time_ms"),
             tolerances={"median": 0.20},
             plot_x="elements",
         ),
+        *_llmcompass_a100_datasets(),
         *_hopper_datasets("h200"),
         *_hopper_datasets("h100"),
         DataSet(

@@ -37,6 +37,11 @@ from gpusim.kernels.elementwise import write_ranges
 MAX_ROW_CHUNKS = 64
 """Most chunks per simulated workgroup slot; a chunk stands for the real workgroups the slot runs
 one after another (simulation granularity: an event per pass of a chunk)."""
+MAX_REWALK_ROW_CHUNKS = 256
+"""The same for a kernel that walks its rows in memory more than once: a chunk of several real
+workgroups walks all their rows before re-reading the first, so its rows would have to stay in the
+L2 that many times longer than the hardware's (one row per workgroup at a time) need to; one real
+workgroup per chunk up to this many chunks keeps the reuse distance."""
 SHARED_MEMORY_PER_BLOCK = {"nvidia": 48 * 1024, "amd": 64 * 1024}
 """Shared memory a kernel may use without opting in, by vendor (``sharedMemPerBlock``: CUDA's 48 KiB,
 HIP's 64 KiB), bytes: PyTorch's block softmax caches the row there when it fits."""
@@ -168,10 +173,11 @@ def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> 
     )
 
 
-LIBRARIES = ("pytorch", "pytorch-2.0", "inductor")
+LIBRARIES = ("pytorch", "pytorch-2.0", "inductor", "inductor-2.0")
 """Row-reduction kernel libraries: PyTorch's eager CUDA/HIP kernels (2.5 and later; ``pytorch-2.0``
 for the release before the register-cached softmax and the new block sizes) and the Triton kernels
-``torch.compile`` generates (``inductor``)."""
+``torch.compile`` generates (``inductor``; ``inductor-2.0`` for PyTorch 2.0's, which sized the
+programs' warps by the block and took a variance as two sums)."""
 
 
 def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, library: str = "pytorch") -> RowKernelSpec:
@@ -207,11 +213,13 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
         forward = row_kernel(kind.removesuffix("_backward"), rows, cols, dtype, gpu, library)
         return _backward_kernel(forward, statistics=2 if kind == "layernorm_backward" else 1)
     if kind == "colsum":
-        if library == "inductor":
+        if library.startswith("inductor"):
             raise ValueError("RowReduce: kind 'colsum' is modelled for PyTorch's eager kernels only")
         return _reduce_kernel(cols, rows, False, size, gpu)
     if library == "inductor":
         return _inductor_kernel(kind, cols, size, gpu)
+    if library == "inductor-2.0":
+        return _inductor_2_0_kernel(kind, cols, size, gpu)
     if kind == "softmax":
         return _softmax_kernel(cols, size, gpu, library)
     if kind == "sum":
@@ -399,6 +407,33 @@ def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKern
     return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
 
 
+def _inductor_2_0_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
+    """The Triton kernel PyTorch 2.0's ``torch.compile`` generates: one row per program, persistent
+    for rows of at most 1024 elements, looped (2048 elements an iteration) for longer ones, as
+    :func:`_inductor_kernel`; but its warps follow the block (``triton_config_reduction``: a warp
+    per 128 elements of the block, 2 to 8, so 8 for every looped kernel), and a layer norm takes
+    the mean and then the variance as two plain sums (``var_mean_sum_``), so a looped one walks its
+    row three times: the sum, the squared deviations, the normalised output."""
+    persistent = cols <= INDUCTOR_PERSISTENT_MAX_COLS
+    block = 1 << (cols - 1).bit_length() if persistent else INDUCTOR_RBLOCK
+    warps = min(max(block // 128, 2), 8)
+    threads = warps * gpu.cu.wavefront_size
+    vector = -(-block * size // threads)
+    later = "registers" if persistent else "memory"
+    if kind == "softmax":
+        passes = _softmax_passes("memory", later, "block", load_ops=1.0 / max(1, vector // size))
+    elif kind == "sum":
+        passes = (RowPass("memory", ops_per_element=2.0, reduction="block", writes=True),)
+    elif kind == "layernorm":
+        passes = (RowPass("memory", ops_per_element=3.0, reduction="block"),
+                  RowPass(later, ops_per_element=3.0, reduction="block"),
+                  RowPass(later, ops_per_element=4.0, writes=True))
+    else:
+        passes = (RowPass("memory", ops_per_element=3.0, reduction="block"),
+                  RowPass(later, ops_per_element=5.0, writes=True))
+    return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
+
+
 def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cycles: float = 0.0) -> float:
     """Latency of a reduction across ``threads`` lanes, cycles.
 
@@ -489,7 +524,9 @@ class RowReduceKernel:
         self.run_bytes = spec.rows_per_workgroup * self.size if spec.columns else None
         slots = config.num_cus * max(1, occupancy(shape, config.cu))
         self.workgroups = min(self.real, slots)
-        self.chunks = max(1, min(MAX_ROW_CHUNKS, -(-self.real // self.workgroups)))
+        rewalks = sum(row_pass.source == "memory" for row_pass in spec.passes) > 1
+        most = MAX_REWALK_ROW_CHUNKS if rewalks else MAX_ROW_CHUNKS
+        self.chunks = max(1, min(most, -(-self.real // self.workgroups)))
         self.iterations = max(1, math.ceil(self.wg_bytes / (spec.threads * spec.vector_bytes)))
         self.wavefronts = shape.wavefronts(config.cu.wavefront_size)
         self.flops_per_ns = gpu.vector_flops_per_ns("fp32")

@@ -36,6 +36,14 @@ echo "== H200 (and the H100): the fallback kernels' matrix rate and cost per nar
 $FIT --dataset gemm-h200-unaligned \
      --param "gpu.gemm_fallback.mma_fraction=0.46,0.50,0.54,0.58,0.62" \
      --param "gpu.gemm_fallback.access_cycles=0.13,0.16,0.19,0.22,0.25"
+echo "== A100: tensor-core GEMM efficiency on LLMCompass's GEMMs above 100 GFLOP (random half / other half)"
+$FIT --dataset gemm-a100 --query "2*m*n*k > 1e11" \
+     --param "gpu.gemm_efficiency.bf16=0.84,0.88,0.90,0.92,0.94,0.96,0.98,1.0"
+echo "== LLMCompass's A100 host: the per-call cost of each kind of call on its smallest calls (random half / other half)"
+$FIT --dataset gemm-a100 --query "2*m*n*k < 1e10" --param "gpu.kernel_launch_ns=20 us,22 us,24 us,26 us,28 us,30 us"
+$FIT --dataset softmax-a100 --query "m*n <= 2**20" --param "gpu.kernel_launch_ns=6 us,8 us,9 us,10 us,11 us,12 us,14 us"
+$FIT --dataset layernorm-a100 --query "m*n <= 2**20" --param "gpu.kernel_launch_ns=40 us,42 us,44 us,46 us,48 us,50 us"
+$FIT --dataset gelu-a100 --query "elements <= 2**22" --param "gpu.kernel_launch_ns=40 us,42 us,44 us,46 us,48 us"
 echo "== DGX A100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
      --param "gpu.cu.max_inflight_bytes=16384,20480,24576" --param "collectives.launch_ns=20 us,25 us,30 us"

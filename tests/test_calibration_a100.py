@@ -1,0 +1,67 @@
+"""The a100-sxm4 preset against LLMCompass's A100 measurements (GEMMs, softmax, layernorm, GeLU),
+and the mechanisms those comparisons rest on."""
+
+from __future__ import annotations
+
+import pytest
+
+import gpusim
+from gpusim import ops, validation
+
+
+@pytest.mark.parametrize("name, query", [
+    # the 16 GEMMs up to 2 TFLOP (the four largest take most of the set's simulation time)
+    ("gemm-a100", "2*m*n*k <= 2e12"),
+    ("softmax-a100", None),
+    ("layernorm-a100", None),
+    ("gelu-a100", None),
+])
+def test_a100_llmcompass_data_sets_within_tolerance(name, query):
+    dataset = validation.get(name)
+    rows = dataset.load()
+    frame = validation.compare(dataset, rows.query(query) if query else rows, workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
+
+
+def test_llmcompass_files_are_read_as_published():
+    """The files keep the artifact's own format (no header; a time with its unit, or a rate in
+    10^9 elements per second), and the readers turn each row into a time."""
+    gemm = validation.get("gemm-a100").load()
+    assert len(gemm) == 20
+    assert gemm.loc[0, ["m", "n", "k"]].tolist() == [64, 12288, 12288]
+    assert gemm.loc[0, "measured_s"] == pytest.approx(0.19e-3)
+    assert set(gemm["dtype"]) == {"bf16"}
+    layernorm = validation.get("layernorm-a100").load()
+    assert len(layernorm) == 22
+    # 4096 x 32 values at 2.476 x 10^9 per second
+    assert layernorm.loc[0, "measured_s"] == pytest.approx(4096 * 32 / 2.476377540036036e9)
+    gelu = validation.get("gelu-a100").load()
+    assert gelu.loc[len(gelu) - 1, "measured_s"] == pytest.approx(2**29 / 390.32758080867535e9)
+
+
+def _dram_reads(system: gpusim.System, op: ops.RowReduce) -> float:
+    result = gpusim.run(system, op)
+    return float(result.dram_totals().query("direction == 'read'")["bytes"].sum())
+
+
+def test_pytorch_2_0_layer_norm_walks_its_rows_three_times():
+    """PyTorch 2.0's Inductor takes the variance as a second sum, so its looped layer norm reads a
+    row three times: 64 KiB rows of 4096 x 32768 do not stay in the A100's 40 MiB L2 between the
+    walks (every walk reads the HBM), 8 KiB rows of 32768 x 4096 do (one read from the HBM), and
+    the later release's Welford kernel walks the long rows twice."""
+    system = gpusim.load_system("a100-sxm4")
+    long_rows = 4096 * 32768 * 2
+    assert _dram_reads(system, ops.RowReduce("layernorm", 4096, 32768, library="inductor-2.0")) > 2.7 * long_rows
+    assert _dram_reads(system, ops.RowReduce("layernorm", 4096, 32768, library="inductor")) < 2.2 * long_rows
+    short_rows = 32768 * 4096 * 2
+    assert _dram_reads(system, ops.RowReduce("layernorm", 32768, 4096, library="inductor-2.0")) < 1.1 * short_rows
+
+
+def test_rows_reread_from_the_l2_however_many_rounds_the_slots_run():
+    """A re-walking kernel with more rows than its simulated chunks hold one at a time (32768 rows of
+    8 KiB on the MI210's 416 slots: 79 rounds) still finds each row in the 8 MiB L2 when it walks
+    it again, as with fewer rows: the simulation's chunks keep one row per slot at a time."""
+    system = gpusim.load_system("mi210")
+    for rows in (8192, 32768):
+        reads = _dram_reads(system, ops.RowReduce("layernorm", rows, 4096, library="inductor-2.0"))
+        assert reads < 1.1 * rows * 4096 * 2
