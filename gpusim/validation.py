@@ -125,7 +125,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         return simulate_interference(hardware, **params)
     if kind == "gemm":
         op = ops.Gemm(params["m"], params["n"], params["k"], params.get("dtype", "fp16"),
-                      bool(params.get("trans_a", False)), bool(params.get("trans_b", False)))
+                      bool(params.get("trans_a", False)), bool(params.get("trans_b", False)),
+                      int(params.get("batch", 1)))
     elif kind == "elementwise":
         op = ops.Elementwise(params["op"], params["elements"], params.get("dtype", "fp16"))
     elif kind == "rowreduce":
@@ -573,6 +574,57 @@ def _allreduce_point(row: pd.Series) -> dict[str, Any]:
             "dtype": "fp16"}
 
 
+LLMCOMPASS_GPT3_LAYER: tuple[dict[str, Any], ...] = (
+    {"name": "Q, K, V projections", "kind": "gemm", "m": 16384, "n": 3072, "k": 12288, "dtype": "bf16", "calls": 3,
+     "host": "gemm"},
+    {"name": "Q x K^T", "kind": "gemm", "m": 2048, "n": 2048, "k": 128, "batch": 192, "dtype": "fp16", "host": "gemm"},
+    {"name": "A x V", "kind": "gemm", "m": 2048, "n": 128, "k": 2048, "batch": 192, "dtype": "fp16", "host": "gemm"},
+    {"name": "output projection", "kind": "gemm", "m": 16384, "n": 12288, "k": 3072, "dtype": "bf16", "host": "gemm"},
+    {"name": "FC-1", "kind": "gemm", "m": 16384, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
+    {"name": "FC-2", "kind": "gemm", "m": 16384, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
+    {"name": "softmax", "kind": "rowreduce", "op": "softmax", "rows": 393216, "cols": 2048, "library": "pytorch-2.0",
+     "dtype": "fp16", "host": "softmax"},
+    {"name": "layernorm 0", "kind": "rowreduce", "op": "layernorm", "rows": 16384, "cols": 12288,
+     "library": "inductor-2.0", "dtype": "fp16", "host": None},
+    {"name": "layernorm 1", "kind": "rowreduce", "op": "layernorm", "rows": 16384, "cols": 12288,
+     "library": "inductor-2.0", "dtype": "fp16", "host": None},
+    {"name": "GeLU", "kind": "elementwise", "op": "gelu", "elements": 8 * 2048 * 12288, "dtype": "fp16", "host": "gelu"},
+    {"name": "all-reduce 0", "kind": None},
+    {"name": "all-reduce 1", "kind": None},
+)
+"""The rows of LLMCompass's ``transformer_A100.csv``: one GPT-3 layer (d = 12288, 96 heads) sliced
+four ways, batch 8 x 2048 tokens, on one GPU (``TransformerBlockInitComputationTP.run_on_gpu``).
+``calls``: the row is that many identical calls; ``host``: which call's host cost it pays (the
+artifact subtracts a one-element call's time from the layer norm's, so it pays none). The two
+all-reduce rows are not timed by ``run_on_gpu``; where they come from is not stated."""
+
+
+def _llmcompass_transformer(path: Path) -> pd.DataFrame:
+    """LLMCompass's ``transformer_<GPU>.csv`` as written (one time in seconds per line), with the
+    operation of each line (:data:`LLMCOMPASS_GPT3_LAYER`) and ``time_ms`` per call."""
+    seconds = pd.read_csv(path, header=None, names=["seconds"])["seconds"]
+    if len(seconds) != len(LLMCOMPASS_GPT3_LAYER):
+        raise ConfigError(f"{path}: expected {len(LLMCOMPASS_GPT3_LAYER)} lines (one per operation of the layer), "
+                          f"got {len(seconds)}")
+    frame = pd.DataFrame([{"calls": 1, **row} for row in LLMCOMPASS_GPT3_LAYER])
+    frame["time_ms"] = seconds.to_numpy() / frame["calls"] * 1e3
+    return frame
+
+
+def _transformer_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    fields = {"gemm": ("m", "n", "k", "batch"), "rowreduce": ("op", "rows", "cols", "library"),
+              "elementwise": ("op", "elements")}
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        values = {field: row[field] for field in fields[row["kind"]] if pd.notna(row[field])}
+        values = {field: value if isinstance(value, str) else int(value) for field, value in values.items()}
+        host = LLMCOMPASS_A100_HOST_NS[row["host"]] if pd.notna(row["host"]) else 0.0
+        return {"kind": row["kind"], "system": system, "dtype": row["dtype"], **values,
+                "overrides": {"gpu.kernel_launch_ns": host}}
+
+    return point
+
+
 def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
     """LLMCompass's A100 measurements (``validation/measured/llmcompass-a100``, files as published):
     the MI210 data sets' calls, timed the same way on an A100 SXM4 80GB."""
@@ -597,6 +649,11 @@ def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
                 file=f"{folder}/gelu_A100.csv", system=system, read=_llmcompass_rate(["elements"]),
                 point=_gelu_point(system, host["gelu"]), measured_s=_ms("time_ms"), tolerances={"median": 0.20},
                 plot_x="elements"),
+        DataSet(name="transformer-layer-a100", description=f"LLMCompass's GPT-3 layer sliced four ways (8 x 2048 "
+                f"tokens): its GEMMs, attention GEMMs, softmax, layer norms and GeLU one call at a time {how}",
+                file=f"{folder}/transformer_A100.csv", system=system, read=_llmcompass_transformer,
+                point=_transformer_point(system), measured_s=_ms("time_ms"), tolerances={"median": 0.15},
+                select=lambda frame: frame[frame["kind"].notna()]),
     )
 
 
