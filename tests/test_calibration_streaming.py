@@ -10,7 +10,7 @@ from gpusim import ops, validation
 LAYERNORM_GAP = pytest.mark.xfail(
     strict=True,
     reason="known gap (docs/validation.md): PyTorch 2.0's Inductor kernels (three walks, two sums), which fit "
-    "LLMCompass's A100 layernorm (8.8%), leave the MI210's about a third too fast: the persistent shapes "
+    "LLMCompass's A100 layernorm (6.5%), leave the MI210's about a third too fast: the persistent shapes "
     "(4096 x 32-1024) by 31-53%, m x 4096 by 27-42%; the median (33.3%) misses 20%",
 )
 
