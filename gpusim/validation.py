@@ -564,14 +564,20 @@ def _two_node_select(frame: pd.DataFrame) -> pd.DataFrame:
     return _allreduce_rows(frame, two_nodes & smaller)
 
 
-def _allreduce_point(row: pd.Series) -> dict[str, Any]:
-    workers, per_node = int(row["num_workers"]), int(row["devices_per_node"])
-    if workers > per_node:
-        overrides = {"nodes": workers // per_node, "num_gpus": per_node}
-    else:
-        overrides = {"num_gpus": workers}
-    return {"kind": "allreduce", "system": "dgx-a100", "overrides": overrides, "nbytes": int(row["size_bytes"]),
-            "dtype": "fp16"}
+def _allreduce_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    """A row of vidur's all-reduce profile on ``system``'s nodes: the measured GPUs per node, and
+    as many nodes as the row spans."""
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        workers, per_node = int(row["num_workers"]), int(row["devices_per_node"])
+        if workers > per_node:
+            overrides = {"nodes": workers // per_node, "num_gpus": per_node}
+        else:
+            overrides = {"num_gpus": workers}
+        return {"kind": "allreduce", "system": system, "overrides": overrides, "nbytes": int(row["size_bytes"]),
+                "dtype": "fp16"}
+
+    return point
 
 
 LLMCOMPASS_GPT3_LAYER: tuple[dict[str, Any], ...] = (
@@ -715,7 +721,21 @@ DATASETS: dict[str, DataSet] = {
             "16 GPUs in two nodes, 1-64 MiB",
             file="vidur_a100_dgx_all_reduce.csv",
             system="dgx-a100",
-            point=_allreduce_point,
+            point=_allreduce_point("dgx-a100"),
+            measured_s=_ms("time_ms_median"),
+            tolerances={"median": 0.15},
+            select=_allreduce_select,
+            group="gpus",
+            plot_x="size_mib",
+            plot_by="gpus",
+        ),
+        DataSet(
+            name="allreduce-hgx-h100",
+            description="vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, 8 GPUs in a node, "
+            "1-64 MiB (40 sizes each)",
+            file="vidur_h100_dgx_all_reduce.csv",
+            system="hgx-h100",
+            point=_allreduce_point("hgx-h100"),
             measured_s=_ms("time_ms_median"),
             tolerances={"median": 0.15},
             select=_allreduce_select,
@@ -729,7 +749,7 @@ DATASETS: dict[str, DataSet] = {
             "(the data the inter-node network is fitted to)",
             file="vidur_a100_dgx_all_reduce.csv",
             system="dgx-a100",
-            point=_allreduce_point,
+            point=_allreduce_point("dgx-a100"),
             measured_s=_ms("time_ms_median"),
             tolerances={"median": 0.15},
             select=_two_node_select,

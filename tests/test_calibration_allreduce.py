@@ -1,5 +1,5 @@
-"""NCCL all-reduce on the dgx-a100 preset against vidur's measurements (a subset of sizes; the full
-sets run in ``gpusim validate`` and validation/calibration/allreduce_dgx_a100.py)."""
+"""NCCL all-reduce on the dgx-a100 and hgx-h100 presets against vidur's measurements (a subset of
+sizes; the full sets run in ``gpusim validate`` and validation/calibration/allreduce_dgx_a100.py)."""
 
 from __future__ import annotations
 
@@ -32,4 +32,10 @@ def test_dgx_a100_allreduce_within_tolerance():
 def test_two_node_allreduce_within_tolerance():
     dataset = validation.get("allreduce-dgx-a100-2nodes")
     frame = validation.compare(dataset, evenly(dataset.load(), 4), workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
+
+
+def test_hgx_h100_allreduce_within_tolerance():
+    dataset = validation.get("allreduce-hgx-h100")
+    frame = validation.compare(dataset, evenly(dataset.load(), 8), workers=1, progress=False)
     assert not validation.violations(frame, dataset), validation.error_stats(frame)

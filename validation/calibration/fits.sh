@@ -50,6 +50,10 @@ $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
 echo "== DGX A100: links' flow-control window, 2-8 GPUs in a node (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 150 --mode full \
      --param "links.credit_bytes=256 KiB,384 KiB,512 KiB,768 KiB,1 MiB"
+echo "== HGX H100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
+$FIT --dataset allreduce-hgx-h100 \
+     --param "collectives.launch_ns=2 us,5 us,8 us,10 us,15 us,20 us" \
+     --param "gpu.cu.max_inflight_bytes=32768,49152,65536,98304,131072,196608"
 echo "== DGX A100 network on two nodes of 1, 2, 4 GPUs; held out: 16 GPUs on two nodes"
 $FIT --dataset allreduce-dgx-a100-2nodes --points 30 --mode full \
      --param "network.nic_bandwidth=5 GB/s,6 GB/s" --param "network.node_bandwidth=18 GB/s,22 GB/s" \
