@@ -631,6 +631,50 @@ def _transformer_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
+PHI2 = {"hidden": 2560, "qkv": 3 * 2560, "mlp": 10240}
+"""phi-2's layer (vidur's profile): hidden size, fused Q/K/V projection width (32 query and 32
+key/value heads of 80), MLP width."""
+
+
+VIDUR_MLP_CALLS = {"add": 2}
+"""Kernels an operation of vidur's profile of phi-2 runs where it is not one: phi-2's block adds the
+attention's and the MLP's outputs to the residual, ``a + b + c``, two element-wise adds."""
+
+
+def _vidur_mlp(path: Path) -> pd.DataFrame:
+    """vidur's per-operation profile, with ``calls``: the kernels of each operation
+    (:data:`VIDUR_MLP_CALLS`; its time is their sum)."""
+    frame = pd.read_csv(path)
+    return frame.assign(calls=frame["op"].map(VIDUR_MLP_CALLS).fillna(1).astype(int))
+
+
+def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    """A row of vidur's per-operation profile of phi-2's layer: ``num_tokens`` rows through one
+    operation, its weights split ``num_tensor_parallel_workers`` ways (``torch.nn.Linear`` stores
+    them ``[out, in]``: B transposed). The profiler's kernel durations: no host cost per call."""
+
+    def point(row: pd.Series) -> dict[str, Any]:
+        tokens, parts = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
+        hidden, qkv, mlp = PHI2["hidden"], PHI2["qkv"] // parts, PHI2["mlp"] // parts
+        gemms = {"attn_pre_proj": (qkv, hidden), "attn_post_proj": (hidden, hidden // parts),
+                 "mlp_up_proj": (mlp, hidden), "mlp_down_proj": (hidden, mlp)}
+        base = {"system": system, "dtype": "fp16", "overrides": {"gpu.kernel_launch_ns": 0.0}}
+        op = row["op"]
+        if op in gemms:
+            n, k = gemms[op]
+            return {"kind": "gemm", "m": tokens, "n": n, "k": k, "trans_b": True, **base}
+        if op == "input_layernorm":
+            return {"kind": "rowreduce", "op": "layernorm", "rows": tokens, "cols": hidden, **base}
+        if op == "mlp_act":
+            return {"kind": "elementwise", "op": "gelu", "elements": tokens * mlp, **base}
+        if op == "add":
+            return {"kind": "elementwise", "op": "add", "elements": tokens * hidden, **base}
+        raise ConfigError(f"vidur_a100_phi2_mlp.csv: field 'op' must be one of input_layernorm, {', '.join(gemms)}, "
+                          f"mlp_act, add; got {op!r}")
+
+    return point
+
+
 def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
     """LLMCompass's A100 measurements (``validation/measured/llmcompass-a100``, files as published):
     the MI210 data sets' calls, timed the same way on an A100 SXM4 80GB."""
@@ -728,6 +772,21 @@ DATASETS: dict[str, DataSet] = {
             group="gpus",
             plot_x="size_mib",
             plot_by="gpus",
+        ),
+        DataSet(
+            name="mlp-a100-phi2",
+            description="vidur's profile of phi-2's layer on an A100 (PyTorch, sarathi's layers; the profiler's kernel "
+            "durations, median of 20 repeats of the layer): its four GEMMs, layer norm, GeLU and residual adds "
+            "(per kernel) for 1-4096 tokens",
+            file="vidur_a100_phi2_mlp.csv",
+            system="a100-sxm4",
+            point=_vidur_mlp_point("a100-sxm4"),
+            read=_vidur_mlp,
+            measured_s=lambda frame: frame["time_ms_median"] / frame["calls"] * 1e-3,
+            tolerances={"median": 0.20},
+            group="op",
+            plot_x="num_tokens",
+            plot_by="op",
         ),
         DataSet(
             name="allreduce-hgx-h100",

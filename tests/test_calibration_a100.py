@@ -1,5 +1,5 @@
-"""The a100-sxm4 preset against LLMCompass's A100 measurements (GEMMs, softmax, layernorm, GeLU),
-and the mechanisms those comparisons rest on."""
+"""The a100-sxm4 preset against LLMCompass's A100 measurements (GEMMs, softmax, layernorm, GeLU, a
+GPT-3 layer) and vidur's profile of phi-2's layer, and the mechanisms those comparisons rest on."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from gpusim import ops, validation
     ("gelu-a100", None),
     # the layer's calls but its softmax over 393216 rows (20 s of simulation alone)
     ("transformer-layer-a100", "op != 'softmax'"),
+    # vidur's phi-2 layer, another A100 and other software: all 147 operations
+    ("mlp-a100-phi2", None),
 ])
 def test_a100_llmcompass_data_sets_within_tolerance(name, query):
     dataset = validation.get(name)
@@ -72,3 +74,13 @@ def test_rows_reread_from_the_l2_however_many_rounds_the_slots_run():
     for rows in (8192, 32768):
         reads = _dram_reads(system, ops.RowReduce("layernorm", rows, 4096, library="inductor-2.0"))
         assert reads < 1.1 * rows * 4096 * 2
+
+
+def test_phi2_residual_add_is_two_kernels():
+    """phi-2's block sums the attention's output, the MLP's and the residual (``a + b + c``): vidur's
+    ``add`` time is two element-wise kernels, compared per kernel."""
+    frame = validation.get("mlp-a100-phi2").load()
+    adds = frame[frame["op"] == "add"]
+    assert (adds["calls"] == 2).all() and (frame.loc[frame["op"] != "add", "calls"] == 1).all()
+    first = adds.iloc[0]
+    assert first["measured_s"] == pytest.approx(first["time_ms_median"] * 1e-3 / 2)
