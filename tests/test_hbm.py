@@ -110,3 +110,25 @@ def test_channel_timing_uses_the_hashed_bank():
 def test_bank_xor_needs_a_power_of_two_bank_count():
     with pytest.raises(ValueError, match="bank_xor needs a power-of-two number of banks"):
         type(GPU.hbm)(**{**GPU.hbm.model_dump(), "bank_groups": 3, "bank_xor": True})
+
+
+def test_pseudo_channels_open_rows_in_their_own_activate_windows():
+    """A GEMM that reads its transposed weights in 64-byte runs opens a row for nearly every run: the
+    activate windows bound it.  Two pseudo-channels per channel open rows twice as often, so the
+    same activations take about half the time; a GEMM reading long runs does not notice."""
+    import gpusim
+    from gpusim import ops
+
+    def run(pseudo_channels: int, trans_b: bool):
+        system = gpusim.load_system("a100-sxm4", {"gpu.hbm.pseudo_channels": pseudo_channels,
+                                                  "gpu.kernel_launch_ns": 0})
+        result = gpusim.run(system, ops.Gemm(1, 10240, 2560, trans_b=trans_b))
+        return result.time_s, result.counters["gpu0.dram_activations"]
+
+    one, opened_one = run(1, True)
+    two, opened_two = run(2, True)
+    assert opened_one == opened_two > 10 * 2560 * 10240 * 2 / 2048  # far more rows than 2 KiB rows of data
+    assert two < 0.75 * one
+    long_one, _ = run(1, False)
+    long_two, _ = run(2, False)
+    assert long_two == pytest.approx(long_one, rel=0.05)

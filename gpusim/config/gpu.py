@@ -152,9 +152,14 @@ class HbmConfig(Model):
         16 ns at 1 GHz; DRAMsim3's HBM2 configuration has tWR = 8 cycles of 2 ns).
     t_rrd_cycles, t_faw_cycles
         Activate-to-activate spacing (different banks) and the four-activate window of one
-        channel: a channel opens at most one row per ``max(t_rrd, t_faw / 4)``.  They limit
-        strided traffic whose short runs each need their own row (transposed GEMM panels).
-        0 (the default) leaves activations unlimited.
+        channel (of each pseudo-channel): a channel opens at most ``pseudo_channels`` rows per
+        ``max(t_rrd, t_faw / 4)``.  They limit strided traffic whose short runs each need their
+        own row (transposed GEMM panels).  0 (the default) leaves activations unlimited.
+    pseudo_channels
+        Pseudo-channels a channel is split into (HBM2/2e's pseudo-channel mode: two halves of the
+        bus with their own banks and their own activate windows, sharing the channel's command
+        bus); the channel's banks and bus are simulated as one, its activate windows as this
+        many (default 1).
     refresh_overhead
         Fraction of time a channel is unavailable because of refresh (a derating).
     sustained_efficiency
@@ -198,6 +203,7 @@ class HbmConfig(Model):
     t_wr_cycles: float = Field(16, ge=0)
     t_rrd_cycles: float = Field(0, ge=0)
     t_faw_cycles: float = Field(0, ge=0)
+    pseudo_channels: PositiveInt = 1
     refresh_overhead: float = Field(0.04, ge=0, lt=1)
     sustained_efficiency: Fraction = 1.0
     interleave_bytes: Bytes = 4096

@@ -195,7 +195,7 @@ class HbmChannel:
         self.t_ccd_wl = cycles_to_ns(hbm.t_ccd_wl_cycles, clock) * derate
         self.t_wtr = cycles_to_ns(hbm.t_wtr_cycles, clock)
         self.t_rtw = cycles_to_ns(hbm.t_rtw_cycles, clock)
-        self.activate_interval = cycles_to_ns(max(hbm.t_rrd_cycles, hbm.t_faw_cycles / 4), clock)
+        self.activate_interval = cycles_to_ns(max(hbm.t_rrd_cycles, hbm.t_faw_cycles / 4), clock) / hbm.pseudo_channels
         self.physical_row_bytes = int(hbm.row_bytes)
         self.lockstep = hbm.lockstep_channels
         self.activations_free = 0.0
