@@ -564,6 +564,14 @@ def _two_node_select(frame: pd.DataFrame) -> pd.DataFrame:
     return _allreduce_rows(frame, two_nodes & smaller)
 
 
+def _vidur_allreduce(name: str, description: str, file: str, system: str,
+                     select: Callable[[pd.DataFrame], pd.DataFrame]) -> DataSet:
+    """A data set of vidur's all-reduce profile: the median time per size, by GPU count."""
+    return DataSet(name=name, description=description, file=file, system=system, point=_allreduce_point(system),
+                   measured_s=_ms("time_ms_median"), tolerances={"median": 0.15}, select=select, group="gpus",
+                   plot_x="size_mib", plot_by="gpus")
+
+
 def _allreduce_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """A row of vidur's all-reduce profile on ``system``'s nodes: the measured GPUs per node, and
     as many nodes as the row spans."""
@@ -759,20 +767,9 @@ DATASETS: dict[str, DataSet] = {
         *_llmcompass_a100_datasets(),
         *_hopper_datasets("h200"),
         *_hopper_datasets("h100"),
-        DataSet(
-            name="allreduce-dgx-a100",
-            description="vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 GPUs in a node and "
-            "16 GPUs in two nodes, 1-64 MiB",
-            file="vidur_a100_dgx_all_reduce.csv",
-            system="dgx-a100",
-            point=_allreduce_point("dgx-a100"),
-            measured_s=_ms("time_ms_median"),
-            tolerances={"median": 0.15},
-            select=_allreduce_select,
-            group="gpus",
-            plot_x="size_mib",
-            plot_by="gpus",
-        ),
+        _vidur_allreduce("allreduce-dgx-a100", "vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 "
+                         "GPUs in a node and 16 GPUs in two nodes, 1-64 MiB", "vidur_a100_dgx_all_reduce.csv",
+                         "dgx-a100", _allreduce_select),
         DataSet(
             name="mlp-a100-phi2",
             description="vidur's profile of phi-2's layer on an A100 (PyTorch, sarathi's layers; the profiler's kernel "
@@ -788,34 +785,12 @@ DATASETS: dict[str, DataSet] = {
             plot_x="num_tokens",
             plot_by="op",
         ),
-        DataSet(
-            name="allreduce-hgx-h100",
-            description="vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, 8 GPUs in a node, "
-            "1-64 MiB (40 sizes each)",
-            file="vidur_h100_dgx_all_reduce.csv",
-            system="hgx-h100",
-            point=_allreduce_point("hgx-h100"),
-            measured_s=_ms("time_ms_median"),
-            tolerances={"median": 0.15},
-            select=_allreduce_select,
-            group="gpus",
-            plot_x="size_mib",
-            plot_by="gpus",
-        ),
-        DataSet(
-            name="allreduce-dgx-a100-2nodes",
-            description="vidur's NCCL all-reduce across two DGX A100 nodes with 1, 2 and 4 GPUs each, 1-64 MiB "
-            "(the data the inter-node network is fitted to)",
-            file="vidur_a100_dgx_all_reduce.csv",
-            system="dgx-a100",
-            point=_allreduce_point("dgx-a100"),
-            measured_s=_ms("time_ms_median"),
-            tolerances={"median": 0.15},
-            select=_two_node_select,
-            group="gpus",
-            plot_x="size_mib",
-            plot_by="gpus",
-        ),
+        _vidur_allreduce("allreduce-hgx-h100", "vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, "
+                         "8 GPUs in a node, 1-64 MiB (40 sizes each)", "vidur_h100_dgx_all_reduce.csv", "hgx-h100",
+                         _allreduce_select),
+        _vidur_allreduce("allreduce-dgx-a100-2nodes", "vidur's NCCL all-reduce across two DGX A100 nodes with 1, 2 and "
+                         "4 GPUs each, 1-64 MiB (the data the inter-node network is fitted to)",
+                         "vidur_a100_dgx_all_reduce.csv", "dgx-a100", _two_node_select),
     )
 }
 """The comparisons ``gpusim validate`` runs, by name."""
