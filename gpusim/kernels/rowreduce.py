@@ -216,10 +216,8 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
         if library.startswith("inductor"):
             raise ValueError("RowReduce: kind 'colsum' is modelled for PyTorch's eager kernels only")
         return _reduce_kernel(cols, rows, False, size, gpu)
-    if library == "inductor":
-        return _inductor_kernel(kind, cols, size, gpu)
-    if library == "inductor-2.0":
-        return _inductor_2_0_kernel(kind, cols, size, gpu)
+    if library.startswith("inductor"):
+        return _inductor_kernel(kind, cols, size, gpu, pytorch_2_0=library == "inductor-2.0")
     if kind == "softmax":
         return _softmax_kernel(cols, size, gpu, library)
     if kind == "sum":
@@ -381,56 +379,40 @@ def _reduce_kernel(outputs: int, inputs: int, contiguous: bool, size: int, gpu: 
                          columns=not contiguous, combine_loads=combine_loads)
 
 
-def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
-    """The Triton kernel ``torch.compile`` generates: one row per program of 4 wavefronts;
-    a *persistent* reduction (the whole row loaded at once and kept in registers) for rows of at
-    most 1024 elements, a *looped* one (chunks of 2048 elements, 16-byte loads; the statistics
-    loop, then a second loop that re-reads the row) for longer rows.  A persistent layer norm takes
-    its variance as a second sum, of the squared deviations from the mean (Inductor's
-    ``welford_reduce_fallback``: with the row in registers Welford's updates buy nothing); a looped
-    one runs Welford's updates and combinations."""
-    threads = 4 * gpu.cu.wavefront_size
-    row_bytes = cols * size
-    persistent = cols <= INDUCTOR_PERSISTENT_MAX_COLS
-    source = "registers" if persistent else "memory"
-    vector = -(-row_bytes // threads) if persistent else min(16, -(-INDUCTOR_RBLOCK * size // threads))
-    if kind == "softmax":
-        passes = _softmax_passes("memory", source, "block", load_ops=1.0 / max(1, vector // size))
-    elif kind == "sum":
-        passes = (RowPass("memory", ops_per_element=2.0, reduction="block", writes=True),)
-    elif kind == "layernorm" and persistent:
-        passes = (RowPass("memory", ops_per_element=3.0, reduction="block"),
-                  RowPass("registers", ops_per_element=3.0, reduction="block"),
-                  RowPass("registers", ops_per_element=4.0, writes=True))
-    else:
-        passes = _norm_passes(kind, source)
-    return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
+def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig, pytorch_2_0: bool = False) -> RowKernelSpec:
+    """The Triton kernel ``torch.compile`` generates: one row per program; a *persistent*
+    reduction (the whole row loaded at once and kept in registers) for rows of at most 1024
+    elements, a *looped* one (chunks of 2048 elements; the statistics loop, then a loop that
+    re-reads the row) for longer rows.
 
+    The later releases run programs of 4 wavefronts with 16-byte loads in the loops.  A persistent
+    layer norm takes its variance as a second sum, of the squared deviations from the mean
+    (Inductor's ``welford_reduce_fallback``: with the row in registers Welford's updates buy
+    nothing); a looped one runs Welford's updates and combinations.
 
-def _inductor_2_0_kernel(kind: str, cols: int, size: int, gpu: GpuConfig) -> RowKernelSpec:
-    """The Triton kernel PyTorch 2.0's ``torch.compile`` generates: one row per program, persistent
-    for rows of at most 1024 elements, looped (2048 elements an iteration) for longer ones, as
-    :func:`_inductor_kernel`; but its warps follow the block (``triton_config_reduction``: a warp
-    per 128 elements of the block, 2 to 8, so 8 for every looped kernel), and a layer norm takes
-    the mean and then the variance as two plain sums (``var_mean_sum_``), so a looped one walks its
-    row three times: the sum, the squared deviations, the normalised output."""
+    PyTorch 2.0 (``pytorch_2_0``) sizes the warps by the block (``triton_config_reduction``: a warp
+    per 128 elements of it, 2 to 8, so 8 for every looped kernel) and always takes the mean and
+    then the variance as two plain sums (``var_mean_sum_``), so a looped layer norm walks its row
+    three times: the sum, the squared deviations, the normalised output."""
     persistent = cols <= INDUCTOR_PERSISTENT_MAX_COLS
-    block = 1 << (cols - 1).bit_length() if persistent else INDUCTOR_RBLOCK
-    warps = min(max(block // 128, 2), 8)
-    threads = warps * gpu.cu.wavefront_size
-    vector = -(-block * size // threads)
     later = "registers" if persistent else "memory"
+    if pytorch_2_0:
+        block = 1 << (cols - 1).bit_length() if persistent else INDUCTOR_RBLOCK
+        threads = min(max(block // 128, 2), 8) * gpu.cu.wavefront_size
+        vector = -(-block * size // threads)
+    else:
+        threads = 4 * gpu.cu.wavefront_size
+        vector = -(-cols * size // threads) if persistent else min(16, -(-INDUCTOR_RBLOCK * size // threads))
     if kind == "softmax":
         passes = _softmax_passes("memory", later, "block", load_ops=1.0 / max(1, vector // size))
     elif kind == "sum":
         passes = (RowPass("memory", ops_per_element=2.0, reduction="block", writes=True),)
-    elif kind == "layernorm":
+    elif kind == "layernorm" and (persistent or pytorch_2_0):
         passes = (RowPass("memory", ops_per_element=3.0, reduction="block"),
                   RowPass(later, ops_per_element=3.0, reduction="block"),
                   RowPass(later, ops_per_element=4.0, writes=True))
     else:
-        passes = (RowPass("memory", ops_per_element=3.0, reduction="block"),
-                  RowPass(later, ops_per_element=5.0, writes=True))
+        passes = _norm_passes(kind, later)
     return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
 
 
