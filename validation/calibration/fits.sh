@@ -39,6 +39,10 @@ $FIT --dataset gemm-h200-unaligned \
 echo "== A100: tensor-core GEMM efficiency on LLMCompass's GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-a100 --query "2*m*n*k > 1e11" \
      --param "gpu.gemm_efficiency.bf16=0.84,0.88,0.90,0.92,0.94,0.96,0.98,1.0"
+echo "== A100: activate windows per HBM2e channel (pseudo-channels) on vidur's phi-2 GEMMs; held out: the GPT-3 layer's calls"
+$FIT --dataset mlp-a100-phi2 --query "op in ['attn_pre_proj', 'attn_post_proj', 'mlp_up_proj', 'mlp_down_proj']" \
+     --param "gpu.hbm.pseudo_channels=1,2" \
+     --holdout-dataset transformer-layer-a100 --holdout-query "op != 'softmax'"
 echo "== LLMCompass's A100 host: the per-call cost of each kind of call on its smallest calls (random half / other half)"
 $FIT --dataset gemm-a100 --query "2*m*n*k < 1e10" --param "gpu.kernel_launch_ns=20 us,22 us,24 us,26 us,28 us,30 us"
 $FIT --dataset softmax-a100 --query "m*n <= 2**20" --param "gpu.kernel_launch_ns=6 us,8 us,9 us,10 us,11 us,12 us,14 us"
