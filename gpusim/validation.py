@@ -683,6 +683,16 @@ def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
+def _vidur_phi2(gpu: str, system: str) -> DataSet:
+    """vidur's per-operation profile of phi-2's layer on one GPU (``vidur_<gpu>_phi2_mlp.csv``)."""
+    return DataSet(name=f"mlp-{gpu}-phi2", description=f"vidur's profile of phi-2's layer on an {gpu.upper()} (PyTorch, "
+                   "sarathi's layers; the profiler's kernel durations, median of 20 repeats of the layer): its four "
+                   "GEMMs, layer norm, GeLU and residual adds (per kernel) for 1-4096 tokens",
+                   file=f"vidur_{gpu}_phi2_mlp.csv", system=system, point=_vidur_mlp_point(system), read=_vidur_mlp,
+                   measured_s=lambda frame: frame["time_ms_median"] / frame["calls"] * 1e-3,
+                   tolerances={"median": 0.20}, group="op", plot_x="num_tokens", plot_by="op")
+
+
 def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
     """LLMCompass's A100 measurements (``validation/measured/llmcompass-a100``, files as published):
     the MI210 data sets' calls, timed the same way on an A100 SXM4 80GB."""
@@ -770,21 +780,8 @@ DATASETS: dict[str, DataSet] = {
         _vidur_allreduce("allreduce-dgx-a100", "vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 "
                          "GPUs in a node and 16 GPUs in two nodes, 1-64 MiB", "vidur_a100_dgx_all_reduce.csv",
                          "dgx-a100", _allreduce_select),
-        DataSet(
-            name="mlp-a100-phi2",
-            description="vidur's profile of phi-2's layer on an A100 (PyTorch, sarathi's layers; the profiler's kernel "
-            "durations, median of 20 repeats of the layer): its four GEMMs, layer norm, GeLU and residual adds "
-            "(per kernel) for 1-4096 tokens",
-            file="vidur_a100_phi2_mlp.csv",
-            system="a100-sxm4",
-            point=_vidur_mlp_point("a100-sxm4"),
-            read=_vidur_mlp,
-            measured_s=lambda frame: frame["time_ms_median"] / frame["calls"] * 1e-3,
-            tolerances={"median": 0.20},
-            group="op",
-            plot_x="num_tokens",
-            plot_by="op",
-        ),
+        _vidur_phi2("a100", "a100-sxm4"),
+        _vidur_phi2("h100", "h100-sxm5"),
         _vidur_allreduce("allreduce-hgx-h100", "vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, "
                          "8 GPUs in a node, 1-64 MiB (40 sizes each)", "vidur_h100_dgx_all_reduce.csv", "hgx-h100",
                          _allreduce_select),

@@ -47,3 +47,10 @@ def test_h100_eager_concurrency_is_host_bound_for_eight_streams():
     graph = validation.get("concurrency-h100").load().query("m == 1024 and count == 8").iloc[0]
     assert eager["concurrent_ms"] > 2.5 * graph["concurrent_ms"]
     assert eager["sequential_ms"] < 1.3 * graph["sequential_ms"]
+
+
+def test_vidur_phi2_layer_on_the_h100_within_tolerance():
+    # vidur's profile of phi-2's layer on an H100 (profiler kernel durations): all 147 operations
+    dataset = validation.get("mlp-h100-phi2")
+    frame = validation.compare(dataset, workers=1, progress=False)
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)
