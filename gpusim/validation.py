@@ -633,8 +633,7 @@ def _transformer_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
         values = {field: row[field] for field in fields[row["kind"]] if pd.notna(row[field])}
         values = {field: value if isinstance(value, str) else int(value) for field, value in values.items()}
         host = LLMCOMPASS_A100_HOST_NS[row["host"]] if pd.notna(row["host"]) else 0.0
-        return {"kind": row["kind"], "system": system, "dtype": row["dtype"], **values,
-                "overrides": {"gpu.kernel_launch_ns": host}}
+        return {"kind": row["kind"], "system": system, "dtype": row["dtype"], **values, **_host(host)}
 
     return point
 
@@ -650,10 +649,11 @@ attention's and the MLP's outputs to the residual, ``a + b + c``, two element-wi
 
 
 def _vidur_mlp(path: Path) -> pd.DataFrame:
-    """vidur's per-operation profile, with ``calls``: the kernels of each operation
-    (:data:`VIDUR_MLP_CALLS`; its time is their sum)."""
+    """vidur's per-operation profile, with ``calls``, the kernels of each operation
+    (:data:`VIDUR_MLP_CALLS`; its time is their sum), and ``time_ms`` per kernel."""
     frame = pd.read_csv(path)
-    return frame.assign(calls=frame["op"].map(VIDUR_MLP_CALLS).fillna(1).astype(int))
+    calls = frame["op"].map(VIDUR_MLP_CALLS).fillna(1).astype(int)
+    return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
 
 
 def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
@@ -677,7 +677,7 @@ def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
             return {"kind": "elementwise", "op": "gelu", "elements": tokens * mlp, **base}
         if op == "add":
             return {"kind": "elementwise", "op": "add", "elements": tokens * hidden, **base}
-        raise ConfigError(f"vidur_a100_phi2_mlp.csv: field 'op' must be one of input_layernorm, {', '.join(gemms)}, "
+        raise ConfigError(f"vidur's phi-2 profile: field 'op' must be one of input_layernorm, {', '.join(gemms)}, "
                           f"mlp_act, add; got {op!r}")
 
     return point
@@ -689,8 +689,8 @@ def _vidur_phi2(gpu: str, system: str) -> DataSet:
                    "sarathi's layers; the profiler's kernel durations, median of 20 repeats of the layer): its four "
                    "GEMMs, layer norm, GeLU and residual adds (per kernel) for 1-4096 tokens",
                    file=f"vidur_{gpu}_phi2_mlp.csv", system=system, point=_vidur_mlp_point(system), read=_vidur_mlp,
-                   measured_s=lambda frame: frame["time_ms_median"] / frame["calls"] * 1e-3,
-                   tolerances={"median": 0.20}, group="op", plot_x="num_tokens", plot_by="op")
+                   measured_s=_ms("time_ms"), tolerances={"median": 0.20}, group="op", plot_x="num_tokens",
+                   plot_by="op")
 
 
 def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
