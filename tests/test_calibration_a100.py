@@ -68,12 +68,15 @@ def test_pytorch_2_0_layer_norm_walks_its_rows_three_times():
 
 def test_rows_reread_from_the_l2_however_many_rounds_the_slots_run():
     """A re-walking kernel with more rows than its simulated chunks hold one at a time (32768 rows of
-    8 KiB on the MI210's 416 slots: 79 rounds) still finds each row in the 8 MiB L2 when it walks
-    it again, as with fewer rows: the simulation's chunks keep one row per slot at a time."""
+    8 KiB on the MI210's 416 slots: 79 rounds) re-reads as large a share of each row from the DRAM
+    as with a few rounds (4096 rows: 10): the simulation's chunks keep one row per slot at a time,
+    so the rows' reuse distance in the L2 does not grow with the grid (it did before stop 27: 2.4x
+    the input at 32768 rows, 1.0x at 16384)."""
     system = gpusim.load_system("mi210")
-    for rows in (8192, 32768):
-        reads = _dram_reads(system, ops.RowReduce("layernorm", rows, 4096, library="inductor-2.0"))
-        assert reads < 1.1 * rows * 4096 * 2
+    per_byte = {rows: _dram_reads(system, ops.RowReduce("layernorm", rows, 4096, library="inductor-2.0"))
+                / (rows * 4096 * 2) for rows in (4096, 32768)}
+    assert per_byte[32768] == pytest.approx(per_byte[4096], rel=0.05)
+    assert per_byte[32768] < 2.0
 
 
 def test_phi2_residual_add_is_two_kernels():

@@ -29,6 +29,9 @@ $FIT --dataset gelu-mi210 \
 $FIT --dataset gelu-mi210 \
      --param "gpu.kernel_launch_ns=16 us,17 us,18 us,20 us,22 us" --param "gpu.streaming_inflight_bytes_per_thread=2,4,8,16" \
      --holdout-dataset layernorm-mi210
+echo "== MI210: the part of the L2 that a working set re-read by all CUs keeps, on the softmax (random half / other half); held out: layernorm"
+$FIT --dataset softmax-mi210 --param "gpu.l2.shared_fraction=0.5,0.6,0.7,0.8,0.9,1.0"
+$FIT --dataset softmax-mi210 --param "gpu.l2.shared_fraction=0.5,0.6,0.7,0.8,0.9,1.0" --holdout-dataset layernorm-mi210
 echo "== H200 (and the H100, the same chip): tensor-core GEMM efficiency on the aligned GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-h200 --query "2*m*n*k > 1e11" \
      --param "gpu.gemm_efficiency.fp16=0.64,0.66,0.68,0.70,0.72,0.74,0.76"
