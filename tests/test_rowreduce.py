@@ -195,6 +195,19 @@ def test_barrier_latency_slows_block_softmax_but_not_warp_softmax():
     assert time_of(slow, warp) == time_of(system, warp)
 
 
+def test_transcendentals_on_the_vector_alu_take_its_issue_slots():
+    """On CDNA the exponentials of a softmax are quarter-rate VALU instructions: they add to the
+    other instructions' time instead of running beside them (NVIDIA's SFUs); a layer norm, with one
+    reciprocal square root per row, does not notice."""
+    separate = gpusim.load_system("mi210", overrides={"gpu.kernel_launch_ns": 0,
+                                                      "gpu.cu.transcendentals_on_vector_alu": False})
+    shared = separate.with_overrides({"gpu.cu.transcendentals_on_vector_alu": True})
+    softmax = ops.RowReduce("softmax", 4096, 1024, library="pytorch-2.0")
+    assert time_of(shared, softmax) > 1.05 * time_of(separate, softmax)
+    norm = ops.RowReduce("layernorm", 4096, 1024, library="inductor-2.0")
+    assert time_of(shared, norm) == pytest.approx(time_of(separate, norm), rel=1e-6)
+
+
 @settings(max_examples=12, deadline=None)
 @given(kind=st.sampled_from(["softmax", "layernorm", "rmsnorm", "sum"]),
        rows=st.integers(1, 3000), cols=st.integers(1, 20000))

@@ -43,6 +43,10 @@ class CuConfig(Model):
         with the loaded memory latency this bounds one CU's memory bandwidth (Little's law).
     transcendentals_per_cycle
         Special-function results (exp2, reciprocal, square root) per cycle per CU.
+    transcendentals_on_vector_alu
+        Whether those special functions issue on the vector ALUs, taking their issue slots
+        (CDNA: quarter-rate VALU instructions), instead of on separate units that run beside them
+        (NVIDIA's SFUs).
     int32_ops_per_cycle
         32-bit integer instructions (add, multiply-add, shift) per cycle per CU, lanes: 64 on
         Volta, Turing, Ampere and Hopper SMs (half their FP32 lanes on Ampere and Hopper) and on a
@@ -65,6 +69,7 @@ class CuConfig(Model):
     vector_flops_per_cycle: dict[str, PositiveFloat]
     max_inflight_bytes: Bytes = 32768
     transcendentals_per_cycle: PositiveFloat = 16.0
+    transcendentals_on_vector_alu: bool = False
     int32_ops_per_cycle: PositiveFloat = 64.0
     shuffle_cycles: PositiveFloat = 30.0
     barrier_cycles: PositiveFloat = 40.0

@@ -95,7 +95,8 @@ class RowPass:
         Vector instructions per element (conversions, arithmetic, address and loop overhead).
     transcendentals_per_element
         Special-function instructions per element (exp, reciprocal), which run on the CU's narrower
-        transcendental units.
+        transcendental units: beside the other instructions, or in their issue slots where the
+        GPU runs them on its vector ALUs (``cu.transcendentals_on_vector_alu``).
     reduction
         The reduction that ends the pass: ``"block"`` (across the workgroup), ``"wave"`` (within each
         wavefront) or ``None``.
@@ -514,6 +515,7 @@ class RowReduceKernel:
         self.flops_per_ns = gpu.vector_flops_per_ns("fp32")
         lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
         self.transcendental_weight = lanes / config.cu.transcendentals_per_cycle
+        self.transcendentals_share_issue = config.cu.transcendentals_on_vector_alu
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
@@ -589,7 +591,11 @@ class RowReduceKernel:
             for index, row_pass in enumerate(spec.passes):
                 if row_pass.source == "memory":
                     yield self._load(cu, lo, hi - lo, blocks * self.iterations, round_bytes).close()
-                work = max(row_pass.ops_per_element, row_pass.transcendentals_per_element * self.transcendental_weight)
+                special = row_pass.transcendentals_per_element * self.transcendental_weight
+                if self.transcendentals_share_issue:
+                    work = row_pass.ops_per_element + special
+                else:
+                    work = max(row_pass.ops_per_element, special)
                 ops = work * elements + blocks * self.reduction_ops[index]
                 done = cu.compute(env.now, 2.0 * ops, self.flops_per_ns, self.wavefronts)
                 stall = blocks * self.reduction_ns[index]
