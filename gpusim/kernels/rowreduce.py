@@ -515,7 +515,7 @@ class RowReduceKernel:
         self.flops_per_ns = gpu.vector_flops_per_ns("fp32")
         lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
         self.transcendental_weight = lanes / config.cu.transcendentals_per_cycle
-        self.transcendentals_share_issue = config.cu.transcendentals_on_vector_alu
+        self.transcendentals_on_vector_alu = config.cu.transcendentals_on_vector_alu
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
@@ -592,7 +592,7 @@ class RowReduceKernel:
                 if row_pass.source == "memory":
                     yield self._load(cu, lo, hi - lo, blocks * self.iterations, round_bytes).close()
                 special = row_pass.transcendentals_per_element * self.transcendental_weight
-                if self.transcendentals_share_issue:
+                if self.transcendentals_on_vector_alu:
                     work = row_pass.ops_per_element + special
                 else:
                     work = max(row_pass.ops_per_element, special)
