@@ -612,17 +612,45 @@ four ways, batch 8 x 2048 tokens, on one GPU (``TransformerBlockInitComputationT
 artifact subtracts a one-element call's time from the layer norm's, so it pays none). The two
 all-reduce rows are not timed by ``run_on_gpu``; where they come from is not stated."""
 
+LLMCOMPASS_GPT3_DECODE: tuple[dict[str, Any], ...] = (
+    {"name": "Q, K, V projections", "kind": "gemm", "m": 8, "n": 3072, "k": 12288, "dtype": "bf16", "calls": 3,
+     "host": "gemm"},
+    {"name": "Q x K^T", "kind": "gemm", "m": 1, "n": 3073, "k": 128, "batch": 192, "dtype": "fp16", "host": "gemm"},
+    {"name": "A x V", "kind": "gemm", "m": 1, "n": 128, "k": 3073, "batch": 192, "dtype": "fp16", "host": "gemm"},
+    {"name": "output projection", "kind": "gemm", "m": 8, "n": 12288, "k": 3072, "dtype": "bf16", "host": "gemm"},
+    {"name": "FC-1", "kind": "gemm", "m": 8, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
+    {"name": "FC-2", "kind": "gemm", "m": 8, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
+    {"name": "softmax", "kind": "rowreduce", "op": "softmax", "rows": 192, "cols": 3073, "library": "pytorch-2.0",
+     "dtype": "fp16", "host": "softmax"},
+    {"name": "layernorm 0", "kind": "rowreduce", "op": "layernorm", "rows": 8, "cols": 12288,
+     "library": "inductor-2.0", "dtype": "fp16", "host": None},
+    {"name": "layernorm 1", "kind": "rowreduce", "op": "layernorm", "rows": 8, "cols": 12288,
+     "library": "inductor-2.0", "dtype": "fp16", "host": None},
+    {"name": "GeLU", "kind": "elementwise", "op": "gelu", "elements": 8 * 12288, "dtype": "fp16", "host": "gelu"},
+    {"name": "all-reduce 0", "kind": None},
+    {"name": "all-reduce 1", "kind": None},
+)
+"""The rows of LLMCompass's ``transformerAR_A100.csv``: the same layer generating one token per
+sequence (``TransformerBlockAutoRegressionTP.run_on_gpu``), batch 8, a key/value cache of
+2048 + 1024 tokens (3073 with the new one): the projections and the MLP multiply 8 rows, and each
+of the 192 (sequence, head) pairs multiplies one query by its cache.  Columns as in
+:data:`LLMCOMPASS_GPT3_LAYER`."""
 
-def _llmcompass_transformer(path: Path) -> pd.DataFrame:
-    """LLMCompass's ``transformer_<GPU>.csv`` as written (one time in seconds per line), with the
-    operation of each line (:data:`LLMCOMPASS_GPT3_LAYER`) and ``time_ms`` per call."""
-    seconds = pd.read_csv(path, header=None, names=["seconds"])["seconds"]
-    if len(seconds) != len(LLMCOMPASS_GPT3_LAYER):
-        raise ConfigError(f"{path}: expected {len(LLMCOMPASS_GPT3_LAYER)} lines (one per operation of the layer), "
-                          f"got {len(seconds)}")
-    frame = pd.DataFrame([{"calls": 1, **row} for row in LLMCOMPASS_GPT3_LAYER])
-    frame["time_ms"] = seconds.to_numpy() / frame["calls"] * 1e3
-    return frame
+
+def _llmcompass_layer(table: tuple[dict[str, Any], ...]) -> Callable[[Path], pd.DataFrame]:
+    """A reader of LLMCompass's ``transformer*_<GPU>.csv`` as written (one time in seconds per
+    line): each line with its operation from ``table`` and ``time_ms`` per call."""
+
+    def read(path: Path) -> pd.DataFrame:
+        seconds = pd.read_csv(path, header=None, names=["seconds"])["seconds"]
+        if len(seconds) != len(table):
+            raise ConfigError(f"{path}: expected {len(table)} lines (one per operation of the layer), "
+                              f"got {len(seconds)}")
+        frame = pd.DataFrame([{"calls": 1, **row} for row in table])
+        frame["time_ms"] = seconds.to_numpy() / frame["calls"] * 1e3
+        return frame
+
+    return read
 
 
 def _transformer_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
@@ -719,9 +747,14 @@ def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
                 plot_x="elements"),
         DataSet(name="transformer-layer-a100", description=f"LLMCompass's GPT-3 layer sliced four ways (8 x 2048 "
                 f"tokens): its GEMMs, attention GEMMs, softmax, layer norms and GeLU one call at a time {how}",
-                file=f"{folder}/transformer_A100.csv", system=system, read=_llmcompass_transformer,
+                file=f"{folder}/transformer_A100.csv", system=system, read=_llmcompass_layer(LLMCOMPASS_GPT3_LAYER),
                 point=_transformer_point(system), measured_s=_ms("time_ms"), tolerances={"median": 0.15},
                 select=lambda frame: frame[frame["kind"].notna()]),
+        DataSet(name="transformer-layer-decode-a100", description=f"LLMCompass's GPT-3 layer sliced four ways "
+                f"generating one token for 8 sequences with 3072 cached: its GEMMs, attention GEMMs, softmax, layer "
+                f"norms and GeLU one call at a time {how}", file=f"{folder}/transformerAR_A100.csv", system=system,
+                read=_llmcompass_layer(LLMCOMPASS_GPT3_DECODE), point=_transformer_point(system),
+                measured_s=_ms("time_ms"), tolerances={"median": 0.15}, select=lambda frame: frame[frame["kind"].notna()]),
     )
 
 

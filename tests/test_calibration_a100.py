@@ -17,6 +17,8 @@ from gpusim import ops, validation
     ("gelu-a100", None),
     # the layer's calls but its softmax over 393216 rows (20 s of simulation alone)
     ("transformer-layer-a100", "op != 'softmax'"),
+    # the same layer generating one token (held out: nothing was fitted on it)
+    ("transformer-layer-decode-a100", None),
     # vidur's phi-2 layer, another A100 and other software: all 147 operations
     ("mlp-a100-phi2", None),
 ])
@@ -46,6 +48,10 @@ def test_llmcompass_files_are_read_as_published():
     assert len(layer) == 10 and set(layer["kind"]) == {"gemm", "rowreduce", "elementwise"}
     # the first line is the three projections' calls together
     assert layer.loc[0, "measured_s"] == pytest.approx(0.013721823692321777 / 3)
+    decode = validation.get("transformer-layer-decode-a100").load()
+    assert len(decode) == 10 and decode.loc[0, "measured_s"] == pytest.approx(0.0002124309539794922 / 3)
+    # one query per (sequence, head) against its 3073 cached keys
+    assert decode.loc[1, ["m", "n", "k", "batch"]].tolist() == [1, 3073, 128, 192]
 
 
 def _dram_reads(system: gpusim.System, op: ops.RowReduce) -> float:
