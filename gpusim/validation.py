@@ -745,17 +745,21 @@ def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
                 file=f"{folder}/gelu_A100.csv", system=system, read=_llmcompass_rate(["elements"]),
                 point=_gelu_point(system, host["gelu"]), measured_s=_ms("time_ms"), tolerances={"median": 0.20},
                 plot_x="elements"),
-        DataSet(name="transformer-layer-a100", description=f"LLMCompass's GPT-3 layer sliced four ways (8 x 2048 "
-                f"tokens): its GEMMs, attention GEMMs, softmax, layer norms and GeLU one call at a time {how}",
-                file=f"{folder}/transformer_A100.csv", system=system, read=_llmcompass_layer(LLMCOMPASS_GPT3_LAYER),
-                point=_transformer_point(system), measured_s=_ms("time_ms"), tolerances={"median": 0.15},
-                select=lambda frame: frame[frame["kind"].notna()]),
-        DataSet(name="transformer-layer-decode-a100", description=f"LLMCompass's GPT-3 layer sliced four ways "
-                f"generating one token for 8 sequences with 3072 cached: its GEMMs, attention GEMMs, softmax, layer "
-                f"norms and GeLU one call at a time {how}", file=f"{folder}/transformerAR_A100.csv", system=system,
-                read=_llmcompass_layer(LLMCOMPASS_GPT3_DECODE), point=_transformer_point(system),
-                measured_s=_ms("time_ms"), tolerances={"median": 0.15}, select=lambda frame: frame[frame["kind"].notna()]),
+        _llmcompass_layer_dataset("transformer-layer-a100", "processing 8 x 2048 tokens", f"{folder}/transformer_A100.csv",
+                                  LLMCOMPASS_GPT3_LAYER, system, how),
+        _llmcompass_layer_dataset("transformer-layer-decode-a100", "generating one token for 8 sequences with 3072 "
+                                  "cached", f"{folder}/transformerAR_A100.csv", LLMCOMPASS_GPT3_DECODE, system, how),
     )
+
+
+def _llmcompass_layer_dataset(name: str, phase: str, file: str, table: tuple[dict[str, Any], ...], system: str,
+                              how: str) -> DataSet:
+    """A data set of one of LLMCompass's layer files: each timed call with its kind's host cost
+    (the two all-reduce lines are not timed, so not compared)."""
+    return DataSet(name=name, description=f"LLMCompass's GPT-3 layer sliced four ways {phase}: its GEMMs, attention "
+                   f"GEMMs, softmax, layer norms and GeLU one call at a time {how}", file=file, system=system,
+                   read=_llmcompass_layer(table), point=_transformer_point(system), measured_s=_ms("time_ms"),
+                   tolerances={"median": 0.15}, select=lambda frame: frame[frame["kind"].notna()])
 
 
 DATASETS: dict[str, DataSet] = {
