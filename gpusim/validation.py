@@ -588,53 +588,44 @@ def _allreduce_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
-LLMCOMPASS_GPT3_LAYER: tuple[dict[str, Any], ...] = (
-    {"name": "Q, K, V projections", "kind": "gemm", "m": 16384, "n": 3072, "k": 12288, "dtype": "bf16", "calls": 3,
-     "host": "gemm"},
-    {"name": "Q x K^T", "kind": "gemm", "m": 2048, "n": 2048, "k": 128, "batch": 192, "dtype": "fp16", "host": "gemm"},
-    {"name": "A x V", "kind": "gemm", "m": 2048, "n": 128, "k": 2048, "batch": 192, "dtype": "fp16", "host": "gemm"},
-    {"name": "output projection", "kind": "gemm", "m": 16384, "n": 12288, "k": 3072, "dtype": "bf16", "host": "gemm"},
-    {"name": "FC-1", "kind": "gemm", "m": 16384, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
-    {"name": "FC-2", "kind": "gemm", "m": 16384, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
-    {"name": "softmax", "kind": "rowreduce", "op": "softmax", "rows": 393216, "cols": 2048, "library": "pytorch-2.0",
-     "dtype": "fp16", "host": "softmax"},
-    {"name": "layernorm 0", "kind": "rowreduce", "op": "layernorm", "rows": 16384, "cols": 12288,
-     "library": "inductor-2.0", "dtype": "fp16", "host": None},
-    {"name": "layernorm 1", "kind": "rowreduce", "op": "layernorm", "rows": 16384, "cols": 12288,
-     "library": "inductor-2.0", "dtype": "fp16", "host": None},
-    {"name": "GeLU", "kind": "elementwise", "op": "gelu", "elements": 8 * 2048 * 12288, "dtype": "fp16", "host": "gelu"},
-    {"name": "all-reduce 0", "kind": None},
-    {"name": "all-reduce 1", "kind": None},
-)
-"""The rows of LLMCompass's ``transformer_A100.csv``: one GPT-3 layer (d = 12288, 96 heads) sliced
-four ways, batch 8 x 2048 tokens, on one GPU (``TransformerBlockInitComputationTP.run_on_gpu``).
-``calls``: the row is that many identical calls; ``host``: which call's host cost it pays (the
-artifact subtracts a one-element call's time from the layer norm's, so it pays none). The two
-all-reduce rows are not timed by ``run_on_gpu``; where they come from is not stated."""
+def _llmcompass_gpt3_calls(batch: int, tokens: int, context: int) -> tuple[dict[str, Any], ...]:
+    """The lines of LLMCompass's layer files: GPT-3's layer (d = 12288, 96 heads of 128, an MLP of
+    4d) sliced four ways, on one GPU, for ``batch`` sequences of ``tokens`` new tokens attending to
+    ``context`` tokens, in the order its ``run_on_gpu`` prints them.  ``calls``: the line is that
+    many identical calls; ``host``: which call's host cost it pays (the artifact subtracts a
+    one-element call's time from the layer norm's, so it pays none).  The two all-reduce lines
+    are not timed by ``run_on_gpu``; where they come from is not stated."""
+    model, heads, head, ways = 12288, 96, 128, 4
+    rows, width, mlp, pairs = batch * tokens, model // ways, 4 * model // ways, batch * heads // ways
+    norm = {"kind": "rowreduce", "op": "layernorm", "rows": rows, "cols": model, "library": "inductor-2.0",
+            "dtype": "fp16", "host": None}
+    return (
+        {"name": "Q, K, V projections", "kind": "gemm", "m": rows, "n": width, "k": model, "dtype": "bf16", "calls": 3,
+         "host": "gemm"},
+        {"name": "Q x K^T", "kind": "gemm", "m": tokens, "n": context, "k": head, "batch": pairs, "dtype": "fp16",
+         "host": "gemm"},
+        {"name": "A x V", "kind": "gemm", "m": tokens, "n": head, "k": context, "batch": pairs, "dtype": "fp16",
+         "host": "gemm"},
+        {"name": "output projection", "kind": "gemm", "m": rows, "n": model, "k": width, "dtype": "bf16", "host": "gemm"},
+        {"name": "FC-1", "kind": "gemm", "m": rows, "n": mlp, "k": model, "dtype": "bf16", "host": "gemm"},
+        {"name": "FC-2", "kind": "gemm", "m": rows, "n": model, "k": mlp, "dtype": "bf16", "host": "gemm"},
+        {"name": "softmax", "kind": "rowreduce", "op": "softmax", "rows": pairs * tokens, "cols": context,
+         "library": "pytorch-2.0", "dtype": "fp16", "host": "softmax"},
+        {"name": "layernorm 0", **norm},
+        {"name": "layernorm 1", **norm},
+        {"name": "GeLU", "kind": "elementwise", "op": "gelu", "elements": rows * mlp, "dtype": "fp16", "host": "gelu"},
+        {"name": "all-reduce 0", "kind": None},
+        {"name": "all-reduce 1", "kind": None},
+    )
 
-LLMCOMPASS_GPT3_DECODE: tuple[dict[str, Any], ...] = (
-    {"name": "Q, K, V projections", "kind": "gemm", "m": 8, "n": 3072, "k": 12288, "dtype": "bf16", "calls": 3,
-     "host": "gemm"},
-    {"name": "Q x K^T", "kind": "gemm", "m": 1, "n": 3073, "k": 128, "batch": 192, "dtype": "fp16", "host": "gemm"},
-    {"name": "A x V", "kind": "gemm", "m": 1, "n": 128, "k": 3073, "batch": 192, "dtype": "fp16", "host": "gemm"},
-    {"name": "output projection", "kind": "gemm", "m": 8, "n": 12288, "k": 3072, "dtype": "bf16", "host": "gemm"},
-    {"name": "FC-1", "kind": "gemm", "m": 8, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
-    {"name": "FC-2", "kind": "gemm", "m": 8, "n": 12288, "k": 12288, "dtype": "bf16", "host": "gemm"},
-    {"name": "softmax", "kind": "rowreduce", "op": "softmax", "rows": 192, "cols": 3073, "library": "pytorch-2.0",
-     "dtype": "fp16", "host": "softmax"},
-    {"name": "layernorm 0", "kind": "rowreduce", "op": "layernorm", "rows": 8, "cols": 12288,
-     "library": "inductor-2.0", "dtype": "fp16", "host": None},
-    {"name": "layernorm 1", "kind": "rowreduce", "op": "layernorm", "rows": 8, "cols": 12288,
-     "library": "inductor-2.0", "dtype": "fp16", "host": None},
-    {"name": "GeLU", "kind": "elementwise", "op": "gelu", "elements": 8 * 12288, "dtype": "fp16", "host": "gelu"},
-    {"name": "all-reduce 0", "kind": None},
-    {"name": "all-reduce 1", "kind": None},
-)
-"""The rows of LLMCompass's ``transformerAR_A100.csv``: the same layer generating one token per
-sequence (``TransformerBlockAutoRegressionTP.run_on_gpu``), batch 8, a key/value cache of
-2048 + 1024 tokens (3073 with the new one): the projections and the MLP multiply 8 rows, and each
-of the 192 (sequence, head) pairs multiplies one query by its cache.  Columns as in
-:data:`LLMCOMPASS_GPT3_LAYER`."""
+
+LLMCOMPASS_GPT3_LAYER = _llmcompass_gpt3_calls(batch=8, tokens=2048, context=2048)
+"""The lines of ``transformer_A100.csv``: the layer processing 8 prompts of 2048 tokens
+(``TransformerBlockInitComputationTP``)."""
+LLMCOMPASS_GPT3_DECODE = _llmcompass_gpt3_calls(batch=8, tokens=1, context=3073)
+"""The lines of ``transformerAR_A100.csv``: the layer generating one token per sequence for 8
+sequences with 2048 + 1024 tokens cached, 3073 with the new one
+(``TransformerBlockAutoRegressionTP``)."""
 
 
 def _llmcompass_layer(table: tuple[dict[str, Any], ...]) -> Callable[[Path], pd.DataFrame]:
