@@ -685,7 +685,7 @@ def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
         hidden, qkv, mlp = PHI2["hidden"], PHI2["qkv"] // parts, PHI2["mlp"] // parts
         gemms = {"attn_pre_proj": (qkv, hidden), "attn_post_proj": (hidden, hidden // parts),
                  "mlp_up_proj": (mlp, hidden), "mlp_down_proj": (hidden, mlp)}
-        base = {"system": system, "dtype": "fp16", "overrides": {"gpu.kernel_launch_ns": 0.0}}
+        base = {"system": system, "dtype": "fp16", **_host(0.0)}
         op = row["op"]
         if op in gemms:
             n, k = gemms[op]

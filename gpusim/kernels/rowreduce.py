@@ -514,8 +514,11 @@ class RowReduceKernel:
         self.wavefronts = shape.wavefronts(config.cu.wavefront_size)
         self.flops_per_ns = gpu.vector_flops_per_ns("fp32")
         lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
-        self.transcendental_weight = lanes / config.cu.transcendentals_per_cycle
-        self.transcendentals_on_vector_alu = config.cu.transcendentals_on_vector_alu
+        weight = lanes / config.cu.transcendentals_per_cycle
+        # instructions per element of each pass: the special functions share the vector ALU's issue
+        # slots (CDNA) or run beside the other instructions on their own units (NVIDIA's SFUs)
+        combine = (lambda ops, special: ops + special) if config.cu.transcendentals_on_vector_alu else max
+        self.element_ops = [combine(p.ops_per_element, p.transcendentals_per_element * weight) for p in spec.passes]
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
@@ -591,12 +594,7 @@ class RowReduceKernel:
             for index, row_pass in enumerate(spec.passes):
                 if row_pass.source == "memory":
                     yield self._load(cu, lo, hi - lo, blocks * self.iterations, round_bytes).close()
-                special = row_pass.transcendentals_per_element * self.transcendental_weight
-                if self.transcendentals_on_vector_alu:
-                    work = row_pass.ops_per_element + special
-                else:
-                    work = max(row_pass.ops_per_element, special)
-                ops = work * elements + blocks * self.reduction_ops[index]
+                ops = self.element_ops[index] * elements + blocks * self.reduction_ops[index]
                 done = cu.compute(env.now, 2.0 * ops, self.flops_per_ns, self.wavefronts)
                 stall = blocks * self.reduction_ns[index]
                 if row_pass.writes:
