@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import gpusim
 from gpusim import ops
 from gpusim.errors import OpError
+from gpusim.hw.compute import WorkgroupShape, occupancy
 from gpusim.kernels.rowreduce import reduction_cycles, row_kernel
 
 H200 = gpusim.load_system("h200-sxm")
@@ -189,20 +190,21 @@ def test_a_grid_that_overflows_its_slots_pays_only_for_its_tail():
 def test_barrier_latency_slows_block_softmax_but_not_warp_softmax():
     system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
     slow = system.with_overrides({"gpu.cu.barrier_cycles": 400})
-    block = ops.RowReduce("softmax", 4096, 4096)
+    block = ops.RowReduce("softmax", 128, 4096)  # a block per SM: nothing issues while it waits
     assert time_of(slow, block) > 1.1 * time_of(system, block)
     warp = ops.RowReduce("softmax", 4096, 512)
     assert time_of(slow, warp) == time_of(system, warp)
 
 
 def test_transcendentals_on_the_vector_alu_take_its_issue_slots():
-    """On CDNA the exponentials of a softmax are quarter-rate VALU instructions: they add to the
-    other instructions' time instead of running beside them (NVIDIA's SFUs); a layer norm, with one
-    reciprocal square root per row, does not notice."""
+    """On CDNA the exponentials and reciprocals of a softmax are quarter-rate VALU instructions: they
+    add to the other instructions' time instead of running beside them (NVIDIA's SFUs), which an
+    issue-bound softmax (the register kernel, 16384 rows) shows; a layer norm, with one reciprocal
+    square root per row, does not notice."""
     separate = gpusim.load_system("mi210", overrides={"gpu.kernel_launch_ns": 0,
                                                       "gpu.cu.transcendentals_on_vector_alu": False})
     shared = separate.with_overrides({"gpu.cu.transcendentals_on_vector_alu": True})
-    softmax = ops.RowReduce("softmax", 4096, 1024, library="pytorch-2.0")
+    softmax = ops.RowReduce("softmax", 16384, 4096, library="pytorch")
     assert time_of(shared, softmax) > 1.05 * time_of(separate, softmax)
     norm = ops.RowReduce("layernorm", 4096, 1024, library="inductor-2.0")
     assert time_of(shared, norm) == pytest.approx(time_of(separate, norm), rel=1e-6)
@@ -224,3 +226,33 @@ def test_a_row_reduction_is_never_faster_than_its_bytes_allow(kind, rows, cols):
 def test_a_row_reduction_reads_every_input_byte_from_dram(kind):
     result = gpusim.run(H200, ops.RowReduce(kind, 4096, 4096))
     assert result.dram_totals().query("direction == 'read'")["bytes"].sum() >= 4096 * 4096 * 2
+
+
+def test_softmax_rows_of_2048_run_the_warp_kernel_after_pytorch_2_0():
+    """PyTorch's warp softmax takes rows of up to 2048 values of at most 4 bytes in the releases the
+    H200 ran (``softmax_warp_forward<..., 11>``), of up to 1024 in 2.0."""
+    gpu = H200.config.gpu
+    assert row_kernel("softmax", 4096, 2048, "fp16", gpu).name == "softmax_warp_forward"
+    assert row_kernel("softmax", 4096, 2048, "fp32", gpu).name == "softmax_warp_forward"
+    assert row_kernel("softmax", 4096, 2048, "fp16", gpu, "pytorch-2.0").name == "cunn_SoftMaxForward"
+    assert row_kernel("softmax", 4096, 4096, "fp16", gpu).name == "cunn_SoftMaxForwardReg"
+
+
+@pytest.mark.parametrize(("cols", "registers", "blocks"), [(1024, 48, 10), (2048, 80, 6), (4096, 30, 2), (8192, 37, 1)])
+def test_softmax_registers_and_occupancy_are_the_h200s(cols, registers, blocks):
+    """Registers per thread as Nsight Compute reports them on the H200 (reduction_counters.csv.gz),
+    and the blocks per SM they leave room for."""
+    spec = row_kernel("softmax", 4096, cols, "fp16", H200.config.gpu)
+    assert spec.registers_per_thread == registers
+    assert occupancy(WorkgroupShape(spec.threads, 0, spec.registers_per_thread), H200.config.gpu.cu) == blocks
+
+
+def test_a_wavefront_waiting_on_its_last_instruction_leaves_the_issue_to_others():
+    """A warp issues one instruction every ``cu.dependent_issue_cycles``: the warp softmax, six warps
+    per scheduler, slows when that interval grows; the instruction counts issue at the CU's issue
+    rate, which the element-wise FLOP efficiency does not scale."""
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    softmax = ops.RowReduce("softmax", 4096, 2048)
+    eager = system.with_overrides({"gpu.cu.dependent_issue_cycles": 1})
+    assert time_of(system, softmax) > 1.2 * time_of(eager, softmax)
+    assert time_of(system.with_overrides({"gpu.vector_efficiency": 0.3}), softmax) == time_of(system, softmax)

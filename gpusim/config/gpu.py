@@ -57,6 +57,19 @@ class CuConfig(Model):
     barrier_cycles
         Latency of a workgroup barrier once every wavefront has arrived, with the local data share
         round trip that follows it, cycles.
+    issue_lanes_per_cycle
+        Vector instructions a CU issues per cycle, in lanes (an instruction of a whole wavefront
+        counts its lanes), whichever pipe runs them: 128 on Volta, Turing, Ampere and Hopper SMs
+        (four schedulers, each issuing one 32-wide warp instruction a cycle to its FP32, INT32,
+        load/store or special-function pipe), 64 on a CDNA CU (four SIMD16 units, each taking four
+        cycles per wave64 instruction).  Row reductions, counted in instructions, issue at this rate.
+    dependent_issue_cycles
+        Issue slots of its SIMD between one wavefront's consecutive instructions, apart from memory
+        waits, barriers and other wavefronts' turns: each waits for the one before it (the ALU's
+        latency, special-function and shared-memory results, branches), so a SIMD needs this many
+        wavefronts to issue every slot.  1 (the default) lets one wavefront per SIMD fill it, as a
+        CDNA wave64 instruction's four cycles hide the ALU's latency.  Row reductions use it; the
+        element-wise kernels' FLOP efficiency covers it for them.
     """
 
     max_threads: PositiveInt = 2048
@@ -73,6 +86,8 @@ class CuConfig(Model):
     int32_ops_per_cycle: PositiveFloat = 64.0
     shuffle_cycles: PositiveFloat = 30.0
     barrier_cycles: PositiveFloat = 40.0
+    issue_lanes_per_cycle: PositiveFloat = 64.0
+    dependent_issue_cycles: PositiveFloat = 1.0
 
 
 class L2Config(Model):

@@ -45,8 +45,29 @@ workgroup per chunk up to this many chunks keeps the reuse distance."""
 SHARED_MEMORY_PER_BLOCK = {"nvidia": 48 * 1024, "amd": 64 * 1024}
 """Shared memory a kernel may use without opting in, by vendor (``sharedMemPerBlock``: CUDA's 48 KiB,
 HIP's 64 KiB), bytes: PyTorch's block softmax caches the row there when it fits."""
-SOFTMAX_WARP_MAX_COLS = 1024
-"""Longest row PyTorch's softmax gives one wavefront (``dispatch_softmax_forward``)."""
+SOFTMAX_WARP_MAX = {"pytorch": (2048, 8192), "pytorch-2.0": (1024, 4096)}
+"""Longest row, elements and bytes, PyTorch's softmax gives one wavefront (``dispatch_softmax_forward``),
+by library: 2048 values of at most 4 bytes in the releases we measured (2.11 on the H200: rows of
+2048 half-precision values run ``softmax_warp_forward<..., 11>``), 1024 in 2.0."""
+SOFTMAX_PASS_OPS = {
+    "softmax_warp_forward": ((7.0, 0.0), (11.0, 1.0), (20.0, 1.0)),
+    "cunn_SoftMaxForwardReg": ((12.0, 0.0), (15.0, 1.0), (31.0, 2.0)),
+    "cunn_SoftMaxForwardSmem": ((3.5, 0.0), (11.0, 1.0), (22.0, 2.0)),
+    "cunn_SoftMaxForward": ((3.5, 0.0), (11.0, 1.0), (22.0, 2.0)),
+}
+"""Vector and special-function instructions per element of each pass of PyTorch's softmax kernels
+(maximum; sum of exponentials; normalised output), counted in their SASS on the H200 (PyTorch 2.11,
+``validation/measured/h200/reduction_sass.csv.gz``; per-thread set-up and the reductions apart).
+
+Every kernel computes ``expf`` without fast math (about 10 instructions beside the ``ex2``: the
+subtraction of the maximum, a range reduction, a rounding and a two-term correction) and divides
+by the sum with a precise division (about 7 beside the reciprocal estimate).  The warp kernel keeps
+each exponential in a register, so its output pass divides only; the block kernels compute the
+exponential again in the output pass.  The register kernel loads and stores one element per
+instruction, each behind its own bounds test (about 10 instructions of 64-bit addressing and a
+branch per element and pass); the shared-memory kernel moves 16-byte vectors.  The global-memory
+kernel (not profiled) is taken to cost what the shared-memory kernel does, with its vectors read
+from the L2 instead of the local data share."""
 NORM_VECTOR_ELEMENTS = 4
 """Elements each thread of PyTorch's vectorized layer norm loads per iteration (``vec_size``)."""
 REDUCE_MAX_THREADS = 512
@@ -71,15 +92,31 @@ INDUCTOR_RBLOCK = 2048
 SOFTMAX_MAX_REGISTERS = 10
 """PyTorch's block softmax keeps a row in registers when each thread holds fewer of its elements
 than this (``potential_register_count``)."""
+SOFTMAX_WARP_REGISTERS = 16
+"""Registers per thread of PyTorch's warp softmax beside the row's values it holds (one 32-bit float
+each): 48 at 1024 half-precision values per row, 80 at 2048, on the H200."""
+SOFTMAX_REG_REGISTERS = (23, 1.75)
+"""Registers per thread of PyTorch's register softmax: a base and a cost per element held (30 with
+4 elements per thread, 37 with 8, on the H200; so 2048 threads of 4 elements fit on an SM, and
+only one block of 1024 threads of 8)."""
 SUM_COMBINE_OPS = 2.0
 """Instructions of one step of a sum's (or a maximum's) reduction in a wavefront: a shuffle and an add."""
-WELFORD_COMBINE_OPS = 22.0
+WELFORD_COMBINE_OPS = 28.0
 """Instructions of one step of a Welford reduction in a wavefront (``cuWelfordCombine`` after three
 shuffles): two adds, the count's test, a precise reciprocal (about six), the two weights, the mean
-(a multiply and a multiply-add) and the variance (four), and the loop."""
-LDS_EXCHANGE_OPS = 2.0
-"""Instructions of a cross-wavefront reduction step beside the combination (the store to and the
-load from the local data share)."""
+(a multiply and a multiply-add) and the variance (four), and the branches around the empty-partner
+and slow-division cases (28 in ``vectorized_layer_norm_kernel``'s SASS on the H200)."""
+MAX_COMBINE_OPS = 3.0
+"""Instructions of one step of a maximum's reduction in a wavefront: a shuffle, a compare and a select
+(``fmaxf`` keeps NaNs; the softmax kernels' SASS on the H200)."""
+BLOCK_EXCHANGE_OPS = 10.0
+"""Instructions each wavefront of a block-wide reduction runs beside its own tree: its lane and
+wavefront tests, the store of its partial result to the local data share, two barriers and the
+read of the block's result (the softmax and norm kernels' SASS on the H200: 8-12)."""
+THREAD_SETUP_OPS = 20.0
+"""Instructions each thread of a row-reduction workgroup runs once, outside its loops: reading the
+kernel's arguments and its indices, the row's base address and the loop bounds (the PyTorch
+kernels' SASS on the H200: about 20)."""
 
 
 @dataclass(frozen=True)
@@ -165,12 +202,24 @@ class RowKernelSpec:
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
     """Maximum, sum of exponentials, normalised exponentials (one ``expf`` per element in each of
     the last two: a range reduction and a special-function ``ex2``); ``load_ops`` are the load
-    (and store) instructions per element of a pass that touches memory or shared memory."""
+    (and store) instructions per element of a pass that touches memory or shared memory.  Inductor's
+    Triton softmax; PyTorch's kernels count their instructions from SASS (:func:`_pytorch_softmax_passes`)."""
     extra = 0.0 if later == "registers" else load_ops
     return (
         RowPass(first, ops_per_element=2.0 + load_ops, reduction=reduction),
         RowPass(later, ops_per_element=8.0 + extra, transcendentals_per_element=1.0, reduction=reduction),
         RowPass(later, ops_per_element=9.0 + extra + load_ops, transcendentals_per_element=1.0, writes=True),
+    )
+
+
+def _pytorch_softmax_passes(name: str, later: str, reduction: str) -> tuple[RowPass, ...]:
+    """The three passes of PyTorch's softmax kernel ``name`` (:data:`SOFTMAX_PASS_OPS`), the last two
+    reading the row from ``later``."""
+    (first_ops, _), (sum_ops, sum_special), (out_ops, out_special) = SOFTMAX_PASS_OPS[name]
+    return (
+        RowPass("memory", ops_per_element=first_ops, reduction=reduction, combine_ops=MAX_COMBINE_OPS),
+        RowPass(later, ops_per_element=sum_ops, transcendentals_per_element=sum_special, reduction=reduction),
+        RowPass(later, ops_per_element=out_ops, transcendentals_per_element=out_special, writes=True),
     )
 
 
@@ -237,12 +286,15 @@ def _norm_passes(kind: str, later: str) -> tuple[RowPass, RowPass]:
     (about 45 cycles) and for the scaled means and variances that follow it (about 45 more: 90
     cycles beyond the exchange).  Measured on the H200 (``reduction_grid.csv``), the layer norm's
     cost over the RMS norm's grows by about 60 ns an SM per row and 0.35 ns per 1000 elements
-    (docs/validation.md, stop 25)."""
+    (docs/validation.md, stop 25).  The output pass reads the weight (and bias) beside the row and
+    converts and scales each value: 11 instructions per element for the layer norm, 7.5 for the RMS
+    norm, in ``vectorized_layer_norm_kernel``'s SASS on the H200 (``reduction_sass.csv.gz``; its
+    statistics loops 16.5 and 3.25)."""
     if kind == "layernorm":
         return (RowPass("memory", ops_per_element=16.0, transcendentals_per_element=1.0, reduction="block",
                         combine_cycles=90.0, combine_ops=WELFORD_COMBINE_OPS),
-                RowPass(later, ops_per_element=7.0, writes=True))
-    return (RowPass("memory", ops_per_element=3.0, reduction="block"), RowPass(later, ops_per_element=5.0, writes=True))
+                RowPass(later, ops_per_element=11.0, writes=True))
+    return (RowPass("memory", ops_per_element=3.0, reduction="block"), RowPass(later, ops_per_element=7.5, writes=True))
 
 
 def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
@@ -256,8 +308,9 @@ def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
 def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKernelSpec:
     """PyTorch's softmax kernels.
 
-    - ``softmax_warp_forward``: rows of at most 1024 elements, one wavefront (or part of one) per
-      row, the whole row loaded at once into registers;
+    - ``softmax_warp_forward``: rows of at most 2048 elements (1024 in 2.0; :data:`SOFTMAX_WARP_MAX`),
+      one wavefront (or part of one) per row, the whole row loaded at once into registers, one
+      element per load;
     - ``cunn_SoftMaxForwardReg`` (2.5 and later): a block of ``min(cols, 1024)`` threads per row
       when each thread holds fewer than 10 of its elements, one element per load instruction;
     - ``cunn_SoftMaxForwardSmem`` (2.5 and later): longer rows that fit in a block's default shared memory,
@@ -265,31 +318,40 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
     - ``cunn_SoftMaxForward``: the row re-read from global memory by each of the three passes; in
       2.0 every row longer than 1024 elements, with a block of the power of two at or above half
       the row's 16-byte vectors (at most 1024 threads).
+
+    Registers per thread are the H200's (``reduction_counters.csv.gz``): the warp kernel holds its
+    row's values as 32-bit floats beside 16 others (48 at 1024 elements, 80 at 2048), the register
+    kernel 30 with 4 elements per thread and 37 with 8 (:data:`SOFTMAX_REG_REGISTERS`).
     """
     warp = gpu.cu.wavefront_size
     row_bytes = cols * size
-    vector_ops = 1.0 / max(1, 16 // size)
-    if cols <= SOFTMAX_WARP_MAX_COLS:
+    most_cols, most_bytes = SOFTMAX_WARP_MAX["pytorch-2.0" if library == "pytorch-2.0" else "pytorch"]
+    if cols <= most_cols and row_bytes <= most_bytes:
         width = 1 << (cols - 1).bit_length()
         lanes = min(width, warp)
-        per_block = (128 // lanes) * (2 if width <= 128 else 1)
-        passes = _softmax_passes("memory", "registers", "wave", load_ops=vector_ops)
-        return RowKernelSpec("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), 32, passes)
+        batch = 2 if width <= 128 else 1
+        per_block = (128 // lanes) * batch
+        registers = SOFTMAX_WARP_REGISTERS + batch * (width // lanes)
+        passes = _pytorch_softmax_passes("softmax_warp_forward", "registers", "wave")
+        return RowKernelSpec("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), registers,
+                             passes)
     if library == "pytorch-2.0":
         most = max(1, min(row_bytes // 16, 1024) // 2)
         threads = max(warp, 1 << (most - 1).bit_length())
-        passes = _softmax_passes("memory", "memory", "block", load_ops=vector_ops)
+        passes = _pytorch_softmax_passes("cunn_SoftMaxForward", "memory", "block")
         return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
     threads = min(1024, -(-cols // warp) * warp)
     held = -(-cols // threads)
     if held < SOFTMAX_MAX_REGISTERS:
-        passes = _softmax_passes("memory", "registers", "block", load_ops=1.0)
-        return RowKernelSpec("cunn_SoftMaxForwardReg", threads, 1, held * size, 32 + held, passes)
+        base, per_element = SOFTMAX_REG_REGISTERS
+        passes = _pytorch_softmax_passes("cunn_SoftMaxForwardReg", "registers", "block")
+        return RowKernelSpec("cunn_SoftMaxForwardReg", threads, 1, held * size, base + math.ceil(per_element * held),
+                             passes)
     shared = min(int(gpu.cu.lds_bytes), SHARED_MEMORY_PER_BLOCK.get(gpu.vendor, SHARED_MEMORY_PER_BLOCK["nvidia"]))
     if row_bytes + threads // warp * 4 <= shared:
-        passes = _softmax_passes("memory", "lds", "block", load_ops=2 * vector_ops)
+        passes = _pytorch_softmax_passes("cunn_SoftMaxForwardSmem", "lds", "block")
         return RowKernelSpec("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, passes)
-    passes = _softmax_passes("memory", "memory", "block", load_ops=vector_ops)
+    passes = _pytorch_softmax_passes("cunn_SoftMaxForward", "memory", "block")
     return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
 
 
@@ -438,8 +500,9 @@ def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cyc
 def reduction_ops(kind: str | None, threads: int, rows: int, gpu: GpuConfig, combine_ops: float) -> float:
     """Lane-instructions a workgroup of ``threads`` issues for the reductions of its ``rows``: every
     wavefront runs ``log2(wavefront)`` steps of ``combine_ops`` instructions for each row it reduces
-    (a wavefront reduction) or for the row (a block-wide one, which adds ``log2(wavefronts)`` steps
-    of one wavefront through the local data share).  They take the CU's issue slots
+    (a wavefront reduction) or for the row (a block-wide one, which adds the exchange through the
+    local data share in every wavefront, :data:`BLOCK_EXCHANGE_OPS`, and ``log2(wavefronts)`` steps
+    of one wavefront).  They take the CU's issue slots
     (:meth:`ComputeUnit.compute`) beside the steps' latency (:func:`reduction_cycles`): with many
     workgroups resident, the instructions bound a reduction-heavy kernel, not the latency."""
     if kind is None:
@@ -448,7 +511,7 @@ def reduction_ops(kind: str | None, threads: int, rows: int, gpu: GpuConfig, com
     waves = max(1, -(-threads // wave))
     instructions = waves * math.log2(min(threads, wave)) * combine_ops
     if kind == "block":
-        instructions = rows * (instructions + math.log2(waves) * (combine_ops + LDS_EXCHANGE_OPS))
+        instructions = rows * (instructions + waves * BLOCK_EXCHANGE_OPS + math.log2(waves) * combine_ops)
     else:
         instructions *= max(1, rows // waves)
     return instructions * wave
@@ -512,13 +575,22 @@ class RowReduceKernel:
         self.chunks = max(1, min(most, -(-self.real // self.workgroups)))
         self.iterations = max(1, math.ceil(self.wg_bytes / (spec.threads * spec.vector_bytes)))
         self.wavefronts = shape.wavefronts(config.cu.wavefront_size)
-        self.flops_per_ns = gpu.vector_flops_per_ns("fp32")
-        lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
+        # the counts are instructions: they issue at the CU's issue rate, and the FLOP efficiency of
+        # element-wise code (gpu.vector_efficiency) does not apply
+        lanes = config.cu.issue_lanes_per_cycle
+        self.issue_per_ns = lanes * config.clock_hz * 1e-9
         weight = lanes / config.cu.transcendentals_per_cycle
-        # instructions per element of each pass: the special functions share the vector ALU's issue
-        # slots (CDNA) or run beside the other instructions on their own units (NVIDIA's SFUs)
-        combine = (lambda ops, special: ops + special) if config.cu.transcendentals_on_vector_alu else max
-        self.element_ops = [combine(p.ops_per_element, p.transcendentals_per_element * weight) for p in spec.passes]
+        # instructions per element of each pass: a special function takes its issue slot and its
+        # unit's narrower rate; in the vector ALU's own slots (CDNA), or on separate units whose
+        # rate bounds the pass only when they are the busier (NVIDIA's SFUs)
+        if config.cu.transcendentals_on_vector_alu:
+            self.element_ops = [p.ops_per_element + p.transcendentals_per_element * weight for p in spec.passes]
+        else:
+            self.element_ops = [max(p.ops_per_element + p.transcendentals_per_element,
+                                    p.transcendentals_per_element * weight) for p in spec.passes]
+        self.setup_ops = spec.threads * THREAD_SETUP_OPS
+        # a wavefront issues one instruction in every cu.dependent_issue_cycles slots of its SIMD
+        self.issuing = self.wavefronts / config.cu.dependent_issue_cycles
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
@@ -595,7 +667,9 @@ class RowReduceKernel:
                 if row_pass.source == "memory":
                     yield self._load(cu, lo, hi - lo, blocks * self.iterations, round_bytes).close()
                 ops = self.element_ops[index] * elements + blocks * self.reduction_ops[index]
-                done = cu.compute(env.now, 2.0 * ops, self.flops_per_ns, self.wavefronts)
+                if index == 0:
+                    ops += blocks * self.setup_ops
+                done = cu.compute(env.now, ops, self.issue_per_ns, self.issuing)
                 stall = blocks * self.reduction_ns[index]
                 if row_pass.writes:
                     stall += blocks * self.combine_ns
