@@ -94,6 +94,10 @@ class DataSet:
 
 
 # -- simulation of one point (top level, so that worker processes can run it) -------------------
+WARM_INPUT = "warm_input"
+"""Name of the tensor a ``warm`` validation point's producer writes and its op reads."""
+
+
 def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = None, mode: str = "full",
                    **params: Any) -> dict[str, Any]:
     """Simulate one measured configuration and return ``simulated_s`` and the implementation used.
@@ -111,7 +115,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     mode
         ``full`` or ``symmetric``.
     params
-        The op's parameters.
+        The op's parameters; ``warm=True`` has an element-wise add write the op's input (a GEMM's
+        A) just before it, as the operation before it in a model's layer does, and times the op alone.
     """
     import gpusim
     from gpusim import ops
@@ -123,20 +128,33 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         return simulate_reuse(hardware, **params)
     if kind == "interference":
         return simulate_interference(hardware, **params)
+    dtype = params.get("dtype", "fp16")
+    warm = bool(params.get("warm", False))
+    source = WARM_INPUT if warm else None
     if kind == "gemm":
-        op = ops.Gemm(params["m"], params["n"], params["k"], params.get("dtype", "fp16"),
-                      bool(params.get("trans_a", False)), bool(params.get("trans_b", False)),
-                      int(params.get("batch", 1)))
+        batch = int(params.get("batch", 1))
+        op = ops.Gemm(params["m"], params["n"], params["k"], dtype, bool(params.get("trans_a", False)),
+                      bool(params.get("trans_b", False)), batch, a=source)
+        input_elements = batch * params["m"] * params["k"]
     elif kind == "elementwise":
-        op = ops.Elementwise(params["op"], params["elements"], params.get("dtype", "fp16"))
+        op = ops.Elementwise(params["op"], params["elements"], dtype, inputs=(source,) if warm else None)
+        input_elements = params["elements"]
     elif kind == "rowreduce":
-        op = ops.RowReduce(params["op"], params["rows"], params["cols"], params.get("dtype", "fp16"),
-                           library=params.get("library", "pytorch"))
+        op = ops.RowReduce(params["op"], params["rows"], params["cols"], dtype,
+                           library=params.get("library", "pytorch"), input=source)
+        input_elements = params["rows"] * params["cols"]
     elif kind == "allreduce":
-        op = ops.AllReduce(params["nbytes"], params.get("dtype", "fp16"))
+        op = ops.AllReduce(params["nbytes"], dtype)
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
                          f"concurrency, reuse, interference")
+    if warm and kind == "allreduce":
+        raise ValueError("simulate_point: 'warm' applies to gemm, elementwise and rowreduce points")
+    if warm:  # the op's kernels, from the first one's start (not the gap behind the producer) to the last one's end
+        result = gpusim.run(hardware, [ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT), op], mode=mode)
+        kernels = result.kernels[result.kernels["op_id"] == result.ops["op_id"].iloc[-1]]
+        return {"simulated_s": float(kernels["end_s"].max() - kernels["start_s"].min()),
+                "impl": str(result.ops["impl"].iloc[-1]), "sim_wall_s": result.stats["wall_s"]}
     result = gpusim.run(hardware, op, mode=mode)
     return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
             "sim_wall_s": result.stats["wall_s"]}
@@ -675,7 +693,7 @@ def _vidur_mlp(path: Path) -> pd.DataFrame:
     return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
 
 
-def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+def _vidur_mlp_point(system: str, warm: bool = True) -> Callable[[pd.Series], dict[str, Any]]:
     """A row of vidur's per-operation profile of phi-2's layer: ``num_tokens`` rows through one
     operation, its weights split ``num_tensor_parallel_workers`` ways (``torch.nn.Linear`` stores
     them ``[out, in]``: B transposed). The profiler's kernel durations: no host cost per call."""
@@ -685,7 +703,7 @@ def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
         hidden, qkv, mlp = PHI2["hidden"], PHI2["qkv"] // parts, PHI2["mlp"] // parts
         gemms = {"attn_pre_proj": (qkv, hidden), "attn_post_proj": (hidden, hidden // parts),
                  "mlp_up_proj": (mlp, hidden), "mlp_down_proj": (hidden, mlp)}
-        base = {"system": system, "dtype": "fp16", **_host(0.0)}
+        base = {"system": system, "dtype": "fp16", "warm": warm, **_host(0.0)}
         op = row["op"]
         if op in gemms:
             n, k = gemms[op]

@@ -93,3 +93,17 @@ def test_phi2_residual_add_is_two_kernels():
     assert (adds["calls"] == 2).all() and (frame.loc[frame["op"] != "add", "calls"] == 1).all()
     first = adds.iloc[0]
     assert first["measured_s"] == pytest.approx(first["time_ms_median"] * 1e-3 / 2)
+
+
+def test_a_warm_point_reads_its_input_from_the_l2_and_times_its_op_alone():
+    """vidur times each operation of phi-2's layer right after the one that wrote its input: a
+    ``warm`` point has a producer write the input first and times the op's own kernel (not the
+    producer, nor the gap behind it), so a small layer norm comes out faster than on a cold L2."""
+    point = {"kind": "rowreduce", "system": "a100-sxm4", "op": "layernorm", "rows": 16, "cols": 2560,
+             "overrides": {"gpu.kernel_launch_ns": 0.0}}
+    cold = validation.simulate_point(**point)["simulated_s"]
+    warm = validation.simulate_point(**point, warm=True)["simulated_s"]
+    assert 0.5 * cold < warm < 0.95 * cold
+    assert validation.get("mlp-a100-phi2").point(validation.get("mlp-a100-phi2").load().iloc[0])["warm"]
+    with pytest.raises(ValueError, match="warm"):
+        validation.simulate_point("allreduce", "dgx-a100", nbytes=2**20, warm=True)
