@@ -1,0 +1,58 @@
+"""Nsight Compute counters of the Triton kernels ``torch.compile`` (Inductor) generates for layer
+norms, a softmax and GeLU, and of PyTorch's eager GeLU, add, row sum and long-row softmax (this
+project; runs on the GPU machine, imports nothing from gpusim): the companion of
+``reduction_counters.py``, for the kernels that script does not profile.
+
+Each case is compiled (or warmed) and run once untimed, then once inside ``torch.cuda.profiler``
+start/stop, so that ``ncu --profile-from-start off`` profiles only that call.
+
+Usage: ``ncu --profile-from-start off ... python3 compiled_counters.py`` (see the README beside this file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+COMPILED = (("layernorm", 4096, 32), ("layernorm", 4096, 768), ("layernorm", 4096, 4096), ("layernorm", 32, 4096),
+            ("layernorm", 4096, 16384), ("softmax", 4096, 4096), ("gelu", 4096, 4096))
+"""(kind, rows, cols), fp16, compiled: Inductor's persistent (up to 1024 values) and looped reductions."""
+EAGER = (("gelu", 4096, 4096), ("add", 4096, 4096), ("sum", 4096, 4096), ("softmax", 4096, 32768))
+"""(kind, rows, cols), fp16, eager: the element-wise kernels, ``reduce_kernel`` and ``cunn_SoftMaxForward``."""
+
+
+def call(kind: str, rows: int, cols: int) -> Callable[[], object]:
+    """One call of ``kind`` over fresh random ``rows x cols`` fp16 tensors."""
+    x = torch.randn(rows, cols, dtype=torch.float16, device="cuda")
+    y = torch.randn(rows, cols, dtype=torch.float16, device="cuda")
+    weight = torch.randn(cols, dtype=torch.float16, device="cuda")
+    bias = torch.randn(cols, dtype=torch.float16, device="cuda")
+    return {"layernorm": lambda: F.layer_norm(x, (cols,), weight, bias), "softmax": lambda: torch.softmax(x, dim=-1),
+            "gelu": lambda: F.gelu(x), "add": lambda: x + y, "sum": lambda: x.sum(dim=1)}[kind]
+
+
+def profile(label: str, run: Callable[[], object]) -> None:
+    """Run ``run`` twice untimed (compiling, autotuning, warming), then once profiled."""
+    with torch.no_grad():
+        run()
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    print(label, flush=True)
+
+
+def main() -> int:
+    for kind, rows, cols in COMPILED:
+        profile(f"compiled {kind} {rows}x{cols}", torch.compile(call(kind, rows, cols), dynamic=False))
+    for kind, rows, cols in EAGER:
+        profile(f"eager {kind} {rows}x{cols}", call(kind, rows, cols))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
