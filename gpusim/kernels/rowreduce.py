@@ -113,6 +113,16 @@ BLOCK_EXCHANGE_OPS = 10.0
 """Instructions each wavefront of a block-wide reduction runs beside its own tree: its lane and
 wavefront tests, the store of its partial result to the local data share, two barriers and the
 read of the block's result (the softmax and norm kernels' SASS on the H200: 8-12)."""
+FMA_PIPE_SHARE = {
+    "softmax_warp_forward": 0.40, "cunn_SoftMaxForwardReg": 0.43, "cunn_SoftMaxForwardSmem": 0.58,
+    "cunn_SoftMaxForward": 0.60, "vectorized_layer_norm_kernel": 0.52, "reduce_kernel": 0.54,
+    "triton_per": 0.77, "triton_red": 0.60,
+}
+"""Share of each kernel's executed instructions that run on the FP32 (FMA) pipe: FFMA, FADD, FMUL,
+half-precision arithmetic, IMAD (counted in the kernels' SASS on the H200, ``reduction_sass.csv.gz``
+and ``compiled_sass.csv.gz``; Inductor's persistent kernels 0.74-0.80, its looped ones 0.50-0.73).
+Where that pipe has fewer lanes than the CU issues (the A100's and the V100's 16 per scheduler), it
+bounds the kernel's issue rate (:class:`RowReduceKernel`)."""
 THREAD_SETUP_OPS = 20.0
 """Instructions each thread of a row-reduction workgroup runs once, outside its loops: reading the
 kernel's arguments and its indices, the row's base address and the loop bounds (the PyTorch
@@ -185,6 +195,8 @@ class RowKernelSpec:
     inputs
         Row-sized tensors each pass from memory reads side by side (a backward kernel reads the
         incoming gradient beside the forward pass's input or output).
+    fma_share
+        Share of its instructions that run on the FP32 (FMA) pipe (:data:`FMA_PIPE_SHARE`).
     """
 
     name: str
@@ -197,6 +209,7 @@ class RowKernelSpec:
     columns: bool = False
     combine_loads: int = 0
     inputs: int = 1
+    fma_share: float = 0.5
 
 
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
@@ -302,7 +315,8 @@ def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
     two passes over the row in global memory (statistics, then output); RMS norm runs the same
     kernel.  Rows whose length is not a multiple of 4 load one element at a time."""
     vector = NORM_VECTOR_ELEMENTS if cols % NORM_VECTOR_ELEMENTS == 0 else 1
-    return RowKernelSpec("vectorized_layer_norm_kernel", 128, 1, vector * size, 32, _norm_passes(kind, "memory"))
+    return RowKernelSpec("vectorized_layer_norm_kernel", 128, 1, vector * size, 32, _norm_passes(kind, "memory"),
+                         fma_share=FMA_PIPE_SHARE["vectorized_layer_norm_kernel"])
 
 
 def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKernelSpec:
@@ -334,25 +348,27 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
         registers = SOFTMAX_WARP_REGISTERS + batch * (width // lanes)
         passes = _pytorch_softmax_passes("softmax_warp_forward", "registers", "wave")
         return RowKernelSpec("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), registers,
-                             passes)
+                             passes, fma_share=FMA_PIPE_SHARE["softmax_warp_forward"])
     if library == "pytorch-2.0":
         most = max(1, min(row_bytes // 16, 1024) // 2)
         threads = max(warp, 1 << (most - 1).bit_length())
         passes = _pytorch_softmax_passes("cunn_SoftMaxForward", "memory", "block")
-        return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
+        return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes,
+                             fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForward"])
     threads = min(1024, -(-cols // warp) * warp)
     held = -(-cols // threads)
     if held < SOFTMAX_MAX_REGISTERS:
         base, per_element = SOFTMAX_REG_REGISTERS
         passes = _pytorch_softmax_passes("cunn_SoftMaxForwardReg", "registers", "block")
         return RowKernelSpec("cunn_SoftMaxForwardReg", threads, 1, held * size, base + math.ceil(per_element * held),
-                             passes)
+                             passes, fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForwardReg"])
     shared = min(int(gpu.cu.lds_bytes), SHARED_MEMORY_PER_BLOCK.get(gpu.vendor, SHARED_MEMORY_PER_BLOCK["nvidia"]))
     if row_bytes + threads // warp * 4 <= shared:
         passes = _pytorch_softmax_passes("cunn_SoftMaxForwardSmem", "lds", "block")
-        return RowKernelSpec("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, passes)
+        return RowKernelSpec("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, passes,
+                             fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForwardSmem"])
     passes = _pytorch_softmax_passes("cunn_SoftMaxForward", "memory", "block")
-    return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes)
+    return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes, fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForward"])
 
 
 BACKWARD_NAMES = {"vectorized_layer_norm_kernel": "layer_norm_grad_input_kernel_vectorized"}
@@ -439,6 +455,7 @@ def _reduce_kernel(outputs: int, inputs: int, contiguous: bool, size: int, gpu: 
     # the last block reads the partials with all its threads (row sums) or one wavefront row at a time
     combine_loads = -(-split // (threads if contiguous else height)) if split > 1 else 0
     return RowKernelSpec("reduce_kernel", threads, per_block, load_bytes, registers, passes, split=split,
+                         fma_share=FMA_PIPE_SHARE["reduce_kernel"],
                          columns=not contiguous, combine_loads=combine_loads)
 
 
@@ -476,7 +493,8 @@ def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig, pytorch_2_
                   RowPass(later, ops_per_element=4.0, writes=True))
     else:
         passes = _norm_passes(kind, later)
-    return RowKernelSpec(f"triton_{'per' if persistent else 'red'}_fused_{kind}", threads, 1, vector, 32, passes)
+    name = f"triton_{'per' if persistent else 'red'}"
+    return RowKernelSpec(f"{name}_fused_{kind}", threads, 1, vector, 32, passes, fma_share=FMA_PIPE_SHARE[name])
 
 
 def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cycles: float = 0.0) -> float:
@@ -577,7 +595,9 @@ class RowReduceKernel:
         self.wavefronts = shape.wavefronts(config.cu.wavefront_size)
         # the counts are instructions: they issue at the CU's issue rate, and the FLOP efficiency of
         # element-wise code (gpu.vector_efficiency) does not apply
-        lanes = config.cu.issue_lanes_per_cycle
+        # (or the FP32 pipe's, where it has fewer lanes than the issue and carries that share of them)
+        fp32_lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
+        lanes = min(config.cu.issue_lanes_per_cycle, fp32_lanes / spec.fma_share)
         self.issue_per_ns = lanes * config.clock_hz * 1e-9
         weight = lanes / config.cu.transcendentals_per_cycle
         # instructions per element of each pass: a special function takes its issue slot and its
