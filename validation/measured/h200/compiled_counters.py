@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from reduction_counters import profile_once
 
 COMPILED = (("layernorm", 4096, 32), ("layernorm", 4096, 768), ("layernorm", 4096, 4096), ("layernorm", 32, 4096),
             ("layernorm", 4096, 16384), ("softmax", 4096, 4096), ("gelu", 4096, 4096))
@@ -33,24 +34,13 @@ def call(kind: str, rows: int, cols: int) -> Callable[[], object]:
             "gelu": lambda: F.gelu(x), "add": lambda: x + y, "sum": lambda: x.sum(dim=1)}[kind]
 
 
-def profile(label: str, run: Callable[[], object]) -> None:
-    """Run ``run`` twice untimed (compiling, autotuning, warming), then once profiled."""
-    with torch.no_grad():
-        run()
-        run()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        run()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-    print(label, flush=True)
-
-
 def main() -> int:
-    for kind, rows, cols in COMPILED:
-        profile(f"compiled {kind} {rows}x{cols}", torch.compile(call(kind, rows, cols), dynamic=False))
-    for kind, rows, cols in EAGER:
-        profile(f"eager {kind} {rows}x{cols}", call(kind, rows, cols))
+    with torch.no_grad():  # twice untimed: compiling, autotuning, warming
+        for kind, rows, cols in COMPILED:
+            run = torch.compile(call(kind, rows, cols), dynamic=False)
+            profile_once(run, f"compiled {kind} {rows}x{cols}", warmups=2)
+        for kind, rows, cols in EAGER:
+            profile_once(call(kind, rows, cols), f"eager {kind} {rows}x{cols}", warmups=2)
     return 0
 
 

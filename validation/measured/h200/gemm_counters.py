@@ -13,6 +13,7 @@ this file).
 from __future__ import annotations
 
 import torch
+from reduction_counters import profile_once
 
 SHAPES = (
     (16384, 3072, 384, True), (16384, 3072, 1536, True), (16384, 3072, 1536, False), (16384, 3072, 1152, False),
@@ -33,13 +34,7 @@ def main() -> int:
             torch.randn(k, n, dtype=torch.float16, device="cuda")
         c = torch.empty(m, n, dtype=torch.float16, device="cuda")
         operand = b.t() if trans_b else b
-        torch.matmul(a, operand, out=c)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        torch.matmul(a, operand, out=c)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-        print(f"gemm {m} {n} {k} trans_b={trans_b}", flush=True)
+        profile_once(lambda a=a, operand=operand, c=c: torch.matmul(a, operand, out=c), f"gemm {m} {n} {k} trans_b={trans_b}")
     return 0
 
 

@@ -12,6 +12,8 @@ README beside this file).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from measure import reduction_call
 
@@ -26,16 +28,22 @@ CASES = (
 kernel to 8192, the looped one beyond) and the norms' short, medium and long rows."""
 
 
+def profile_once(run: Callable[[], object], label: str, warmups: int = 1) -> None:
+    """Call ``run`` ``warmups`` times untimed (compiling, tuning, warming), then once between
+    ``torch.cuda.profiler`` start and stop (what ``ncu --profile-from-start off`` profiles); print ``label``."""
+    for _ in range(warmups):
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(label, flush=True)
+
+
 def main() -> int:
     for kind, rows, cols in CASES:
-        run = reduction_call(kind, rows, cols, "cuda")
-        run()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        run()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-        print(f"{kind} {rows}x{cols}", flush=True)
+        profile_once(reduction_call(kind, rows, cols, "cuda"), f"{kind} {rows}x{cols}")
     return 0
 
 
