@@ -130,6 +130,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         return simulate_interference(hardware, **params)
     dtype = params.get("dtype", "fp16")
     warm = bool(params.get("warm", False))
+    if warm and kind not in ("gemm", "elementwise", "rowreduce"):
+        raise ValueError("simulate_point: 'warm' applies to gemm, elementwise and rowreduce points")
     source = WARM_INPUT if warm else None
     if kind == "gemm":
         batch = int(params.get("batch", 1))
@@ -148,8 +150,6 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
                          f"concurrency, reuse, interference")
-    if warm and kind == "allreduce":
-        raise ValueError("simulate_point: 'warm' applies to gemm, elementwise and rowreduce points")
     if warm:  # the op's kernels, from the first one's start (not the gap behind the producer) to the last one's end
         result = gpusim.run(hardware, [ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT), op], mode=mode)
         kernels = result.kernels[result.kernels["op_id"] == result.ops["op_id"].iloc[-1]]
