@@ -10,6 +10,7 @@ import gpusim
 from gpusim import ops
 from gpusim.errors import OpError
 from gpusim.hw.compute import WorkgroupShape, occupancy
+from gpusim.kernels import rowreduce
 from gpusim.kernels.rowreduce import reduction_cycles, row_kernel
 
 H200 = gpusim.load_system("h200-sxm")
@@ -269,3 +270,26 @@ def test_the_fp32_pipe_bounds_issue_where_it_is_narrower_than_the_schedulers():
     assert time_of(wide, bound) < 0.97 * time_of(a100, bound)
     for free in (ops.RowReduce("softmax", 16384, 1024), ops.RowReduce("softmax", 16384, 4096)):
         assert time_of(wide, free) == time_of(a100, free)
+
+
+
+def test_a_short_row_waits_for_the_memorys_latency_not_its_bandwidth():
+    """A norm's block of 128 threads over rows of 32 values gives 8 threads a vector: a loop
+    iteration of all resident blocks moves the rows' bytes, not 128 vectors each, so half the
+    HBM's bandwidth at the same latency hardly slows 16384 such rows (it did by 22% when every
+    thread was charged a vector)."""
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    narrow = system.with_overrides({"gpu.hbm.stacks": 3})
+    short = ops.RowReduce("rmsnorm", 16384, 32)
+    assert time_of(narrow, short) < 1.1 * time_of(system, short)
+
+
+def test_a_norm_finishes_each_row_after_its_reduction(monkeypatch):
+    """Each warp of PyTorch's norm kernel turns the block's sums into the row's statistic
+    (``NORM_FINISH_OPS`` instructions): many short rows make them visible; the softmax has none."""
+    system = H200.with_overrides({"gpu.kernel_launch_ns": 0})
+    norm, softmax = ops.RowReduce("rmsnorm", 16384, 32), ops.RowReduce("softmax", 4096, 4096)
+    with_finish = time_of(system, norm), time_of(system, softmax)
+    monkeypatch.setattr(rowreduce, "NORM_FINISH_OPS", 0.0)
+    assert time_of(system, norm) < 0.9 * with_finish[0]
+    assert time_of(system, softmax) == with_finish[1]

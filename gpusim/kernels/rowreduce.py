@@ -124,6 +124,12 @@ half-precision arithmetic, IMAD (counted in the kernels' SASS on the H200, ``red
 and ``compiled_sass.csv.gz``; Inductor's persistent kernels 0.74-0.80, its looped ones 0.50-0.73).
 Where that pipe has fewer lanes than the CU issues (the A100's and the V100's 16 per scheduler), it
 bounds the kernel's issue rate (:class:`RowReduceKernel`)."""
+NORM_FINISH_OPS = 60.0
+"""Instructions each wavefront of PyTorch's layer and RMS norm runs per row after its block
+reduction: combining the wavefronts' partial results through the local data share, the mean and
+the reciprocal root (a precise division and ``rsqrt``), storing them, and setting up the output
+loop (53 for the layer norm and 66 for the RMS norm per warp beyond the model's exchange, in their
+SASS on the H200)."""
 THREAD_SETUP_OPS = 20.0
 """Instructions each thread of a row-reduction workgroup runs once, outside its loops: reading the
 kernel's arguments and its indices, the row's base address and the loop bounds (the PyTorch
@@ -156,6 +162,9 @@ class RowPass:
         combination (a shuffle and an add for a sum or a maximum).
     writes
         Whether the pass writes the output.
+    finish_ops
+        Instructions each wavefront runs after the pass's reduction to make the row's statistic of
+        it and set up the next loop, per row (:data:`NORM_FINISH_OPS`).
     """
 
     source: str
@@ -165,6 +174,7 @@ class RowPass:
     combine_cycles: float = 0.0
     combine_ops: float = SUM_COMBINE_OPS
     writes: bool = False
+    finish_ops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -306,9 +316,10 @@ def _norm_passes(kind: str, later: str) -> tuple[RowPass, RowPass]:
     statistics loops 16.5 and 3.25)."""
     if kind == "layernorm":
         return (RowPass("memory", ops_per_element=16.0, transcendentals_per_element=1.0, reduction="block",
-                        combine_cycles=90.0, combine_ops=WELFORD_COMBINE_OPS),
+                        combine_cycles=90.0, combine_ops=WELFORD_COMBINE_OPS, finish_ops=NORM_FINISH_OPS),
                 RowPass(later, ops_per_element=11.0, writes=True))
-    return (RowPass("memory", ops_per_element=3.0, reduction="block"), RowPass(later, ops_per_element=7.5, writes=True))
+    return (RowPass("memory", ops_per_element=3.0, reduction="block", finish_ops=NORM_FINISH_OPS),
+            RowPass(later, ops_per_element=7.5, writes=True))
 
 
 def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
@@ -618,12 +629,15 @@ class RowReduceKernel:
         # a column reduction's lanes each combine their own columns' partial sums: no row's tree
         self.reduction_ops = [0.0 if spec.columns else
                               reduction_ops(p.reduction, spec.threads, spec.rows_per_workgroup, config, p.combine_ops)
+                              + p.finish_ops * spec.rows_per_workgroup * self.wavefronts * config.cu.wavefront_size
                               for p in spec.passes]
         # a loop iteration queues behind those of every workgroup resident with it (_rounds_ns): a
         # slot's n-th chunk runs beside the n-th chunks of the other slots, and a grid that overflows
-        # its slots by a few workgroups leaves a tail that runs with the memory to itself
-        thread_bytes = spec.threads * spec.vector_bytes * spec.inputs
-        self.round_bytes = [slots * thread_bytes for slots in self._concurrent_slots()]
+        # its slots by a few workgroups leaves a tail that runs with the memory to itself; a
+        # workgroup loads no more in an iteration than its rows hold (a row of 32 values gives 8 of
+        # a layer norm's 128 threads a vector)
+        workgroup_bytes = min(spec.threads * spec.vector_bytes, self.wg_bytes) * spec.inputs
+        self.round_bytes = [slots * workgroup_bytes for slots in self._concurrent_slots()]
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.hit_latency_ns = config.l2.hit_latency_ns
         self.miss_bandwidth = config.hbm.sustained_bandwidth_bytes_per_s * 1e-9
