@@ -393,12 +393,12 @@ def _backward_kernel(forward: RowKernelSpec, statistics: int) -> RowKernelSpec:
     The library's backward kernels keep the forward's geometry (a wavefront or a block per row, the
     same vectors) and read the incoming gradient beside the forward's output (softmax) or input
     (layer norm) wherever the forward reads its row: a first pass reduces ``statistics`` sums per
-    row (``sum(dy * y)``; the layer norm's two, without Welford's divisions), the forward's last pass
-    writes the gradient (no exponentials).
+    row (``sum(dy * y)``; the layer norm's two, without Welford's divisions, nor the forward's mean
+    and reciprocal root after them), the forward's last pass writes the gradient (no exponentials).
     """
     first, last = forward.passes[0], forward.passes[-1]
     passes = (replace(first, transcendentals_per_element=0.0, combine_cycles=0.0,
-                      combine_ops=statistics * SUM_COMBINE_OPS),
+                      combine_ops=statistics * SUM_COMBINE_OPS, finish_ops=0.0),
               replace(last, transcendentals_per_element=0.0))
     name = BACKWARD_NAMES.get(forward.name, forward.name.replace("Forward", "Backward").replace("forward", "backward"))
     return replace(forward, name=name, passes=passes, inputs=2)
