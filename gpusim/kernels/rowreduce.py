@@ -227,7 +227,7 @@ def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> 
     """Maximum, sum of exponentials, normalised exponentials (one ``expf`` per element in each of
     the last two: a range reduction and a special-function ``ex2``); ``load_ops`` are the load
     (and store) instructions per element of a pass that touches memory or shared memory.  Inductor's
-    Triton softmax; PyTorch's kernels count their instructions from SASS (:func:`_pytorch_softmax_passes`)."""
+    Triton softmax; PyTorch's kernels count their instructions from SASS (:func:`_pytorch_softmax`)."""
     extra = 0.0 if later == "registers" else load_ops
     return (
         RowPass(first, ops_per_element=2.0 + load_ops, reduction=reduction),
@@ -236,15 +236,19 @@ def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> 
     )
 
 
-def _pytorch_softmax_passes(name: str, later: str, reduction: str) -> tuple[RowPass, ...]:
-    """The three passes of PyTorch's softmax kernel ``name`` (:data:`SOFTMAX_PASS_OPS`), the last two
-    reading the row from ``later``."""
+def _pytorch_softmax(name: str, threads: int, rows_per_workgroup: int, vector_bytes: int, registers: int,
+                     later: str, reduction: str) -> RowKernelSpec:
+    """PyTorch's softmax kernel ``name`` in the given geometry: its three passes with their counts
+    (:data:`SOFTMAX_PASS_OPS`), the last two reading the row from ``later``, each ending in a
+    ``reduction`` but the last, and its FMA-pipe share (:data:`FMA_PIPE_SHARE`)."""
     (first_ops, _), (sum_ops, sum_special), (out_ops, out_special) = SOFTMAX_PASS_OPS[name]
-    return (
+    passes = (
         RowPass("memory", ops_per_element=first_ops, reduction=reduction, combine_ops=MAX_COMBINE_OPS),
         RowPass(later, ops_per_element=sum_ops, transcendentals_per_element=sum_special, reduction=reduction),
         RowPass(later, ops_per_element=out_ops, transcendentals_per_element=out_special, writes=True),
     )
+    return RowKernelSpec(name, threads, rows_per_workgroup, vector_bytes, registers, passes,
+                         fma_share=FMA_PIPE_SHARE[name])
 
 
 LIBRARIES = ("pytorch", "pytorch-2.0", "inductor", "inductor-2.0")
@@ -358,30 +362,22 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
         batch = 2 if width <= 128 else 1
         per_block = (128 // lanes) * batch
         registers = SOFTMAX_WARP_REGISTERS + batch * (width // lanes)
-        passes = _pytorch_softmax_passes("softmax_warp_forward", "registers", "wave")
-        return RowKernelSpec("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), registers,
-                             passes, fma_share=FMA_PIPE_SHARE["softmax_warp_forward"])
+        return _pytorch_softmax("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), registers,
+                                "registers", "wave")
     if library == "pytorch-2.0":
         most = max(1, min(row_bytes // 16, 1024) // 2)
         threads = max(warp, 1 << (most - 1).bit_length())
-        passes = _pytorch_softmax_passes("cunn_SoftMaxForward", "memory", "block")
-        return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes,
-                             fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForward"])
+        return _pytorch_softmax("cunn_SoftMaxForward", threads, 1, 16, 32, "memory", "block")
     threads = min(1024, -(-cols // warp) * warp)
     held = -(-cols // threads)
     if held < SOFTMAX_MAX_REGISTERS:
         base, per_element = SOFTMAX_REG_REGISTERS
-        passes = _pytorch_softmax_passes("cunn_SoftMaxForwardReg", "registers", "block")
-        return RowKernelSpec("cunn_SoftMaxForwardReg", threads, 1, held * size, base + math.ceil(per_element * held),
-                             passes, fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForwardReg"])
+        return _pytorch_softmax("cunn_SoftMaxForwardReg", threads, 1, held * size, base + math.ceil(per_element * held),
+                                "registers", "block")
     shared = min(int(gpu.cu.lds_bytes), SHARED_MEMORY_PER_BLOCK.get(gpu.vendor, SHARED_MEMORY_PER_BLOCK["nvidia"]))
     if row_bytes + threads // warp * 4 <= shared:
-        passes = _pytorch_softmax_passes("cunn_SoftMaxForwardSmem", "lds", "block")
-        return RowKernelSpec("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, passes,
-                             fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForwardSmem"])
-    passes = _pytorch_softmax_passes("cunn_SoftMaxForward", "memory", "block")
-    return RowKernelSpec("cunn_SoftMaxForward", threads, 1, 16, 32, passes, fma_share=FMA_PIPE_SHARE["cunn_SoftMaxForward"])
-
+        return _pytorch_softmax("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, "lds", "block")
+    return _pytorch_softmax("cunn_SoftMaxForward", threads, 1, 16, 32, "memory", "block")
 
 BACKWARD_NAMES = {"vectorized_layer_norm_kernel": "layer_norm_grad_input_kernel_vectorized"}
 """Backward kernels whose names do not follow from the forward's (``Forward`` -> ``Backward``)."""
@@ -626,7 +622,9 @@ class RowReduceKernel:
         clock_ns = 1e9 / config.clock_hz
         self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
                              for p in spec.passes]
-        # a column reduction's lanes each combine their own columns' partial sums: no row's tree
+        # each pass's reduction tree and, after a norm's, each wavefront's finishing of its rows
+        # (RowPass.finish_ops); a column reduction's lanes each combine their own columns' partial
+        # sums: no row's tree
         self.reduction_ops = [0.0 if spec.columns else
                               reduction_ops(p.reduction, spec.threads, spec.rows_per_workgroup, config, p.combine_ops)
                               + p.finish_ops * spec.rows_per_workgroup * self.wavefronts * config.cu.wavefront_size
