@@ -122,7 +122,7 @@ def test_pseudo_channels_open_rows_in_their_own_activate_windows():
     def run(pseudo_channels: int, trans_b: bool):
         system = gpusim.load_system("a100-sxm4", {"gpu.hbm.pseudo_channels": pseudo_channels,
                                                   "gpu.kernel_launch_ns": 0})
-        result = gpusim.run(system, ops.Gemm(1, 10240, 2560, trans_b=trans_b))
+        result = gpusim.run(system, ops.Gemm(2, 10240, 2560, trans_b=trans_b))
         return result.time_s, result.counters["gpu0.dram_activations"]
 
     one, opened_one = run(1, True)

@@ -559,6 +559,12 @@ class GpuConfig(Model):
         or ``None`` where the BLAS runs them in its main kernels at their rate: where those already
         stage loads through registers (Volta, Turing, CDNA), narrower loads are all that changes,
         and DeepBench's unaligned GEMMs on a V100 run at their aligned neighbours' rate.
+    gemv_kernels
+        The BLAS runs GEMMs with one output row or column per batch entry (``m == 1`` or
+        ``n == 1``) as matrix-vector kernels that stream the matrix once
+        (:mod:`gpusim.kernels.gemv`), as cuBLAS does on Volta, Turing and Ampere
+        (``gemv2T_kernel_val``, ``gemvx``); ``False``: as tile kernels, as PyTorch's cuBLASLt does
+        on Hopper (8-row ``nvjet`` tiles, ``validation/measured/h200/gemm_kernels.csv``).
     hardware_queues
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
@@ -592,6 +598,7 @@ class GpuConfig(Model):
     gemm_k_tile_bytes: Bytes | None = None
     gemm_tma: GemmTmaConfig | None = None
     gemm_fallback: GemmFallbackConfig | None = None
+    gemv_kernels: bool = False
     hardware_queues: PositiveInt = 4
     dispatch_policy: Literal["round_robin", "fifo"] = "round_robin"
     streaming_inflight_bytes_per_thread: Bytes = 16

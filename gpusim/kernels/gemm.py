@@ -789,12 +789,18 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     the CUs the stream may use, as the GPU runs it on the operands' rows (:func:`for_operands`:
     a named tile becomes its fallback variant where the rows are not aligned) and with the GPU's
     pipeline stages (:func:`pipelined`).  With split-K,
-    fp32 partial tiles go to a workspace and an element-wise reduction kernel writes C.
+    fp32 partial tiles go to a workspace and an element-wise reduction kernel writes C.  A
+    one-row (or one-column) product with neither a ``spec`` nor a named kernel, nor a fused
+    ``store``, runs as the BLAS's GEMV kernel where it has them (:mod:`gpusim.kernels.gemv`).
     """
     from gpusim.kernels.elementwise import StreamingKernel
+    from gpusim.kernels.gemv import execute_gemv, runs_as_gemv
 
     problem = problem_of(op)
     gpu = ctx.gpu
+    if spec is None and op.kernel is None and store is None and runs_as_gemv(problem, gpu.config):
+        yield from execute_gemv(ctx, op, problem)
+        return
     if spec is None:
         if op.kernel is not None:
             spec = find_spec(op.kernel)
