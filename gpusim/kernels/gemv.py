@@ -58,13 +58,12 @@ def execute_gemv(ctx, op, problem: GemmProblem):
     b = ctx.tensor(op.b, b_bytes)
     c = ctx.tensor(op.out, out_bytes)
     # the matrix is the operand the output's long side comes from; the other is the vector
-    (matrix, matrix_bytes), (vector, vector_bytes) = ((b, b_bytes), (a, a_bytes)) if problem.m == 1 else \
-        ((a, a_bytes), (b, b_bytes))
+    matrix, vector = ((b, b_bytes), (a, a_bytes)) if problem.m == 1 else ((a, a_bytes), (b, b_bytes))
     name = f"gemv_{gemv_orientation(problem)}"
     kernel = StreamingKernel(
         ctx.gpu,
         name=name,
-        reads=[(matrix, matrix_bytes), (vector, vector_bytes)],
+        reads=[matrix, vector],
         writes=[(c, out_bytes)],
         flops=problem.flops,
         dtype="fp32",

@@ -389,31 +389,31 @@ def gemm_kernels(bench: Bench, out: Path, dry: bool) -> None:
 
 
 VECTOR_PRODUCTS = (
-    # (label, batch, m, n, k, trans_b, bias): a decoding step's attention against an odd and an even
-    # cache length, and one token through linear layers with and without a bias
-    ("qk_odd", 192, 1, 3073, 128, False, False),
-    ("qk_even", 192, 1, 3072, 128, False, False),
-    ("av_odd", 192, 1, 128, 3073, False, False),
-    ("av_even", 192, 1, 128, 3072, False, False),
-    ("linear", 1, 1, 7680, 2560, True, False),
-    ("linear_bias", 1, 1, 7680, 2560, True, True),
-    ("linear", 1, 1, 16384, 4096, True, False),
-    ("linear_bias", 1, 1, 16384, 4096, True, True),
-    ("linear", 1, 2, 16384, 4096, True, False),
+    # (label, batch, m, n, k, bias): a decoding step's attention against an odd and an even cache
+    # length, and one token through linear layers with and without a bias
+    ("qk_odd", 192, 1, 3073, 128, False),
+    ("qk_even", 192, 1, 3072, 128, False),
+    ("av_odd", 192, 1, 128, 3073, False),
+    ("av_even", 192, 1, 128, 3072, False),
+    ("linear", 1, 1, 7680, 2560, False),
+    ("linear_bias", 1, 1, 7680, 2560, True),
+    ("linear", 1, 1, 16384, 4096, False),
+    ("linear_bias", 1, 1, 16384, 4096, True),
+    ("linear", 1, 2, 16384, 4096, False),
 )
 """One-row products: which kernels the BLAS runs for them (GEMV or tiles, ``gemv_kernels`` in the
-presets) and how fast they stream their matrix."""
+presets) and how fast they stream their matrix.  The batched ones multiply by ``B [k, n]`` (a
+``bmm``), the others by ``W [n, k]`` (``F.linear``, gpusim's ``trans_b``)."""
 
 
 def vector_products(bench: Bench, out: Path, dry: bool) -> None:
     """:data:`VECTOR_PRODUCTS` as ``torch.bmm`` (batch > 1) or ``F.linear``: the times of
     :func:`timed_case` and, from one CUDA-graph replay after an L2 flush, each kernel's name, grid
     and duration (``vector_products.csv``, one row per kernel)."""
-    table = Table(out / "vector_products.csv", ["label", "batch", "m", "n", "k", "trans_b", "bias", "graph_ms",
-                                                 "cold_ms", "host_ms", "kernel", "name", "grid", "block",
-                                                 "duration_us"])
+    table = Table(out / "vector_products.csv", ["label", "batch", "m", "n", "k", "bias", "graph_ms", "cold_ms",
+                                                 "host_ms", "kernel", "name", "grid", "block", "duration_us"])
     scale = 16 if dry else 1
-    for label, batch, m, n, k, trans_b, bias in VECTOR_PRODUCTS:
+    for label, batch, m, n, k, bias in VECTOR_PRODUCTS:
         if bench.left_s() < 20:
             bench.log(f"vector_products: out of time at {label}")
             break
@@ -432,7 +432,7 @@ def vector_products(bench: Bench, out: Path, dry: bool) -> None:
             def call(x=x, w=w, c=c) -> torch.Tensor:
                 return torch.nn.functional.linear(x, w, c)
         times = timed_case(bench, call)
-        case = {"label": label, "batch": batch, "m": m, "n": n, "k": k, "trans_b": trans_b, "bias": bias, **times}
+        case = {"label": label, "batch": batch, "m": m, "n": n, "k": k, "bias": bias, **times}
         for number, kernel in enumerate(graph_kernels(bench, call, flush=True)):
             table.add(case | {"kernel": number, "name": kernel["name"][:200],
                               "grid": "x".join(map(str, kernel["grid"])),
