@@ -24,6 +24,11 @@ def test_kernel_classes_from_names():
     assert kernel_class("void at::native::reduce_kernel<512, 1>(x)", "kernel") == "reduction"
     assert kernel_class("void at::native::vectorized_elementwise_kernel<4, F>(int)", "kernel") == "elementwise"
     assert kernel_class("Memcpy DtoD (Device -> Device)", "gpu_memcpy") == "memcpy"
+    # cuBLAS's matrix-vector kernels: GEMMs with one output row, which the library's choice replays
+    # (as GEMV kernels where the preset's BLAS has them, gpusim.kernels.gemv)
+    gemv = "void gemv2T_kernel_val<int, int, __half, __half, __half, float, 128, 16, 4, 4, false, false>(x)"
+    assert kernel_class(gemv, "kernel") == "gemm" and library_kernel_of(gemv, 128) == ""
+    assert kernel_class("void gemvx::kernel<int, int, __half, __half, float, false, true>(x)", "kernel") == "gemm"
     assert short_name("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<T>(x)") == \
         "at::native::multi_tensor_apply_kernel"
 

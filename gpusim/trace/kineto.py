@@ -101,7 +101,7 @@ REDUCTION_OPS = {
     "linalg_vector_norm": "sum", "amax": "sum", "max": "sum", "nll_loss": "sum",
 }  # fmt: skip
 
-_GEMM_NAME = re.compile(r"gemm|Cijk_|xmma|nvjet|scudnn|cutlass.*(fprop|dgrad|wgrad)|implicit_gemm|_nn_|_tn_|_nt_", re.I)
+_GEMM_NAME = re.compile(r"gemm|gemv|Cijk_|xmma|nvjet|scudnn|cutlass.*(fprop|dgrad|wgrad)|implicit_gemm|_nn_|_tn_|_nt_", re.I)
 _REDUCTION_NAME = re.compile(r"reduce|softmax|norm|bn_fw|bn_bw|welford|splitk|nll_loss|cross_entropy|argmax", re.I)
 _ELEMENTWISE_NAME = re.compile(
     r"elementwise|vectorized|unrolled|multi_tensor_apply|fill|cat|copy|nchwtonhwc|nhwctonchw|transpose|index|gather|"
