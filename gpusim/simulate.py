@@ -63,12 +63,23 @@ def _group_of(op: Op, executor: Executor) -> list[int]:
     return group
 
 
-def _progress_bar(total: int, enabled: bool, description: str):
-    if not enabled:
-        return None
+def progress_bar(total: int, description: str, sim: Simulation):
+    """A bar of ``total`` finished ops that also shows ``sim``'s simulated time, at most twice a
+    wall-clock second (through :attr:`gpusim.engine.simulation.CountingEnvironment.on_progress`):
+    a long op shows that it is moving before it finishes."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=description, unit="op", leave=False)
+    bar = tqdm(total=total, desc=description, unit="op", leave=False)
+    shown = [-1.0]
+
+    def show(now_ns: float) -> None:
+        wall = time.perf_counter()
+        if wall - shown[0] >= 0.5:
+            shown[0] = wall
+            bar.set_postfix_str(f"simulated {now_ns / 1e3:,.1f} us")
+
+    sim.env.on_progress = show
+    return bar
 
 
 def prepare(
@@ -219,7 +230,8 @@ def run(
         for rank in group:
             if machine.is_simulated(rank):
                 plans.append((op, rank, stream))
-    bar = _progress_bar(len(plans), progress, system.name)
+    if progress:
+        bar = progress_bar(len(plans), system.name, sim)
     for op, rank, stream in plans:
         key = (rank, stream.name)
         previous = last.get(key)

@@ -323,3 +323,26 @@ def test_perfetto_refuses_folders_and_leaves_no_temporary_file(tmp_path):
             result.to_perfetto(target)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["adir", "afile"]
     assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_a_long_run_reports_its_simulated_time_while_it_runs():
+    """The engine calls its progress hook every PROGRESS_EVENTS events with the simulated time; a
+    run with a progress bar shows that time, so a single long op is seen to move."""
+    from gpusim.engine.simulation import PROGRESS_EVENTS, CountingEnvironment
+
+    env = CountingEnvironment()
+    seen = []
+    env.on_progress = seen.append
+
+    def ticks():
+        for _ in range(3 * PROGRESS_EVENTS):
+            yield env.timeout(1.0)
+
+    env.process(ticks())
+    env.run()
+    assert len(seen) == 3 and seen == sorted(seen) and seen[-1] <= env.now
+
+
+def test_the_progress_bar_shows_the_simulated_time(capsys):
+    gpusim.run(gpusim.load_system("mi210"), ops.Gemm(4096, 4096, 4096), progress=True)
+    assert "simulated" in capsys.readouterr().err

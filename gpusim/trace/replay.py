@@ -28,7 +28,7 @@ from gpusim.hw.system import Machine
 from gpusim.ops import as_int, as_real
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
-from gpusim.simulate import finish, prepare, run_stats
+from gpusim.simulate import finish, prepare, progress_bar, run_stats
 from gpusim.system import System, load_system
 from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
 from gpusim.trace.lowering import build_ops
@@ -207,9 +207,7 @@ def replay(
 
     system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=int(run_rows.sum()), desc=f"{trace.source} on {system.name}", unit="op", leave=False)
+        bar = progress_bar(int(run_rows.sum()), f"{trace.source} on {system.name}", sim)
     done: dict[tuple[int, int], object] = {}
     last: dict[tuple[int, str], object] = {}
     streams: dict[str, Stream] = {}
