@@ -70,12 +70,13 @@ def progress_bar(total: int, description: str, sim: Simulation):
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total, desc=description, unit="op", leave=False)
-    shown = [-1.0]
+    shown = -1.0
 
     def show(now_ns: float) -> None:
+        nonlocal shown
         wall = time.perf_counter()
-        if wall - shown[0] >= 0.5:
-            shown[0] = wall
+        if wall - shown >= 0.5:
+            shown = wall
             bar.set_postfix_str(f"simulated {now_ns / 1e3:,.1f} us")
 
     sim.env.on_progress = show

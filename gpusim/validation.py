@@ -693,17 +693,18 @@ def _vidur_mlp(path: Path) -> pd.DataFrame:
     return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
 
 
-def _vidur_mlp_point(system: str, warm: bool = True) -> Callable[[pd.Series], dict[str, Any]]:
+def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """A row of vidur's per-operation profile of phi-2's layer: ``num_tokens`` rows through one
     operation, its weights split ``num_tensor_parallel_workers`` ways (``torch.nn.Linear`` stores
-    them ``[out, in]``: B transposed). The profiler's kernel durations: no host cost per call."""
+    them ``[out, in]``: B transposed), its input written just before it (``warm``). The profiler's
+    kernel durations: no host cost per call."""
 
     def point(row: pd.Series) -> dict[str, Any]:
         tokens, parts = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
         hidden, qkv, mlp = PHI2["hidden"], PHI2["qkv"] // parts, PHI2["mlp"] // parts
         gemms = {"attn_pre_proj": (qkv, hidden), "attn_post_proj": (hidden, hidden // parts),
                  "mlp_up_proj": (mlp, hidden), "mlp_down_proj": (hidden, mlp)}
-        base = {"system": system, "dtype": "fp16", "warm": warm, **_host(0.0)}
+        base = {"system": system, "dtype": "fp16", "warm": True, **_host(0.0)}
         op = row["op"]
         if op in gemms:
             n, k = gemms[op]

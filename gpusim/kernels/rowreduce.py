@@ -25,7 +25,7 @@ each kernel records its threads, rows per workgroup, load width and passes (:cla
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
@@ -220,7 +220,7 @@ class RowKernelSpec:
     columns: bool = False
     combine_loads: int = 0
     inputs: int = 1
-    fma_share: float = 0.5
+    fma_share: float = field(kw_only=True)
 
 
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
@@ -378,6 +378,7 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
     if row_bytes + threads // warp * 4 <= shared:
         return _pytorch_softmax("cunn_SoftMaxForwardSmem", threads, 1, 16, 32, "lds", "block")
     return _pytorch_softmax("cunn_SoftMaxForward", threads, 1, 16, 32, "memory", "block")
+
 
 BACKWARD_NAMES = {"vectorized_layer_norm_kernel": "layer_norm_grad_input_kernel_vectorized"}
 """Backward kernels whose names do not follow from the forward's (``Forward`` -> ``Backward``)."""
