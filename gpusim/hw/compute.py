@@ -73,6 +73,26 @@ def occupancy(shape: WorkgroupShape, cu: CuConfig) -> int:
     return max(0, min(limits))
 
 
+def issue_lanes(cu: CuConfig, fma_share: float) -> float:
+    """Lane-instructions per cycle a CU issues of a vector instruction mix of which ``fma_share``
+    runs on the FP32 FMA pipe: the CU's issue rate, or the FMA pipe's where it has fewer lanes and
+    carries that share."""
+    fp32_lanes = cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
+    return min(cu.issue_lanes_per_cycle, fp32_lanes / fma_share)
+
+
+def issue_slots(cu: CuConfig, lanes: float, ops: float, transcendentals: float) -> float:
+    """Lane-instruction slots (at ``lanes`` per cycle) that ``ops`` vector instructions and
+    ``transcendentals`` special functions (exp2, reciprocal, square root) take: a special
+    function takes its issue slot and its unit's narrower rate (``cu.transcendentals_per_cycle``),
+    in the vector ALU's own slots (CDNA), or on separate units whose rate bounds the mix only when
+    they are the busier (NVIDIA's SFUs)."""
+    weight = lanes / cu.transcendentals_per_cycle
+    if cu.transcendentals_on_vector_alu:
+        return ops + transcendentals * weight
+    return max(ops + transcendentals, transcendentals * weight)
+
+
 class ComputeUnit:
     """One CU: free resources, a fluid arithmetic server and a fluid memory server.
 

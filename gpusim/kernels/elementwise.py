@@ -84,7 +84,7 @@ def pipelined(
     gpu: Gpu,
     cu: ComputeUnit,
     pieces: int,
-    fetch: Callable[[int, int], Join] | None,
+    fetch: Callable[[int], Join] | None,
     flops: Callable[[int], float],
     writes: Callable[[int], Ranges],
     flops_per_ns: float,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
-from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape, issue_lanes, issue_slots, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.request import COMPUTE
 from gpusim.kernels.elementwise import write_ranges
@@ -605,18 +605,11 @@ class RowReduceKernel:
         # the counts are instructions: they issue at the CU's issue rate (or the FP32 pipe's, where it
         # has fewer lanes and carries the kernel's share of them), without the FLOP efficiency of
         # element-wise code (gpu.vector_efficiency)
-        fp32_lanes = config.cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
-        lanes = min(config.cu.issue_lanes_per_cycle, fp32_lanes / spec.fma_share)
+        lanes = issue_lanes(config.cu, spec.fma_share)
         self.issue_per_ns = lanes * config.clock_hz * 1e-9
-        weight = lanes / config.cu.transcendentals_per_cycle
-        # instructions per element of each pass: a special function takes its issue slot and its
-        # unit's narrower rate; in the vector ALU's own slots (CDNA), or on separate units whose
-        # rate bounds the pass only when they are the busier (NVIDIA's SFUs)
-        if config.cu.transcendentals_on_vector_alu:
-            self.element_ops = [p.ops_per_element + p.transcendentals_per_element * weight for p in spec.passes]
-        else:
-            self.element_ops = [max(p.ops_per_element + p.transcendentals_per_element,
-                                    p.transcendentals_per_element * weight) for p in spec.passes]
+        # instructions per element of each pass, special functions at their units' rate
+        self.element_ops = [issue_slots(config.cu, lanes, p.ops_per_element, p.transcendentals_per_element)
+                            for p in spec.passes]
         self.setup_ops = spec.threads * THREAD_SETUP_OPS
         # a wavefront issues one instruction in every cu.dependent_issue_cycles slots of its SIMD
         self.issuing = self.wavefronts / config.cu.dependent_issue_cycles
