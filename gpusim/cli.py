@@ -30,6 +30,7 @@ OP_NAMES = {
     "layernorm": gops.RowReduce,
     "rmsnorm": gops.RowReduce,
     "rowreduce": gops.RowReduce,
+    "attention": gops.Attention,
     "allreduce": gops.AllReduce,
     "reducescatter": gops.ReduceScatter,
     "allgather": gops.AllGather,
@@ -37,8 +38,9 @@ OP_NAMES = {
     "sendrecv": gops.SendRecv,
 }
 SIZE_FIELDS = {"nbytes"}
-INT_FIELDS = {"m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "src", "dst", "channels"}
-BOOL_FIELDS = {"trans_a", "trans_b", "stagger"}
+INT_FIELDS = {"m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "src", "dst", "channels", "heads",
+              "kv_heads", "q_len", "kv_len", "head_dim"}
+BOOL_FIELDS = {"trans_a", "trans_b", "stagger", "causal"}
 LIST_FIELDS = {"inputs"}
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")

@@ -517,6 +517,101 @@ class RowReduce(Op):
         return execute_row_reduce(ctx, self)
 
 
+ATTENTION_DIRECTIONS = ("forward", "backward")
+"""Passes of :class:`Attention`."""
+
+
+@dataclass
+class Attention(Op):
+    """Fused scaled-dot-product attention, ``softmax(Q K^T / sqrt(head_dim)) V``, as
+    FlashAttention-2 runs it (:mod:`gpusim.kernels.attention`): the scores never reach memory.
+
+    Attributes
+    ----------
+    batch, heads
+        Sequences and query heads.
+    q_len, kv_len
+        Query and key/value lengths, tokens (a prompt: equal; a decoding step: ``q_len`` 1 and
+        ``kv_len`` the cached tokens).
+    head_dim
+        Values per head (at most 256).
+    dtype
+        ``fp16`` or ``bf16``.
+    causal
+        Whether each query attends only to the keys up to its own position (aligned at the last
+        key when ``q_len != kv_len``).
+    kv_heads
+        Key/value heads (grouped-query or multi-query attention; a divisor of ``heads``); default
+        ``heads``.
+    direction
+        ``forward``, or ``backward`` (the gradients of Q, K and V from those of the output).
+    q, k, v, out, lse
+        Tensor names: inputs, output and the per-row log-sum-exp the forward saves for the
+        backward (all ``[batch, len, heads, head_dim]``; ``lse`` fp32 per query row).
+    grad_out, grad_q, grad_k, grad_v
+        Backward only: the output's gradient (read) and the inputs' gradients (written).
+    """
+
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str = "fp16"
+    causal: bool = False
+    kv_heads: int | None = None
+    direction: str = "forward"
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    out: str | None = None
+    lse: str | None = None
+    grad_out: str | None = None
+    grad_q: str | None = None
+    grad_k: str | None = None
+    grad_v: str | None = None
+    category: ClassVar[str] = "attention"
+
+    def __post_init__(self) -> None:
+        from gpusim.kernels.attention import ATTENTION_DTYPES, HEAD_DIMS
+
+        for name in ("batch", "heads", "q_len", "kv_len", "head_dim"):
+            setattr(self, name, _positive_int("Attention", name, getattr(self, name)))
+        if self.dtype not in ATTENTION_DTYPES:
+            raise OpError(f"Attention: field 'dtype' must be one of {', '.join(ATTENTION_DTYPES)} "
+                          f"(FlashAttention-2's inputs), got {self.dtype!r}")
+        if self.head_dim > HEAD_DIMS[-1]:
+            raise OpError(f"Attention: field 'head_dim' must be at most {HEAD_DIMS[-1]} (FlashAttention-2's "
+                          f"largest kernel), got {self.head_dim}")
+        self.causal = _bool("Attention", "causal", self.causal)
+        if self.kv_heads is not None:
+            self.kv_heads = _positive_int("Attention", "kv_heads", self.kv_heads)
+            if self.heads % self.kv_heads:
+                raise OpError(f"Attention: field 'kv_heads' must divide heads ({self.heads}), got {self.kv_heads}")
+        if self.direction not in ATTENTION_DIRECTIONS:
+            raise OpError(f"Attention: field 'direction' must be one of {', '.join(ATTENTION_DIRECTIONS)}, "
+                          f"got {self.direction!r}")
+        super().__post_init__()
+
+    @property
+    def flops(self) -> float:
+        """Matrix FLOPs of the attended scores (4 per score and head value forward, 10 backward)."""
+        from gpusim.kernels.attention import problem_of
+
+        return problem_of(self).flops(self.direction == "backward")
+
+    def describe(self) -> str:
+        kv = f"/{self.kv_heads}" if self.kv_heads and self.kv_heads != self.heads else ""
+        mask = " causal" if self.causal else ""
+        return (f"attention {self.direction} {self.batch}x{self.heads}{kv} heads {self.q_len}x{self.kv_len}"
+                f"x{self.head_dim}{mask} {self.dtype}")
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.attention import execute_attention
+
+        return execute_attention(ctx, self)
+
+
 COLLECTIVE_ALGORITHMS = ("ring", "direct", "hierarchical", "auto")
 """Every collective algorithm; each collective accepts some of them (``Collective.algorithms``)."""
 DMA_ALGORITHMS = ("ring", "auto")

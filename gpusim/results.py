@@ -98,7 +98,7 @@ class Result:
     def summary(self) -> pd.DataFrame:
         """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`, i.e. op_id, name,
         kind, implementation, GPUs, start, end, FLOPs, bytes, duration and rates (TFLOP/s for
-        GEMMs)."""
+        GEMMs and attention)."""
         if self.ops.empty:
             return pd.DataFrame(columns=SUMMARY_COLUMNS)
         grouped = self.ops.groupby("op_id", sort=True)
@@ -114,7 +114,7 @@ class Result:
         )
         table["duration_s"] = table["end_s"] - table["start_s"]
         table["tflop_per_s"] = table["flops"] / table["duration_s"] / 1e12
-        table.loc[table["kind"] != "gemm", "tflop_per_s"] = float("nan")
+        table.loc[~table["kind"].isin(("gemm", "attention")), "tflop_per_s"] = float("nan")
         table["gb_per_s"] = table["bytes"] / table["duration_s"] / 1e9
         return table.reset_index()[SUMMARY_COLUMNS]
 

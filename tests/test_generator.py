@@ -172,6 +172,34 @@ def test_swiglu_gqa_model():
     assert fc1["m"] == 2 * 28672 // 8
 
 
+@pytest.mark.parametrize("phase", ["train", "prompt", "decode"])
+def test_flash_attention_replaces_the_score_gemms_softmax_and_dropout(phase):
+    """One fused attention row per layer and pass, with the same attention FLOPs as the two batched GEMMs
+    it replaces where nothing is masked (the causal mask halves them)."""
+    unfused = transformer(TINY, phase=phase, batch=2, seq_len=64, head=False).frame
+    fused = transformer(TINY, phase=phase, batch=2, seq_len=64, head=False, attention="flash").frame
+    attention = fused[fused["kind"] == "attention"]
+    assert set(attention["function"]) == ({"forward", "backward"} if phase == "train" else {"forward"})
+    assert not fused["name"].str.contains("attn_score|softmax|attn_context|attn_dropout").any()
+    forward = attention[attention["function"] == "forward"].iloc[0]
+    assert (forward["batch"], forward["heads"], forward["head_dim"]) == (2, TINY.heads, TINY.hidden // TINY.heads)
+    assert forward["q_len"] == (1 if phase == "decode" else 64) and forward["kv_len"] == 64
+    scores = unfused[unfused["name"] == "L0.attn_score"].iloc[0]
+    op = gpusim.trace.lowering.op_of_row(next(attention.head(1).itertuples(index=False)), [0])
+    unmasked = 2 * scores["m"] * scores["n"] * scores["k"] * scores["batch"] * 2
+    if phase == "decode":  # one query per sequence: its mask hides nothing
+        assert op.flops == unmasked
+    else:
+        assert unmasked / 2 < op.flops < 0.52 * unmasked
+
+
+def test_an_encoder_attends_to_the_whole_sequence_and_a_decoder_to_the_tokens_before():
+    bert = transformer("bert-base", phase="prompt", layers=1, batch=2, seq_len=128, attention="flash").frame
+    llama = transformer("llama2-7b", phase="prompt", layers=1, batch=1, seq_len=64, attention="flash").frame
+    assert bert.loc[bert["kind"] == "attention", "causal"].tolist() == [False]
+    assert llama.loc[llama["kind"] == "attention", "causal"].tolist() == [True]
+
+
 def test_generator_errors():
     with pytest.raises(TraceError, match="'phase' must be one of"):
         transformer(TINY, phase="finetune")
@@ -183,6 +211,10 @@ def test_generator_errors():
         transformer(TINY, optimizer="adagrad")
     with pytest.raises(ConfigError, match="unknown model 'gpt5'"):
         transformer("gpt5")
+    with pytest.raises(TraceError, match="'attention' must be one of unfused, flash"):
+        transformer(TINY, attention="paged")
+    with pytest.raises(TraceError, match="attention='flash' needs dtype fp16 or bf16"):
+        transformer(TINY, attention="flash", dtype="fp32")
 
 
 def test_models_carry_table_8_2_and_published_sizes():

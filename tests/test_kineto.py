@@ -329,3 +329,46 @@ def test_tanh_backward_reads_the_gradient_and_the_output(tmp_path):
 
     frame = read_kineto(_kineto_file(tmp_path, backward)).frame
     assert frame[["function", "elements"]].values.tolist() == [["mul", 4096 * 3072]]
+
+
+FLASH_FORWARD = ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+                 "cutlass::half_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::half_t>>, false, true>(Flash_fwd_params)")
+
+
+@pytest.mark.parametrize(("op", "dims", "concrete", "expected"), [
+    # PyTorch's inner op: [batch, seq, heads, head_dim] tensors, is_causal at position 8
+    ("aten::_flash_attention_forward", [[2, 1024, 32, 128], [2, 4096, 8, 128], [2, 4096, 8, 128]] + [[]] * 8,
+     ["", "", "", "", "", "1024", "4096", "0.", "True", "False", ""], ["forward", 2, 32, 8, 1024, 4096, 128, True]),
+    # SDPA's op: [batch, heads, seq, head_dim], is_causal at position 4
+    ("aten::_scaled_dot_product_flash_attention", [[4, 16, 512, 64], [4, 16, 512, 64], [4, 16, 512, 64], [], [], []],
+     ["", "", "", "0.", "False", "False"], ["forward", 4, 16, 16, 512, 512, 64, False]),
+])
+def test_a_flash_attention_kernel_replays_as_fused_attention(tmp_path, op, dims, concrete, expected):
+    def flash(kernel, events):
+        kernel["name"] = FLASH_FORWARD
+        events[0].update(name=op, args={"External id": 1, "Input Dims": dims, "Input type": ["c10::Half"] * 3,
+                                         "Concrete Inputs": concrete})
+
+    frame = read_kineto(_kineto_file(tmp_path, flash)).frame
+    columns = ["function", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal"]
+    assert frame["kind"].tolist() == ["attention"]
+    assert frame[columns].values.tolist() == [expected]
+
+
+def test_a_flash_attention_helper_kernel_is_simulated_with_its_main_kernel(tmp_path):
+    def combine(kernel, events):
+        kernel["name"] = "void flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, 4, 1>(x)"
+        events[0].update(name="aten::_flash_attention_forward", args={"External id": 1})
+
+    frame = read_kineto(_kineto_file(tmp_path, combine)).frame
+    assert frame[["kind", "kernel_class", "delay_s"]].values.tolist() == [["delay", "attention", 0.0]]
+
+
+def test_flash_attention_without_recorded_arguments_is_unsupported(tmp_path):
+    def bare(kernel, events):
+        kernel["name"] = FLASH_FORWARD
+        events[0].update(name="aten::_flash_attention_forward",
+                         args={"External id": 1, "Input Dims": [[2, 1024, 32, 128], [2, 1024, 32, 128]]})
+
+    with pytest.raises(TraceError, match="is_causal not recorded"):
+        read_kineto(_kineto_file(tmp_path, bare))

@@ -14,7 +14,7 @@ PATTERN_CHARACTERS = "*?["
 """Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
-                 "decode_tokens")
+                 "decode_tokens", "attention")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -258,6 +258,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, help="--model: use only this many of the model's layers")
     parser.add_argument("--decode-tokens", type=int,
                         help="--model, --phase decode: tokens generated (default: 1)")
+    parser.add_argument("--attention", choices=["unfused", "flash"],
+                        help="--model: attention as batched GEMMs and a softmax, or fused (FlashAttention-2) "
+                             "(default: unfused)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
     _common(parser)
 

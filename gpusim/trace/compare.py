@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-CLASS_ORDER = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "memcpy", "other")
+CLASS_ORDER = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "memcpy", "other")
 COMPARISON_COLUMNS = ["kernel_class", "kernels", "measured_s", "simulated_s", "error", "median_kernel_error",
                       "not_simulated", "not_simulated_s"]
 

@@ -41,6 +41,7 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError
+from gpusim.kernels.attention import ATTENTION_DTYPES
 from gpusim.ops import OPTIMIZER_ALGORITHMS, OPTIMIZER_IMPLS
 from gpusim.trace.models import ModelConfig, load_model
 from gpusim.trace.schedules import SCHEDULES, stage_order
@@ -48,6 +49,8 @@ from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
 
 PHASES = ("train", "prompt", "decode")
+ATTENTION_IMPLS = ("unfused", "flash")
+"""How generated layers compute attention (see :func:`transformer`)."""
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (seeds/001 section 1.2.2)."""
 
@@ -148,7 +151,7 @@ class _Transformer:
 
     def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
                  microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
-                 optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool):
+                 optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str):
         self.model = model
         self.phase = phase
         self.par = par
@@ -164,6 +167,7 @@ class _Transformer:
         self.optimizer_impl = optimizer_impl
         self.decode_tokens = decode_tokens
         self.head = head
+        self.flash = attention == "flash"
         self.train = phase == "train"
         self.out = _Builder()
         tp = par.tp
@@ -196,6 +200,12 @@ class _Transformer:
         return self.out.compute(gpus, "reduction", after, labels, function=function, rows=rows, cols=cols,
                                 dtype=self.dtype)
 
+    def _attention(self, gpus, labels, direction, queries, keys) -> Handle:
+        """Fused attention of this rank's heads (FlashAttention-2; dropout, where training has it, inside)."""
+        return self.out.compute(gpus, "attention", [], labels, batch=self.b, heads=self.heads_t, kv_heads=self.kv_t,
+                                q_len=queries, kv_len=keys, head_dim=self.hd, causal=self.model.causal,
+                                function=direction, dtype=self.dtype)
+
     def _tp_allreduce(self, stage, after, labels, nbytes, dtype=None) -> Handle | None:
         if self.par.tp == 1:
             return None
@@ -224,12 +234,15 @@ class _Transformer:
                 last = self._gemm(gpus, [], at(part), width, t, h, trans_a=True)
         if not self.train:
             self._elementwise(gpus, [], at("kv_cache_write"), "copy", 2 * self.kv_t * hd * t)
-        self._gemm(gpus, [], at("attn_score"), queries, s, hd, batch=bh, trans_a=True)
-        self._elementwise(gpus, [], at("attn_scale_mask"), "scale", bh * queries * s)
-        self._reduction(gpus, [], at("softmax"), "softmax", bh * queries, s)
-        if self.train:
-            self._elementwise(gpus, [], at("attn_dropout"), "dropout", bh * queries * s)
-        self._gemm(gpus, [], at("attn_context"), hd, queries, s, batch=bh)
+        if self.flash:
+            self._attention(gpus, at("attention"), "forward", queries, s)
+        else:
+            self._gemm(gpus, [], at("attn_score"), queries, s, hd, batch=bh, trans_a=True)
+            self._elementwise(gpus, [], at("attn_scale_mask"), "scale", bh * queries * s)
+            self._reduction(gpus, [], at("softmax"), "softmax", bh * queries, s)
+            if self.train:
+                self._elementwise(gpus, [], at("attn_dropout"), "dropout", bh * queries * s)
+            self._gemm(gpus, [], at("attn_context"), hd, queries, s, batch=bh)
         last = self._gemm(gpus, [], at("attn_out"), h, t, self.q_width, trans_a=True)
         last = self._tp_allreduce(stage, [], at("attn_allreduce"), t * h * self.size) or last
         residual = "residual_dropout" if self.train else "add"
@@ -288,13 +301,16 @@ class _Transformer:
         self._gemm(gpus, [], at("attn_out_dgrad"), self.q_width, t, h)
         wgrad = self._gemm(gpus, [], at("attn_out_wgrad"), self.q_width, h, t, trans_b=True)
         self._gradient(stage, layer, self.q_width * h * size, wgrad, at("grad_allreduce"), False)
-        self._gemm(gpus, [], at("attn_context_dgrad"), hd, s, s, batch=bh)
-        self._gemm(gpus, [], at("attn_context_wgrad"), s, s, hd, batch=bh)
-        self._elementwise(gpus, [], at("attn_dropout_bwd"), "mul", bh * s * s)
-        self._reduction(gpus, [], at("softmax_bwd"), "softmax_backward", bh * s, s)
-        self._elementwise(gpus, [], at("attn_scale_bwd"), "scale", bh * s * s)
-        self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
-        self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
+        if self.flash:
+            self._attention(gpus, at("attention_bwd"), "backward", s, s)
+        else:
+            self._gemm(gpus, [], at("attn_context_dgrad"), hd, s, s, batch=bh)
+            self._gemm(gpus, [], at("attn_context_wgrad"), s, s, hd, batch=bh)
+            self._elementwise(gpus, [], at("attn_dropout_bwd"), "mul", bh * s * s)
+            self._reduction(gpus, [], at("softmax_bwd"), "softmax_backward", bh * s, s)
+            self._elementwise(gpus, [], at("attn_scale_bwd"), "scale", bh * s * s)
+            self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
+            self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
         if model.fused_qkv:
             self._gemm(gpus, [], at("qkv_dgrad"), h, t, self.qkv_out)
             wgrad = self._gemm(gpus, [], at("qkv_wgrad"), h, self.qkv_out, t, trans_b=True)
@@ -500,6 +516,7 @@ def transformer(
     decode_tokens: int = 1,
     layers: int | None = None,
     head: bool = True,
+    attention: str = "unfused",
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -545,6 +562,10 @@ def transformer(
         parameters (the tied embedding table and the final norm) are updated by the optimizer step
         either way, so ``head=False`` is the transformer layers' compute with a whole model's
         optimizer step (what the T3 and concurrency studies' iterations assume).
+    attention
+        ``"unfused"``: the scores as batched GEMMs with a softmax (and dropout) between them, as
+        the dissertation's models run; ``"flash"``: one fused attention op per layer and pass
+        (:class:`gpusim.ops.Attention`, FlashAttention-2; ``fp16`` or ``bf16``).
 
     Returns
     -------
@@ -568,6 +589,11 @@ def transformer(
         raise TraceError(f"transformer(): 'schedule' must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if dtype not in ("fp16", "bf16", "fp32"):
         raise TraceError(f"transformer(): 'dtype' must be fp16, bf16 or fp32, got {dtype!r}")
+    if attention not in ATTENTION_IMPLS:
+        raise TraceError(f"transformer(): 'attention' must be one of {', '.join(ATTENTION_IMPLS)}, got {attention!r}")
+    if attention == "flash" and dtype not in ATTENTION_DTYPES:
+        raise TraceError(f"transformer(): attention='flash' needs dtype {' or '.join(ATTENTION_DTYPES)} "
+                         f"(FlashAttention-2's inputs), got {dtype!r}")
     if optimizer is not None and optimizer not in OPTIMIZER_ALGORITHMS:
         raise TraceError(f"transformer(): 'optimizer' must be one of {', '.join(OPTIMIZER_ALGORITHMS)} or None, "
                          f"got {optimizer!r}")
@@ -586,7 +612,7 @@ def transformer(
         raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
-                           bucket_bytes, optimizer, optimizer_impl, decode_tokens, head)
+                           bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -594,7 +620,7 @@ def transformer(
         "phase": phase, "tp": tp, "dp": dp, "pp": pp, "batch": batch, "micro_batch": micro_batch,
         "seq_len": seq_len, "microbatches": microbatches, "schedule": schedule, "dtype": dtype,
         "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer, "optimizer_impl": optimizer_impl,
-        "decode_tokens": decode_tokens, "head": head,
+        "decode_tokens": decode_tokens, "head": head, "attention": attention,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
     return Trace(frame, source=name, metadata=metadata)

@@ -101,6 +101,19 @@ REDUCTION_OPS = {
     "linalg_vector_norm": "sum", "amax": "sum", "max": "sum", "nll_loss": "sum",
 }  # fmt: skip
 
+_ATTENTION_NAME = re.compile(r"flash_fwd|flash_bwd|fmha_cutlass", re.I)
+_ATTENTION_HELPER = re.compile(r"combine|dot_do_o|convert_dq", re.I)
+ATTENTION_OPS: dict[str, tuple[str, str, int, int]] = {
+    "_flash_attention_forward": ("forward", "bshd", 0, 8),
+    "_flash_attention_backward": ("backward", "bshd", 1, 11),
+    "_efficient_attention_forward": ("forward", "bshd", 0, 8),
+    "_efficient_attention_backward": ("backward", "bshd", 1, 12),
+    "_scaled_dot_product_flash_attention": ("forward", "bhsd", 0, 4),
+    "_scaled_dot_product_efficient_attention": ("forward", "bhsd", 0, 6),
+}
+"""PyTorch's fused-attention ops: the pass, the layout of their tensors (``[batch, seq, heads,
+head_dim]`` or ``[batch, heads, seq, head_dim]``), the argument position of the query and of
+``is_causal`` (the key follows the query)."""
 _GEMM_NAME = re.compile(r"gemm|gemv|Cijk_|xmma|nvjet|scudnn|cutlass.*(fprop|dgrad|wgrad)|implicit_gemm|_nn_|_tn_|_nt_", re.I)
 _REDUCTION_NAME = re.compile(r"reduce|softmax|norm|bn_fw|bn_bw|welford|splitk|nll_loss|cross_entropy|argmax", re.I)
 _ELEMENTWISE_NAME = re.compile(
@@ -119,12 +132,14 @@ class UnsupportedEvent(Exception):
 
 
 def kernel_class(name: str, category: str) -> str:
-    """``gemm``, ``elementwise``, ``reduction``, ``collective``, ``memcpy`` or ``other``."""
+    """``gemm``, ``elementwise``, ``reduction``, ``attention``, ``collective``, ``memcpy`` or ``other``."""
     if category in ("gpu_memcpy", "gpu_memset"):
         return "memcpy"
     lowered = name.lower()
     if "nccl" in lowered or "rccl" in lowered:
         return "collective"
+    if _ATTENTION_NAME.search(name):
+        return "attention"
     if _GEMM_NAME.search(name):
         return "gemm"
     if _REDUCTION_NAME.search(name):
@@ -386,6 +401,36 @@ def _reduction_fields(cpu_op: dict | None) -> dict:
             "dtype": _dtype(types[0] if types else None)}
 
 
+def _attention_fields(cpu_op: dict | None, kernel_name: str) -> dict:
+    """An attention row from the fused-attention op that launched the kernel.  The pass's helper
+    kernels (split-KV combination, ``D = rowsum(dO O)``, the ``dQ`` conversion) are part of the
+    row of its main kernel, which simulates them: they become zero-length delays."""
+    if _ATTENTION_HELPER.search(kernel_name):
+        return {"kind": "delay", "delay_s": 0.0}
+    base = _op_base(cpu_op["name"]) if cpu_op else ""
+    if base not in ATTENTION_OPS:
+        op = cpu_op.get("name") if cpu_op else "no CPU op"
+        raise UnsupportedEvent(f"a fused attention kernel launched by {op}, whose shapes gpusim cannot read")
+    direction, layout, query, causal_at = ATTENTION_OPS[base]
+    args = cpu_op.get("args", {})
+    dims = args.get("Input Dims") or []
+    types = args.get("Input type") or []
+    concrete = args.get("Concrete Inputs") or []
+    if len(dims) <= query + 1 or len(concrete) <= causal_at or str(concrete[causal_at]) not in ("True", "False"):
+        raise UnsupportedEvent(f"{cpu_op['name']}: shapes or is_causal not recorded (profile with record_shapes=True)")
+    q, k = dims[query], dims[query + 1]
+    if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
+        raise UnsupportedEvent(f"{cpu_op['name']} with input shapes {dims}: not four-dimensional queries and keys")
+    if layout == "bhsd":
+        q, k = [q[0], q[2], q[1], q[3]], [k[0], k[2], k[1], k[3]]
+    dtype = _dtype(types[query] if len(types) > query else None)
+    if dtype not in ("fp16", "bf16"):
+        raise UnsupportedEvent(f"{cpu_op['name']} on {dtype} tensors (the fused kernels take fp16 or bf16)")
+    return {"kind": "attention", "function": direction, "batch": int(q[0]), "q_len": int(q[1]), "heads": int(q[2]),
+            "head_dim": int(q[3]), "kv_len": int(k[1]), "kv_heads": int(k[2]), "causal": str(concrete[causal_at]) == "True",
+            "dtype": dtype}
+
+
 def _collective_fields(args: dict, kernel_name: str, world: list[int]) -> dict:
     raw = str(args.get("Collective name", "")).lower()
     collective = NCCL_COLLECTIVES.get(raw)
@@ -451,6 +496,8 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
         return fields
     if klass == "elementwise":
         return _elementwise_fields(cpu_op, name, grid, block)
+    if klass == "attention":
+        return _attention_fields(cpu_op, name)
     raise UnsupportedEvent("a kernel of no class gpusim models")
 
 

@@ -47,6 +47,13 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
     if kind == "reduction":
         return ops.RowReduce(row.function, int(row.rows), int(row.cols), dtype=row.dtype, input=first_input,
                              out=output, library=row.kernel or "pytorch", name=name, ranks=ranks)
+    if kind == "attention":
+        tensors = dict(zip(("q", "k", "v", "out", "grad_out"), inputs))
+        outputs = {"grad_q": output} if row.function == "backward" else {"out": output}
+        return ops.Attention(int(row.batch), int(row.heads), int(row.q_len), int(row.kv_len), int(row.head_dim),
+                             dtype=row.dtype, causal=bool(row.causal),
+                             kv_heads=None if pd.isna(row.kv_heads) else int(row.kv_heads), direction=row.function,
+                             **{**tensors, **outputs}, name=name, ranks=ranks)
     if kind == "collective":
         group = parse_ints(row.group) or None
         return COLLECTIVE_OPS[row.collective](int(row.bytes), dtype=row.dtype, algorithm=row.algorithm,

@@ -53,6 +53,9 @@ class ModelConfig(BaseModel):
         ``layernorm`` or ``rmsnorm``.
     fused_qkv
         Whether Q, K and V are one GEMM (Megatron) or three (BERT as in Table 4.3 of seeds/002).
+    causal
+        Whether a token attends only to the tokens before it (decoders such as GPT) or to the whole
+        sequence (encoders such as BERT); fused attention skips the masked scores.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -71,6 +74,7 @@ class ModelConfig(BaseModel):
     activation: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     fused_qkv: bool = True
+    causal: bool = True
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelConfig:

@@ -12,18 +12,23 @@ column          type     meaning
 op_id           int      identifier of the op (shared by its rows on several GPUs)
 gpu             int      rank the row runs on
 stream          str      stream on that GPU (ops on one stream run in order; streams overlap)
-kind            str      ``gemm``, ``elementwise``, ``reduction``, ``collective``, ``sendrecv``,
-                         ``optimizer``, ``delay``
+kind            str      ``gemm``, ``elementwise``, ``reduction``, ``attention``, ``collective``,
+                         ``sendrecv``, ``optimizer``, ``delay``
 name            str      label in results (optional)
 m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``)
-batch           int      GEMMs in a strided batch (``gemm``, default 1)
+batch           int      GEMMs in a strided batch (``gemm``, default 1); sequences (``attention``)
 trans_a/b       bool     transposed GEMM inputs (``gemm``)
 kernel          str      force a GEMM kernel of the library; a reduction's kernel library (``pytorch``,
                          ``pytorch-2.0``, ``inductor``; default ``pytorch``) (optional)
 elements        int      elements per tensor (``elementwise``)
 rows, cols      int      matrix shape (``reduction``)
-function        str      element-wise function (``gelu``, ``add``...), reduction (``softmax``...) or
-                         optimizer algorithm (``adam``, ``lamb``...)
+heads, kv_heads int      query and key/value heads (``attention``; ``kv_heads`` blank: ``heads``)
+q_len, kv_len   int      query and key/value lengths, tokens (``attention``)
+head_dim        int      values per head (``attention``)
+causal          bool     causal mask (``attention``)
+function        str      element-wise function (``gelu``, ``add``...), reduction (``softmax``...),
+                         optimizer algorithm (``adam``, ``lamb``...) or attention pass (``forward``,
+                         ``backward``)
 tensor_sizes    ints     elements of every parameter tensor an ``optimizer`` row updates
 optimizer_impl  str      how the optimizer runs: ``multi_fused`` (default), ``fused``, ``unfused``,
                          ``multi_unfused`` or ``nmc`` (near-memory ALUs)
@@ -37,7 +42,9 @@ delay_s         float    duration of a ``delay`` row, s
 measured_s      float    measured duration (imported traces), s; blank when unknown
 issue_s         float    when the host's launch call of the row's kernel returned, measured (imported
                          traces), s from the first launch call; blank: the model's host thread
-inputs, output  strs     tensor names (rows naming the same tensor read the same memory)
+inputs, output  strs     tensor names (rows naming the same tensor read the same memory); an attention
+                         row's inputs are ``q k v`` (backward: ``q k v out grad_out``), its output is
+                         ``out`` (backward: the gradient of ``q``)
 layer           int      index of the repeated layer the row belongs to (-1: none; see caching)
 phase           str      ``fwd``, ``bwd``, ``opt``, ``prompt``, ``decode``... (labels; used by caching)
 step            int      microbatch (training, prompt) or token x microbatches + microbatch (decode)
@@ -61,6 +68,7 @@ import pandas as pd
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError
 from gpusim.ops import (
+    ATTENTION_DIRECTIONS,
     COLLECTIVE_ALGORITHMS,
     ELEMENTWISE_KINDS,
     MAX_INDEX_DIMS,
@@ -69,24 +77,26 @@ from gpusim.ops import (
     ROW_REDUCE_KINDS,
 )
 
-KINDS = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "optimizer", "delay")
+KINDS = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "delay")
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
 SYNCHRONISING_KINDS = ("collective", "sendrecv")
-KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "collective", "sendrecv", "optimizer", "memcpy", "delay", "other")
+KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "memcpy",
+                  "delay", "other")
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
-INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "bytes", "layer", "step")
+INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len",
+               "head_dim", "bytes", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
-BOOL_COLUMNS = ("trans_a", "trans_b")
+BOOL_COLUMNS = ("trans_a", "trans_b", "causal")
 TEXT_COLUMNS = (
     "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
     "deps", "inputs", "output", "phase", "kernel_class",
 )  # fmt: skip
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
-    "index_dims", "rows", "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group",
-    "algorithm", "dtype", "deps", "delay_s", "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step",
-    "kernel_class",
+    "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
+    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "dtype", "deps", "delay_s",
+    "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
 
@@ -97,6 +107,7 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
     "elementwise": ("elements", "function", "dtype", "index_dims"),
     "reduction": ("rows", "cols", "function", "dtype", "kernel"),
+    "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function", "dtype"),
     "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
     "sendrecv": ("bytes", "group"),
     "optimizer": ("function", "tensor_sizes", "optimizer_impl", "dtype"),
@@ -258,6 +269,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         "gemm": ("m", "n", "k", "batch"),
         "elementwise": ("elements",),
         "reduction": ("rows", "cols"),
+        "attention": ("batch", "heads", "q_len", "kv_len", "head_dim"),
         "collective": ("bytes",),
         "sendrecv": ("bytes",),
     }
@@ -275,6 +287,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
     choices = {
         "elementwise": ("function", tuple(ELEMENTWISE_KINDS)),
         "reduction": ("function", tuple(ROW_REDUCE_KINDS)),
+        "attention": ("function", ATTENTION_DIRECTIONS),
         "collective": ("collective", COLLECTIVES),
         "optimizer": ("function", OPTIMIZER_ALGORITHMS),
     }
