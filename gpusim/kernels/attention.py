@@ -86,6 +86,10 @@ SPLIT_EFFICIENCY = 0.85
 full as the best split's."""
 MAX_SPLITS = 128
 """Most splits of the keys."""
+MAX_PIECES = 16
+"""Most pieces a workgroup's steps are simulated in: a piece of several steps loads their tiles
+together and computes them as one stretch (a long row block's hundreds of steps would otherwise
+cost as many simulation events; the workgroup's in-flight limit still paces its loads)."""
 ROW_PADDING = 256
 """Rows of a tensor's layout are padded to this many, a multiple of every kernel's tile."""
 
@@ -286,6 +290,12 @@ class _AttentionKernel:
         return (((batch * tiles + tile) * heads + head) * block + within) * self.problem.head_dim * (
             size or self.problem.dtype_bytes)
 
+    @staticmethod
+    def pieces(steps: int) -> list[range]:
+        """The steps ``0 .. steps - 1`` in at most :data:`MAX_PIECES` consecutive pieces."""
+        count = min(steps, MAX_PIECES)
+        return [range(piece * steps // count, (piece + 1) * steps // count) for piece in range(count)]
+
     def read(self, limit: InflightLimit, ranges: list[tuple[Buffer, int, int]]) -> Join:
         """Read ``(buffer, offset, nbytes)`` tiles through the L2, paced by ``limit``."""
         return read_ranges(self.gpu, limit, ranges)
@@ -339,20 +349,23 @@ class FlashForwardKernel(_AttentionKernel):
         first, stop = self.key_range(row_block, split)
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
 
-        def fetch(step: int) -> Join:
-            key = (first + step) * t.block_n
-            keys = min(t.block_n, p.kv_len - key)
-            at = self.offset(batch, kv_head, p.kv_heads, key, p.kv_len, t.block_n)
-            tiles = [(self.k, at, keys * self.row_bytes), (self.v, at, keys * self.row_bytes)]
-            if step == 0:
+        steps = stop - first
+        pieces = self.pieces(steps)
+
+        def fetch(piece: int) -> Join:
+            tiles = []
+            for step in pieces[piece]:
+                key = (first + step) * t.block_n
+                keys = min(t.block_n, p.kv_len - key)
+                at = self.offset(batch, kv_head, p.kv_heads, key, p.kv_len, t.block_n)
+                tiles += [(self.k, at, keys * self.row_bytes), (self.v, at, keys * self.row_bytes)]
+            if piece == 0:
                 tiles.append((self.q, self.offset(batch, head, p.heads, row_block * t.block_m, p.q_len, t.block_m),
                               rows * self.row_bytes))
             return self.read(limit, tiles)
 
-        steps = stop - first
-
-        def writes(step: int) -> list[tuple[Buffer, int, int]]:
-            if step + 1 < max(1, steps):
+        def writes(piece: int) -> list[tuple[Buffer, int, int]]:
+            if piece + 1 < max(1, len(pieces)):
                 return []
             size = ACCUMULATOR_BYTES if t.splits > 1 else p.dtype_bytes
             slot = split * p.batch + batch
@@ -361,10 +374,10 @@ class FlashForwardKernel(_AttentionKernel):
                     (self.lse, ((slot * p.heads + head) * p.q_len + row) * ACCUMULATOR_BYTES, rows * ACCUMULATOR_BYTES)]
 
         if steps == 0:  # a causal row block whose split holds none of its keys: it writes an empty partial
-            yield from pipelined(self.gpu, cu, 1, None, lambda step: 0.0, writes, self.mma_per_ns, self.wavefronts)
+            yield from pipelined(self.gpu, cu, 1, None, lambda piece: 0.0, writes, self.mma_per_ns, self.wavefronts)
             return
-        yield from pipelined(self.gpu, cu, steps, fetch, lambda step: self.step_flops, writes, self.mma_per_ns,
-                             self.wavefronts)
+        yield from pipelined(self.gpu, cu, len(pieces), fetch, lambda piece: len(pieces[piece]) * self.step_flops,
+                             writes, self.mma_per_ns, self.wavefronts)
 
 
 class FlashBackwardKernel(_AttentionKernel):
@@ -418,28 +431,32 @@ class FlashBackwardKernel(_AttentionKernel):
         first = self.first_row_block(key_block)
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
         steps = self.row_blocks - first
+        pieces = self.pieces(steps)
 
         def stats(buffer: Buffer, row: int, rows: int) -> tuple[Buffer, int, int]:
             return buffer, ((batch * p.heads + head) * p.q_len + row) * ACCUMULATOR_BYTES, rows * ACCUMULATOR_BYTES
 
-        def fetch(step: int) -> Join:
-            row = (first + step) * t.block_m
-            rows = min(t.block_m, p.q_len - row)
-            at = self.offset(batch, head, p.heads, row, p.q_len, t.block_m)
-            tiles = [(self.q, at, rows * self.row_bytes), (self.grad_out, at, rows * self.row_bytes),
-                     stats(self.lse, row, rows), stats(self.delta, row, rows)]
-            if step == 0:
+        def fetch(piece: int) -> Join:
+            tiles = []
+            for step in pieces[piece]:
+                row = (first + step) * t.block_m
+                rows = min(t.block_m, p.q_len - row)
+                at = self.offset(batch, head, p.heads, row, p.q_len, t.block_m)
+                tiles += [(self.q, at, rows * self.row_bytes), (self.grad_out, at, rows * self.row_bytes),
+                          stats(self.lse, row, rows), stats(self.delta, row, rows)]
+            if piece == 0:
                 kv_at = self.offset(batch, kv_head, p.kv_heads, key_block * t.block_n, p.kv_len, t.block_n)
                 tiles += [(self.k, kv_at, keys * self.row_bytes), (self.v, kv_at, keys * self.row_bytes)]
             return self.read(limit, tiles)
 
-        def writes(step: int) -> list[tuple[Buffer, int, int]]:
-            row = (first + step) * t.block_m
-            rows = min(t.block_m, p.q_len - row)
-            # the step's dQ contribution, added to the fp32 accumulator in the L2
-            ranges = [(self.grad_q_accum, self.offset(batch, head, p.heads, row, p.q_len, t.block_m, ACCUMULATOR_BYTES),
-                       rows * p.head_dim * ACCUMULATOR_BYTES)]
-            if step + 1 == steps:
+        def writes(piece: int) -> list[tuple[Buffer, int, int]]:
+            ranges = []
+            for step in pieces[piece]:  # each step's dQ contribution, added to the fp32 accumulator in the L2
+                row = (first + step) * t.block_m
+                rows = min(t.block_m, p.q_len - row)
+                ranges.append((self.grad_q_accum, self.offset(batch, head, p.heads, row, p.q_len, t.block_m,
+                                                              ACCUMULATOR_BYTES), rows * p.head_dim * ACCUMULATOR_BYTES))
+            if piece + 1 == len(pieces):
                 at = self.offset(batch, head, p.heads, key_block * t.block_n, p.kv_len, t.block_n)
                 ranges += [(self.grad_k, at, keys * self.row_bytes), (self.grad_v, at, keys * self.row_bytes)]
             return ranges
@@ -447,11 +464,11 @@ class FlashBackwardKernel(_AttentionKernel):
         if steps == 0:  # keys no query attends to: their gradients are zero
             at = self.offset(batch, head, p.heads, key_block * t.block_n, p.kv_len, t.block_n)
             zero = [(self.grad_k, at, keys * self.row_bytes), (self.grad_v, at, keys * self.row_bytes)]
-            yield from pipelined(self.gpu, cu, 1, None, lambda step: 0.0, lambda step: zero, self.mma_per_ns,
+            yield from pipelined(self.gpu, cu, 1, None, lambda piece: 0.0, lambda piece: zero, self.mma_per_ns,
                                  self.wavefronts)
             return
-        yield from pipelined(self.gpu, cu, steps, fetch, lambda step: self.step_flops, writes, self.mma_per_ns,
-                             self.wavefronts)
+        yield from pipelined(self.gpu, cu, len(pieces), fetch, lambda piece: len(pieces[piece]) * self.step_flops,
+                             writes, self.mma_per_ns, self.wavefronts)
 
 
 def problem_of(op) -> AttentionProblem:
