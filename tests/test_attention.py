@@ -67,7 +67,7 @@ def test_long_prompts_run_at_flashattention_2s_published_efficiency():
 def test_a_causal_mask_skips_the_tiles_past_the_diagonal():
     full = _kernel_s(gpusim.run(A100, ops.Attention(1, 16, 8192, 8192, 128)))
     causal = _kernel_s(gpusim.run(A100, ops.Attention(1, 16, 8192, 8192, 128, causal=True)))
-    assert 0.5 < causal / full < 0.6  # half the scores, plus the diagonal tiles and the grid's tail
+    assert 0.5 < causal / full < 0.65  # half the scores, plus the diagonal tiles and the grid's tail (0.59)
 
 
 def test_decoding_splits_the_keys_when_the_grid_is_small_and_streams_the_cache():
