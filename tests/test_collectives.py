@@ -149,6 +149,19 @@ def test_symmetric_mode_moves_the_same_dram_bytes_as_full_mode(system, op):
     assert traffic["symmetric"] == pytest.approx(traffic["full"], rel=0.01)
 
 
+@pytest.mark.parametrize("system", ["t3-ring8", "t3-ring16"])
+def test_a_dma_driven_ring_forwards_slices_as_they_arrive(system):
+    """Each slice of a step goes on as soon as the previous rank's update of it has arrived, so
+    the steps overlap and the ring runs at its links' bound (15 steps on 16 GPUs would each add a
+    DMA set-up and a flag's latency if every step waited for its whole chunk)."""
+    node = gpusim.load_system(system)
+    nbytes = 64 * 2**20
+    ranks = node.num_gpus
+    bound = (ranks - 1) / ranks * nbytes / node.config.links.bandwidth_bytes_per_s
+    elapsed = gpusim.run(node, ops.ReduceScatter(nbytes, driver="dma"), mode="symmetric").time_s
+    assert bound < elapsed < 1.015 * bound
+
+
 def test_a_dma_reduction_without_near_memory_alus_is_an_op_error():
     system = gpusim.load_system("dgx-a100", {"gpu.nmc.enabled": False})
     with pytest.raises(gpusim.OpError, match="needs near-memory op-and-store, which a100-sxm4 lacks"):

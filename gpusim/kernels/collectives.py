@@ -461,8 +461,10 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
 
     Reduce-scatter updates the next rank's copy of each chunk in place with near-memory
     op-and-store (so it needs NMC); all-gather writes chunks into the next rank's buffer.  Each
-    step's chunk is split over the GPU's DMA engines; a step starts when the previous rank's update
-    of that chunk (and part) has arrived.
+    step's chunk is split over the GPU's DMA engines, and each engine's part into slices of
+    ``collectives.slice_bytes``; a slice is forwarded as soon as the previous rank's update of the
+    same slice has arrived (as T3's tracker triggers a DMA when a block's updates are complete),
+    so the steps overlap as the CU-driven ring's do instead of each waiting for the whole chunk.
     """
     gpu = ctx.gpu
     env = ctx.env
@@ -474,15 +476,18 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     engines = gpu.dma
     parts = len(engines)
     part = math.ceil(chunk / parts)
+    slice_bytes = min(part, int(ctx.config.collectives.slice_bytes))
+    slices = math.ceil(part / slice_bytes)
     ring = ring_orders(ctx, group, 1)[0]
     position = ring.index(ctx.rank)
     nxt = ring[(position + 1) % n]
     me = ctx.rank
 
-    def part_range(chunk_index: int, p: int) -> tuple[int, int]:
-        """Offset and length (<= 0: no bytes) of engine ``p``'s part of a chunk."""
-        start = chunk_index * chunk + p * part
-        return start, min(part, chunk, nbytes - start, (chunk_index + 1) * chunk - start)
+    def piece_range(chunk_index: int, p: int, s: int) -> tuple[int, int]:
+        """Offset and length (<= 0: no bytes) of slice ``s`` of engine ``p``'s part of a chunk."""
+        start = chunk_index * chunk + p * part + s * slice_bytes
+        return start, min(slice_bytes, (p + 1) * part - p * part - s * slice_bytes, nbytes - start,
+                          (chunk_index + 1) * chunk - start)
 
     # Reduce-scatter: position q updates chunk q - k - 1 on the next rank, so that it ends owning
     # chunk q; all-gather: it then sends chunk q - j (its own first).
@@ -492,35 +497,38 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     if kind in ("ag", "ar"):
         base = n - 1 if kind == "ar" else 0
         plan += [(base + j, (position - j) % n, WRITE) for j in range(n - 1)]
+    finished = Join(env)
     for step_index, chunk_index, op_kind in plan:
-        finished = Join(env)
-        for p, engine in enumerate(engines):
-            start, size = part_range(chunk_index, p)
-            if size <= 0:
-                flags.raise_for_empty("data", nxt, tag, step_index + 1, p)
-                continue
-            if step_index > 0:
-                arrived = flags.event("data", me, tag, step_index, p)
-                if not arrived.processed:
-                    yield arrived
-            finished.add()
+        landing_chunk = flags.arrival_chunk(chunk_index, 1, n, chunk, nbytes)
+        for s in range(slices):
+            for p, engine in enumerate(engines):
+                start, size = piece_range(chunk_index, p, s)
+                if size <= 0:
+                    flags.raise_for_empty("data", nxt, tag, step_index + 1, p, s)
+                    continue
+                if step_index > 0:
+                    arrived = flags.event("data", me, tag, step_index, p, s)
+                    if not arrived.processed:
+                        yield arrived
+                finished.add()
 
-            def done(time_ns: float, step=step_index, p=p, finished=finished) -> None:
-                flags.raise_at("data", nxt, time_ns, tag, step + 1, p)
-                finished.done_at(time_ns)
+                def done(time_ns: float, step=step_index, p=p, s=s) -> None:
+                    flags.raise_at("data", nxt, time_ns, tag, step + 1, p, s)
+                    finished.done_at(time_ns)
 
-            landing = flags.arrival_chunk(chunk_index, 1, n, chunk, nbytes) * chunk + p * part
-            engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + landing, op_kind, buf.cached, done))
-        yield finished.close()
+                landing = start - chunk_index * chunk + landing_chunk * chunk
+                engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + landing, op_kind, buf.cached, done))
+    yield finished.close()
     # The previous rank's last step sends the chunk that this rank's next step would handle.
     last = (plan[-1][0] + 1) if plan else 0
     last_chunk = (position - (n - 1)) % n if kind in ("ag", "ar") else position
-    for p in range(parts):
-        if part_range(last_chunk, p)[1] <= 0:
-            continue
-        arrived = flags.event("data", me, tag, last, p)
-        if not arrived.processed:
-            yield arrived
+    for s in range(slices):
+        for p in range(parts):
+            if piece_range(last_chunk, p, s)[1] <= 0:
+                continue
+            arrived = flags.event("data", me, tag, last, p, s)
+            if not arrived.processed:
+                yield arrived
 
 
 def ring_bandwidth(topology, rings: list[list[int]]) -> float:
