@@ -124,3 +124,19 @@ def test_the_command_line_parses_attention():
     assert (op.batch, op.heads, op.kv_heads, op.q_len, op.kv_len, op.head_dim, op.causal) == (2, 32, 8, 1, 4096, 128,
                                                                                               True)
     assert op.describe() == "attention forward 2x32/8 heads 1x4096x128 causal fp16"
+
+
+def test_gpus_with_less_shared_memory_run_smaller_tiles():
+    """The MI210's 64 KiB of LDS holds no backward tile of head dimension 128 (96 KiB): the keys'
+    tile is halved, as FlashAttention-2 takes smaller tiles on GPUs with less shared memory."""
+    mi210 = gpusim.load_system("mi210")
+    backward = gpusim.run(mi210, ops.Attention(1, 8, 1024, 1024, 128, direction="backward"))
+    assert backward.ops.iloc[0]["impl"] == "flash_bwd_64x64_w8"
+    assert gpusim.run(A100, ops.Attention(1, 8, 1024, 1024, 128, direction="backward")).ops.iloc[0]["impl"] == (
+        "flash_bwd_64x128_w8")
+
+
+def test_a_gpu_that_holds_no_tile_is_an_op_error_naming_it():
+    tiny = gpusim.load_system("a100-sxm4", {"gpu.cu.lds_bytes": "8 KiB"})
+    with pytest.raises(OpError, match=r"prefill: no FlashAttention tile at head dimension 256 fits on a CU of a100"):
+        gpusim.run(tiny, ops.Attention(1, 8, 512, 512, 256, name="prefill"))

@@ -42,10 +42,11 @@ tile costs as much as a full one; the tensors are ``[batch, seq, heads, head_dim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
+from gpusim.errors import OpError
 from gpusim.hw.compute import (
     ComputeUnit,
     InflightLimit,
@@ -234,6 +235,37 @@ def choose_splits(workgroups: int, key_blocks: int, slots: int) -> int:
     return next(splits for splits in counts if efficiency(splits) >= SPLIT_EFFICIENCY * best)
 
 
+def workgroup_shape(tiling: AttentionTiling, problem: AttentionProblem, backward: bool) -> WorkgroupShape:
+    """A workgroup's threads, registers and shared memory: its Q tile (backward: Q and dO) and a K and
+    a V tile."""
+    tiles = (2 * tiling.block_n + (2 if backward else 1) * tiling.block_m) * problem.padded_dim
+    return WorkgroupShape(tiling.warps * 32, tiles * problem.dtype_bytes, REGISTERS_PER_THREAD)
+
+
+def fitted(tiling: AttentionTiling, problem: AttentionProblem, gpu: GpuConfig, backward: bool,
+           label: str) -> AttentionTiling:
+    """``tiling``, or where its workgroup fits on no CU of ``gpu`` (less shared memory than the
+    A100's, on which FlashAttention-2's tiles are chosen; it takes smaller tiles on such GPUs), the
+    first of its halvings, keys first and then queries, down to 32, that fits.
+
+    Raises
+    ------
+    OpError
+        No such tile fits, naming the op ``label``, the GPU and its resources.
+    """
+    candidate = tiling
+    while occupancy(workgroup_shape(candidate, problem, backward), gpu.cu) == 0:
+        if candidate.block_n > 32:
+            candidate = replace(candidate, block_n=candidate.block_n // 2)
+        elif candidate.block_m > 32:
+            candidate = replace(candidate, block_m=candidate.block_m // 2)
+        else:
+            raise OpError(f"{label}: no FlashAttention tile at head dimension {problem.padded_dim} fits on a CU of "
+                          f"{gpu.name} ({int(gpu.cu.lds_bytes)} bytes of shared memory, "
+                          f"{int(gpu.cu.register_file_bytes)} of registers, {gpu.cu.max_threads} threads)")
+    return candidate
+
+
 def warp_mma_flops_per_ns(gpu: Gpu, dtype: str) -> float:
     """Sustained FLOPs per ns of one CU for warp-level matrix instructions (``mma.sync``): the
     GEMM rate, times the fallback kernels' fraction on a GPU whose library GEMMs use TMA."""
@@ -271,8 +303,7 @@ class _AttentionKernel:
         self.mma_per_ns = warp_mma_flops_per_ns(gpu, problem.dtype)
         self.step_flops = step_flops(gpu, tiling, problem, backward, self.mma_per_ns)
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
-        tiles = (2 * tiling.block_n + (2 if backward else 1) * tiling.block_m) * problem.padded_dim
-        self.shape = WorkgroupShape(tiling.warps * 32, tiles * problem.dtype_bytes, REGISTERS_PER_THREAD)
+        self.shape = workgroup_shape(tiling, problem, backward)
         self.wavefronts = self.shape.wavefronts(gpu.config.cu.wavefront_size)
 
     def offset(self, batch: int, head: int, heads: int, row: int, seq_len: int, block: int, size: int | None = None) -> int:
@@ -485,20 +516,18 @@ def problem_of(op) -> AttentionProblem:
     return AttentionProblem(op.batch, op.heads, kv_heads, op.q_len, op.kv_len, op.head_dim, op.dtype, op.causal)
 
 
-def forward_plan(problem: AttentionProblem, gpu: GpuConfig) -> AttentionTiling:
+def forward_plan(problem: AttentionProblem, gpu: GpuConfig, label: str = "attention") -> AttentionTiling:
     """The forward kernel FlashAttention-2 runs ``problem`` with on ``gpu``: the plain kernel, or
     the split-KV kernel with its split count where a grid of its row blocks would not fill the
-    GPU's workgroup slots."""
-    split = split_tiling(problem)
+    GPU's workgroup slots (tiles :func:`fitted` to the GPU)."""
+    split = fitted(split_tiling(problem), problem, gpu, False, label)
     row_blocks = math.ceil(problem.q_len / split.block_m)
-    shape = WorkgroupShape(split.warps * 32, (split.block_m + 2 * split.block_n) * problem.padded_dim
-                           * problem.dtype_bytes, REGISTERS_PER_THREAD)
-    slots = gpu.num_cus * max(1, occupancy(shape, gpu.cu))
+    slots = gpu.num_cus * occupancy(workgroup_shape(split, problem, False), gpu.cu)
     splits = choose_splits(row_blocks * problem.batch * problem.heads, math.ceil(problem.kv_len / split.block_n),
                            slots)
     if splits == 1:
-        return forward_tiling(problem)
-    return AttentionTiling(split.block_m, split.block_n, split.warps, splits)
+        return fitted(forward_tiling(problem), problem, gpu, False, label)
+    return replace(split, splits=splits)
 
 
 def execute_attention(ctx, op):
@@ -509,7 +538,7 @@ def execute_attention(ctx, op):
         return
     gpu = ctx.gpu
     p = problem
-    tiling = forward_plan(p, gpu.config)
+    tiling = forward_plan(p, gpu.config, op.label)
     q_bytes, kv_bytes = p.tensor_bytes(p.q_len, p.heads), p.tensor_bytes(p.kv_len, p.kv_heads)
     q, out = (ctx.tensor(name, p.allocation_bytes(p.q_len, p.heads)) for name in (op.q, op.out))
     k, v = (ctx.tensor(name, p.allocation_bytes(p.kv_len, p.kv_heads)) for name in (op.k, op.v))
@@ -537,7 +566,7 @@ def execute_attention(ctx, op):
 def _execute_backward(ctx, op, problem: AttentionProblem):
     gpu = ctx.gpu
     p = problem
-    tiling = backward_tiling(p)
+    tiling = fitted(backward_tiling(p), p, gpu.config, True, op.label)
     q_bytes, kv_bytes = p.tensor_bytes(p.q_len, p.heads), p.tensor_bytes(p.kv_len, p.kv_heads)
     q_alloc, kv_alloc = p.allocation_bytes(p.q_len, p.heads), p.allocation_bytes(p.kv_len, p.kv_heads)
     accum_bytes = p.tensor_bytes(p.q_len, p.heads, ACCUMULATOR_BYTES)

@@ -41,6 +41,10 @@ Sections and files (in ``--out``):
 ``reduction_costs.csv``
     Section ``reduction_costs`` (not run by default; added in stop 21, not yet run): small row
     sums, column sums, layer and RMS norms, with the profiled duration of each of their kernels.
+``attention.csv``
+    Section ``attention`` (not run by default; added in stop 31, not yet run): fused attention
+    (``F.scaled_dot_product_attention``, flash backend) forward and backward over prompts and
+    decoding steps, with each kernel's name, grid and duration.
 
 Timing methods, per case (all medians; times in ms):
 
@@ -439,6 +443,78 @@ def vector_products(bench: Bench, out: Path, dry: bool) -> None:
                               "block": "x".join(map(str, kernel["block"])), "duration_us": kernel["dur"]})
     table.close()
     bench.log(f"vector_products: {table.rows} kernels")
+
+
+ATTENTION_CASES = (
+    # (label, batch, heads, kv_heads, q_len, kv_len, head_dim, causal): prompts of 512-16384 tokens
+    # at head dimensions 64 and 128, causal and not, and decoding steps with grouped keys
+    *[("prompt", 16384 // seq, 16, 16, seq, seq, dim, causal)
+      for seq in (512, 2048, 8192, 16384) for dim in (64, 128) for causal in (False, True)],
+    ("decode", 1, 32, 32, 1, 8192, 128, False),
+    ("decode", 8, 32, 32, 1, 4096, 128, False),
+    ("decode_gqa", 8, 32, 8, 1, 4096, 128, False),
+    ("decode_gqa", 64, 32, 8, 1, 1024, 128, False),
+)
+"""Fused attention calls for gpusim's ``ops.Attention`` (FlashAttention-2's kernels).  A decoding
+step's one query sees every cached key, so it has no mask (SDPA would align a causal mask at the
+first key when the lengths differ)."""
+
+
+def attention(bench: Bench, out: Path, dry: bool) -> None:
+    """:data:`ATTENTION_CASES` through ``F.scaled_dot_product_attention`` with the flash backend,
+    forward and (prompts) backward: the times of :func:`timed_case` and, from one CUDA-graph replay
+    after an L2 flush, each kernel's name, grid and duration (``attention.csv``, one row per kernel).
+    The tensors are ``[batch, seq, heads, head_dim]`` viewed as SDPA's ``[batch, heads, seq, head_dim]``."""
+    table = Table(out / "attention.csv", ["label", "direction", "batch", "heads", "kv_heads", "q_len", "kv_len",
+                                          "head_dim", "causal", "graph_ms", "cold_ms", "host_ms", "kernel", "name",
+                                          "grid", "block", "duration_us"])
+    scale = 32 if dry else 1
+    dtype = torch.float32 if dry else torch.float16
+    for label, batch, heads, kv_heads, q_len, kv_len, dim, causal in ATTENTION_CASES:
+        if bench.left_s() < 30:
+            bench.log(f"attention: out of time at {label} {q_len}x{kv_len}x{dim}")
+            break
+        q_len, kv_len = max(1, q_len // scale), max(1, kv_len // scale)
+        training = label == "prompt"
+        leaves = [torch.randn(batch, seq, count, dim, dtype=dtype, device=bench.device, requires_grad=training)
+                  for seq, count in ((q_len, heads), (kv_len, kv_heads), (kv_len, kv_heads))]
+        q, k, v = (leaf.transpose(1, 2) for leaf in leaves)
+        backend = torch.nn.attention.SDPBackend.MATH if dry else torch.nn.attention.SDPBackend.FLASH_ATTENTION
+
+        def attend(q=q, k=k, v=v, causal=causal, grouped=kv_heads < heads, backend=backend) -> torch.Tensor:
+            with torch.nn.attention.sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=grouped)
+
+        def forward(attend=attend) -> torch.Tensor:
+            with torch.no_grad():
+                return attend()
+
+        calls = [("forward", forward)]
+        if training:
+            output = attend()
+            grad = torch.randn_like(output)
+
+            def backward(output=output, grad=grad, leaves=leaves) -> None:
+                torch.autograd.grad(output, leaves, grad, retain_graph=True)
+
+            calls.append(("backward", backward))
+        for direction, call in calls:
+            if direction == "forward":
+                times = timed_case(bench, call)
+                kernels = graph_kernels(bench, call, flush=True)
+            else:  # autograd is not captured in a graph: cold and host times, the kernels profiled eagerly
+                call()
+                times = {"graph_ms": math.nan, "cold_ms": bench.cold_ms(call, 5), "host_ms": bench.host_ms(call, 5)}
+                kernels = bench.profile_kernels(call)
+            case = {"label": label, "direction": direction, "batch": batch, "heads": heads, "kv_heads": kv_heads,
+                    "q_len": q_len, "kv_len": kv_len, "head_dim": dim, "causal": causal, **times}
+            for number, kernel in enumerate(kernels):
+                table.add(case | {"kernel": number, "name": kernel["name"][:200],
+                                  "grid": "x".join(map(str, kernel["grid"])),
+                                  "block": "x".join(map(str, kernel["block"])), "duration_us": kernel["dur"]})
+        del q, k, v, leaves
+    table.close()
+    bench.log(f"attention: {table.rows} kernels")
 
 
 # -- element-wise and row reductions -------------------------------------------------------------
@@ -1051,6 +1127,7 @@ def main() -> int:
     section("gemm_kernels", lambda: gemm_kernels(bench, args.out, args.dry_run))
     section("reduction_grid", lambda: reduction_grid(bench, args.out, args.dry_run))
     section("vector_products", lambda: vector_products(bench, args.out, args.dry_run))
+    section("attention", lambda: attention(bench, args.out, args.dry_run))
     log("done")
     return 0
 
