@@ -183,24 +183,15 @@ class AttentionTiling:
         return f"flash_{kind}_{self.block_m}x{self.block_n}_w{self.warps}{split}"
 
 
-def forward_tiling(problem: AttentionProblem) -> AttentionTiling:
-    """FlashAttention-2's forward tile for the head dimension (Ampere, no dropout)."""
-    dim = problem.padded_dim
-    if dim <= 64:
-        return AttentionTiling(128, 128, 4)
-    if dim <= 128:
-        return AttentionTiling(128, 64, 4)
-    return AttentionTiling(128, 64, 8)
+FORWARD_TILES = ((64, AttentionTiling(128, 128, 4)), (128, AttentionTiling(128, 64, 4)), (256, AttentionTiling(128, 64, 8)))
+"""FlashAttention-2's forward tiles on Ampere without dropout, by the largest head dimension each serves."""
+BACKWARD_TILES = ((64, AttentionTiling(128, 128, 8)), (128, AttentionTiling(64, 128, 8)), (256, AttentionTiling(64, 64, 8)))
+"""FlashAttention-2's backward tiles on Ampere, likewise."""
 
 
-def backward_tiling(problem: AttentionProblem) -> AttentionTiling:
-    """FlashAttention-2's backward tile for the head dimension (Ampere)."""
-    dim = problem.padded_dim
-    if dim <= 64:
-        return AttentionTiling(128, 128, 8)
-    if dim <= 128:
-        return AttentionTiling(64, 128, 8)
-    return AttentionTiling(64, 64, 8)
+def tiling_for(tiles: tuple[tuple[int, AttentionTiling], ...], problem: AttentionProblem) -> AttentionTiling:
+    """The tile of ``tiles`` (:data:`FORWARD_TILES` or :data:`BACKWARD_TILES`) for the problem's head dimension."""
+    return next(tiling for largest, tiling in tiles if problem.padded_dim <= largest)
 
 
 def split_tiling(problem: AttentionProblem) -> AttentionTiling:
@@ -526,7 +517,7 @@ def forward_plan(problem: AttentionProblem, gpu: GpuConfig, label: str = "attent
     splits = choose_splits(row_blocks * problem.batch * problem.heads, math.ceil(problem.kv_len / split.block_n),
                            slots)
     if splits == 1:
-        return fitted(forward_tiling(problem), problem, gpu, False, label)
+        return fitted(tiling_for(FORWARD_TILES, problem), problem, gpu, False, label)
     return replace(split, splits=splits)
 
 
@@ -566,7 +557,7 @@ def execute_attention(ctx, op):
 def _execute_backward(ctx, op, problem: AttentionProblem):
     gpu = ctx.gpu
     p = problem
-    tiling = fitted(backward_tiling(p), p, gpu.config, True, op.label)
+    tiling = fitted(tiling_for(BACKWARD_TILES, p), p, gpu.config, True, op.label)
     q_bytes, kv_bytes = p.tensor_bytes(p.q_len, p.heads), p.tensor_bytes(p.kv_len, p.kv_heads)
     q_alloc, kv_alloc = p.allocation_bytes(p.q_len, p.heads), p.allocation_bytes(p.kv_len, p.kv_heads)
     accum_bytes = p.tensor_bytes(p.q_len, p.heads, ACCUMULATOR_BYTES)
