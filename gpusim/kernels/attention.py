@@ -318,10 +318,6 @@ class _AttentionKernel:
         count = min(steps, MAX_PIECES)
         return [range(piece * steps // count, (piece + 1) * steps // count) for piece in range(count)]
 
-    def read(self, limit: InflightLimit, ranges: list[tuple[Buffer, int, int]]) -> Join:
-        """Read ``(buffer, offset, nbytes)`` tiles through the L2, paced by ``limit``."""
-        return read_ranges(self.gpu, limit, ranges)
-
 
 class FlashForwardKernel(_AttentionKernel):
     """The forward kernel (split or not) on one GPU.
@@ -370,7 +366,6 @@ class FlashForwardKernel(_AttentionKernel):
         rows = min(t.block_m, p.q_len - row_block * t.block_m)
         first, stop = self.key_range(row_block, split)
         limit = InflightLimit(cu, self.inflight_bytes, self.miss_latency_ns)
-
         steps = stop - first
         pieces = self.pieces(steps)
 
@@ -384,7 +379,7 @@ class FlashForwardKernel(_AttentionKernel):
             if piece == 0:
                 tiles.append((self.q, self.offset(batch, head, p.heads, row_block * t.block_m, p.q_len, t.block_m),
                               rows * self.row_bytes))
-            return self.read(limit, tiles)
+            return read_ranges(self.gpu, limit, tiles)
 
         def writes(piece: int) -> list[tuple[Buffer, int, int]]:
             if piece + 1 < max(1, len(pieces)):
@@ -469,7 +464,7 @@ class FlashBackwardKernel(_AttentionKernel):
             if piece == 0:
                 kv_at = self.offset(batch, kv_head, p.kv_heads, key_block * t.block_n, p.kv_len, t.block_n)
                 tiles += [(self.k, kv_at, keys * self.row_bytes), (self.v, kv_at, keys * self.row_bytes)]
-            return self.read(limit, tiles)
+            return read_ranges(self.gpu, limit, tiles)
 
         def writes(piece: int) -> list[tuple[Buffer, int, int]]:
             ranges = []

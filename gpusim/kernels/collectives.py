@@ -486,8 +486,7 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     def piece_range(chunk_index: int, p: int, s: int) -> tuple[int, int]:
         """Offset and length (<= 0: no bytes) of slice ``s`` of engine ``p``'s part of a chunk."""
         start = chunk_index * chunk + p * part + s * slice_bytes
-        return start, min(slice_bytes, (p + 1) * part - p * part - s * slice_bytes, nbytes - start,
-                          (chunk_index + 1) * chunk - start)
+        return start, min(slice_bytes, part - s * slice_bytes, nbytes - start, (chunk_index + 1) * chunk - start)
 
     # Reduce-scatter: position q updates chunk q - k - 1 on the next rank, so that it ends owning
     # chunk q; all-gather: it then sends chunk q - j (its own first).
