@@ -35,8 +35,9 @@ time (one math pipe per CU), so the softmax is not hidden behind the matrix prod
 Simplifications (docs/model.md): the tile sizes are FlashAttention-2's for Ampere without dropout,
 on every GPU (AMD's Composable Kernel and Hopper's FlashAttention-3 tile and pipeline differently);
 head dimensions are padded to FlashAttention-2's kernel sizes (multiples of 32); a causal diagonal
-tile costs as much as a full one; the tensors are ``[batch, seq, heads, head_dim]``, so a tile is
-``rows`` runs of one head's ``head_dim`` values.
+tile costs as much as a full one; a tile of the ``[batch, seq, heads, head_dim]`` tensors, strided
+by the other heads' values, is laid out contiguously beside the other heads' tiles of the same rows
+(:meth:`_AttentionKernel.offset`).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ SOFTMAX_FMA_SHARE = 0.75
 SPLIT_BLOCK_M = 64
 """Query rows per workgroup of the split-KV kernel."""
 FILL_FRACTION = 0.8
-"""A grid with at least this fraction of a workgroup per CU is not split (FlashAttention-2)."""
+"""A grid with at least this fraction of a workgroup per resident slot is not split (FlashAttention-2)."""
 SPLIT_EFFICIENCY = 0.85
 """The split-KV heuristic takes the fewest splits whose last wave is at least this fraction as
 full as the best split's."""
@@ -204,7 +205,7 @@ def choose_splits(workgroups: int, key_blocks: int, slots: int) -> int:
     """How many ways to split the keys of a grid of ``workgroups`` (one per row block and head)
     over ``key_blocks`` key tiles, on a GPU with ``slots`` resident workgroups.
 
-    None when the grid already has :data:`FILL_FRACTION` of a workgroup per slot.  Otherwise each
+    One (no split) when the grid already has :data:`FILL_FRACTION` of a workgroup per slot.  Otherwise each
     split count up to :data:`MAX_SPLITS` (and the key tiles) gives ``workgroups x splits``
     workgroups in waves of ``slots``; its efficiency is how full the waves are on average.  The
     fewest splits within :data:`SPLIT_EFFICIENCY` of the best efficiency win; a split count that
@@ -518,12 +519,11 @@ def forward_plan(problem: AttentionProblem, gpu: GpuConfig, label: str = "attent
 
 def execute_attention(ctx, op):
     """Run a :class:`gpusim.ops.Attention` on ``ctx``'s rank (a generator for the op's stream)."""
-    problem = problem_of(op)
+    p = problem_of(op)
     if op.direction == "backward":
-        yield from _execute_backward(ctx, op, problem)
+        yield from _execute_backward(ctx, op, p)
         return
     gpu = ctx.gpu
-    p = problem
     tiling = forward_plan(p, gpu.config, op.label)
     q_bytes, kv_bytes = p.tensor_bytes(p.q_len, p.heads), p.tensor_bytes(p.kv_len, p.kv_heads)
     q, out = (ctx.tensor(name, p.allocation_bytes(p.q_len, p.heads)) for name in (op.q, op.out))
@@ -549,9 +549,8 @@ def execute_attention(ctx, op):
                     bytes=2 * q_bytes + 2 * kv_bytes + lse_bytes)
 
 
-def _execute_backward(ctx, op, problem: AttentionProblem):
+def _execute_backward(ctx, op, p: AttentionProblem):
     gpu = ctx.gpu
-    p = problem
     tiling = fitted(tiling_for(BACKWARD_TILES, p), p, gpu.config, True, op.label)
     q_bytes, kv_bytes = p.tensor_bytes(p.q_len, p.heads), p.tensor_bytes(p.kv_len, p.kv_heads)
     q_alloc, kv_alloc = p.allocation_bytes(p.q_len, p.heads), p.allocation_bytes(p.kv_len, p.kv_heads)
