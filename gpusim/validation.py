@@ -105,7 +105,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     Parameters
     ----------
     kind
-        ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, ``concurrency`` (see
+        ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, ``attention`` (a prompt's fused
+        attention: ``seqlen`` queries and keys), ``concurrency`` (see
         :func:`simulate_concurrency`), ``reuse`` (see :func:`simulate_reuse`) or ``interference``
         (see :func:`simulate_interference`).
     system
@@ -147,9 +148,12 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         input_elements = params["rows"] * params["cols"]
     elif kind == "allreduce":
         op = ops.AllReduce(params["nbytes"], dtype)
+    elif kind == "attention":
+        op = ops.Attention(params["batch"], params["heads"], params["seqlen"], params["seqlen"], params["head_dim"],
+                           dtype, bool(params["causal"]), direction=params["direction"])
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
-                         f"concurrency, reuse, interference")
+                         f"attention, concurrency, reuse, interference")
     if warm:  # the op's kernels, from the first one's start (not the gap behind the producer) to the last one's end
         result = gpusim.run(hardware, [ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT), op], mode=mode)
         kernels = result.kernels[result.kernels["op_id"] == result.ops["op_id"].iloc[-1]]
@@ -731,6 +735,25 @@ def _vidur_phi2(gpu: str, system: str) -> DataSet:
                    plot_by="op")
 
 
+def _attention_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    def point(row: pd.Series) -> dict[str, Any]:
+        return {"kind": "attention", "system": system, "batch": int(row["batch"]), "heads": int(row["heads"]),
+                "seqlen": int(row["seqlen"]), "head_dim": int(row["head_dim"]), "causal": bool(row["causal"]),
+                "direction": row["direction"], "dtype": row["dtype"]}
+
+    return point
+
+
+def _published_attention_s(frame: pd.DataFrame) -> pd.Series:
+    """The time of each published FlashAttention-2 benchmark row, from its TFLOP/s and the
+    benchmark's FLOP count: 4 per query, key and head value (half with a causal mask), 2.5 times
+    that backward."""
+    flops = 4.0 * frame["batch"] * frame["heads"] * frame["seqlen"] ** 2 * frame["head_dim"]
+    flops = flops / frame["causal"].map({True: 2.0, False: 1.0}) * frame["direction"].map({"forward": 1.0,
+                                                                                           "backward": 2.5})
+    return flops / (frame["tflops"] * 1e12)
+
+
 def _llmcompass_a100_datasets() -> tuple[DataSet, ...]:
     """LLMCompass's A100 measurements (``validation/measured/llmcompass-a100``, files as published):
     the MI210 data sets' calls, timed the same way on an A100 SXM4 80GB."""
@@ -832,6 +855,11 @@ DATASETS: dict[str, DataSet] = {
         _vidur_allreduce("allreduce-hgx-h100", "vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, "
                          "8 GPUs in a node, 1-64 MiB (40 sizes each)", "vidur_h100_dgx_all_reduce.csv", "hgx-h100",
                          _allreduce_select),
+        DataSet(name="attention-h100-published", description="FlashAttention-2's own benchmarks (prompt forward and "
+                "backward, 16K tokens a call) published in two pull requests of its repository, on an H100 SXM and on "
+                "an unnamed GPU as fast (compared as an H100)", file="published/flash_attention_h100.csv",
+                system="h100-sxm5", point=_attention_point("h100-sxm5"), measured_s=_published_attention_s,
+                tolerances={"median": 0.10, "p90": 0.25}, group="direction", plot_x="seqlen", plot_by="direction"),
         _vidur_allreduce("allreduce-dgx-a100-2nodes", "vidur's NCCL all-reduce across two DGX A100 nodes with 1, 2 and "
                          "4 GPUs each, 1-64 MiB (the data the inter-node network is fitted to)",
                          "vidur_a100_dgx_all_reduce.csv", "dgx-a100", _two_node_select),

@@ -32,6 +32,17 @@ class CuConfig(Model):
         Resident wavefronts per CU.
     lds_bytes
         Local data share (shared memory) per CU, bytes.
+    lds_bytes_per_cycle
+        Local data share bandwidth per CU, bytes per cycle: 32 banks of 4 bytes on NVIDIA SMs
+        since Maxwell and on CDNA CUs (the default).  Fused attention's products read their
+        operands from it (:mod:`gpusim.kernels.attention`).
+    lone_workgroup_lds_exposure
+        Share of a kernel's shared-memory traffic time that adds to its matrix time where the CU
+        holds a single workgroup of it: the workgroup's wavefronts meet at the barriers between
+        its products and read their operands at once, so the reads overlap the matrix
+        instructions only in part, and no other workgroup's products fill the gaps (with two or
+        more resident workgroups the model hides them).  Fused attention's backward kernels use
+        it.  The default is the H100's fitted value (``hwconfigs/gpus/h100-sxm5.yaml``).
     register_file_bytes
         Vector register file per CU, bytes.
     matrix_flops_per_cycle
@@ -77,6 +88,8 @@ class CuConfig(Model):
     wavefront_size: PositiveInt = 64
     max_wavefronts: PositiveInt = 40
     lds_bytes: Bytes = 65536
+    lds_bytes_per_cycle: PositiveFloat = 128.0
+    lone_workgroup_lds_exposure: float = Field(default=0.3, ge=0, le=1)
     register_file_bytes: Bytes = 262144
     matrix_flops_per_cycle: dict[str, PositiveFloat]
     vector_flops_per_cycle: dict[str, PositiveFloat]

@@ -30,7 +30,11 @@ Matrix instructions: FlashAttention-2 issues warp-level ``mma.sync``, the main m
 Ampere and earlier; on a GPU whose BLAS reaches its peak only with warpgroup instructions and TMA
 (Hopper: ``gpu.gemm_tma``), they run at the fallback kernels' ``gemm_fallback.mma_fraction``, the
 measured rate of that legacy path.  The matrix and vector work of a step share the CU's issue
-time (one math pipe per CU), so the softmax is not hidden behind the matrix products.
+time (one math pipe per CU), so the softmax is not hidden behind the matrix products.  Every
+product reads its operands from shared memory (:func:`shared_memory_bytes`); where a CU holds a
+single workgroup of the kernel (the backward kernels: one 8-warp workgroup per SM), part of that
+traffic's time adds to the step (``cu.lone_workgroup_lds_exposure``), which is why
+FlashAttention-2's backward runs at a lower share of the peak than its forward.
 
 Simplifications (docs/model.md): the tile sizes are FlashAttention-2's for Ampere without dropout,
 on every GPU (AMD's Composable Kernel and Hopper's FlashAttention-3 tile and pipeline differently);
@@ -77,6 +81,10 @@ BACKWARD_SCORE_OPS = 4.5
 adds: the scaled subtraction of the log-sum-exp, ``dS = P (dP - D)`` (a subtraction and a
 product), two half conversions (``P`` and ``dS`` to 16 bits) and their stores to shared memory
 (two packed scores a store), which the ``dV`` and ``dK`` products read transposed."""
+PRODUCT_WARP_ROWS = 32
+"""Output rows of one warp's share of a backward product: FlashAttention-2's warp layouts give
+each warp 32 rows of the product's output (``AtomLayoutMSdP``, ``AtomLayoutNdKV`` and
+``AtomLayoutMdQ`` of its Ampere tiles), the other warps splitting the columns."""
 SOFTMAX_FMA_SHARE = 0.75
 """Share of those instructions that run on the FP32 FMA pipe (the rest: maxima and conversions)."""
 SPLIT_BLOCK_M = 64
@@ -268,9 +276,42 @@ def warp_mma_flops_per_ns(gpu: Gpu, dtype: str) -> float:
     return rate
 
 
-def step_flops(gpu: Gpu, tiling: AttentionTiling, problem: AttentionProblem, backward: bool, mma_per_ns: float) -> float:
+def product_operand_values(rows: int, columns: int, depth: int, warps: int) -> int:
+    """Values the warps of a workgroup read from shared memory for one product of a ``rows x
+    columns`` output and ``depth``: each warp owns :data:`PRODUCT_WARP_ROWS` rows (fewer warps
+    along the rows where the output has fewer) and a share of the columns, and reads its rows of
+    the left operand and its columns of the right one."""
+    row_warps = max(1, min(warps, rows // PRODUCT_WARP_ROWS))
+    return depth * (rows * (warps // row_warps) + columns * row_warps)
+
+
+def shared_memory_bytes(tiling: AttentionTiling, problem: AttentionProblem, backward: bool) -> int:
+    """Bytes a step moves through the CU's shared memory: its tiles' stores and its products'
+    operand reads.
+
+    Forward: the warps split the query rows; for ``S = Q K^T`` each reads its rows of ``Q`` and
+    the whole ``K`` tile, for ``O += P V`` (``P`` in registers) the whole ``V`` tile; the ``K`` and
+    ``V`` tiles are stored once.  Backward: the five products by :func:`product_operand_values`,
+    the stores of ``P`` and ``dS`` that ``dV`` and ``dK`` read transposed, and the stores of the
+    ``Q`` and ``dO`` tiles.
+    """
+    rows, keys, dim, warps = tiling.block_m, tiling.block_n, problem.padded_dim, tiling.warps
+    if backward:
+        values = (2 * product_operand_values(rows, keys, dim, warps)  # S = Q K^T, dP = dO V^T
+                  + 2 * product_operand_values(keys, dim, rows, warps)  # dV += P^T dO, dK += dS^T Q
+                  + product_operand_values(rows, dim, keys, warps)  # dQ = dS K
+                  + 2 * rows * keys + 2 * rows * dim)
+    else:
+        values = dim * (rows + warps * keys) + warps * keys * dim + 2 * keys * dim
+    return values * problem.dtype_bytes
+
+
+def step_flops(gpu: Gpu, tiling: AttentionTiling, problem: AttentionProblem, backward: bool, mma_per_ns: float,
+               lone: bool) -> float:
     """A step's work in matrix FLOPs: its products over the whole (padded) tile, and its vector and
-    special-function instructions as the matrix FLOPs that take as long on the CU."""
+    special-function instructions as the matrix FLOPs that take as long on the CU; where the CU
+    holds one workgroup of the kernel (``lone``), also the exposed share of its shared-memory
+    traffic (``cu.lone_workgroup_lds_exposure``)."""
     cu = gpu.config.cu
     scores = tiling.block_m * tiling.block_n
     dim = problem.padded_dim
@@ -280,6 +321,8 @@ def step_flops(gpu: Gpu, tiling: AttentionTiling, problem: AttentionProblem, bac
     ops = (BACKWARD_SCORE_OPS if backward else FORWARD_SCORE_OPS) + dim / tiling.block_n
     lanes = issue_lanes(cu, SOFTMAX_FMA_SHARE)
     cycles = scores * issue_slots(cu, lanes, ops, 1.0) / lanes
+    if lone:
+        cycles += cu.lone_workgroup_lds_exposure * shared_memory_bytes(tiling, problem, backward) / cu.lds_bytes_per_cycle
     return matrix + cycles / gpu.config.clock_hz * 1e9 * mma_per_ns
 
 
@@ -293,9 +336,10 @@ class _AttentionKernel:
         self.group = problem.heads // problem.kv_heads
         self.row_bytes = problem.head_dim * problem.dtype_bytes
         self.mma_per_ns = warp_mma_flops_per_ns(gpu, problem.dtype)
-        self.step_flops = step_flops(gpu, tiling, problem, backward, self.mma_per_ns)
-        self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.shape = workgroup_shape(tiling, problem, backward)
+        lone = occupancy(self.shape, gpu.config.cu) == 1
+        self.step_flops = step_flops(gpu, tiling, problem, backward, self.mma_per_ns, lone)
+        self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.wavefronts = self.shape.wavefronts(gpu.config.cu.wavefront_size)
 
     def offset(self, batch: int, head: int, heads: int, row: int, seq_len: int, block: int, size: int | None = None) -> int:

@@ -68,6 +68,22 @@ def rows_of(name: str, query: str | None, points: int | None, seed: int) -> pd.D
     return validation.sample(rows, points, seed, by=dataset.group)
 
 
+def query_for(name: str, queries: list[str]) -> str | None:
+    """The queries of ``--query`` that apply to data set ``name`` (those without a data set prefix,
+    and those prefixed ``name:``), joined with ``and``."""
+    own = []
+    for query in queries:
+        prefix, _, rest = query.partition(":")
+        if prefix.strip() in validation.DATASETS:
+            if prefix.strip() == name:
+                own.append(rest)
+        else:
+            own.append(query)
+    if len(own) <= 1:
+        return own[0] if own else None
+    return " and ".join(f"({query})" for query in own)
+
+
 def compare_all(parts: dict[str, pd.DataFrame], overrides: dict, args) -> pd.DataFrame:
     """Simulate the rows of every data set with ``overrides``; one frame with a ``dataset`` column."""
     frames = [validation.compare(name, rows, overrides=overrides, mode=args.mode, workers=args.workers,
@@ -92,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--param", action="append", required=True,
                         help="override path=value1,value2,... to fit (repeatable: every combination is tried)")
     parser.add_argument("--fixed", action="append", default=[], help="override path=value held fixed (repeatable)")
-    parser.add_argument("--query", help="pandas query selecting the rows to use (e.g. '2*m*n*k > 1e11')")
+    parser.add_argument("--query", action="append", default=[],
+                        help="pandas query selecting the rows to use (e.g. '2*m*n*k > 1e11'); 'DATASET:QUERY' "
+                             "applies to that data set only (repeatable: the queries of a data set all apply)")
     parser.add_argument("--points", type=positive_int, help="random subset of this many rows per data set")
     parser.add_argument("--holdout-dataset", choices=list(validation.DATASETS),
                         help="judge the chosen values on this data set instead of a random half")
@@ -121,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     fit_parts, holdout_parts = {}, {}
     for name in args.dataset:
         try:
-            rows = rows_of(name, args.query, args.points, args.seed)
+            rows = rows_of(name, query_for(name, args.query), args.points, args.seed)
         except ValueError as error:
             parser.error(f"--query {error}")
         needed = 1 if args.holdout_dataset else 2

@@ -35,10 +35,15 @@ $FIT --dataset softmax-mi210 --param "gpu.l2.shared_fraction=0.5,0.6,0.7,0.8,0.9
 echo "== H200 (and the H100, the same chip): tensor-core GEMM efficiency on the aligned GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-h200 --query "2*m*n*k > 1e11" \
      --param "gpu.gemm_efficiency.fp16=0.64,0.66,0.68,0.70,0.72,0.74,0.76"
-echo "== H200 (and the H100): the fallback kernels' matrix rate and cost per narrow access, on the GEMMs whose rows are not 16-byte aligned (random half / other half)"
-$FIT --dataset gemm-h200-unaligned \
-     --param "gpu.gemm_fallback.mma_fraction=0.46,0.50,0.54,0.58,0.62" \
-     --param "gpu.gemm_fallback.access_cycles=0.13,0.16,0.19,0.22,0.25"
+echo "== H200 (and the H100): the mma.sync path's matrix rate and the fallback kernels' cost per narrow access, on the GEMMs whose rows are not 16-byte aligned and FlashAttention-2's published forward calls (random half / other half of each)"
+$FIT --dataset gemm-h200-unaligned --dataset attention-h100-published \
+     --query "attention-h100-published:direction == 'forward'" \
+     --param "gpu.gemm_fallback.mma_fraction=0.50,0.54,0.58,0.62,0.66" \
+     --param "gpu.gemm_fallback.access_cycles=0.13,0.16,0.19"
+echo "== H100 (and the H200): the exposed share of a lone workgroup's shared-memory traffic, on FlashAttention-2's published backward calls (random half / other half)"
+$FIT --dataset attention-h100-published --query "direction == 'backward'" \
+     --fixed "gpu.gemm_fallback.mma_fraction=0.58" --fixed "gpu.gemm_fallback.access_cycles=0.16" \
+     --param "gpu.cu.lone_workgroup_lds_exposure=0.1,0.2,0.3,0.4,0.5"
 echo "== A100: tensor-core GEMM efficiency on LLMCompass's GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-a100 --query "2*m*n*k > 1e11" \
      --param "gpu.gemm_efficiency.bf16=0.84,0.88,0.90,0.92,0.94,0.96,0.98,1.0"
