@@ -28,8 +28,8 @@ gradients.
 
 Matrix instructions: FlashAttention-2 issues warp-level ``mma.sync``, the main matrix path of
 Ampere and earlier; on a GPU whose BLAS reaches its peak only with warpgroup instructions and TMA
-(Hopper: ``gpu.gemm_tma``), they run at the fallback kernels' ``gemm_fallback.mma_fraction``, the
-measured rate of that legacy path.  The matrix and vector work of a step share the CU's issue
+(Hopper: ``gpu.gemm_tma``), they run at ``gemm_fallback.mma_fraction``, the rate of that legacy
+path (fitted on cuBLAS's fallback GEMMs and FlashAttention-2's published H100 benchmarks together).  The matrix and vector work of a step share the CU's issue
 time (one math pipe per CU), so the softmax is not hidden behind the matrix products.  Every
 product reads its operands from shared memory (:func:`shared_memory_bytes`); where a CU holds a
 single workgroup of the kernel (the backward kernels: one 8-warp workgroup per SM), part of that
@@ -268,7 +268,7 @@ def fitted(tiling: AttentionTiling, problem: AttentionProblem, gpu: GpuConfig, b
 
 def warp_mma_flops_per_ns(gpu: Gpu, dtype: str) -> float:
     """Sustained FLOPs per ns of one CU for warp-level matrix instructions (``mma.sync``): the
-    GEMM rate, times the fallback kernels' fraction on a GPU whose library GEMMs use TMA."""
+    GEMM rate, times ``gemm_fallback.mma_fraction`` on a GPU whose library GEMMs use TMA."""
     config = gpu.config
     rate = gpu.matrix_flops_per_ns(dtype)
     if config.gemm_tma is not None and config.gemm_fallback is not None and config.cu.matrix_flops_per_cycle.get(dtype):
