@@ -39,6 +39,8 @@ BAD = {  # name: (script, arguments, a part of the error line)
                                    "leave 0 of its rows"),
     "fit --query not an expression": (FIT, [*FIT_GEMM, "--param", "gpu.gemm_efficiency.fp16=0.84", "--query", "m >"],
                                       "--query 'm >' on gemm-v100-deepbench: SyntaxError"),
+    "fit --query for another data set": (FIT, [*FIT_GEMM, "--param", "gpu.gemm_efficiency.fp16=0.84", "--query",
+                                            "gemm-mi210: m > 1"], "is for gemm-mi210, which is not among"),
     "fit --param unknown field": (FIT, [*FIT_GEMM, "--param", "gpu.nonexistent=1,2"], "gpu has no field 'nonexistent'"),
     "fit --points 0": (FIT, [*FIT_GEMM, "--param", "gpu.num_cus=80", "--points", "0"],
                        "argument --points: expected a positive integer"),

@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(len(values) > 1 for values in fixed.values()):
         parser.error("--fixed takes one value per path (path=value)")
     fixed = {path: as_value(values[0]) for path, values in fixed.items()}
+    for query in args.query:
+        prefix = query.partition(":")[0].strip()
+        if prefix in validation.DATASETS and prefix not in args.dataset:
+            parser.error(f"--query {query!r} is for {prefix}, which is not among the --dataset ones")
     fit_parts, holdout_parts = {}, {}
     for name in args.dataset:
         try:
