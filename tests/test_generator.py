@@ -15,9 +15,10 @@ TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_l
 
 
 def gemms(frame, phase, layer=0, step=0):
+    """The layer's GEMMs as Table 4.3 writes them (cuBLAS's M x N x K: the trace's n x m x k)."""
     rows = frame[(frame["kind"] == "gemm") & (frame["phase"] == phase) & (frame["layer"] == layer)
                  & (frame["step"] == step) & (frame["gpu"] == 0)]
-    return Counter(zip(rows["m"], rows["n"], rows["k"], rows["batch"]))
+    return Counter(zip(rows["n"], rows["m"], rows["k"], rows["batch"]))
 
 
 def test_bert_large_gemms_equal_table_4_3():
@@ -139,10 +140,10 @@ def test_inference_phases():
     assert set(prompt["phase"]) == {"prompt"}
     decode = transformer(TINY, phase="decode", batch=2, seq_len=64, decode_tokens=3).frame
     scores = decode[decode["name"] == "L0.attn_score"]
-    assert scores["n"].tolist() == [64, 65, 66]  # the KV cache grows by one token per step
-    assert set(scores["m"]) == {1}
+    assert scores["m"].tolist() == [64, 65, 66]  # the KV cache grows by one token per step
+    assert set(scores["n"]) == {1}
     qkv = decode[decode["name"] == "L0.qkv"]
-    assert set(qkv["n"]) == {2}  # one token per sequence
+    assert set(qkv["m"]) == {2}  # one token per sequence (the trace's rows are the tokens)
 
 
 @pytest.mark.parametrize(("pp", "dp", "microbatches"), [(1, 1, 1), (3, 1, None), (1, 1, 6), (2, 1, None), (2, 3, 2)])
@@ -167,9 +168,9 @@ def test_swiglu_gqa_model():
     llama = load_model("llama2-70b", layers=1)
     frame = transformer(llama, tp=8, batch=1, seq_len=128, head=False, optimizer=None).frame
     qkv = frame[(frame["name"] == "L0.qkv") & (frame["gpu"] == 0)].iloc[0]
-    assert qkv["m"] == 8192 // 8 + 2 * 1 * 128  # 8 query heads and 1 key/value head per rank
+    assert qkv["n"] == 8192 // 8 + 2 * 1 * 128  # 8 query heads and 1 key/value head per rank (output features)
     fc1 = frame[(frame["name"] == "L0.fc1") & (frame["gpu"] == 0)].iloc[0]
-    assert fc1["m"] == 2 * 28672 // 8
+    assert fc1["n"] == 2 * 28672 // 8
 
 
 @pytest.mark.parametrize("phase", ["train", "prompt", "decode"])

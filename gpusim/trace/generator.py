@@ -189,8 +189,13 @@ class _Transformer:
         return {"name": name, "phase": phase, "layer": layer, "step": step}
 
     def _gemm(self, gpus, after, labels, m, n, k, batch=1, trans_a=False, trans_b=False) -> Handle:
-        return self.out.compute(gpus, "gemm", after, labels, m=m, n=n, k=k, batch=batch, trans_a=trans_a,
-                                trans_b=trans_b, dtype=self.dtype)
+        """A GEMM given in seeds/002 Table 4.3's cuBLAS (column-major) convention, ``M`` the output
+        features and ``N`` the tokens, written as the trace's row-major ``C[m,n] = A[m,k] B[k,n]``
+        of the tensors PyTorch holds: ``C^T = op(B)^T op(A)^T``, so ``m`` the tokens, ``n`` the
+        output features and the operands swapped (each row then as long as the real tensor's, so
+        the kernels' row alignment is the real one whatever the token count)."""
+        return self.out.compute(gpus, "gemm", after, labels, m=n, n=m, k=k, batch=batch, trans_a=trans_b,
+                                trans_b=trans_a, dtype=self.dtype)
 
     def _elementwise(self, gpus, after, labels, function, elements, dtype=None) -> Handle:
         return self.out.compute(gpus, "elementwise", after, labels, function=function, elements=elements,
