@@ -140,8 +140,8 @@ def test_inference_phases():
     assert set(prompt["phase"]) == {"prompt"}
     decode = transformer(TINY, phase="decode", batch=2, seq_len=64, decode_tokens=3).frame
     scores = decode[decode["name"] == "L0.attn_score"]
-    assert scores["m"].tolist() == [64, 65, 66]  # the KV cache grows by one token per step
-    assert set(scores["n"]) == {1}
+    assert scores["n"].tolist() == [64, 65, 66]  # the KV cache grows by one token per step
+    assert set(scores["m"]) == {1}
     qkv = decode[decode["name"] == "L0.qkv"]
     assert set(qkv["m"]) == {2}  # one token per sequence (the trace's rows are the tokens)
 

@@ -242,7 +242,8 @@ class _Transformer:
         if self.flash:
             self._attention(gpus, at("attention"), "forward", queries, s)
         else:
-            self._gemm(gpus, [], at("attn_score"), queries, s, hd, batch=bh, trans_a=True)
+            # PyTorch's Q K^T, which cuBLAS sees as keys x queries (a decoding step's rows are the keys)
+            self._gemm(gpus, [], at("attn_score"), s, queries, hd, batch=bh, trans_a=True)
             self._elementwise(gpus, [], at("attn_scale_mask"), "scale", bh * queries * s)
             self._reduction(gpus, [], at("softmax"), "softmax", bh * queries, s)
             if self.train:
