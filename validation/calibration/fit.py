@@ -68,17 +68,18 @@ def rows_of(name: str, query: str | None, points: int | None, seed: int) -> pd.D
     return validation.sample(rows, points, seed, by=dataset.group)
 
 
+def query_target(query: str) -> tuple[str | None, str]:
+    """The data set a ``--query`` names (``DATASET:QUERY``; None: every data set) and its expression."""
+    prefix, _, rest = query.partition(":")
+    if prefix.strip() in validation.DATASETS:
+        return prefix.strip(), rest
+    return None, query
+
+
 def query_for(name: str, queries: list[str]) -> str | None:
     """The queries of ``--query`` that apply to data set ``name`` (those without a data set prefix,
     and those prefixed ``name:``), joined with ``and``."""
-    own = []
-    for query in queries:
-        prefix, _, rest = query.partition(":")
-        if prefix.strip() in validation.DATASETS:
-            if prefix.strip() == name:
-                own.append(rest)
-        else:
-            own.append(query)
+    own = [expression for target, expression in map(query_target, queries) if target in (None, name)]
     if len(own) <= 1:
         return own[0] if own else None
     return " and ".join(f"({query})" for query in own)
@@ -137,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fixed takes one value per path (path=value)")
     fixed = {path: as_value(values[0]) for path, values in fixed.items()}
     for query in args.query:
-        prefix = query.partition(":")[0].strip()
-        if prefix in validation.DATASETS and prefix not in args.dataset:
-            parser.error(f"--query {query!r} is for {prefix}, which is not among the --dataset ones")
+        target = query_target(query)[0]
+        if target is not None and target not in args.dataset:
+            parser.error(f"--query {query!r} is for {target}, which is not among the --dataset ones")
     fit_parts, holdout_parts = {}, {}
     for name in args.dataset:
         try:
