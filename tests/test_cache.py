@@ -118,3 +118,53 @@ def test_sectors_held_never_exceed_the_capacity(accesses):
         held = sum(mask.bit_count() for mask in l2.present.values())
         assert held == l2.occupied_sectors <= l2.capacity_sectors
         assert set(l2.present) == set(l2.blocks)
+
+
+def test_writes_past_their_share_write_back_the_block_of_the_oldest_write():
+    # capacity 4 blocks, half of it may wait for write-back: the third block's write writes back block 0,
+    # which stays cached, clean
+    l2 = L2Cache(CONFIG.model_copy(update={"dirty_fraction": 0.5}))
+    assert l2.insert(0, 16384) == [] and l2.insert(1, 100) == []
+    assert l2.insert(2, 16384) == [(0, 16384)]
+    assert l2.blocks[0] == 0 and l2.lookup(0, 0.0) is True
+    assert l2.written_bytes == 16384 + 100 and l2.stats.writebacks == 1
+
+
+def test_rewriting_resident_data_still_writes_it_back():
+    # one block rewritten again and again: each write past the share writes the block back once, as a
+    # GPU's kernel rewriting an L2-resident buffer pays for its writes at the DRAM's pace
+    l2 = L2Cache(CONFIG.model_copy(update={"dirty_fraction": 0.5}))
+    written_back = [l2.insert(0, 16384) for _ in range(6)]
+    assert written_back == [[], [], [(0, 16384)], [(0, 16384)], [(0, 16384)], [(0, 16384)]]
+
+
+def test_a_full_dirty_share_keeps_every_written_block_dirty_until_evicted():
+    l2 = L2Cache(CONFIG)
+    for _ in range(3):
+        for block in range(4):
+            assert l2.insert(block, 16384) == []
+    assert l2.insert(4, 0) == [(0, 16384)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.sampled_from([0, 512, 16384]), st.sampled_from(["insert", "invalidate"])),
+             max_size=60),
+    st.sampled_from([0.25, 0.5, 0.75, 1.0]),
+)
+def test_written_bytes_stay_within_their_share_and_none_are_lost(accesses, fraction):
+    # every dirty byte is either still dirty in the L2, written back, or dropped by an invalidation
+    l2 = L2Cache(CONFIG.model_copy(update={"dirty_fraction": fraction}))
+    dirtied = written_back = dropped = 0
+    for block, dirty, action in accesses:
+        if action == "invalidate":
+            dropped += l2.blocks.get(block, 0)
+            l2.invalidate(block)
+            continue
+        before = l2.blocks.get(block, 0)
+        written_back += sum(size for _, size in l2.insert(block, dirty))
+        dirtied += min(16384, before + dirty) - before
+        if l2.written_limit is not None:
+            assert l2.written_bytes <= l2.written_limit
+        assert sum(l2.blocks.values()) <= l2.capacity_blocks * 16384
+    assert dirtied == sum(l2.blocks.values()) + written_back + dropped

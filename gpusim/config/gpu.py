@@ -129,10 +129,22 @@ class L2Config(Model):
     remote_writes_allocate
         Whether writes arriving over links from peer GPUs allocate in this L2 (NVIDIA-like) or go to
         DRAM (the dissertation's model).
+    remote_writes_through
+        Whether writes arriving over links that allocate in this L2 also go on to DRAM as they
+        arrive, leaving the block clean, whatever ``write_through`` says of the GPU's own writes:
+        the receiving memory controller (where T3's tracker counts a fused collective's stores)
+        sees them as they land.
     write_through
         Whether a write that allocates in the L2 also goes on to DRAM as it arrives, leaving the
         block clean (later reads still hit it), instead of staying dirty until it is evicted: a
         kernel pays for its own writes, not the kernels after it.
+    dirty_fraction
+        Fraction of the capacity that written data may occupy while it waits for its write-back (a
+        write-back L2 only).  Once the bytes written and not yet written back pass it, the oldest
+        write is written back (its block stays cached): a kernel pays for its writes at the DRAM's
+        pace even where it rewrites resident data, and a long write (a benchmark's L2 flush) leaves
+        its last writes dirty for the kernels after it to write back as they evict them.  1 keeps
+        every written block dirty until it is evicted.
     """
 
     capacity_bytes: Bytes
@@ -144,7 +156,9 @@ class L2Config(Model):
     sustained_efficiency: Fraction = 1.0
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
+    remote_writes_through: bool = False
     write_through: bool = False
+    dirty_fraction: Fraction = 1.0
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

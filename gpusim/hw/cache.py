@@ -9,12 +9,17 @@ so thousands of workgroups that each hold one row of a different block fill it b
 by their blocks.  A missing block becomes part of a DRAM read; a second access to a block
 whose fill is still in flight waits for that fill (miss-status merging) instead of reading DRAM
 again.  Writes allocate (the block becomes dirty) unless the buffer is uncached; evicting a dirty
-block writes back its dirty bytes.
+block writes back its dirty bytes.  Where written data may wait for its write-back in only part of
+the capacity (``dirty_fraction``), the L2 keeps the writes in order: once the bytes written and not
+yet written back pass that share, the oldest write is written back, as one request of its bytes (its
+block stays cached), even where the block was written again since; so a kernel that rewrites
+resident data still pays for its writes at the DRAM's pace, and only the last writes of a long
+write are left for later kernels.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from gpusim.config.gpu import L2Config
@@ -89,9 +94,16 @@ class L2Cache:
         self.hit_latency = config.hit_latency_ns
         self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
         self.remote_writes_allocate = config.remote_writes_allocate
+        self.remote_writes_through = config.remote_writes_through or config.write_through
         self.write_through = config.write_through
         # block id -> dirty bytes (0 when clean)
         self.blocks: OrderedDict[int, int] = OrderedDict()
+        # writes not yet written back, oldest first (block, bytes), their bytes and the most they may be
+        # (none: every written block stays dirty until it is evicted)
+        self.writes: deque[tuple[int, int]] = deque()
+        self.written_bytes = 0
+        self.written_limit = (int(config.dirty_fraction * self.capacity_blocks * self.block_bytes)
+                              if config.dirty_fraction < 1 else None)
         # block id -> bit mask of the sectors present (fetched, being fetched, or written)
         self.present: dict[int, int] = {}
         self.sector_bytes = max(1, self.block_bytes // SECTORS)
@@ -148,12 +160,32 @@ class L2Cache:
             blocks[block] = dirty_bytes
             present[block] = sectors
             self.occupied_sectors += sectors.bit_count()
+        if dirty_bytes and self.written_limit is not None:
+            self.writes.append((block, dirty_bytes))
+            self.written_bytes += dirty_bytes
         if fill is not None:
             fills[block] = fill
         evicted: list[tuple[int, int]] = []
         if self.occupied_sectors > self.capacity_sectors:
             self._evict_over_capacity(evicted)
+        if self.written_limit is not None and self.written_bytes > self.written_limit:
+            self._write_back_oldest(evicted)
         return evicted
+
+    def _write_back_oldest(self, written_back: list[tuple[int, int]]) -> None:
+        """Write back the oldest writes, each as one request of its bytes, until the bytes written and
+        not written back are within the limit; their blocks stay cached.  Appends them to
+        ``written_back``."""
+        blocks, writes = self.blocks, self.writes
+        while self.written_bytes > self.written_limit:
+            block, nbytes = writes.popleft()
+            self.written_bytes -= nbytes
+            dirty = blocks.get(block, 0)
+            if dirty:  # not evicted, invalidated or written back since
+                nbytes = min(nbytes, dirty)
+                blocks[block] = dirty - nbytes
+                self.stats.writebacks += 1
+                written_back.append((block, nbytes))
 
     def insert_whole(self, blocks: range, fill: Fill) -> list[tuple[int, int]]:
         """Allocate every sector of each block in ``blocks`` (in order) for a DRAM fill in flight.
@@ -200,6 +232,8 @@ class L2Cache:
         dirty = [(block, size) for block, size in self.blocks.items() if size]
         for block, _ in dirty:
             self.blocks[block] = 0
+        self.writes.clear()
+        self.written_bytes = 0
         return dirty
 
     def bandwidth_done(self, now: float, nbytes: float) -> float:

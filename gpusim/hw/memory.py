@@ -170,18 +170,23 @@ class MemorySystem:
         cached: bool = True,
         kind: str = WRITE,
         tag: object = None,
+        through: bool | None = None,
     ) -> None:
         """Write (or, with ``kind="update"``, op-and-store) ``nbytes`` at ``addr``.
 
         Writes are posted: ``join`` completes when the data is in the L2 (and any write-backs it
         caused are queued), or, uncached, when the requests are in the controllers' queues.
         Updates always bypass the L2, since the bank's ALU combines them with DRAM contents.
+        ``through`` (default: the L2's ``write_through``) sends a write that allocates on to DRAM too,
+        leaving the block clean.
         """
         if kind == UPDATE or not cached:
             self._invalidate(addr, nbytes)
             self.dram(addr, nbytes, kind, stream, admission=join, tag=tag)
             return
         l2 = self.l2
+        if through is None:
+            through = l2.write_through
         join.extend_to(l2.bandwidth_done(self.env.now, nbytes))
         l2.stats.bytes_written += nbytes
         size = l2.block_bytes
@@ -192,17 +197,17 @@ class MemorySystem:
             base = block * size
             lo = addr - base if addr > base else 0
             hi = end - base if end < base + size else size
-            evicted = insert(block, 0 if l2.write_through else hi - lo, None, sectors(lo, hi))
+            evicted = insert(block, 0 if through else hi - lo, None, sectors(lo, hi))
             if evicted:
                 self._writeback(evicted, join)
             block += 1
-        if l2.write_through:
+        if through:
             self.dram(addr, nbytes, WRITE, stream, admission=join)
 
     def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:
         """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
         if kind == WRITE and self.l2.remote_writes_allocate:
-            self.write(addr, nbytes, admission, stream=COMM)
+            self.write(addr, nbytes, admission, stream=COMM, through=self.l2.remote_writes_through)
         else:
             self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)
 
