@@ -28,6 +28,11 @@ Sections and files (in ``--out``):
 ``memory.csv``, ``concurrency.csv``, ``gpt2_2layers_train_step.json.gz``
     Sections ``memory``, ``concurrency`` and ``small_trace`` (not run by default): bandwidth by
     kind of access, concurrent GEMMs on 1-8 streams, and a 2-layer GPT-2 training step.
+``flush_residue.csv``
+    Section ``flush_residue`` (not run by default; added in stop 33, not yet run): a sum, a skinny
+    GEMM, fills and a copy timed right after the cold method's 512 MiB write, after that write and
+    an idle millisecond, after a 512 MiB read, and right after themselves: whether the flush leaves
+    a write-back backlog that the next call pays for (docs/validation.md, stop 33).
 ``l2.csv``
     Section ``l2`` (not run by default): per-call bandwidth of a working set reused from the L2,
     4-256 MiB, in place and read only.
@@ -624,6 +629,68 @@ def memory(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"memory: {table.rows} cases")
 
 
+# -- what the cold method's flush leaves behind ---------------------------------------------------------
+FLUSH_IDLE_CYCLES = 2_000_000
+"""GPU cycles of ``torch.cuda._sleep`` between the flush and the timed call in the ``idle`` method
+(about 1 ms: longer than any write-back the flush could leave)."""
+
+
+def flush_residue(bench: Bench, out: Path, dry: bool) -> None:
+    """Whether the cold method's 512 MiB write leaves work behind in the L2 that the next call pays for.
+    Each call is timed between two events right after one of four preparations: ``write`` (the
+    cold method's fill), ``write_idle`` (the fill, then the GPU sleeps before the first event),
+    ``read`` (a sum over the flush buffer: evicts the call's data but leaves no dirty line) and
+    ``none`` (the call right after itself). A read-only call (a sum, a skinny GEMM) that is slower
+    after ``write`` than after ``write_idle`` and ``read`` pays for a write-back backlog; a write-only
+    call tells whether the L2 absorbs writes when no backlog is pending."""
+    table = Table(out / "flush_residue.csv", ["call", "bytes", "preparation", "ms"])
+    scale = 2**-8 if dry else 1
+    source = torch.randn(int(64 * 2**20 * scale), dtype=torch.float32, device=bench.device)
+    target = torch.empty_like(source)
+    small = torch.empty(int(4 * 2**20 * scale), dtype=torch.float32, device=bench.device)
+    rows = max(16, int(7680 * scale))
+    weight = torch.randn(rows, 2560, dtype=torch.float16, device=bench.device)
+    tokens = torch.randn(16, 2560, dtype=torch.float16, device=bench.device)
+    calls = {"sum_256mib": (lambda: torch.sum(source), source.numel() * 4),
+             "gemm_7680x16x2560": (lambda: torch.matmul(tokens, weight.t()), weight.numel() * 2),
+             "fill_256mib": (lambda: target.fill_(1.0), target.numel() * 4),
+             "fill_16mib": (lambda: small.fill_(1.0), small.numel() * 4),
+             "copy_256mib": (lambda: torch.add(source, 1.0, out=target), 2 * source.numel() * 4)}
+
+    def prepare(how: str) -> None:
+        if how in ("write", "write_idle"):
+            bench.flush.fill_(1.0)
+            if how == "write_idle" and bench.cuda:
+                torch.cuda._sleep(FLUSH_IDLE_CYCLES)
+        elif how == "read":
+            torch.sum(bench.flush)
+
+    for name, (call, nbytes) in calls.items():
+        call()
+        for how in ("write", "write_idle", "read", "none"):
+            if bench.left_s() < 30:
+                bench.log(f"flush_residue: out of time at {name} {how}")
+                table.close()
+                return
+            samples = []
+            for _ in range(10):
+                prepare(how)
+                if not bench.cuda:
+                    start = time.perf_counter()
+                    call()
+                    samples.append((time.perf_counter() - start) * 1e3)
+                    continue
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                call()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            table.add({"call": name, "bytes": nbytes, "preparation": how, "ms": statistics.median(samples)})
+    table.close()
+    bench.log(f"flush_residue: {table.rows} cases")
+
+
 # -- the L2's effective capacity ---------------------------------------------------------------------
 L2_FOOTPRINTS_MIB = (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80, 96, 128, 192, 256)
 """Working sets of the L2 sweep (MiB): fine steps around the 50 MB (H100) and 60 MiB (H200) L2s."""
@@ -1117,6 +1184,7 @@ def main() -> int:
         section("optimizer", lambda: optimizers(bench, args.out, shapes))
     section("trace", lambda: training_trace(bench, args.out, args.dry_run))
     section("memory", lambda: memory(bench, args.out, args.dry_run))
+    section("flush_residue", lambda: flush_residue(bench, args.out, args.dry_run))
     section("concurrency", lambda: concurrency(bench, args.out, args.dry_run))
     section("small_trace", lambda: training_trace(bench, args.out, args.dry_run, name="gpt2_2layers_train_step",
                                                   n_layer=2, vocab_size=8192))
