@@ -96,6 +96,8 @@ class DataSet:
 # -- simulation of one point (top level, so that worker processes can run it) -------------------
 WARM_INPUT = "warm_input"
 """Name of the tensor a ``warm`` validation point's producer writes and its op reads."""
+FLUSH_BUFFER = "l2_flush"
+"""Name of the buffer a ``flush_bytes`` validation point's fill writes."""
 
 
 def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = None, mode: str = "full",
@@ -117,7 +119,9 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
         ``full`` or ``symmetric``.
     params
         The op's parameters; ``warm=True`` has an element-wise add write the op's input (a GEMM's
-        A) just before it, as the operation before it in a model's layer does, and times the op alone.
+        A) just before it, as the operation before it in a model's layer does, and times the op alone;
+        ``flush_bytes`` has a fill of that many bytes run just before it (a benchmark's L2 flush) and
+        times the op as a lone call (the GPU's per-call cost and the op's kernels).
     """
     import gpusim
     from gpusim import ops
@@ -133,6 +137,9 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     warm = bool(params.get("warm", False))
     if warm and kind not in ("gemm", "elementwise", "rowreduce"):
         raise ValueError("simulate_point: 'warm' applies to gemm, elementwise and rowreduce points")
+    flush_bytes = int(params.get("flush_bytes", 0))
+    if warm and flush_bytes:
+        raise ValueError("simulate_point: 'warm' and 'flush_bytes' exclude each other")
     source = WARM_INPUT if warm else None
     if kind == "gemm":
         batch = int(params.get("batch", 1))
@@ -154,11 +161,16 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
                          f"attention, concurrency, reuse, interference")
-    if warm:  # the op's kernels, from the first one's start (not the gap behind the producer) to the last one's end
-        result = gpusim.run(hardware, [ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT), op], mode=mode)
+    if warm or flush_bytes:
+        # the op's kernels, from the first one's start (not the gap behind the one before) to the last one's end
+        before = (ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT) if warm
+                  else ops.Elementwise("fill", flush_bytes // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER))
+        result = gpusim.run(hardware, [before, op], mode=mode)
         kernels = result.kernels[result.kernels["op_id"] == result.ops["op_id"].iloc[-1]]
-        return {"simulated_s": float(kernels["end_s"].max() - kernels["start_s"].min()),
-                "impl": str(result.ops["impl"].iloc[-1]), "sim_wall_s": result.stats["wall_s"]}
+        span = float(kernels["end_s"].max() - kernels["start_s"].min())
+        call = 0.0 if warm else hardware.gpu.kernel_launch_ns * 1e-9
+        return {"simulated_s": call + span, "impl": str(result.ops["impl"].iloc[-1]),
+                "sim_wall_s": result.stats["wall_s"]}
     result = gpusim.run(hardware, op, mode=mode)
     return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
             "sim_wall_s": result.stats["wall_s"]}
@@ -260,7 +272,10 @@ REUSE_ROW_VALUES = 2048
 def simulate_reuse(hardware: Any, access: str, nbytes: int, calls: int = 4) -> dict[str, Any]:
     """One fp32 buffer of ``nbytes`` used by ``calls`` kernels in a row, as the working-set sweep
     (``measure.py``, section ``l2``) replays them from a CUDA graph; the time per call is that of
-    the calls after the second, when the buffer has had one full pass to settle in the L2.
+    the calls after the second, when the buffer has had one full pass to settle in the L2.  The
+    calls follow a long write (:data:`FLUSH_BYTES`), so that an L2 that keeps part of its writes
+    waiting for their write-back (``l2.dirty_fraction``) is as full of them as the graph's earlier
+    replays leave it, not empty.
 
     Parameters
     ----------
@@ -292,9 +307,10 @@ def simulate_reuse(hardware: Any, access: str, nbytes: int, calls: int = 4) -> d
                    for _ in range(calls)]
     else:
         raise ValueError(f"simulate_reuse: unknown access {access!r}; known: read_write_inplace, read_rowsum")
-    result = gpusim.run(hardware, kernels)
-    ends = result.ops["end_s"].to_numpy()
-    return {"simulated_s": float(ends[-1] - ends[1]) / (calls - 2), "impl": str(result.ops["impl"].iloc[0]),
+    flush = ops.Elementwise("fill", FLUSH_BYTES // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER)
+    result = gpusim.run(hardware, [flush, *kernels])
+    ends = result.ops["end_s"].to_numpy()[1:]
+    return {"simulated_s": float(ends[-1] - ends[1]) / (calls - 2), "impl": str(result.ops["impl"].iloc[1]),
             "sim_wall_s": result.stats["wall_s"]}
 
 
@@ -387,6 +403,12 @@ measured 3.76 us.  It takes the place of the preset's host per-call cost (``kern
 HOPPER_COLD_OVERRIDES = {"gpu.kernel_launch_ns": HOPPER_COLD_CALL_NS}
 """The preset overrides under which a simulated call compares with a Hopper ``cold_ms`` time."""
 
+FLUSH_BYTES = 128 * 2**20
+"""Bytes of the fill simulated before a Hopper ``cold_ms`` call, and before the working-set sweep's
+calls.  The measurement flushes the L2 by writing 512 MiB (``validation/measured/h200/measure.py``);
+any write of more than twice the L2 leaves the L2 as that one does (full of the fill's blocks, the
+last of them dirty as far as ``l2.dirty_fraction`` allows), at a quarter of the simulation's cost."""
+
 HOPPER_MEASUREMENTS = {"h200": "h200-sxm", "h100": "h100-sxm5"}
 """This project's Hopper measurements: folder under :data:`MEASURED_DIR` -> the preset of that GPU."""
 
@@ -406,7 +428,7 @@ def _hopper_gemm_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     def point(row: pd.Series) -> dict[str, Any]:
         return {"kind": "gemm", "system": system, "m": int(row["m"]), "n": int(row["n"]), "k": int(row["k"]),
                 "dtype": str(row["dtype"]), "trans_a": bool(row["trans_a"]), "trans_b": bool(row["trans_b"]),
-                "overrides": dict(HOPPER_COLD_OVERRIDES)}
+                "flush_bytes": FLUSH_BYTES, "overrides": dict(HOPPER_COLD_OVERRIDES)}
 
     return point
 
@@ -416,7 +438,7 @@ def _hopper_streaming_point(system: str) -> Callable[[pd.Series], dict[str, Any]
         shape = ({"elements": int(row["elements"])} if row["op"] == "elementwise"
                  else {"rows": int(row["rows"]), "cols": int(row["cols"])})
         return {"kind": str(row["op"]), "system": system, "op": str(row["kind"]), "dtype": str(row["dtype"]),
-                **shape, "overrides": dict(HOPPER_COLD_OVERRIDES)}
+                **shape, "flush_bytes": FLUSH_BYTES, "overrides": dict(HOPPER_COLD_OVERRIDES)}
 
     return point
 

@@ -44,6 +44,10 @@ echo "== H100 (and the H200): the exposed share of a lone workgroup's shared-mem
 $FIT --dataset attention-h100-published --query "direction == 'backward'" \
      --fixed "gpu.gemm_fallback.mma_fraction=0.58" --fixed "gpu.gemm_fallback.access_cycles=0.16" \
      --param "gpu.cu.lone_workgroup_lds_exposure=0.1,0.2,0.3,0.4,0.5"
+echo "== H200 (and the H100): the share of the L2 that writes may hold waiting for their write-back, on the memory-bound GEMMs and element-wise calls after the cold method's flush (random half / other half); held out: every H100 data set"
+$FIT --dataset gemm-h200 --dataset elementwise-h200 \
+     --query "gemm-h200:m*n*k/(m*k+k*n+m*n) < 130" --query "elementwise-h200:elements <= 2**27" \
+     --param "gpu.l2.dirty_fraction=0.4,0.55,0.7,0.85" --seed 1
 echo "== A100: tensor-core GEMM efficiency on LLMCompass's GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-a100 --query "2*m*n*k > 1e11" \
      --param "gpu.gemm_efficiency.bf16=0.84,0.88,0.90,0.92,0.94,0.96,0.98,1.0"
