@@ -123,9 +123,19 @@ class Bench:
     def cold_ms(self, fn: Callable[[], object], repeats: int) -> float:
         if not self.cuda:
             return self.host_ms(fn, repeats)
+        return self.after_ms(lambda: self.flush.fill_(1.0), fn, repeats)
+
+    def after_ms(self, prepare: Callable[[], object], fn: Callable[[], object], repeats: int) -> float:
+        """Median time of ``fn`` between two CUDA events, each call queued right behind ``prepare()``
+        (host-timed on the CPU)."""
         samples = []
         for _ in range(repeats):
-            self.flush.fill_(1.0)
+            prepare()
+            if not self.cuda:
+                start_s = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - start_s) * 1e3)
+                continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -672,21 +682,8 @@ def flush_residue(bench: Bench, out: Path, dry: bool) -> None:
                 bench.log(f"flush_residue: out of time at {name} {how}")
                 table.close()
                 return
-            samples = []
-            for _ in range(10):
-                prepare(how)
-                if not bench.cuda:
-                    start = time.perf_counter()
-                    call()
-                    samples.append((time.perf_counter() - start) * 1e3)
-                    continue
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                call()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            table.add({"call": name, "bytes": nbytes, "preparation": how, "ms": statistics.median(samples)})
+            ms = bench.after_ms(lambda how=how: prepare(how), call, 10)
+            table.add({"call": name, "bytes": nbytes, "preparation": how, "ms": ms})
     table.close()
     bench.log(f"flush_residue: {table.rows} cases")
 
