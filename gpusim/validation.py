@@ -17,13 +17,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpusim import ops
 from gpusim.ops import as_int
 
 MEASURED_DIR = Path(__file__).resolve().parents[1] / "validation" / "measured"
@@ -100,6 +103,13 @@ FLUSH_BUFFER = "l2_flush"
 """Name of the buffer a ``flush_bytes`` validation point's fill writes."""
 
 
+def l2_flush(nbytes: int) -> ops.Elementwise:
+    """The fill of ``nbytes`` (fp32) with which a benchmark flushes the L2 before the call it times."""
+    from gpusim import ops
+
+    return ops.Elementwise("fill", nbytes // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER)
+
+
 def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = None, mode: str = "full",
                    **params: Any) -> dict[str, Any]:
     """Simulate one measured configuration and return ``simulated_s`` and the implementation used.
@@ -163,8 +173,7 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
                          f"attention, concurrency, reuse, interference")
     if warm or flush_bytes:
         # the op's kernels, from the first one's start (not the gap behind the one before) to the last one's end
-        before = (ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT) if warm
-                  else ops.Elementwise("fill", flush_bytes // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER))
+        before = ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT) if warm else l2_flush(flush_bytes)
         result = gpusim.run(hardware, [before, op], mode=mode)
         kernels = result.kernels[result.kernels["op_id"] == result.ops["op_id"].iloc[-1]]
         span = float(kernels["end_s"].max() - kernels["start_s"].min())
@@ -307,8 +316,7 @@ def simulate_reuse(hardware: Any, access: str, nbytes: int, calls: int = 4) -> d
                    for _ in range(calls)]
     else:
         raise ValueError(f"simulate_reuse: unknown access {access!r}; known: read_write_inplace, read_rowsum")
-    flush = ops.Elementwise("fill", FLUSH_BYTES // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER)
-    result = gpusim.run(hardware, [flush, *kernels])
+    result = gpusim.run(hardware, [l2_flush(FLUSH_BYTES), *kernels])
     ends = result.ops["end_s"].to_numpy()[1:]
     return {"simulated_s": float(ends[-1] - ends[1]) / (calls - 2), "impl": str(result.ops["impl"].iloc[1]),
             "sim_wall_s": result.stats["wall_s"]}
