@@ -17,17 +17,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gpusim import ops
-from gpusim.ops import as_int
+from gpusim.ops import Elementwise, as_int
 
 MEASURED_DIR = Path(__file__).resolve().parents[1] / "validation" / "measured"
 """Where the repository keeps its copies of the measured data (with SOURCES.md)."""
@@ -103,11 +100,9 @@ FLUSH_BUFFER = "l2_flush"
 """Name of the buffer a ``flush_bytes`` validation point's fill writes."""
 
 
-def l2_flush(nbytes: int) -> ops.Elementwise:
+def l2_flush(nbytes: int) -> Elementwise:
     """The fill of ``nbytes`` (fp32) with which a benchmark flushes the L2 before the call it times."""
-    from gpusim import ops
-
-    return ops.Elementwise("fill", nbytes // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER)
+    return Elementwise("fill", nbytes // DTYPE_BYTES["fp32"], "fp32", out=FLUSH_BUFFER)
 
 
 def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = None, mode: str = "full",
