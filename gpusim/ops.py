@@ -350,6 +350,7 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "scale": (1, 1, 1.0),
     "relu": (1, 1, 1.0),
     "gelu": (1, 1, 14.0),
+    "gelu_erf": (1, 1, 20.0),
     "sigmoid": (1, 1, 10.0),
     "tanh": (1, 1, 10.0),
     "dropout": (1, 2, 4.0),
@@ -358,7 +359,11 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "fill": (0, 1, 0.0),
 }
 """Element-wise kinds: (tensors read, tensors written, FLOPs per element). ``cat`` is a copy into a
-concatenation, which over strided tensors computes its offsets differently (``index_dims``)."""
+concatenation, which over strided tensors computes its offsets differently (``index_dims``).
+``gelu`` is the tanh approximation (``approximate="tanh"``, as this project's H200 and H100
+element-wise measurements ran it),
+``gelu_erf`` PyTorch's exact GeLU (``F.gelu``, ``torch.nn.GELU()``), whose cost is its measured
+instructions (:data:`gpusim.kernels.elementwise.INSTRUCTION_MIXES`), not its FLOPs."""
 MAX_INDEX_DIMS = 25
 """Most dimensions PyTorch's ``TensorIterator`` handles (``MAX_DIMS``)."""
 

@@ -741,7 +741,7 @@ def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
         if op == "input_layernorm":
             return {"kind": "rowreduce", "op": "layernorm", "rows": tokens, "cols": hidden, **base}
         if op == "mlp_act":
-            return {"kind": "elementwise", "op": "gelu", "elements": tokens * mlp, **base}
+            return {"kind": "elementwise", "op": "gelu_erf", "elements": tokens * mlp, **base}
         if op == "add":
             return {"kind": "elementwise", "op": "add", "elements": tokens * hidden, **base}
         raise ConfigError(f"vidur's phi-2 profile: field 'op' must be one of input_layernorm, {', '.join(gemms)}, "

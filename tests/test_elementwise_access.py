@@ -5,7 +5,7 @@ import pytest
 
 import gpusim
 from gpusim import ops
-from gpusim.kernels.elementwise import offset_instructions
+from gpusim.kernels.elementwise import INSTRUCTION_MIXES, offset_instructions
 
 H200 = gpusim.load_system("h200-sxm", {"gpu.kernel_launch_ns": 0})
 HEADS = 8 * 12 * 512 * 64  # GPT-2's attention heads, transposed by a copy
@@ -75,3 +75,19 @@ def test_workgroups_resident_together_stream_neighbouring_rows(elements):
     hbm = H200.config.gpu.hbm
     row_bytes = hbm.row_bytes * hbm.lockstep_channels  # a simulated channel's row
     assert result.dram["bytes"].sum() / result.counters["gpu0.dram_activations"] > 0.9 * row_bytes
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm5", "a100-sxm4"])
+def test_the_exact_gelu_is_bound_by_its_instructions(preset):
+    """PyTorch's exact GeLU issues about 30 instructions per value (its SASS): on an H100 or an A100
+    it cannot stream faster than the CUs issue them, while the tanh GeLU's FLOPs keep up with the
+    memory; the A100's narrower FP32 pipe does not bind at this kernel's FMA share."""
+    system = gpusim.load_system(preset, {"gpu.kernel_launch_ns": 0})
+    elements = 2**25
+    exact, tanh = (time_of(system, ops.Elementwise(kind, elements, "fp16")) for kind in ("gelu_erf", "gelu"))
+    gpu, mix = system.config.gpu, INSTRUCTION_MIXES["gelu_erf"]
+    issue_s = elements * (mix.ops + mix.transcendentals) / (
+        gpu.num_cus * gpu.cu.issue_lanes_per_cycle * gpu.clock_hz * gpu.vector_efficiency)
+    assert exact > issue_s
+    assert exact < 1.3 * issue_s
+    assert exact > 1.2 * tanh

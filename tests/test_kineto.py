@@ -321,6 +321,22 @@ def test_an_elementwise_kernel_replays_as_pytorchs_access_path(tmp_path, kernel_
     assert frame[["kind", "function", "dtype", "index_dims"]].values.tolist() == [["elementwise", *expected]]
 
 
+@pytest.mark.parametrize(("concrete", "function"), [
+    (["", "'none'"], "gelu_erf"), (["", "'tanh'"], "gelu"), (["", "tanh"], "gelu"),
+    (None, "gelu_erf"),  # not recorded: PyTorch's default, the exact GeLU
+])
+def test_gelu_replays_as_the_approximation_its_arguments_name(tmp_path, concrete, function):
+    def gelu(kernel, events):
+        kernel["name"] = "void at::native::vectorized_elementwise_kernel<8, GeluCUDAKernelImpl>(int)"
+        args = {"External id": 1, "Input Dims": [[4096, 3072], []], "Input type": ["c10::Half", ""]}
+        if concrete is not None:
+            args["Concrete Inputs"] = concrete
+        events[0].update(name="aten::gelu", args=args)
+
+    frame = read_kineto(_kineto_file(tmp_path, gelu)).frame
+    assert frame[["function", "elements"]].values.tolist() == [[function, 4096 * 3072]]
+
+
 def test_tanh_backward_reads_the_gradient_and_the_output(tmp_path):
     def backward(kernel, events):
         kernel["name"] = "void at::native::vectorized_elementwise_kernel<4, TanhBackward>(int)"

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
-from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, issue_lanes, issue_slots, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.request import COMPUTE
 
@@ -37,6 +38,47 @@ correction steps and the zero-divisor check that NVIDIA's compiler emits (an est
 MAX_CHUNKS = 8
 """Most chunks per logical workgroup (simulation granularity); it has one per real workgroup it
 stands for, up to this many."""
+
+
+@dataclass(frozen=True)
+class InstructionMix:
+    """What one element of a kernel costs in instructions, counted in its SASS.
+
+    Attributes
+    ----------
+    ops
+        Lane-instruction issue slots per element besides special functions (a warp instruction
+        takes 32 whatever its predicate), loads, stores and the loop's set-up included.
+    transcendentals
+        Special functions (``MUFU``) per element.
+    fma_share
+        Share of ``ops`` that runs on the FP32 (FMA) pipe (FFMA, FMUL, FADD, IMAD, half-precision
+        arithmetic).
+    """
+
+    ops: float
+    transcendentals: float
+    fma_share: float
+
+
+INSTRUCTION_MIXES = {"gelu_erf": InstructionMix(ops=28.625, transcendentals=1.0, fma_share=0.515)}
+"""Element-wise kinds whose compute is their measured instructions rather than their FLOPs.
+``gelu_erf``: PyTorch's ``vectorized_elementwise_kernel<8, GeluCUDAKernelImpl>`` over 4096 x 4096
+fp16 values on the H200 (``validation/measured/h200/compiled_sass.csv.gz``, Nsight Compute's
+source counters): 29.6 issue slots per element, of which 1 ``MUFU`` and 15.25 on the FMA pipe;
+``erff`` evaluates both of its polynomials and selects (9 ``FSEL``), so the count does not depend
+on the values. At 4096 x 4096 it kept the H200's issue slots 67% busy (``compiled_counters.csv.gz``)."""
+
+
+def instruction_flops(config: GpuConfig, mix: InstructionMix) -> float:
+    """FP32 FLOPs per element that take a CU as long as ``mix``'s instructions: they issue at the
+    CU's issue rate (or the FP32 pipe's, where it has fewer lanes than the schedulers issue),
+    special functions at their units' rate. :class:`StreamingKernel` charges them, as every
+    element-wise kernel's FLOPs, at ``gpu.vector_efficiency`` of that peak (the H200 issued
+    ``gelu_erf`` in 67% of its slots, :data:`INSTRUCTION_MIXES`)."""
+    lanes = issue_lanes(config.cu, mix.fma_share)
+    cycles = issue_slots(config.cu, lanes, mix.ops, mix.transcendentals) / lanes
+    return cycles * config.cu.vector_flops_per_cycle.get("fp32", 2.0)
 
 
 PERSISTENT_CHUNK_WINDOWS = 4
@@ -253,6 +295,8 @@ def execute_elementwise(ctx, op):
     from gpusim.ops import ELEMENTWISE_KINDS
 
     n_in, n_out, flops = ELEMENTWISE_KINDS[op.kind]
+    mix = INSTRUCTION_MIXES.get(op.kind)
+    cost = instruction_flops(ctx.gpu.config, mix) if mix else flops
     size = DTYPE_BYTES[op.dtype]
     nbytes = op.elements * size
     names_in = list(op.inputs or []) + [None] * n_in
@@ -272,7 +316,7 @@ def execute_elementwise(ctx, op):
         geometry["max_workgroups"] = op.workgroups
     if op.inflight_bytes_per_thread:
         geometry["inflight_bytes_per_thread"] = op.inflight_bytes_per_thread
-    kernel = StreamingKernel(ctx.gpu, impl, reads, writes, flops * op.elements, "fp32", **geometry)
+    kernel = StreamingKernel(ctx.gpu, impl, reads, writes, cost * op.elements, "fp32", **geometry)
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=impl, flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
 

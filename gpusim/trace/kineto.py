@@ -86,7 +86,7 @@ ELEMENTWISE_FUNCTIONS = {
     "lerp": "mul", "fill": "fill", "zero": "fill", "zeros": "fill", "ones": "fill", "copy": "copy",
     "_to_copy": "copy", "to": "copy", "clone": "copy", "contiguous": "copy", "cat": "cat", "stack": "cat",
     "relu": "relu", "clamp": "relu", "clamp_min": "relu", "threshold": "relu", "threshold_backward": "relu",
-    "gelu": "gelu", "gelu_backward": "bias_gelu", "sigmoid": "sigmoid", "tanh": "tanh", "dropout": "dropout",
+    "gelu": "gelu_erf", "gelu_backward": "bias_gelu", "sigmoid": "sigmoid", "tanh": "tanh", "dropout": "dropout",
     "native_dropout": "dropout", "native_dropout_backward": "mul", "tanh_backward": "mul",
     "sigmoid_backward": "mul", "neg": "scale", "sqrt": "scale", "rsqrt": "scale", "exp": "scale", "pow": "scale",
     "silu": "sigmoid", "where": "add", "masked_fill": "add",
@@ -359,8 +359,18 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
         function = function or "copy"
     if elements <= 0:
         raise UnsupportedEvent(f"element count {elements} from shapes {dims}")
+    if function == "gelu_erf" and _gelu_approximation(cpu_op) == "tanh":
+        function = "gelu"
     return {"kind": "elementwise", "function": function, "elements": int(elements), "dtype": dtype,
             "index_dims": _index_dims(kernel_name, (cpu_op or {}).get("args", {}))}
+
+
+def _gelu_approximation(cpu_op: dict | None) -> str:
+    """``aten::gelu``'s ``approximate`` argument from its recorded ``Concrete Inputs`` (``none``,
+    PyTorch's default, where it is not recorded)."""
+    concrete = (cpu_op or {}).get("args", {}).get("Concrete Inputs") or []
+    texts = [str(value).strip().strip("'\"") for value in concrete]
+    return "tanh" if "tanh" in texts else "none"
 
 
 def _reduced_dims(base: str, args: dict, ndim: int) -> list[int] | None:
