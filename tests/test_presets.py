@@ -51,6 +51,24 @@ def test_gpu_presets_reproduce_the_datasheet(name, fp16_tflops, hbm_gb_s):
     assert gpu.hbm.bandwidth_bytes_per_s / 1e9 == pytest.approx(hbm_gb_s, rel=0.02)
 
 
+@pytest.mark.parametrize(("name", "int8_tops"), [
+    ("v100-sxm2", 62.7),  # no int8 tensor cores: DP4A on the 64 integer lanes of 80 SMs at 1.53 GHz
+    ("t4", 130),  # T4 datasheet
+    ("a100-sxm4", 624),  # A100 whitepaper, dense
+    ("mi100", 184.6),  # MI100 datasheet
+    ("mi210", 181),  # MI210 datasheet
+])
+def test_int8_gemms_run_on_the_units_the_gpu_has_for_them(name, int8_tops):
+    """A GPU's int8 peak, matrix or vector, is its datasheet's; a GEMM there is compute-bound at it,
+    not at the FP32 lanes' rate every dtype without units of its own falls back to."""
+    system = gpusim.load_system(name)
+    gpu = system.gpu
+    peak = max(gpu.matrix_flops_per_s("int8"), gpu.vector_flops_per_s("int8"))
+    assert peak / 1e12 == pytest.approx(int8_tops, rel=0.02)
+    int8, fp32 = (gpusim.run(system, ops.Gemm(4096, 4096, 4096, dtype)).time_s for dtype in ("int8", "fp32"))
+    assert int8 < fp32 / 3
+
+
 @pytest.mark.parametrize("name", CALIBRATED_GPUS + CALIBRATED_NODES)
 def test_calibrated_values_say_where_they_come_from(name):
     kind = "gpus" if name in CALIBRATED_GPUS else "nodes"
