@@ -98,6 +98,50 @@ def test_predicted_degree_limits_concurrency_and_costs_decision_time():
     assert dispatching.max() <= 2
 
 
+def mixed(degrees, order):
+    """Two GEMM shapes, 4 copies each, queued on their own streams in ``order`` (``"w"``: the wider
+    shape, ``"n"``: the narrower), predicted at ``degrees[shape]``; return the packets after the
+    simulation (no decision time)."""
+    system, sim, machine, executor = prepare(SYSTEM)
+    free = CommandProcessorTiming(predictor_ns=0.0, memory_latency_cycles=1e-9)
+    processor = CommandProcessor(executor, 0, PredictedDegree(lambda features: int(features[0])), free)
+    counts = {"w": 0, "n": 0}
+    packets = []
+    for index, shape in enumerate(order):
+        i = counts[shape]
+        counts[shape] += 1
+        size = (1024, 1024, 512) if shape == "w" else (512, 512, 256)
+        gemm = ops.Gemm(*size, a=f"{shape}a{i}", b=f"{shape}b{i}", out=f"{shape}c{i}")
+        packet = KernelPacket(gemm, gpusim.Stream(f"s{index}"), {1: SMALL, 2: LARGE},
+                              features=np.array([float(degrees[shape])]), label=f"{shape}{i}")
+        processor.submit(packet)
+        packets.append(packet)
+    finish(system, sim, machine, executor, len(order), time.perf_counter())
+    return packets
+
+
+def test_predicted_degree_runs_shapes_that_disagree_as_homogeneous_sets():
+    """Section 7.5.7: when the shapes queued together do not all prefer running together, the CP
+    treats each shape's GEMMs as a homogeneous set and serves the sets one after another, each at
+    its own ``min(predicted, available)``: the shape of the first head, 4 at a time, then the
+    other one by one, never a kernel of both shapes dispatching at once."""
+    packets = mixed({"w": 4, "n": 1}, "wnwnwnwn")
+    by_label = {packet.label: packet for packet in packets}
+    assert {by_label[f"w{i}"].degree for i in range(4)} == {4}
+    assert {by_label[f"n{i}"].degree for i in range(4)} == {1}
+    last_wide = max(by_label[f"w{i}"].dispatched_ns for i in range(4))
+    assert min(by_label[f"n{i}"].released_ns for i in range(4)) >= last_wide
+    narrow = sorted((by_label[f"n{i}"].released_ns, by_label[f"n{i}"].dispatched_ns) for i in range(4))
+    for (_, dispatched), (released, _) in zip(narrow, narrow[1:]):
+        assert released >= dispatched  # one at a time
+
+
+def test_predicted_degree_runs_shapes_together_when_all_prefer_it():
+    packets = mixed({"w": 8, "n": 16}, "wnwnwnwn")
+    assert {packet.degree for packet in packets} == {8}
+    assert len({packet.released_ns for packet in packets}) == 1  # one decision releases all eight
+
+
 def test_decision_time_is_hidden_behind_running_kernels():
     """The same degree chosen with and without decision cost: the first decision delays the first
     kernel by its full cost; the second batch's decision overlaps the first batch, so the makespan

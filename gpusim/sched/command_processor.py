@@ -16,7 +16,8 @@ for which degree:
   the resulting degree);
 * :class:`DegreeLimit` — at most ``n`` kernels dispatching at once;
 * :class:`PredictedDegree` — GOLDYLOC's dynamic logic: a predictor chooses the degree from the
-  queued GEMMs' features, ``min(predicted, available)``.
+  queued GEMMs' features, ``min(predicted, available)``; GEMMs of different shapes run as
+  homogeneous sets, one after another, unless all prefer to run together.
 
 Deciding costs the CP time (:class:`CommandProcessorTiming`): it reads the queue heads, runs the
 predictor and rewrites the packets.  The CP does this while earlier kernels run, so the cost is
@@ -153,11 +154,11 @@ class ConcurrencyPolicy(Protocol):
 
     decides: bool
 
-    def select(self, heads: Sequence[KernelPacket], dispatching: int) -> tuple[int, int]:
-        """Return ``(count, degree)``: dispatch the first ``count`` heads, with kernels for ``degree``.
+    def select(self, heads: Sequence[KernelPacket], dispatching: Sequence[KernelPacket]) -> tuple[list[KernelPacket], int]:
+        """Return ``(packets, degree)``: dispatch ``packets`` (some of ``heads``) with kernels for ``degree``.
 
         ``heads`` are the packets at the heads of the queues not yet dispatched, in queue order;
-        ``dispatching`` counts the kernels the CP dispatched that are still placing workgroups.
+        ``dispatching`` are the packets the CP dispatched whose kernels are still placing workgroups.
         """
         ...
 
@@ -176,8 +177,8 @@ class DispatchAll:
     tuned_for_degree: bool = False
     decides: bool = False
 
-    def select(self, heads: Sequence[KernelPacket], dispatching: int) -> tuple[int, int]:
-        return len(heads), (len(heads) + dispatching) if self.tuned_for_degree else 1
+    def select(self, heads: Sequence[KernelPacket], dispatching: Sequence[KernelPacket]) -> tuple[list[KernelPacket], int]:
+        return list(heads), (len(heads) + len(dispatching)) if self.tuned_for_degree else 1
 
 
 @dataclass(frozen=True)
@@ -200,17 +201,20 @@ class DegreeLimit:
         if self.degree < 1:
             raise ValueError(f"DegreeLimit: degree must be at least 1, got {self.degree}")
 
-    def select(self, heads: Sequence[KernelPacket], dispatching: int) -> tuple[int, int]:
-        return max(0, min(len(heads), self.degree - dispatching)), self.degree
+    def select(self, heads: Sequence[KernelPacket], dispatching: Sequence[KernelPacket]) -> tuple[list[KernelPacket], int]:
+        return list(heads[:max(0, self.degree - len(dispatching))]), self.degree
 
 
 @dataclass(frozen=True)
 class PredictedDegree:
     """GOLDYLOC's dynamic logic: degree ``min(predicted, available GEMMs)``.
 
-    Each distinct queued GEMM (by shape and dtype) gets the predictor's degree; with several
-    distinct GEMMs the CP takes the smallest of their degrees (a conservative extension of the
-    dissertation's two-GEMM rule, section 7.5.7).
+    Each distinct GEMM (by shape and dtype) among the queued and dispatching ones gets the
+    predictor's degree. GEMMs of one shape run at ``min(predicted, available)``. Several shapes
+    together (section 7.5.7) run all at once only if every one of them prefers at least that many;
+    otherwise the CP treats each shape's GEMMs as a homogeneous set of their own and serves the
+    sets one at a time (the set of the kernels still dispatching, else that of the first head),
+    each at ``min(its predicted degree, its GEMMs available)``.
 
     Attributes
     ----------
@@ -221,20 +225,32 @@ class PredictedDegree:
     predict: Callable[[np.ndarray], int]
     decides: bool = True
 
-    def select(self, heads: Sequence[KernelPacket], dispatching: int) -> tuple[int, int]:
+    def select(self, heads: Sequence[KernelPacket], dispatching: Sequence[KernelPacket]) -> tuple[list[KernelPacket], int]:
         if not heads:
-            return 0, max(1, dispatching)
+            return [], max(1, len(dispatching))
         predictions: dict[tuple, int] = {}
-        for packet in heads:
-            if packet.features is None:
-                raise ValueError(f"PredictedDegree: packet {packet.label or packet.gemm.label} has no features to predict from")
-            gemm = packet.gemm
-            key = (gemm.m, gemm.n, gemm.k, gemm.batch, gemm.dtype)
+        for packet in [*dispatching, *heads]:
+            key = _shape_key(packet)
             if key not in predictions:
+                if packet.features is None:
+                    raise ValueError(f"PredictedDegree: packet {packet.label or packet.gemm.label} has no features to "
+                                     "predict from")
                 predictions[key] = int(self.predict(packet.features))
-        available = len(heads) + dispatching
-        degree = max(1, min(min(predictions.values()), available))
-        return max(0, min(len(heads), degree - dispatching)), degree
+        available = len(heads) + len(dispatching)
+        if len(predictions) == 1 or min(predictions.values()) >= available:
+            degree = max(1, min(min(predictions.values()), available))
+            return list(heads[:max(0, degree - len(dispatching))]), degree
+        served = _shape_key(dispatching[0] if dispatching else heads[0])
+        members = [packet for packet in heads if _shape_key(packet) == served]
+        running = sum(1 for packet in dispatching if _shape_key(packet) == served)
+        degree = max(1, min(predictions[served], len(members) + running))
+        return members[:max(0, degree - len(dispatching))], degree
+
+
+def _shape_key(packet: KernelPacket) -> tuple:
+    """What makes two queued GEMMs the same GEMM for the predictor: shape, batch and dtype."""
+    gemm = packet.gemm
+    return gemm.m, gemm.n, gemm.k, gemm.batch, gemm.dtype
 
 
 class CommandProcessor:
@@ -302,9 +318,9 @@ class CommandProcessor:
 
     def _decide(self, _event) -> None:
         heads = self._heads()
-        count, degree = self.policy.select(heads, len(self.dispatching))
+        chosen, degree = self.policy.select(heads, list(self.dispatching.values()))
         self.decisions += 1
-        for packet in heads[:count]:
+        for packet in chosen:
             self._release(packet, degree)
         self._deciding = False
         if self._again:
