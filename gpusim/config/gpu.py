@@ -124,6 +124,10 @@ class L2Config(Model):
         Fraction of that peak the CUs sustain when many of them stream hits from the L2, for the
         losses the model does not simulate (slice conflicts of the address hash, the crossbar, tag
         and request queues); 1 means the peak.  Measured with an L2-resident read microbenchmark.
+    write_cost
+        L2 bandwidth a written byte takes, in read bytes: 1 when the L2 serves writes as fast as
+        reads. Measured with the same microbenchmark scaling an L2-resident buffer in place (half
+        reads, half writes) against summing it.
     hit_latency_ns
         Load-to-use latency of an L2 hit.
     remote_writes_allocate
@@ -154,6 +158,7 @@ class L2Config(Model):
     bytes_per_cycle_per_bank: Bytes = 64
     clock_hz: Hertz
     sustained_efficiency: Fraction = 1.0
+    write_cost: float = Field(default=1.0, ge=1.0)
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
     remote_writes_through: bool = False

@@ -93,6 +93,7 @@ class L2Cache:
         self.occupied_sectors = 0
         self.hit_latency = config.hit_latency_ns
         self.pipe = Pipe(NS_PER_S / config.sustained_bandwidth_bytes_per_s)
+        self.write_cost = config.write_cost
         self.remote_writes_allocate = config.remote_writes_allocate
         self.remote_writes_through = config.remote_writes_through or config.write_through
         self.write_through = config.write_through

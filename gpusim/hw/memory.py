@@ -187,7 +187,7 @@ class MemorySystem:
         l2 = self.l2
         if through is None:
             through = l2.write_through
-        join.extend_to(l2.bandwidth_done(self.env.now, nbytes))
+        join.extend_to(l2.bandwidth_done(self.env.now, nbytes * l2.write_cost))
         l2.stats.bytes_written += nbytes
         size = l2.block_bytes
         end = addr + nbytes
