@@ -361,9 +361,9 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
 """Element-wise kinds: (tensors read, tensors written, FLOPs per element). ``cat`` is a copy into a
 concatenation, which over strided tensors computes its offsets differently (``index_dims``).
 ``gelu`` is the tanh approximation (``approximate="tanh"``, as this project's H200 and H100
-element-wise measurements ran it),
-``gelu_erf`` PyTorch's exact GeLU (``F.gelu``, ``torch.nn.GELU()``), whose cost is its measured
-instructions (:data:`gpusim.kernels.elementwise.INSTRUCTION_MIXES`), not its FLOPs."""
+element-wise measurements ran it), ``gelu_erf`` PyTorch's exact GeLU (``F.gelu``,
+``torch.nn.GELU()``), whose cost is its measured instructions
+(:data:`gpusim.kernels.elementwise.INSTRUCTION_MIXES`), not its FLOPs."""
 MAX_INDEX_DIMS = 25
 """Most dimensions PyTorch's ``TensorIterator`` handles (``MAX_DIMS``)."""
 
