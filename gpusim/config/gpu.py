@@ -102,6 +102,15 @@ class CuConfig(Model):
     issue_lanes_per_cycle: PositiveFloat = 64.0
     dependent_issue_cycles: PositiveFloat = 1.0
 
+    def vector_peak(self, dtype: str) -> float:
+        """Peak vector FLOPs per cycle for ``dtype``: its own rate, else the FP32 lanes'."""
+        table = self.vector_flops_per_cycle
+        return table.get(dtype) or table.get("fp32") or max(table.values())
+
+    def gemm_peak(self, dtype: str) -> float:
+        """Peak FLOPs per cycle a GEMM of ``dtype`` runs at: the matrix units', else :meth:`vector_peak`."""
+        return self.matrix_flops_per_cycle.get(dtype) or self.vector_peak(dtype)
+
 
 class L2Config(Model):
     """The last-level cache shared by all CUs of a GPU.

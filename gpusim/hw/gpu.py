@@ -120,14 +120,10 @@ class Gpu(Component):
         """Sustained GEMM FLOPs per ns of one CU for ``dtype``: matrix units if it has them for
         ``dtype``, else vector units, times the calibrated GEMM efficiency."""
         config = self.config
-        peak = config.cu.matrix_flops_per_cycle.get(dtype) or self._vector_peak(dtype)
+        peak = config.cu.gemm_peak(dtype)
         efficiency = config.gemm_efficiency.get(dtype, min(config.gemm_efficiency.values()))
         return peak * config.clock_hz * 1e-9 * efficiency
 
     def vector_flops_per_ns(self, dtype: str) -> float:
         """Sustained element-wise FLOPs per ns of one CU for ``dtype``, with the vector efficiency."""
-        return self._vector_peak(dtype) * self.config.clock_hz * 1e-9 * self.config.vector_efficiency
-
-    def _vector_peak(self, dtype: str) -> float:
-        table = self.config.cu.vector_flops_per_cycle
-        return table.get(dtype) or table.get("fp32") or max(table.values())
+        return self.config.cu.vector_peak(dtype) * self.config.clock_hz * 1e-9 * self.config.vector_efficiency

@@ -388,9 +388,7 @@ def estimate_ns(problem: GemmProblem, spec: GemmKernelSpec, gpu: GpuConfig, cus:
     if resident == 0:
         return math.inf
     groups = num_workgroups(problem, spec)
-    vector = gpu.cu.vector_flops_per_cycle
-    peak = (gpu.cu.matrix_flops_per_cycle.get(problem.dtype) or vector.get(problem.dtype)
-            or vector.get("fp32", 1.0))
+    peak = gpu.cu.gemm_peak(problem.dtype)
     rate, access_ns = fallback_costs(spec, gpu, problem.dtype)
     per_cu_flops_per_ns = peak * gpu.clock_hz * 1e-9 * rate
     share = min(1.0, shape.wavefronts(gpu.cu.wavefront_size) / SIMDS_PER_CU)
