@@ -357,13 +357,22 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "bias_gelu": (2, 1, 15.0),
     "residual_dropout": (2, 2, 5.0),
     "fill": (0, 1, 0.0),
+    "silu_and_mul": (1, 1, 6.0),
+    "rope": (1, 1, 3.0),
 }
 """Element-wise kinds: (tensors read, tensors written, FLOPs per element). ``cat`` is a copy into a
 concatenation, which over strided tensors computes its offsets differently (``index_dims``).
+``silu_and_mul`` is a gated MLP's activation as vLLM's fused kernel runs it: it reads a
+``[rows, 2 x width]`` tensor (the gate and up projections side by side,
+:data:`ELEMENTWISE_INPUT_WIDTH`) and writes ``silu(gate) * up``, ``elements`` values. ``rope`` is
+vLLM's rotary embedding of the query and key heads, in place: ``elements`` values read and written.
+Both run one workgroup per row (``rows``, :func:`gpusim.kernels.rowreduce.vllm_row_kernel`).
 ``gelu`` is the tanh approximation (``approximate="tanh"``, as this project's H200 and H100
 element-wise measurements ran it), ``gelu_erf`` PyTorch's exact GeLU (``F.gelu``,
 ``torch.nn.GELU()``), whose cost is its measured instructions
 (:data:`gpusim.kernels.elementwise.INSTRUCTION_MIXES`), not its FLOPs."""
+ELEMENTWISE_INPUT_WIDTH = {"silu_and_mul": 2}
+"""Kinds whose read tensor holds this many values per value written (default 1)."""
 MAX_INDEX_DIMS = 25
 """Most dimensions PyTorch's ``TensorIterator`` handles (``MAX_DIMS``)."""
 
@@ -402,6 +411,10 @@ class Elementwise(Op):
         Bytes of each read tensor a thread keeps in flight (optional; default the GPU's
         ``streaming_inflight_bytes_per_thread``): a kernel that loads a block of 32 fp16 values per
         thread at once keeps 64.
+    rows
+        Rows of a kernel that gives each row a workgroup (vLLM's custom kernels, the only way
+        ``silu_and_mul`` and ``rope`` run; required for them and for no other kind):
+        ``elements`` must be a multiple of it.
     """
 
     kind: str
@@ -412,6 +425,7 @@ class Elementwise(Op):
     index_dims: int = 0
     workgroups: int | None = None
     inflight_bytes_per_thread: int | None = None
+    rows: int | None = None
     category: ClassVar[str] = "elementwise"
 
     def __post_init__(self) -> None:
@@ -426,9 +440,10 @@ class Elementwise(Op):
             raise OpError(f"Elementwise: field 'index_dims' must be an integer from 0 to {MAX_INDEX_DIMS}, "
                           f"got {self.index_dims!r}")
         self.index_dims = dims
-        for name in ("workgroups", "inflight_bytes_per_thread"):
+        for name in ("workgroups", "inflight_bytes_per_thread", "rows"):
             if getattr(self, name) is not None:
                 setattr(self, name, _positive_int("Elementwise", name, getattr(self, name)))
+        self._check_rows()
         if self.inputs is not None:
             names = as_sequence(self.inputs)
             reads = ELEMENTWISE_KINDS[self.kind][0]
@@ -440,11 +455,31 @@ class Elementwise(Op):
             self.inputs = tuple(names)
         super().__post_init__()
 
+    def _check_rows(self) -> None:
+        from gpusim.kernels.rowreduce import VLLM_ROW_KINDS
+
+        if self.kind in VLLM_ROW_KINDS:
+            if self.rows is None:
+                raise OpError(f"Elementwise: kind {self.kind!r} runs one workgroup per row: field 'rows' is required")
+            if self.elements % self.rows:
+                raise OpError(f"Elementwise: field 'elements' ({self.elements}) must be a multiple of field 'rows' "
+                              f"({self.rows})")
+            if self.index_dims or self.workgroups or self.inflight_bytes_per_thread:
+                raise OpError(f"Elementwise: kind {self.kind!r} is vLLM's per-row kernel; fields 'index_dims', "
+                              f"'workgroups' and 'inflight_bytes_per_thread' do not apply to it")
+            if self.kind == "rope" and self.out is not None and self.out != (self.inputs or (None,))[0]:
+                raise OpError(f"Elementwise: kind 'rope' rotates its input in place: field 'out' ({self.out!r}) "
+                              f"must name its input ({(self.inputs or (None,))[0]!r})")
+        elif self.rows is not None:
+            raise OpError(f"Elementwise: field 'rows' applies to the per-row kinds ({', '.join(VLLM_ROW_KINDS)}), "
+                          f"not to {self.kind!r}")
+
     def describe(self) -> str:
         strided = f" index_dims={self.index_dims}" if self.index_dims else ""
         persistent = f" workgroups={self.workgroups}" if self.workgroups else ""
         inflight = f" inflight_bytes_per_thread={self.inflight_bytes_per_thread}" if self.inflight_bytes_per_thread else ""
-        return f"{self.kind} {self.elements} {self.dtype}{strided}{persistent}{inflight}"
+        rows = f" rows={self.rows}" if self.rows else ""
+        return f"{self.kind} {self.elements} {self.dtype}{strided}{persistent}{inflight}{rows}"
 
     def run_on(self, ctx: OpContext):
         from gpusim.kernels.elementwise import execute_elementwise

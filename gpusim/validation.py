@@ -152,8 +152,9 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
                       bool(params.get("trans_b", False)), batch, a=source)
         input_elements = batch * params["m"] * params["k"]
     elif kind == "elementwise":
-        op = ops.Elementwise(params["op"], params["elements"], dtype, inputs=(source,) if warm else None)
-        input_elements = params["elements"]
+        op = ops.Elementwise(params["op"], params["elements"], dtype, inputs=(source,) if warm else None,
+                             rows=params.get("rows"))
+        input_elements = params["elements"] * ops.ELEMENTWISE_INPUT_WIDTH.get(params["op"], 1)
     elif kind == "rowreduce":
         op = ops.RowReduce(params["op"], params["rows"], params["cols"], dtype,
                            library=params.get("library", "pytorch"), input=source)
@@ -704,60 +705,112 @@ def _transformer_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
-PHI2 = {"hidden": 2560, "qkv": 3 * 2560, "mlp": 10240}
-"""phi-2's layer (vidur's profile): hidden size, fused Q/K/V projection width (32 query and 32
-key/value heads of 80), MLP width."""
+@dataclass(frozen=True)
+class VidurModel:
+    """A model whose layer vidur's MLP profiler times operation by operation (sarathi's layers).
+
+    Attributes
+    ----------
+    name
+        As in vidur's profile's path.
+    hidden, heads, kv_heads, mlp
+        Hidden size, query and key/value heads, MLP width.
+    gated
+        A gated MLP (SwiGLU: the up projection is twice as wide and vLLM's ``silu_and_mul`` is
+        the activation); otherwise ``torch.nn.GELU()`` (the exact GeLU).
+    post_attention_norm
+        A LLaMA block: vLLM's RMS norm before the attention and before the MLP, and one residual
+        add (``residual + hidden``); otherwise phi-2's parallel block: ``torch.nn.LayerNorm`` before
+        both, whose outputs and the residual are summed, ``a + b + c``, two element-wise adds.
+    """
+
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    mlp: int
+    gated: bool
+    post_attention_norm: bool
+
+    @property
+    def head(self) -> int:
+        """Head dimension."""
+        return self.hidden // self.heads
+
+    @property
+    def add_calls(self) -> int:
+        """Element-wise add kernels of vidur's ``add`` operation."""
+        return 1 if self.post_attention_norm else 2
 
 
-VIDUR_MLP_CALLS = {"add": 2}
-"""Kernels an operation of vidur's profile of phi-2 runs where it is not one: phi-2's block adds the
-attention's and the MLP's outputs to the residual, ``a + b + c``, two element-wise adds."""
+PHI2 = VidurModel("phi-2", hidden=2560, heads=32, kv_heads=32, mlp=10240, gated=False, post_attention_norm=False)
+"""phi-2's layer (vidur's profile): 32 heads of 80, MLP width 10240."""
+LLAMA2_7B = VidurModel("Llama-2-7b", hidden=4096, heads=32, kv_heads=32, mlp=11008, gated=True,
+                       post_attention_norm=True)
+"""Llama-2-7B's layer (vidur's profile): 32 heads of 128, SwiGLU MLP of width 11008, RMS norms."""
 
 
-def _vidur_mlp(path: Path) -> pd.DataFrame:
-    """vidur's per-operation profile, with ``calls``, the kernels of each operation
-    (:data:`VIDUR_MLP_CALLS`; its time is their sum), and ``time_ms`` per kernel."""
-    frame = pd.read_csv(path)
-    calls = frame["op"].map(VIDUR_MLP_CALLS).fillna(1).astype(int)
-    return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
+def _vidur_mlp(model: VidurModel) -> Callable[[Path], pd.DataFrame]:
+    """A reader of vidur's per-operation profile of ``model``'s layer: with ``calls``, the kernels of
+    each operation (:attr:`VidurModel.add_calls` for ``add``, else one; its time is their sum), and
+    ``time_ms`` per kernel."""
+
+    def read(path: Path) -> pd.DataFrame:
+        frame = pd.read_csv(path)
+        calls = (frame["op"] == "add") * (model.add_calls - 1) + 1
+        return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
+
+    return read
 
 
-def _vidur_mlp_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
-    """A row of vidur's per-operation profile of phi-2's layer: ``num_tokens`` rows through one
+def _vidur_mlp_point(model: VidurModel, system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    """A row of vidur's per-operation profile of ``model``'s layer: ``num_tokens`` rows through one
     operation, its weights split ``num_tensor_parallel_workers`` ways (``torch.nn.Linear`` stores
     them ``[out, in]``: B transposed), its input written just before it (``warm``). The profiler's
     kernel durations: no host cost per call."""
 
     def point(row: pd.Series) -> dict[str, Any]:
         tokens, parts = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
-        hidden, qkv, mlp = PHI2["hidden"], PHI2["qkv"] // parts, PHI2["mlp"] // parts
-        gemms = {"attn_pre_proj": (qkv, hidden), "attn_post_proj": (hidden, hidden // parts),
-                 "mlp_up_proj": (mlp, hidden), "mlp_down_proj": (hidden, mlp)}
+        heads, kv_heads, head = model.heads // parts, model.kv_heads // parts, model.head
+        hidden, mlp = model.hidden, model.mlp // parts
+        gemms = {"attn_pre_proj": ((heads + 2 * kv_heads) * head, hidden), "attn_post_proj": (hidden, heads * head),
+                 "mlp_up_proj": ((2 if model.gated else 1) * mlp, hidden), "mlp_down_proj": (hidden, mlp)}
         base = {"system": system, "dtype": "fp16", "warm": True, **_host(0.0)}
+        norm = ({"op": "rmsnorm", "library": "vllm"} if model.post_attention_norm
+                else {"op": "layernorm", "library": "pytorch"})
         op = row["op"]
         if op in gemms:
             n, k = gemms[op]
             return {"kind": "gemm", "m": tokens, "n": n, "k": k, "trans_b": True, **base}
-        if op == "input_layernorm":
-            return {"kind": "rowreduce", "op": "layernorm", "rows": tokens, "cols": hidden, **base}
+        if op == "input_layernorm" or (op == "post_attention_layernorm" and model.post_attention_norm):
+            return {"kind": "rowreduce", "rows": tokens, "cols": hidden, **norm, **base}
+        if op == "attn_rope":
+            return {"kind": "elementwise", "op": "rope", "elements": tokens * (heads + kv_heads) * head,
+                    "rows": tokens, **base}
+        if op == "mlp_act" and model.gated:
+            return {"kind": "elementwise", "op": "silu_and_mul", "elements": tokens * mlp, "rows": tokens, **base}
         if op == "mlp_act":
             return {"kind": "elementwise", "op": "gelu_erf", "elements": tokens * mlp, **base}
         if op == "add":
             return {"kind": "elementwise", "op": "add", "elements": tokens * hidden, **base}
-        raise ConfigError(f"vidur's phi-2 profile: field 'op' must be one of input_layernorm, {', '.join(gemms)}, "
-                          f"mlp_act, add; got {op!r}")
+        known = ["input_layernorm", *(["post_attention_layernorm"] if model.post_attention_norm else []), *gemms,
+                 "attn_rope", "mlp_act", "add"]
+        raise ConfigError(f"vidur's {model.name} profile: field 'op' must be one of {', '.join(known)}; got {op!r}")
 
     return point
 
 
-def _vidur_phi2(gpu: str, system: str) -> DataSet:
-    """vidur's per-operation profile of phi-2's layer on one GPU (``vidur_<gpu>_phi2_mlp.csv``)."""
-    return DataSet(name=f"mlp-{gpu}-phi2", description=f"vidur's profile of phi-2's layer on an {gpu.upper()} (PyTorch, "
-                   "sarathi's layers; the profiler's kernel durations, median of 20 repeats of the layer): its four "
-                   "GEMMs, layer norm, GeLU and residual adds (per kernel) for 1-4096 tokens",
-                   file=f"vidur_{gpu}_phi2_mlp.csv", system=system, point=_vidur_mlp_point(system), read=_vidur_mlp,
-                   measured_s=_ms("time_ms"), tolerances={"median": 0.20}, group="op", plot_x="num_tokens",
-                   plot_by="op")
+def _vidur_layer(model: VidurModel, tag: str, gpu: str, system: str) -> DataSet:
+    """vidur's per-operation profile of ``model``'s layer on one GPU (``vidur_<gpu>_<file tag>_mlp.csv``,
+    the tag with ``_`` for ``-``)."""
+    ops_text = ("its four GEMMs, RMS norms, rotary embedding, SwiGLU activation and residual add" if model.gated
+                else "its four GEMMs, layer norm, GeLU and residual adds (per kernel)")
+    return DataSet(name=f"mlp-{gpu}-{tag}", description=f"vidur's profile of {model.name}'s layer on an {gpu.upper()} "
+                   "(PyTorch, sarathi's layers; the profiler's kernel durations, median of 20 repeats of the layer): "
+                   f"{ops_text} for 1-4096 tokens",
+                   file=f"vidur_{gpu}_{tag.replace('-', '_')}_mlp.csv", system=system, point=_vidur_mlp_point(model, system),
+                   read=_vidur_mlp(model), measured_s=_ms("time_ms"), tolerances={"median": 0.20}, group="op",
+                   plot_x="num_tokens", plot_by="op")
 
 
 def _attention_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
@@ -875,8 +928,10 @@ DATASETS: dict[str, DataSet] = {
         _vidur_allreduce("allreduce-dgx-a100", "vidur's NCCL all-reduce (median of repeats) on DGX A100: 2, 4, 8 "
                          "GPUs in a node and 16 GPUs in two nodes, 1-64 MiB", "vidur_a100_dgx_all_reduce.csv",
                          "dgx-a100", _allreduce_select),
-        _vidur_phi2("a100", "a100-sxm4"),
-        _vidur_phi2("h100", "h100-sxm5"),
+        _vidur_layer(PHI2, "phi2", "a100", "a100-sxm4"),
+        _vidur_layer(PHI2, "phi2", "h100", "h100-sxm5"),
+        _vidur_layer(LLAMA2_7B, "llama2-7b", "a100", "a100-sxm4"),
+        _vidur_layer(LLAMA2_7B, "llama2-7b", "h100", "h100-sxm5"),
         _vidur_allreduce("allreduce-hgx-h100", "vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, "
                          "8 GPUs in a node, 1-64 MiB (40 sizes each)", "vidur_h100_dgx_all_reduce.csv", "hgx-h100",
                          _allreduce_select),

@@ -118,3 +118,13 @@ def test_a_warm_point_reads_its_input_from_the_l2_and_times_its_op_alone():
     assert validation.get("mlp-a100-phi2").point(validation.get("mlp-a100-phi2").load().iloc[0])["warm"]
     with pytest.raises(ValueError, match="warm"):
         validation.simulate_point("allreduce", "dgx-a100", nbytes=2**20, warm=True)
+
+
+def test_vidur_llama2_7b_layer_on_the_a100_within_tolerance():
+    """vidur's profile of Llama-2-7B's layer on an A100 (held out: nothing was fitted on it): its
+    GEMMs, vLLM's RMS norms, rotary embedding and SwiGLU activation (estimated instruction counts,
+    not measured) and the residual add; all 189 operations."""
+    dataset = validation.get("mlp-a100-llama2-7b")
+    frame = validation.compare(dataset, workers=1, progress=False)
+    assert len(frame) == 189 and set(frame["op"]) >= {"attn_rope", "post_attention_layernorm"}
+    assert not validation.violations(frame, dataset), validation.error_stats(frame)

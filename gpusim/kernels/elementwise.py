@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
@@ -290,17 +290,41 @@ def offset_instructions(index_dims: int, tensors: int, kind: str = "copy") -> fl
     return base + index_dims * (DIVMOD_INSTRUCTIONS + tensors)
 
 
+def _per_row(ctx, op, source: Buffer):
+    """Run vLLM's per-row kernel of ``op`` (:func:`gpusim.kernels.rowreduce.vllm_row_kernel`) on its
+    read tensor ``source``: ``silu_and_mul`` reads its halves as the gate's and the up projection's
+    rows (in the real layout each row holds the two side by side) and writes ``op.out``; ``rope``
+    rotates ``source`` in place."""
+    from gpusim.kernels.rowreduce import RowReduceKernel, vllm_row_kernel
+
+    size = DTYPE_BYTES[op.dtype]
+    cols = op.elements // op.rows
+    nbytes = op.elements * size
+    spec = vllm_row_kernel(op.kind, cols, size)
+    parts = [replace(source, name=f"{source.name}[{i}]", addr=source.addr + i * nbytes, nbytes=nbytes)
+             for i in range(spec.inputs)]
+    target = parts[0] if op.kind == "rope" else ctx.tensor(op.out, nbytes)
+    kernel = RowReduceKernel(ctx.gpu, spec, parts[0], target, op.rows, cols, op.dtype, nbytes, tuple(parts[1:]))
+    yield from ctx.launch(kernel.kernel)
+    ctx.info.update(impl=spec.name, bytes=spec.inputs * nbytes + nbytes)
+
+
 def execute_elementwise(ctx, op):
     """Run a :class:`gpusim.ops.Elementwise` on ``ctx``'s rank."""
-    from gpusim.ops import ELEMENTWISE_KINDS
+    from gpusim.ops import ELEMENTWISE_INPUT_WIDTH, ELEMENTWISE_KINDS
 
     n_in, n_out, flops = ELEMENTWISE_KINDS[op.kind]
     mix = INSTRUCTION_MIXES.get(op.kind)
     cost = instruction_flops(ctx.gpu.config, mix) if mix else flops
     size = DTYPE_BYTES[op.dtype]
     nbytes = op.elements * size
+    read_bytes = nbytes * ELEMENTWISE_INPUT_WIDTH.get(op.kind, 1)
     names_in = list(op.inputs or []) + [None] * n_in
-    reads = [(ctx.tensor(names_in[i], nbytes), nbytes) for i in range(n_in)]
+    reads = [(ctx.tensor(names_in[i], read_bytes), read_bytes) for i in range(n_in)]
+    if op.rows:
+        yield from _per_row(ctx, op, reads[0][0])
+        ctx.info.update(flops=flops * op.elements)
+        return
     writes = [(ctx.tensor(op.out if i == 0 else None, nbytes), nbytes) for i in range(n_out)]
     impl = f"{op.kind}_kernel"
     geometry = {}
@@ -318,5 +342,5 @@ def execute_elementwise(ctx, op):
         geometry["inflight_bytes_per_thread"] = op.inflight_bytes_per_thread
     kernel = StreamingKernel(ctx.gpu, impl, reads, writes, cost * op.elements, "fp32", **geometry)
     yield from ctx.launch(kernel.kernel)
-    ctx.info.update(impl=impl, flops=flops * op.elements, bytes=nbytes * (n_in + n_out))
+    ctx.info.update(impl=impl, flops=flops * op.elements, bytes=read_bytes * n_in + nbytes * n_out)
 

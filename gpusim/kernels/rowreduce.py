@@ -1,4 +1,5 @@
-"""Row reductions (softmax, layernorm, rmsnorm, row sums) as the framework's kernels run them.
+"""Row kernels: reductions (softmax, layernorm, rmsnorm, row sums) as the framework's kernels run
+them, and vLLM's element-wise kernels that give each row a workgroup (:func:`vllm_row_kernel`).
 
 A row-reduction kernel gives each workgroup one row (a short row may share a workgroup with a few
 others).  The workgroup works through its row in *passes* -- the statistics, then the output --
@@ -117,11 +118,13 @@ read of the block's result (the softmax and norm kernels' SASS on the H200: 8-12
 FMA_PIPE_SHARE = {
     "softmax_warp_forward": 0.40, "cunn_SoftMaxForwardReg": 0.43, "cunn_SoftMaxForwardSmem": 0.58,
     "cunn_SoftMaxForward": 0.60, "vectorized_layer_norm_kernel": 0.52, "reduce_kernel": 0.54,
-    "triton_per": 0.77, "triton_red": 0.60,
+    "triton_per": 0.77, "triton_red": 0.60, "rms_norm_kernel": 0.45,
+    "act_and_mul_kernel": 0.5, "rotary_embedding_kernel": 0.4,
 }
 """Share of each kernel's executed instructions that run on the FP32 (FMA) pipe: FFMA, FADD, FMUL,
 half-precision arithmetic, IMAD (counted in the kernels' SASS on the H200, ``reduction_sass.csv.gz``
-and ``compiled_sass.csv.gz``; Inductor's persistent kernels 0.74-0.80, its looped ones 0.50-0.73).
+and ``compiled_sass.csv.gz``; Inductor's persistent kernels 0.74-0.80, its looped ones 0.50-0.73;
+vLLM's kernels are estimates from their source, not measured).
 Where that pipe has fewer lanes than the CU issues (the A100's and the V100's 16 per scheduler), it
 bounds the kernel's issue rate (:class:`RowReduceKernel`)."""
 NORM_FINISH_OPS = 60.0
@@ -251,11 +254,14 @@ def _pytorch_softmax(name: str, threads: int, rows_per_workgroup: int, vector_by
                          fma_share=FMA_PIPE_SHARE[name])
 
 
-LIBRARIES = ("pytorch", "pytorch-2.0", "inductor", "inductor-2.0")
+LIBRARIES = ("pytorch", "pytorch-2.0", "inductor", "inductor-2.0", "vllm")
 """Row-reduction kernel libraries: PyTorch's eager CUDA/HIP kernels (2.5 and later; ``pytorch-2.0``
-for the release before the register-cached softmax and the new block sizes) and the Triton kernels
+for the release before the register-cached softmax and the new block sizes), the Triton kernels
 ``torch.compile`` generates (``inductor``; ``inductor-2.0`` for PyTorch 2.0's, which sized the
-programs' warps by the block and took a variance as two sums)."""
+programs' warps by the block and took a variance as two sums) and vLLM's CUDA kernels (``vllm``:
+the RMS norm only, as vLLM 0.2 and sarathi-serve run it)."""
+VLLM_NORM_MAX_THREADS = 1024
+"""Most threads of vLLM's ``rms_norm_kernel`` (``dim3 block(std::min(hidden_size, 1024))``)."""
 
 
 def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, library: str = "pytorch") -> RowKernelSpec:
@@ -296,6 +302,10 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
         return _reduce_kernel(cols, rows, False, size, gpu)
     if library.startswith("inductor"):
         return _inductor_kernel(kind, cols, size, gpu, pytorch_2_0=library == "inductor-2.0")
+    if library == "vllm":
+        if kind != "rmsnorm":
+            raise ValueError(f"RowReduce: library 'vllm' runs kind 'rmsnorm' (and its backward) only, not {kind!r}")
+        return _vllm_rms_norm_kernel(cols, size)
     if kind == "softmax":
         return _softmax_kernel(cols, size, gpu, library)
     if kind == "sum":
@@ -333,6 +343,55 @@ def _norm_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
     vector = NORM_VECTOR_ELEMENTS if cols % NORM_VECTOR_ELEMENTS == 0 else 1
     return RowKernelSpec("vectorized_layer_norm_kernel", 128, 1, vector * size, 32, _norm_passes(kind, "memory"),
                          fma_share=FMA_PIPE_SHARE["vectorized_layer_norm_kernel"])
+
+
+def _vllm_rms_norm_kernel(cols: int, size: int) -> RowKernelSpec:
+    """vLLM's ``rms_norm_kernel``: one row per workgroup of ``min(cols, 1024)`` threads, each
+    striding over the row one value at a time, twice from memory (the sum of squares, then the
+    scaled output with the weight). Instructions per value estimated from its source (not
+    measured): a scalar load, its conversion, a multiply-add and the loop's 64-bit addressing, step
+    and test (6); then the load and the weight's, conversions, two multiplies and the store (12)."""
+    passes = (RowPass("memory", ops_per_element=6.0, reduction="block", finish_ops=NORM_FINISH_OPS),
+              RowPass("memory", ops_per_element=12.0, writes=True))
+    return RowKernelSpec("rms_norm_kernel", min(cols, VLLM_NORM_MAX_THREADS), 1, size, 32, passes,
+                         fma_share=FMA_PIPE_SHARE["rms_norm_kernel"])
+
+
+VLLM_ROW_KINDS = {"silu_and_mul": 1024, "rope": 512}
+"""The element-wise kinds vLLM runs one workgroup per row, with the most threads its launch gives a
+row (``csrc/activation_kernels.cu``: a thread per value of the gate, at most 1024;
+``csrc/pos_encoding_kernels.cu``: a thread per rotated pair of the heads, at most 512)."""
+VLLM_ACT_AND_MUL_OPS = (34.0, 2.0)
+"""Instructions and special functions per value of ``act_and_mul_kernel<silu>``, estimated from its
+source (not measured): the gate's and the up projection's scalar half-precision loads and their
+conversions, ``x / (1 + expf(-x))`` without fast math (an ``ex2`` and a precise division's
+reciprocal, about 17 instructions around them), the product, its conversion and store, 64-bit
+addressing and the strided loop's step and test."""
+VLLM_ROPE_OPS = 24.0
+"""Instructions per value of ``rotary_embedding_kernel``, estimated from its source (not measured):
+for each rotated pair a run-time integer division with remainder (the head and the offset in it),
+the cosine's and sine's loads from the position's cache row, the two values' loads and
+conversions, two multiplies and two fused multiply-adds, the stores, addressing and the loop's
+step: about 48 a pair."""
+
+
+def vllm_row_kernel(kind: str, cols: int, size: int) -> RowKernelSpec:
+    """vLLM's per-row element-wise kernel for rows of ``cols`` values of ``size`` bytes: each
+    thread strides over its row one value (a rotation: one pair) per loop iteration, loading before
+    it computes and stores, with no prefetch of the next iteration; one pass from memory that
+    writes. ``silu_and_mul`` reads two row-sized tensors (the gate and the up projection)."""
+    if kind not in VLLM_ROW_KINDS:
+        raise ValueError(f"vllm_row_kernel: kind must be one of {', '.join(VLLM_ROW_KINDS)}, got {kind!r}")
+    if kind == "silu_and_mul":
+        ops, special = VLLM_ACT_AND_MUL_OPS
+        threads = max(1, min(VLLM_ROW_KINDS[kind], cols))
+        return RowKernelSpec("act_and_mul_kernel", threads, 1, size, 32,
+                             (RowPass("memory", ops_per_element=ops, transcendentals_per_element=special, writes=True),),
+                             inputs=2, fma_share=FMA_PIPE_SHARE["act_and_mul_kernel"])
+    threads = max(1, min(VLLM_ROW_KINDS[kind], cols // 2))
+    return RowKernelSpec("rotary_embedding_kernel", threads, 1, 2 * size, 32,
+                         (RowPass("memory", ops_per_element=VLLM_ROPE_OPS, writes=True),),
+                         fma_share=FMA_PIPE_SHARE["rotary_embedding_kernel"])
 
 
 def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKernelSpec:
