@@ -42,7 +42,7 @@ def test_each_loop_iteration_waits_for_its_loads():
                    for cols in (1024, 4096))
     assert long > 2 * short
     multiply = run(H100, ops.Elementwise("mul", 264 * 4096, "fp16")).time_s
-    assert long > 2 * multiply
+    assert long > 1.5 * multiply
 
 
 def test_the_same_values_in_one_row_take_one_workgroup_longer():
