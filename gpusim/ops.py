@@ -365,7 +365,8 @@ concatenation, which over strided tensors computes its offsets differently (``in
 ``silu_and_mul`` is a gated MLP's activation as vLLM's fused kernel runs it: it reads a
 ``[rows, 2 x width]`` tensor (the gate and up projections side by side,
 :data:`ELEMENTWISE_INPUT_WIDTH`) and writes ``silu(gate) * up``, ``elements`` values. ``rope`` is
-vLLM's rotary embedding of the query and key heads, in place: ``elements`` values read and written.
+vLLM's rotary embedding of the query and key heads, in place: ``elements`` values read and written
+(the tensor its input or its ``out`` names).
 Both run one workgroup per row (``rows``, :func:`gpusim.kernels.rowreduce.vllm_row_kernel`).
 ``gelu`` is the tanh approximation (``approximate="tanh"``, as this project's H200 and H100
 element-wise measurements ran it), ``gelu_erf`` PyTorch's exact GeLU (``F.gelu``,
@@ -467,9 +468,10 @@ class Elementwise(Op):
             if self.index_dims or self.workgroups or self.inflight_bytes_per_thread:
                 raise OpError(f"Elementwise: kind {self.kind!r} is vLLM's per-row kernel; fields 'index_dims', "
                               f"'workgroups' and 'inflight_bytes_per_thread' do not apply to it")
-            if self.kind == "rope" and self.out is not None and self.out != (self.inputs or (None,))[0]:
+            named = (self.inputs or (None,))[0]
+            if self.kind == "rope" and None not in (self.out, named) and self.out != named:
                 raise OpError(f"Elementwise: kind 'rope' rotates its input in place: field 'out' ({self.out!r}) "
-                              f"must name its input ({(self.inputs or (None,))[0]!r})")
+                              f"must name its input ({named!r}) or the input must be unnamed")
         elif self.rows is not None:
             raise OpError(f"Elementwise: field 'rows' applies to the per-row kinds ({', '.join(VLLM_ROW_KINDS)}), "
                           f"not to {self.kind!r}")

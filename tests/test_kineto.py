@@ -388,3 +388,53 @@ def test_flash_attention_without_recorded_arguments_is_unsupported(tmp_path):
 
     with pytest.raises(TraceError, match="is_causal not recorded"):
         read_kineto(_kineto_file(tmp_path, bare))
+
+
+VLLM_OPS = {
+    "act": ("void vllm::act_and_mul_kernel<c10::Half, &vllm::silu_kernel<c10::Half>, true>(c10::Half*, c10::Half "
+            "const*, int)", "_C::silu_and_mul", [[64, 11008], [64, 22016]], ["c10::Half", "c10::Half"]),
+    "rope": ("void vllm::rotary_embedding_kernel<c10::Half, true>(long const*, c10::Half*, c10::Half*, c10::Half "
+             "const*, int, long, long, int, int, int)", "_C::rotary_embedding",
+             [[64], [64, 4096], [64, 1024], [], [4096, 128], []],
+             ["long int", "c10::Half", "c10::Half", "Scalar", "c10::Half", "Scalar"]),
+    "norm": ("void vllm::rms_norm_kernel<c10::Half>(c10::Half*, c10::Half const*, c10::Half const*, float, int, int)",
+             "_C::rms_norm", [[64, 4096], [64, 4096], [4096], []], ["c10::Half", "c10::Half", "c10::Half", "Scalar"]),
+}
+
+
+@pytest.mark.parametrize(("which", "expected"), [
+    ("act", {"kind": "elementwise", "function": "silu_and_mul", "elements": 64 * 11008, "rows": 64}),
+    ("rope", {"kind": "elementwise", "function": "rope", "elements": 64 * (4096 + 1024), "rows": 64}),
+    ("norm", {"kind": "reduction", "function": "rmsnorm", "rows": 64, "cols": 4096, "kernel": "vllm"}),
+])
+def test_vllms_kernels_replay_as_its_per_row_kernels(tmp_path, which, expected):
+    """vLLM's custom ops (``torch.ops._C``) record their tensors' shapes; the kernels give each
+    token's row a workgroup (gpusim.kernels.rowreduce.vllm_row_kernel)."""
+    kernel_name, op, dims, types = VLLM_OPS[which]
+
+    def vllm(kernel, events):
+        kernel["name"] = kernel_name
+        events[0].update(name=op, args={"External id": 1, "Input Dims": dims, "Input type": types})
+
+    trace = read_kineto(_kineto_file(tmp_path, vllm))
+    row = trace.frame.iloc[0]
+    assert {field: row[field] for field in expected} == expected and row["dtype"] == "fp16"
+    result = gpusim.run(gpusim.load_system("h100-sxm5"), trace)
+    assert result.ops["impl"].iloc[0] == {"act": "act_and_mul_kernel", "rope": "rotary_embedding_kernel",
+                                          "norm": "rms_norm_kernel"}[which]
+
+
+def test_vllms_kernels_without_shapes_or_with_another_activation_are_unsupported(tmp_path):
+    def unrecorded(kernel, events):
+        kernel["name"] = VLLM_OPS["act"][0]
+
+    with pytest.raises(TraceError, match="without its op's recorded shapes"):
+        read_kineto(_kineto_file(tmp_path, unrecorded))
+
+    def gelu(kernel, events):
+        kernel["name"] = VLLM_OPS["act"][0].replace("silu_kernel", "gelu_kernel")
+        events[0].update(name="_C::gelu_and_mul", args={"External id": 1, "Input Dims": VLLM_OPS["act"][2],
+                                                        "Input type": VLLM_OPS["act"][3]})
+
+    with pytest.raises(TraceError, match="other than SiLU"):
+        read_kineto(_kineto_file(tmp_path, gelu))

@@ -90,3 +90,12 @@ def test_vllm_rms_norm_reads_its_rows_twice_but_from_dram_once():
     result = run(H100, ops.RowReduce("rmsnorm", rows, cols, "fp16", library="vllm"))
     reads = result.dram.query("direction == 'read'")["bytes"].sum()
     assert rows * cols * 2 <= reads < 1.2 * rows * cols * 2  # the second pass finds the row in the L2
+
+
+def test_rope_without_a_named_input_rotates_the_tensor_its_output_names():
+    """A trace names a rotary embedding's tensor by its output alone; it is read and written in place."""
+    result = run(H100, [ops.Elementwise("fill", 64 * 8192, "fp16", out="qk"),
+                        ops.Elementwise("rope", 64 * 8192, "fp16", out="qk", rows=64)])
+    written = 64 * 8192 * 2
+    assert result.ops["bytes"].iloc[-1] == 2 * written
+    assert result.dram.query("direction == 'read'")["bytes"].sum() < 0.1 * written  # the fill's output, in the L2

@@ -320,6 +320,8 @@ def execute_elementwise(ctx, op):
     nbytes = op.elements * size
     read_bytes = nbytes * ELEMENTWISE_INPUT_WIDTH.get(op.kind, 1)
     names_in = list(op.inputs or []) + [None] * n_in
+    if op.kind == "rope" and names_in[0] is None:
+        names_in[0] = op.out  # rotated in place: the tensor its output names
     reads = [(ctx.tensor(names_in[i], read_bytes), read_bytes) for i in range(n_in)]
     if op.rows:
         yield from _per_row(ctx, op, reads[0][0])

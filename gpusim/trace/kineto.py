@@ -55,7 +55,7 @@ import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError, UnsupportedTraceError
-from gpusim.ops import ELEMENTWISE_KINDS
+from gpusim.ops import ELEMENTWISE_INPUT_WIDTH, ELEMENTWISE_KINDS
 from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
 
@@ -120,6 +120,11 @@ _ELEMENTWISE_NAME = re.compile(
     r"elementwise|vectorized|unrolled|multi_tensor_apply|fill|cat|copy|nchwtonhwc|nhwctonchw|transpose|index|gather|"
     r"scatter|dropout|relu|gelu|where|pool", re.I,
 )
+_VLLM_ROW_NAME = re.compile(r"vllm::(act_and_mul_kernel|rotary_embedding_kernel)")
+"""vLLM's per-row element-wise kernels (:data:`VLLM_ROW_FUNCTIONS`)."""
+VLLM_ROW_FUNCTIONS = {"act_and_mul_kernel": "silu_and_mul", "rotary_embedding_kernel": "rope"}
+"""The element-wise kind each of vLLM's per-row kernels replays as (``act_and_mul_kernel`` only
+with the SiLU, ``silu_kernel`` in its template arguments)."""
 _OPAQUE_TYPE = re.compile(r"OpaqueType<(\d+)u?>")
 _CAT_RANK = re.compile(r"CatArrayBatchedCopy<.*?OpaqueType<\d+u?>\s*,\s*[\w ]+?\s*,\s*(\d+)\s*,")
 OPAQUE_DTYPES = {1: "int8", 2: "fp16", 4: "fp32", 8: "fp64"}
@@ -140,6 +145,8 @@ def kernel_class(name: str, category: str) -> str:
         return "collective"
     if _ATTENTION_NAME.search(name):
         return "attention"
+    if _VLLM_ROW_NAME.search(name):
+        return "elementwise"
     if _GEMM_NAME.search(name):
         return "gemm"
     if _REDUCTION_NAME.search(name):
@@ -329,6 +336,36 @@ def _index_dims(kernel_name: str, args: dict) -> int:
     return max(2, coalesced_dims(layouts))
 
 
+def _vllm_row_fields(cpu_op: dict | None, kernel_name: str) -> dict:
+    """A vLLM per-row kernel's fields from its op's recorded shapes: ``silu_and_mul`` reads the
+    largest tensor (``[tokens, 2 x width]``) and writes half of it; ``rope`` rotates the query and
+    key tensors (its op's second and third arguments, after the positions), a row per token."""
+    kernel = _VLLM_ROW_NAME.search(kernel_name).group(1)
+    function = VLLM_ROW_FUNCTIONS[kernel]
+    if function == "silu_and_mul" and "silu_kernel" not in kernel_name:
+        raise UnsupportedEvent("vLLM's act_and_mul_kernel with an activation other than SiLU is not modelled")
+    args = (cpu_op or {}).get("args", {})
+    dims = args.get("Input Dims")
+    types = args.get("Input type") or []
+    tensors = [(i, d) for i, d in enumerate(dims or []) if isinstance(d, list) and d and not isinstance(d[0], list)]
+    if not tensors:
+        raise UnsupportedEvent(f"vLLM's {kernel} without its op's recorded shapes")
+    if function == "silu_and_mul":
+        index, shape = max(tensors, key=lambda item: math.prod(int(v) for v in item[1]))
+        rows = math.prod(int(v) for v in shape[:-1])
+        elements = math.prod(int(v) for v in shape) // 2
+    else:
+        if len(tensors) < 3:
+            raise UnsupportedEvent(f"vLLM's {kernel} needs its positions, query and key shapes, got {dims}")
+        (_, positions), (index, query), (_, key) = tensors[:3]
+        rows = math.prod(int(v) for v in positions)
+        elements = math.prod(int(v) for v in query) + math.prod(int(v) for v in key)
+    if rows <= 0 or elements <= 0 or elements % rows:
+        raise UnsupportedEvent(f"vLLM's {kernel}: {elements} values do not split into {rows} rows")
+    return {"kind": "elementwise", "function": function, "elements": int(elements), "rows": int(rows),
+            "dtype": _dtype(types[index] if index < len(types) else None), "index_dims": 0}
+
+
 def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> dict:
     """An element-wise kernel's fields: its function and element count from the op's recorded shapes
     (the largest tensor), else from the kernel's launch geometry.  A two-input function whose other
@@ -500,10 +537,12 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
         return fields
     if klass == "reduction":
         fields = _reduction_fields(cpu_op)
-        fields["kernel"] = "inductor" if name.startswith("triton") else "pytorch"
+        fields["kernel"] = "inductor" if name.startswith("triton") else "vllm" if "vllm::" in name else "pytorch"
         if fields["function"] == "colsum" and fields["kernel"] == "inductor":
             raise UnsupportedEvent("a Triton kernel summing columns (Inductor's column reductions are not modelled)")
         return fields
+    if klass == "elementwise" and _VLLM_ROW_NAME.search(name):
+        return _vllm_row_fields(cpu_op, name)
     if klass == "elementwise":
         return _elementwise_fields(cpu_op, name, grid, block)
     if klass == "attention":
@@ -652,7 +691,8 @@ def _tensor_bytes(row: dict) -> tuple[int | None, int | None]:
         return None, row["m"] * row["n"] * row.get("batch", 1) * size
     if kind == "elementwise":
         nbytes = row["elements"] * size
-        return (nbytes if ELEMENTWISE_KINDS[row["function"]][0] else None), nbytes
+        reads = nbytes * ELEMENTWISE_INPUT_WIDTH.get(row["function"], 1)
+        return (reads if ELEMENTWISE_KINDS[row["function"]][0] else None), nbytes
     nbytes = row["rows"] * row["cols"] * size
     return nbytes, row["rows"] * size if row["function"] == "sum" else nbytes
 
@@ -678,7 +718,9 @@ def _infer_dataflow(rows: list[dict]) -> None:
         before = previous.get(stream)
         if reads is not None and before is not None and before[1] == reads:
             row["inputs"] = before[0]
-        row["output"] = f"t{row['op_id']}"
+        # a rotary embedding rotates its input in place: its output is the tensor it read
+        in_place = row.get("function") == "rope" and row.get("inputs")
+        row["output"] = row["inputs"] if in_place else f"t{row['op_id']}"
         previous[stream] = (row["output"], writes)
 
 

@@ -42,8 +42,9 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
             kernel=row.kernel or None, name=name, ranks=ranks,
         )  # fmt: skip
     if kind == "elementwise":
+        rows = None if pd.isna(row.rows) or not row.rows else int(row.rows)
         return ops.Elementwise(row.function, int(row.elements), dtype=row.dtype, inputs=tuple(inputs) or None,
-                               out=output, index_dims=int(row.index_dims), name=name, ranks=ranks)
+                               out=output, index_dims=int(row.index_dims), rows=rows, name=name, ranks=ranks)
     if kind == "reduction":
         return ops.RowReduce(row.function, int(row.rows), int(row.cols), dtype=row.dtype, input=first_input,
                              out=output, library=row.kernel or "pytorch", name=name, ranks=ranks)

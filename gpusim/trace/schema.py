@@ -105,7 +105,7 @@ DEFAULTS: dict[str, object] = {"batch": 1, "index_dims": 0, "layer": -1, "step":
 
 SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
-    "elementwise": ("elements", "function", "dtype", "index_dims"),
+    "elementwise": ("elements", "function", "dtype", "index_dims", "rows"),
     "reduction": ("rows", "cols", "function", "dtype", "kernel"),
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function", "dtype"),
     "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
