@@ -33,6 +33,10 @@ Sections and files (in ``--out``):
     GEMM, fills and a copy timed right after the cold method's 512 MiB write, after that write and
     an idle millisecond, after a 512 MiB read, and right after themselves: whether the flush leaves
     a write-back backlog that the next call pays for (docs/validation.md, stop 33).
+``gemm_residency.csv``
+    Section ``gemm_residency`` (not run by default; added in stop 35, not yet run): an add after a
+    GEMM whose weights of 2-64 MiB stream through the L2, against the same add after a fill of its
+    input: whether a GEMM's output stays in the L2 for its consumer (docs/validation.md, stop 35).
 ``l2.csv``
     Section ``l2`` (not run by default): per-call bandwidth of a working set reused from the L2,
     4-256 MiB, in place and read only.
@@ -930,6 +934,49 @@ def chains(bench: Bench, out: Path, dry: bool) -> None:
     bench.log(f"chain: {table.rows} kernels")
 
 
+RESIDENCY_OUTPUT_MIB = (4, 8, 16, 24)
+"""Output sizes of the ``gemm_residency`` section (MiB)."""
+RESIDENCY_DEPTHS = (1024, 8192, 32768)
+"""K of its GEMMs: weights of 2, 16 and 64 MiB streamed through the L2 while the output is written."""
+
+
+def gemm_residency(bench: Bench, out: Path, dry: bool) -> None:
+    """Does a GEMM's output stay in the L2 for the kernel after it when the GEMM streams large
+    weights? ``y = x @ w`` (``m x k @ k x 1024``, fp16) then ``z = y + r`` with ``r`` a fresh
+    tensor, replayed from a CUDA graph without a flush; the add's duration against the same add
+    after a fill of ``y`` (its input warm) says how much of ``y`` the L2 kept. vidur's layer profiles
+    time such adds (after a down projection of 52-90 MiB of weights) as if both inputs came from the
+    HBM (docs/validation.md, stop 35)."""
+    table = Table(out / "gemm_residency.csv", ["producer", "k", "bytes", "kernel", "name", "duration_us"])
+    for mib in (1,) if dry else RESIDENCY_OUTPUT_MIB:
+        rows = mib * 2**20 // 2 // 1024
+        y = torch.empty(rows, 1024, dtype=torch.float16, device=bench.device)
+        r = torch.randn(rows, 1024, dtype=torch.float16, device=bench.device)
+        z = torch.empty(rows, 1024, dtype=torch.float16, device=bench.device)
+        for k in (0, *((256,) if dry else RESIDENCY_DEPTHS)):
+            if bench.left_s() < 30:
+                bench.log(f"gemm_residency: out of time at {mib} MiB, k = {k}")
+                table.close()
+                return
+            x = torch.randn(rows, max(k, 1), dtype=torch.float16, device=bench.device) if k else None
+            w = torch.randn(max(k, 1), 1024, dtype=torch.float16, device=bench.device) if k else None
+
+            def work(x=x, w=w, y=y, r=r, z=z) -> None:
+                if x is None:
+                    y.fill_(1.0)
+                else:
+                    torch.matmul(x, w, out=y)
+                torch.add(y, r, out=z)
+
+            for index, kernel in enumerate(graph_kernels(bench, work, flush=False)):
+                table.add({"producer": "gemm" if k else "fill", "k": k, "bytes": mib * 2**20, "kernel": index,
+                           "name": kernel["name"][:120], "duration_us": kernel["dur"]})
+            del x, w
+        del y, r, z
+    table.close()
+    bench.log(f"gemm_residency: {table.rows} kernels")
+
+
 def reduction_call(kind: str, rows: int, cols: int, device: str) -> Callable[[], object]:
     """One call of a reduction (or ``add``, a tiny in-place add for reference) over a fresh random
     ``rows x cols`` fp16 tensor, with a weight (and bias) where the kind takes them."""
@@ -1188,6 +1235,7 @@ def main() -> int:
     section("l2", lambda: l2_capacity(bench, args.out, args.dry_run))
     section("concurrency_graph", lambda: concurrency_graph(bench, args.out, args.dry_run))
     section("chain", lambda: chains(bench, args.out, args.dry_run))
+    section("gemm_residency", lambda: gemm_residency(bench, args.out, args.dry_run))
     section("reduction_costs", lambda: reduction_costs(bench, args.out, args.dry_run))
     section("gemm_kernels", lambda: gemm_kernels(bench, args.out, args.dry_run))
     section("reduction_grid", lambda: reduction_grid(bench, args.out, args.dry_run))
