@@ -199,13 +199,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from gpusim import validation
 
-    names = list(dict.fromkeys(args.dataset or validation.DATASETS))  # each data set once, in the order given
+    if args.vidur and not args.system:
+        raise GpusimError("validate --vidur: give the preset to simulate it on with --system")
+    extra = [validation.vidur_dataset(path, args.system) for path in args.vidur or []]
+    names = [] if extra and not args.dataset else list(dict.fromkeys(args.dataset or validation.DATASETS))
     out = output_folder(args.out)
     tables = []
     broken: list[str] = []
     subsets: list[str] = []
-    for name in names:
-        dataset = validation.get(name)
+    for dataset in [validation.get(name) for name in names] + extra:
+        name = dataset.name
         frame, table, violations = validation.report(
             dataset, out, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
             progress=not args.quiet,
@@ -237,6 +240,10 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--dataset", action="append", choices=list(DATASETS),
                         help="data set to compare (repeatable, each compared once; default: all)")
+    parser.add_argument("--vidur", action="append", metavar="PATH",
+                        help="also (or, without --dataset, only) compare a vidur MLP profile as vidur writes it "
+                             "(data/profiling/compute/<gpu>/<model>/mlp.csv), simulated on --system (repeatable)")
+    parser.add_argument("--system", help="preset a --vidur profile is simulated on")
     parser.add_argument("--out", default="out/validate", help="folder for the CSVs, plots and summary.csv")
     parser.add_argument("--points", type=positive_int, default=None,
                         help="simulate a random subset of at most this many points per data set, spread evenly "

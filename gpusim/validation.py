@@ -755,8 +755,8 @@ def _vidur_mlp(model: VidurModel) -> Callable[[Path], pd.DataFrame]:
     each operation (:attr:`VidurModel.add_calls` for ``add``, else one; its time is their sum), and
     ``time_ms`` per kernel."""
 
-    def read(path: Path) -> pd.DataFrame:
-        frame = pd.read_csv(path)
+    def read(path: Path, reader: Callable[[Path], pd.DataFrame] = pd.read_csv) -> pd.DataFrame:
+        frame = reader(path)
         calls = (frame["op"] == "add") * (model.add_calls - 1) + 1
         return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
 
@@ -798,6 +798,77 @@ def _vidur_mlp_point(model: VidurModel, system: str) -> Callable[[pd.Series], di
         raise ConfigError(f"vidur's {model.name} profile: field 'op' must be one of {', '.join(known)}; got {op!r}")
 
     return point
+
+
+VIDUR_OPERATIONS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+                    "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+"""The operations of vidur's MLP profiles gpusim simulates (their ``emb``, the embedding's gather, is
+left out)."""
+VIDUR_MODEL_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp", "num_tokens",
+                       "num_tensor_parallel_workers")
+"""Columns every row of a vidur MLP profile has beside its timings."""
+
+
+def read_vidur_profile(path: str | Path) -> pd.DataFrame:
+    """vidur's MLP profile as vidur writes it (``data/profiling/compute/<gpu>/<model>/mlp.csv``: one
+    row per token count and tensor-parallel degree, ``time_stats.<op>.<statistic>`` columns in
+    milliseconds) in the long layout of the repository's copies: one row per operation with
+    ``time_ms_median``, ``time_ms_min`` and ``time_ms_max`` and the model's columns. Where vidur
+    repeats a (token count, degree), the first row is kept.
+
+    Raises
+    ------
+    ConfigError
+        The file is missing or lacks a column, naming the file and the column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: vidur profile not found")
+    wide = pd.read_csv(path)
+    missing = [column for column in VIDUR_MODEL_COLUMNS if column not in wide.columns]
+    if missing:
+        raise ConfigError(f"{path}: field {missing[0]!r} is missing; a vidur MLP profile has the columns "
+                          f"{', '.join(VIDUR_MODEL_COLUMNS)} beside its time_stats.<op>.median/min/max columns")
+    operations = [op for op in VIDUR_OPERATIONS if f"time_stats.{op}.median" in wide.columns]
+    if not operations:
+        raise ConfigError(f"{path}: no time_stats.<op>.median column of the operations {', '.join(VIDUR_OPERATIONS)}")
+    wide = wide.drop_duplicates(["num_tokens", "num_tensor_parallel_workers"])
+    frames = []
+    for op in operations:
+        columns = {f"time_stats.{op}.{stat}": f"time_ms_{stat}" for stat in ("median", "min", "max")}
+        absent = [column for column in columns if column not in wide.columns]
+        if absent:
+            raise ConfigError(f"{path}: field {absent[0]!r} is missing")
+        frames.append(wide[[*VIDUR_MODEL_COLUMNS, *columns]].rename(columns=columns).assign(op=op))
+    return pd.concat(frames, ignore_index=True).dropna(subset=["time_ms_median"])
+
+
+def vidur_model(frame: pd.DataFrame, name: str = "the profile's model") -> VidurModel:
+    """The :class:`VidurModel` of a profile read by :func:`read_vidur_profile`: its sizes from its
+    columns, LLaMA's block where it times a ``post_attention_layernorm``, phi-2's otherwise."""
+    models = frame[["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]].drop_duplicates()
+    if len(models) != 1:
+        raise ConfigError(f"{name}: a vidur profile holds one model; got {len(models)} sets of model columns")
+    heads, kv_heads, hidden, mlp, gated = models.iloc[0].tolist()
+    gated = str(gated).strip().lower() in ("true", "1")
+    return VidurModel(name, hidden=int(hidden), heads=int(heads), kv_heads=int(kv_heads), mlp=int(mlp), gated=gated,
+                      post_attention_norm=bool((frame["op"] == "post_attention_layernorm").any()))
+
+
+def vidur_dataset(path: str | Path, system: str, tolerance: float = 0.20) -> DataSet:
+    """A :class:`DataSet` of any vidur MLP profile as vidur writes it (:func:`read_vidur_profile`),
+    simulated on the preset ``system`` the way the repository's phi-2 and Llama-2-7B data sets are
+    (:func:`_vidur_mlp_point`); ``gpusim validate --vidur PATH --system PRESET``."""
+    path = Path(path).resolve()
+    model = vidur_model(read_vidur_profile(path), path.parent.name or path.name)
+
+    def read(file: Path) -> pd.DataFrame:
+        return _vidur_mlp(model)(file, read_vidur_profile)
+
+    return DataSet(name=f"vidur-{path.parent.name or path.stem}-{system}",
+                   description=f"vidur's profile of {model.name}'s layer ({path}) on {system}", file=str(path),
+                   system=system, point=_vidur_mlp_point(model, system), read=read, measured_s=_ms("time_ms"),
+                   tolerances={"median": tolerance}, group="op", plot_x="num_tokens", plot_by="op")
 
 
 def _vidur_layer(model: VidurModel, tag: str, gpu: str, system: str) -> DataSet:

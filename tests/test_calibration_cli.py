@@ -58,3 +58,51 @@ def test_validate_compares_a_repeated_dataset_once(tmp_path, capsys, monkeypatch
                  "--workers", "1"]) == 0
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert list(summary["dataset"]) == ["gelu-mi210"]
+
+
+def _vidur_profile(path, ops=("input_layernorm", "mlp_act", "add"), extra_row=True):
+    """A vidur MLP profile as vidur writes it: two token counts of a Llama-like layer (the second
+    repeated, as vidur's files repeat some), ``time_stats.<op>.<stat>`` columns in ms."""
+    rows = []
+    for tokens in (64, 512, 512) if extra_row else (64, 512):
+        row = {}
+        for op in ops:
+            row.update({f"time_stats.{op}.{stat}": 0.004 * tokens / 64 for stat in ("min", "max", "mean", "median")})
+            row[f"time_stats.{op}.std"] = 0.0
+        row.update(n_head=32, n_kv_head=8, n_embd=4096, n_expanded_embd=14336, vocab_size=128256, use_gated_mlp=True,
+                   num_tokens=tokens, num_tensor_parallel_workers=2)
+        rows.append(row)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_validate_reads_a_vidur_profile_as_vidur_writes_it(tmp_path, capsys):
+    path = _vidur_profile(tmp_path / "Meta-Llama-3-8B" / "mlp.csv", ops=("post_attention_layernorm", "mlp_act", "add"))
+    frame = validation.read_vidur_profile(path)
+    assert len(frame) == 2 * 3 and set(frame["op"]) == {"post_attention_layernorm", "mlp_act", "add"}
+    model = validation.vidur_model(frame)
+    assert (model.kv_heads, model.mlp, model.gated, model.post_attention_norm) == (8, 14336, True, True)
+    assert model.add_calls == 1
+    dataset = validation.vidur_dataset(path, "h100-sxm5")
+    point = dataset.point(dataset.load().query("op == 'mlp_act'").iloc[0])
+    # 14336 / 2 values per token on each of two tensor-parallel ranks, one row per token
+    assert (point["op"], point["elements"], point["rows"]) == ("silu_and_mul", 64 * 7168, 64)
+    out_dir = tmp_path / "out"
+    status = main(["validate", "--vidur", str(path), "--system", "h100-sxm5", "--out", str(out_dir), "--quiet",
+                   "--workers", "1"])
+    assert status in (0, 1)
+    summary = pd.read_csv(out_dir / "summary.csv")
+    assert list(summary.query("subset == 'all'")["dataset"]) == ["vidur-Meta-Llama-3-8B-h100-sxm5"]
+    assert "Meta-Llama-3-8B" in capsys.readouterr().out
+
+
+def test_a_bad_vidur_profile_is_an_error_naming_the_file_and_field(tmp_path, capsys):
+    path = _vidur_profile(tmp_path / "m" / "mlp.csv")
+    pd.read_csv(path).drop(columns=["n_kv_head"]).to_csv(path, index=False)
+    assert main(["validate", "--vidur", str(path), "--system", "h100-sxm5", "--quiet"]) == 2
+    assert f"{path}: field 'n_kv_head' is missing" in capsys.readouterr().err
+    assert main(["validate", "--vidur", str(path)]) == 2
+    assert "--system" in capsys.readouterr().err
+    assert main(["validate", "--vidur", str(tmp_path / "none.csv"), "--system", "h100-sxm5"]) == 2
+    assert "vidur profile not found" in capsys.readouterr().err
