@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -748,6 +749,10 @@ PHI2 = VidurModel("phi-2", hidden=2560, heads=32, kv_heads=32, mlp=10240, gated=
 LLAMA2_7B = VidurModel("Llama-2-7b", hidden=4096, heads=32, kv_heads=32, mlp=11008, gated=True,
                        post_attention_norm=True)
 """Llama-2-7B's layer (vidur's profile): 32 heads of 128, SwiGLU MLP of width 11008, RMS norms."""
+LLAMA2_70B = VidurModel("Llama-2-70b", hidden=8192, heads=64, kv_heads=8, mlp=28672, gated=True,
+                        post_attention_norm=True)
+"""Llama-2-70B's layer (vidur's profile): 64 query heads of 128 sharing 8 key/value heads, SwiGLU MLP
+of width 28672, RMS norms."""
 
 
 def _vidur_mlp(model: VidurModel) -> Callable[[Path], pd.DataFrame]:
@@ -861,27 +866,26 @@ def vidur_dataset(path: str | Path, system: str, tolerance: float = 0.20) -> Dat
     (:func:`_vidur_mlp_point`); ``gpusim validate --vidur PATH --system PRESET``."""
     path = Path(path).resolve()
     model = vidur_model(read_vidur_profile(path), path.parent.name or path.name)
-
-    def read(file: Path) -> pd.DataFrame:
-        return _vidur_mlp(model)(file, read_vidur_profile)
-
     return DataSet(name=f"vidur-{path.parent.name or path.stem}-{system}",
                    description=f"vidur's profile of {model.name}'s layer ({path}) on {system}", file=str(path),
-                   system=system, point=_vidur_mlp_point(model, system), read=read, measured_s=_ms("time_ms"),
+                   system=system, point=_vidur_mlp_point(model, system),
+                   read=partial(_vidur_mlp(model), reader=read_vidur_profile), measured_s=_ms("time_ms"),
                    tolerances={"median": tolerance}, group="op", plot_x="num_tokens", plot_by="op")
 
 
-def _vidur_layer(model: VidurModel, tag: str, gpu: str, system: str) -> DataSet:
+def _vidur_layer(model: VidurModel, tag: str, gpu: str, system: str, native: bool = False) -> DataSet:
     """vidur's per-operation profile of ``model``'s layer on one GPU (``vidur_<gpu>_<file tag>_mlp.csv``,
-    the tag with ``_`` for ``-``)."""
+    the tag with ``_`` for ``-``): in the repository's long layout, or with ``native`` as vidur
+    writes it (:func:`read_vidur_profile`)."""
     ops_text = ("its four GEMMs, RMS norms, rotary embedding, SwiGLU activation and residual add" if model.gated
                 else "its four GEMMs, layer norm, GeLU and residual adds (per kernel)")
     return DataSet(name=f"mlp-{gpu}-{tag}", description=f"vidur's profile of {model.name}'s layer on an {gpu.upper()} "
                    "(PyTorch, sarathi's layers; the profiler's kernel durations, median of 20 repeats of the layer): "
                    f"{ops_text} for 1-4096 tokens",
                    file=f"vidur_{gpu}_{tag.replace('-', '_')}_mlp.csv", system=system, point=_vidur_mlp_point(model, system),
-                   read=_vidur_mlp(model), measured_s=_ms("time_ms"), tolerances={"median": 0.20}, group="op",
-                   plot_x="num_tokens", plot_by="op")
+                   read=partial(_vidur_mlp(model), reader=read_vidur_profile) if native else _vidur_mlp(model),
+                   measured_s=_ms("time_ms"), tolerances={"median": 0.20}, group="op", plot_x="num_tokens",
+                   plot_by="op")
 
 
 def _attention_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
@@ -1003,6 +1007,7 @@ DATASETS: dict[str, DataSet] = {
         _vidur_layer(PHI2, "phi2", "h100", "h100-sxm5"),
         _vidur_layer(LLAMA2_7B, "llama2-7b", "a100", "a100-sxm4"),
         _vidur_layer(LLAMA2_7B, "llama2-7b", "h100", "h100-sxm5"),
+        _vidur_layer(LLAMA2_70B, "llama2-70b-tp4", "h100", "h100-sxm5", native=True),
         _vidur_allreduce("allreduce-hgx-h100", "vidur's NCCL all-reduce (median of repeats) on H100 DGX nodes: 2, 4, "
                          "8 GPUs in a node, 1-64 MiB (40 sizes each)", "vidur_h100_dgx_all_reduce.csv", "hgx-h100",
                          _allreduce_select),

@@ -85,3 +85,30 @@ def test_vidur_llama2_7b_rotary_embedding_on_the_h100_within_20_percent():
     rows = dataset.load().query("op == 'attn_rope'")
     frame = validation.compare(dataset, rows, workers=1, progress=False)
     assert frame["error"].abs().median() < 0.20, validation.error_stats(frame)
+
+
+def test_vidur_llama2_70b_profile_is_read_in_vidurs_own_layout_with_its_tensor_parallel_slices():
+    """The Llama-2-70B file keeps vidur's layout (wide ``time_stats`` columns, the source's rows);
+    four-way tensor parallelism leaves each rank 16 query heads, 2 key/value heads and a quarter of
+    the MLP, and the residual add is one kernel (LLaMA's block)."""
+    dataset = validation.get("mlp-h100-llama2-70b-tp4")
+    frame = dataset.load()
+    assert len(frame) == 21 * 9 and set(frame["num_tensor_parallel_workers"]) == {4}
+    points = {row["op"]: dataset.point(row) for _, row in frame.query("num_tokens == 64").iterrows()}
+    assert (points["attn_pre_proj"]["n"], points["attn_pre_proj"]["k"]) == ((16 + 2 * 2) * 128, 8192)
+    assert (points["attn_post_proj"]["n"], points["attn_post_proj"]["k"]) == (8192, 16 * 128)
+    assert (points["mlp_up_proj"]["n"], points["mlp_down_proj"]["k"]) == (2 * 7168, 7168)
+    assert (points["attn_rope"]["elements"], points["attn_rope"]["rows"]) == (64 * 18 * 128, 64)
+    assert points["post_attention_layernorm"]["library"] == "vllm"
+    assert (frame.query("op == 'add'")["calls"] == 1).all()
+    first = frame.query("num_tokens == 4096 and op == 'mlp_act'").iloc[0]
+    assert first["measured_s"] == pytest.approx(0.09e-3)
+
+
+def test_vidur_llama2_70b_swiglu_on_the_h100_follows_its_loop():
+    """The same loop as Llama-2-7B's activation, on a quarter of a 28672-wide MLP (held out): from
+    1536 tokens on within 10% of vidur's H100 profile."""
+    dataset = validation.get("mlp-h100-llama2-70b-tp4")
+    rows = dataset.load().query("op == 'mlp_act' and num_tokens >= 1536")
+    frame = validation.compare(dataset, rows, workers=1, progress=False)
+    assert frame["error"].abs().max() < 0.10, validation.error_stats(frame)
