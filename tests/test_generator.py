@@ -173,6 +173,22 @@ def test_swiglu_gqa_model():
     assert fc1["n"] == 2 * 28672 // 8
 
 
+def test_rotary_embeddings_rotate_each_ranks_queries_and_keys_forward_and_backward(tmp_path):
+    """LLaMA's layers rotate their queries and keys (a row per token); GPT-2's learned positions are
+    added outside the layers. The rows survive a round trip through a trace file."""
+    frame = transformer("llama2-70b", tp=8, layers=1, batch=2, seq_len=64, head=False, optimizer=None).frame
+    rope = frame[(frame["function"] == "rope") & (frame["gpu"] == 0)]
+    assert rope["name"].tolist() == ["L0.rope", "L0.rope_bwd"]
+    assert rope["elements"].tolist() == [2 * 64 * (8 + 1) * 128] * 2 and rope["rows"].tolist() == [128, 128]
+    decode = transformer("llama2-7b", phase="decode", layers=1, batch=4, seq_len=32, head=False).frame
+    assert decode.loc[decode["function"] == "rope", "rows"].unique().tolist() == [4]  # one new token a sequence
+    assert not (transformer(TINY, layers=1, head=False).frame["function"] == "rope").any()
+    trace = transformer("llama2-7b", phase="prompt", layers=1, batch=1, seq_len=32, head=False)
+    path = tmp_path / "llama.csv"
+    again = gpusim.trace.read(trace.write(path)).frame
+    assert again.loc[again["function"] == "rope", "rows"].tolist() == [32]
+
+
 @pytest.mark.parametrize("phase", ["train", "prompt", "decode"])
 def test_flash_attention_replaces_the_score_gemms_softmax_and_dropout(phase):
     """One fused attention row per layer and pass, with the same attention FLOPs as the two batched GEMMs

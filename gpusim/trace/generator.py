@@ -197,9 +197,16 @@ class _Transformer:
         return self.out.compute(gpus, "gemm", after, labels, m=n, n=m, k=k, batch=batch, trans_a=trans_b,
                                 trans_b=trans_a, dtype=self.dtype)
 
-    def _elementwise(self, gpus, after, labels, function, elements, dtype=None) -> Handle:
+    def _elementwise(self, gpus, after, labels, function, elements, dtype=None, rows=None) -> Handle:
+        shape = {"rows": rows} if rows else {}
         return self.out.compute(gpus, "elementwise", after, labels, function=function, elements=elements,
-                                dtype=dtype or self.dtype)
+                                dtype=dtype or self.dtype, **shape)
+
+    def _rotary(self, gpus, labels, tokens: int) -> None:
+        """The rotary embedding of this rank's query and key heads (a row per token), where the
+        model has one: forward, and in the backward pass the same rotation of their gradients."""
+        if self.model.position == "rope":
+            self._elementwise(gpus, [], labels, "rope", tokens * (self.heads_t + self.kv_t) * self.hd, rows=tokens)
 
     def _reduction(self, gpus, after, labels, function, rows, cols) -> Handle:
         return self.out.compute(gpus, "reduction", after, labels, function=function, rows=rows, cols=cols,
@@ -237,6 +244,7 @@ class _Transformer:
         else:
             for part, width in (("q", self.q_width), ("k", self.kv_t * hd), ("v", self.kv_t * hd)):
                 last = self._gemm(gpus, [], at(part), width, t, h, trans_a=True)
+        self._rotary(gpus, at("rope"), t)
         if not self.train:
             self._elementwise(gpus, [], at("kv_cache_write"), "copy", 2 * self.kv_t * hd * t)
         if self.flash:
@@ -317,6 +325,7 @@ class _Transformer:
             self._elementwise(gpus, [], at("attn_scale_bwd"), "scale", bh * s * s)
             self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
             self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
+        self._rotary(gpus, at("rope_bwd"), t)
         if model.fused_qkv:
             self._gemm(gpus, [], at("qkv_dgrad"), h, t, self.qkv_out)
             wgrad = self._gemm(gpus, [], at("qkv_wgrad"), h, self.qkv_out, t, trans_b=True)

@@ -51,6 +51,10 @@ class ModelConfig(BaseModel):
         ``gelu`` (two-matrix MLP) or ``swiglu`` (gated MLP: three matrices).
     norm
         ``layernorm`` or ``rmsnorm``.
+    position
+        ``learned`` (position embeddings added to the input, outside the layers) or ``rope``
+        (rotary embeddings: each layer rotates its queries and keys, a per-row kernel forward and
+        backward, :func:`gpusim.kernels.rowreduce.vllm_row_kernel`).
     fused_qkv
         Whether Q, K and V are one GEMM (Megatron) or three (BERT as in Table 4.3 of seeds/002).
     causal
@@ -73,6 +77,7 @@ class ModelConfig(BaseModel):
     batch: int = Field(default=1, gt=0)
     activation: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rope"] = "learned"
     fused_qkv: bool = True
     causal: bool = True
 
