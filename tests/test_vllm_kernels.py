@@ -20,6 +20,7 @@ def test_silu_and_mul_reads_the_gate_and_up_halves_and_writes_one():
     result = run(H100, ops.Elementwise("silu_and_mul", TOKENS * WIDTH, "fp16", rows=TOKENS))
     values = TOKENS * WIDTH * 2
     assert result.ops["bytes"].iloc[0] == 2 * values + values
+    assert result.ops["flops"].iloc[0] == 6.0 * TOKENS * WIDTH
     assert result.dram.query("direction == 'read'")["bytes"].sum() >= 0.99 * 2 * values  # the wide input, from DRAM
 
 
@@ -80,9 +81,10 @@ def test_vllm_rms_norm_strides_one_value_per_thread_over_a_row_twice():
     assert row_kernel("rmsnorm", 64, 640, "fp16", H100.config.gpu, library="vllm").threads == 640
 
 
-def test_vllm_runs_only_the_rms_norm():
-    with pytest.raises(ValueError, match="library 'vllm' runs kind 'rmsnorm'"):
-        row_kernel("softmax", 64, 4096, "fp16", H100.config.gpu, library="vllm")
+@pytest.mark.parametrize("kind", ["softmax", "rmsnorm_backward"])
+def test_vllm_runs_only_the_rms_norm(kind):
+    with pytest.raises(ValueError, match="library 'vllm' runs kind 'rmsnorm' only"):
+        row_kernel(kind, 64, 4096, "fp16", H100.config.gpu, library="vllm")
 
 
 def test_vllm_rms_norm_reads_its_rows_twice_but_from_dram_once():

@@ -290,9 +290,9 @@ def offset_instructions(index_dims: int, tensors: int, kind: str = "copy") -> fl
     return base + index_dims * (DIVMOD_INSTRUCTIONS + tensors)
 
 
-def _per_row(ctx, op, source: Buffer):
-    """Run vLLM's per-row kernel of ``op`` (:func:`gpusim.kernels.rowreduce.vllm_row_kernel`) on its
-    read tensor ``source``: ``silu_and_mul`` reads its halves as the gate's and the up projection's
+def _per_row(ctx, op, source: Buffer, flops: float):
+    """Run vLLM's per-row kernel of ``op`` (:func:`gpusim.kernels.rowreduce.vllm_row_kernel`, ``flops``
+    per value) on its read tensor ``source``: ``silu_and_mul`` reads its halves as the gate's and the up projection's
     rows (in the real layout each row holds the two side by side) and writes ``op.out``; ``rope``
     rotates ``source`` in place."""
     from gpusim.kernels.rowreduce import RowReduceKernel, vllm_row_kernel
@@ -306,7 +306,7 @@ def _per_row(ctx, op, source: Buffer):
     target = parts[0] if op.kind == "rope" else ctx.tensor(op.out, nbytes)
     kernel = RowReduceKernel(ctx.gpu, spec, parts[0], target, op.rows, cols, op.dtype, nbytes, tuple(parts[1:]))
     yield from ctx.launch(kernel.kernel)
-    ctx.info.update(impl=spec.name, bytes=spec.inputs * nbytes + nbytes)
+    ctx.info.update(impl=spec.name, flops=flops * op.elements, bytes=spec.inputs * nbytes + nbytes)
 
 
 def execute_elementwise(ctx, op):
@@ -324,8 +324,7 @@ def execute_elementwise(ctx, op):
         names_in[0] = op.out  # rotated in place: the tensor its output names
     reads = [(ctx.tensor(names_in[i], read_bytes), read_bytes) for i in range(n_in)]
     if op.rows:
-        yield from _per_row(ctx, op, reads[0][0])
-        ctx.info.update(flops=flops * op.elements)
+        yield from _per_row(ctx, op, reads[0][0], flops)
         return
     writes = [(ctx.tensor(op.out if i == 0 else None, nbytes), nbytes) for i in range(n_out)]
     impl = f"{op.kind}_kernel"

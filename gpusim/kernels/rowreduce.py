@@ -292,6 +292,8 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     if kind not in ("softmax", "layernorm", "rmsnorm", "sum", "colsum", "softmax_backward", "layernorm_backward",
                     "rmsnorm_backward"):
         raise ValueError(f"unknown row-reduction kind {kind!r}")
+    if library == "vllm" and kind != "rmsnorm":
+        raise ValueError(f"RowReduce: library 'vllm' runs kind 'rmsnorm' only, not {kind!r}")
     size = DTYPE_BYTES[dtype]
     if kind.endswith("_backward"):
         forward = row_kernel(kind.removesuffix("_backward"), rows, cols, dtype, gpu, library)
@@ -303,8 +305,6 @@ def row_kernel(kind: str, rows: int, cols: int, dtype: str, gpu: GpuConfig, libr
     if library.startswith("inductor"):
         return _inductor_kernel(kind, cols, size, gpu, pytorch_2_0=library == "inductor-2.0")
     if library == "vllm":
-        if kind != "rmsnorm":
-            raise ValueError(f"RowReduce: library 'vllm' runs kind 'rmsnorm' (and its backward) only, not {kind!r}")
         return _vllm_rms_norm_kernel(cols, size)
     if kind == "softmax":
         return _softmax_kernel(cols, size, gpu, library)
