@@ -360,7 +360,9 @@ def _vllm_rms_norm_kernel(cols: int, size: int) -> RowKernelSpec:
 VLLM_ROW_KINDS = {"silu_and_mul": 1024, "rope": 512}
 """The element-wise kinds vLLM runs one workgroup per row, with the most threads its launch gives a
 row (``csrc/activation_kernels.cu``: a thread per value of the gate, at most 1024;
-``csrc/pos_encoding_kernels.cu``: a thread per rotated pair of the heads, at most 512)."""
+``csrc/pos_encoding_kernels.cu``: a thread per rotated pair of the query heads, at most 512; the
+model counts the key heads' pairs too, which gives the same 512 wherever the query heads have 512
+pairs or more, as in every LLaMA layer up to eight-way tensor parallelism)."""
 VLLM_ACT_AND_MUL_OPS = (34.0, 2.0)
 """Instructions and special functions per value of ``act_and_mul_kernel<silu>``, estimated from its
 source (not measured): the gate's and the up projection's scalar half-precision loads and their
