@@ -362,7 +362,8 @@ VLLM_ROW_KINDS = {"silu_and_mul": 1024, "rope": 512}
 row (``csrc/activation_kernels.cu``: a thread per value of the gate, at most 1024;
 ``csrc/pos_encoding_kernels.cu``: a thread per rotated pair of the query heads, at most 512; the
 model counts the key heads' pairs too, which gives the same 512 wherever the query heads have 512
-pairs or more, as in every LLaMA layer up to eight-way tensor parallelism)."""
+pairs or more: Llama-2-7B's layer up to four-way tensor parallelism, 70B's up to eight-way; beyond,
+the model gives the block more threads than vLLM does)."""
 VLLM_ACT_AND_MUL_OPS = (34.0, 2.0)
 """Instructions and special functions per value of ``act_and_mul_kernel<silu>``, estimated from its
 source (not measured): the gate's and the up projection's scalar half-precision loads and their
