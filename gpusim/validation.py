@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -755,12 +754,13 @@ LLAMA2_70B = VidurModel("Llama-2-70b", hidden=8192, heads=64, kv_heads=8, mlp=28
 of width 28672, RMS norms."""
 
 
-def _vidur_mlp(model: VidurModel) -> Callable[[Path], pd.DataFrame]:
-    """A reader of vidur's per-operation profile of ``model``'s layer: with ``calls``, the kernels of
-    each operation (:attr:`VidurModel.add_calls` for ``add``, else one; its time is their sum), and
+def _vidur_mlp(model: VidurModel, reader: Callable[[Path], pd.DataFrame]) -> Callable[[Path], pd.DataFrame]:
+    """A reader of vidur's per-operation profile of ``model``'s layer (the rows ``reader`` gives: the
+    repository's long layout, or :func:`read_vidur_profile`): with ``calls``, the kernels of each
+    operation (:attr:`VidurModel.add_calls` for ``add``, else one; its time is their sum), and
     ``time_ms`` per kernel."""
 
-    def read(path: Path, reader: Callable[[Path], pd.DataFrame] = pd.read_csv) -> pd.DataFrame:
+    def read(path: Path) -> pd.DataFrame:
         frame = reader(path)
         calls = (frame["op"] == "add") * (model.add_calls - 1) + 1
         return frame.assign(calls=calls, time_ms=frame["time_ms_median"] / calls)
@@ -866,10 +866,16 @@ def vidur_dataset(path: str | Path, system: str, tolerance: float = 0.20) -> Dat
     (:func:`_vidur_mlp_point`); ``gpusim validate --vidur PATH --system PRESET``."""
     path = Path(path).resolve()
     model = vidur_model(read_vidur_profile(path), path.parent.name or path.name)
-    return DataSet(name=f"vidur-{path.parent.name or path.stem}-{system}",
-                   description=f"vidur's profile of {model.name}'s layer ({path}) on {system}", file=str(path),
-                   system=system, point=_vidur_mlp_point(model, system),
-                   read=partial(_vidur_mlp(model), reader=read_vidur_profile), measured_s=_ms("time_ms"),
+    return _vidur_profile_dataset(model, f"vidur-{path.parent.name or path.stem}-{system}",
+                                  f"vidur's profile of {model.name}'s layer ({path}) on {system}", str(path), system,
+                                  read_vidur_profile, tolerance)
+
+
+def _vidur_profile_dataset(model: VidurModel, name: str, description: str, file: str, system: str,
+                           reader: Callable[[Path], pd.DataFrame], tolerance: float = 0.20) -> DataSet:
+    """The :class:`DataSet` of a vidur MLP profile of ``model``, its rows read by ``reader``."""
+    return DataSet(name=name, description=description, file=file, system=system,
+                   point=_vidur_mlp_point(model, system), read=_vidur_mlp(model, reader), measured_s=_ms("time_ms"),
                    tolerances={"median": tolerance}, group="op", plot_x="num_tokens", plot_by="op")
 
 
@@ -879,13 +885,10 @@ def _vidur_layer(model: VidurModel, tag: str, gpu: str, system: str, native: boo
     writes it (:func:`read_vidur_profile`)."""
     ops_text = ("its four GEMMs, RMS norms, rotary embedding, SwiGLU activation and residual add" if model.gated
                 else "its four GEMMs, layer norm, GeLU and residual adds (per kernel)")
-    return DataSet(name=f"mlp-{gpu}-{tag}", description=f"vidur's profile of {model.name}'s layer on an {gpu.upper()} "
-                   "(PyTorch, sarathi's layers; the profiler's kernel durations, median of 20 repeats of the layer): "
-                   f"{ops_text} for 1-4096 tokens",
-                   file=f"vidur_{gpu}_{tag.replace('-', '_')}_mlp.csv", system=system, point=_vidur_mlp_point(model, system),
-                   read=partial(_vidur_mlp(model), reader=read_vidur_profile) if native else _vidur_mlp(model),
-                   measured_s=_ms("time_ms"), tolerances={"median": 0.20}, group="op", plot_x="num_tokens",
-                   plot_by="op")
+    description = (f"vidur's profile of {model.name}'s layer on an {gpu.upper()} (PyTorch, sarathi's layers; the "
+                   f"profiler's kernel durations, median of 20 repeats of the layer): {ops_text} for 1-4096 tokens")
+    return _vidur_profile_dataset(model, f"mlp-{gpu}-{tag}", description, f"vidur_{gpu}_{tag.replace('-', '_')}_mlp.csv",
+                                  system, read_vidur_profile if native else pd.read_csv)
 
 
 def _attention_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
