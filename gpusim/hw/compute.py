@@ -77,7 +77,7 @@ def issue_lanes(cu: CuConfig, fma_share: float) -> float:
     """Lane-instructions per cycle a CU issues of a vector instruction mix of which ``fma_share``
     runs on the FP32 FMA pipe: the CU's issue rate, or the FMA pipe's where it has fewer lanes and
     carries that share."""
-    fp32_lanes = cu.vector_flops_per_cycle.get("fp32", 2.0) / 2
+    fp32_lanes = cu.vector_peak("fp32") / 2
     return min(cu.issue_lanes_per_cycle, fp32_lanes / fma_share)
 
 

@@ -78,7 +78,7 @@ def instruction_flops(config: GpuConfig, mix: InstructionMix) -> float:
     ``gelu_erf`` in 67% of its slots, :data:`INSTRUCTION_MIXES`)."""
     lanes = issue_lanes(config.cu, mix.fma_share)
     cycles = issue_slots(config.cu, lanes, mix.ops, mix.transcendentals) / lanes
-    return cycles * config.cu.vector_flops_per_cycle.get("fp32", 2.0)
+    return cycles * config.cu.vector_peak("fp32")
 
 
 PERSISTENT_CHUNK_WINDOWS = 4
@@ -209,7 +209,7 @@ class StreamingKernel:
         cu_config = gpu.config.cu
         # the integer instructions as the FLOPs that take as long: they issue at the integer lanes'
         # peak, which the FLOP rate's vector efficiency (FLOPs per FMA slot) does not apply to
-        fp32_lanes = cu_config.vector_flops_per_cycle.get("fp32", 2.0) / 2
+        fp32_lanes = cu_config.vector_peak("fp32") / 2
         fma_slots = int_ops * fp32_lanes / cu_config.int32_ops_per_cycle
         self.flops = flops + 2.0 * fma_slots * gpu.config.vector_efficiency
         self.flops_per_ns = gpu.vector_flops_per_ns(dtype)
