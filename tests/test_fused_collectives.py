@@ -202,3 +202,31 @@ def test_bad_all_to_alls_are_errors():
     with pytest.raises(gpusim.OpError, match="algorithm"):
         ops.GemmAllToAll(M, N, K, algorithm="ring")
     assert parse_op("gemm_a2a m=8 n=8 k=8").collective == "alltoall"
+
+
+A100_NODE = gpusim.load_system("a100-4-nvlink")  # its L2 takes NVLink writes and writes them back later
+
+
+LATE_CASES = [pytest.param(system, fused, id=f"{name}-{fused.__name__}")
+              for name, system in (("ring8", RING8), ("fc4", FC4), ("a100-4", A100_NODE))
+              for fused in (ops.GemmReduceScatter, ops.GemmAllGather, ops.GemmAllToAll)
+              if not (fused is ops.GemmAllToAll and system is RING8)]  # an all-to-all needs direct links
+
+
+@pytest.mark.parametrize("system, fused", LATE_CASES)
+@pytest.mark.parametrize("before", ["delay", "gemm"])
+def test_a_rank_that_reaches_the_op_late_still_has_every_update_counted(system, fused, before):
+    """Rank 0 reaches the op 20 us late, or after a GEMM of its own that gave its buffers other
+    addresses: its peers store into its output only once its tracker is armed, at its own addresses."""
+    op = fused(512, 512, 256)
+    late = ops.Delay(20e-6, ranks=[0]) if before == "delay" else ops.Gemm(1024, 1024, 1024, ranks=[0])
+    together = gpusim.run(system, [op], mode="full")
+    result = gpusim.run(system, [late, op], mode="full")
+    counters = result.counters
+    late_end = result.ops[result.ops["op_id"] == late.uid]["end_s"].max()
+    for gpu in range(system.num_gpus):
+        for counter in ("tracked_bytes", "untracked_bytes", "triggers"):  # an all-gather's own shard is untracked
+            assert counters[f"gpu{gpu}.tracker_{counter}"] == together.counters[f"gpu{gpu}.tracker_{counter}"]
+    fused_rows = result.ops[result.ops["op_id"] == op.uid]
+    assert len(fused_rows) == system.num_gpus
+    assert (fused_rows["end_s"] > late_end).all()  # no rank's collective ends before rank 0 has started it

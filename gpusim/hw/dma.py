@@ -39,6 +39,8 @@ class DmaCommand:
         Time from the command reaching the head of the queue to its first read; ``None`` for the
         engine's configured ``setup_ns``, 0 for commands programmed ahead of time whose readiness
         is signalled by hardware (T3's triggered DMAs).
+    dst_cached
+        Whether the destination buffer may be cached in the destination's L2.
     """
 
     src_addr: int
@@ -50,6 +52,7 @@ class DmaCommand:
     on_done: Callable[[float], None] | None = None
     label: str = "dma"
     setup_ns: float | None = None
+    dst_cached: bool = True
 
 
 class DmaEngine(Component):
@@ -143,7 +146,8 @@ class DmaEngine(Component):
                         command.src_addr + nxt, min(block, command.nbytes - nxt), command.src_cached
                     )
                 yield from self.interconnect.transfer(
-                    self.gpu, command.dst, command.dst_addr + offset, size, command.kind, delivered
+                    self.gpu, command.dst, command.dst_addr + offset, size, command.kind, delivered,
+                    command.dst_cached,
                 )
                 self.bytes_moved += size
             delivered.close(env.now)

@@ -109,7 +109,8 @@ class Interconnect:
 
         return rotate(edge[0]), rotate(edge[1])
 
-    def transfer(self, src: int, dst: int, addr: int, nbytes: int, kind: str, done: Countdown | None = None):
+    def transfer(self, src: int, dst: int, addr: int, nbytes: int, kind: str, done: Countdown | None = None,
+                 cached: bool = True):
         """Send ``nbytes`` from GPU ``src`` to ``addr`` in GPU ``dst``'s memory (a simpy generator).
 
         The generator returns once the last packet has left ``src`` (it yields while waiting for
@@ -120,6 +121,9 @@ class Interconnect:
         ----------
         kind
             ``"write"`` or ``"update"`` (near-memory op-and-store at the destination).
+        cached
+            Whether the destination buffer may be cached in the destination's L2 (an uncached
+            buffer, such as a fused collective's output, takes writes straight to its DRAM).
         """
         if src == dst:
             raise ValueError(f"transfer from GPU {src} to itself")
@@ -144,11 +148,11 @@ class Interconnect:
             if done is not None:
                 done.pending += 1
             arrival = env.timeout(t - now)
-            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits, done))
+            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits, done, cached))
             offset += size
 
     def _arrival_callback(self, memory: MemorySystem, addr: int, size: int, kind: str, credits: Credits,
-                          done: Countdown | None):
+                          done: Countdown | None, cached: bool):
         def arrive(_event) -> None:
             def accepted(time_ns: float) -> None:
                 credits.give(size)
@@ -156,7 +160,7 @@ class Interconnect:
                     done.done_at(time_ns)
 
             admission = Countdown(accepted)
-            memory.accept_remote(addr, size, kind, admission)
+            memory.accept_remote(addr, size, kind, admission, cached)
             admission.close(self.env.now)
 
         return arrive

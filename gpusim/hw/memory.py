@@ -204,9 +204,10 @@ class MemorySystem:
         if through:
             self.dram(addr, nbytes, WRITE, stream, admission=join)
 
-    def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join) -> None:
-        """Take a write or update that arrived over a link; ``admission`` completes when it is queued."""
-        if kind == WRITE and self.l2.remote_writes_allocate:
+    def accept_remote(self, addr: int, nbytes: int, kind: str, admission: Join, cached: bool = True) -> None:
+        """Take a write or update that arrived over a link; ``admission`` completes when it is queued.
+        A write to a ``cached`` buffer allocates in the L2 where the L2 takes remote writes."""
+        if kind == WRITE and cached and self.l2.remote_writes_allocate:
             self.write(addr, nbytes, admission, stream=COMM, through=self.l2.remote_writes_through)
         else:
             self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)

@@ -37,6 +37,13 @@ chunk ``r``.
 GEMM outputs are uncached (they bypass the L2).  Remote stores are posted: a workgroup hands them to
 its GPU's link interface and finishes; they leave as fast as the link and its flow control allow.
 
+Each rank's driver programs its tracker when the rank reaches the op, and a rank stores or DMAs into a
+peer's output only once the peer has done so (an ``armed`` flag at the peer, ``collectives.sync_ns``
+after it): updates that arrived before the peer's tracker counted them would never be counted, and
+the peer may still be using the buffer for an earlier op.  The destination address is the peer's own
+output buffer (ranks' allocations need not coincide).  Ranks that start together never wait for it:
+a GEMM tile takes longer than the flag.
+
 Symmetric mode simulates one GPU and delivers what it sends to any rank back to itself.  What rank
 ``r`` sends to rank ``d`` stands for what rank ``r - (d - r)`` sends to ``r``, whose chunks are
 shifted by ``d - r`` positions; addresses of remote stores and DMAs are translated by that shift so
@@ -50,6 +57,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from simpy.events import Event
+
 from gpusim.engine.primitives import Countdown, Join
 from gpusim.engine.simulation import Span
 from gpusim.errors import OpError
@@ -57,7 +66,7 @@ from gpusim.hw.dma import DmaCommand
 from gpusim.hw.hbm import UPDATE, WRITE
 from gpusim.hw.request import COMPUTE
 from gpusim.hw.tracker import TrackedRegion
-from gpusim.kernels.collectives import ring_orders
+from gpusim.kernels.collectives import Flags, ring_orders
 from gpusim.kernels.gemm import (
     GemmKernel,
     check_fits,
@@ -394,7 +403,8 @@ def tile_bytes(problem, spec) -> tuple[int, list[int]]:
 
 
 class PostedWrites:
-    """A GPU's posted remote stores to one peer: queued by workgroups, drained onto the link in order.
+    """A GPU's posted remote stores to one peer: queued by workgroups, drained onto the link in order
+    once the peer's tracker is armed.
 
     Parameters
     ----------
@@ -402,29 +412,38 @@ class PostedWrites:
         The op context (rank, machine, simulation).
     dst
         The receiving rank.
+    armed
+        Succeeds when ``dst`` has programmed its tracker for the op (``None``: it has).
+    base
+        Returns the address of ``dst``'s output buffer (known once it is armed).
     """
 
-    def __init__(self, ctx, dst: int):
+    def __init__(self, ctx, dst: int, armed: Event | None, base: Callable[[], int]):
         self.env = ctx.env
         self.interconnect = ctx.machine.interconnect
         self.src = ctx.rank
         self.dst = dst
+        self.armed = armed
+        self.base = base
         self.queue: deque[tuple[int, int, str, Callable[[float], None]]] = deque()
         self.draining = False
 
-    def post(self, addr: int, nbytes: int, operation: str, on_arrival: Callable[[float], None]) -> None:
-        """Queue an ``operation`` (update or write) of ``nbytes`` at ``addr`` on the peer;
-        ``on_arrival(time_ns)`` once it is accepted there."""
-        self.queue.append((addr, nbytes, operation, on_arrival))
+    def post(self, offset: int, nbytes: int, operation: str, on_arrival: Callable[[float], None]) -> None:
+        """Queue an ``operation`` (update or write) of ``nbytes`` at byte ``offset`` of the peer's
+        output; ``on_arrival(time_ns)`` once it is accepted there."""
+        self.queue.append((offset, nbytes, operation, on_arrival))
         if not self.draining:
             self.draining = True
             self.env.process(self._drain())
 
     def _drain(self):
+        if self.armed is not None and not self.armed.processed:
+            yield self.armed
         while self.queue:
-            addr, nbytes, operation, on_arrival = self.queue.popleft()
+            offset, nbytes, operation, on_arrival = self.queue.popleft()
             arrived = Countdown(on_arrival)
-            yield from self.interconnect.transfer(self.src, self.dst, addr, nbytes, operation, arrived)
+            yield from self.interconnect.transfer(self.src, self.dst, self.base() + offset, nbytes, operation, arrived,
+                                                  cached=False)
             arrived.close(self.env.now)
         self.draining = False
 
@@ -536,6 +555,30 @@ class FusedRank:
         self.counters = ctx.sim.recorder.counters
         self.prefix = f"gpu{self.gpu.index}."
         self.mca = self.gpu.arbiter.mca
+        shared = ctx.shared()
+        self.flags: Flags = shared.setdefault("flags", Flags(ctx))
+        self.bases: dict[int, int] = shared.setdefault("bases", {})  # output buffer per GPU, once armed
+        self.handshake = ctx.machine.mode == "full"  # mirrored ranks arm together by construction
+
+    def _armed(self, dst: int) -> Event | None:
+        """The flag raised when ``dst`` has programmed its tracker for this op; ``None`` once it is
+        processed, or where no rank waits for it."""
+        if not self.handshake:
+            return None
+        event = self.flags.event("armed", dst)
+        return None if event.processed else event
+
+    def _base(self, dst: int) -> int:
+        """Address of ``dst``'s output buffer (``dst`` is armed)."""
+        return self.bases[self.ctx.machine.gpu(dst).index]
+
+    def _when_armed(self, dst: int, action: Callable[[int], None]) -> None:
+        """Call ``action(base)`` with ``dst``'s output address now, or once ``dst`` is armed."""
+        armed = self._armed(dst)
+        if armed is None:
+            action(self._base(dst))
+        else:
+            armed.callbacks.append(lambda _event: action(self._base(dst)))
 
     def _mark(self, chunk: int, time_ns: float) -> None:
         span = self.chunk_times.setdefault(chunk, [time_ns, time_ns])
@@ -561,10 +604,10 @@ class FusedRank:
             for dst in mapping.dsts:
                 writer = self.posted.get(dst)
                 if writer is None:
-                    writer = self.posted[dst] = PostedWrites(self.ctx, dst)
+                    writer = self.posted[dst] = PostedWrites(self.ctx, dst, self._armed(dst),
+                                                             lambda dst=dst: self._base(dst))
                 target = self.frame.destination_tile(tile, self.ctx.rank, dst, mapping.lands_at)
-                writer.post(self.c.addr + target * layout.tile_bytes, nbytes, mapping.operation,
-                            self._delivered(mapping.chunk))
+                writer.post(target * layout.tile_bytes, nbytes, mapping.operation, self._delivered(mapping.chunk))
                 self.counters[self.prefix + "t3_remote_bytes"] += nbytes
         if mapping.kind != REMOTE:
             self.gpu.memory.write(self.c.addr + tile * layout.tile_bytes, nbytes, join, COMPUTE, cached=False,
@@ -586,17 +629,22 @@ class FusedRank:
             self.feeder.slot_freed()
 
         for dst in mapping.dsts:
-            target = self.frame.destination_tile(tile, self.ctx.rank, dst, mapping.lands_at)
+            offset = self.frame.destination_tile(tile, self.ctx.rank, dst, mapping.lands_at) * layout.tile_bytes
             self.counters[self.prefix + "t3_dma_bytes"] += nbytes
-            self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, dst,
-                                          self.c.addr + target * layout.tile_bytes, mapping.operation,
-                                          src_cached=False, on_done=finished, label=f"t3 chunk {mapping.chunk}",
-                                          setup_ns=0.0))
+
+            def send(base: int, dst: int = dst, offset: int = offset) -> None:
+                self.feeder.submit(DmaCommand(self.c.addr + tile * layout.tile_bytes, nbytes, dst, base + offset,
+                                              mapping.operation, src_cached=False, dst_cached=False, on_done=finished,
+                                              label=f"t3 chunk {mapping.chunk}", setup_ns=0.0))
+
+            self._when_armed(dst, send)
 
     def run(self, kernel: GemmKernel):
         """Program the tracker, run the GEMM, wait for the collective (a generator on the op's stream)."""
         tracker = self.gpu.tracker
         tracker.program(self.region)
+        self.bases[self.gpu.index] = self.c.addr
+        self.flags.raise_at("armed", self.ctx.rank, self.env.now)
         if self.mca is not None:
             self.mca.observe()
         yield from self.ctx.launch(kernel.kernel)
