@@ -206,3 +206,20 @@ def test_a_replay_of_delays_alone_compares_nothing():
     assert (table["kernels"].drop("iteration") == 0).all()
     assert table["error"].isna().all()
     assert table.loc["all kernels", "not_simulated"] == 28
+
+
+@pytest.mark.parametrize(("columns", "rows"), [
+    ("kind,function,batch,heads,q_len,kv_len,head_dim,causal", ["attention,forward,1,8,64,{v},64,false"]),
+    ("kind,m,n,k,issue_s", ["gemm,512,512,512,{t}"]),
+])
+def test_layers_that_differ_in_any_field_that_shapes_them_are_all_simulated(tmp_path, columns, rows):
+    """Four layers alike but for one field (the attention's cached keys, the measured issue time)."""
+    lines = [f"op_id,gpu,stream,layer,{columns}"]
+    for layer, (kv_len, issued) in enumerate(zip((128, 1024, 8192, 32768), (0.0, 1e-3, 2e-3, 3e-3))):
+        lines += [f"{layer},0,s0,{layer},{row.format(v=kv_len, t=issued)}" for row in rows]
+    path = tmp_path / "layers.csv"
+    path.write_text("\n".join(lines) + "\n")
+    system = gpusim.load_system("h100-sxm5")
+    cached = read(path).replay(system)
+    every = read(path).replay(system, cache_layers=False)
+    assert cached.time_s == pytest.approx(every.time_s, rel=1e-9)

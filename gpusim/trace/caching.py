@@ -2,7 +2,7 @@
 
 A *layer instance* is the set of rows with the same ``(phase, step, layer)`` (``layer >= 0``),
 over all GPUs.  Two instances are *alike* when their rows match one for one: GPU, stream, kind,
-shape, group, and dependencies — a dependency is described relative to the instance (a row of
+shape, group, measured issue time, and dependencies — a dependency is described relative to the instance (a row of
 the same instance, or of the instance ``d`` layers away at the same position), so layer 7's
 dependency on layer 6 matches layer 8's on layer 7; a dependency on the row just before on the
 same stream adds nothing to stream order and is ignored.  Within one ``(phase, step)``, consecutive
@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpusim.trace.schema import SYNCHRONISING_KINDS, dependency_graph
+from gpusim.trace.schema import SHAPE_FIELDS, SYNCHRONISING_KINDS, dependency_graph
 
-SIGNATURE_FIELDS = (
-    "gpu", "stream", "kind", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements", "index_dims", "rows",
-    "cols", "function", "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "dtype",
-    "delay_s",
-)  # fmt: skip
+SIGNATURE_FIELDS = ("gpu", "stream", "kind", *dict.fromkeys(f for fields in SHAPE_FIELDS.values() for f in fields),
+                    "issue_s")
+"""Fields two rows must share to be alike: placement, every kind's shape fields
+(:data:`gpusim.trace.schema.SHAPE_FIELDS`) and the measured host issue time, which the list
+scheduling of :func:`reconstruct` does not replay (rows issued at different moments are simulated)."""
 
 
 @dataclass
