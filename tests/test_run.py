@@ -42,6 +42,22 @@ def test_cu_masks_partition_the_gpu():
     assert result.time_s > 1.5 * full.time_s
 
 
+@pytest.mark.parametrize("op", [
+    ops.RowReduce("softmax", 4096, 4096),
+    ops.RowReduce("layernorm", 2048, 4096),
+    ops.Elementwise("gelu", 2**24),
+    ops.Elementwise("rope", 2048 * 4096, rows=2048),
+    ops.Optimizer("adam", [2**20] * 8, impl="multi_fused"),
+], ids=lambda op: op.label)
+@pytest.mark.parametrize("cus", [131, 66])
+def test_a_cu_mask_runs_a_kernel_as_a_gpu_with_that_many_cus(op, cus):
+    """Kernels that simulate one workgroup per resident slot size their slots by the mask."""
+    h100 = gpusim.load_system("h100-sxm5")
+    masked = gpusim.run(h100, [op], streams=[gpusim.Stream("s", cu_mask=range(cus))])
+    smaller = gpusim.run(h100.with_overrides({"gpu.num_cus": cus}), [op])
+    assert masked.time_s == pytest.approx(smaller.time_s, rel=0.01)
+
+
 def test_perfetto_timeline(tmp_path):
     result = gpusim.run(RING8, [ops.Gemm(512, 512, 512), ops.AllReduce(2**20)], mode="symmetric")
     path = result.to_perfetto(tmp_path / "t.json")

@@ -584,7 +584,7 @@ def execute_attention(ctx, op):
         combine = StreamingKernel(gpu, name="flash_fwd_splitkv_combine",
                                   reads=[(partial, partial_bytes), (partial_lse, tiling.splits * lse_bytes)],
                                   writes=[(out, q_bytes), (lse, lse_bytes)],
-                                  flops=3.0 * tiling.splits * p.batch * p.q_len * p.heads * p.head_dim)
+                                  flops=3.0 * tiling.splits * p.batch * p.q_len * p.heads * p.head_dim, cus=ctx.cus)
         yield from ctx.launch(combine.kernel, host_ns=0.0)
     else:
         kernel = FlashForwardKernel(gpu, p, tiling, q, k, v, out, lse)
@@ -614,17 +614,18 @@ def _execute_backward(ctx, op, p: AttentionProblem):
     # D = rowsum(dO * O), and the dQ accumulator cleared
     prologue = StreamingKernel(gpu, name="flash_bwd_dot_do_o", reads=[(grad_out, q_bytes), (out, q_bytes)],
                                writes=[(delta, stat_bytes), (accum, accum_bytes)],
-                               flops=2.0 * p.batch * p.q_len * p.heads * p.head_dim)
+                               flops=2.0 * p.batch * p.q_len * p.heads * p.head_dim, cus=ctx.cus)
     yield from ctx.launch(prologue.kernel)
     kernel = FlashBackwardKernel(gpu, p, tiling, q, k, v, grad_out, lse, delta, accum, head_k, head_v)
     yield from ctx.launch(kernel.kernel, host_ns=0.0)
     convert = StreamingKernel(gpu, name="flash_bwd_convert_dq", reads=[(accum, accum_bytes)],
-                              writes=[(grad_q, q_bytes)], flops=float(p.batch * p.q_len * p.heads * p.head_dim))
+                              writes=[(grad_q, q_bytes)], flops=float(p.batch * p.q_len * p.heads * p.head_dim),
+                              cus=ctx.cus)
     yield from ctx.launch(convert.kernel, host_ns=0.0)
     if grouped:  # each key/value head's gradient is the sum of its query heads'
         reduce = StreamingKernel(gpu, name="flash_bwd_sum_groups", reads=[(head_k, expanded), (head_v, expanded)],
                                  writes=[(grad_k, kv_bytes), (grad_v, kv_bytes)],
-                                 flops=2.0 * p.batch * p.kv_len * p.heads * p.head_dim)
+                                 flops=2.0 * p.batch * p.kv_len * p.heads * p.head_dim, cus=ctx.cus)
         yield from ctx.launch(reduce.kernel)
     ctx.info.update(impl=tiling.name("bwd"), flops=p.flops(backward=True), workgroups=kernel.kernel.num_wgs,
                     bytes=4 * q_bytes + 4 * kv_bytes + stat_bytes)

@@ -187,6 +187,9 @@ class StreamingKernel:
     max_workgroups
         A persistent kernel's grid: at most this many workgroups, each striding over its share
         (default: one per ``threads x bytes_per_thread`` of data).
+    cus
+        CUs the kernel may use (its stream's CU mask; default: all of the GPU's): the resident
+        workgroups the model simulates.
     """
 
     def __init__(
@@ -202,6 +205,7 @@ class StreamingKernel:
         inflight_bytes_per_thread: float | None = None,
         int_ops: float = 0.0,
         max_workgroups: int | None = None,
+        cus: int | None = None,
     ):
         self.gpu = gpu
         self.reads = reads
@@ -216,7 +220,7 @@ class StreamingKernel:
         largest = max([n for _, n in reads + writes] + [1])
         real = max(1, math.ceil(largest / (threads * bytes_per_thread)))
         shape = WorkgroupShape(threads, 0, 32)
-        slots = gpu.config.num_cus * max(1, occupancy(shape, gpu.config.cu))
+        slots = (cus or gpu.config.num_cus) * max(1, occupancy(shape, gpu.config.cu))
         self.workgroups = min(real, slots, max_workgroups or slots)
         per_thread = inflight_bytes_per_thread or gpu.config.streaming_inflight_bytes_per_thread
         self.inflight_bytes = threads * per_thread * max(1, len(reads))
@@ -304,7 +308,8 @@ def _per_row(ctx, op, source: Buffer, flops: float):
     parts = [replace(source, name=f"{source.name}[{i}]", addr=source.addr + i * nbytes, nbytes=nbytes)
              for i in range(spec.inputs)]
     target = parts[0] if op.kind == "rope" else ctx.tensor(op.out, nbytes)
-    kernel = RowReduceKernel(ctx.gpu, spec, parts[0], target, op.rows, cols, op.dtype, nbytes, tuple(parts[1:]))
+    kernel = RowReduceKernel(ctx.gpu, spec, parts[0], target, op.rows, cols, op.dtype, nbytes, tuple(parts[1:]),
+                             cus=ctx.cus)
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=spec.name, flops=flops * op.elements, bytes=spec.inputs * nbytes + nbytes)
 
@@ -341,7 +346,7 @@ def execute_elementwise(ctx, op):
         geometry["max_workgroups"] = op.workgroups
     if op.inflight_bytes_per_thread:
         geometry["inflight_bytes_per_thread"] = op.inflight_bytes_per_thread
-    kernel = StreamingKernel(ctx.gpu, impl, reads, writes, cost * op.elements, "fp32", **geometry)
+    kernel = StreamingKernel(ctx.gpu, impl, reads, writes, cost * op.elements, "fp32", cus=ctx.cus, **geometry)
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=impl, flops=flops * op.elements, bytes=read_bytes * n_in + nbytes * n_out)
 

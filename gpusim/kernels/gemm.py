@@ -830,6 +830,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
             writes=[(c, problem.m * problem.n * problem.batch * size)],
             flops=float(problem.m * problem.n * problem.batch * spec.split_k),
             dtype="fp32",
+            cus=ctx.cus,
         )
         yield from ctx.launch(reduction.kernel, host_ns=0.0)
     ctx.info.update(

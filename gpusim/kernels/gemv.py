@@ -68,6 +68,7 @@ def execute_gemv(ctx, op, problem: GemmProblem):
         flops=problem.flops,
         dtype="fp32",
         threads=GEMV_THREADS,
+        cus=ctx.cus,
     )
     yield from ctx.launch(kernel.kernel)
     ctx.info.update(impl=name, flops=problem.flops, workgroups=kernel.kernel.num_wgs, bytes=problem.min_bytes)

@@ -463,6 +463,8 @@ class TensorListKernel:
         Per block: ``(reads, writes, flops)`` with reads and writes as ``(buffer, offset, nbytes)``.
     dtype
         Compute dtype of the FLOPs.
+    cus
+        CUs the kernel may use (its stream's CU mask; default: all of the GPU's).
 
     As :class:`~gpusim.kernels.elementwise.StreamingKernel`, the simulation runs at most one
     logical workgroup per resident slot; each handles consecutive blocks in a few pieces and
@@ -477,11 +479,12 @@ class TensorListKernel:
         name: str,
         blocks: list[tuple[list[tuple[Buffer, int, int]], list[tuple[Buffer, int, int]], float]],
         dtype: str = "fp32",
+        cus: int | None = None,
     ):
         self.gpu = gpu
         self.blocks = blocks
         self.flops_per_ns = gpu.vector_flops_per_ns(dtype)
-        slots = gpu.config.num_cus * max(1, occupancy(LIST_BLOCK, gpu.config.cu))
+        slots = (cus or gpu.config.num_cus) * max(1, occupancy(LIST_BLOCK, gpu.config.cu))
         self.workgroups = min(len(blocks), slots)
         self.wavefronts = LIST_BLOCK.wavefronts(gpu.config.cu.wavefront_size)
         lists = max(1, max(len(reads) for reads, _, _ in blocks))
@@ -581,7 +584,8 @@ class _Run:
                     else:
                         writes = [(self.buffer(array, index), nbytes) for array in step.writes]
                     kernel = StreamingKernel(
-                        self.gpu, f"{self.algorithm.name}.{step.name}", reads, writes, step.flops * size, "fp32"
+                        self.gpu, f"{self.algorithm.name}.{step.name}", reads, writes, step.flops * size, "fp32",
+                        cus=self.ctx.cus,
                     )
                     yield from self.launch(kernel.kernel)
             for step in steps:
@@ -594,7 +598,8 @@ class _Run:
         source = self.scratch(f"partials.{step.name}", nbytes)
         out = self.scratch(f"norms.{step.name}", len(self.sizes) * NORM_BYTES)
         kernel = StreamingKernel(
-            self.gpu, f"{self.algorithm.name}.{step.name}_cleanup", [(source, nbytes)], [(out, out.nbytes)], partials
+            self.gpu, f"{self.algorithm.name}.{step.name}_cleanup", [(source, nbytes)], [(out, out.nbytes)], partials,
+            cus=self.ctx.cus,
         )
         yield from self.launch(kernel.kernel)
 
@@ -623,7 +628,8 @@ class _Run:
                     writes = [(self.buffer(array, index), offset, nbytes) for array in step.writes]
                 work.append((reads, writes, step.flops * nbytes / self.elem))
                 block_number += 1
-            kernel = TensorListKernel(self.gpu, f"{self.algorithm.name}.multi_{step.name}.{number}", work)
+            kernel = TensorListKernel(self.gpu, f"{self.algorithm.name}.multi_{step.name}.{number}", work,
+                                      cus=self.ctx.cus)
             yield from self.launch(kernel.kernel)
         if step.norm:
             yield from self.combine(step, total_blocks)
@@ -652,7 +658,8 @@ class _Run:
                 source = self.scratch(f"partials.{program.name}", nbytes, cached=False)
                 out = self.scratch(f"scalars.{program.name}", len(self.sizes) * NORM_BYTES)
                 kernel = StreamingKernel(
-                    gpu, f"{program.name}_reduce", [(source, nbytes)], [(out, out.nbytes)], nbytes / self.elem
+                    gpu, f"{program.name}_reduce", [(source, nbytes)], [(out, out.nbytes)], nbytes / self.elem,
+                    cus=self.ctx.cus,
                 )
                 yield from self.launch(kernel.kernel)
                 self.ctx.sim.recorder.span(

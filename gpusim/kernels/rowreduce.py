@@ -639,10 +639,12 @@ class RowReduceKernel:
         Bytes written.
     extra
         The other row-sized inputs of a kernel that reads several (``spec.inputs``).
+    cus
+        CUs the kernel may use (its stream's CU mask; default: all of the GPU's).
     """
 
     def __init__(self, gpu: Gpu, spec: RowKernelSpec, src: Buffer, dst: Buffer, rows: int, cols: int, dtype: str,
-                 out_bytes: int, extra: tuple[Buffer, ...] = ()):
+                 out_bytes: int, extra: tuple[Buffer, ...] = (), cus: int | None = None):
         config = gpu.config
         self.gpu = gpu
         self.spec = spec
@@ -657,7 +659,7 @@ class RowReduceKernel:
         self.wg_bytes = spec.rows_per_workgroup * line_elements * self.size / spec.split
         # a column reduction's workgroup reads a strip of its columns from every row
         self.run_bytes = spec.rows_per_workgroup * self.size if spec.columns else None
-        slots = config.num_cus * max(1, occupancy(shape, config.cu))
+        slots = (cus or config.num_cus) * max(1, occupancy(shape, config.cu))
         self.workgroups = min(self.real, slots)
         rewalks = sum(row_pass.source == "memory" for row_pass in spec.passes) > 1
         most = MAX_REWALK_ROW_CHUNKS if rewalks else MAX_ROW_CHUNKS
@@ -800,7 +802,7 @@ def execute_row_reduce(ctx, op):
     src = ctx.tensor(op.input, nbytes)
     dst = ctx.tensor(op.out, out_bytes)
     extra = tuple(ctx.tensor(None, nbytes) for _ in range(spec.inputs - 1))
-    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_bytes, extra)
+    kernel = RowReduceKernel(ctx.gpu, spec, src, dst, op.rows, op.cols, op.dtype, out_bytes, extra, cus=ctx.cus)
     yield from ctx.launch(kernel.kernel)
     flops = ROW_REDUCE_KINDS[op.kind] * op.rows * op.cols
     ctx.info.update(impl=spec.name, flops=flops, bytes=spec.inputs * nbytes + out_bytes, passes=len(spec.passes))

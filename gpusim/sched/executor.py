@@ -112,6 +112,11 @@ class OpContext:
         """CUs this op's kernels may use."""
         return self.stream.cu_mask
 
+    @property
+    def cus(self) -> int:
+        """How many CUs this op's kernels may use (the mask's, or the GPU's)."""
+        return len(self.cu_mask) if self.cu_mask is not None else self.gpu.config.num_cus
+
     def tensor(self, name: str | None, nbytes: int, cached: bool = True) -> Buffer:
         """The buffer of tensor ``name`` on this rank's GPU (allocated at first use, ``nbytes`` long).
 
