@@ -54,6 +54,35 @@ SUMMARY_COLUMNS = [
 """Columns of :meth:`Result.summary`."""
 
 
+def nested_lanes(intervals: list[tuple[float, float]]) -> list[int]:
+    """A lane for each ``(start, end)`` interval such that intervals sharing a lane are disjoint or
+    nested, never partly overlapping (what a timeline thread can show), using as few lanes as the
+    greedy pass over the intervals by start finds.
+
+    Returns
+    -------
+    list[int]
+        The lane (0, 1, ...) of each interval, in the order given.
+    """
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
+    open_ends: list[list[float]] = []  # per lane, the ends of the intervals still open, innermost last
+    lanes = [0] * len(intervals)
+    for index in order:
+        start, end = intervals[index]
+        chosen = len(open_ends)
+        for lane, stack in enumerate(open_ends):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                chosen = lane
+                break
+        if chosen == len(open_ends):
+            open_ends.append([])
+        open_ends[chosen].append(end)
+        lanes[index] = chosen
+    return lanes
+
+
 @dataclass
 class Result:
     """What a run produced.
@@ -176,7 +205,8 @@ class Result:
 
         Processes are GPUs; threads are streams (ops, kernels) and DMA engines; DRAM bandwidth per
         GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
-        last bin.
+        last bin.  Spans of one thread that partly overlap (a fused collective's steps) go to extra
+        threads of the same name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
 
         Parameters
         ----------
@@ -199,11 +229,17 @@ class Result:
         if target.name in ("", ".", "..") or target.is_dir():
             raise GpusimError(f"{target}: cannot write the Perfetto timeline: it is a folder; give a file name")
         events: list[dict[str, Any]] = []
-        lanes: dict[tuple[int, str], int] = {}
+        threads: dict[tuple[int, str], list[Span]] = {}
         for span in self.spans:
-            key = (span.gpu, f"{span.lane} {span.category}s")
-            if key not in lanes:
-                lanes[key] = len(lanes) + 1
+            threads.setdefault((span.gpu, f"{span.lane} {span.category}s"), []).append(span)
+        lanes: dict[tuple[int, str], int] = {}
+        placed: list[tuple[Span, tuple[int, str]]] = []
+        for (gpu, name), spans in threads.items():
+            for span, lane in zip(spans, nested_lanes([(span.start_ns, span.end_ns) for span in spans])):
+                key = (gpu, name if lane == 0 else f"{name} ({lane + 1})")
+                lanes.setdefault(key, len(lanes) + 1)
+                placed.append((span, key))
+        for span, key in placed:
             args = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in span.args.items()}
             events.append(
                 {

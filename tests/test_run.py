@@ -5,10 +5,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import gpusim
 from gpusim import ops
-from gpusim.results import OP_COLUMNS, SUMMARY_COLUMNS, Result
+from gpusim.results import OP_COLUMNS, SUMMARY_COLUMNS, Result, nested_lanes
 
 RING8 = gpusim.load_system("t3-ring8")
 ONE = gpusim.load_system("t3-table8.1")
@@ -56,6 +58,36 @@ def test_a_cu_mask_runs_a_kernel_as_a_gpu_with_that_many_cus(op, cus):
     masked = gpusim.run(h100, [op], streams=[gpusim.Stream("s", cu_mask=range(cus))])
     smaller = gpusim.run(h100.with_overrides({"gpu.num_cus": cus}), [op])
     assert masked.time_s == pytest.approx(smaller.time_s, rel=0.01)
+
+
+def partly_overlapping(intervals):
+    """Pairs of intervals that overlap without one holding the other."""
+    return [(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1:]
+            if max(a[0], b[0]) < min(a[1], b[1]) and not (a[0] <= b[0] and b[1] <= a[1]) and not (
+                b[0] <= a[0] and a[1] <= b[1])]
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)).map(lambda t: (t[0], t[0] + t[1])), max_size=30))
+def test_nested_lanes_never_put_partly_overlapping_intervals_together(intervals):
+    lanes = nested_lanes(intervals)
+    for lane in set(lanes):
+        assert not partly_overlapping([iv for iv, chosen in zip(intervals, lanes) if chosen == lane])
+    if not partly_overlapping(intervals):
+        assert set(lanes) <= {0}
+
+
+@pytest.mark.parametrize(("system", "op"), [("t3-ring8", ops.GemmReduceScatter(2048, 2048, 512)),
+                                            ("hgx-h100", ops.GemmAllGather(1024, 1024, 512))])
+def test_perfetto_threads_hold_only_nested_slices(tmp_path, system, op):
+    trace = json.loads(gpusim.run(system, [op]).to_perfetto(tmp_path / "t.json").read_text())
+    threads = {}
+    for event in trace["traceEvents"]:
+        if event["ph"] == "X":
+            threads.setdefault((event["pid"], event["tid"]), []).append((event["ts"], event["ts"] + event["dur"]))
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"]
+    assert any(name.endswith("(2)") for name in names)  # the steps needed a second thread
+    for intervals in threads.values():
+        assert not partly_overlapping(intervals)
 
 
 def test_perfetto_timeline(tmp_path):
