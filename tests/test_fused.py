@@ -180,6 +180,8 @@ def test_bad_uses_are_errors():
         ops.GemmReduceScatter(M, N, K, algorithm="tree")
     with pytest.raises(gpusim.OpError, match="field 'k'"):
         ops.GemmReduceScatter(M, N, 0)
+    with pytest.raises(gpusim.OpError, match="near-memory op-and-store.*nmc.enabled"):
+        run(RING8.with_overrides({"gpu.nmc.enabled": False}), ops.GemmReduceScatter(M, N, K))
 
 
 def test_a_single_rank_is_just_the_gemm():

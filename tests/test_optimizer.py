@@ -89,8 +89,10 @@ def test_bad_optimizer_fields_are_rejected(fields, message):
 
 def test_nmc_needs_near_memory_hardware():
     system = T3.with_overrides({"gpu.nmc.enabled": False})
-    with pytest.raises(ValueError, match="nmc.enabled"):
+    with pytest.raises(gpusim.OpError, match="adam.*impl='nmc' cannot run on .*nmc.enabled"):
         gpusim.run(system, ops.Optimizer("adam", [1024], impl="nmc"))
+    with pytest.raises(gpusim.OpError, match="impl='nmc' cannot run on h100-sxm5: .*temp_storage_bytes must be at least"):
+        gpusim.run("h100-sxm5", ops.Optimizer("lamb", [4096], impl="nmc"))  # 64-byte columns: 256 B hold too few
 
 
 def test_parameter_lists_match_published_counts():

@@ -679,6 +679,9 @@ def execute_fused_gemm(ctx, op):
     if n == 1:  # nothing to send: the GEMM alone
         yield from execute_gemm(ctx, op, spec)
         return
+    if op.collective == "reducescatter" and not gpu.config.nmc.enabled:
+        raise OpError(f"{op.label}: T3 reduces with near-memory op-and-store updates, which {gpu.config.name} "
+                      f"lacks (gpu.nmc.enabled); run ops.Gemm and ops.ReduceScatter instead")
     algorithm = op_algorithm(op)
     if algorithm == "ring":
         members = ring_orders(ctx, group, 1)[0]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.engine.primitives import Join
 from gpusim.engine.simulation import Span
+from gpusim.errors import OpError
 from gpusim.hw import nmc as near_memory
 from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
@@ -637,10 +638,13 @@ class _Run:
     # -- near-memory ALUs ----------------------------------------------------------------------
     def near_memory(self):
         gpu = self.gpu
-        units = NearMemoryUnits(gpu.config)
         plan = self.algorithm.nmc[self.op.grad_norm]
-        for program in plan.programs:
-            units.check(program)
+        try:
+            units = NearMemoryUnits(gpu.config)
+            for program in plan.programs:
+                units.check(program)
+        except ValueError as exc:  # the GPU's near-memory units cannot run this optimizer
+            raise OpError(f"{self.op.label}: impl='nmc' cannot run on {gpu.config.name}: {exc}") from None
         yield from self.multi(plan.gpu_passes)
         lane = self.ctx.stream.name
         env = gpu.env
