@@ -12,7 +12,7 @@ import copy
 import itertools
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -63,8 +63,13 @@ def _bool(op: str, name: str, value: object) -> bool:
     return bool(value)
 
 
+def _one_of(value: object, options) -> bool:
+    """Whether ``value`` is a string among ``options`` (an unhashable value is not)."""
+    return isinstance(value, str) and value in options
+
+
 def _check_dtype(op: str, dtype: object) -> None:
-    if dtype not in DTYPE_BYTES:
+    if not _one_of(dtype, DTYPE_BYTES):
         raise OpError(f"{op}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
 
 
@@ -107,6 +112,11 @@ class Op:
     symmetric: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        for spec in fields(self):  # the name and the tensor names (and a GEMM's kernel)
+            value = getattr(self, spec.name)
+            if spec.type == "str | None" and value is not None and not (isinstance(value, str) and value):
+                raise OpError(f"{type(self).__name__}: field '{spec.name}' must be a non-empty string or None, "
+                              f"got {value!r}")
         self.ranks = _ranks(type(self).__name__, self.ranks)
         self.uid = next(_ids)
 
@@ -240,7 +250,7 @@ class FusedGemm(GemmShape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.algorithm not in self.algorithms:
+        if not _one_of(self.algorithm, self.algorithms):
             raise OpError(f"{type(self).__name__}: field 'algorithm' must be one of {', '.join(self.algorithms)}, "
                           f"got {self.algorithm!r}")
 
@@ -430,7 +440,7 @@ class Elementwise(Op):
     category: ClassVar[str] = "elementwise"
 
     def __post_init__(self) -> None:
-        if self.kind not in ELEMENTWISE_KINDS:
+        if not _one_of(self.kind, ELEMENTWISE_KINDS):
             raise OpError(
                 f"Elementwise: field 'kind' must be one of {', '.join(ELEMENTWISE_KINDS)}, got {self.kind!r}"
             )
@@ -538,10 +548,12 @@ class RowReduce(Op):
     def __post_init__(self) -> None:
         from gpusim.kernels.rowreduce import LIBRARIES
 
-        if self.kind not in ROW_REDUCE_KINDS:
+        if not _one_of(self.kind, ROW_REDUCE_KINDS):
             raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
-        if self.library not in LIBRARIES:
+        if not _one_of(self.library, LIBRARIES):
             raise OpError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {self.library!r}")
+        if self.library == "vllm" and self.kind != "rmsnorm":
+            raise OpError(f"RowReduce: library 'vllm' runs kind 'rmsnorm' only, not {self.kind!r}")
         if self.kind == "colsum" and self.library.startswith("inductor"):
             raise OpError("RowReduce: field 'library' must be a PyTorch eager library for kind 'colsum' "
                           f"(Inductor's column reductions are not modelled), got {self.library!r}")
@@ -619,7 +631,7 @@ class Attention(Op):
 
         for name in ("batch", "heads", "q_len", "kv_len", "head_dim"):
             setattr(self, name, _positive_int("Attention", name, getattr(self, name)))
-        if self.dtype not in ATTENTION_DTYPES:
+        if not _one_of(self.dtype, ATTENTION_DTYPES):
             raise OpError(f"Attention: field 'dtype' must be one of {', '.join(ATTENTION_DTYPES)} "
                           f"(FlashAttention-2's inputs), got {self.dtype!r}")
         if self.head_dim > HEAD_DIMS[-1]:
@@ -630,7 +642,7 @@ class Attention(Op):
             self.kv_heads = _positive_int("Attention", "kv_heads", self.kv_heads)
             if self.heads % self.kv_heads:
                 raise OpError(f"Attention: field 'kv_heads' must divide heads ({self.heads}), got {self.kv_heads}")
-        if self.direction not in ATTENTION_DIRECTIONS:
+        if not _one_of(self.direction, ATTENTION_DIRECTIONS):
             raise OpError(f"Attention: field 'direction' must be one of {', '.join(ATTENTION_DIRECTIONS)}, "
                           f"got {self.direction!r}")
         super().__post_init__()
@@ -706,9 +718,9 @@ class Collective(Op):
         name = type(self).__name__
         self.nbytes = _positive_int(name, "nbytes", self.nbytes)
         _check_dtype(name, self.dtype)
-        if self.algorithm not in self.algorithms:
+        if not _one_of(self.algorithm, self.algorithms):
             raise OpError(f"{name}: field 'algorithm' must be one of {', '.join(self.algorithms)}, got {self.algorithm!r}")
-        if self.driver not in ("cu", "dma"):
+        if not _one_of(self.driver, ("cu", "dma")):
             raise OpError(f"{name}: field 'driver' must be 'cu' or 'dma', got {self.driver!r}")
         if self.driver == "dma" and not self.dma:
             raise OpError(f"{name}: driver 'dma' is not supported ({self.collective} runs on CUs); use driver='cu'")
@@ -881,18 +893,18 @@ class Optimizer(Op):
     category: ClassVar[str] = "optimizer"
 
     def __post_init__(self) -> None:
-        if self.algorithm not in OPTIMIZER_ALGORITHMS:
+        if not _one_of(self.algorithm, OPTIMIZER_ALGORITHMS):
             raise OpError(
                 f"Optimizer: field 'algorithm' must be one of {', '.join(OPTIMIZER_ALGORITHMS)}, got {self.algorithm!r}"
             )
-        if self.impl not in OPTIMIZER_IMPLS:
+        if not _one_of(self.impl, OPTIMIZER_IMPLS):
             raise OpError(f"Optimizer: field 'impl' must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.impl!r}")
         sizes = as_sequence(self.sizes)
         if not sizes:
             raise OpError(f"Optimizer: field 'sizes' must be a non-empty list of tensor sizes, got {self.sizes!r}")
         self.sizes = tuple(_positive_int("Optimizer", "sizes", size) for size in sizes)
         _check_dtype("Optimizer", self.dtype)
-        if self.grad_norm not in ("banks", "gpu"):
+        if not _one_of(self.grad_norm, ("banks", "gpu")):
             raise OpError(f"Optimizer: field 'grad_norm' must be 'banks' or 'gpu', got {self.grad_norm!r}")
         if not isinstance(self.prefix, str) or not self.prefix:
             raise OpError(f"Optimizer: field 'prefix' must be a non-empty string, got {self.prefix!r}")

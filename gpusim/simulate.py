@@ -18,6 +18,8 @@ from gpusim.system import System, load_system
 
 def _as_stream(stream: str | Stream) -> Stream:
     if isinstance(stream, Stream):
+        if not (isinstance(stream.name, str) and stream.name):
+            raise OpError(f"a stream's name must be a non-empty string, got {stream.name!r}")
         return stream
     if isinstance(stream, str) and stream:
         return Stream(stream)
@@ -99,7 +101,9 @@ def prepare(
     if isinstance(system, str):
         system = load_system(system)
     if not isinstance(system, System):
-        raise TypeError(f"expected a gpusim.System or a preset name, got {type(system).__name__}")
+        raise ConfigError(f"expected a gpusim.System or a preset name, got {type(system).__name__}")
+    if as_int(seed) is None or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     _check_bin(bin_s)
     sim = Simulation(seed=seed, bin_ns=bin_s * 1e9)
     machine = Machine(sim, system.config, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
@@ -207,6 +211,8 @@ def run(
         raise OpError(f"run() takes an op, a non-empty list of ops, or a trace; got {ops!r}")
     if streams is None:
         stream_list = [Stream()] * len(op_list)
+    elif isinstance(streams, (str, Stream)):
+        raise OpError(f"streams must be a list with a stream for each op, got {streams!r}")
     else:
         stream_list = [_as_stream(s) for s in streams]
         if len(stream_list) != len(op_list):

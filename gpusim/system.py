@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
@@ -10,6 +11,7 @@ import yaml
 
 from gpusim.config.loader import load_system_config
 from gpusim.config.node import SystemConfig
+from gpusim.errors import ConfigError
 from gpusim.hw.topology import Topology
 
 
@@ -56,6 +58,8 @@ class System:
 
     def with_overrides(self, overrides: dict[str, Any]) -> System:
         """A copy with more overrides applied (e.g. ``{"gpu.num_cus": 160}``)."""
+        if not isinstance(overrides, Mapping):
+            raise ConfigError(f"{self.name}: overrides must be a mapping of dotted fields to values, got {overrides!r}")
         merged = {**self.overrides, **overrides}
         return load_system(self.source, merged)
 
@@ -93,5 +97,7 @@ def load_system(name_or_path: str | os.PathLike, overrides: dict[str, Any] | Non
     gpusim.errors.ConfigError
         Invalid contents (the message names file or override, field and expectation).
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ConfigError(f"load_system takes a preset name or a YAML path, got {name_or_path!r}")
     config = load_system_config(name_or_path, overrides)
     return System(config, os.fspath(name_or_path), overrides)

@@ -139,6 +139,35 @@ def test_elementwise_and_row_reductions_are_memory_bound():
         assert row.bytes / row.duration_s < ONE.gpu.hbm.bandwidth_bytes_per_s
 
 
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: ops.Gemm(8, 8, 8, dtype=["fp16"]), "Gemm: field 'dtype' must be one of"),
+    (lambda: ops.Elementwise(["relu"], 10), "Elementwise: field 'kind' must be one of"),
+    (lambda: ops.Gemm(64, 64, 64, a=["x"]), "Gemm: field 'a' must be a non-empty string or None"),
+    (lambda: ops.AllReduce(1024, input=["x"]), "AllReduce: field 'input' must be a non-empty string"),
+    (lambda: ops.Gemm(8, 8, 8, out=""), "Gemm: field 'out' must be a non-empty string"),
+    (lambda: ops.Gemm(8, 8, 8, name=5), "Gemm: field 'name' must be a non-empty string"),
+    (lambda: ops.RowReduce("softmax", 8, 8, library="vllm"), "library 'vllm' runs kind 'rmsnorm' only"),
+    (lambda: ops.Optimizer({"adam"}, [8]), "Optimizer: field 'algorithm' must be one of"),
+])
+def test_ops_reject_values_of_the_wrong_type_when_made(make, message):
+    with pytest.raises(gpusim.OpError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: gpusim.run(ONE, ops.Gemm(8, 8, 8), seed=-1), gpusim.ConfigError, "seed must be a non-negative integer"),
+    (lambda: gpusim.run(ONE, ops.Gemm(8, 8, 8), seed="a"), gpusim.ConfigError, "seed must be"),
+    (lambda: gpusim.run(ONE, [ops.Gemm(8, 8, 8)] * 3, streams="abc"), gpusim.OpError, "a stream for each op"),
+    (lambda: gpusim.run(ONE, ops.Gemm(8, 8, 8), streams=[gpusim.Stream(3)]), gpusim.OpError, "stream's name"),
+    (lambda: gpusim.run(5, ops.Gemm(8, 8, 8)), gpusim.ConfigError, "expected a gpusim.System or a preset name"),
+    (lambda: gpusim.load_system(None), gpusim.ConfigError, "preset name or a YAML path"),
+    (lambda: ONE.with_overrides(None), gpusim.ConfigError, "overrides must be a mapping"),
+])
+def test_bad_run_arguments_are_gpusim_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
 def test_cu_masks_may_be_numpy_arrays():
     masked = gpusim.run(ONE, ops.Gemm(256, 256, 256), streams=[gpusim.Stream("s", cu_mask=np.arange(10))])
     plain = gpusim.run(ONE, ops.Gemm(256, 256, 256), streams=[gpusim.Stream("s", cu_mask=range(10))])
