@@ -161,6 +161,15 @@ def test_auto_mode_mirrors_only_where_it_is_exact(tmp_path, collective, algorith
     assert choose_mode(read(path), system) == mode
 
 
+def test_auto_mode_replays_a_lone_group_in_full_mode(tmp_path):
+    """A reduce-scatter over GPUs 0, 2, 4 and 6 of a ring: mirroring it would add the rotations
+    that do not exist (docs/model.md), so auto mode takes full mode."""
+    rows = [f'1,{gpu},comm,collective,reducescatter,{4 * 2**20},"0 2 4 6",auto' for gpu in (0, 2, 4, 6)]
+    path = tmp_path / "lone.csv"
+    path.write_text("op_id,gpu,stream,kind,collective,bytes,group,algorithm\n" + "\n".join(rows) + "\n")
+    assert choose_mode(read(path), RING8) == "full"
+
+
 @pytest.mark.parametrize("cache_layers", [True, False])
 def test_kernels_carry_the_trace_op_id_of_their_op(tmp_path, cache_layers):
     trace = transformer(TINY, batch=1, seq_len=32, layers=3, optimizer=None)

@@ -24,7 +24,7 @@ def test_simulate_a_generated_model_writes_every_output(tmp_path, capsys):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY_YAML)
     out = tmp_path / "out"
-    code = main(["simulate", "--model", str(model), "--tp", "2", "--dp", "2", "--system", "t3-ring8", "--quiet",
+    code = main(["simulate", "--model", str(model), "--tp", "4", "--dp", "2", "--system", "t3-ring8", "--quiet",
                  "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out

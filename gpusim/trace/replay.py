@@ -95,8 +95,13 @@ def _check_symmetric(trace: Trace) -> None:
 
 
 def choose_mode(trace: Trace, system: System) -> str:
-    """``"symmetric"`` when the trace and the system allow it (every GPU alike, a symmetric single-node
-    topology, no send/receive) and it is exact for the trace's collectives, else ``"full"``.
+    """``"symmetric"`` when the trace and the system allow it (every GPU of the system in the trace and
+    alike, a symmetric single-node topology, no send/receive) and it is exact for the trace's
+    collectives, else ``"full"``.
+
+    A trace that leaves GPUs out (a lone group, such as a collective over GPUs 0, 2, 4 and 6 of a
+    ring) would be mirrored as if every rotation of its groups ran too, charging its links the
+    traffic of rotations that do not exist (docs/model.md), so it is replayed in full mode.
 
     Symmetric mode is exact for ring collectives and, on a fully connected node, for direct ones;
     on a switch it is within 1.5% of full mode for direct collectives and all-to-all.  On a ring
@@ -105,6 +110,8 @@ def choose_mode(trace: Trace, system: System) -> str:
     in full mode.
     """
     if not system.topology.symmetric or system.config.nodes > 1:
+        return "full"
+    if sorted(trace.gpus) != list(range(system.num_gpus)):
         return "full"
     try:
         _check_symmetric(trace)
