@@ -38,10 +38,6 @@ OP_NAMES = {
     "sendrecv": gops.SendRecv,
 }
 SIZE_FIELDS = {"nbytes"}
-INT_FIELDS = {"m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "src", "dst", "channels", "heads",
-              "kv_heads", "q_len", "kv_len", "head_dim"}
-BOOL_FIELDS = {"trans_a", "trans_b", "stagger", "causal"}
-LIST_FIELDS = {"inputs"}
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")
 
@@ -62,13 +58,16 @@ def parse_op(spec: str) -> gops.Op:
     """Parse ``"gemm m=8192 n=8192 k=8192 dtype=fp16"`` (or ``allreduce nbytes=64MiB``...) into an op.
 
     The first word names the op (:data:`OP_NAMES`; ``softmax``, ``layernorm`` and ``rmsnorm`` are
-    row reductions of that kind, ``rowreduce`` takes ``kind=``); each field may be given once.
-    ``ranks`` and ``inputs`` are comma-separated lists.
+    row reductions of that kind, ``rowreduce`` takes ``kind=``); each field may be given once and
+    is read as the op's field is typed (an attention's ``k=`` names a tensor, a GEMM's is a
+    number).  ``ranks`` and ``inputs`` are comma-separated lists.
     """
     words = spec.split()
     if not words or words[0].lower() not in OP_NAMES:
         raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}")
     name = words[0].lower()
+    cls = OP_NAMES[name]
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.init}
     fields: dict[str, object] = {}
     for word in words[1:]:
         if "=" not in word:
@@ -77,9 +76,10 @@ def parse_op(spec: str) -> gops.Op:
         key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
         if key in fields:
             raise GpusimError(f"op {spec!r}: field {key!r} is given more than once")
-        if key in INT_FIELDS or key in SIZE_FIELDS:
+        typed = types.get(key, "str")
+        if key in SIZE_FIELDS or typed.startswith("int"):
             fields[key] = _parse_int(value, key, spec)
-        elif key in BOOL_FIELDS:
+        elif typed == "bool":
             if value.lower() not in TRUE_WORDS + FALSE_WORDS:
                 raise GpusimError(f"op {spec!r}: field {key!r} expects true or false, got {value!r}")
             fields[key] = value.lower() in TRUE_WORDS
@@ -88,11 +88,10 @@ def parse_op(spec: str) -> gops.Op:
                 fields[key] = [int(r) for r in value.split(",")]
             except ValueError:
                 raise GpusimError(f"op {spec!r}: field 'ranks' expects GPU indices such as 0,1,2, got {value!r}") from None
-        elif key in LIST_FIELDS:
+        elif typed.startswith("tuple[str"):
             fields[key] = tuple(value.split(","))
         else:
             fields[key] = value
-    cls = OP_NAMES[name]
     if cls is gops.RowReduce and name != "rowreduce" and fields.setdefault("kind", name) != name:
         raise GpusimError(f"op {spec!r}: {name} is the row reduction of kind {name!r}, but kind={fields['kind']!r} "
                           f"is given; use 'rowreduce kind=...' or drop kind=")
@@ -198,9 +197,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from gpusim import validation
+    from gpusim.system import load_system
 
     if args.vidur and not args.system:
         raise GpusimError("validate --vidur: give the preset to simulate it on with --system")
+    if args.system and not args.vidur:
+        raise GpusimError("validate --system: only a --vidur profile takes a preset (each --dataset has its own)")
+    if args.system:
+        load_system(args.system)  # an unknown preset fails here, before any simulation
     extra = [validation.vidur_dataset(path, args.system) for path in args.vidur or []]
     names = [] if extra and not args.dataset else list(dict.fromkeys(args.dataset or validation.DATASETS))
     out = output_folder(args.out)
@@ -311,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpusimError as exc:
         print(f"gpusim: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: outputs are written whole or not at all
+        print("gpusim: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader went away (``gpusim show-config x | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import pickle
+import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -121,6 +122,11 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _die_on_interrupt() -> None:
+    """A worker process ends at Ctrl-C without a traceback of its own (the caller reports it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sweep(
     fn: Callable[..., Any],
     points: Sequence[dict[str, Any]],
@@ -199,7 +205,7 @@ def sweep(
                         client.cancel([f for f in futures if not f.done()])
                         break
         elif (workers or default_workers()) > 1 and len(todo) > 1:
-            with ProcessPoolExecutor(max_workers=workers or default_workers()) as pool:
+            with ProcessPoolExecutor(max_workers=workers or default_workers(), initializer=_die_on_interrupt) as pool:
                 futures = {pool.submit(_call, fn, points[i]): i for i in todo}
                 for future in as_completed(futures):
                     if future.cancelled():

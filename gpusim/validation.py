@@ -829,7 +829,10 @@ def read_vidur_profile(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: vidur profile not found")
-    wide = pd.read_csv(path)
+    try:
+        wide = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not a vidur MLP profile (a CSV file with a header row): {exc}") from None
     missing = [column for column in VIDUR_MODEL_COLUMNS if column not in wide.columns]
     if missing:
         raise ConfigError(f"{path}: field {missing[0]!r} is missing; a vidur MLP profile has the columns "

@@ -81,6 +81,10 @@ def test_parse_op_sizes_lists_and_row_reductions():
     assert parse_op("rowreduce kind=sum rows=4 cols=4").kind == "sum"
     assert parse_op("gemm_rs m=8 n=8 k=8 stagger=false").stagger is False
     assert parse_op("elementwise kind=add elements=8 inputs=x,y").inputs == ("x", "y")
+    assert parse_op("elementwise kind=add elements=1048576 workgroups=4").workgroups == 4  # read as the op types it
+    assert parse_op("elementwise kind=add elements=8 inflight_bytes_per_thread=4").inflight_bytes_per_thread == 4
+    attention = parse_op("attention batch=1 heads=8 q_len=128 kv_len=128 head_dim=64 q=q k=keys v=vals")
+    assert (attention.q, attention.k, attention.v) == ("q", "keys", "vals")  # an attention's k names a tensor
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -89,6 +93,8 @@ def test_parse_op_sizes_lists_and_row_reductions():
     (["--op", "gemm m=128 n=128 k=128 kernel=MT999"], "unknown GEMM kernel 'MT999'"),
     (["--op", "alltoall nbytes=1MiB algorithm=ring"], "AllToAll: field 'algorithm' must be one of direct, auto"),
     (["--mode", "symmetric", "--op", "gemm m=128 n=128 k=128 ranks=3"], "symmetric mode simulates rank 0 only"),
+    (["--set", "gpu.cu.max_threads=32", "--op", "gemm m=256 n=256 k=256"],
+     "does not fit on a CU .*the library's heuristic found no kernel that fits"),
 ])
 def test_run_reports_bad_ops_without_a_traceback(extra, message, capsys):
     assert main(["run", "--system", "t3-ring8", "--quiet", *extra]) == 2
@@ -110,6 +116,23 @@ def test_validate_needs_a_positive_number_of_points(points, capsys):
         main(["validate", "--points", points])
     assert exit_info.value.code == 2
     assert f"argument --points: expected a positive integer, got '{points}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--vidur", "EMPTY", "--system", "h100-sxm5"], "EMPTY: not a vidur MLP profile"),
+    (["--vidur", "BINARY", "--system", "h100-sxm5"], "BINARY: not a vidur MLP profile"),
+    (["--vidur", "EMPTY", "--system", "nosuch"], "unknown hardware preset 'nosuch'"),
+    (["--dataset", "gemm-mi210", "--system", "h100-sxm5"], "only a --vidur profile takes a preset"),
+])
+def test_validate_reports_bad_profiles_and_presets_before_simulating(arguments, message, tmp_path, capsys):
+    files = {"EMPTY": tmp_path / "empty.csv", "BINARY": tmp_path / "binary.csv"}
+    files["EMPTY"].write_text("")
+    files["BINARY"].write_bytes(bytes(range(128, 256)))
+    arguments = [str(files[a]) if a in files else a for a in arguments]
+    assert main(["validate", "--quiet", "--points", "2", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: error: ") and "Traceback" not in err
+    assert re.search(message.replace("EMPTY", ".*empty.csv").replace("BINARY", ".*binary.csv"), err)
 
 
 @pytest.mark.parametrize("count", [0, -2, 1.5, True])

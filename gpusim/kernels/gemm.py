@@ -759,9 +759,10 @@ def find_spec(name: str) -> GemmKernelSpec:
                   f"_V{'/_V'.join(map(str, FALLBACK_WIDTHS))} and _SK2.._SK16)")
 
 
-def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str) -> None:
+def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str, named: bool = True) -> None:
     """Raise :class:`OpError` if a workgroup of ``spec`` (for ``dtype`` inputs) fits on no CU of
-    ``gpu``, naming the op ``label``, the kernel, the GPU and the resources it lacks."""
+    ``gpu``, naming the op ``label``, the kernel, the GPU and the resources it lacks; ``named``:
+    the user chose the kernel (else the library's heuristic did, and no kernel of it fits)."""
     shape = workgroup_shape(spec, dtype, gpu)
     if occupancy(shape, gpu.cu) > 0:
         return
@@ -773,8 +774,10 @@ def check_fits(spec: GemmKernelSpec, dtype: str, gpu: GpuConfig, label: str) -> 
         ("LDS bytes", shape.lds_bytes, int(cu.lds_bytes)),
     ]
     short = "; ".join(f"{need} {what} (a CU has {have})" for what, need, have in needs if need > have)
+    advice = ("choose a smaller kernel or leave 'kernel' out" if named else
+              "the library's heuristic found no kernel that fits; check the CU's resources (gpu.cu)")
     raise OpError(f"{label}: GEMM kernel {spec.name} does not fit on a CU of {gpu.name}: one {dtype} workgroup "
-                  f"needs {short}; choose a smaller kernel or leave 'kernel' out")
+                  f"needs {short}; {advice}")
 
 
 def problem_of(op) -> GemmProblem:
@@ -807,7 +810,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
         else:
             spec = choose_kernel(problem, gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
     spec = pipelined(for_operands(spec, problem, gpu.config), gpu.config, problem.dtype)
-    check_fits(spec, problem.dtype, gpu.config, op.label)
+    check_fits(spec, problem.dtype, gpu.config, op.label, named=op.kernel is not None)
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
     k_extent = padded_k(problem, spec) * spec.split_k
