@@ -45,6 +45,11 @@ def random_seed(text: str) -> int:
     return _number(text, int, lambda value: 0 <= value <= SEED_MAX, f"a whole number from 0 to {SEED_MAX}")
 
 
+CREATED_FOLDERS: set[Path] = set()
+"""Output folders :func:`output_folder` created in this process (removed again, while still empty,
+when the command that asked for them fails: :func:`gpusim.output_files.staged_outputs`)."""
+
+
 def output_folder(text: str | None, option: str = "--out") -> Path | None:
     """Check and create the folder an output option names.
 
@@ -74,12 +79,15 @@ def output_folder(text: str | None, option: str = "--out") -> Path | None:
     blocking = next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
     if blocking is not None:
         raise GpusimError(f"{option} {text}: {blocking} is a file, not a folder")
+    existed = folder.is_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise GpusimError(f"{option} {text}: cannot create the folder: {exc.strerror or exc}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise GpusimError(f"{option} {text}: the folder is not writable")
+    if not existed:
+        CREATED_FOLDERS.add(folder.resolve())
     return folder
 
 

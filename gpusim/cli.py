@@ -17,6 +17,7 @@ from pathlib import Path
 from gpusim import ops as gops
 from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
 from gpusim.errors import GpusimError
+from gpusim.output_files import staged_outputs
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
 from gpusim.units import QuantityError, parse_quantity
 
@@ -175,12 +176,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     system = load_system(args.system, parse_overrides(args.set))
     op_list = [parse_op(spec) for spec in args.op]
     out = output_folder(args.out)
-    result = run(system, op_list, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
-    with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s", "gb_per_s"]].to_string(index=False))
-    print(f"total {result.time_s * 1e3:.3f} ms simulated; {result.stats['events']} events in {result.stats['wall_s']:.2f} s")
+    with staged_outputs(out) as stage:
+        result = run(system, op_list, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s",
+                                    "gb_per_s"]].to_string(index=False))
+        print(f"total {result.time_s * 1e3:.3f} ms simulated; {result.stats['events']} events in "
+              f"{result.stats['wall_s']:.2f} s")
+        if stage is not None:
+            write_outputs(result, stage, f"{system.name}")
     if out is not None:
-        write_outputs(result, out, f"{system.name}")
         print(f"wrote {out}/ (ops.csv, summary.csv, timeline.png, timeline.perfetto.json)")
     return 0
 

@@ -1,12 +1,17 @@
 """Output files written whole or not at all.
 
 A file is written under a temporary name beside its target and renamed onto it, so a reader never
-sees half a file and a failed write leaves neither the temporary file nor a damaged target.
+sees half a file and a failed write leaves neither the temporary file nor a damaged target.  A
+command's set of files is staged in a hidden folder and moved into its output folder only once
+every file is written (:func:`staged_outputs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpusim.errors import GpusimError
@@ -42,3 +47,49 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
         if tmp.is_file():
             tmp.unlink()
     return path
+
+
+@contextmanager
+def staged_outputs(out: Path | None) -> Iterator[Path | None]:
+    """A folder to write a command's outputs into, moved into ``out`` only if the block succeeds.
+
+    The files are written into a hidden folder inside ``out``; when the ``with`` block ends without
+    an error they replace their namesakes in ``out``, and otherwise they are removed, so ``out``
+    holds either the whole new set or what it held before (and a folder that
+    :func:`gpusim.arguments.output_folder` created for the command is removed again while empty).
+
+    Parameters
+    ----------
+    out
+        The output folder (existing), or None when nothing is to be written (the block gets None).
+
+    Raises
+    ------
+    GpusimError
+        A file cannot be written (the message names it as it would be in ``out``), or a staged
+        file cannot take its place there (a folder of its name is in the way); nothing is moved.
+    """
+    from gpusim.arguments import CREATED_FOLDERS
+
+    if out is None:
+        yield None
+        return
+    stage = Path(tempfile.mkdtemp(prefix=".gpusim-staging-", dir=out))
+    moved = False
+    try:
+        try:
+            yield stage
+        except OSError as exc:  # a file could not be written: name it where it was to go
+            where = out / Path(exc.filename).name if exc.filename else out
+            raise GpusimError(f"{where}: cannot write it: {exc.strerror or exc}") from exc
+        staged = sorted(stage.iterdir())
+        blocked = next((out / item.name for item in staged if (out / item.name).is_dir()), None)
+        if blocked is not None:
+            raise GpusimError(f"{blocked}: cannot write it: a folder of that name is in the way")
+        for item in staged:
+            item.replace(out / item.name)
+        moved = True
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not moved and out.resolve() in CREATED_FOLDERS and not any(out.iterdir()):
+            out.rmdir()

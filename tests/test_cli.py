@@ -202,7 +202,31 @@ def test_an_output_that_cannot_be_written_is_an_error_not_a_traceback(tmp_path, 
 
     monkeypatch.setattr("gpusim.cli.write_outputs", full_disk)
     assert main(["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8", "--quiet", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"gpusim: error: {tmp_path / 'ops.csv'}: No space left on device\n"
+    assert capsys.readouterr().err == f"gpusim: error: {tmp_path / 'ops.csv'}: cannot write it: No space left on device\n"
+    assert not any(tmp_path.iterdir())  # nothing half-written, no staging folder left
+
+
+def test_outputs_are_moved_into_out_all_together_or_not_at_all(tmp_path, capsys):
+    run = ["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8", "--quiet", "--out"]
+    (tmp_path / "timeline.perfetto.json").mkdir()  # in the way of the last file written
+    assert main([*run, str(tmp_path)]) == 2
+    assert "timeline.perfetto.json: cannot write it: a folder of that name is in the way" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["timeline.perfetto.json"]
+    fresh = tmp_path / "fresh"
+    assert main(["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8 ranks=0,9", "--quiet", "--out",
+                 str(fresh)]) == 2
+    assert not fresh.exists()  # the folder made for a run that failed is removed again
+    assert main([*run, str(fresh)]) == 0
+    assert sorted(path.name for path in fresh.iterdir()) == ["ops.csv", "summary.csv", "timeline.perfetto.json",
+                                                              "timeline.png"]
+
+
+def test_simulate_reports_the_kernels_it_replays_as_delays(capsys):
+    from tests.conftest import shared_data
+
+    trace = shared_data("traces/kineto/mi250_minitoy_train_kineto.json.gz")
+    assert main(["simulate", "--trace", str(trace), "--system", "mi210", "--unsupported", "delay", "--quiet"]) == 0
+    assert "kernels replayed as delays of their measured duration (not modelled):" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("seed", ["-1", "99999999999", "1.5"])

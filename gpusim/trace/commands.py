@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpusim.arguments import non_negative_float, output_folder
 from gpusim.errors import GpusimError, TraceError, UnsupportedTraceError
+from gpusim.output_files import staged_outputs
 
 PATTERN_CHARACTERS = "*?["
 """Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
@@ -113,6 +114,17 @@ def _model_options(args: argparse.Namespace) -> dict[str, object]:
     return given
 
 
+def _report_not_modelled(trace) -> None:
+    """Print how many imported kernels replay as delays of their measured duration, by reason."""
+    import pandas as pd
+
+    not_modelled = pd.DataFrame(trace.metadata.get("not_modelled") or [], columns=["reason"])
+    if not not_modelled.empty:
+        print(f"{len(not_modelled)} kernels replayed as delays of their measured duration (not modelled):")
+        for reason, count in not_modelled["reason"].value_counts().items():
+            print(f"  {count:6d}  {reason}")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline and a breakdown plot."""
     import matplotlib.pyplot as plt
@@ -133,25 +145,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace = load_any(args.trace, unsupported=args.unsupported or "error")
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
-    result = trace.replay(system, mode=mode, progress=not args.quiet, cache_layers=not args.no_cache)
-    parts = breakdown(result.ops)
-    print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
-    print((parts.set_index("gpu") * 1e3).round(3).rename(columns=lambda c: c.replace("_s", "_ms")).to_string())
-    stats = result.stats
-    print(f"{stats['simulated_rows']} of {stats['trace_rows']} rows simulated; {stats['events']} events in "
-          f"{stats['wall_s']:.1f} s ({stats['events_per_s']:.0f} events/s)")
+    with staged_outputs(out) as stage:
+        result = trace.replay(system, mode=mode, progress=not args.quiet, cache_layers=not args.no_cache)
+        parts = breakdown(result.ops)
+        print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
+        print((parts.set_index("gpu") * 1e3).round(3).rename(columns=lambda c: c.replace("_s", "_ms")).to_string())
+        stats = result.stats
+        print(f"{stats['simulated_rows']} of {stats['trace_rows']} rows simulated; {stats['events']} events in "
+              f"{stats['wall_s']:.1f} s ({stats['events_per_s']:.0f} events/s)")
+        _report_not_modelled(trace)
+        if stage is not None:
+            result.ops.to_parquet(stage / "ops.parquet", index=False)
+            summary = {
+                "trace": trace.source, "system": system.name, "mode": mode, "time_s": result.time_s,
+                "breakdown": parts.to_dict("records"), "stats": {k: v for k, v in stats.items() if k != "layer_runs"},
+                "layer_runs": stats["layer_runs"], "trace_metadata": trace.metadata,
+            }  # fmt: skip
+            (stage / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+            result.to_perfetto(stage / "timeline.perfetto.json")
+            fig, ax = plt.subplots(figsize=(8, 2.5 + 0.35 * len(parts)))
+            plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
+            plot.save_figure(fig, stage / "breakdown.png")
     if out is not None:
-        result.ops.to_parquet(out / "ops.parquet", index=False)
-        summary = {
-            "trace": trace.source, "system": system.name, "mode": mode, "time_s": result.time_s,
-            "breakdown": parts.to_dict("records"), "stats": {k: v for k, v in stats.items() if k != "layer_runs"},
-            "layer_runs": stats["layer_runs"], "trace_metadata": trace.metadata,
-        }  # fmt: skip
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        result.to_perfetto(out / "timeline.perfetto.json")
-        fig, ax = plt.subplots(figsize=(8, 2.5 + 0.35 * len(parts)))
-        plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
-        plot.save_figure(fig, out / "breakdown.png")
         print(f"wrote {out}/ (ops.parquet, summary.json, timeline.perfetto.json, breakdown.png)")
     return 0
 
@@ -180,40 +195,40 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
         raise GpusimError(f"validate-trace: {trace.source} has no measured durations to compare with")
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
-    result = trace.replay(system, mode=mode, progress=not args.quiet)
-    spans = trace.metadata.get("measured_span_s") or {}
-    span = spans.get(0, spans.get("0")) if mode == "symmetric" else (max(spans.values()) if spans else None)
-    table = compare(result.ops, span, result.kernels)
-    with pd.option_context("display.width", 160, "display.max_columns", 20):
-        shown = table.copy()
-        for column in ("measured_s", "simulated_s", "not_simulated_s"):
-            shown[column] = (shown[column] * 1e3).round(4)
-        shown = shown.rename(columns={"measured_s": "measured_ms", "simulated_s": "simulated_ms",
-                                      "not_simulated_s": "not_simulated_ms"})
-        print(f"{trace.source} on {system.name} ({mode} mode)")
-        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    not_modelled = pd.DataFrame(trace.metadata.get("not_modelled") or [], columns=["reason"])
-    if not not_modelled.empty:
-        print(f"{len(not_modelled)} kernels replayed as delays of their measured duration (not modelled):")
-        for reason, count in not_modelled["reason"].value_counts().items():
-            print(f"  {count:6d}  {reason}")
+    with staged_outputs(out) as stage:
+        result = trace.replay(system, mode=mode, progress=not args.quiet)
+        spans = trace.metadata.get("measured_span_s") or {}
+        span = spans.get(0, spans.get("0")) if mode == "symmetric" else (max(spans.values()) if spans else None)
+        table = compare(result.ops, span, result.kernels)
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            shown = table.copy()
+            for column in ("measured_s", "simulated_s", "not_simulated_s"):
+                shown[column] = (shown[column] * 1e3).round(4)
+            shown = shown.rename(columns={"measured_s": "measured_ms", "simulated_s": "simulated_ms",
+                                          "not_simulated_s": "not_simulated_ms"})
+            print(f"{trace.source} on {system.name} ({mode} mode)")
+            print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        _report_not_modelled(trace)
+        if stage is not None:
+            table.to_csv(stage / "validate_trace.csv", index=False)
+            kernels = kernel_comparison(result.ops, result.kernels)
+            kernels.to_csv(stage / "kernels.csv", index=False)
+            fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+            modelled = kernels[kernels["modelled"]]
+            for klass, group in modelled.groupby("kernel_class"):
+                plot.measured_vs_simulated(group, ax=axes[0], label=klass)
+            if not modelled.empty:
+                axes[0].legend(fontsize="small")
+            axes[0].set_title("per kernel")
+            classes = table[table["kernels"] > 0].rename(columns={"measured_s": "measured",
+                                                                  "simulated_s": "simulated"})
+            classes = classes.melt(id_vars="kernel_class", value_vars=["measured", "simulated"], var_name="source",
+                                   value_name="time_s")
+            classes["time_ms"] = classes["time_s"] * 1e3
+            plot.bars(classes, "kernel_class", "time_ms", hue="source", ax=axes[1], ylabel="time (ms)")
+            axes[1].set_title("per kernel class")
+            plot.save_figure(fig, stage / "validate_trace.png")
     if out is not None:
-        table.to_csv(out / "validate_trace.csv", index=False)
-        kernels = kernel_comparison(result.ops, result.kernels)
-        kernels.to_csv(out / "kernels.csv", index=False)
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        modelled = kernels[kernels["modelled"]]
-        for klass, group in modelled.groupby("kernel_class"):
-            plot.measured_vs_simulated(group, ax=axes[0], label=klass)
-        axes[0].legend(fontsize="small")
-        axes[0].set_title("per kernel")
-        classes = table[table["kernels"] > 0].rename(columns={"measured_s": "measured", "simulated_s": "simulated"})
-        classes = classes.melt(id_vars="kernel_class", value_vars=["measured", "simulated"], var_name="source",
-                               value_name="time_s")
-        classes["time_ms"] = classes["time_s"] * 1e3
-        plot.bars(classes, "kernel_class", "time_ms", hue="source", ax=axes[1], ylabel="time (ms)")
-        axes[1].set_title("per kernel class")
-        plot.save_figure(fig, out / "validate_trace.png")
         print(f"wrote {out}/ (validate_trace.csv, kernels.csv, validate_trace.png)")
     if args.tolerance is not None:
         everything = table[table["kernel_class"] == "all kernels"].iloc[0]
