@@ -26,9 +26,9 @@ def test_packets_are_cut_at_multiples_of_the_packet_size():
     memory = machine.gpus[1].memory
     accept = memory.accept_remote
 
-    def logging_accept(addr, nbytes, kind, admission):
+    def logging_accept(addr, nbytes, kind, admission, cached=True):
         arrived.append((addr, nbytes))
-        accept(addr, nbytes, kind, admission)
+        accept(addr, nbytes, kind, admission, cached)
 
     memory.accept_remote = logging_accept
     start, nbytes = packet // 3, 5 * packet
