@@ -80,14 +80,14 @@ def test_mi250_training_step_shapes_and_measured_durations():
     everything = table.loc["all kernels", "measured_s"] + table.loc["all kernels", "not_simulated_s"]
     assert everything == pytest.approx(frame["measured_s"].sum())  # simulated kernels and measured delays
     # a profiled kernel lasts from its start to its end on the GPU: compared with the simulated kernels'
-    # span, not with the op's duration, which includes waiting for the host (20 us per call on the mi210)
+    # span, not with the op's duration, which counts from its measured launch call's return
     kernels = kernel_comparison(result.ops, result.kernels).set_index("op_id")
     ops = result.ops.set_index("op_id")
     modelled = kernels[kernels["modelled"]].index
     spans = result.kernels.groupby("op_id").agg(first=("start_s", "min"), last=("end_s", "max"))
     assert kernels.loc[modelled, "simulated_s"].to_numpy() == pytest.approx(
         (spans["last"] - spans["first"]).loc[modelled].to_numpy())
-    assert (kernels.loc[modelled, "simulated_s"] < ops.loc[modelled, "duration_s"]).all()
+    assert (kernels.loc[modelled, "simulated_s"] <= ops.loc[modelled, "duration_s"] + 1e-12).all()
 
 
 def test_a100_nccl_collectives_groups_and_waits():

@@ -232,3 +232,14 @@ def test_layers_that_differ_in_any_field_that_shapes_them_are_all_simulated(tmp_
     cached = read(path).replay(system)
     every = read(path).replay(system, cache_layers=False)
     assert cached.time_s == pytest.approx(every.time_s, rel=1e-9)
+
+
+def test_an_op_waiting_for_its_measured_host_call_leaves_the_gpu_idle(tmp_path):
+    """The second GEMM is issued 1 ms after the first: its record starts then, and the GPU is idle between."""
+    path = tmp_path / "host_bound.csv"
+    path.write_text("op_id,gpu,stream,kind,m,n,k,issue_s\n1,0,s0,gemm,256,256,256,0\n2,0,s0,gemm,256,256,256,1e-3\n")
+    result = read(path).replay(gpusim.load_system("h100-sxm5"))
+    second = result.ops[result.ops["op_id"] == 2].iloc[0]
+    assert second["start_s"] >= 1e-3 and second["duration_s"] < 1e-4
+    parts = breakdown(result.ops).iloc[0]
+    assert parts["idle_s"] > 0.9e-3 and parts["compute_s"] < 1e-4

@@ -82,6 +82,9 @@ class OpContext:
     issue_ns
         When the host's launch call of the op's first kernel returned, measured (a replayed trace's
         ``issue_s``), ns; ``None``: the host thread's model.
+    issued_ns
+        When the op was issued at its measured ``issue_ns`` (set as it is), ns: the op's record starts
+        there, not while it waited for its host, so a host-bound replay shows its GPU idle.
     info
         Facts the executor adds to the op's record (implementation, FLOPs, bytes...).
     """
@@ -92,6 +95,7 @@ class OpContext:
         self.preissued = preissued
         self.follows = follows
         self.issue_ns = issue_ns
+        self.issued_ns: float | None = None
         self.machine = executor.machine
         self.sim = executor.sim
         self.env = executor.sim.env
@@ -135,6 +139,7 @@ class OpContext:
         if self.issue_ns is not None and not self.preissued:
             at = self.executor.issue(self.rank, 0.0, self.issue_ns)
             self.issue_ns = None
+            self.issued_ns = at
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
 
@@ -163,6 +168,8 @@ class OpContext:
             cost = config.kernel_launch_ns if host_ns is None else host_ns
             gap = config.dependent_launch_ns if self.follows else 0.0
             returned = self.executor.issue(self.rank, cost, self.issue_ns)
+            if self.issue_ns is not None:
+                self.issued_ns = returned
             if cost or self.issue_ns is not None:  # the host's call, on the rank's "host calls" track
                 called = returned if self.issue_ns is not None else returned - cost
                 self.sim.recorder.span(Span(f"launch {kernel.name}", "call", self.rank, "host", called, returned,
@@ -259,6 +266,8 @@ class Executor:
         start = self.sim.now
         yield from op.run_on(ctx)
         end = self.sim.now
+        if ctx.issued_ns is not None:  # it waited for its measured host call, not for the GPU
+            start = min(max(start, ctx.issued_ns), end)
         self.records.append(OpRecord(op, rank, stream.name, start, end, ctx.info))
         args = {"category": op.category, "op_id": op.uid, **ctx.info}
         self.sim.recorder.span(Span(op.label, "op", rank, stream.name, start, end, args))
