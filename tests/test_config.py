@@ -177,3 +177,31 @@ def test_a_negative_flop_rate_is_an_error():
 def test_the_dispatch_policy_and_the_l2_shared_fraction_are_checked(override, message):
     with pytest.raises(ConfigError, match=message):
         gpusim.load_system("h200-sxm", override)
+
+
+def test_a_key_given_twice_is_an_error_naming_the_file_the_field_and_the_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("base: t3-table8.1\nnum_cus: 80\nclock_hz: 1 GHz\nnum_cus: 160\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: field 'num_cus' is given twice \(lines 2 and 4\)"):
+        load_system_config(path)
+    nested = tmp_path / "ring.yaml"
+    nested.write_text("base: t3-ring8\nlinks:\n  latency_ns: 1 us\n  packet_bytes: 64 KiB\n  latency_ns: 2 us\n")
+    with pytest.raises(ConfigError, match=r"ring.yaml: field 'links.latency_ns' is given twice \(lines 3 and 5\)"):
+        load_system_config(nested)
+
+
+def test_a_key_may_override_what_a_yaml_merge_brought_in(tmp_path):
+    path = tmp_path / "merged.yaml"
+    path.write_text(textwrap.dedent(
+        """
+        base: t3-ring8
+        collectives:
+          protocols:
+            - &ll {name: ll, step_latency_ns: 1 us, wire_efficiency: 0.5}
+            - <<: *ll
+              name: ll128
+              wire_efficiency: 0.9375
+        """
+    ))
+    ll, ll128 = load_system_config(path).collectives.protocols
+    assert (ll.name, ll128.name, ll128.step_latency_ns, ll128.wire_efficiency) == ("ll", "ll128", 1000.0, 0.9375)

@@ -54,9 +54,47 @@ def list_presets() -> dict[str, list[str]]:
     return {"gpus": sorted(_preset_files("gpus")), "nodes": sorted(_preset_files("nodes"))}
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_unique_keys(node: yaml.Node, path: Path, keys: list[str], seen: set[int]) -> None:
+    """Raise for a key given twice in one mapping of the YAML tree ``node`` (at dotted ``keys``).
+
+    PyYAML keeps the last of such keys without a word.  Keys a merge (``<<: *anchor``) brings in may
+    be given again: that is how a merge is overridden.  ``seen`` holds the nodes already checked (an
+    alias repeats its anchor's node).
+    """
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                key = (key_node.tag, key_node.value)
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    field = ".".join([*keys, key_node.value])
+                    raise ConfigError(
+                        f"{path}: field '{field}' is given twice (lines {first_line[key]} and {line}); remove one"
+                    )
+                first_line[key] = line
+            _check_unique_keys(value_node, path, [*keys, str(key_node.value)], seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_unique_keys(item, path, [*keys, str(index)], seen)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        loader = yaml.SafeLoader(path.read_text())
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_unique_keys(node, path, [], set())
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     except OSError as exc:
