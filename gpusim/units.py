@@ -13,11 +13,13 @@ time        nanosecond     ps, ns, us, µs, ms, s
 frequency   hertz          Hz, kHz, MHz, GHz
 ========== ============== =======================================
 
-SI prefixes are decimal (1 GB = 1e9 B); the ``i`` prefixes are binary (1 GiB = 2**30 B).
+SI prefixes are decimal (1 GB = 1e9 B); the ``i`` prefixes are binary (1 GiB = 2**30 B).  A
+quantity must be finite: ``inf``, ``nan`` and numbers that overflow (``"1e400 GB/s"``) are errors.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 KiB = 1024
@@ -95,7 +97,21 @@ def parse_quantity(value: str | float | int, kind: str, *, require_unit: bool = 
     -------
     float
         The value in bytes, bytes/s, ns or Hz.
+
+    Raises
+    ------
+    QuantityError
+        For text that is not a quantity of ``kind``, a missing unit where one is required, and a
+        value that is not finite.
     """
+    result = _parse(value, kind, require_unit)
+    if not math.isfinite(result):
+        raise QuantityError(f"expected a finite {kind} such as {EXAMPLES[kind]}, got {value!r}")
+    return result
+
+
+def _parse(value: str | float | int, kind: str, require_unit: bool) -> float:
+    """:func:`parse_quantity` before its check that the value is finite."""
     if kind not in KINDS:
         raise ValueError(f"unknown quantity kind {kind!r}")
     if isinstance(value, bool):

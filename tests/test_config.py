@@ -205,3 +205,21 @@ def test_a_key_may_override_what_a_yaml_merge_brought_in(tmp_path):
     ))
     ll, ll128 = load_system_config(path).collectives.protocols
     assert (ll.name, ll128.name, ll128.step_latency_ns, ll128.wire_efficiency) == ("ll", "ll128", 1000.0, 0.9375)
+
+
+@pytest.mark.parametrize("path", [
+    "gpu.l2.capacity_bytes", "gpu.clock_hz", "links.bandwidth_bytes_per_s", "gpu.hbm.t_rp_cycles", "gpu.l2.write_cost",
+    "gpu.nmc.op_cycles.div", "gpu.cu.matrix_flops_per_cycle.fp16", "gpu.memctrl.mca.thresholds",
+])
+def test_an_infinite_override_is_an_error_naming_the_override_and_the_field(path):
+    value = [0.1, float("inf")] if path.endswith("thresholds") else float("inf")
+    with pytest.raises(ConfigError, match=rf"override '{path}': field '{path}(\.1)?': .*finite"):
+        gpusim.load_system("t3-ring8", {path: value})
+
+
+@pytest.mark.parametrize("text", [".inf", "1e400", "1e400 GHz"])
+def test_an_infinite_number_in_a_file_is_an_error_naming_the_file_and_the_field(tmp_path, text):
+    path = tmp_path / "fast.yaml"
+    path.write_text(f"base: t3-table8.1\nclock_hz: {text}\n")
+    with pytest.raises(ConfigError, match=r"fast.yaml: field 'clock_hz': .*finite"):
+        load_system_config(path)

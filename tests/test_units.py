@@ -45,3 +45,9 @@ def test_units_scale_consistently(value):
 def test_format_bytes():
     assert format_bytes(64 * 2**20) == "64.0 MiB"
     assert format_bytes(12) == "12 B"
+
+
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan"), "1e400 GB/s", "1e400"])
+def test_parse_quantity_rejects_non_finite_values(value):
+    with pytest.raises(QuantityError, match="expected a finite bandwidth"):
+        parse_quantity(value, "bandwidth")

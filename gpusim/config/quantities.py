@@ -2,7 +2,8 @@
 
 A field whose name ends in a unit (``_bytes``, ``_bytes_per_s``, ``_ns``, ``_hz``) accepts either a
 bare number in that unit or a string with any unit of the same kind (``"1 TB/s"``).  Values must be
-positive unless the type says otherwise.
+positive unless the type says otherwise.  Every number of a description, with a unit or without,
+must be finite: ``inf`` (YAML's ``.inf``, or ``1e400``, which overflows) and ``nan`` are errors.
 """
 
 from __future__ import annotations
@@ -43,6 +44,6 @@ UNIT_SUFFIXES = {
 
 
 class Model(BaseModel):
-    """Base of every hardware description: frozen, and unknown keys are errors."""
+    """Base of every hardware description: frozen; unknown keys and non-finite numbers are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
