@@ -1,6 +1,8 @@
 """Loading presets, overrides, and clear errors for bad configurations."""
 
+import re
 import textwrap
+from copy import deepcopy
 
 import pytest
 
@@ -223,3 +225,57 @@ def test_an_infinite_number_in_a_file_is_an_error_naming_the_file_and_the_field(
     path.write_text(f"base: t3-table8.1\nclock_hz: {text}\n")
     with pytest.raises(ConfigError, match=r"fast.yaml: field 'clock_hz': .*finite"):
         load_system_config(path)
+
+
+def _with_leaf(container, keys, value):
+    """A deep copy of the nested lists and dicts ``container`` with the item at ``keys`` set to ``value``."""
+    copy = deepcopy(container)
+    node = copy
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return copy
+
+
+def _bool_overrides(data, path=()):
+    """``(dotted path, value)`` overrides that each put ``True`` where ``data`` (a dumped description) has a
+    number; a number inside a list (which a dotted path cannot index) replaces the whole list."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _bool_overrides(value, (*path, key))
+    elif isinstance(data, list | tuple):
+        for index, item in enumerate(data):
+            for inner, _ in _bool_overrides(item):
+                yield ".".join(path), _with_leaf(list(data), [index, *inner.split(".")] if inner else [index], True)
+    elif isinstance(data, int | float) and not isinstance(data, bool):
+        yield ".".join(path), True
+
+
+def _numeric_overrides_of_every_preset():
+    """One ``(preset, path, value)`` per numeric field that some preset gives (each path once)."""
+    found = {}
+    for name in gpusim.list_presets()["gpus"] + gpusim.list_presets()["nodes"]:
+        for path, value in _bool_overrides(load_system_config(name).model_dump()):
+            found.setdefault(path, (name, path, value))
+    return list(found.values())
+
+
+def test_a_boolean_is_not_a_number_for_any_numeric_field():
+    cases = _numeric_overrides_of_every_preset()
+    paths = {path for _, path, _ in cases}
+    assert {"gpu.num_cus", "gpu.hardware_queues", "gpu.l2.write_cost", "gpu.memctrl.mca.thresholds",
+            "gpu.nmc.op_cycles.add", "gpu.gemm_efficiency.fp16", "network.nics_per_gpu",
+            "gpu.gemm_tma.cluster_size", "gpu.gemm_fallback.access_cycles", "collectives.protocols"} <= paths
+    for name, path, value in cases:
+        with pytest.raises(ConfigError, match=rf"override '{re.escape(path)}': field '{re.escape(path)}[.\w]*': "
+                                              r"expected a .*, got (the boolean )?True"):
+            gpusim.load_system(name, {path: value})
+
+
+def test_a_boolean_number_in_a_file_is_an_error_and_ints_still_make_floats(tmp_path):
+    path = tmp_path / "yes.yaml"
+    path.write_text("base: t3-table8.1\nnum_cus: true\n")
+    with pytest.raises(ConfigError, match=r"yes.yaml: field 'num_cus': expected a number, got the boolean True"):
+        load_system_config(path)
+    system = gpusim.load_system("t3-ring8", {"gpu.vector_efficiency": 1, "gpu.hbm.t_rp_cycles": 10, "gpu.num_cus": "96"})
+    assert (system.gpu.vector_efficiency, system.gpu.hbm.t_rp_cycles, system.gpu.num_cus) == (1.0, 10.0, 96)

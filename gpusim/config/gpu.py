@@ -9,9 +9,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, model_validator
+from pydantic import Field, model_validator
 
-from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Hertz, Model, Nanoseconds, PositiveInt
+from gpusim.config.quantities import (
+    Bandwidth,
+    Bytes,
+    Float,
+    Fraction,
+    Hertz,
+    Int,
+    Model,
+    Nanoseconds,
+    PositiveFloat,
+    PositiveInt,
+)
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -89,7 +100,7 @@ class CuConfig(Model):
     max_wavefronts: PositiveInt = 40
     lds_bytes: Bytes = 65536
     lds_bytes_per_cycle: PositiveFloat = 128.0
-    lone_workgroup_lds_exposure: float = Field(default=0.3, ge=0, le=1)
+    lone_workgroup_lds_exposure: Float = Field(default=0.3, ge=0, le=1)
     register_file_bytes: Bytes = 262144
     matrix_flops_per_cycle: dict[str, PositiveFloat]
     vector_flops_per_cycle: dict[str, PositiveFloat]
@@ -167,7 +178,7 @@ class L2Config(Model):
     bytes_per_cycle_per_bank: Bytes = 64
     clock_hz: Hertz
     sustained_efficiency: Fraction = 1.0
-    write_cost: float = Field(default=1.0, ge=1.0)
+    write_cost: Float = Field(default=1.0, ge=1.0)
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
     remote_writes_through: bool = False
@@ -252,20 +263,20 @@ class HbmConfig(Model):
     row_bytes: Bytes = 2048
     burst_bytes: Bytes = 32
     clock_hz: Hertz
-    t_rp_cycles: float = Field(14, ge=0)
-    t_rcd_cycles: float = Field(14, ge=0)
-    t_ras_cycles: float = Field(33, ge=0)
-    t_cl_cycles: float = Field(14, ge=0)
-    t_ccd_s_cycles: float = Field(1, gt=0)
-    t_ccd_l_cycles: float = Field(2, gt=0)
-    t_ccd_wl_cycles: float = Field(4, gt=0)
-    t_wtr_cycles: float = Field(4, ge=0)
-    t_rtw_cycles: float = Field(4, ge=0)
-    t_wr_cycles: float = Field(16, ge=0)
-    t_rrd_cycles: float = Field(0, ge=0)
-    t_faw_cycles: float = Field(0, ge=0)
+    t_rp_cycles: Float = Field(14, ge=0)
+    t_rcd_cycles: Float = Field(14, ge=0)
+    t_ras_cycles: Float = Field(33, ge=0)
+    t_cl_cycles: Float = Field(14, ge=0)
+    t_ccd_s_cycles: Float = Field(1, gt=0)
+    t_ccd_l_cycles: Float = Field(2, gt=0)
+    t_ccd_wl_cycles: Float = Field(4, gt=0)
+    t_wtr_cycles: Float = Field(4, ge=0)
+    t_rtw_cycles: Float = Field(4, ge=0)
+    t_wr_cycles: Float = Field(16, ge=0)
+    t_rrd_cycles: Float = Field(0, ge=0)
+    t_faw_cycles: Float = Field(0, ge=0)
     pseudo_channels: PositiveInt = 1
-    refresh_overhead: float = Field(0.04, ge=0, lt=1)
+    refresh_overhead: Float = Field(0.04, ge=0, lt=1)
     sustained_efficiency: Fraction = 1.0
     interleave_bytes: Bytes = 4096
     capacity_bytes: Bytes = 32 * 2**30
@@ -357,8 +368,8 @@ class McaConfig(Model):
         The communication stream is served regardless once it has waited this long.
     """
 
-    thresholds: tuple[float, ...] = (5 / 64, 10 / 64, 30 / 64, 1.0)
-    intensity_cutoffs: tuple[float, ...] = (0.5, 0.25, 0.1, 0.0)
+    thresholds: tuple[Float, ...] = (5 / 64, 10 / 64, 30 / 64, 1.0)
+    intensity_cutoffs: tuple[Float, ...] = (0.5, 0.25, 0.1, 0.0)
     starvation_limit_ns: Nanoseconds = 20000.0
 
     @model_validator(mode="after")
@@ -432,7 +443,7 @@ class NmcConfig(Model):
     banks_per_alu: PositiveInt = 1
     temp_storage_bytes: Bytes = 256
     simd_bytes: Bytes = 32
-    op_cycles: dict[str, float] = {
+    op_cycles: dict[str, Float] = {
         "mov": 1.0,
         "add": 1.0,
         "sub": 1.0,
@@ -524,7 +535,7 @@ class GemmFallbackConfig(Model):
     """
 
     mma_fraction: Fraction
-    access_cycles: float = Field(ge=0)
+    access_cycles: Float = Field(ge=0)
 
 
 class GemmTmaConfig(Model):
@@ -635,7 +646,7 @@ class GpuConfig(Model):
     kernel_launch_ns: Nanoseconds = 5000.0
     kernel_device_ns: Nanoseconds = 0.0
     dependent_launch_ns: Nanoseconds = 1200.0
-    gemm_pipeline_stages: int = Field(2, ge=2)
+    gemm_pipeline_stages: Int = Field(2, ge=2)
     gemm_k_tile_bytes: Bytes | None = None
     gemm_tma: GemmTmaConfig | None = None
     gemm_fallback: GemmFallbackConfig | None = None

@@ -291,7 +291,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         if err["type"] == "extra_forbidden":
             message = "unknown field (misspelled?)"
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict)
-        got = f" (got {err['input']!r})" if shown and not message.endswith(f"got {err['input']!r}") else ""
+        got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
         lines.append(f"{origin}: field '{field}': {message}{got}")
     return "\n".join(lines)
 
