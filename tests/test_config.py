@@ -279,3 +279,10 @@ def test_a_boolean_number_in_a_file_is_an_error_and_ints_still_make_floats(tmp_p
         load_system_config(path)
     system = gpusim.load_system("t3-ring8", {"gpu.vector_efficiency": 1, "gpu.hbm.t_rp_cycles": 10, "gpu.num_cus": "96"})
     assert (system.gpu.vector_efficiency, system.gpu.hbm.t_rp_cycles, system.gpu.num_cus) == (1.0, 10.0, 96)
+
+
+def test_an_all_lower_case_bandwidth_override_is_ambiguous_not_bits():
+    with pytest.raises(ConfigError, match=r"override 'links.bandwidth' \(field 'bandwidth_bytes_per_s'\): bandwidth "
+                                          r"unit 'gb/s' in '150 gb/s' is ambiguous: write 'GB/s' \(bytes\) or 'Gbit/s'"):
+        gpusim.load_system("t3-ring8", {"links.bandwidth": "150 gb/s"})
+    assert gpusim.load_system("t3-ring8", {"links.bandwidth": "150 Gb/s"}).config.links.bandwidth_bytes_per_s == 18.75e9
