@@ -286,3 +286,29 @@ def test_an_all_lower_case_bandwidth_override_is_ambiguous_not_bits():
                                           r"unit 'gb/s' in '150 gb/s' is ambiguous: write 'GB/s' \(bytes\) or 'Gbit/s'"):
         gpusim.load_system("t3-ring8", {"links.bandwidth": "150 gb/s"})
     assert gpusim.load_system("t3-ring8", {"links.bandwidth": "150 Gb/s"}).config.links.bandwidth_bytes_per_s == 18.75e9
+
+
+@pytest.mark.parametrize(("path", "what", "known"), [
+    ("gpu.gemm_efficiency.fp61", "dtype", "fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+    ("gpu.cu.matrix_flops_per_cycle.fp61", "dtype", "fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+    ("gpu.cu.vector_flops_per_cycle.fp61", "dtype", "fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+    ("gpu.nmc.op_cycles.foo", "NMC operation", "mov, add, sub, mul, fma, max, shift, div, sqrt"),
+])
+def test_an_unknown_key_of_a_table_is_an_error_listing_the_known_keys(path, what, known):
+    key = path.rsplit(".", 1)[1]
+    with pytest.raises(ConfigError, match=rf"^override '{path}': field '{path}': unknown {what} '{key}'; known: {known}$"):
+        gpusim.load_system("t3-ring8", {path: 0.5})
+
+
+def test_an_unknown_dtype_in_a_file_names_the_file_and_the_key(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("base: t3-table8.1\ngemm_efficiency: {fp16: 0.8, fp61: 0.9}\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml: field 'gemm_efficiency.fp61': unknown dtype 'fp61'; known: fp64"):
+        load_system_config(path)
+
+
+def test_the_nmc_operations_a_config_may_price_are_the_instruction_set():
+    from gpusim.config.gpu import NMC_OPS, NmcConfig
+    from gpusim.hw.nmc import OPERAND_COUNT
+
+    assert set(NMC_OPS) == set(OPERAND_COUNT) == set(NmcConfig().op_cycles)

@@ -7,9 +7,9 @@ else carries its unit in its name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gpusim.config.quantities import (
     Bandwidth,
@@ -26,6 +26,25 @@ from gpusim.config.quantities import (
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+NMC_OPS = ("mov", "add", "sub", "mul", "fma", "max", "shift", "div", "sqrt")
+"""The instruction set of the near-memory ALUs (:data:`gpusim.hw.nmc.OPERAND_COUNT`)."""
+
+
+def _one_of(known: tuple[str, ...], what: str) -> AfterValidator:
+    """A check that a key of a table is among ``known`` (``what`` they are, for the message)."""
+
+    def check(key: str) -> str:
+        if key not in known:
+            raise ValueError(f"unknown {what} {key!r}; known: {', '.join(known)}")
+        return key
+
+    return AfterValidator(check)
+
+
+Dtype = Annotated[str, _one_of(DTYPES, "dtype")]
+"""A key of a per-dtype table: one of :data:`DTYPES`."""
+NmcOp = Annotated[str, _one_of(NMC_OPS, "NMC operation")]
+"""A key of a per-operation table of the near-memory ALUs: one of :data:`NMC_OPS`."""
 
 
 class CuConfig(Model):
@@ -57,7 +76,8 @@ class CuConfig(Model):
     register_file_bytes
         Vector register file per CU, bytes.
     matrix_flops_per_cycle
-        Dense matrix-unit (tensor/matrix core) FLOPs per cycle per CU, by input dtype.
+        Dense matrix-unit (tensor/matrix core) FLOPs per cycle per CU, by input dtype (keys from
+        :data:`DTYPES`, as in every per-dtype table).
     vector_flops_per_cycle
         Vector ALU FLOPs per cycle per CU, by dtype (an FMA counts 2).
     max_inflight_bytes
@@ -102,8 +122,8 @@ class CuConfig(Model):
     lds_bytes_per_cycle: PositiveFloat = 128.0
     lone_workgroup_lds_exposure: Float = Field(default=0.3, ge=0, le=1)
     register_file_bytes: Bytes = 262144
-    matrix_flops_per_cycle: dict[str, PositiveFloat]
-    vector_flops_per_cycle: dict[str, PositiveFloat]
+    matrix_flops_per_cycle: dict[Dtype, PositiveFloat]
+    vector_flops_per_cycle: dict[Dtype, PositiveFloat]
     max_inflight_bytes: Bytes = 32768
     transcendentals_per_cycle: PositiveFloat = 16.0
     transcendentals_on_vector_alu: bool = False
@@ -436,14 +456,15 @@ class NmcConfig(Model):
         6.2.2 (add, mul and their fused forms, shift, scale by an immediate) issue every cycle.
         Divide and square root are not in section 6.2.2; the default assumes an iterative unit
         (8 cycles per SIMD word, e.g. radix-8 digit recurrence over a 24-bit mantissa).
-        Operations not listed are not supported.
+        Operations not listed are not supported; a key that is not an operation of the instruction
+        set (:data:`NMC_OPS`) is an error.
     """
 
     enabled: bool = True
     banks_per_alu: PositiveInt = 1
     temp_storage_bytes: Bytes = 256
     simd_bytes: Bytes = 32
-    op_cycles: dict[str, Float] = {
+    op_cycles: dict[NmcOp, Float] = {
         "mov": 1.0,
         "add": 1.0,
         "sub": 1.0,
@@ -641,7 +662,7 @@ class GpuConfig(Model):
     num_cus: PositiveInt
     clock_hz: Hertz
     cu: CuConfig
-    gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
+    gemm_efficiency: dict[Dtype, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
     kernel_device_ns: Nanoseconds = 0.0
@@ -660,14 +681,6 @@ class GpuConfig(Model):
     nmc: NmcConfig = NmcConfig()
     dma: DmaConfig = DmaConfig()
     tracker: TrackerConfig = TrackerConfig()
-
-    @model_validator(mode="after")
-    def _check_dtypes(self) -> GpuConfig:
-        for table in ("matrix_flops_per_cycle", "vector_flops_per_cycle"):
-            for dtype in getattr(self.cu, table):
-                if dtype not in DTYPES:
-                    raise ValueError(f"cu.{table}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-        return self
 
     @property
     def unloaded_miss_latency_ns(self) -> float:

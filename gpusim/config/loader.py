@@ -276,6 +276,9 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
     lines = []
     for err in exc.errors():
         parts = [str(p) for p in err["loc"]]
+        bad_key = parts[-1:] == ["[key]"]  # a table's key (a dtype, an NMC operation) that is not known
+        if bad_key:
+            parts = parts[:-1]
         loc = ".".join(parts)
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
         field = loc or "(the description as a whole)"
@@ -290,7 +293,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field (misspelled?)"
-        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict)
+        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
         lines.append(f"{origin}: field '{field}': {message}{got}")
     return "\n".join(lines)
