@@ -312,3 +312,46 @@ def test_the_nmc_operations_a_config_may_price_are_the_instruction_set():
     from gpusim.hw.nmc import OPERAND_COUNT
 
     assert set(NMC_OPS) == set(OPERAND_COUNT) == set(NmcConfig().op_cycles)
+
+
+def _gpu_file_text(old: str, new: str) -> str:
+    """The t3-table8.1 preset's file with ``old`` replaced by ``new`` (no base: a standalone GPU file)."""
+    from gpusim.config.loader import hwconfig_dirs
+
+    text = (hwconfig_dirs()[-1] / "gpus" / "t3-table8.1.yaml").read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+def test_a_gpu_file_with_num_cus_misspelled_or_missing_is_still_read_as_a_gpu(tmp_path):
+    misspelled = tmp_path / "misspelled.yaml"
+    misspelled.write_text(_gpu_file_text("num_cus: 80", "num_cu: 80"))
+    with pytest.raises(ConfigError) as info:
+        load_system_config(misspelled)
+    lines = str(info.value).splitlines()
+    assert f"{misspelled}: field 'num_cu': unknown field (misspelled?)" in lines, lines
+    assert f"{misspelled}: field 'num_cus': Field required" in lines, lines
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(_gpu_file_text("num_cus: 80", ""))
+    with pytest.raises(ConfigError, match=r"^\S*missing.yaml: field 'num_cus': Field required$"):
+        load_system_config(missing)
+
+
+def test_a_file_that_is_neither_or_both_a_gpu_and_a_node_is_an_error(tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text(_gpu_file_text("num_cus: 80", "num_cus: 80\nnum_gpus: 2"))
+    with pytest.raises(ConfigError, match=r"both.yaml: has fields of a GPU \(.*num_cus.*\) and of a node \(num_gpus\); "
+                                          r".*a node's gives its GPU in field 'gpu'"):
+        load_system_config(both)
+    neither = tmp_path / "neither.yaml"
+    neither.write_text("name: x\nnum_cu: 80\n")
+    with pytest.raises(ConfigError, match=r"neither.yaml: neither a GPU's description \(which needs fields num_cus, "
+                                          r"clock_hz, cu, l2, hbm\) nor a node's .*; unknown fields: num_cu"):
+        load_system_config(neither)
+
+
+def test_a_node_file_without_its_gpu_says_so(tmp_path):
+    path = tmp_path / "node.yaml"
+    path.write_text("name: n\nnum_gpus: 2\ntopology: {kind: ring}\nlinks: {bandwidth_bytes_per_s: 1 GB/s}\n")
+    with pytest.raises(ConfigError, match=r"node.yaml: field 'gpu': none given; a node's description names its GPU"):
+        load_system_config(path)

@@ -104,8 +104,37 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _is_gpu_description(data: dict[str, Any]) -> bool:
-    return "num_cus" in data
+_GPU_ONLY = tuple(f for f in GpuConfig.model_fields if f not in SystemConfig.model_fields)
+"""Fields that only a GPU's description has (``num_cus``, ``l2``...)."""
+_NODE_ONLY = tuple(f for f in SystemConfig.model_fields if f not in GpuConfig.model_fields)
+"""Fields that only a node's description has (``gpu``, ``num_gpus``, ``topology``...)."""
+
+
+def _is_gpu_description(data: dict[str, Any], path: Path) -> bool:
+    """Whether the description in the file ``path`` is of a GPU (else of a node).
+
+    A node's names its GPU (``gpu``); otherwise the fields that only one of the two has tell,
+    whether or not some are misspelled or missing, so that the errors that follow are the right
+    model's.  A description with fields of both, or of neither, is an error.
+    """
+    if "gpu" in data:
+        return False
+    gpu_fields = sorted(str(key) for key in data if key in _GPU_ONLY)
+    node_fields = sorted(str(key) for key in data if key in _NODE_ONLY)
+    if gpu_fields and node_fields:
+        raise ConfigError(
+            f"{path}: has fields of a GPU ({', '.join(gpu_fields)}) and of a node ({', '.join(node_fields)}); "
+            f"a GPU's file has only the GPU's fields, and a node's gives its GPU in field 'gpu' "
+            f"(a preset name, a YAML path or a mapping)"
+        )
+    if not gpu_fields and not node_fields:
+        unknown = sorted(str(key) for key in data if key not in GpuConfig.model_fields)
+        needs = ", ".join(f for f in _GPU_ONLY if GpuConfig.model_fields[f].is_required())
+        raise ConfigError(
+            f"{path}: neither a GPU's description (which needs fields {needs}) nor a node's (which needs "
+            f"field 'gpu')" + (f"; unknown fields: {', '.join(unknown)}" if unknown else "")
+        )
+    return bool(gpu_fields)
 
 
 class _Description:
@@ -194,6 +223,9 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
 def _gpu_description(ref: Any, origin: Path) -> _Description:
     if isinstance(ref, dict):
         return _description(ref, origin, inline=True)
+    if ref is None:
+        raise ConfigError(f"{origin}: field 'gpu': none given; a node's description names its GPU: a GPU preset "
+                          f"(such as 'a100-sxm4'), a YAML path, or the GPU's fields as a mapping")
     if not isinstance(ref, str):
         raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
     path = _referenced_file(ref, origin, "gpu", _preset_files("gpus"), "GPU preset")
@@ -329,7 +361,7 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
             raise UnknownPresetError(ref, list(presets))
         source = presets[ref]
     system = _description(_read_yaml(source), source)
-    if _is_gpu_description(system.data):
+    if _is_gpu_description(system.data, source):
         gpu = system
         data: dict[str, Any] = {"name": system.data.get("name", path.stem), "num_gpus": 1}
     else:
