@@ -355,3 +355,37 @@ def test_a_node_file_without_its_gpu_says_so(tmp_path):
     path.write_text("name: n\nnum_gpus: 2\ntopology: {kind: ring}\nlinks: {bandwidth_bytes_per_s: 1 GB/s}\n")
     with pytest.raises(ConfigError, match=r"node.yaml: field 'gpu': none given; a node's description names its GPU"):
         load_system_config(path)
+
+
+def test_an_override_into_an_empty_section_names_the_override_and_what_the_new_section_needs():
+    with pytest.raises(ConfigError) as info:
+        gpusim.load_system("t3-ring8", {"network.latency": "1 us"})
+    assert str(info.value) == (
+        "override 'network.latency': field 'network.nic_bandwidth_bytes_per_s': Field required (the description "
+        "leaves 'network' empty, so the override creates it; a new 'network' needs this field too)"
+    )
+    with pytest.raises(ConfigError, match=r"^override 'gpu.gemm_fallback.access_cycles': field "
+                                          r"'gpu.gemm_fallback.mma_fraction': Field required \(the description leaves "
+                                          r"'gpu.gemm_fallback' empty, so the override creates it"):
+        gpusim.load_system("t3-table8.1", {"gpu.gemm_fallback.access_cycles": 0.1, "gpu.dma.engines": 2})
+    with pytest.raises(ConfigError, match=r"^overrides 'network.latency', 'network.packet': field "
+                                          r"'network.nic_bandwidth_bytes_per_s': Field required \(.*the overrides create"):
+        gpusim.load_system("t3-ring8", {"network.latency": "1 us", "network.packet": "4 KiB"})
+    network = gpusim.load_system("t3-ring8", {"network.latency": "1 us", "network.nic_bandwidth": "25 GB/s"}).config.network
+    assert (network.latency_ns, network.nic_bandwidth_bytes_per_s, network.packet_bytes) == (1000.0, 25e9, 65536)
+
+
+def test_an_override_into_an_empty_optional_section_creates_it_with_defaults():
+    from gpusim.config.gpu import GemmTmaConfig
+
+    assert gpusim.load_system("t3-table8.1").gpu.gemm_tma is None
+    assert gpusim.load_system("t3-table8.1", {"gpu.gemm_tma.cluster_size": 2}).gpu.gemm_tma == GemmTmaConfig(cluster_size=2)
+
+
+def test_an_override_into_a_section_the_description_leaves_out_keeps_the_section_defaults():
+    from gpusim.config.gpu import NmcConfig
+
+    gpu = gpusim.load_system("t3-table8.1", {"gpu.nmc.op_cycles.div": 2}).gpu
+    assert gpu.nmc.op_cycles == {**NmcConfig().op_cycles, "div": 2.0}
+    system = gpusim.load_system("t3-table8.1", {"topology.links_per_pair": 2}).config
+    assert (system.topology.kind, system.topology.links_per_pair) == ("fully_connected", 2)

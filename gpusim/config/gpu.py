@@ -626,7 +626,9 @@ class GpuConfig(Model):
         (:func:`gpusim.kernels.gemm.library_for`).
     gemm_tma
         The architecture's BLAS GEMM kernels load their operands with a tensor memory accelerator
-        (Hopper's TMA; :class:`GemmTmaConfig`), or ``None`` (per-thread loads).
+        (Hopper's TMA; :class:`GemmTmaConfig`), or ``None`` (per-thread loads).  An override of
+        one of its fields on a GPU without it (``gpu.gemm_tma.cluster_size=2``) gives the GPU TMA
+        kernels (:mod:`gpusim.config.loader`).
     gemm_fallback
         The kernels for operands whose rows are not 16-byte aligned (:class:`GemmFallbackConfig`),
         or ``None`` where the BLAS runs them in its main kernels at their rate: where those already

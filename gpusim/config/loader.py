@@ -8,6 +8,16 @@ other values replace the base's, and its ``sources`` come before the base's.  Ov
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
 value must then say its unit.
+
+An override changes one field and keeps the rest of its section.  Where the description leaves a
+section out, the override starts from the section's defaults (``gpu.nmc.op_cycles.div=2`` keeps
+the other operations' costs; ``topology.links_per_pair=2`` keeps the default topology's kind).
+Where it leaves an optional section empty (``null`` or absent, as ``network`` of a one-node preset
+or ``gpu.gemm_tma`` of a GPU without TMA), an override into it creates the section, with its other
+fields at their defaults: that switches on what the section describes (``gpu.gemm_tma.cluster_size=2``
+gives such a GPU TMA kernels with clusters of two), and the section's required fields must come in
+overrides too (``network.latency`` alone is an error naming the override, the section it created,
+and ``network.nic_bandwidth_bytes_per_s``).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from gpusim.config.gpu import GpuConfig
 from gpusim.config.node import SystemConfig
@@ -248,14 +259,20 @@ def _is_mapping(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict
 
 
-def _resolve_path(path: str, value: Any) -> tuple[list[str], Any]:
-    """Map an override path onto field names; check values given to unit-less aliases."""
+def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | None], Any]:
+    """Map an override path onto field names; check values given to unit-less aliases.
+
+    Returns the field names, the field each names (``None`` for a key of a mapping such as a dtype
+    table) and the value to write.
+    """
     model: type[BaseModel] | None = SystemConfig
     keys: list[str] = []
+    infos: list[FieldInfo | None] = []
     parts = path.split(".")
     for index, part in enumerate(parts):
         if model is None:
             keys.append(part)  # inside a free-form mapping (e.g. a dtype table)
+            infos.append(None)
             continue
         fields = model.model_fields
         if part in fields:
@@ -275,36 +292,63 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], Any]:
                 except QuantityError as exc:
                     raise ConfigError(f"override {path!r} (field {name!r}): {exc}") from exc
         keys.append(name)
+        infos.append(fields[name])
         annotation = fields[name].annotation
         if annotation is str and index == len(parts) - 1 and isinstance(value, int | float) and not isinstance(value, bool):
             value = str(value)  # a text field given a numeric-looking value (``--set name=123``)
         model = _model_of(annotation)
         if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
             raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
-    return keys, value
+    return keys, infos, value
 
 
-def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
-    """Write overrides into ``data`` in place; return resolved dotted path -> the user's path."""
+def _section(info: FieldInfo | None) -> tuple[dict[str, Any], bool]:
+    """What an override writes into where the description leaves out a section (``info``'s field),
+    and whether that creates an optional section (one that is ``None`` by default)."""
+    default = None if info is None or info.is_required() else info.get_default(call_default_factory=True)
+    if isinstance(default, BaseModel):
+        return default.model_dump(), False
+    if isinstance(default, dict):
+        return copy.deepcopy(default), False
+    return {}, info is not None and not info.is_required()
+
+
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Write overrides into ``data`` in place.
+
+    Returns
+    -------
+    resolved
+        Resolved dotted path -> the user's path.
+    created
+        Dotted path of each optional section that the description left empty and overrides
+        created -> the user's paths of those overrides.
+    """
     resolved: dict[str, str] = {}
+    created: dict[str, list[str]] = {}
     for path, value in overrides.items():
-        keys, value = _resolve_path(path, value)
+        keys, infos, value = _resolve_path(path, value)
         node = data
-        for key in keys[:-1]:
+        for depth, key in enumerate(keys[:-1]):
             child = node.get(key)
+            section = ".".join(keys[: depth + 1])
             if child is None:
-                child = {}
+                child, new = _section(infos[depth])
                 node[key] = child
+                if new:
+                    created[section] = []
             if not isinstance(child, dict):
                 raise ConfigError(f"override {path!r}: {key!r} is not a mapping in the preset")
+            if section in created:
+                created[section].append(path)
             node = child
         node[keys[-1]] = value
         resolved[".".join(keys)] = path
-    return resolved
+    return resolved, created
 
 
 def _format_validation(exc: ValidationError, system: _Description, gpu: _Description,
-                       overridden: dict[str, str]) -> str:
+                       overridden: dict[str, str], created: dict[str, list[str]]) -> str:
     lines = []
     for err in exc.errors():
         parts = [str(p) for p in err["loc"]]
@@ -314,7 +358,15 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         loc = ".".join(parts)
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
         field = loc or "(the description as a whole)"
-        if origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
+        section = next((c for c in created if loc == c or loc.startswith(c + ".")), None)
+        note = ""
+        if origin is None and section is not None:  # in a section that overrides created
+            paths = created[section]
+            origin = f"override{'s' if len(paths) > 1 else ''} {', '.join(repr(path) for path in paths)}"
+            creates = "the override creates" if len(paths) == 1 else "the overrides create"
+            needs = f"; a new '{section}' needs this field too" if err["type"] == "missing" else ""
+            note = f" (the description leaves '{section}' empty, so {creates} it{needs})"
+        elif origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
             origin = str(gpu.origin(parts[1:]))
             field = ".".join(parts[1:]) if gpu.own_file else loc
         elif origin is None:
@@ -327,7 +379,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
             message = "unknown field (misspelled?)"
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
-        lines.append(f"{origin}: field '{field}': {message}{got}")
+        lines.append(f"{origin}: field '{field}': {message}{got}{note}")
     return "\n".join(lines)
 
 
@@ -340,7 +392,10 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
         A preset name (``"t3-ring8"``, ``"mi210"``) or a path to a YAML file.  A GPU on its own
         becomes a one-GPU system.
     overrides
-        Dotted paths to replace, e.g. ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.
+        Dotted paths to replace, e.g. ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  An
+        override into an optional section that the description leaves empty (``network``,
+        ``gpu.gemm_tma``...) creates that section, its other fields at their defaults (see the
+        module's description).
 
     Raises
     ------
@@ -374,11 +429,11 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
     for key in overrides or {}:
         if not isinstance(key, str):
             raise ConfigError(f"override {key!r}: paths must be dotted strings such as 'gpu.num_cus'")
-    overridden = _apply_overrides(data, overrides or {})
+    overridden, created = _apply_overrides(data, overrides or {})
     try:
         return SystemConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, system, gpu, overridden)) from None
+        raise ConfigError(_format_validation(exc, system, gpu, overridden, created)) from None
 
 
 def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:
