@@ -389,3 +389,24 @@ def test_an_override_into_a_section_the_description_leaves_out_keeps_the_section
     assert gpu.nmc.op_cycles == {**NmcConfig().op_cycles, "div": 2.0}
     system = gpusim.load_system("t3-table8.1", {"topology.links_per_pair": 2}).config
     assert (system.topology.kind, system.topology.links_per_pair) == ("fully_connected", 2)
+
+
+def test_a_text_field_keeps_text_as_typed_and_takes_a_boolean_looking_override():
+    system = gpusim.load_system("t3-ring8", {"gpu.name": "007", "name": "1e3", "description": True})
+    assert (system.gpu.name, system.config.name, system.config.description) == ("007", "1e3", "true")
+
+
+def _leaves(data, path=()):
+    """``(dotted path, value)`` of every scalar of a dumped description outside lists."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, (*path, key))
+    elif not isinstance(data, list | tuple) and data is not None:
+        yield ".".join(path), data
+
+
+@pytest.mark.parametrize("name", ["t3-ring8", "dgx-a100", "h200-sxm"])
+def test_every_field_takes_the_text_a_command_line_would_pass(name):
+    config = load_system_config(name)
+    text = {path: str(value).lower() if isinstance(value, bool) else str(value) for path, value in _leaves(config.model_dump())}
+    assert load_system_config(name, text) == config

@@ -7,7 +7,8 @@ relative to the file) and give only what differs: its mappings are merged into t
 other values replace the base's, and its ``sources`` come before the base's.  Overrides are dotted
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
-value must then say its unit.
+value must then say its unit.  A value may also be the text a user typed (``"160"``, ``"true"``,
+``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``).
 
 An override changes one field and keeps the rest of its section.  Where the description leaves a
 section out, the override starts from the section's defaults (``gpu.nmc.op_cycles.div=2`` keeps
@@ -294,8 +295,10 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
         keys.append(name)
         infos.append(fields[name])
         annotation = fields[name].annotation
-        if annotation is str and index == len(parts) - 1 and isinstance(value, int | float) and not isinstance(value, bool):
-            value = str(value)  # a text field given a numeric-looking value (``--set name=123``)
+        if annotation is str and index == len(parts) - 1 and isinstance(value, bool | int | float):
+            # a text field given what a command line read as a number or a boolean (``name=123``,
+            # ``description=true``); text as typed (``007``) is kept as it is
+            value = str(value).lower() if isinstance(value, bool) else str(value)
         model = _model_of(annotation)
         if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
             raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
