@@ -1,7 +1,10 @@
 """Exceptions that gpusim raises for bad input.
 
 Every error names where the bad value came from (a file, an override, a trace row), the field, and
-what was expected, so that a user can fix it without reading gpusim's source.
+what was expected, so that a user can fix it without reading gpusim's source.  Every error can be
+pickled, so that one raised in a worker process (a sweep's point) reaches the caller as itself; a
+class whose constructor takes other arguments than the message says how to rebuild it
+(``__reduce__``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class UnknownPresetError(ConfigError, KeyError):
     def __str__(self) -> str:  # KeyError would otherwise quote the message
         return self.args[0]
 
+    def __reduce__(self) -> tuple[type, tuple[str, list[str]], dict]:
+        return type(self), (self.name, self.known), self.__dict__
+
 
 class OpError(GpusimError, ValueError):
     """An operator with invalid parameters (e.g. a GEMM with a zero dimension)."""
@@ -60,7 +66,11 @@ class UnsupportedTraceError(TraceError):
     def __init__(self, problem: str, replayed: str, option: str):
         self.problem = problem
         self.replayed = replayed
+        self.option = option
         super().__init__(f"{problem}; {option} replays {replayed}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str], dict]:
+        return type(self), (self.problem, self.replayed, self.option), self.__dict__
 
     def naming(self, option: str) -> UnsupportedTraceError:
         """The same error with the option spelled ``option``."""

@@ -7,17 +7,22 @@ string into a float in the base unit of its kind:
 ========== ============== =======================================
 kind        base unit      accepted suffixes
 ========== ============== =======================================
-bytes       byte           B, KB, MB, GB, TB, KiB, MiB, GiB, TiB
-bandwidth   byte/second    B/s, KB/s, GB/s, TB/s, KiB/s, ... (bytes); Gb/s, Gbit/s (bits)
+bytes       byte           B, kB (KB), MB, GB, TB, KiB, MiB, GiB, TiB
+bandwidth   byte/second    B/s, kB/s, GB/s, TB/s, KiB/s, ... (bytes); Gb/s, Gbit/s, ... (bits)
 time        nanosecond     ps, ns, us, µs, ms, s
 frequency   hertz          Hz, kHz, MHz, GHz
 ========== ============== =======================================
 
-SI prefixes are decimal (1 GB = 1e9 B); the ``i`` prefixes are binary (1 GiB = 2**30 B).
+SI prefixes are decimal (1 GB = 1e9 B); the ``i`` prefixes are binary (1 GiB = 2**30 B).  A
+capital ``B`` is a byte and a lower-case ``b`` a bit, as networks write it (``200 Gb/s`` is 25 GB/s):
+a bit needs a capital prefix (``Gb/s``) or its name (``Gbit/s``, ``gbit/s``), and an all-lower-case
+unit such as ``gb/s``, ``mb`` or ``b/s`` is ambiguous and an error.  A size takes no bits.  A
+quantity must be finite: ``inf``, ``nan`` and numbers that overflow (``"1e400 GB/s"``) are errors.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 KiB = 1024
@@ -26,43 +31,14 @@ GiB = 1024**3
 
 NS_PER_S = 1e9
 
-_BYTE_UNITS = {
-    "b": 1.0,
-    "byte": 1.0,
-    "bytes": 1.0,
-    "kb": 1e3,
-    "mb": 1e6,
-    "gb": 1e9,
-    "tb": 1e12,
-    "kib": 2.0**10,
-    "mib": 2.0**20,
-    "gib": 2.0**30,
-    "tib": 2.0**40,
-}
-_BIT_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
+_DECIMAL = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
+_PREFIX_SPELLING = {"": "", "k": "k", "m": "M", "g": "G", "t": "T", "ki": "Ki", "mi": "Mi", "gi": "Gi", "ti": "Ti"}
 _TIME_UNITS_NS = {"ps": 1e-3, "ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
 _FREQ_UNITS = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9}
+_TABLES = {"time": _TIME_UNITS_NS, "frequency": _FREQ_UNITS}
 
-
-def _bandwidth_units() -> dict[str, float]:
-    units: dict[str, float] = {}
-    for name, factor in _BYTE_UNITS.items():
-        if name in ("byte", "bytes"):
-            continue
-        units[f"{name}/s"] = factor
-    for name, factor in _BIT_UNITS.items():
-        units[f"{name}/s"] = factor
-    return units
-
-
-_BANDWIDTH_UNITS = _bandwidth_units()
-
-KINDS = {
-    "bytes": _BYTE_UNITS,
-    "bandwidth": _BANDWIDTH_UNITS,
-    "time": _TIME_UNITS_NS,
-    "frequency": _FREQ_UNITS,
-}
+KINDS = ("bytes", "bandwidth", "time", "frequency")
 
 EXAMPLES = {
     "bytes": "'16 MiB'",
@@ -71,7 +47,16 @@ EXAMPLES = {
     "frequency": "'1.4 GHz'",
 }
 
-_BITS_PER_S = re.compile(r"^([kKmMgGtT])b/s$")
+KNOWN_UNITS = {
+    "bytes": "B, kB (or KB), MB, GB, TB, KiB, MiB, GiB, TiB, bytes",
+    "bandwidth": "B/s, kB/s (or KB/s), MB/s, GB/s, TB/s, KiB/s, MiB/s, GiB/s, TiB/s (bytes); "
+                 "bit/s, kbit/s, Mbit/s, Gbit/s, Tbit/s, Kb/s, Mb/s, Gb/s, Tb/s (bits)",
+    "time": ", ".join(_TIME_UNITS_NS),
+    "frequency": "Hz, kHz, MHz, GHz",
+}
+"""The units of each kind, as an error lists them."""
+
+_SIZE_UNIT = re.compile(r"(?P<prefix>[kmgt]i?)?(?P<symbol>bytes?|bits?|b)", re.IGNORECASE)
 _QUANTITY = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ/]+)?\s*$")
 
 
@@ -95,7 +80,21 @@ def parse_quantity(value: str | float | int, kind: str, *, require_unit: bool = 
     -------
     float
         The value in bytes, bytes/s, ns or Hz.
+
+    Raises
+    ------
+    QuantityError
+        For text that is not a quantity of ``kind``, a missing unit where one is required, and a
+        value that is not finite.
     """
+    result = _parse(value, kind, require_unit)
+    if not math.isfinite(result):
+        raise QuantityError(f"expected a finite {kind} such as {EXAMPLES[kind]}, got {value!r}")
+    return result
+
+
+def _parse(value: str | float | int, kind: str, require_unit: bool) -> float:
+    """:func:`parse_quantity` before its check that the value is finite."""
     if kind not in KINDS:
         raise ValueError(f"unknown quantity kind {kind!r}")
     if isinstance(value, bool):
@@ -117,16 +116,43 @@ def parse_quantity(value: str | float | int, kind: str, *, require_unit: bool = 
         if require_unit:
             raise QuantityError(f"expected a {kind} with a unit such as {EXAMPLES[kind]}, got {value!r}")
         return number
-    table = KINDS[kind]
-    bits = _BITS_PER_S.match(unit) if kind == "bandwidth" else None
-    if bits:
-        # Network convention: a lower-case b ("200 Gb/s") means bits.
-        return number * _BIT_UNITS[f"{bits.group(1).lower()}bit"]
-    key = unit if unit in table else unit.lower()
-    if key not in table:
-        known = ", ".join(sorted(table))
-        raise QuantityError(f"unknown {kind} unit {unit!r} in {value!r}; known units: {known}")
-    return number * table[key]
+    if kind in _TABLES:
+        table = _TABLES[kind]
+        key = unit if unit in table else unit.lower()
+        if key not in table:
+            raise QuantityError(f"unknown {kind} unit {unit!r} in {value!r}; known units: {KNOWN_UNITS[kind]}")
+        return number * table[key]
+    if kind == "bandwidth":
+        if unit[-2:].lower() != "/s":
+            raise QuantityError(f"unknown bandwidth unit {unit!r} in {value!r}; known units: {KNOWN_UNITS[kind]}")
+        return number * _size_factor(unit[:-2], kind, unit, value)
+    return number * _size_factor(unit, kind, unit, value)
+
+
+def _size_factor(size: str, kind: str, unit: str, value: str) -> float:
+    """Bytes in one ``size`` (``"GB"``, ``"Gbit"``), the size part of ``unit`` in ``value``.
+
+    ``B`` is a byte and ``b`` a bit (with a capital prefix, ``Gb``, as networks write it); an
+    all-lower-case ``gb`` or ``b``, or a ``Gib``, could be either and is an error, as are bits where
+    ``kind`` is ``bytes``.  Prefixes of ``B``, and ``bit`` spelled out, may be in any case; bits
+    take no binary prefixes.
+    """
+    match = _SIZE_UNIT.fullmatch(size)
+    prefix = match.group("prefix") or "" if match else ""
+    key = prefix.lower()
+    name = match.group("symbol").lower() if match else ""
+    if match is None or (name.startswith("byte") and prefix) or (name.startswith("bit") and "i" in key):
+        raise QuantityError(f"unknown {kind} unit {unit!r} in {value!r}; known units: {KNOWN_UNITS[kind]}")
+    if match.group("symbol") == "B" or name.startswith("byte"):
+        return {**_DECIMAL, **_BINARY}[key]
+    per_s = "/s" if kind == "bandwidth" else ""
+    as_bytes = f"'{_PREFIX_SPELLING[key]}B{per_s}' (bytes)"
+    if name == "b" and (not prefix[:1].isupper() or "i" in key):
+        as_bits = f" or '{_PREFIX_SPELLING[key.removesuffix('i')]}bit/s' (bits)" if kind == "bandwidth" else ""
+        raise QuantityError(f"{kind} unit {unit!r} in {value!r} is ambiguous: write {as_bytes}{as_bits}")
+    if kind == "bytes":
+        raise QuantityError(f"unit {unit!r} in {value!r} is bits, but a size is in bytes: write {as_bytes}")
+    return _DECIMAL[key] / 8
 
 
 def cycles_to_ns(cycles: float, clock_hz: float) -> float:

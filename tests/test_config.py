@@ -1,6 +1,8 @@
 """Loading presets, overrides, and clear errors for bad configurations."""
 
+import re
 import textwrap
+from copy import deepcopy
 
 import pytest
 
@@ -177,3 +179,234 @@ def test_a_negative_flop_rate_is_an_error():
 def test_the_dispatch_policy_and_the_l2_shared_fraction_are_checked(override, message):
     with pytest.raises(ConfigError, match=message):
         gpusim.load_system("h200-sxm", override)
+
+
+def test_a_key_given_twice_is_an_error_naming_the_file_the_field_and_the_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("base: t3-table8.1\nnum_cus: 80\nclock_hz: 1 GHz\nnum_cus: 160\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: field 'num_cus' is given twice \(lines 2 and 4\)"):
+        load_system_config(path)
+    nested = tmp_path / "ring.yaml"
+    nested.write_text("base: t3-ring8\nlinks:\n  latency_ns: 1 us\n  packet_bytes: 64 KiB\n  latency_ns: 2 us\n")
+    with pytest.raises(ConfigError, match=r"ring.yaml: field 'links.latency_ns' is given twice \(lines 3 and 5\)"):
+        load_system_config(nested)
+
+
+def test_a_key_may_override_what_a_yaml_merge_brought_in(tmp_path):
+    path = tmp_path / "merged.yaml"
+    path.write_text(textwrap.dedent(
+        """
+        base: t3-ring8
+        collectives:
+          protocols:
+            - &ll {name: ll, step_latency_ns: 1 us, wire_efficiency: 0.5}
+            - <<: *ll
+              name: ll128
+              wire_efficiency: 0.9375
+        """
+    ))
+    ll, ll128 = load_system_config(path).collectives.protocols
+    assert (ll.name, ll128.name, ll128.step_latency_ns, ll128.wire_efficiency) == ("ll", "ll128", 1000.0, 0.9375)
+
+
+@pytest.mark.parametrize("path", [
+    "gpu.l2.capacity_bytes", "gpu.clock_hz", "links.bandwidth_bytes_per_s", "gpu.hbm.t_rp_cycles", "gpu.l2.write_cost",
+    "gpu.nmc.op_cycles.div", "gpu.cu.matrix_flops_per_cycle.fp16", "gpu.memctrl.mca.thresholds",
+])
+def test_an_infinite_override_is_an_error_naming_the_override_and_the_field(path):
+    value = [0.1, float("inf")] if path.endswith("thresholds") else float("inf")
+    with pytest.raises(ConfigError, match=rf"override '{path}': field '{path}(\.1)?': .*finite"):
+        gpusim.load_system("t3-ring8", {path: value})
+
+
+@pytest.mark.parametrize("text", [".inf", "1e400", "1e400 GHz"])
+def test_an_infinite_number_in_a_file_is_an_error_naming_the_file_and_the_field(tmp_path, text):
+    path = tmp_path / "fast.yaml"
+    path.write_text(f"base: t3-table8.1\nclock_hz: {text}\n")
+    with pytest.raises(ConfigError, match=r"fast.yaml: field 'clock_hz': .*finite"):
+        load_system_config(path)
+
+
+def _with_leaf(container, keys, value):
+    """A deep copy of the nested lists and dicts ``container`` with the item at ``keys`` set to ``value``."""
+    copy = deepcopy(container)
+    node = copy
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return copy
+
+
+def _bool_overrides(data, path=()):
+    """``(dotted path, value)`` overrides that each put ``True`` where ``data`` (a dumped description) has a
+    number; a number inside a list (which a dotted path cannot index) replaces the whole list."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _bool_overrides(value, (*path, key))
+    elif isinstance(data, list | tuple):
+        for index, item in enumerate(data):
+            for inner, _ in _bool_overrides(item):
+                yield ".".join(path), _with_leaf(list(data), [index, *inner.split(".")] if inner else [index], True)
+    elif isinstance(data, int | float) and not isinstance(data, bool):
+        yield ".".join(path), True
+
+
+def _numeric_overrides_of_every_preset():
+    """One ``(preset, path, value)`` per numeric field that some preset gives (each path once)."""
+    found = {}
+    for name in gpusim.list_presets()["gpus"] + gpusim.list_presets()["nodes"]:
+        for path, value in _bool_overrides(load_system_config(name).model_dump()):
+            found.setdefault(path, (name, path, value))
+    return list(found.values())
+
+
+def test_a_boolean_is_not_a_number_for_any_numeric_field():
+    cases = _numeric_overrides_of_every_preset()
+    paths = {path for _, path, _ in cases}
+    assert {"gpu.num_cus", "gpu.hardware_queues", "gpu.l2.write_cost", "gpu.memctrl.mca.thresholds",
+            "gpu.nmc.op_cycles.add", "gpu.gemm_efficiency.fp16", "network.nics_per_gpu",
+            "gpu.gemm_tma.cluster_size", "gpu.gemm_fallback.access_cycles", "collectives.protocols"} <= paths
+    for name, path, value in cases:
+        with pytest.raises(ConfigError, match=rf"override '{re.escape(path)}': field '{re.escape(path)}[.\w]*': "
+                                              r"expected a .*, got (the boolean )?True"):
+            gpusim.load_system(name, {path: value})
+
+
+def test_a_boolean_number_in_a_file_is_an_error_and_ints_still_make_floats(tmp_path):
+    path = tmp_path / "yes.yaml"
+    path.write_text("base: t3-table8.1\nnum_cus: true\n")
+    with pytest.raises(ConfigError, match=r"yes.yaml: field 'num_cus': expected a number, got the boolean True"):
+        load_system_config(path)
+    system = gpusim.load_system("t3-ring8", {"gpu.vector_efficiency": 1, "gpu.hbm.t_rp_cycles": 10, "gpu.num_cus": "96"})
+    assert (system.gpu.vector_efficiency, system.gpu.hbm.t_rp_cycles, system.gpu.num_cus) == (1.0, 10.0, 96)
+
+
+def test_an_all_lower_case_bandwidth_override_is_ambiguous_not_bits():
+    with pytest.raises(ConfigError, match=r"override 'links.bandwidth' \(field 'bandwidth_bytes_per_s'\): bandwidth "
+                                          r"unit 'gb/s' in '150 gb/s' is ambiguous: write 'GB/s' \(bytes\) or 'Gbit/s'"):
+        gpusim.load_system("t3-ring8", {"links.bandwidth": "150 gb/s"})
+    assert gpusim.load_system("t3-ring8", {"links.bandwidth": "150 Gb/s"}).config.links.bandwidth_bytes_per_s == 18.75e9
+
+
+@pytest.mark.parametrize(("path", "what", "known"), [
+    ("gpu.gemm_efficiency.fp61", "dtype", "fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+    ("gpu.cu.matrix_flops_per_cycle.fp61", "dtype", "fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+    ("gpu.cu.vector_flops_per_cycle.fp61", "dtype", "fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+    ("gpu.nmc.op_cycles.foo", "NMC operation", "mov, add, sub, mul, fma, max, shift, div, sqrt"),
+])
+def test_an_unknown_key_of_a_table_is_an_error_listing_the_known_keys(path, what, known):
+    key = path.rsplit(".", 1)[1]
+    with pytest.raises(ConfigError, match=rf"^override '{path}': field '{path}': unknown {what} '{key}'; known: {known}$"):
+        gpusim.load_system("t3-ring8", {path: 0.5})
+
+
+def test_an_unknown_dtype_in_a_file_names_the_file_and_the_key(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("base: t3-table8.1\ngemm_efficiency: {fp16: 0.8, fp61: 0.9}\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml: field 'gemm_efficiency.fp61': unknown dtype 'fp61'; known: fp64"):
+        load_system_config(path)
+
+
+def test_the_nmc_operations_a_config_may_price_are_the_instruction_set():
+    from gpusim.config.gpu import NMC_OPS, NmcConfig
+    from gpusim.hw.nmc import OPERAND_COUNT
+
+    assert set(NMC_OPS) == set(OPERAND_COUNT) == set(NmcConfig().op_cycles)
+
+
+def _gpu_file_text(old: str, new: str) -> str:
+    """The t3-table8.1 preset's file with ``old`` replaced by ``new`` (no base: a standalone GPU file)."""
+    from gpusim.config.loader import hwconfig_dirs
+
+    text = (hwconfig_dirs()[-1] / "gpus" / "t3-table8.1.yaml").read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+def test_a_gpu_file_with_num_cus_misspelled_or_missing_is_still_read_as_a_gpu(tmp_path):
+    misspelled = tmp_path / "misspelled.yaml"
+    misspelled.write_text(_gpu_file_text("num_cus: 80", "num_cu: 80"))
+    with pytest.raises(ConfigError) as info:
+        load_system_config(misspelled)
+    lines = str(info.value).splitlines()
+    assert f"{misspelled}: field 'num_cu': unknown field (misspelled?)" in lines, lines
+    assert f"{misspelled}: field 'num_cus': Field required" in lines, lines
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(_gpu_file_text("num_cus: 80", ""))
+    with pytest.raises(ConfigError, match=r"^\S*missing.yaml: field 'num_cus': Field required$"):
+        load_system_config(missing)
+
+
+def test_a_file_that_is_neither_or_both_a_gpu_and_a_node_is_an_error(tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text(_gpu_file_text("num_cus: 80", "num_cus: 80\nnum_gpus: 2"))
+    with pytest.raises(ConfigError, match=r"both.yaml: has fields of a GPU \(.*num_cus.*\) and of a node \(num_gpus\); "
+                                          r".*a node's gives its GPU in field 'gpu'"):
+        load_system_config(both)
+    neither = tmp_path / "neither.yaml"
+    neither.write_text("name: x\nnum_cu: 80\n")
+    with pytest.raises(ConfigError, match=r"neither.yaml: neither a GPU's description \(which needs fields num_cus, "
+                                          r"clock_hz, cu, l2, hbm\) nor a node's .*; unknown fields: num_cu"):
+        load_system_config(neither)
+
+
+def test_a_node_file_without_its_gpu_says_so(tmp_path):
+    path = tmp_path / "node.yaml"
+    path.write_text("name: n\nnum_gpus: 2\ntopology: {kind: ring}\nlinks: {bandwidth_bytes_per_s: 1 GB/s}\n")
+    with pytest.raises(ConfigError, match=r"node.yaml: field 'gpu': none given; a node's description names its GPU"):
+        load_system_config(path)
+
+
+def test_an_override_into_an_empty_section_names_the_override_and_what_the_new_section_needs():
+    with pytest.raises(ConfigError) as info:
+        gpusim.load_system("t3-ring8", {"network.latency": "1 us"})
+    assert str(info.value) == (
+        "override 'network.latency': field 'network.nic_bandwidth_bytes_per_s': Field required (the description "
+        "leaves 'network' empty, so the override creates it; a new 'network' needs this field too)"
+    )
+    with pytest.raises(ConfigError, match=r"^override 'gpu.gemm_fallback.access_cycles': field "
+                                          r"'gpu.gemm_fallback.mma_fraction': Field required \(the description leaves "
+                                          r"'gpu.gemm_fallback' empty, so the override creates it"):
+        gpusim.load_system("t3-table8.1", {"gpu.gemm_fallback.access_cycles": 0.1, "gpu.dma.engines": 2})
+    with pytest.raises(ConfigError, match=r"^overrides 'network.latency', 'network.packet': field "
+                                          r"'network.nic_bandwidth_bytes_per_s': Field required \(.*the overrides create"):
+        gpusim.load_system("t3-ring8", {"network.latency": "1 us", "network.packet": "4 KiB"})
+    network = gpusim.load_system("t3-ring8", {"network.latency": "1 us", "network.nic_bandwidth": "25 GB/s"}).config.network
+    assert (network.latency_ns, network.nic_bandwidth_bytes_per_s, network.packet_bytes) == (1000.0, 25e9, 65536)
+
+
+def test_an_override_into_an_empty_optional_section_creates_it_with_defaults():
+    from gpusim.config.gpu import GemmTmaConfig
+
+    assert gpusim.load_system("t3-table8.1").gpu.gemm_tma is None
+    assert gpusim.load_system("t3-table8.1", {"gpu.gemm_tma.cluster_size": 2}).gpu.gemm_tma == GemmTmaConfig(cluster_size=2)
+
+
+def test_an_override_into_a_section_the_description_leaves_out_keeps_the_section_defaults():
+    from gpusim.config.gpu import NmcConfig
+
+    gpu = gpusim.load_system("t3-table8.1", {"gpu.nmc.op_cycles.div": 2}).gpu
+    assert gpu.nmc.op_cycles == {**NmcConfig().op_cycles, "div": 2.0}
+    system = gpusim.load_system("t3-table8.1", {"topology.links_per_pair": 2}).config
+    assert (system.topology.kind, system.topology.links_per_pair) == ("fully_connected", 2)
+
+
+def test_a_text_field_keeps_text_as_typed_and_takes_a_boolean_looking_override():
+    system = gpusim.load_system("t3-ring8", {"gpu.name": "007", "name": "1e3", "description": True})
+    assert (system.gpu.name, system.config.name, system.config.description) == ("007", "1e3", "true")
+
+
+def _leaves(data, path=()):
+    """``(dotted path, value)`` of every scalar of a dumped description outside lists."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, (*path, key))
+    elif not isinstance(data, list | tuple) and data is not None:
+        yield ".".join(path), data
+
+
+@pytest.mark.parametrize("name", ["t3-ring8", "dgx-a100", "h200-sxm"])
+def test_every_field_takes_the_text_a_command_line_would_pass(name):
+    config = load_system_config(name)
+    text = {path: str(value).lower() if isinstance(value, bool) else str(value) for path, value in _leaves(config.model_dump())}
+    assert load_system_config(name, text) == config

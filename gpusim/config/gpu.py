@@ -7,14 +7,44 @@ else carries its unit in its name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Hertz, Model, Nanoseconds, PositiveInt
+from gpusim.config.quantities import (
+    Bandwidth,
+    Bytes,
+    Float,
+    Fraction,
+    Hertz,
+    Int,
+    Model,
+    Nanoseconds,
+    PositiveFloat,
+    PositiveInt,
+)
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+NMC_OPS = ("mov", "add", "sub", "mul", "fma", "max", "shift", "div", "sqrt")
+"""The instruction set of the near-memory ALUs (:data:`gpusim.hw.nmc.OPERAND_COUNT`)."""
+
+
+def _one_of(known: tuple[str, ...], what: str) -> AfterValidator:
+    """A check that a key of a table is among ``known`` (``what`` they are, for the message)."""
+
+    def check(key: str) -> str:
+        if key not in known:
+            raise ValueError(f"unknown {what} {key!r}; known: {', '.join(known)}")
+        return key
+
+    return AfterValidator(check)
+
+
+Dtype = Annotated[str, _one_of(DTYPES, "dtype")]
+"""A key of a per-dtype table: one of :data:`DTYPES`."""
+NmcOp = Annotated[str, _one_of(NMC_OPS, "NMC operation")]
+"""A key of a per-operation table of the near-memory ALUs: one of :data:`NMC_OPS`."""
 
 
 class CuConfig(Model):
@@ -46,7 +76,8 @@ class CuConfig(Model):
     register_file_bytes
         Vector register file per CU, bytes.
     matrix_flops_per_cycle
-        Dense matrix-unit (tensor/matrix core) FLOPs per cycle per CU, by input dtype.
+        Dense matrix-unit (tensor/matrix core) FLOPs per cycle per CU, by input dtype (keys from
+        :data:`DTYPES`, as in every per-dtype table).
     vector_flops_per_cycle
         Vector ALU FLOPs per cycle per CU, by dtype (an FMA counts 2).
     max_inflight_bytes
@@ -89,10 +120,10 @@ class CuConfig(Model):
     max_wavefronts: PositiveInt = 40
     lds_bytes: Bytes = 65536
     lds_bytes_per_cycle: PositiveFloat = 128.0
-    lone_workgroup_lds_exposure: float = Field(default=0.3, ge=0, le=1)
+    lone_workgroup_lds_exposure: Float = Field(default=0.3, ge=0, le=1)
     register_file_bytes: Bytes = 262144
-    matrix_flops_per_cycle: dict[str, PositiveFloat]
-    vector_flops_per_cycle: dict[str, PositiveFloat]
+    matrix_flops_per_cycle: dict[Dtype, PositiveFloat]
+    vector_flops_per_cycle: dict[Dtype, PositiveFloat]
     max_inflight_bytes: Bytes = 32768
     transcendentals_per_cycle: PositiveFloat = 16.0
     transcendentals_on_vector_alu: bool = False
@@ -167,7 +198,7 @@ class L2Config(Model):
     bytes_per_cycle_per_bank: Bytes = 64
     clock_hz: Hertz
     sustained_efficiency: Fraction = 1.0
-    write_cost: float = Field(default=1.0, ge=1.0)
+    write_cost: Float = Field(default=1.0, ge=1.0)
     hit_latency_ns: Nanoseconds = 200.0
     remote_writes_allocate: bool = False
     remote_writes_through: bool = False
@@ -252,20 +283,20 @@ class HbmConfig(Model):
     row_bytes: Bytes = 2048
     burst_bytes: Bytes = 32
     clock_hz: Hertz
-    t_rp_cycles: float = Field(14, ge=0)
-    t_rcd_cycles: float = Field(14, ge=0)
-    t_ras_cycles: float = Field(33, ge=0)
-    t_cl_cycles: float = Field(14, ge=0)
-    t_ccd_s_cycles: float = Field(1, gt=0)
-    t_ccd_l_cycles: float = Field(2, gt=0)
-    t_ccd_wl_cycles: float = Field(4, gt=0)
-    t_wtr_cycles: float = Field(4, ge=0)
-    t_rtw_cycles: float = Field(4, ge=0)
-    t_wr_cycles: float = Field(16, ge=0)
-    t_rrd_cycles: float = Field(0, ge=0)
-    t_faw_cycles: float = Field(0, ge=0)
+    t_rp_cycles: Float = Field(14, ge=0)
+    t_rcd_cycles: Float = Field(14, ge=0)
+    t_ras_cycles: Float = Field(33, ge=0)
+    t_cl_cycles: Float = Field(14, ge=0)
+    t_ccd_s_cycles: Float = Field(1, gt=0)
+    t_ccd_l_cycles: Float = Field(2, gt=0)
+    t_ccd_wl_cycles: Float = Field(4, gt=0)
+    t_wtr_cycles: Float = Field(4, ge=0)
+    t_rtw_cycles: Float = Field(4, ge=0)
+    t_wr_cycles: Float = Field(16, ge=0)
+    t_rrd_cycles: Float = Field(0, ge=0)
+    t_faw_cycles: Float = Field(0, ge=0)
     pseudo_channels: PositiveInt = 1
-    refresh_overhead: float = Field(0.04, ge=0, lt=1)
+    refresh_overhead: Float = Field(0.04, ge=0, lt=1)
     sustained_efficiency: Fraction = 1.0
     interleave_bytes: Bytes = 4096
     capacity_bytes: Bytes = 32 * 2**30
@@ -357,8 +388,8 @@ class McaConfig(Model):
         The communication stream is served regardless once it has waited this long.
     """
 
-    thresholds: tuple[float, ...] = (5 / 64, 10 / 64, 30 / 64, 1.0)
-    intensity_cutoffs: tuple[float, ...] = (0.5, 0.25, 0.1, 0.0)
+    thresholds: tuple[Float, ...] = (5 / 64, 10 / 64, 30 / 64, 1.0)
+    intensity_cutoffs: tuple[Float, ...] = (0.5, 0.25, 0.1, 0.0)
     starvation_limit_ns: Nanoseconds = 20000.0
 
     @model_validator(mode="after")
@@ -425,14 +456,15 @@ class NmcConfig(Model):
         6.2.2 (add, mul and their fused forms, shift, scale by an immediate) issue every cycle.
         Divide and square root are not in section 6.2.2; the default assumes an iterative unit
         (8 cycles per SIMD word, e.g. radix-8 digit recurrence over a 24-bit mantissa).
-        Operations not listed are not supported.
+        Operations not listed are not supported; a key that is not an operation of the instruction
+        set (:data:`NMC_OPS`) is an error.
     """
 
     enabled: bool = True
     banks_per_alu: PositiveInt = 1
     temp_storage_bytes: Bytes = 256
     simd_bytes: Bytes = 32
-    op_cycles: dict[str, float] = {
+    op_cycles: dict[NmcOp, Float] = {
         "mov": 1.0,
         "add": 1.0,
         "sub": 1.0,
@@ -524,7 +556,7 @@ class GemmFallbackConfig(Model):
     """
 
     mma_fraction: Fraction
-    access_cycles: float = Field(ge=0)
+    access_cycles: Float = Field(ge=0)
 
 
 class GemmTmaConfig(Model):
@@ -594,7 +626,9 @@ class GpuConfig(Model):
         (:func:`gpusim.kernels.gemm.library_for`).
     gemm_tma
         The architecture's BLAS GEMM kernels load their operands with a tensor memory accelerator
-        (Hopper's TMA; :class:`GemmTmaConfig`), or ``None`` (per-thread loads).
+        (Hopper's TMA; :class:`GemmTmaConfig`), or ``None`` (per-thread loads).  An override of
+        one of its fields on a GPU without it (``gpu.gemm_tma.cluster_size=2``) gives the GPU TMA
+        kernels (:mod:`gpusim.config.loader`).
     gemm_fallback
         The kernels for operands whose rows are not 16-byte aligned (:class:`GemmFallbackConfig`),
         or ``None`` where the BLAS runs them in its main kernels at their rate: where those already
@@ -630,12 +664,12 @@ class GpuConfig(Model):
     num_cus: PositiveInt
     clock_hz: Hertz
     cu: CuConfig
-    gemm_efficiency: dict[str, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
+    gemm_efficiency: dict[Dtype, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
     kernel_launch_ns: Nanoseconds = 5000.0
     kernel_device_ns: Nanoseconds = 0.0
     dependent_launch_ns: Nanoseconds = 1200.0
-    gemm_pipeline_stages: int = Field(2, ge=2)
+    gemm_pipeline_stages: Int = Field(2, ge=2)
     gemm_k_tile_bytes: Bytes | None = None
     gemm_tma: GemmTmaConfig | None = None
     gemm_fallback: GemmFallbackConfig | None = None
@@ -649,14 +683,6 @@ class GpuConfig(Model):
     nmc: NmcConfig = NmcConfig()
     dma: DmaConfig = DmaConfig()
     tracker: TrackerConfig = TrackerConfig()
-
-    @model_validator(mode="after")
-    def _check_dtypes(self) -> GpuConfig:
-        for table in ("matrix_flops_per_cycle", "vector_flops_per_cycle"):
-            for dtype in getattr(self.cu, table):
-                if dtype not in DTYPES:
-                    raise ValueError(f"cu.{table}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-        return self
 
     @property
     def unloaded_miss_latency_ns(self) -> float:

@@ -7,7 +7,18 @@ relative to the file) and give only what differs: its mappings are merged into t
 other values replace the base's, and its ``sources`` come before the base's.  Overrides are dotted
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
-value must then say its unit.
+value must then say its unit.  A value may also be the text a user typed (``"160"``, ``"true"``,
+``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``).
+
+An override changes one field and keeps the rest of its section.  Where the description leaves a
+section out, the override starts from the section's defaults (``gpu.nmc.op_cycles.div=2`` keeps
+the other operations' costs; ``topology.links_per_pair=2`` keeps the default topology's kind).
+Where it leaves an optional section empty (``null`` or absent, as ``network`` of a one-node preset
+or ``gpu.gemm_tma`` of a GPU without TMA), an override into it creates the section, with its other
+fields at their defaults: that switches on what the section describes (``gpu.gemm_tma.cluster_size=2``
+gives such a GPU TMA kernels with clusters of two), and the section's required fields must come in
+overrides too (``network.latency`` alone is an error naming the override, the section it created,
+and ``network.nic_bandwidth_bytes_per_s``).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from gpusim.config.gpu import GpuConfig
 from gpusim.config.node import SystemConfig
@@ -54,9 +66,47 @@ def list_presets() -> dict[str, list[str]]:
     return {"gpus": sorted(_preset_files("gpus")), "nodes": sorted(_preset_files("nodes"))}
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_unique_keys(node: yaml.Node, path: Path, keys: list[str], seen: set[int]) -> None:
+    """Raise for a key given twice in one mapping of the YAML tree ``node`` (at dotted ``keys``).
+
+    PyYAML keeps the last of such keys without a word.  Keys a merge (``<<: *anchor``) brings in may
+    be given again: that is how a merge is overridden.  ``seen`` holds the nodes already checked (an
+    alias repeats its anchor's node).
+    """
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                key = (key_node.tag, key_node.value)
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    field = ".".join([*keys, key_node.value])
+                    raise ConfigError(
+                        f"{path}: field '{field}' is given twice (lines {first_line[key]} and {line}); remove one"
+                    )
+                first_line[key] = line
+            _check_unique_keys(value_node, path, [*keys, str(key_node.value)], seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_unique_keys(item, path, [*keys, str(index)], seen)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        loader = yaml.SafeLoader(path.read_text())
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_unique_keys(node, path, [], set())
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     except OSError as exc:
@@ -66,8 +116,37 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _is_gpu_description(data: dict[str, Any]) -> bool:
-    return "num_cus" in data
+_GPU_ONLY = tuple(f for f in GpuConfig.model_fields if f not in SystemConfig.model_fields)
+"""Fields that only a GPU's description has (``num_cus``, ``l2``...)."""
+_NODE_ONLY = tuple(f for f in SystemConfig.model_fields if f not in GpuConfig.model_fields)
+"""Fields that only a node's description has (``gpu``, ``num_gpus``, ``topology``...)."""
+
+
+def _is_gpu_description(data: dict[str, Any], path: Path) -> bool:
+    """Whether the description in the file ``path`` is of a GPU (else of a node).
+
+    A node's names its GPU (``gpu``); otherwise the fields that only one of the two has tell,
+    whether or not some are misspelled or missing, so that the errors that follow are the right
+    model's.  A description with fields of both, or of neither, is an error.
+    """
+    if "gpu" in data:
+        return False
+    gpu_fields = sorted(str(key) for key in data if key in _GPU_ONLY)
+    node_fields = sorted(str(key) for key in data if key in _NODE_ONLY)
+    if gpu_fields and node_fields:
+        raise ConfigError(
+            f"{path}: has fields of a GPU ({', '.join(gpu_fields)}) and of a node ({', '.join(node_fields)}); "
+            f"a GPU's file has only the GPU's fields, and a node's gives its GPU in field 'gpu' "
+            f"(a preset name, a YAML path or a mapping)"
+        )
+    if not gpu_fields and not node_fields:
+        unknown = sorted(str(key) for key in data if key not in GpuConfig.model_fields)
+        needs = ", ".join(f for f in _GPU_ONLY if GpuConfig.model_fields[f].is_required())
+        raise ConfigError(
+            f"{path}: neither a GPU's description (which needs fields {needs}) nor a node's (which needs "
+            f"field 'gpu')" + (f"; unknown fields: {', '.join(unknown)}" if unknown else "")
+        )
+    return bool(gpu_fields)
 
 
 class _Description:
@@ -156,6 +235,9 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
 def _gpu_description(ref: Any, origin: Path) -> _Description:
     if isinstance(ref, dict):
         return _description(ref, origin, inline=True)
+    if ref is None:
+        raise ConfigError(f"{origin}: field 'gpu': none given; a node's description names its GPU: a GPU preset "
+                          f"(such as 'a100-sxm4'), a YAML path, or the GPU's fields as a mapping")
     if not isinstance(ref, str):
         raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
     path = _referenced_file(ref, origin, "gpu", _preset_files("gpus"), "GPU preset")
@@ -178,14 +260,20 @@ def _is_mapping(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict
 
 
-def _resolve_path(path: str, value: Any) -> tuple[list[str], Any]:
-    """Map an override path onto field names; check values given to unit-less aliases."""
+def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | None], Any]:
+    """Map an override path onto field names; check values given to unit-less aliases.
+
+    Returns the field names, the field each names (``None`` for a key of a mapping such as a dtype
+    table) and the value to write.
+    """
     model: type[BaseModel] | None = SystemConfig
     keys: list[str] = []
+    infos: list[FieldInfo | None] = []
     parts = path.split(".")
     for index, part in enumerate(parts):
         if model is None:
             keys.append(part)  # inside a free-form mapping (e.g. a dtype table)
+            infos.append(None)
             continue
         fields = model.model_fields
         if part in fields:
@@ -205,43 +293,83 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], Any]:
                 except QuantityError as exc:
                     raise ConfigError(f"override {path!r} (field {name!r}): {exc}") from exc
         keys.append(name)
+        infos.append(fields[name])
         annotation = fields[name].annotation
-        if annotation is str and index == len(parts) - 1 and isinstance(value, int | float) and not isinstance(value, bool):
-            value = str(value)  # a text field given a numeric-looking value (``--set name=123``)
+        if annotation is str and index == len(parts) - 1 and isinstance(value, bool | int | float):
+            # a text field given what a command line read as a number or a boolean (``name=123``,
+            # ``description=true``); text as typed (``007``) is kept as it is
+            value = str(value).lower() if isinstance(value, bool) else str(value)
         model = _model_of(annotation)
         if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
             raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
-    return keys, value
+    return keys, infos, value
 
 
-def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
-    """Write overrides into ``data`` in place; return resolved dotted path -> the user's path."""
+def _section(info: FieldInfo | None) -> tuple[dict[str, Any], bool]:
+    """What an override writes into where the description leaves out a section (``info``'s field),
+    and whether that creates an optional section (one that is ``None`` by default)."""
+    default = None if info is None or info.is_required() else info.get_default(call_default_factory=True)
+    if isinstance(default, BaseModel):
+        return default.model_dump(), False
+    if isinstance(default, dict):
+        return copy.deepcopy(default), False
+    return {}, info is not None and not info.is_required()
+
+
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Write overrides into ``data`` in place.
+
+    Returns
+    -------
+    resolved
+        Resolved dotted path -> the user's path.
+    created
+        Dotted path of each optional section that the description left empty and overrides
+        created -> the user's paths of those overrides.
+    """
     resolved: dict[str, str] = {}
+    created: dict[str, list[str]] = {}
     for path, value in overrides.items():
-        keys, value = _resolve_path(path, value)
+        keys, infos, value = _resolve_path(path, value)
         node = data
-        for key in keys[:-1]:
+        for depth, key in enumerate(keys[:-1]):
             child = node.get(key)
+            section = ".".join(keys[: depth + 1])
             if child is None:
-                child = {}
+                child, new = _section(infos[depth])
                 node[key] = child
+                if new:
+                    created[section] = []
             if not isinstance(child, dict):
                 raise ConfigError(f"override {path!r}: {key!r} is not a mapping in the preset")
+            if section in created:
+                created[section].append(path)
             node = child
         node[keys[-1]] = value
         resolved[".".join(keys)] = path
-    return resolved
+    return resolved, created
 
 
 def _format_validation(exc: ValidationError, system: _Description, gpu: _Description,
-                       overridden: dict[str, str]) -> str:
+                       overridden: dict[str, str], created: dict[str, list[str]]) -> str:
     lines = []
     for err in exc.errors():
         parts = [str(p) for p in err["loc"]]
+        bad_key = parts[-1:] == ["[key]"]  # a table's key (a dtype, an NMC operation) that is not known
+        if bad_key:
+            parts = parts[:-1]
         loc = ".".join(parts)
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
         field = loc or "(the description as a whole)"
-        if origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
+        section = next((c for c in created if loc == c or loc.startswith(c + ".")), None)
+        note = ""
+        if origin is None and section is not None:  # in a section that overrides created
+            paths = created[section]
+            origin = f"override{'s' if len(paths) > 1 else ''} {', '.join(repr(path) for path in paths)}"
+            creates = "the override creates" if len(paths) == 1 else "the overrides create"
+            needs = f"; a new '{section}' needs this field too" if err["type"] == "missing" else ""
+            note = f" (the description leaves '{section}' empty, so {creates} it{needs})"
+        elif origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
             origin = str(gpu.origin(parts[1:]))
             field = ".".join(parts[1:]) if gpu.own_file else loc
         elif origin is None:
@@ -252,9 +380,9 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field (misspelled?)"
-        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict)
-        got = f" (got {err['input']!r})" if shown else ""
-        lines.append(f"{origin}: field '{field}': {message}{got}")
+        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
+        got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
+        lines.append(f"{origin}: field '{field}': {message}{got}{note}")
     return "\n".join(lines)
 
 
@@ -267,7 +395,10 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
         A preset name (``"t3-ring8"``, ``"mi210"``) or a path to a YAML file.  A GPU on its own
         becomes a one-GPU system.
     overrides
-        Dotted paths to replace, e.g. ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.
+        Dotted paths to replace, e.g. ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  An
+        override into an optional section that the description leaves empty (``network``,
+        ``gpu.gemm_tma``...) creates that section, its other fields at their defaults (see the
+        module's description).
 
     Raises
     ------
@@ -288,7 +419,7 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
             raise UnknownPresetError(ref, list(presets))
         source = presets[ref]
     system = _description(_read_yaml(source), source)
-    if _is_gpu_description(system.data):
+    if _is_gpu_description(system.data, source):
         gpu = system
         data: dict[str, Any] = {"name": system.data.get("name", path.stem), "num_gpus": 1}
     else:
@@ -301,11 +432,11 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
     for key in overrides or {}:
         if not isinstance(key, str):
             raise ConfigError(f"override {key!r}: paths must be dotted strings such as 'gpu.num_cus'")
-    overridden = _apply_overrides(data, overrides or {})
+    overridden, created = _apply_overrides(data, overrides or {})
     try:
         return SystemConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, system, gpu, overridden)) from None
+        raise ConfigError(_format_validation(exc, system, gpu, overridden, created)) from None
 
 
 def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:

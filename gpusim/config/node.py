@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from gpusim.config.gpu import GpuConfig
-from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Model, Nanoseconds, PositiveInt
+from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Int, Model, Nanoseconds, PositiveInt
 
 TopologyKind = Literal["ring", "fully_connected", "switch", "hybrid_cube_mesh", "custom"]
 
@@ -52,7 +52,7 @@ class TopologyConfig(Model):
 
     kind: TopologyKind
     links_per_pair: PositiveInt = 1
-    edges: list[list[int]] = []
+    edges: list[list[Int]] = []
 
     @model_validator(mode="after")
     def _check_edges(self) -> TopologyConfig:

@@ -2,7 +2,9 @@
 
 A field whose name ends in a unit (``_bytes``, ``_bytes_per_s``, ``_ns``, ``_hz``) accepts either a
 bare number in that unit or a string with any unit of the same kind (``"1 TB/s"``).  Values must be
-positive unless the type says otherwise.
+positive unless the type says otherwise.  The number types here take ints and numeric text but
+not booleans (pydantic would read ``true`` as 1).  Every number of a description, with a unit or without,
+must be finite: ``inf`` (YAML's ``.inf``, or ``1e400``, which overflows) and ``nan`` are errors.
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ def _parser(kind: str):
     return BeforeValidator(parse)
 
 
+def _not_bool(value: object) -> object:
+    """``value``, unless it is ``True`` or ``False``, which pydantic would take for 1 and 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {value!r}")
+    return value
+
+
+_NOT_BOOL = BeforeValidator(_not_bool)
+
+Int = Annotated[int, _NOT_BOOL]
+"""A whole number (a float with no fraction, or numeric text, is taken; a boolean is not)."""
+Float = Annotated[float, _NOT_BOOL]
+"""A number (an int, or numeric text, is taken; a boolean is not)."""
+PositiveFloat = Annotated[float, _NOT_BOOL, Field(gt=0)]
+"""A positive number."""
 Bytes = Annotated[float, _parser("bytes"), Field(gt=0)]
 """A positive size in bytes."""
 Bandwidth = Annotated[float, _parser("bandwidth"), Field(gt=0)]
@@ -29,8 +46,9 @@ Nanoseconds = Annotated[float, _parser("time"), Field(ge=0)]
 """A non-negative duration in ns."""
 Hertz = Annotated[float, _parser("frequency"), Field(gt=0)]
 """A positive frequency in Hz."""
-PositiveInt = Annotated[int, Field(gt=0)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
+PositiveInt = Annotated[int, _NOT_BOOL, Field(gt=0)]
+"""A positive whole number."""
+Fraction = Annotated[float, _NOT_BOOL, Field(gt=0, le=1)]
 """A number in (0, 1]."""
 
 UNIT_SUFFIXES = {
@@ -43,6 +61,6 @@ UNIT_SUFFIXES = {
 
 
 class Model(BaseModel):
-    """Base of every hardware description: frozen, and unknown keys are errors."""
+    """Base of every hardware description: frozen; unknown keys and non-finite numbers are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
