@@ -110,19 +110,15 @@ def parse_op(spec: str) -> gops.Op:
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
-    """Turn ``--set PATH=VALUE`` arguments into overrides (numbers and true/false parsed)."""
+    """Turn ``--set PATH=VALUE`` arguments into overrides: the value as typed, which the loader reads as
+    its field's type (``gpu.name=007`` stays text, ``gpu.num_cus=160`` is a number), and ``null`` for
+    no value (a field that may be left out)."""
     result: dict[str, object] = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise GpusimError(f"--set expects PATH=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
-        try:
-            result[key] = int(value)
-        except ValueError:
-            try:
-                result[key] = float(value)
-            except ValueError:
-                result[key] = {"true": True, "false": False}.get(value.lower(), value)
+        result[key] = None if value.strip().lower() == "null" else value
     return result
 
 

@@ -21,6 +21,15 @@ def test_show_config(capsys):
     assert "num_cus: 160" in out and "TFLOP/s" in out
 
 
+def test_set_values_are_read_as_their_fields_are_typed(capsys):
+    assert main(["show-config", "dgx-a100", "--set", "gpu.name=007", "--set", "gpu.nmc.enabled=false",
+                 "--set", "network.node_bandwidth_bytes_per_s=null"]) == 0  # as the preset's comment suggests
+    out = capsys.readouterr().out
+    assert "name: '007'" in out and "node_bandwidth_bytes_per_s: null" in out
+    assert main(["show-config", "dgx-a100", "--set", "gpu.num_cus=true"]) == 2
+    assert "override 'gpu.num_cus'" in capsys.readouterr().err
+
+
 def test_run_writes_outputs(tmp_path, capsys):
     code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--quiet", "--out", str(tmp_path),
                  "--op", "gemm m=512 n=512 k=512 dtype=fp16", "--op", "allreduce nbytes=1MiB"])
