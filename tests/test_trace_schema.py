@@ -126,6 +126,18 @@ def test_csv_values_that_do_not_fit_name_the_file_and_field(tmp_path, text, patt
         read(tmp_path / "t.csv")
 
 
+@pytest.mark.parametrize("damage", [
+    lambda raw: b"garbage",  # not gzip at all
+    lambda raw: raw[: len(raw) // 2],  # cut short
+    lambda raw: raw[:12] + bytes(len(raw) - 12),  # the header is intact, the compressed data is not
+])
+def test_a_corrupt_gzipped_csv_names_the_file(tmp_path, damage):
+    path = Trace(rows()).write(tmp_path / "t.csv.gz")
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(TraceError, match=r"t.csv.gz: not a readable CSV table: "):
+        read(path)
+
+
 @pytest.mark.parametrize(("raw", "pattern"), [(b"{bad json", "is not valid JSON"),
                                               (b"[1,2]", "must be a JSON object, got list")])
 def test_corrupt_parquet_metadata_names_the_file(tmp_path, raw, pattern):
