@@ -73,6 +73,27 @@ def test_malformed_traces_name_row_and_field(change, pattern):
         Trace(change(rows()))
 
 
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda f: f.assign(m=[-64, None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' .*, got -64$"),
+        (lambda f: f.assign(m=[None, None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' .*, got blank$"),
+        (lambda f: f.assign(delay_s=[None, None, -1.0]), r"row 2 \(op_id 3, gpu 0\): field 'delay_s' .*, got -1.0$"),
+        (lambda f: f.assign(measured_s=[np.float64(-1.0), None, None]), r"field 'measured_s' .*, got -1.0$"),
+        (lambda f: f.assign(m=pd.Series([np.float64(1.5), None, None], dtype=object)),
+         r"field 'm' must be a whole number, got 1.5$"),
+        (lambda f: f.assign(op_id=pd.Series([pd.NA, 2, 3], dtype="Int64")),
+         r"row 0 \(op_id blank, gpu 0\): field 'op_id' must not be blank$"),
+        (lambda f: f.assign(trans_a=pd.Series([np.int64(7), False, False], dtype=object)),
+         r"field 'trans_a' must be true or false, got 7$"),
+    ],
+)
+def test_messages_show_values_plainly_not_as_numpy_reprs(change, pattern):
+    with pytest.raises(TraceError, match=pattern) as caught:
+        Trace(change(rows()))
+    assert not re.search(r"np\.|<NA>|nan", str(caught.value))
+
+
 def test_collective_rows_must_agree_and_contain_their_gpu():
     collective = {"kind": "collective", "collective": "allreduce", "bytes": 1024, "group": "0 1", "stream": "comm"}
     good = [{"op_id": 9, "gpu": 0, **collective}, {"op_id": 9, "gpu": 1, **collective}]
