@@ -94,6 +94,22 @@ def test_messages_show_values_plainly_not_as_numpy_reprs(change, pattern):
     assert not re.search(r"np\.|<NA>|nan", str(caught.value))
 
 
+@pytest.mark.parametrize("column", ["delay_s", "measured_s", "issue_s"])
+@pytest.mark.parametrize("value", ["1e300", "2e6"])
+def test_times_beyond_max_seconds_are_rejected(tmp_path, column, value):
+    row = {"op_id": "1", "gpu": "0", "stream": "s", "kind": "delay", "delay_s": "0", column: value}
+    pd.DataFrame([row]).to_csv(tmp_path / "t.csv", index=False)
+    message = f"t.csv: row 0 (op_id 1, gpu 0): field '{column}' must be a time of at most 1e+06 s, got {float(value)!r}"
+    with pytest.raises(TraceError, match=re.escape(message)):
+        read(tmp_path / "t.csv")
+
+
+def test_a_delay_of_max_seconds_replays_to_finite_times():
+    trace = Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "delay", "delay_s": 1e6}]))
+    result = gpusim.run(ONE, trace)
+    assert result.time_s == pytest.approx(1e6) and np.isfinite(result.ops[["start_s", "end_s"]].to_numpy()).all()
+
+
 def test_collective_rows_must_agree_and_contain_their_gpu():
     collective = {"kind": "collective", "collective": "allreduce", "bytes": 1024, "group": "0 1", "stream": "comm"}
     good = [{"op_id": 9, "gpu": 0, **collective}, {"op_id": 9, "gpu": 1, **collective}]

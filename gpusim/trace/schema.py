@@ -52,7 +52,8 @@ kernel_class    str      class of the measured kernel (``gemm``, ``elementwise``
                          ``collective``, ``memcpy``, ``other``); blank: the row's ``kind``
 =============== ======== =============================================================================
 
-Lists (``group``, ``deps``, ``inputs``) are written as space-separated values.  Validation raises
+Lists (``group``, ``deps``, ``inputs``) are written as space-separated values.  Times (``delay_s``,
+``measured_s``, ``issue_s``) are at most :data:`MAX_SECONDS`.  Validation raises
 one :class:`gpusim.errors.TraceError` that names the source, the row and the field; it never
 returns a partly valid trace.
 """
@@ -88,6 +89,10 @@ REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len",
                "head_dim", "bytes", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
+MAX_SECONDS = 1e6
+"""Largest time a trace may give (``delay_s``, ``measured_s``, ``issue_s``), s: about 11.6 days, where the
+simulation's float nanoseconds (1e15 ns) still resolve 0.125 ns; a larger time is an error, not an
+overflow to inf that would leave the results NaN and their JSON invalid."""
 BOOL_COLUMNS = ("trans_a", "trans_b", "causal")
 TEXT_COLUMNS = (
     "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
@@ -354,6 +359,13 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "delay_s",
                     f"must be a duration >= 0 s for a delay row, got {format_value(delays[position])}")
+    for column in FLOAT_COLUMNS:
+        values = frame[column].to_numpy()
+        bad = values > MAX_SECONDS
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _fail(frame, position, source, column,
+                        f"must be a time of at most {MAX_SECONDS:g} s, got {format_value(values[position])}")
     for column in ("measured_s", "issue_s"):  # optional measured times
         values = frame[column].to_numpy()
         bad = values < 0
