@@ -3,6 +3,7 @@
 import gzip
 import json
 import math
+import re
 
 import pytest
 
@@ -166,6 +167,119 @@ def test_malformed_events_name_the_file_event_and_field(tmp_path, change, patter
     path = _kineto_file(tmp_path, change)
     with pytest.raises(TraceError, match=rf"trace.json: {pattern}"):
         read_kineto(path, unsupported="delay")
+
+
+ELEMENTWISE_KERNEL = "void at::native::vectorized_elementwise_kernel<4, F>(int)"
+NCCL_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _op(op_name, kernel_name, **args):
+    """A change for :func:`_kineto_file`: the kernel is ``kernel_name``, launched by ``op_name`` with ``args``."""
+    def change(kernel, events):
+        kernel["name"] = kernel_name
+        events[0]["name"] = op_name
+        events[0]["args"].update(args)
+
+    return change
+
+
+def _nccl(**args):
+    """A change for :func:`_kineto_file`: the kernel is an NCCL all-reduce whose arguments ``args`` change."""
+    def change(kernel, events):
+        kernel["name"] = NCCL_KERNEL
+        kernel["args"].update({"Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
+                               "Process Group Ranks": "[0, 1]", **args})
+
+    return change
+
+
+def _launched(kernel_args=None, **launch):
+    """A change for :func:`_kineto_file`: the kernel (with ``kernel_args``) has a launch call (event 2)."""
+    def change(kernel, events):
+        kernel["name"] = ELEMENTWISE_KERNEL
+        kernel["args"].update({"correlation": 5, **(kernel_args or {})})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 8.0, "dur": 1.0,
+                       "args": {"correlation": 5}, **launch})
+
+    return change
+
+
+def _cpu_op(**fields):
+    def change(kernel, events):
+        events[0].update(fields)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "field", "got"),
+    [
+        (_nccl(**{"Process Group Ranks": '[0, "a"]'}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", '"[0, \\"a\\"]"'),
+        (_nccl(**{"Process Group Ranks": 5}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", "5"),
+        (_nccl(**{"Process Group Ranks": "[0, 1"}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", '"[0, 1"'),
+        (_nccl(**{"Process Group Ranks": "[0, 0]"}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", '"[0, 0]"'),
+        (_nccl(**{"Process Group Ranks": "[]", "Group size": "2"}),
+         "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')", "Group size", '"2"'),
+        (_nccl(**{"In msg nelems": True}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')", "In msg nelems",
+         "true"),
+        (_nccl(dtype=["Float"]), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')", "dtype", '["Float"]'),
+        (_launched({"correlation": [5]}), "event 1 ('at::native::vectorized_elementwise_kernel')", "correlation",
+         "[5]"),
+        (_launched(args={"correlation": {"a": 1}}), "event 2 ('cudaLaunchKernel')", "correlation", '{"a": 1}'),
+        (_cpu_op(args={"External id": [1]}), "event 0 ('aten::foo')", "External id", "[1]"),
+        (_launched({"grid": 5, "block": [128, 1, 1]}), "event 1 ('at::native::vectorized_elementwise_kernel')",
+         "grid", "5"),
+        (_launched({"grid": [1, 1, 1]}, args={"correlation": 5, "block": "128"}), "event 2 ('cudaLaunchKernel')",
+         "block", '"128"'),
+        (_launched({"stream": [7]}), "event 1 ('at::native::vectorized_elementwise_kernel')", "stream", "[7]"),
+        (_op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, None], [32, 16]]}), "event 0 ('aten::mm')",
+         "Input Dims", "[[64, null], [32, 16]]"),
+        (_op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, -32], [-32, 16]]}), "event 0 ('aten::mm')",
+         "Input Dims", "[[64, -32], [-32, 16]]"),
+        (_op("aten::_softmax", "softmax_warp_forward", **{"Input Dims": [[4, "a"]]}), "event 0 ('aten::_softmax')",
+         "Input Dims", '[[4, "a"]]'),
+        (_op("aten::add", ELEMENTWISE_KERNEL, **{"Input Dims": [[64, 16], [64, 16]], "Input type": "float"}),
+         "event 0 ('aten::add')", "Input type", '"float"'),
+        (_op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, 32], [32, 16]], "Input type": [None]}),
+         "event 0 ('aten::mm')", "Input type", "[null]"),
+        (_op("aten::add", "void at::native::elementwise_kernel<128, 2>(int)", **{
+            "Input Dims": [[64, 16], [64, 16]], "Input type": ["float", "float"], "Input Strides": [[16, "1"], []]}),
+         "event 0 ('aten::add')", "Input Strides", '[[16, "1"], []]'),
+        (_op("aten::gelu", ELEMENTWISE_KERNEL,
+             **{"Input Dims": [[64]], "Input type": ["float"], "Concrete Inputs": "tanh"}),
+         "event 0 ('aten::gelu')", "Concrete Inputs", '"tanh"'),
+    ],
+)
+def test_malformed_fields_name_the_event_and_field(tmp_path, change, where, field, got):
+    path = _kineto_file(tmp_path, change)
+    with pytest.raises(TraceError, match=rf"trace.json: {re.escape(where)}: field '{field}' must .*, got "
+                                         rf"{re.escape(got)}$"):
+        read_kineto(path, unsupported="delay")
+
+
+@pytest.mark.parametrize(("change", "pattern"), [
+    (_launched(dur="abc"), r"event 2: field 'dur' must be a finite number of microseconds, got 'abc'"),
+    (_launched(dur=None), r"event 2: field 'dur' must be a finite number of microseconds, got None"),
+    (_launched(ts="8"), r"event 2: field 'ts' must be a finite number of microseconds, got '8'"),
+    (lambda k, e: e[0].pop("name"), r"event 0: field 'name' is missing \(a CPU op needs its operator's name\)"),
+    (lambda k, e: k.update(dur=1e300), r"event 1: field 'dur' must be a duration of at most 1e\+12 us, got 1e\+300"),
+])
+def test_malformed_launch_calls_and_cpu_ops_name_the_event(tmp_path, change, pattern):
+    with pytest.raises(TraceError, match=rf"trace.json: {pattern}$"):
+        read_kineto(_kineto_file(tmp_path, change), unsupported="delay")
+
+
+def test_an_empty_matrix_product_or_reduction_is_unsupported_not_malformed(tmp_path):
+    mm = _op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, 0], [0, 16]], "Input type": ["float"] * 2})
+    with pytest.raises(TraceError, match=r"cannot be modelled: aten::mm with input shapes .* multiplies empty"):
+        read_kineto(_kineto_file(tmp_path, mm))
+    softmax = _op("aten::_softmax", "softmax_warp_forward", **{"Input Dims": [[64, 0]], "Input type": ["float"]})
+    frame = read_kineto(_kineto_file(tmp_path, softmax), unsupported="delay").frame
+    assert frame["kind"].tolist() == ["delay"]
 
 
 def test_a_malformed_rank_names_the_field(tmp_path):
