@@ -282,6 +282,28 @@ def test_an_empty_matrix_product_or_reduction_is_unsupported_not_malformed(tmp_p
     assert frame["kind"].tolist() == ["delay"]
 
 
+@pytest.mark.parametrize(("rank", "recorded", "group"), [
+    (2, "[2, 3]", "0 3"),  # the file's rank 2 becomes GPU 0, and rank 0 takes number 2
+    (2, "[0, 2]", "0 2"),
+    (1, "[0, 1, 2, 3]", "0 1 2 3"),
+    (3, "[1, 3]", "0 1"),
+    (0, "[0, 1]", "0 1"),
+])
+def test_a_single_ranks_file_is_gpu_0_and_its_groups_are_renumbered_alike(tmp_path, rank, recorded, group):
+    path = _kineto_file(tmp_path, _nccl(**{"Process Group Ranks": recorded}), info={"rank": rank, "world_size": 4})
+    trace = read_kineto(path)
+    assert trace.frame[["gpu", "group"]].values.tolist() == [[0, group]]
+    result = gpusim.run(gpusim.load_system("dgx-a100"), trace, mode="symmetric")
+    assert result.ops["gpu"].tolist() == [0]
+
+
+def test_a_group_without_the_files_rank_names_the_event_and_rank(tmp_path):
+    path = _kineto_file(tmp_path, _nccl(**{"Process Group Ranks": "[0, 1]"}), info={"rank": 2, "world_size": 4})
+    with pytest.raises(TraceError, match=r"trace.json: event 1 \('ncclKernel_AllReduce_RING_LL_Sum_float'\): field "
+                                         r"'Process Group Ranks' must contain the file's rank 2 .*, got \[0, 1\]$"):
+        read_kineto(path)
+
+
 def test_a_malformed_rank_names_the_field(tmp_path):
     path = _kineto_file(tmp_path, info={"rank": "x", "world_size": 2})
     with pytest.raises(TraceError, match=r"trace.json: field 'distributedInfo.rank' must be a whole number >= 0, got"):

@@ -51,7 +51,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -157,6 +157,32 @@ class MalformedEvent(Exception):
         self.event = event
         self.field = field
         self.message = message
+
+
+@dataclass(frozen=True)
+class FileRanks:
+    """A trace file's rank, its job's size, and the GPUs its ranks are replayed on.
+
+    Attributes
+    ----------
+    rank
+        The file's rank (``distributedInfo.rank``, else its position among the files read).
+    world_size
+        Ranks of the job (``distributedInfo.world_size``, else 1).
+    alone
+        Whether the file is read alone: its rank is then replayed on GPU 0, and rank 0 on the
+        file's rank (the two swap numbers, so that every process group keeps its members).
+    """
+
+    rank: int
+    world_size: int
+    alone: bool
+
+    def gpu(self, rank: int) -> int:
+        """The GPU that ``rank`` is replayed on."""
+        if not self.alone or rank not in (0, self.rank):
+            return rank
+        return self.rank if rank == 0 else 0
 
 
 def _is_whole(value: object) -> bool:
@@ -584,7 +610,11 @@ def _process_group(event: dict) -> list[int]:
     return ranks
 
 
-def _collective_fields(event: dict, kernel_name: str, world: list[int]) -> dict:
+def _collective_fields(event: dict, kernel_name: str, ranks: FileRanks) -> dict:
+    """A collective's fields from its NCCL kernel's arguments.  Its group is its ``Process Group Ranks``,
+    which must contain the file's rank, on the GPUs :meth:`FileRanks.gpu` gives them (in increasing
+    order when the file is read alone); where they are not recorded, the first ``Group size`` GPUs
+    (else the whole job)."""
     raw = _arg(event, "Collective name", _is_text, "text", "").lower()
     collective = NCCL_COLLECTIVES.get(raw)
     if collective is None:
@@ -599,9 +629,14 @@ def _collective_fields(event: dict, kernel_name: str, world: list[int]) -> dict:
     if elements == 0:
         raise UnsupportedEvent("collective message size not recorded")
     group = _process_group(event)
+    if group and ranks.rank not in group:
+        raise MalformedEvent(event, "Process Group Ranks", f"must contain the file's rank {ranks.rank} (its "
+                             f"distributedInfo.rank, else its position among the files), got {_shown(group)}")
+    if group and ranks.alone:
+        group = sorted(ranks.gpu(rank) for rank in group)
     if not group:
         size = _arg(event, "Group size", lambda value: _is_whole(value) and value >= 1, "a whole number >= 1")
-        group = list(range(size)) if size else list(world)
+        group = list(range(size or ranks.world_size))
     return {"kind": "collective", "collective": collective, "bytes": elements * DTYPE_BYTES[dtype],
             "dtype": dtype, "group": format_ints(group),
             "algorithm": "ring" if "ring" in kernel_name.lower() else "auto"}
@@ -621,7 +656,7 @@ def _memcpy_fields(event: dict) -> dict:
     return {"kind": "elementwise", "function": "copy", "elements": nbytes, "dtype": "int8"}
 
 
-def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: list[int]) -> dict:
+def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, ranks: FileRanks) -> dict:
     """Trace fields of one GPU activity.
 
     Raises
@@ -639,7 +674,7 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: li
     if klass == "memcpy":
         return _memcpy_fields(event)
     if klass == "collective":
-        return _collective_fields(event, name, world)
+        return _collective_fields(event, name, ranks)
     if klass == "gemm":
         fields = _gemm_fields(cpu_op, name)
         fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None, DTYPE_BYTES[fields["dtype"]])
@@ -756,23 +791,25 @@ def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[f
     raise TraceError(f"{path}: no {name} annotation; the trace has {', '.join(steps) or 'none'}")
 
 
-def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
+def _rows_of_file(path: Path, default_rank: int, alone: bool, unsupported: str,
+                  iteration: int | None) -> tuple[list[dict], int]:
+    """The rows of one file and its rank (``alone``: the only file read, see :class:`FileRanks`)."""
     data = load_json(path)
     events = data["traceEvents"]
     info = data.get("distributedInfo") or {}
     if not isinstance(info, dict):
         raise TraceError(f"{path}: field 'distributedInfo' must be a JSON object, got {info!r}")
-    rank = _rank_field(info, "rank", default_rank, 0, path)
-    world = list(range(_rank_field(info, "world_size", 1, 1, path)))
+    ranks = FileRanks(_rank_field(info, "rank", default_rank, 0, path), _rank_field(info, "world_size", 1, 1, path),
+                      alone)
     try:
-        rows = _rows_of_events(events, path, rank, world, unsupported, iteration)
+        rows = _rows_of_events(events, path, ranks, unsupported, iteration)
     except MalformedEvent as exc:
         index = next(index for index, event in enumerate(events) if event is exc.event)
         raise _event_error(path, index, exc.field, exc.message, exc.event.get("name")) from None
-    return rows, rank, world
+    return rows, ranks.rank
 
 
-def _rows_of_events(events: list[dict], path: Path, rank: int, world: list[int], unsupported: str,
+def _rows_of_events(events: list[dict], path: Path, ranks: FileRanks, unsupported: str,
                     iteration: int | None) -> list[dict]:
     """The rows of a file's GPU activities (raises :class:`MalformedEvent` for a field of the wrong type)."""
     cpu_ops = {e["args"]["External id"]: e for e in events
@@ -801,13 +838,13 @@ def _rows_of_events(events: list[dict], path: Path, rank: int, world: list[int],
         label = f"{cpu_op['name']} | {short_name(event.get('name', ''))}" if cpu_op else short_name(event.get("name", ""))
         start, duration = float(event["ts"]), _micros(event, index, "dur", path)
         stream = _arg(event, "stream", _is_whole, "a whole number (the stream's id)", 0)
-        row = {"gpu": rank, "stream": f"stream{stream}", "name": label,
+        row = {"gpu": ranks.gpu(ranks.rank), "stream": f"stream{stream}", "name": label,
                "measured_s": duration * 1e-6, "kernel_class": klass,
                "_start_us": start, "_end_us": start + duration,
                "_launch_us": float(launch["ts"]) if launch else start,
                "_return_us": float(launch["ts"]) + float(launch.get("dur", 0.0)) if launch else math.nan}
         try:
-            row.update(lower_event(event, cpu_op, launch, world))
+            row.update(lower_event(event, cpu_op, launch, ranks))
         except UnsupportedEvent as exc:
             if unsupported == "error":
                 raise UnsupportedTraceError(
@@ -897,7 +934,10 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     ----------
     paths
         One trace, or one per rank (ranks from ``distributedInfo``, else the list order).  A single
-        file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode.
+        file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode: its rank
+        and rank 0 swap numbers in its collectives' process groups, which keeps every group's members
+        (rank 2's group ``[2, 3]`` becomes ``0 3``; ``[0, 1, 2, 3]`` stays ``0 1 2 3``).  A
+        collective's recorded group must contain its file's rank.
     unsupported
         ``"error"``: a kernel that cannot be modelled is an error naming it; ``"delay"``: it is
         replayed as a delay of its measured duration (``kind == "delay"``, its ``kernel_class``
@@ -925,10 +965,7 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     collective_ids: dict[tuple, int] = {}
     next_id = 0
     for order, path in enumerate(files):
-        file_rows, rank, _ = _rows_of_file(path, order, unsupported, iteration)
-        if len(files) == 1:  # one rank of a job stands for all: it becomes GPU 0 (symmetric replay)
-            for row in file_rows:
-                row["gpu"] = 0
+        file_rows, rank = _rows_of_file(path, order, len(files) == 1, unsupported, iteration)
         if len(files) > 1:
             ranks = {row["gpu"] for row in rows}
             if rank in ranks:
