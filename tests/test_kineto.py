@@ -304,6 +304,24 @@ def test_a_group_without_the_files_rank_names_the_event_and_rank(tmp_path):
         read_kineto(path)
 
 
+def test_activities_on_several_devices_name_them(tmp_path):
+    def two_devices(kernel, events):
+        kernel["args"]["device"] = 0
+        events.append({**kernel, "ts": 20.0, "args": {**kernel["args"], "device": 1}})
+        events.append({**kernel, "ts": 30.0, "args": {**kernel["args"], "device": 1}})
+
+    with pytest.raises(TraceError, match=r"trace.json: field 'device': the GPU activities ran on devices "
+                                         r"0 \(1 activity\), 1 \(2 activities\); a file is one rank's trace"):
+        read_kineto(_kineto_file(tmp_path, two_devices), unsupported="delay")
+
+    def one_device(kernel, events):
+        kernel["args"]["device"] = 3
+        events.append({**kernel, "ts": 20.0})
+        events.append({**kernel, "ts": 30.0, "args": {"stream": 7}})  # a device not recorded: not another one
+
+    assert read_kineto(_kineto_file(tmp_path, one_device), unsupported="delay").gpus == [0]
+
+
 def test_a_malformed_rank_names_the_field(tmp_path):
     path = _kineto_file(tmp_path, info={"rank": "x", "world_size": 2})
     with pytest.raises(TraceError, match=r"trace.json: field 'distributedInfo.rank' must be a whole number >= 0, got"):

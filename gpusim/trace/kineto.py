@@ -31,6 +31,10 @@ that are not lists of sizes >= 0, a ``grid`` that is not a list of numbers, a li
 ``correlation`` id, a CPU op without a ``name``...) is a :class:`TraceError` naming the file, the
 event and the field, whatever ``unsupported`` says.
 
+A file holds one rank's GPU: GPU activities on several devices (their ``args.device``: one process
+driving several GPUs) are an error naming the devices, since gpusim cannot tell which ranks they
+were.
+
 Dependencies: kernels on one stream run in order; a kernel that started later than both its launch
 and its stream predecessor's end was waiting for another stream, and depends on the kernel of
 another stream that ended last before it started (within :data:`WAIT_SLACK_US`).  The host's
@@ -809,6 +813,22 @@ def _rows_of_file(path: Path, default_rank: int, alone: bool, unsupported: str,
     return rows, ranks.rank
 
 
+def _check_one_device(gpu_events: list[tuple[int, dict]], path: Path) -> None:
+    """Raise :class:`TraceError` naming the devices when the GPU activities ran on more than one
+    ``args.device`` (raises :class:`MalformedEvent` for a ``device`` that is not a GPU index)."""
+    counts: dict[int, int] = {}
+    for _, event in gpu_events:
+        device = _arg(event, "device", lambda value: _is_whole(value) and value >= 0, "a GPU index (a whole number >= 0)")
+        if device is not None:
+            counts[device] = counts.get(device, 0) + 1
+    if len(counts) > 1:
+        found = ", ".join(f"{device} ({count} activit{'y' if count == 1 else 'ies'})"
+                          for device, count in sorted(counts.items()))
+        raise TraceError(f"{path}: field 'device': the GPU activities ran on devices {found}; a file is one rank's "
+                         "trace on one GPU (PyTorch's profiler writes one per process), and gpusim cannot tell which "
+                         "ranks these devices were: profile one process per GPU and read their files together")
+
+
 def _rows_of_events(events: list[dict], path: Path, ranks: FileRanks, unsupported: str,
                     iteration: int | None) -> list[dict]:
     """The rows of a file's GPU activities (raises :class:`MalformedEvent` for a field of the wrong type)."""
@@ -828,6 +848,7 @@ def _rows_of_events(events: list[dict], path: Path, ranks: FileRanks, unsupporte
         gpu_events = [(index, e) for index, e in gpu_events if launched_in(e)]
     if not gpu_events:
         raise TraceError(f"{path}: no GPU kernels{' in that iteration' if iteration is not None else ''}")
+    _check_one_device(gpu_events, path)
     gpu_events.sort(key=lambda item: float(item[1]["ts"]))
     rows = []
     for index, event in gpu_events:
@@ -937,7 +958,8 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
         file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode: its rank
         and rank 0 swap numbers in its collectives' process groups, which keeps every group's members
         (rank 2's group ``[2, 3]`` becomes ``0 3``; ``[0, 1, 2, 3]`` stays ``0 1 2 3``).  A
-        collective's recorded group must contain its file's rank.
+        collective's recorded group must contain its file's rank.  Each file holds one GPU's
+        activities (one ``args.device``); several devices in a file are an error naming them.
     unsupported
         ``"error"``: a kernel that cannot be modelled is an error naming it; ``"delay"``: it is
         replayed as a delay of its measured duration (``kind == "delay"``, its ``kernel_class``
