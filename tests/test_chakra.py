@@ -172,3 +172,16 @@ def test_one_ranks_file_cannot_model_its_collectives(tmp_path):
     trace = read_chakra(tmp_path / "job.2.et", unsupported="delay")
     assert trace.frame["kind"].tolist() == ["delay"] and trace.frame["delay_s"].tolist() == [pytest.approx(3e-6)]
     assert "only rank 2's file" in trace.metadata["not_modelled"][0]["reason"]
+
+
+@pytest.mark.parametrize(("number", "name"), [(4, "ctrl_deps"), (5, "data_deps")])
+def test_a_dependency_on_a_node_not_in_the_file_names_both(tmp_path, number, name):
+    mm = node(3, "aten::mm", 4, shapes="[[64,32],[32,16]]") + field(number, varint(1) + varint(77))
+    et_file(tmp_path / "x.0.et", [node(1, "meta", 1), mm])
+    with pytest.raises(TraceError, match=rf"x.0.et: node 3 \('aten::mm'\): field '{name}' names node 77, which is "
+                                         r"not in the file$"):
+        read_chakra(tmp_path / "x.0.et")
+    et_file(tmp_path / "x.0.et", [node(1, "meta", 1), node(3, "aten::mm", 4, shapes="[[64,32],[32,16]]")
+                                  + field(number, varint(1))])
+    frame = read_chakra(tmp_path / "x.0.et").frame.set_index("name")
+    assert frame.loc["aten::mm", "deps"] == str(frame.loc["meta", "op_id"])

@@ -15,7 +15,7 @@ then ``Node`` messages (schema ``et_def.proto`` of mlcommons/chakra).  Nodes map
 
 Nodes that cannot be modelled are an error, or with ``unsupported="delay"`` delays of their
 ``duration_micros`` listed in ``trace.metadata["not_modelled"]``.  ``ctrl_deps`` and ``data_deps``
-become ``deps``.  Compute nodes run on the ``compute`` stream and
+become ``deps``; a dependency on a node the file does not have is an error naming both.  Compute nodes run on the ``compute`` stream and
 collectives on ``comm``, in dependency order; ``duration_micros`` (when non-zero) becomes
 ``measured_s``.
 """
@@ -261,7 +261,13 @@ def _topological(nodes: list[Node], path: Path) -> list[Node]:
             raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'id': another node of the file "
                              "has the same id; every node needs its own")
         by_id[node.id] = node
-    waiting = {node.id: {d for d in node.ctrl_deps + node.data_deps if d in by_id} for node in nodes}
+    for node in nodes:
+        for field_name, deps in (("ctrl_deps", node.ctrl_deps), ("data_deps", node.data_deps)):
+            missing = [dep for dep in deps if dep not in by_id]
+            if missing:
+                raise TraceError(f"{path}: node {node.id} ('{node.name}'): field '{field_name}' names node "
+                                 f"{missing[0]}, which is not in the file")
+    waiting = {node.id: set(node.ctrl_deps + node.data_deps) for node in nodes}
     users: dict[int, list[int]] = {}
     for node_id, deps in waiting.items():
         for dep in deps:
@@ -405,11 +411,11 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 next_id += 1
                 row["op_id"] = next_id
             op_of_node[node.id] = int(row["op_id"])
-            row["_deps"] = [d for d in node.ctrl_deps + node.data_deps]
+            row["_deps"] = node.ctrl_deps + node.data_deps
             rows.append(row)
         for row in rows:
             if row["gpu"] == rank and "_deps" in row:
-                row["deps"] = format_ints(sorted({op_of_node[d] for d in row.pop("_deps") if d in op_of_node}))
+                row["deps"] = format_ints(sorted({op_of_node[d] for d in row.pop("_deps")}))
     unmatched = [key for key, ids in {**pending_sends, **pending_recvs}.items() if ids]
     if unmatched:
         src, dst, tag = unmatched[0]
