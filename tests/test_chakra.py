@@ -167,11 +167,11 @@ def test_one_ranks_file_cannot_model_its_collectives(tmp_path):
     all_reduce = node(5, "ar", 7, duration=3,
                       attrs=[attribute("comm_type", int64=0), attribute("comm_size", int64=1024)])
     et_file(tmp_path / "job.2.et", [all_reduce])
-    with pytest.raises(TraceError, match=r"job.2.et: node 5 \('ar'\): .*only rank 2's file was given"):
+    with pytest.raises(TraceError, match=r"job.2.et: node 5 \('ar'\): .*only one rank's file was given"):
         read_chakra(tmp_path / "job.2.et")
     trace = read_chakra(tmp_path / "job.2.et", unsupported="delay")
     assert trace.frame["kind"].tolist() == ["delay"] and trace.frame["delay_s"].tolist() == [pytest.approx(3e-6)]
-    assert "only rank 2's file" in trace.metadata["not_modelled"][0]["reason"]
+    assert "only one rank's file" in trace.metadata["not_modelled"][0]["reason"]
 
 
 @pytest.mark.parametrize(("number", "name"), [(4, "ctrl_deps"), (5, "data_deps")])
@@ -185,3 +185,13 @@ def test_a_dependency_on_a_node_not_in_the_file_names_both(tmp_path, number, nam
                                   + field(number, varint(1))])
     frame = read_chakra(tmp_path / "x.0.et").frame.set_index("name")
     assert frame.loc["aten::mm", "deps"] == str(frame.loc["meta", "op_id"])
+
+
+def test_a_file_read_alone_is_rank_0_whatever_its_name(tmp_path):
+    et_file(tmp_path / "w.3.et", [node(1, "aten::mm", 4, shapes="[[64,32],[32,16]]")])
+    trace = read_chakra(tmp_path / "w.3.et")
+    assert trace.gpus == [0]
+    result = gpusim.run(gpusim.load_system("h100-sxm5"), trace)  # a one-GPU preset
+    assert result.ops["gpu"].tolist() == [0]
+    et_file(tmp_path / "w.5.et", [node(1, "aten::mm", 4, shapes="[[64,32],[32,16]]")])
+    assert read_chakra(tmp_path).gpus == [3, 5]  # several files keep the ranks in their names

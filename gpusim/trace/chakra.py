@@ -246,6 +246,10 @@ def _expand(paths) -> list[Path]:
 
 
 def _ranks(files: list[Path]) -> list[int]:
+    """The rank of each file: the number before ``.et`` in the names when they all have distinct ones,
+    else the position in the list; a file read alone is rank 0 whatever its name."""
+    if len(files) == 1:
+        return [0]
     found = [_RANK_IN_NAME.search(f.name) for f in files]
     if all(found):
         ranks = [int(match.group(1)) for match in found]
@@ -320,7 +324,8 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     paths
         A folder of ``.et`` files, a glob pattern, or a list of files; the rank is the number
         before ``.et`` in the name (``all_reduce.3.et``), else the position in the sorted list.
-        Collectives span the ranks read: a single file's collectives cannot be modelled.
+        A single file is rank 0 (GPU 0) whatever its name.  Collectives span the ranks read: a
+        single file's collectives cannot be modelled.
     unsupported
         ``"error"``: a node that cannot be modelled is an error naming the file and node;
         ``"delay"``: it becomes a delay of its ``duration_micros``.
@@ -360,7 +365,7 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 elif not isinstance(size, int) or size <= 0:
                     reason = "collective without a positive comm_size"
                 elif len(files) == 1:
-                    reason = (f"a collective over all ranks, but only rank {rank}'s file was given (read the files "
+                    reason = ("a collective over all ranks, but only one rank's file was given (read the files "
                               "of every rank together, e.g. their folder)")
                 else:
                     row.update(kind="collective", stream="comm", collective=MODELLED_COLLECTIVES[collective],
