@@ -130,6 +130,25 @@ def test_two_ranks_share_their_collectives(tmp_path):
         read_kineto(tmp_path / "broken.json")
 
 
+def test_ranks_whose_collectives_differ_name_both_files_and_events(tmp_path):
+    def nccl(rank, **args):
+        kernel = {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "ts": 10.0, "dur": 5.0,
+                  "args": {"stream": 7, "Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
+                           "Process Group Ranks": "[0, 1]", **args}}
+        path = tmp_path / f"rank{rank}.json"
+        path.write_text(json.dumps({"traceEvents": [kernel], "distributedInfo": {"rank": rank, "world_size": 2}}))
+        return path
+
+    assert read_kineto([nccl(0), nccl(1)]).frame["op_id"].nunique() == 1
+    for field, value, shown in [("In msg nelems", 2048, "bytes 8192 here, but 4096"),
+                                ("dtype", "Half", "dtype 'fp16' here, but 'fp32'"),
+                                ("Collective name", "reduce_scatter", "collective 'reducescatter' here, but 'allreduce'")]:
+        with pytest.raises(TraceError, match=rf"rank1.json: event 0 \('ncclKernel_AllReduce_RING_LL_Sum_float'\): "
+                                             rf"field '{field}': collective 1 of group 0 1 has {shown} in .*rank0.json "
+                                             r"\(event 0\); every rank runs the same collectives"):
+            read_kineto([nccl(0), nccl(1, **{field: value})])
+
+
 def _kineto_file(tmp_path, change=None, info=None):
     """A one-kernel Kineto trace (event 1; event 0 is its CPU op), changed by ``change(kernel, events)``."""
     cpu = {"ph": "X", "cat": "cpu_op", "name": "aten::foo", "ts": 0.0, "dur": 30.0, "args": {"External id": 1}}

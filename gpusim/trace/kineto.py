@@ -43,7 +43,9 @@ first launch call of its rank), and the replay issues its kernel then instead of
 GPU's ``kernel_launch_ns`` (:mod:`gpusim.sched.executor`); so CPU-side gaps (Python overhead
 between launches) stay in the iteration.  A host that waited for the GPU (a synchronisation)
 waited as long as the measured GPU took, which a what-if on other hardware keeps.  Several files
-(one per rank) can be read together; their collectives are matched by process group and order.
+(one per rank) can be read together; their collectives are matched by process group and order
+(files whose matched collectives differ in type, size, dtype or algorithm are an error naming both
+events).
 """
 
 from __future__ import annotations
@@ -860,7 +862,7 @@ def _rows_of_events(events: list[dict], path: Path, ranks: FileRanks, unsupporte
         start, duration = float(event["ts"]), _micros(event, index, "dur", path)
         stream = _arg(event, "stream", _is_whole, "a whole number (the stream's id)", 0)
         row = {"gpu": ranks.gpu(ranks.rank), "stream": f"stream{stream}", "name": label,
-               "measured_s": duration * 1e-6, "kernel_class": klass,
+               "measured_s": duration * 1e-6, "kernel_class": klass, "_event": index,
                "_start_us": start, "_end_us": start + duration,
                "_launch_us": float(launch["ts"]) if launch else start,
                "_return_us": float(launch["ts"]) + float(launch.get("dur", 0.0)) if launch else math.nan}
@@ -947,6 +949,25 @@ def _infer_dependencies(rows: list[dict]) -> None:
                 row["deps"] = str(best["op_id"])
 
 
+COLLECTIVE_SOURCES = {"collective": "Collective name", "dtype": "dtype", "bytes": "In msg nelems", "algorithm": "name"}
+"""The kernel field each collective field of a row comes from (an all-gather's bytes: ``Out msg nelems``)."""
+
+
+def _check_same_collective(path: Path, row: dict, first_path: Path, first: dict, count: int) -> None:
+    """Raise :class:`TraceError` unless a collective ``row`` of ``path`` has the fields of the same
+    collective (the ``count``-th of its group) in the first file that ran it, ``first_path``."""
+    for column, source in COLLECTIVE_SOURCES.items():
+        if row[column] != first[column]:
+            if column == "bytes" and row["collective"] == "allgather":
+                source = "Out msg nelems"
+            raise TraceError(
+                f"{path}: event {row['_event']} ('{row['name']}'): field '{source}': "
+                f"collective {count + 1} of group {row['group']} has {column} {row[column]!r} here, but "
+                f"{first[column]!r} in {first_path} (event {first['_event']}); every rank runs the same collectives, "
+                "of the same sizes, in the same order"
+            )
+
+
 def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsupported: str = "error",
                 iteration: int | None = None, dataflow: bool = True) -> Trace:
     """Read PyTorch profiler traces (``.json`` or ``.json.gz``) into a :class:`Trace`.
@@ -984,7 +1005,7 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     if not files:
         raise TraceError("read_kineto(): no trace files given")
     rows: list[dict] = []
-    collective_ids: dict[tuple, int] = {}
+    collectives: dict[tuple[str, int], tuple[Path, dict]] = {}  # (group, count): the first file's row
     next_id = 0
     for order, path in enumerate(files):
         file_rows, rank = _rows_of_file(path, order, len(files) == 1, unsupported, iteration)
@@ -999,10 +1020,13 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
                 count = seen.get(group, 0)
                 seen[group] = count + 1
                 key = (group, count)
-                if key not in collective_ids:
+                if key in collectives:
+                    _check_same_collective(path, row, *collectives[key], count)
+                    row["op_id"] = collectives[key][1]["op_id"]
+                else:
                     next_id += 1
-                    collective_ids[key] = next_id
-                row["op_id"] = collective_ids[key]
+                    row["op_id"] = next_id
+                    collectives[key] = (path, row)
             else:
                 next_id += 1
                 row["op_id"] = next_id
@@ -1017,7 +1041,7 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     measured_span_s = {int(gpu): (row.end - row.start) * 1e-6 for gpu, row in spans.iterrows()}
     first_launch = frame["_launch_us"].where(frame["_return_us"].notna()).groupby(frame["gpu"]).transform("min")
     frame["issue_s"] = (frame["_return_us"] - first_launch) * 1e-6
-    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us"])
+    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us", "_event"])
     source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
     metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
                 "iteration": iteration, "dataflow": dataflow, "measured_span_s": measured_span_s, "not_modelled": not_modelled}
