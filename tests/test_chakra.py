@@ -167,8 +167,67 @@ def test_one_ranks_file_cannot_model_its_collectives(tmp_path):
     all_reduce = node(5, "ar", 7, duration=3,
                       attrs=[attribute("comm_type", int64=0), attribute("comm_size", int64=1024)])
     et_file(tmp_path / "job.2.et", [all_reduce])
-    with pytest.raises(TraceError, match=r"job.2.et: node 5 \('ar'\): .*only rank 2's file was given"):
+    with pytest.raises(TraceError, match=r"job.2.et: node 5 \('ar'\): .*only one rank's file was given"):
         read_chakra(tmp_path / "job.2.et")
     trace = read_chakra(tmp_path / "job.2.et", unsupported="delay")
     assert trace.frame["kind"].tolist() == ["delay"] and trace.frame["delay_s"].tolist() == [pytest.approx(3e-6)]
-    assert "only rank 2's file" in trace.metadata["not_modelled"][0]["reason"]
+    assert "only one rank's file" in trace.metadata["not_modelled"][0]["reason"]
+
+
+@pytest.mark.parametrize(("number", "name"), [(4, "ctrl_deps"), (5, "data_deps")])
+def test_a_dependency_on_a_node_not_in_the_file_names_both(tmp_path, number, name):
+    mm = node(3, "aten::mm", 4, shapes="[[64,32],[32,16]]") + field(number, varint(1) + varint(77))
+    et_file(tmp_path / "x.0.et", [node(1, "meta", 1), mm])
+    with pytest.raises(TraceError, match=rf"x.0.et: node 3 \('aten::mm'\): field '{name}' names node 77, which is "
+                                         r"not in the file$"):
+        read_chakra(tmp_path / "x.0.et")
+    et_file(tmp_path / "x.0.et", [node(1, "meta", 1), node(3, "aten::mm", 4, shapes="[[64,32],[32,16]]")
+                                  + field(number, varint(1))])
+    frame = read_chakra(tmp_path / "x.0.et").frame.set_index("name")
+    assert frame.loc["aten::mm", "deps"] == str(frame.loc["meta", "op_id"])
+
+
+def test_a_file_read_alone_is_rank_0_whatever_its_name(tmp_path):
+    et_file(tmp_path / "w.3.et", [node(1, "aten::mm", 4, shapes="[[64,32],[32,16]]")])
+    trace = read_chakra(tmp_path / "w.3.et")
+    assert trace.gpus == [0]
+    result = gpusim.run(gpusim.load_system("h100-sxm5"), trace)  # a one-GPU preset
+    assert result.ops["gpu"].tolist() == [0]
+    et_file(tmp_path / "w.5.et", [node(1, "aten::mm", 4, shapes="[[64,32],[32,16]]")])
+    assert read_chakra(tmp_path).gpus == [3, 5]  # several files keep the ranks in their names
+
+
+def _all_reduce(node_id: int, size: int = 1024, comm_type: int = 0) -> bytes:
+    return node(node_id, "ar", 7, attrs=[attribute("comm_type", int64=comm_type), attribute("comm_size", int64=size)])
+
+
+def test_ranks_whose_collectives_disagree_name_the_files_and_nodes(tmp_path):
+    et_file(tmp_path / "job.0.et", [_all_reduce(4)])
+    et_file(tmp_path / "job.1.et", [_all_reduce(9, comm_type=2)])  # ALL_GATHER
+    with pytest.raises(TraceError, match=r"job.1.et: node 9 \('ar'\): field 'comm_type': this rank's collective 1 is "
+                                         r"ALL_GATHER, but collective 1 of .*job.0.et \(node 4, 'ar'\) is ALL_REDUCE"):
+        read_chakra(tmp_path)
+    et_file(tmp_path / "job.1.et", [_all_reduce(9, size=2048)])
+    with pytest.raises(TraceError, match=r"job.1.et: node 9 \('ar'\): field 'comm_size': this rank's collective 1 has "
+                                         r"2048 bytes, but collective 1 of .*job.0.et \(node 4, 'ar'\) has 1024"):
+        read_chakra(tmp_path)
+    et_file(tmp_path / "job.1.et", [_all_reduce(9), node(10, "ar2", 7, deps=[9], attrs=[
+        attribute("comm_type", int64=0), attribute("comm_size", int64=1024)])])
+    with pytest.raises(TraceError, match=r"the ranks run different numbers of modelled collectives \(COMM_COLL_NODE "
+                                         r"nodes\): job.0.et 1, job.1.et 2"):
+        read_chakra(tmp_path)
+
+
+def test_negative_shapes_and_huge_durations_name_the_node_and_field(tmp_path):
+    et_file(tmp_path / "x.0.et", [node(2, "aten::mm", 4, shapes="[[64,-32],[-32,16]]")])
+    with pytest.raises(TraceError, match=r"x.0.et: node 2 \('aten::mm'\): field 'inputs.shapes' must list sizes >= 0, "
+                                         r"got \[\[64,-32\],\[-32,16\]\]$"):
+        read_chakra(tmp_path / "x.0.et")
+    et_file(tmp_path / "x.0.et", [node(2, "aten::relu", 4, duration=10**15)])
+    with pytest.raises(TraceError, match=r"x.0.et: node 2 \('aten::relu'\): field 'duration_micros' must be at most "
+                                         r"1e\+12 us, got 1000000000000000$"):
+        read_chakra(tmp_path / "x.0.et", unsupported="delay")
+    et_file(tmp_path / "x.0.et", [node(2, "aten::mm", 4, shapes="[[64,0],[0,16]]", duration=7)])
+    with pytest.raises(TraceError, match=r"cannot be modelled: a matrix product of empty matrices"):
+        read_chakra(tmp_path / "x.0.et")
+    assert read_chakra(tmp_path / "x.0.et", unsupported="delay").frame["kind"].tolist() == ["delay"]

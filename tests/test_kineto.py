@@ -3,6 +3,7 @@
 import gzip
 import json
 import math
+import re
 
 import pytest
 
@@ -129,6 +130,25 @@ def test_two_ranks_share_their_collectives(tmp_path):
         read_kineto(tmp_path / "broken.json")
 
 
+def test_ranks_whose_collectives_differ_name_both_files_and_events(tmp_path):
+    def nccl(rank, **args):
+        kernel = {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "ts": 10.0, "dur": 5.0,
+                  "args": {"stream": 7, "Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
+                           "Process Group Ranks": "[0, 1]", **args}}
+        path = tmp_path / f"rank{rank}.json"
+        path.write_text(json.dumps({"traceEvents": [kernel], "distributedInfo": {"rank": rank, "world_size": 2}}))
+        return path
+
+    assert read_kineto([nccl(0), nccl(1)]).frame["op_id"].nunique() == 1
+    for field, value, shown in [("In msg nelems", 2048, "bytes 8192 here, but 4096"),
+                                ("dtype", "Half", "dtype 'fp16' here, but 'fp32'"),
+                                ("Collective name", "reduce_scatter", "collective 'reducescatter' here, but 'allreduce'")]:
+        with pytest.raises(TraceError, match=rf"rank1.json: event 0 \('ncclKernel_AllReduce_RING_LL_Sum_float'\): "
+                                             rf"field '{field}': collective 1 of group 0 1 has {shown} in .*rank0.json "
+                                             r"\(event 0\); every rank runs the same collectives"):
+            read_kineto([nccl(0), nccl(1, **{field: value})])
+
+
 def _kineto_file(tmp_path, change=None, info=None):
     """A one-kernel Kineto trace (event 1; event 0 is its CPU op), changed by ``change(kernel, events)``."""
     cpu = {"ph": "X", "cat": "cpu_op", "name": "aten::foo", "ts": 0.0, "dur": 30.0, "args": {"External id": 1}}
@@ -166,6 +186,159 @@ def test_malformed_events_name_the_file_event_and_field(tmp_path, change, patter
     path = _kineto_file(tmp_path, change)
     with pytest.raises(TraceError, match=rf"trace.json: {pattern}"):
         read_kineto(path, unsupported="delay")
+
+
+ELEMENTWISE_KERNEL = "void at::native::vectorized_elementwise_kernel<4, F>(int)"
+NCCL_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _op(op_name, kernel_name, **args):
+    """A change for :func:`_kineto_file`: the kernel is ``kernel_name``, launched by ``op_name`` with ``args``."""
+    def change(kernel, events):
+        kernel["name"] = kernel_name
+        events[0]["name"] = op_name
+        events[0]["args"].update(args)
+
+    return change
+
+
+def _nccl(**args):
+    """A change for :func:`_kineto_file`: the kernel is an NCCL all-reduce whose arguments ``args`` change."""
+    def change(kernel, events):
+        kernel["name"] = NCCL_KERNEL
+        kernel["args"].update({"Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
+                               "Process Group Ranks": "[0, 1]", **args})
+
+    return change
+
+
+def _launched(kernel_args=None, **launch):
+    """A change for :func:`_kineto_file`: the kernel (with ``kernel_args``) has a launch call (event 2)."""
+    def change(kernel, events):
+        kernel["name"] = ELEMENTWISE_KERNEL
+        kernel["args"].update({"correlation": 5, **(kernel_args or {})})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 8.0, "dur": 1.0,
+                       "args": {"correlation": 5}, **launch})
+
+    return change
+
+
+def _cpu_op(**fields):
+    def change(kernel, events):
+        events[0].update(fields)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "field", "got"),
+    [
+        (_nccl(**{"Process Group Ranks": '[0, "a"]'}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", '"[0, \\"a\\"]"'),
+        (_nccl(**{"Process Group Ranks": 5}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", "5"),
+        (_nccl(**{"Process Group Ranks": "[0, 1"}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", '"[0, 1"'),
+        (_nccl(**{"Process Group Ranks": "[0, 0]"}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')",
+         "Process Group Ranks", '"[0, 0]"'),
+        (_nccl(**{"Process Group Ranks": "[]", "Group size": "2"}),
+         "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')", "Group size", '"2"'),
+        (_nccl(**{"In msg nelems": True}), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')", "In msg nelems",
+         "true"),
+        (_nccl(dtype=["Float"]), "event 1 ('ncclKernel_AllReduce_RING_LL_Sum_float')", "dtype", '["Float"]'),
+        (_launched({"correlation": [5]}), "event 1 ('at::native::vectorized_elementwise_kernel')", "correlation",
+         "[5]"),
+        (_launched(args={"correlation": {"a": 1}}), "event 2 ('cudaLaunchKernel')", "correlation", '{"a": 1}'),
+        (_cpu_op(args={"External id": [1]}), "event 0 ('aten::foo')", "External id", "[1]"),
+        (_launched({"grid": 5, "block": [128, 1, 1]}), "event 1 ('at::native::vectorized_elementwise_kernel')",
+         "grid", "5"),
+        (_launched({"grid": [1, 1, 1]}, args={"correlation": 5, "block": "128"}), "event 2 ('cudaLaunchKernel')",
+         "block", '"128"'),
+        (_launched({"stream": [7]}), "event 1 ('at::native::vectorized_elementwise_kernel')", "stream", "[7]"),
+        (_op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, None], [32, 16]]}), "event 0 ('aten::mm')",
+         "Input Dims", "[[64, null], [32, 16]]"),
+        (_op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, -32], [-32, 16]]}), "event 0 ('aten::mm')",
+         "Input Dims", "[[64, -32], [-32, 16]]"),
+        (_op("aten::_softmax", "softmax_warp_forward", **{"Input Dims": [[4, "a"]]}), "event 0 ('aten::_softmax')",
+         "Input Dims", '[[4, "a"]]'),
+        (_op("aten::add", ELEMENTWISE_KERNEL, **{"Input Dims": [[64, 16], [64, 16]], "Input type": "float"}),
+         "event 0 ('aten::add')", "Input type", '"float"'),
+        (_op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, 32], [32, 16]], "Input type": [None]}),
+         "event 0 ('aten::mm')", "Input type", "[null]"),
+        (_op("aten::add", "void at::native::elementwise_kernel<128, 2>(int)", **{
+            "Input Dims": [[64, 16], [64, 16]], "Input type": ["float", "float"], "Input Strides": [[16, "1"], []]}),
+         "event 0 ('aten::add')", "Input Strides", '[[16, "1"], []]'),
+        (_op("aten::gelu", ELEMENTWISE_KERNEL,
+             **{"Input Dims": [[64]], "Input type": ["float"], "Concrete Inputs": "tanh"}),
+         "event 0 ('aten::gelu')", "Concrete Inputs", '"tanh"'),
+    ],
+)
+def test_malformed_fields_name_the_event_and_field(tmp_path, change, where, field, got):
+    path = _kineto_file(tmp_path, change)
+    with pytest.raises(TraceError, match=rf"trace.json: {re.escape(where)}: field '{field}' must .*, got "
+                                         rf"{re.escape(got)}$"):
+        read_kineto(path, unsupported="delay")
+
+
+@pytest.mark.parametrize(("change", "pattern"), [
+    (_launched(dur="abc"), r"event 2: field 'dur' must be a finite number of microseconds, got 'abc'"),
+    (_launched(dur=None), r"event 2: field 'dur' must be a finite number of microseconds, got None"),
+    (_launched(ts="8"), r"event 2: field 'ts' must be a finite number of microseconds, got '8'"),
+    (lambda k, e: e[0].pop("name"), r"event 0: field 'name' is missing \(a CPU op needs its operator's name\)"),
+    (lambda k, e: k.update(dur=1e300), r"event 1: field 'dur' must be a duration of at most 1e\+12 us, got 1e\+300"),
+])
+def test_malformed_launch_calls_and_cpu_ops_name_the_event(tmp_path, change, pattern):
+    with pytest.raises(TraceError, match=rf"trace.json: {pattern}$"):
+        read_kineto(_kineto_file(tmp_path, change), unsupported="delay")
+
+
+def test_an_empty_matrix_product_or_reduction_is_unsupported_not_malformed(tmp_path):
+    mm = _op("aten::mm", "ampere_sgemm_64x64_nn", **{"Input Dims": [[64, 0], [0, 16]], "Input type": ["float"] * 2})
+    with pytest.raises(TraceError, match=r"cannot be modelled: aten::mm with input shapes .* multiplies empty"):
+        read_kineto(_kineto_file(tmp_path, mm))
+    softmax = _op("aten::_softmax", "softmax_warp_forward", **{"Input Dims": [[64, 0]], "Input type": ["float"]})
+    frame = read_kineto(_kineto_file(tmp_path, softmax), unsupported="delay").frame
+    assert frame["kind"].tolist() == ["delay"]
+
+
+@pytest.mark.parametrize(("rank", "recorded", "group"), [
+    (2, "[2, 3]", "0 3"),  # the file's rank 2 becomes GPU 0, and rank 0 takes number 2
+    (2, "[0, 2]", "0 2"),
+    (1, "[0, 1, 2, 3]", "0 1 2 3"),
+    (3, "[1, 3]", "0 1"),
+    (0, "[0, 1]", "0 1"),
+])
+def test_a_single_ranks_file_is_gpu_0_and_its_groups_are_renumbered_alike(tmp_path, rank, recorded, group):
+    path = _kineto_file(tmp_path, _nccl(**{"Process Group Ranks": recorded}), info={"rank": rank, "world_size": 4})
+    trace = read_kineto(path)
+    assert trace.frame[["gpu", "group"]].values.tolist() == [[0, group]]
+    result = gpusim.run(gpusim.load_system("dgx-a100"), trace, mode="symmetric")
+    assert result.ops["gpu"].tolist() == [0]
+
+
+def test_a_group_without_the_files_rank_names_the_event_and_rank(tmp_path):
+    path = _kineto_file(tmp_path, _nccl(**{"Process Group Ranks": "[0, 1]"}), info={"rank": 2, "world_size": 4})
+    with pytest.raises(TraceError, match=r"trace.json: event 1 \('ncclKernel_AllReduce_RING_LL_Sum_float'\): field "
+                                         r"'Process Group Ranks' must contain the file's rank 2 .*, got \[0, 1\]$"):
+        read_kineto(path)
+
+
+def test_activities_on_several_devices_name_them(tmp_path):
+    def two_devices(kernel, events):
+        kernel["args"]["device"] = 0
+        events.append({**kernel, "ts": 20.0, "args": {**kernel["args"], "device": 1}})
+        events.append({**kernel, "ts": 30.0, "args": {**kernel["args"], "device": 1}})
+
+    with pytest.raises(TraceError, match=r"trace.json: field 'device': the GPU activities ran on devices "
+                                         r"0 \(1 activity\), 1 \(2 activities\); a file is one rank's trace"):
+        read_kineto(_kineto_file(tmp_path, two_devices), unsupported="delay")
+
+    def one_device(kernel, events):
+        kernel["args"]["device"] = 3
+        events.append({**kernel, "ts": 20.0})
+        events.append({**kernel, "ts": 30.0, "args": {"stream": 7}})  # a device not recorded: not another one
+
+    assert read_kineto(_kineto_file(tmp_path, one_device), unsupported="delay").gpus == [0]
 
 
 def test_a_malformed_rank_names_the_field(tmp_path):

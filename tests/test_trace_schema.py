@@ -73,6 +73,43 @@ def test_malformed_traces_name_row_and_field(change, pattern):
         Trace(change(rows()))
 
 
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda f: f.assign(m=[-64, None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' .*, got -64$"),
+        (lambda f: f.assign(m=[None, None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' .*, got blank$"),
+        (lambda f: f.assign(delay_s=[None, None, -1.0]), r"row 2 \(op_id 3, gpu 0\): field 'delay_s' .*, got -1.0$"),
+        (lambda f: f.assign(measured_s=[np.float64(-1.0), None, None]), r"field 'measured_s' .*, got -1.0$"),
+        (lambda f: f.assign(m=pd.Series([np.float64(1.5), None, None], dtype=object)),
+         r"field 'm' must be a whole number, got 1.5$"),
+        (lambda f: f.assign(op_id=pd.Series([pd.NA, 2, 3], dtype="Int64")),
+         r"row 0 \(op_id blank, gpu 0\): field 'op_id' must not be blank$"),
+        (lambda f: f.assign(trans_a=pd.Series([np.int64(7), False, False], dtype=object)),
+         r"field 'trans_a' must be true or false, got 7$"),
+    ],
+)
+def test_messages_show_values_plainly_not_as_numpy_reprs(change, pattern):
+    with pytest.raises(TraceError, match=pattern) as caught:
+        Trace(change(rows()))
+    assert not re.search(r"np\.|<NA>|nan", str(caught.value))
+
+
+@pytest.mark.parametrize("column", ["delay_s", "measured_s", "issue_s"])
+@pytest.mark.parametrize("value", ["1e300", "2e6"])
+def test_times_beyond_max_seconds_are_rejected(tmp_path, column, value):
+    row = {"op_id": "1", "gpu": "0", "stream": "s", "kind": "delay", "delay_s": "0", column: value}
+    pd.DataFrame([row]).to_csv(tmp_path / "t.csv", index=False)
+    message = f"t.csv: row 0 (op_id 1, gpu 0): field '{column}' must be a time of at most 1e+06 s, got {float(value)!r}"
+    with pytest.raises(TraceError, match=re.escape(message)):
+        read(tmp_path / "t.csv")
+
+
+def test_a_delay_of_max_seconds_replays_to_finite_times():
+    trace = Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "delay", "delay_s": 1e6}]))
+    result = gpusim.run(ONE, trace)
+    assert result.time_s == pytest.approx(1e6) and np.isfinite(result.ops[["start_s", "end_s"]].to_numpy()).all()
+
+
 def test_collective_rows_must_agree_and_contain_their_gpu():
     collective = {"kind": "collective", "collective": "allreduce", "bytes": 1024, "group": "0 1", "stream": "comm"}
     good = [{"op_id": 9, "gpu": 0, **collective}, {"op_id": 9, "gpu": 1, **collective}]
@@ -124,6 +161,18 @@ def test_csv_values_that_do_not_fit_name_the_file_and_field(tmp_path, text, patt
     (tmp_path / "t.csv").write_text(text)
     with pytest.raises(TraceError, match=rf"t.csv: {pattern}"):
         read(tmp_path / "t.csv")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda raw: b"garbage",  # not gzip at all
+    lambda raw: raw[: len(raw) // 2],  # cut short
+    lambda raw: raw[:12] + bytes(len(raw) - 12),  # the header is intact, the compressed data is not
+])
+def test_a_corrupt_gzipped_csv_names_the_file(tmp_path, damage):
+    path = Trace(rows()).write(tmp_path / "t.csv.gz")
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(TraceError, match=r"t.csv.gz: not a readable CSV table: "):
+        read(path)
 
 
 @pytest.mark.parametrize(("raw", "pattern"), [(b"{bad json", "is not valid JSON"),

@@ -4,19 +4,23 @@ A ``.et`` file is a stream of varint-length-delimited protobuf messages: one ``G
 then ``Node`` messages (schema ``et_def.proto`` of mlcommons/chakra).  Nodes map onto ops:
 
 * ``COMM_COLL_NODE``: ``comm_type`` ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL with
-  ``comm_size`` bytes over all ranks; the k-th collective of every rank is one op.  The ranks are
-  the files read, so one rank's file alone cannot model its collectives.
+  ``comm_size`` bytes over all ranks; the k-th collective of every rank is one op (ranks whose
+  k-th collectives differ in type or size, or that run different numbers of them, are an error
+  naming the files and nodes).  The ranks are the files read, so one rank's file alone cannot
+  model its collectives.
 * ``COMM_SEND_NODE`` / ``COMM_RECV_NODE``: a send on rank s to ``comm_dst`` d is paired with the
   receive on d from ``comm_src`` s (same ``comm_tag``, in order) into one send/receive.
 * ``COMP_NODE``: a GEMM when its inputs record two matrix shapes and its name is a matrix
   product (``aten::mm``, ``addmm``, ``bmm``, ``matmul``, ``linear``); otherwise it cannot be
-  modelled (``unsupported="delay"`` replays it for ``duration_micros``).
+  modelled (``unsupported="delay"`` replays it for ``duration_micros``).  A negative size in its
+  ``inputs.shapes`` is an error naming the node.
 * ``METADATA_NODE``: a no-op (a zero delay other nodes may depend on).
 
 Nodes that cannot be modelled are an error, or with ``unsupported="delay"`` delays of their
 ``duration_micros`` listed in ``trace.metadata["not_modelled"]``.  ``ctrl_deps`` and ``data_deps``
-become ``deps``.  Compute nodes run on the ``compute`` stream and
-collectives on ``comm``, in dependency order; ``duration_micros`` (when non-zero) becomes
+become ``deps``; a dependency on a node the file does not have is an error naming both.  Compute
+nodes run on the ``compute`` stream and collectives on ``comm``, in dependency order;
+``duration_micros`` (when non-zero, at most :data:`gpusim.trace.schema.MAX_SECONDS`) becomes
 ``measured_s``.
 """
 
@@ -35,7 +39,7 @@ import pandas as pd
 
 from gpusim.errors import TraceError, UnsupportedTraceError
 from gpusim.trace import protobuf as pb
-from gpusim.trace.schema import format_ints
+from gpusim.trace.schema import MAX_SECONDS, format_ints
 from gpusim.trace.trace import Trace
 
 NODE_TYPES = {
@@ -246,6 +250,10 @@ def _expand(paths) -> list[Path]:
 
 
 def _ranks(files: list[Path]) -> list[int]:
+    """The rank of each file: the number before ``.et`` in the names when they all have distinct ones,
+    else the position in the list; a file read alone is rank 0 whatever its name."""
+    if len(files) == 1:
+        return [0]
     found = [_RANK_IN_NAME.search(f.name) for f in files]
     if all(found):
         ranks = [int(match.group(1)) for match in found]
@@ -261,7 +269,13 @@ def _topological(nodes: list[Node], path: Path) -> list[Node]:
             raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'id': another node of the file "
                              "has the same id; every node needs its own")
         by_id[node.id] = node
-    waiting = {node.id: {d for d in node.ctrl_deps + node.data_deps if d in by_id} for node in nodes}
+    for node in nodes:
+        for field_name, deps in (("ctrl_deps", node.ctrl_deps), ("data_deps", node.data_deps)):
+            missing = [dep for dep in deps if dep not in by_id]
+            if missing:
+                raise TraceError(f"{path}: node {node.id} ('{node.name}'): field '{field_name}' names node "
+                                 f"{missing[0]}, which is not in the file")
+    waiting = {node.id: set(node.ctrl_deps + node.data_deps) for node in nodes}
     users: dict[int, list[int]] = {}
     for node_id, deps in waiting.items():
         for dep in deps:
@@ -282,19 +296,37 @@ def _topological(nodes: list[Node], path: Path) -> list[Node]:
     return order
 
 
-def _gemm_fields(node: Node) -> dict | None:
+class UnsupportedNode(Exception):
+    """A node that cannot be turned into a simulated op (the message says why)."""
+
+
+def _gemm_fields(node: Node, path: Path) -> dict:
+    """A compute node's GEMM fields from its name and ``inputs.shapes``.
+
+    Raises
+    ------
+    UnsupportedNode
+        The node is not a matrix product of recorded shapes, or one of empty matrices.
+    TraceError
+        A recorded size is negative (naming the file, the node and the field).
+    """
+    unsupported = UnsupportedNode("a compute node without a matrix-product name and input shapes")
     base = node.name.split("::")[-1].rstrip("_")
     if base not in GEMM_NAMES or not node.input_shapes:
-        return None
+        raise unsupported
     try:
         shapes = json.loads(node.input_shapes)
     except json.JSONDecodeError:
-        return None
-    matrices = [s for s in shapes if isinstance(s, list) and len(s) >= 2 and all(isinstance(d, int) for d in s)]
+        raise unsupported from None
+    matrices = [s for s in shapes if isinstance(s, list) and len(s) >= 2
+                and all(isinstance(d, int) and not isinstance(d, bool) for d in s)]
+    if any(d < 0 for matrix in matrices for d in matrix):
+        raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'inputs.shapes' must list sizes >= 0, "
+                         f"got {node.input_shapes}")
     if base in ("addmm", "baddbmm") and len(matrices) >= 3:
         matrices = matrices[1:]
     if len(matrices) < 2:
-        return None
+        raise unsupported
     a, b = matrices[0], matrices[1]
     if base == "linear":
         m, k, n, batch = math.prod(a[:-1]), a[-1], b[0], 1
@@ -302,8 +334,26 @@ def _gemm_fields(node: Node) -> dict | None:
         batch, m, k, n = math.prod(a[:-2]), a[-2], a[-1], b[-1]
     else:
         m, k, n, batch = math.prod(a[:-1]), a[-1], b[-1], 1
+    if min(m, n, k, batch) == 0:
+        raise UnsupportedNode(f"a matrix product of empty matrices (inputs.shapes {node.input_shapes})")
     dtype = "fp16" if "half" in node.input_types.lower() else "bf16" if "bfloat16" in node.input_types.lower() else "fp32"
     return {"kind": "gemm", "m": int(m), "n": int(n), "k": int(k), "batch": int(batch), "dtype": dtype}
+
+
+def _check_same_collective(node: Node, path: Path, collective: str, size: int,
+                           first: tuple[int, Path, Node, str, int], position: int) -> None:
+    """Raise :class:`TraceError` unless ``node`` (the ``position``-th collective of the rank in
+    ``path``) has the type and size of the same collective of the first rank read, ``first``."""
+    _, first_path, first_node, first_collective, first_size = first
+    where = f"{path}: node {node.id} ('{node.name}')"
+    theirs = f"collective {position + 1} of {first_path} (node {first_node.id}, '{first_node.name}')"
+    rule = "every rank runs the same collectives, of the same sizes, in the same order"
+    if collective != first_collective:
+        raise TraceError(f"{where}: field 'comm_type': this rank's collective {position + 1} is {collective}, but "
+                         f"{theirs} is {first_collective}; {rule}")
+    if size != first_size:
+        raise TraceError(f"{where}: field 'comm_size': this rank's collective {position + 1} has {size} bytes, but "
+                         f"{theirs} has {first_size}; {rule}")
 
 
 def read_chakra(paths, *, unsupported: str = "error") -> Trace:
@@ -314,7 +364,8 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     paths
         A folder of ``.et`` files, a glob pattern, or a list of files; the rank is the number
         before ``.et`` in the name (``all_reduce.3.et``), else the position in the sorted list.
-        Collectives span the ranks read: a single file's collectives cannot be modelled.
+        A single file is rank 0 (GPU 0) whatever its name.  Collectives span the ranks read: a
+        single file's collectives cannot be modelled.
     unsupported
         ``"error"``: a node that cannot be modelled is an error naming the file and node;
         ``"delay"``: it becomes a delay of its ``duration_micros``.
@@ -330,7 +381,8 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     world = sorted(ranks)
     rows: list[dict] = []
     next_id = 0
-    collective_ids: dict[int, int] = {}
+    collectives: dict[int, tuple[int, Path, Node, str, int]] = {}  # k-th collective: op_id, first rank's file...
+    collective_counts: dict[Path, int] = {}
     pending_sends: dict[tuple[int, int, object], list[int]] = {}
     pending_recvs: dict[tuple[int, int, object], list[int]] = {}
     not_modelled: list[dict] = []
@@ -341,6 +393,9 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
         op_of_node: dict[int, int] = {}
         collectives_seen = 0
         for node in _topological(nodes, path):
+            if node.duration_micros > MAX_SECONDS * 1e6:
+                raise TraceError(f"{path}: node {node.id} ('{node.name}'): field 'duration_micros' must be at most "
+                                 f"{MAX_SECONDS * 1e6:g} us, got {node.duration_micros}")
             measured = node.duration_micros * 1e-6 if node.duration_micros else float("nan")
             row: dict[str, object] = {"gpu": rank, "name": node.name or node.type_name, "measured_s": measured}
             kind = node.type_name
@@ -354,15 +409,18 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 elif not isinstance(size, int) or size <= 0:
                     reason = "collective without a positive comm_size"
                 elif len(files) == 1:
-                    reason = (f"a collective over all ranks, but only rank {rank}'s file was given (read the files "
+                    reason = ("a collective over all ranks, but only one rank's file was given (read the files "
                               "of every rank together, e.g. their folder)")
                 else:
                     row.update(kind="collective", stream="comm", collective=MODELLED_COLLECTIVES[collective],
                                bytes=size, group=format_ints(world), kernel_class="collective")
-                    if collectives_seen not in collective_ids:
+                    if collectives_seen in collectives:
+                        _check_same_collective(node, path, collective, size, collectives[collectives_seen],
+                                               collectives_seen)
+                    else:
                         next_id += 1
-                        collective_ids[collectives_seen] = next_id
-                    row["op_id"] = collective_ids[collectives_seen]
+                        collectives[collectives_seen] = (next_id, path, node, collective, size)
+                    row["op_id"] = collectives[collectives_seen][0]
                     collectives_seen += 1
             elif kind in ("COMM_SEND_NODE", "COMM_RECV_NODE"):
                 size = node.attrs.get("comm_size")
@@ -382,11 +440,10 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                     row.update(kind="sendrecv", stream="send" if kind == "COMM_SEND_NODE" else "recv", bytes=size,
                                group=f"{src} {dst}", kernel_class="sendrecv", op_id=op_id)
             elif kind == "COMP_NODE":
-                fields = _gemm_fields(node)
-                if fields is None:
-                    reason = "a compute node without a matrix-product name and input shapes"
-                else:
-                    row.update(fields, stream="compute", kernel_class="gemm")
+                try:
+                    row.update(_gemm_fields(node, path), stream="compute", kernel_class="gemm")
+                except UnsupportedNode as exc:
+                    reason = str(exc)
             elif kind == "METADATA_NODE":
                 row.update(kind="delay", delay_s=0.0, stream="compute", kernel_class="delay")
             else:
@@ -405,11 +462,16 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 next_id += 1
                 row["op_id"] = next_id
             op_of_node[node.id] = int(row["op_id"])
-            row["_deps"] = [d for d in node.ctrl_deps + node.data_deps]
+            row["_deps"] = node.ctrl_deps + node.data_deps
             rows.append(row)
         for row in rows:
             if row["gpu"] == rank and "_deps" in row:
-                row["deps"] = format_ints(sorted({op_of_node[d] for d in row.pop("_deps") if d in op_of_node}))
+                row["deps"] = format_ints(sorted({op_of_node[d] for d in row.pop("_deps")}))
+        collective_counts[path] = collectives_seen
+    if len(set(collective_counts.values())) > 1:
+        counts = ", ".join(f"{path.name} {count}" for path, count in collective_counts.items())
+        raise TraceError(f"{files[0].parent}: the ranks run different numbers of modelled collectives "
+                         f"(COMM_COLL_NODE nodes): {counts}; every rank runs the same collectives in the same order")
     unmatched = [key for key, ids in {**pending_sends, **pending_recvs}.items() if ids]
     if unmatched:
         src, dst, tag = unmatched[0]

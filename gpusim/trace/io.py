@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,8 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     if kind == "csv":
         try:
             frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, EOFError,
+                zlib.error) as exc:  # OSError and EOFError: a .csv.gz that is not (or no longer) gzip
             raise TraceError(f"{path}: not a readable CSV table: {exc}") from exc
         if not isinstance(frame.index, pd.RangeIndex):  # pandas took the extra leading fields for an index
             raise TraceError(f"{path}: the first data line has more fields than the header's {len(frame.columns)} "

@@ -26,7 +26,14 @@ Anything else (host copies, convolutions without shapes, broadcasts...) cannot b
 ``unsupported="error"`` (the default) that is an error naming the event; with
 ``unsupported="delay"`` it is replayed as a delay of its measured duration and keeps its
 ``kernel_class`` so reports can leave it out; ``trace.metadata["not_modelled"]`` lists those rows
-with the reason.
+with the reason.  A field the importer reads whose value has the wrong type or range (``Input Dims``
+that are not lists of sizes >= 0, a ``grid`` that is not a list of numbers, a list as a
+``correlation`` id, a CPU op without a ``name``...) is a :class:`TraceError` naming the file, the
+event and the field, whatever ``unsupported`` says.
+
+A file holds one rank's GPU: GPU activities on several devices (their ``args.device``: one process
+driving several GPUs) are an error naming the devices, since gpusim cannot tell which ranks they
+were.
 
 Dependencies: kernels on one stream run in order; a kernel that started later than both its launch
 and its stream predecessor's end was waiting for another stream, and depends on the kernel of
@@ -36,7 +43,9 @@ first launch call of its rank), and the replay issues its kernel then instead of
 GPU's ``kernel_launch_ns`` (:mod:`gpusim.sched.executor`); so CPU-side gaps (Python overhead
 between launches) stay in the iteration.  A host that waited for the GPU (a synchronisation)
 waited as long as the measured GPU took, which a what-if on other hardware keeps.  Several files
-(one per rank) can be read together; their collectives are matched by process group and order.
+(one per rank) can be read together; their collectives are matched by process group and order
+(files whose matched collectives differ in type, size, dtype or algorithm are an error naming both
+events).
 """
 
 from __future__ import annotations
@@ -47,8 +56,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -56,7 +65,7 @@ import pandas as pd
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError, UnsupportedTraceError
 from gpusim.ops import ELEMENTWISE_INPUT_WIDTH, ELEMENTWISE_KINDS
-from gpusim.trace.schema import format_ints
+from gpusim.trace.schema import MAX_SECONDS, format_ints
 from gpusim.trace.trace import Trace
 
 WAIT_SLACK_US = 10.0
@@ -134,6 +143,116 @@ _ITEMS_PER_THREAD = re.compile(r"(?:vectorized_elementwise_kernel|elementwise_ke
 
 class UnsupportedEvent(Exception):
     """A GPU activity that cannot be turned into a simulated op (the message says why)."""
+
+
+class MalformedEvent(Exception):
+    """An ``args`` field of a trace event whose value has the wrong type or range.
+
+    Parameters
+    ----------
+    event
+        The event that holds the field (a GPU activity, its launch call or its CPU op).
+    field
+        The field's name in the event's ``args``.
+    message
+        What the value must be and what it is (``"must be ..., got ..."``).
+    """
+
+    def __init__(self, event: dict, field: str, message: str):
+        super().__init__(message)
+        self.event = event
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FileRanks:
+    """A trace file's rank, its job's size, and the GPUs its ranks are replayed on.
+
+    Attributes
+    ----------
+    rank
+        The file's rank (``distributedInfo.rank``, else its position among the files read).
+    world_size
+        Ranks of the job (``distributedInfo.world_size``, else 1).
+    alone
+        Whether the file is read alone: its rank is then replayed on GPU 0, and rank 0 on the
+        file's rank (the two swap numbers, so that every process group keeps its members).
+    """
+
+    rank: int
+    world_size: int
+    alone: bool
+
+    def gpu(self, rank: int) -> int:
+        """The GPU that ``rank`` is replayed on."""
+        if not self.alone or rank not in (0, self.rank):
+            return rank
+        return self.rank if rank == 0 else 0
+
+
+def _is_whole(value: object) -> bool:
+    """Whether ``value`` is a JSON integer (``true`` and ``false`` are not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_sizes(value: object) -> bool:
+    """Whether ``value`` is one tensor's sizes (or strides): a list of whole numbers >= 0."""
+    return isinstance(value, list) and all(_is_whole(size) and size >= 0 for size in value)
+
+
+def _is_shapes(value: object) -> bool:
+    """Whether ``value`` is an ``Input Dims`` (or ``Input Strides``) list: per argument a tensor's sizes
+    (``[]`` for a non-tensor), or a list of them for a tensor list."""
+    return isinstance(value, list) and all(
+        _is_sizes(item) or (isinstance(item, list) and all(_is_sizes(sizes) for sizes in item)) for item in value)
+
+
+def _is_texts(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_list(value: object) -> bool:
+    return isinstance(value, list)
+
+
+def _is_geometry(value: object) -> bool:
+    """Whether ``value`` is a launch's ``grid`` or ``block``: up to three whole numbers >= 1."""
+    return isinstance(value, list) and len(value) <= 3 and all(_is_whole(size) and size >= 1 for size in value)
+
+
+SHAPES = "a list of each argument's sizes (a list of whole numbers >= 0; a list of such lists for a tensor list)"
+STRIDES = "a list of each argument's strides (a list of whole numbers >= 0; a list of such lists for a tensor list)"
+TYPES = "a list of type names (text)"
+GEOMETRY = "a list of up to three whole numbers >= 1"
+CONCRETE = "a list of the arguments' values"
+
+
+def _shown(value: object) -> str:
+    """A JSON value as an error message shows it (at most 80 characters)."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _arg(event: dict | None, field: str, valid: Callable[[object], bool], expected: str, default: object = None):
+    """The ``args`` field ``field`` of ``event``; ``default`` when there is no event or no such field.
+
+    Raises
+    ------
+    MalformedEvent
+        The field is there but ``valid`` rejects its value; the message says it must be ``expected``.
+    """
+    args = event.get("args", {}) if event is not None else {}
+    if field not in args:
+        return default
+    value = args[field]
+    if not valid(value):
+        raise MalformedEvent(event, field, f"must be {expected}, got {_shown(value)}")
+    return value
 
 
 def kernel_class(name: str, category: str) -> str:
@@ -233,13 +352,13 @@ def _gemm_fields(cpu_op: dict | None, kernel_name: str) -> dict:
     if cpu_op is None or cpu_op.get("name") not in GEMM_OPS:
         op = cpu_op.get("name") if cpu_op else "no CPU op"
         raise UnsupportedEvent(f"a GEMM kernel launched by {op}, whose shapes gpusim cannot read")
-    dims = cpu_op.get("args", {}).get("Input Dims")
-    types = cpu_op.get("args", {}).get("Input type") or []
+    dims = _arg(cpu_op, "Input Dims", _is_shapes, SHAPES)
+    types = _arg(cpu_op, "Input type", _is_texts, TYPES, [])
     if not dims:
         raise UnsupportedEvent("GEMM shapes were not recorded (profile with record_shapes=True); grid, block and "
                                "kernel name give the output tiling but not K")
     name = cpu_op["name"]
-    tensors = [(d, t) for d, t in zip(dims, types + [None] * len(dims)) if isinstance(d, list) and d]
+    tensors = [(d, t) for d, t in zip(dims, types + [None] * len(dims)) if d and not isinstance(d[0], list)]
     if name in ("aten::addmm", "aten::addmm_", "aten::baddbmm"):
         tensors = tensors[1:]
     if len(tensors) < 2:
@@ -254,6 +373,8 @@ def _gemm_fields(cpu_op: dict | None, kernel_name: str) -> dict:
         m, k, n, batch = math.prod(a[:-1]), a[-1], b[-1], 1
     else:
         raise UnsupportedEvent(f"{name} with input shapes {dims} is not a matrix product gpusim models")
+    if min(m, n, k, batch) == 0:
+        raise UnsupportedEvent(f"{name} with input shapes {dims} multiplies empty matrices")
     dtype = _dtype(a_type)
     if dtype == "fp32" and "tf32" in kernel_name.lower():
         dtype = "tf32"
@@ -276,12 +397,11 @@ def _operand_layouts(dims: list, strides: list, types: list) -> list[tuple[list[
     its tensors)."""
     layouts = []
     for size, stride, type_name in zip(dims, strides, types + [None] * len(dims)):
-        if _numel(size, type_name) == 0 or not isinstance(stride, list) or len(stride) != len(size):
+        if _numel(size, type_name) == 0 or len(stride) != len(size):
             continue
         if size and isinstance(size[0], list):
-            layouts.extend((list(s), list(t)) for s, t in zip(size, stride)
-                           if isinstance(t, list) and len(t) == len(s))
-        else:
+            layouts.extend((list(s), list(t)) for s, t in zip(size, stride) if _is_sizes(t) and len(t) == len(s))
+        elif _is_sizes(stride):
             layouts.append((list(size), list(stride)))
     return layouts
 
@@ -316,7 +436,7 @@ def coalesced_dims(layouts: list[tuple[list[int], list[int]]]) -> int:
     return count
 
 
-def _index_dims(kernel_name: str, args: dict) -> int:
+def _index_dims(kernel_name: str, cpu_op: dict | None) -> int:
     """:attr:`gpusim.ops.Elementwise.index_dims` of an element-wise kernel: 0 for PyTorch's vectorized
     and contiguous kernels, 1 for its unrolled kernel, and for its offset-calculator kernel (and the
     concatenation of strided tensors) the dimensions its tensors' recorded strides leave, at least 2
@@ -331,8 +451,9 @@ def _index_dims(kernel_name: str, args: dict) -> int:
     rank = _CAT_RANK.search(kernel_name)
     if rank:  # the concatenation walks every dimension of its tensors, merging none
         return max(2, int(rank.group(1)))
-    layouts = _operand_layouts(args.get("Input Dims") or [], args.get("Input Strides") or [],
-                               args.get("Input type") or [])
+    layouts = _operand_layouts(_arg(cpu_op, "Input Dims", _is_shapes, SHAPES, []),
+                               _arg(cpu_op, "Input Strides", _is_shapes, STRIDES, []),
+                               _arg(cpu_op, "Input type", _is_texts, TYPES, []))
     return max(2, coalesced_dims(layouts))
 
 
@@ -344,10 +465,9 @@ def _vllm_row_fields(cpu_op: dict | None, kernel_name: str) -> dict:
     function = VLLM_ROW_FUNCTIONS[kernel]
     if function == "silu_and_mul" and "silu_kernel" not in kernel_name:
         raise UnsupportedEvent("vLLM's act_and_mul_kernel with an activation other than SiLU is not modelled")
-    args = (cpu_op or {}).get("args", {})
-    dims = args.get("Input Dims")
-    types = args.get("Input type") or []
-    tensors = [(i, d) for i, d in enumerate(dims or []) if isinstance(d, list) and d and not isinstance(d[0], list)]
+    dims = _arg(cpu_op, "Input Dims", _is_shapes, SHAPES, [])
+    types = _arg(cpu_op, "Input type", _is_texts, TYPES, [])
+    tensors = [(i, d) for i, d in enumerate(dims) if d and not isinstance(d[0], list)]
     if not tensors:
         raise UnsupportedEvent(f"vLLM's {kernel} without its op's recorded shapes")
     if function == "silu_and_mul":
@@ -375,8 +495,8 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
     if base.startswith("_foreach_"):
         base = base[len("_foreach_"):]
     function = ELEMENTWISE_FUNCTIONS.get(base)
-    dims = (cpu_op or {}).get("args", {}).get("Input Dims")
-    types = (cpu_op or {}).get("args", {}).get("Input type") or []
+    dims = _arg(cpu_op, "Input Dims", _is_shapes, SHAPES) if function is not None else None
+    types = _arg(cpu_op, "Input type", _is_texts, TYPES, []) if function is not None else []
     if function is not None and dims:
         sizes = [_numel(d, t) for d, t in zip(dims, types + [None] * len(dims))]
         largest = max(range(len(sizes)), key=sizes.__getitem__)
@@ -399,22 +519,22 @@ def _elementwise_fields(cpu_op: dict | None, kernel_name: str, grid, block) -> d
     if function == "gelu_erf" and _gelu_approximation(cpu_op) == "tanh":
         function = "gelu"
     return {"kind": "elementwise", "function": function, "elements": int(elements), "dtype": dtype,
-            "index_dims": _index_dims(kernel_name, (cpu_op or {}).get("args", {}))}
+            "index_dims": _index_dims(kernel_name, cpu_op)}
 
 
 def _gelu_approximation(cpu_op: dict | None) -> str:
     """``aten::gelu``'s ``approximate`` argument from its recorded ``Concrete Inputs`` (``none``,
     PyTorch's default, where it is not recorded)."""
-    concrete = (cpu_op or {}).get("args", {}).get("Concrete Inputs") or []
+    concrete = _arg(cpu_op, "Concrete Inputs", _is_list, CONCRETE, [])
     texts = [str(value).strip().strip("'\"") for value in concrete]
     return "tanh" if "tanh" in texts else "none"
 
 
-def _reduced_dims(base: str, args: dict, ndim: int) -> list[int] | None:
+def _reduced_dims(base: str, cpu_op: dict, ndim: int) -> list[int] | None:
     """The dimensions a sum-like op reduces, from its recorded arguments (``None``: not recorded)."""
     position = REDUCED_DIMS_ARGUMENT.get(base)
-    concrete = args.get("Concrete Inputs")
-    if position is None or not isinstance(concrete, list) or len(concrete) <= position:
+    concrete = _arg(cpu_op, "Concrete Inputs", _is_list, CONCRETE, [])
+    if position is None or len(concrete) <= position:
         return None
     text = str(concrete[position]).strip().strip("[]")
     try:
@@ -427,16 +547,15 @@ def _reduced_dims(base: str, args: dict, ndim: int) -> list[int] | None:
 def _reduction_fields(cpu_op: dict | None) -> dict:
     base = _op_base(cpu_op["name"]) if cpu_op else ""
     function = REDUCTION_OPS.get(base)
-    args = (cpu_op or {}).get("args", {})
-    dims = args.get("Input Dims")
-    types = args.get("Input type") or []
-    if function is None or not dims or not isinstance(dims[0], list) or not dims[0]:
+    dims = _arg(cpu_op, "Input Dims", _is_shapes, SHAPES, []) if function is not None else []
+    if not dims or not dims[0] or isinstance(dims[0][0], list):
         op = cpu_op.get("name") if cpu_op else "no CPU op"
         raise UnsupportedEvent(f"a reduction kernel of {op} whose input shape is not recorded or not modelled")
-    shape = [int(d) for d in dims[0]]
+    types = _arg(cpu_op, "Input type", _is_texts, TYPES, [])
+    shape = dims[0]
     cols = shape[-1]
     rows = max(1, math.prod(shape) // max(cols, 1))
-    reduced = _reduced_dims(base, args, len(shape)) if function == "sum" else None
+    reduced = _reduced_dims(base, cpu_op, len(shape)) if function == "sum" else None
     if reduced is not None and reduced == list(range(len(reduced))) and len(reduced) < len(shape):
         # leading dimensions: each output sums a column of the matrix the rest of the shape makes
         function, rows = "colsum", math.prod(shape[: len(reduced)])
@@ -444,6 +563,8 @@ def _reduction_fields(cpu_op: dict | None) -> dict:
     elif reduced is not None and reduced == list(range(len(shape) - len(reduced), len(shape))):
         cols = math.prod(shape[len(shape) - len(reduced):])  # trailing dimensions (all of them: one sum)
         rows = max(1, math.prod(shape) // max(cols, 1))
+    if rows == 0 or cols == 0:
+        raise UnsupportedEvent(f"{cpu_op['name']} over an empty tensor of shape {shape}")
     return {"kind": "reduction", "function": function, "rows": rows, "cols": cols,
             "dtype": _dtype(types[0] if types else None)}
 
@@ -459,15 +580,16 @@ def _attention_fields(cpu_op: dict | None, kernel_name: str) -> dict:
         op = cpu_op.get("name") if cpu_op else "no CPU op"
         raise UnsupportedEvent(f"a fused attention kernel launched by {op}, whose shapes gpusim cannot read")
     direction, layout, query, causal_at = ATTENTION_OPS[base]
-    args = cpu_op.get("args", {})
-    dims = args.get("Input Dims") or []
-    types = args.get("Input type") or []
-    concrete = args.get("Concrete Inputs") or []
+    dims = _arg(cpu_op, "Input Dims", _is_shapes, SHAPES, [])
+    types = _arg(cpu_op, "Input type", _is_texts, TYPES, [])
+    concrete = _arg(cpu_op, "Concrete Inputs", _is_list, CONCRETE, [])
     if len(dims) <= query + 1 or len(concrete) <= causal_at or str(concrete[causal_at]) not in ("True", "False"):
         raise UnsupportedEvent(f"{cpu_op['name']}: shapes or is_causal not recorded (profile with record_shapes=True)")
     q, k = dims[query], dims[query + 1]
-    if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
+    if not (len(q) == 4 and len(k) == 4 and _is_sizes(q) and _is_sizes(k)):
         raise UnsupportedEvent(f"{cpu_op['name']} with input shapes {dims}: not four-dimensional queries and keys")
+    if 0 in q or 0 in k:
+        raise UnsupportedEvent(f"{cpu_op['name']} with input shapes {dims}: empty queries or keys")
     if layout == "bhsd":
         q, k = [q[0], q[2], q[1], q[3]], [k[0], k[2], k[1], k[3]]
     dtype = _dtype(types[query] if len(types) > query else None)
@@ -478,59 +600,87 @@ def _attention_fields(cpu_op: dict | None, kernel_name: str) -> dict:
             "dtype": dtype}
 
 
-def _collective_fields(args: dict, kernel_name: str, world: list[int]) -> dict:
-    raw = str(args.get("Collective name", "")).lower()
+def _process_group(event: dict) -> list[int]:
+    """The ranks of a collective's ``Process Group Ranks`` (JSON text such as ``"[0, 1]"``, or a list);
+    ``[]`` when they are not recorded."""
+    raw = event.get("args", {}).get("Process Group Ranks", "[]")
+    ranks = raw
+    if isinstance(raw, str):
+        try:
+            ranks = json.loads(raw)
+        except json.JSONDecodeError:
+            ranks = None
+    if not _is_sizes(ranks) or len(set(ranks)) != len(ranks):
+        raise MalformedEvent(event, "Process Group Ranks",
+                             f"must list distinct ranks >= 0 (JSON text such as \"[0, 1]\"), got {_shown(raw)}")
+    return ranks
+
+
+def _collective_fields(event: dict, kernel_name: str, ranks: FileRanks) -> dict:
+    """A collective's fields from its NCCL kernel's arguments.  Its group is its ``Process Group Ranks``,
+    which must contain the file's rank, on the GPUs :meth:`FileRanks.gpu` gives them (in increasing
+    order when the file is read alone); where they are not recorded, the first ``Group size`` GPUs
+    (else the whole job)."""
+    raw = _arg(event, "Collective name", _is_text, "text", "").lower()
     collective = NCCL_COLLECTIVES.get(raw)
     if collective is None:
         raise UnsupportedEvent(f"collective {raw or short_name(kernel_name)!r} has no gpusim op")
-    dtype = NCCL_DTYPES.get(str(args.get("dtype", "")).lower())
+    dtype_name = _arg(event, "dtype", _is_text, "text", "")
+    dtype = NCCL_DTYPES.get(dtype_name.lower())
     if dtype is None:
-        raise UnsupportedEvent(f"collective dtype {args.get('dtype')!r} unknown")
-    from gpusim.config.gpu import DTYPE_BYTES
-
-    elements = args.get("Out msg nelems") if collective == "allgather" else args.get("In msg nelems")
-    if not isinstance(elements, int) or elements <= 0:
+        raise UnsupportedEvent(f"collective dtype {dtype_name!r} unknown" if dtype_name
+                               else "collective dtype not recorded")
+    count = "Out msg nelems" if collective == "allgather" else "In msg nelems"
+    elements = _arg(event, count, lambda value: _is_whole(value) and value >= 0, "a whole number of elements >= 0", 0)
+    if elements == 0:
         raise UnsupportedEvent("collective message size not recorded")
-    ranks_text = args.get("Process Group Ranks")
-    try:
-        group = json.loads(ranks_text) if isinstance(ranks_text, str) else list(ranks_text or [])
-    except json.JSONDecodeError:
-        group = []
+    group = _process_group(event)
+    if group and ranks.rank not in group:
+        raise MalformedEvent(event, "Process Group Ranks", f"must contain the file's rank {ranks.rank} (its "
+                             f"distributedInfo.rank, else its position among the files), got {_shown(group)}")
+    if group and ranks.alone:
+        group = sorted(ranks.gpu(rank) for rank in group)
     if not group:
-        size = args.get("Group size")
-        group = list(range(size)) if isinstance(size, int) and size > 0 else list(world)
-    return {"kind": "collective", "collective": collective, "bytes": int(elements) * DTYPE_BYTES[dtype],
+        size = _arg(event, "Group size", lambda value: _is_whole(value) and value >= 1, "a whole number >= 1")
+        group = list(range(size or ranks.world_size))
+    return {"kind": "collective", "collective": collective, "bytes": elements * DTYPE_BYTES[dtype],
             "dtype": dtype, "group": format_ints(group),
             "algorithm": "ring" if "ring" in kernel_name.lower() else "auto"}
 
 
 def _memcpy_fields(event: dict) -> dict:
-    args = event.get("args", {})
     name = event.get("name", "")
-    nbytes = args.get("bytes")
+    nbytes = _arg(event, "bytes", lambda value: _is_whole(value) and value >= 0, "a whole number of bytes >= 0", 0)
     if event.get("cat") == "gpu_memset":
-        if not isinstance(nbytes, int) or nbytes <= 0:
+        if nbytes == 0:
             raise UnsupportedEvent("memset size not recorded")
         return {"kind": "elementwise", "function": "fill", "elements": nbytes, "dtype": "int8"}
     if "DtoD" not in name and "Device -> Device" not in name:
         raise UnsupportedEvent("host-device copies are not modelled")
-    if not isinstance(nbytes, int) or nbytes <= 0:
+    if nbytes == 0:
         raise UnsupportedEvent("copy size not recorded")
     return {"kind": "elementwise", "function": "copy", "elements": nbytes, "dtype": "int8"}
 
 
-def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, world: list[int]) -> dict:
-    """Trace fields of one GPU activity (raises :class:`UnsupportedEvent` when it cannot be modelled)."""
+def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, ranks: FileRanks) -> dict:
+    """Trace fields of one GPU activity.
+
+    Raises
+    ------
+    UnsupportedEvent
+        The activity cannot be modelled.
+    MalformedEvent
+        A field it reads (of the activity, its launch call or its CPU op) has the wrong type or range.
+    """
     name = event.get("name", "")
     category = event.get("cat", "")
     klass = kernel_class(name, category)
-    args = event.get("args", {})
-    grid = args.get("grid") or (launch or {}).get("args", {}).get("grid")
-    block = args.get("block") or (launch or {}).get("args", {}).get("block")
+    grid = _arg(event, "grid", _is_geometry, GEOMETRY) or _arg(launch, "grid", _is_geometry, GEOMETRY)
+    block = _arg(event, "block", _is_geometry, GEOMETRY) or _arg(launch, "block", _is_geometry, GEOMETRY)
     if klass == "memcpy":
         return _memcpy_fields(event)
     if klass == "collective":
-        return _collective_fields(args, name, world)
+        return _collective_fields(event, name, ranks)
     if klass == "gemm":
         fields = _gemm_fields(cpu_op, name)
         fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None, DTYPE_BYTES[fields["dtype"]])
@@ -563,7 +713,8 @@ def launch_calls(events: list[dict]) -> dict:
 
 
 def load_json(path: Path) -> dict:
-    """The parsed JSON of a Kineto trace (plain or gzipped); :class:`TraceError` names the file if it is not one."""
+    """The parsed JSON of a Kineto trace (plain or gzipped), its events checked (:func:`_check_events`);
+    :class:`TraceError` names the file (and the event) if it is not one."""
     try:
         with path.open("rb") as handle:
             head = handle.read(2)
@@ -574,11 +725,13 @@ def load_json(path: Path) -> dict:
         raise TraceError(f"{path}: not a readable Kineto JSON trace: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+    _check_events(data["traceEvents"], path)
     return data
 
 
-def _event_error(path: Path, index: int, field: str, message: str) -> TraceError:
-    return TraceError(f"{path}: event {index}: field '{field}' {message}")
+def _event_error(path: Path, index: int, field: str, message: str, name: str | None = None) -> TraceError:
+    event = f"event {index} ('{short_name(name)}')" if name else f"event {index}"
+    return TraceError(f"{path}: {event}: field '{field}' {message}")
 
 
 def _micros(event: dict, index: int, field: str, path: Path) -> float:
@@ -590,14 +743,19 @@ def _micros(event: dict, index: int, field: str, path: Path) -> float:
         raise _event_error(path, index, field, f"must be a finite number of microseconds, got {value!r}")
     if field == "dur" and value < 0:
         raise _event_error(path, index, field, f"must be a duration >= 0 us, got {value!r}")
+    if field == "dur" and value > MAX_SECONDS * 1e6:
+        raise _event_error(path, index, field, f"must be a duration of at most {MAX_SECONDS * 1e6:g} us, got {value!r}")
     return float(value)
 
 
 def _check_events(events: list, path: Path) -> None:
     """Check the events' structure; raises :class:`TraceError` naming the first bad event and field.
 
-    Every event must be an object, with a text ``name`` and an object ``args`` when it has them;
-    GPU activities and launch calls need a finite ``ts``.
+    Every event must be an object, with a text ``name`` and an object ``args`` when it has them.
+    CPU ops, launch calls and GPU activities (the events the importer links) need whole-number
+    ``External id`` and ``correlation`` ids where they have them, CPU ops a ``name``, and launch
+    calls and GPU activities a finite ``ts`` (and a launch call's ``dur``, when it has one, a
+    duration: :func:`_micros`).
     """
     for index, event in enumerate(events):
         if not isinstance(event, dict):
@@ -606,8 +764,20 @@ def _check_events(events: list, path: Path) -> None:
             raise _event_error(path, index, "name", f"must be text, got {event['name']!r}")
         if not isinstance(event.get("args", {}), dict):
             raise _event_error(path, index, "args", f"must be a JSON object, got {event['args']!r}")
-        if event.get("cat") in GPU_CATEGORIES + LAUNCH_CATEGORIES:
+        category = event.get("cat")
+        if category not in ("cpu_op", *GPU_CATEGORIES, *LAUNCH_CATEGORIES):
+            continue
+        if category == "cpu_op" and "name" not in event:
+            raise _event_error(path, index, "name", "is missing (a CPU op needs its operator's name)")
+        args = event.get("args", {})
+        for field in ("External id", "correlation"):
+            if field in args and not _is_whole(args[field]):
+                raise _event_error(path, index, field, f"must be a whole number (an id), got {_shown(args[field])}",
+                                   event.get("name"))
+        if category != "cpu_op":
             _micros(event, index, "ts", path)
+        if category in LAUNCH_CATEGORIES and "dur" in event:
+            _micros(event, index, "dur", path)
 
 
 def _rank_field(info: dict, field: str, default: int, minimum: int, path: Path) -> int:
@@ -627,15 +797,43 @@ def _iteration_window(events: list[dict], iteration: int, path: Path) -> tuple[f
     raise TraceError(f"{path}: no {name} annotation; the trace has {', '.join(steps) or 'none'}")
 
 
-def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: int | None) -> tuple[list[dict], int, list]:
+def _rows_of_file(path: Path, default_rank: int, alone: bool, unsupported: str,
+                  iteration: int | None) -> tuple[list[dict], int]:
+    """The rows of one file and its rank (``alone``: the only file read, see :class:`FileRanks`)."""
     data = load_json(path)
     events = data["traceEvents"]
-    _check_events(events, path)
     info = data.get("distributedInfo") or {}
     if not isinstance(info, dict):
         raise TraceError(f"{path}: field 'distributedInfo' must be a JSON object, got {info!r}")
-    rank = _rank_field(info, "rank", default_rank, 0, path)
-    world = list(range(_rank_field(info, "world_size", 1, 1, path)))
+    ranks = FileRanks(_rank_field(info, "rank", default_rank, 0, path), _rank_field(info, "world_size", 1, 1, path),
+                      alone)
+    try:
+        rows = _rows_of_events(events, path, ranks, unsupported, iteration)
+    except MalformedEvent as exc:
+        index = next(index for index, event in enumerate(events) if event is exc.event)
+        raise _event_error(path, index, exc.field, exc.message, exc.event.get("name")) from None
+    return rows, ranks.rank
+
+
+def _check_one_device(gpu_events: list[tuple[int, dict]], path: Path) -> None:
+    """Raise :class:`TraceError` naming the devices when the GPU activities ran on more than one
+    ``args.device`` (raises :class:`MalformedEvent` for a ``device`` that is not a GPU index)."""
+    counts: dict[int, int] = {}
+    for _, event in gpu_events:
+        device = _arg(event, "device", lambda value: _is_whole(value) and value >= 0, "a GPU index (a whole number >= 0)")
+        if device is not None:
+            counts[device] = counts.get(device, 0) + 1
+    if len(counts) > 1:
+        found = ", ".join(f"{device} ({count} activit{'y' if count == 1 else 'ies'})"
+                          for device, count in sorted(counts.items()))
+        raise TraceError(f"{path}: field 'device': the GPU activities ran on devices {found}; a file is one rank's "
+                         "trace on one GPU (PyTorch's profiler writes one per process), and gpusim cannot tell which "
+                         "ranks these devices were: profile one process per GPU and read their files together")
+
+
+def _rows_of_events(events: list[dict], path: Path, ranks: FileRanks, unsupported: str,
+                    iteration: int | None) -> list[dict]:
+    """The rows of a file's GPU activities (raises :class:`MalformedEvent` for a field of the wrong type)."""
     cpu_ops = {e["args"]["External id"]: e for e in events
                if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
     launches = launch_calls(events)
@@ -652,6 +850,7 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
         gpu_events = [(index, e) for index, e in gpu_events if launched_in(e)]
     if not gpu_events:
         raise TraceError(f"{path}: no GPU kernels{' in that iteration' if iteration is not None else ''}")
+    _check_one_device(gpu_events, path)
     gpu_events.sort(key=lambda item: float(item[1]["ts"]))
     rows = []
     for index, event in gpu_events:
@@ -661,13 +860,14 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
         klass = kernel_class(event.get("name", ""), event.get("cat", ""))
         label = f"{cpu_op['name']} | {short_name(event.get('name', ''))}" if cpu_op else short_name(event.get("name", ""))
         start, duration = float(event["ts"]), _micros(event, index, "dur", path)
-        row = {"gpu": rank, "stream": f"stream{args.get('stream', 0)}", "name": label,
-               "measured_s": duration * 1e-6, "kernel_class": klass,
+        stream = _arg(event, "stream", _is_whole, "a whole number (the stream's id)", 0)
+        row = {"gpu": ranks.gpu(ranks.rank), "stream": f"stream{stream}", "name": label,
+               "measured_s": duration * 1e-6, "kernel_class": klass, "_event": index,
                "_start_us": start, "_end_us": start + duration,
                "_launch_us": float(launch["ts"]) if launch else start,
                "_return_us": float(launch["ts"]) + float(launch.get("dur", 0.0)) if launch else math.nan}
         try:
-            row.update(lower_event(event, cpu_op, launch, world))
+            row.update(lower_event(event, cpu_op, launch, ranks))
         except UnsupportedEvent as exc:
             if unsupported == "error":
                 raise UnsupportedTraceError(
@@ -677,7 +877,7 @@ def _rows_of_file(path: Path, default_rank: int, unsupported: str, iteration: in
                 ) from None
             row.update(kind="delay", delay_s=row["measured_s"], _reason=str(exc))
         rows.append(row)
-    return rows, rank, world
+    return rows
 
 
 def _tensor_bytes(row: dict) -> tuple[int | None, int | None]:
@@ -749,6 +949,25 @@ def _infer_dependencies(rows: list[dict]) -> None:
                 row["deps"] = str(best["op_id"])
 
 
+COLLECTIVE_SOURCES = {"collective": "Collective name", "dtype": "dtype", "bytes": "In msg nelems", "algorithm": "name"}
+"""The kernel field each collective field of a row comes from (an all-gather's bytes: ``Out msg nelems``)."""
+
+
+def _check_same_collective(path: Path, row: dict, first_path: Path, first: dict, count: int) -> None:
+    """Raise :class:`TraceError` unless a collective ``row`` of ``path`` has the fields of the same
+    collective (the ``count``-th of its group) in the first file that ran it, ``first_path``."""
+    for column, source in COLLECTIVE_SOURCES.items():
+        if row[column] != first[column]:
+            if column == "bytes" and row["collective"] == "allgather":
+                source = "Out msg nelems"
+            raise TraceError(
+                f"{path}: event {row['_event']} ('{row['name']}'): field '{source}': "
+                f"collective {count + 1} of group {row['group']} has {column} {row[column]!r} here, but "
+                f"{first[column]!r} in {first_path} (event {first['_event']}); every rank runs the same collectives, "
+                "of the same sizes, in the same order"
+            )
+
+
 def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsupported: str = "error",
                 iteration: int | None = None, dataflow: bool = True) -> Trace:
     """Read PyTorch profiler traces (``.json`` or ``.json.gz``) into a :class:`Trace`.
@@ -757,7 +976,11 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     ----------
     paths
         One trace, or one per rank (ranks from ``distributedInfo``, else the list order).  A single
-        file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode.
+        file's kernels are put on GPU 0 whatever its rank, to be replayed in symmetric mode: its rank
+        and rank 0 swap numbers in its collectives' process groups, which keeps every group's members
+        (rank 2's group ``[2, 3]`` becomes ``0 3``; ``[0, 1, 2, 3]`` stays ``0 1 2 3``).  A
+        collective's recorded group must contain its file's rank.  Each file holds one GPU's
+        activities (one ``args.device``); several devices in a file are an error naming them.
     unsupported
         ``"error"``: a kernel that cannot be modelled is an error naming it; ``"delay"``: it is
         replayed as a delay of its measured duration (``kind == "delay"``, its ``kernel_class``
@@ -782,13 +1005,10 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     if not files:
         raise TraceError("read_kineto(): no trace files given")
     rows: list[dict] = []
-    collective_ids: dict[tuple, int] = {}
+    collectives: dict[tuple[str, int], tuple[Path, dict]] = {}  # (group, count): the first file's row
     next_id = 0
     for order, path in enumerate(files):
-        file_rows, rank, _ = _rows_of_file(path, order, unsupported, iteration)
-        if len(files) == 1:  # one rank of a job stands for all: it becomes GPU 0 (symmetric replay)
-            for row in file_rows:
-                row["gpu"] = 0
+        file_rows, rank = _rows_of_file(path, order, len(files) == 1, unsupported, iteration)
         if len(files) > 1:
             ranks = {row["gpu"] for row in rows}
             if rank in ranks:
@@ -800,10 +1020,13 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
                 count = seen.get(group, 0)
                 seen[group] = count + 1
                 key = (group, count)
-                if key not in collective_ids:
+                if key in collectives:
+                    _check_same_collective(path, row, *collectives[key], count)
+                    row["op_id"] = collectives[key][1]["op_id"]
+                else:
                     next_id += 1
-                    collective_ids[key] = next_id
-                row["op_id"] = collective_ids[key]
+                    row["op_id"] = next_id
+                    collectives[key] = (path, row)
             else:
                 next_id += 1
                 row["op_id"] = next_id
@@ -818,7 +1041,7 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     measured_span_s = {int(gpu): (row.end - row.start) * 1e-6 for gpu, row in spans.iterrows()}
     first_launch = frame["_launch_us"].where(frame["_return_us"].notna()).groupby(frame["gpu"]).transform("min")
     frame["issue_s"] = (frame["_return_us"] - first_launch) * 1e-6
-    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us"])
+    frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us", "_event"])
     source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
     metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
                 "iteration": iteration, "dataflow": dataflow, "measured_span_s": measured_span_s, "not_modelled": not_modelled}

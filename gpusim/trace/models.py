@@ -1,8 +1,8 @@
 """Transformer model descriptions (``workloads/models/*.yaml``): hyperparameters with their sources.
 
 A model file names the layer count, widths and heads of a published model and where they come from.
-:func:`load_model` validates it (a misspelled or missing field is an error naming the file and the
-field) and :func:`list_models` lists the known ones.  Extra folders can be searched by setting
+:func:`load_model` validates it (a misspelled or missing field, or a count that is not a positive
+whole number -- ``true`` included -- is an error naming the file and the field) and :func:`list_models` lists the known ones.  Extra folders can be searched by setting
 ``$GPUSIM_MODELS`` (``os.pathsep``-separated).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpusim.errors import ConfigError
 
@@ -80,6 +80,14 @@ class ModelConfig(BaseModel):
     position: Literal["learned", "rope"] = "learned"
     fused_qkv: bool = True
     causal: bool = True
+
+    @field_validator("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "batch", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        """Reject ``true``/``false`` for a count (pydantic would read them as 1 and 0)."""
+        if isinstance(value, bool):
+            raise ValueError(f"must be a whole number, got {str(value).lower()}")
+        return value
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelConfig:

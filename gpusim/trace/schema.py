@@ -52,13 +52,15 @@ kernel_class    str      class of the measured kernel (``gemm``, ``elementwise``
                          ``collective``, ``memcpy``, ``other``); blank: the row's ``kind``
 =============== ======== =============================================================================
 
-Lists (``group``, ``deps``, ``inputs``) are written as space-separated values.  Validation raises
+Lists (``group``, ``deps``, ``inputs``) are written as space-separated values.  Times (``delay_s``,
+``measured_s``, ``issue_s``) are at most :data:`MAX_SECONDS`.  Validation raises
 one :class:`gpusim.errors.TraceError` that names the source, the row and the field; it never
 returns a partly valid trace.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -87,6 +89,10 @@ REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len",
                "head_dim", "bytes", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
+MAX_SECONDS = 1e6
+"""Largest time a trace may give (``delay_s``, ``measured_s``, ``issue_s``), s: about 11.6 days, where the
+simulation's float nanoseconds (1e15 ns) still resolve 0.125 ns; a larger time is an error, not an
+overflow to inf that would leave the results NaN and their JSON invalid."""
 BOOL_COLUMNS = ("trans_a", "trans_b", "causal")
 TEXT_COLUMNS = (
     "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
@@ -128,9 +134,25 @@ def format_ints(values) -> str:
     return " ".join(str(int(value)) for value in values)
 
 
+def _plain(value: object) -> object:
+    """``value`` as a Python scalar (numpy's as Python's), or ``None`` when it is missing (None, NaN, NA)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value
+
+
+def format_value(value: object) -> str:
+    """A table value as error messages show it: a number plainly (``-64``, not ``np.int64(-64)``), text
+    quoted, and a missing value (None, NaN, ``pd.NA``) as ``blank``."""
+    plain = _plain(value)
+    return "blank" if plain is None else repr(plain)
+
+
 @dataclass(frozen=True)
 class RowLocation:
-    """Where a row is, for error messages."""
+    """Where a row is, for error messages (its op_id and gpu as written, a missing one as ``blank``)."""
 
     source: str
     index: int
@@ -138,9 +160,11 @@ class RowLocation:
     gpu: object = None
 
     def __str__(self) -> str:
-        where = f"{self.source}: row {self.index} (op_id {self.op_id}"
+        op_id = _plain(self.op_id)
+        where = f"{self.source}: row {self.index} (op_id {'blank' if op_id is None else op_id}"
         if self.gpu is not None:
-            where += f", gpu {self.gpu}"
+            gpu = _plain(self.gpu)
+            where += f", gpu {'blank' if gpu is None else gpu}"
         return where + ")"
 
 
@@ -159,12 +183,12 @@ def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool
     bad = ~blank & ~(np.isfinite(value) & (value == np.floor(value)))
     if bad.any():
         position = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(frame, position, source, column, f"must be a whole number, got {raw.iloc[position]!r}")
+        raise _fail(frame, position, source, column, f"must be a whole number, got {format_value(raw.iloc[position])}")
     too_large = ~blank & (value.abs() >= 2.0**63)
     if too_large.any():
         position = int(np.flatnonzero(too_large.to_numpy())[0])
         raise _fail(frame, position, source, column,
-                    f"must be a whole number below 2**63 in magnitude, got {raw.iloc[position]!r}")
+                    f"must be a whole number below 2**63 in magnitude, got {format_value(raw.iloc[position])}")
     if not nullable and blank.any():
         position = int(np.flatnonzero(blank.to_numpy())[0])
         raise _fail(frame, position, source, column, "must not be blank")
@@ -178,7 +202,7 @@ def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     bad = ~blank & ~np.isfinite(numeric.astype(float))
     if bad.any():
         position = int(np.flatnonzero(bad.to_numpy())[0])
-        raise _fail(frame, position, source, column, f"must be a finite number, got {raw.iloc[position]!r}")
+        raise _fail(frame, position, source, column, f"must be a finite number, got {format_value(raw.iloc[position])}")
     return numeric.astype(float)
 
 
@@ -194,7 +218,7 @@ def _booleans(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
         if key.endswith(".0"):
             key = key[:-2]
         if key not in truth:
-            raise _fail(frame, position, source, column, f"must be true or false, got {value!r}")
+            raise _fail(frame, position, source, column, f"must be true or false, got {format_value(value)}")
         values.append(truth[key])
     return pd.Series(values, index=frame.index, dtype=bool)
 
@@ -234,7 +258,8 @@ def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     result["gpu"] = _whole_numbers(frame, "gpu", source, nullable=False).astype("int64")
     if (result["gpu"] < 0).any():
         position = int(np.flatnonzero((result["gpu"] < 0).to_numpy())[0])
-        raise _fail(frame, position, source, "gpu", f"must be a GPU index >= 0, got {frame['gpu'].iloc[position]!r}")
+        raise _fail(frame, position, source, "gpu",
+                    f"must be a GPU index >= 0, got {format_value(frame['gpu'].iloc[position])}")
     for column in COLUMNS[2:]:
         if column in INT_COLUMNS:
             values = _whole_numbers(frame, column, source, nullable=True)
@@ -259,12 +284,13 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
     unknown = ~np.isin(kinds, KINDS)
     if unknown.any():
         position = int(np.flatnonzero(unknown)[0])
-        raise _fail(frame, position, source, "kind", f"must be one of {', '.join(KINDS)}, got {kinds[position]!r}")
+        raise _fail(frame, position, source, "kind",
+                    f"must be one of {', '.join(KINDS)}, got {format_value(kinds[position])}")
     bad_dtype = ~frame["dtype"].isin(list(DTYPE_BYTES)).to_numpy()
     if bad_dtype.any():
         position = int(np.flatnonzero(bad_dtype)[0])
         raise _fail(frame, position, source, "dtype",
-                    f"must be one of {', '.join(DTYPE_BYTES)}, got {frame['dtype'].iloc[position]!r}")
+                    f"must be one of {', '.join(DTYPE_BYTES)}, got {format_value(frame['dtype'].iloc[position])}")
     positive = {
         "gemm": ("m", "n", "k", "batch"),
         "elementwise": ("elements",),
@@ -282,8 +308,9 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
             bad = mask & (values.isna() | (values.fillna(0) <= 0)).to_numpy()
             if bad.any():
                 position = int(np.flatnonzero(bad)[0])
+                got = format_value(frame[field].iloc[position])
                 raise _fail(frame, position, source, field,
-                            f"must be a positive whole number for a {kind} row, got {frame[field].iloc[position]!r}")
+                            f"must be a positive whole number for a {kind} row, got {got}")
     choices = {
         "elementwise": ("function", tuple(ELEMENTWISE_KINDS)),
         "reduction": ("function", tuple(ROW_REDUCE_KINDS)),
@@ -295,25 +322,28 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         bad = (kinds == kind) & ~frame[field].isin(allowed).to_numpy()
         if bad.any():
             position = int(np.flatnonzero(bad)[0])
+            got = format_value(frame[field].iloc[position])
             raise _fail(frame, position, source, field,
-                        f"must be one of {', '.join(allowed)} for a {kind} row, got {frame[field].iloc[position]!r}")
+                        f"must be one of {', '.join(allowed)} for a {kind} row, got {got}")
     dims = frame["index_dims"]
     bad = (kinds == "elementwise") & (dims.isna() | (dims.fillna(0) < 0) | (dims.fillna(0) > MAX_INDEX_DIMS)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "index_dims",
                     f"must be a whole number from 0 to {MAX_INDEX_DIMS} for an elementwise row, "
-                    f"got {dims.iloc[position]!r}")
+                    f"got {format_value(dims.iloc[position])}")
     bad = (kinds == "collective") & ~frame["algorithm"].isin(COLLECTIVE_ALGORITHMS).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "algorithm",
-                    f"must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, got {frame['algorithm'].iloc[position]!r}")
+                    f"must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, "
+                    f"got {format_value(frame['algorithm'].iloc[position])}")
     bad = (kinds == "optimizer") & ~frame["optimizer_impl"].isin(("", *OPTIMIZER_IMPLS)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "optimizer_impl",
-                    f"must be blank or one of {', '.join(OPTIMIZER_IMPLS)}, got {frame['optimizer_impl'].iloc[position]!r}")
+                    f"must be blank or one of {', '.join(OPTIMIZER_IMPLS)}, "
+                    f"got {format_value(frame['optimizer_impl'].iloc[position])}")
     for position in np.flatnonzero(kinds == "optimizer"):
         text = frame["tensor_sizes"].iloc[position]
         try:
@@ -322,24 +352,33 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
             sizes = []
         if not sizes or min(sizes) <= 0:
             raise _fail(frame, int(position), source, "tensor_sizes",
-                        f"must list the positive sizes of the parameter tensors, got {text!r}")
+                        f"must list the positive sizes of the parameter tensors, got {format_value(text)}")
     delays = frame["delay_s"].to_numpy()
     bad = (kinds == "delay") & ~(delays >= 0)
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
-        raise _fail(frame, position, source, "delay_s", f"must be a duration >= 0 s for a delay row, got {delays[position]!r}")
+        raise _fail(frame, position, source, "delay_s",
+                    f"must be a duration >= 0 s for a delay row, got {format_value(delays[position])}")
+    for column in FLOAT_COLUMNS:
+        values = frame[column].to_numpy()
+        bad = values > MAX_SECONDS
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _fail(frame, position, source, column,
+                        f"must be a time of at most {MAX_SECONDS:g} s, got {format_value(values[position])}")
     for column in ("measured_s", "issue_s"):  # optional measured times
         values = frame[column].to_numpy()
         bad = values < 0
         if bad.any():
             position = int(np.flatnonzero(bad)[0])
-            raise _fail(frame, position, source, column, f"must be >= 0 s or blank, got {values[position]!r}")
+            raise _fail(frame, position, source, column,
+                        f"must be >= 0 s or blank, got {format_value(values[position])}")
     classes = frame["kernel_class"]
     bad = ((classes != "") & ~classes.isin(KERNEL_CLASSES)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "kernel_class",
-                    f"must be blank or one of {', '.join(KERNEL_CLASSES)}, got {classes.iloc[position]!r}")
+                    f"must be blank or one of {', '.join(KERNEL_CLASSES)}, got {format_value(classes.iloc[position])}")
 
 
 def _parse_lists(frame: pd.DataFrame, source: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -351,18 +390,21 @@ def _parse_lists(frame: pd.DataFrame, source: str) -> tuple[list[list[int]], lis
         try:
             group = parse_ints(group_text)
         except ValueError:
-            raise _fail(frame, position, source, "group", f"must list GPU indices, got {group_text!r}") from None
+            raise _fail(frame, position, source, "group",
+                        f"must list GPU indices, got {format_value(group_text)}") from None
         if any(rank < 0 for rank in group) or len(set(group)) != len(group):
-            raise _fail(frame, position, source, "group", f"must list distinct GPU indices >= 0, got {group_text!r}")
+            raise _fail(frame, position, source, "group",
+                        f"must list distinct GPU indices >= 0, got {format_value(group_text)}")
         kind = kinds[position]
         if kind == "sendrecv" and len(group) != 2:
-            raise _fail(frame, position, source, "group", f"must be 'src dst' for a sendrecv row, got {group_text!r}")
+            raise _fail(frame, position, source, "group",
+                        f"must be 'src dst' for a sendrecv row, got {format_value(group_text)}")
         if kind in SYNCHRONISING_KINDS and group and gpus[position] not in group:
             raise _fail(frame, position, source, "group", f"does not contain the row's own gpu {gpus[position]}")
         try:
             row_deps = parse_ints(deps_text)
         except ValueError:
-            raise _fail(frame, position, source, "deps", f"must list op_ids, got {deps_text!r}") from None
+            raise _fail(frame, position, source, "deps", f"must list op_ids, got {format_value(deps_text)}") from None
         groups.append(group)
         deps.append(row_deps)
     return groups, deps
