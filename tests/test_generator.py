@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import gpusim
 from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import ModelConfig, list_models, load_model, transformer
+from gpusim.trace.lowering import op_of_row
 from gpusim.trace.schedules import stage_order
 
 TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_len=64, batch=4)
@@ -202,7 +203,7 @@ def test_flash_attention_replaces_the_score_gemms_softmax_and_dropout(phase):
     assert (forward["batch"], forward["heads"], forward["head_dim"]) == (2, TINY.heads, TINY.hidden // TINY.heads)
     assert forward["q_len"] == (1 if phase == "decode" else 64) and forward["kv_len"] == 64
     scores = unfused[unfused["name"] == "L0.attn_score"].iloc[0]
-    op = gpusim.trace.lowering.op_of_row(next(attention.head(1).itertuples(index=False)), [0])
+    op = op_of_row(next(attention.head(1).itertuples(index=False)), [0])
     unmasked = 2 * scores["m"] * scores["n"] * scores["k"] * scores["batch"] * 2
     if phase == "decode":  # one query per sequence: its mask hides nothing
         assert op.flops == unmasked
