@@ -308,10 +308,9 @@ def test_an_unknown_dtype_in_a_file_names_the_file_and_the_key(tmp_path):
 
 
 def test_the_nmc_operations_a_config_may_price_are_the_instruction_set():
-    from gpusim.config.gpu import NMC_OPS, NmcConfig
-    from gpusim.hw.nmc import OPERAND_COUNT
+    from gpusim.config.gpu import NMC_OPERANDS, NMC_OPS, NmcConfig
 
-    assert set(NMC_OPS) == set(OPERAND_COUNT) == set(NmcConfig().op_cycles)
+    assert set(NMC_OPS) == set(NMC_OPERANDS) == set(NmcConfig().op_cycles)
 
 
 def _gpu_file_text(old: str, new: str) -> str:

@@ -148,6 +148,7 @@ def test_elementwise_and_row_reductions_are_memory_bound():
     (lambda: ops.Gemm(8, 8, 8, name=5), "Gemm: field 'name' must be a non-empty string"),
     (lambda: ops.RowReduce("softmax", 8, 8, library="vllm"), "library 'vllm' runs kind 'rmsnorm' only"),
     (lambda: ops.Optimizer({"adam"}, [8]), "Optimizer: field 'algorithm' must be one of"),
+    (lambda: ops.AllReduce(1001), "AllReduce: field 'nbytes' must be a whole number of fp16 elements"),
 ])
 def test_ops_reject_values_of_the_wrong_type_when_made(make, message):
     with pytest.raises(gpusim.OpError, match=message):
@@ -162,6 +163,8 @@ def test_ops_reject_values_of_the_wrong_type_when_made(make, message):
     (lambda: gpusim.run(5, ops.Gemm(8, 8, 8)), gpusim.ConfigError, "expected a gpusim.System or a preset name"),
     (lambda: gpusim.load_system(None), gpusim.ConfigError, "preset name or a YAML path"),
     (lambda: ONE.with_overrides(None), gpusim.ConfigError, "overrides must be a mapping"),
+    (lambda: gpusim.run(ONE, ops.Gemm(2**18, 8, 2**18)), gpusim.OpError,
+     r"bytes do not fit in t3-table8.1's 32 GiB of memory \(gpu.hbm.capacity_bytes\)"),
 ])
 def test_bad_run_arguments_are_gpusim_errors(call, error, message):
     with pytest.raises(error, match=message):

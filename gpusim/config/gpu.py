@@ -26,8 +26,10 @@ from gpusim.config.quantities import (
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-NMC_OPS = ("mov", "add", "sub", "mul", "fma", "max", "shift", "div", "sqrt")
-"""The instruction set of the near-memory ALUs (:data:`gpusim.hw.nmc.OPERAND_COUNT`)."""
+NMC_OPERANDS = {"mov": 1, "add": 2, "sub": 2, "mul": 2, "fma": 3, "max": 2, "shift": 2, "div": 2, "sqrt": 1}
+"""The instruction set of the near-memory ALUs: each operation and its number of source operands."""
+NMC_OPS = tuple(NMC_OPERANDS)
+"""The near-memory ALUs' operations."""
 
 
 def _one_of(known: tuple[str, ...], what: str) -> AfterValidator:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gpusim.config.gpu import GpuConfig
 from gpusim.engine.component import Component
 from gpusim.engine.simulation import Simulation
+from gpusim.errors import OpError
 from gpusim.hw.cache import L2Cache
 from gpusim.hw.compute import ComputeUnit, Dispatcher
 from gpusim.hw.dma import DmaEngine
@@ -109,9 +110,18 @@ class Gpu(Component):
         ]
 
     def alloc(self, name: str, nbytes: int, cached: bool = True) -> Buffer:
-        """Allocate ``nbytes``; every GPU that allocates the same sequence gets the same addresses."""
+        """Allocate ``nbytes``; every GPU that allocates the same sequence gets the same addresses.
+
+        Raises
+        ------
+        OpError
+            The buffer is larger than the GPU's memory (``hbm.capacity_bytes``).
+        """
         if nbytes <= 0:
             raise ValueError(f"buffer {name!r}: size must be positive, got {nbytes}")
+        if nbytes > self.config.hbm.capacity_bytes:
+            raise OpError(f"buffer {name!r}: {nbytes:,} bytes do not fit in {self.config.name}'s "
+                          f"{self.config.hbm.capacity_bytes / 2**30:g} GiB of memory (gpu.hbm.capacity_bytes)")
         addr = self._next_addr
         self._next_addr += -(-int(nbytes) // self._alignment) * self._alignment
         return Buffer(name, addr, int(nbytes), cached)

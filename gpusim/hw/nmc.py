@@ -50,15 +50,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpusim.config.gpu import GpuConfig, HbmConfig
+from gpusim.config.gpu import NMC_OPERANDS, GpuConfig, HbmConfig
 from gpusim.engine.simulation import Span
 from gpusim.units import cycles_to_ns
 
 if TYPE_CHECKING:
     from gpusim.hw.gpu import Gpu
 
-OPERAND_COUNT = {"mov": 1, "add": 2, "sub": 2, "mul": 2, "max": 2, "fma": 3, "div": 2, "sqrt": 1, "shift": 2}
-"""Source operands of each operation of the instruction set."""
 
 PARTIALS = "partials"
 """The tensor (a row per bank) into which a broadcast's epilogue writes its accumulators."""
@@ -103,11 +101,11 @@ class Instruction:
     def parse(cls, text: str) -> Instruction:
         """Read ``"fma r1 r0 #beta1 r1"``; raise ``ValueError`` naming what is wrong."""
         words = text.split()
-        if not words or words[0] not in OPERAND_COUNT:
-            raise ValueError(f"instruction {text!r}: unknown operation; known: {', '.join(OPERAND_COUNT)}")
+        if not words or words[0] not in NMC_OPERANDS:
+            raise ValueError(f"instruction {text!r}: unknown operation; known: {', '.join(NMC_OPERANDS)}")
         op = words[0]
-        if len(words) != 2 + OPERAND_COUNT[op]:
-            raise ValueError(f"instruction {text!r}: {op} takes a destination and {OPERAND_COUNT[op]} source(s)")
+        if len(words) != 2 + NMC_OPERANDS[op]:
+            raise ValueError(f"instruction {text!r}: {op} takes a destination and {NMC_OPERANDS[op]} source(s)")
         dst, *srcs = (Operand.parse(word) for word in words[1:])
         instruction = cls(op, dst, tuple(srcs))
         instruction._check(text)
