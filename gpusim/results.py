@@ -142,9 +142,10 @@ class Result:
             bytes=("bytes", "first"),
         )
         table["duration_s"] = table["end_s"] - table["start_s"]
-        table["tflop_per_s"] = table["flops"] / table["duration_s"] / 1e12
+        took = table["duration_s"].where(table["duration_s"] > 0)  # an op that took no time has no rate
+        table["tflop_per_s"] = table["flops"] / took / 1e12
         table.loc[~table["kind"].isin(("gemm", "attention")), "tflop_per_s"] = float("nan")
-        table["gb_per_s"] = table["bytes"] / table["duration_s"] / 1e9
+        table["gb_per_s"] = table["bytes"] / took / 1e9
         return table.reset_index()[SUMMARY_COLUMNS]
 
     def dram_totals(self) -> pd.DataFrame:

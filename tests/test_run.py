@@ -426,3 +426,9 @@ def test_a_long_run_reports_its_simulated_time_while_it_runs():
 def test_the_progress_bar_shows_the_simulated_time(capsys):
     gpusim.run(gpusim.load_system("mi210"), ops.Gemm(4096, 4096, 4096), progress=True)
     assert "simulated" in capsys.readouterr().err
+
+
+def test_an_op_that_takes_no_time_has_no_rate():
+    summary = gpusim.run(RING8, ops.AllReduce(2**20, ranks=[0])).summary().iloc[0]
+    assert summary["duration_s"] == 0 and summary["impl"] == "none_single_rank"
+    assert np.isnan(summary["gb_per_s"]) and np.isnan(summary["tflop_per_s"])

@@ -38,6 +38,12 @@ def test_simulate_a_generated_model_writes_every_output(tmp_path, capsys):
     assert {"op_id", "kind", "duration_s", "measured_s"} <= set(ops.columns)
 
 
+def test_a_generated_model_larger_than_the_node_says_so(capsys):
+    assert main(["simulate", "--model", "megatron-gpt2", "--tp", "16", "--layers", "1", "--system", "t3-ring8",
+                 "--quiet"]) == 2
+    assert "megatron-gpt2-train-tp16-dp1-pp1 uses 16 GPUs (its tp x pp x dp), but t3-ring8 has 8" in capsys.readouterr().err
+
+
 def test_simulate_a_trace_file_and_bad_arguments(tmp_path, capsys):
     trace = REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv"
     assert main(["simulate", "--trace", str(trace), "--system", "t3-ring8", "--quiet"]) == 0

@@ -598,7 +598,8 @@ def execute_collective(ctx, op):
         return
     n = len(group)
     ctx.info.update(bytes=op.nbytes)
-    if n == 1:
+    if n == 1:  # nothing to exchange
+        ctx.info.update(impl="none_single_rank")
         return
     kind = {"allreduce": "ar", "reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}[op.collective]
     algorithm = _algorithm(ctx, op, group)

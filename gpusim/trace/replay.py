@@ -47,6 +47,9 @@ def _check_against_system(trace: Trace, system: System, mode: str) -> None:
     bad = gpus >= system.num_gpus
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
+        if trace.metadata.get("generator"):  # a generated model: its parallelism, not a row, is too large
+            raise TraceError(f"{trace.source} uses {int(gpus.max()) + 1} GPUs (its tp x pp x dp), but {system.name} "
+                             f"has {system.num_gpus}")
         raise TraceError(
             f"{RowLocation(trace.source, position, frame['op_id'].iloc[position], int(gpus[position]))}: field 'gpu' "
             f"names GPU {gpus[position]}, but {system.name} has GPUs 0..{system.num_gpus - 1}"
