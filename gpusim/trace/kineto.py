@@ -164,6 +164,9 @@ class MalformedEvent(Exception):
         self.field = field
         self.message = message
 
+    def __reduce__(self) -> tuple[type, tuple[dict, str, str], dict]:
+        return type(self), (self.event, self.field, self.message), self.__dict__
+
 
 @dataclass(frozen=True)
 class FileRanks:
