@@ -313,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         status = args.handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
         return status
-    except GpusimError as exc:
-        print(f"gpusim: error: {exc}", file=sys.stderr)
+    except GpusimError as exc:  # the library's advice, in the command line's spelling
+        message = str(exc).replace("mode='full'", "--mode full").replace("mode='symmetric'", "--mode symmetric")
+        print(f"gpusim: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: outputs are written whole or not at all
         print("gpusim: interrupted", file=sys.stderr)

@@ -102,6 +102,7 @@ def test_parse_op_sizes_lists_and_row_reductions():
     (["--op", "gemm m=128 n=128 k=128 kernel=MT999"], "unknown GEMM kernel 'MT999'"),
     (["--op", "alltoall nbytes=1MiB algorithm=ring"], "AllToAll: field 'algorithm' must be one of direct, auto"),
     (["--mode", "symmetric", "--op", "gemm m=128 n=128 k=128 ranks=3"], "symmetric mode simulates rank 0 only"),
+    (["--mode", "symmetric", "--op", "sendrecv nbytes=1MiB src=0 dst=1"], "needs --mode full"),
     (["--set", "gpu.cu.max_threads=32", "--op", "gemm m=256 n=256 k=256"],
      "does not fit on a CU .*the library's heuristic found no kernel that fits"),
 ])
