@@ -28,6 +28,8 @@ def test_overrides_with_aliases():
     assert system.gpu.num_cus == 160
     assert system.config.links.bandwidth_bytes_per_s == 300e9
     assert system.with_overrides({"gpu.num_cus": 40}).gpu.num_cus == 40
+    with pytest.raises(ConfigError, match="'gpu.num_cus'.*less than or equal to 16384"):
+        system.with_overrides({"gpu.num_cus": 10**9})  # would exhaust the simulator's memory
 
 
 def test_unknown_preset_lists_known():

@@ -26,6 +26,8 @@ from gpusim.config.quantities import (
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+MAX_CUS = 16384
+"""Most compute units a GPU description may have (64 times an H100's)."""
 NMC_OPERANDS = {"mov": 1, "add": 2, "sub": 2, "mul": 2, "fma": 3, "max": 2, "shift": 2, "div": 2, "sqrt": 1}
 """The instruction set of the near-memory ALUs: each operation and its number of source operands."""
 NMC_OPS = tuple(NMC_OPERANDS)
@@ -588,7 +590,8 @@ class GpuConfig(Model):
     name, description, vendor
         Identification; ``sources`` lists where the numbers came from.
     num_cus
-        Compute units (SMs).
+        Compute units (SMs), at most :data:`MAX_CUS` (each is simulated: a what-if beyond it would
+        only exhaust the simulator's memory).
     clock_hz
         Compute clock.
     gemm_efficiency
@@ -663,7 +666,7 @@ class GpuConfig(Model):
     description: str = ""
     vendor: Literal["nvidia", "amd", "other"] = "other"
     sources: list[str] = []
-    num_cus: PositiveInt
+    num_cus: Annotated[PositiveInt, Field(le=MAX_CUS)]
     clock_hz: Hertz
     cu: CuConfig
     gemm_efficiency: dict[Dtype, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
