@@ -165,3 +165,17 @@ def test_loads_in_flight_hide_the_lockstep_first_touch_of_each_k_step():
         return result.kernels["duration_s"].sum() * 1e6
 
     assert kernel_us(1024) <= 1.03 * kernel_us(1088)
+
+
+@pytest.mark.parametrize("preset", ["mi210", "v100-sxm2", "a100-sxm4", "h100-sxm5", "t4"])
+def test_a_narrower_type_never_runs_a_gemm_slower_than_one_it_widens_to(preset):
+    """A GPU without matrix units for a type computes it on those of a wider type it widens to
+    exactly (TF32 on FP32 units, FP8 on FP16 ones...), not on its vector units."""
+    from gpusim.config.gpu import GEMM_WIDENING
+
+    def took(dtype):
+        return gpusim.run(preset, ops.Gemm(2048, 2048, 2048, dtype=dtype)).time_s
+
+    for narrow, wider in GEMM_WIDENING.items():
+        for wide in wider:
+            assert took(narrow) <= 1.01 * took(wide), (narrow, wide)

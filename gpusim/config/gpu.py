@@ -26,6 +26,9 @@ from gpusim.config.quantities import (
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+GEMM_WIDENING = {"tf32": ("fp32",), "fp16": ("fp32",), "bf16": ("fp32",), "fp8": ("fp16", "bf16", "fp32")}
+"""Types whose matrix units compute a GEMM of another type exactly: a narrower type never runs
+slower than the wider one on a GPU that lacks matrix units of its own (:meth:`CuConfig.gemm_peak`)."""
 MAX_CUS = 16384
 """Most compute units a GPU description may have (64 times an H100's)."""
 NMC_OPERANDS = {"mov": 1, "add": 2, "sub": 2, "mul": 2, "fma": 3, "max": 2, "shift": 2, "div": 2, "sqrt": 1}
@@ -142,9 +145,18 @@ class CuConfig(Model):
         table = self.vector_flops_per_cycle
         return table.get(dtype) or table.get("fp32") or max(table.values())
 
+    def gemm_units(self, dtype: str) -> str | None:
+        """The type whose matrix units run a GEMM of ``dtype``: its own, else the fastest of those it
+        widens to exactly (:data:`GEMM_WIDENING`: TF32 on FP32 units, FP8 on FP16 or BF16 ones, as a
+        GPU without units of its own computes it); ``None`` where none has matrix units."""
+        candidates = [d for d in (dtype, *GEMM_WIDENING.get(dtype, ())) if self.matrix_flops_per_cycle.get(d)]
+        return max(candidates, key=lambda d: self.matrix_flops_per_cycle[d], default=None)
+
     def gemm_peak(self, dtype: str) -> float:
-        """Peak FLOPs per cycle a GEMM of ``dtype`` runs at: the matrix units', else :meth:`vector_peak`."""
-        return self.matrix_flops_per_cycle.get(dtype) or self.vector_peak(dtype)
+        """Peak FLOPs per cycle a GEMM of ``dtype`` runs at: the matrix units' of :meth:`gemm_units`,
+        else :meth:`vector_peak`."""
+        units = self.gemm_units(dtype)
+        return self.matrix_flops_per_cycle[units] if units else self.vector_peak(dtype)
 
 
 class L2Config(Model):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpusim.config.gpu import GpuConfig
+from gpusim.config.gpu import GEMM_WIDENING, GpuConfig
 from gpusim.engine.component import Component
 from gpusim.engine.simulation import Simulation
 from gpusim.errors import OpError
@@ -128,10 +128,14 @@ class Gpu(Component):
 
     def matrix_flops_per_ns(self, dtype: str) -> float:
         """Sustained GEMM FLOPs per ns of one CU for ``dtype``: matrix units if it has them for
-        ``dtype``, else vector units, times the calibrated GEMM efficiency."""
+        ``dtype`` (or a type it widens to), else vector units, times the calibrated GEMM efficiency
+        of ``dtype``, else of the type whose units run it, else of the type it widens to, else the
+        lowest."""
         config = self.config
         peak = config.cu.gemm_peak(dtype)
-        efficiency = config.gemm_efficiency.get(dtype, min(config.gemm_efficiency.values()))
+        fitted = [config.gemm_efficiency.get(d) for d in (dtype, config.cu.gemm_units(dtype),
+                                                          *GEMM_WIDENING.get(dtype, ()))]
+        efficiency = next((e for e in fitted if e), min(config.gemm_efficiency.values()))
         return peak * config.clock_hz * 1e-9 * efficiency
 
     def vector_flops_per_ns(self, dtype: str) -> float:
