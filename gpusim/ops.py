@@ -718,9 +718,6 @@ class Collective(Op):
         name = type(self).__name__
         self.nbytes = _positive_int(name, "nbytes", self.nbytes)
         _check_dtype(name, self.dtype)
-        if self.nbytes % DTYPE_BYTES[self.dtype]:
-            raise OpError(f"{name}: field 'nbytes' must be a whole number of {self.dtype} elements "
-                          f"({DTYPE_BYTES[self.dtype]} bytes each), got {self.nbytes}")
         if not _one_of(self.algorithm, self.algorithms):
             raise OpError(f"{name}: field 'algorithm' must be one of {', '.join(self.algorithms)}, got {self.algorithm!r}")
         if not _one_of(self.driver, ("cu", "dma")):

@@ -92,7 +92,7 @@ def test_replay_rejects_traces_that_do_not_fit():
     with pytest.raises(TraceError, match="symmetric mode cannot replay a send/receive"):
         gpusim.run(RING8, trace, mode="symmetric")
     big = transformer(TINY, tp=4, dp=4, batch=4, layers=1, optimizer=None)
-    with pytest.raises(TraceError, match=r"field 'gpu' names GPU 8, but t3-ring8 has GPUs 0..7"):
+    with pytest.raises(TraceError, match=r"uses 16 GPUs \(its tp x pp x dp\), but t3-ring8 has 8"):
         gpusim.run(RING8, big)
     collective = {"kind": "collective", "collective": "allreduce", "bytes": 4096, "group": "0 1", "stream": "s"}
     lonely = Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, **collective}]))
