@@ -179,3 +179,13 @@ def test_a_narrower_type_never_runs_a_gemm_slower_than_one_it_widens_to(preset):
     for narrow, wider in GEMM_WIDENING.items():
         for wide in wider:
             assert took(narrow) <= 1.01 * took(wide), (narrow, wide)
+
+
+def test_a_kernel_named_as_results_name_it_runs_again():
+    """Results name a double-buffered kernel with the GPU's pipeline depth (``_LB8`` on the H100);
+    that name pins the same kernel."""
+    chosen = gpusim.run("h100-sxm5", ops.Gemm(64, 4096, 4096))
+    impl = chosen.ops["impl"].iloc[0]
+    assert "_LB" in impl
+    pinned = gpusim.run("h100-sxm5", ops.Gemm(64, 4096, 4096, kernel=impl))
+    assert pinned.ops["impl"].iloc[0] == impl and pinned.time_s == chosen.time_s

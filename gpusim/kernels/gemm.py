@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -750,9 +751,16 @@ def _named_kernels() -> dict[str, GemmKernelSpec]:
 
 
 def find_spec(name: str) -> GemmKernelSpec:
-    """The library kernel called ``name`` (fallback and split-K suffixes allowed); :class:`OpError` if there is none."""
-    if name in _named_kernels():
-        return _named_kernels()[name]
+    """The library kernel called ``name`` (fallback and split-K suffixes allowed; a deeper pipeline
+    than double buffering, ``_LB3`` and up as results name a kernel on a GPU with more
+    ``gemm_pipeline_stages``, is the double-buffered kernel, which :func:`pipelined` deepens again);
+    :class:`OpError` if there is none."""
+    named = _named_kernels()
+    deepened = re.fullmatch(r"(.*)_LB(\d+)(.*)", name)
+    if name not in named and deepened and int(deepened.group(2)) > 2:
+        name = deepened.group(1) + deepened.group(3)
+    if name in named:
+        return named[name]
     known = ", ".join(spec.name for spec in KNOWN_TILES)
     raise OpError(f"unknown GEMM kernel {name!r}; library kernels: {known} (K depth may be any of "
                   f"{', '.join(map(str, K_TILE_DEPTHS))}; optionally with a fallback kernel's access width "
