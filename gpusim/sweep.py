@@ -9,6 +9,8 @@ interrupted sweep resumes without losing or repeating work.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -36,12 +38,42 @@ def _plain(value: Any) -> Any:
     return {"__type__": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
 
 
-def point_key(fn: Callable, point: dict[str, Any]) -> str:
-    """A stable key of ``fn`` applied to ``point`` (includes gpusim's version)."""
-    from gpusim import __version__
+def code_of(source: str) -> str:
+    """The code of a Python module without its docstrings and comments (editing those keeps caches)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
+
+@functools.lru_cache(maxsize=1)
+def simulator_fingerprint() -> str:
+    """Identity of what any point simulates: gpusim's code (:func:`code_of` of every module), and the
+    hardware presets and model definitions it finds (``$GPUSIM_HWCONFIGS``, ``$GPUSIM_MODELS`` and the
+    repository's), read once per process."""
+    from gpusim.config.loader import hwconfig_dirs
+    from gpusim.trace.models import model_dirs
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for file in sorted(package.rglob("*.py")):
+        digest.update(file.relative_to(package).as_posix().encode())
+        digest.update(code_of(file.read_text()).encode())
+    for folder in (*hwconfig_dirs(), *model_dirs()):
+        for file in sorted(folder.rglob("*.yaml")) if folder.is_dir() else []:
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def point_key(fn: Callable, point: dict[str, Any]) -> str:
+    """A stable key of ``fn`` applied to ``point`` and the simulator it runs on
+    (:func:`simulator_fingerprint`: a changed model or preset is simulated again)."""
     text = json.dumps(
-        {"fn": f"{fn.__module__}.{fn.__qualname__}", "point": point, "version": __version__},
+        {"fn": f"{fn.__module__}.{fn.__qualname__}", "point": point, "simulator": simulator_fingerprint()},
         sort_keys=True,
         default=_plain,
     )

@@ -80,6 +80,25 @@ def test_a_failing_point_is_named_and_the_finished_ones_are_kept(tmp_path, worke
     assert cached <= {path.stem for path in tmp_path.glob("*.pkl")}  # the points before it need not run again
 
 
+def test_keys_change_with_the_simulator_and_its_presets(tmp_path, monkeypatch):
+    """A cached point of a changed model or preset is simulated again (the T3 study reused stale ones)."""
+    from gpusim import sweep as sweep_module
+
+    before = point_key(square, {"x": 1})
+    preset = tmp_path / "gpus" / "mine.yaml"
+    preset.parent.mkdir()
+    preset.write_text("base: h100-sxm5\nnum_cus: 100\n")
+    monkeypatch.setenv("GPUSIM_HWCONFIGS", str(tmp_path))
+    sweep_module.simulator_fingerprint.cache_clear()
+    try:
+        assert point_key(square, {"x": 1}) != before
+    finally:
+        monkeypatch.delenv("GPUSIM_HWCONFIGS")
+        sweep_module.simulator_fingerprint.cache_clear()
+    assert point_key(square, {"x": 1}) == before
+    assert sweep_module.code_of("x = 1  # a comment\n") == sweep_module.code_of('"""Docs."""\nx = 1\n')
+
+
 def test_numpy_values_share_keys_with_python_numbers_but_not_with_text():
     assert point_key(square, {"x": np.int64(1)}) == point_key(square, {"x": 1})
     assert point_key(square, {"x": np.int64(1)}) != point_key(square, {"x": "1"})

@@ -31,7 +31,6 @@ resumes and a changed model is simulated again.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import hashlib
@@ -72,7 +71,7 @@ from gpusim.sched.goldyloc import (
 from gpusim.sched.partitions import cu_masks, resource_partition_overrides
 from gpusim.simulate import finish, prepare
 from gpusim.studies.concurrency_workloads import with_shapes
-from gpusim.sweep import sweep
+from gpusim.sweep import code_of, sweep
 from gpusim.system import System, load_system
 
 DEGREES = (2, 4, 8, 16)
@@ -105,17 +104,6 @@ def _system(name: str, overrides: str) -> System:
     return load_system(name, json.loads(overrides))
 
 
-def _code(source: str) -> str:
-    """The code of a module without its docstrings and comments (editing those keeps the cache)."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
-
-
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
     root = Path(__file__).resolve().parents[1]
@@ -124,7 +112,7 @@ def _source_hash() -> str:
         path = root / part
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(file.relative_to(root).as_posix().encode())
-            digest.update(_code(file.read_text()).encode())
+            digest.update(code_of(file.read_text()).encode())
     return digest.hexdigest()[:16]
 
 
