@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             add_arguments(command)
         command.set_defaults(handler=handler)
     args = parser.parse_args(argv)
+    os.environ.setdefault("MPLBACKEND", "Agg")  # figures go to files, never to windows
     try:
         status = args.handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit

@@ -1,11 +1,10 @@
 """Matplotlib plots of results.  Every function takes a DataFrame (or Result) and ``ax=None`` and
-returns the Axes it drew on; a frame with nothing to plot gives empty axes with a note saying so."""
+returns the Axes it drew on; a frame with nothing to plot gives empty axes with a note saying so.
+
+Importing it leaves matplotlib's backend alone (a notebook keeps its inline figures); the ``gpusim``
+command draws into files only (``MPLBACKEND=Agg`` unless set)."""
 
 from __future__ import annotations
-
-import matplotlib
-
-matplotlib.use("Agg", force=False)
 
 import matplotlib.pyplot as plt
 import pandas as pd

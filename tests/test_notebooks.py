@@ -27,3 +27,6 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     client.execute()
     assert not any(output.get("output_type") == "error" for cell in code for output in cell.outputs)
     assert code[-1].outputs, f"{path.name}: the last cell should show its result"
+    draws = any("plot." in cell.source or "plt." in cell.source for cell in code)
+    images = [output for cell in code for output in cell.outputs if "image/png" in output.get("data", {})]
+    assert images or not draws, f"{path.name} draws figures but shows none (is the backend forced to Agg?)"
