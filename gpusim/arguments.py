@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,3 +98,13 @@ def output_folder_or_exit(parser: argparse.ArgumentParser, text: str | None, opt
         return output_folder(text, option)
     except GpusimError as exc:
         parser.error(str(exc))
+
+
+def run_script(main: Callable[[], int], name: str) -> int:
+    """Run a study script's ``main``; Ctrl-C ends it with one line (``name: interrupted``, status 130)
+    instead of a traceback (its sweep's finished points stay in their cache)."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130

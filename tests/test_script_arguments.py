@@ -89,3 +89,14 @@ def test_full_vs_symmetric_help_describes_every_option(runs):
                          ("--workers", "processes")):
         described = process.stdout.split(f"  {option} ", 1)[1].split("\n  --", 1)[0]
         assert text in " ".join(described.split()), option
+
+
+def test_a_study_script_interrupted_ends_with_one_line(capsys):
+    from gpusim.arguments import run_script
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert run_script(interrupted, "t3/reproduce.py") == 130
+    assert capsys.readouterr().err == "t3/reproduce.py: interrupted\n"
+    assert run_script(lambda: 0, "t3/reproduce.py") == 0

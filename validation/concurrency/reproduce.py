@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from gpusim import plot
-from gpusim.arguments import output_folder_or_exit, positive_int
+from gpusim.arguments import output_folder_or_exit, positive_int, run_script
 from gpusim.cli import parse_overrides
 from gpusim.errors import GpusimError
 from gpusim.studies import concurrency_e2e
@@ -444,4 +444,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, Path(__file__).parent.name + "/reproduce.py"))

@@ -38,7 +38,7 @@ import pandas as pd
 
 import gpusim
 from gpusim import ops, plot
-from gpusim.arguments import output_folder_or_exit, positive_int
+from gpusim.arguments import output_folder_or_exit, positive_int, run_script
 from gpusim.studies import nmc_optimizer as study
 
 HERE = Path(__file__).resolve().parent
@@ -254,4 +254,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, Path(__file__).parent.name + "/reproduce.py"))

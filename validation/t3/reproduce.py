@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpusim import plot
-from gpusim.arguments import output_folder_or_exit, positive_int
+from gpusim.arguments import output_folder_or_exit, positive_int, run_script
 from gpusim.studies import t3
 from gpusim.sweep import sweep
 
@@ -249,4 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, Path(__file__).parent.name + "/reproduce.py"))
