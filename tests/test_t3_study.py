@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import gpusim
 from gpusim.studies import t3
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,3 +115,18 @@ def test_the_trace_generator_layer_names_the_sliced_sublayers():
 def test_an_unknown_model_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown model 'GPT2'; known: Mega-GPT-2, T-NLG"):
         t3.sublayer_gemm("GPT2", "OP", 8)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: t3.sublayer_gemm("GPT-4", "OP", 8), "unknown model 'GPT-4'; known: Mega-GPT-2"),
+    (lambda: t3.sublayer_gemm("T-NLG", "OP", 0), "tp must be a positive number of GPUs, got 0"),
+    (lambda: t3.sublayer_gemm("T-NLG", "OP", 8, tokens=-5), "tokens must be a positive integer"),
+    (lambda: t3.simulate_layer_rest("T-NLG", 8, "bogus"), "unknown setting 'bogus'"),
+])
+def test_bad_study_arguments_are_config_errors(call, message):
+    with pytest.raises(gpusim.ConfigError, match=message):
+        call()
+
+
+def test_case_points_take_one_model_by_name():
+    assert {point["model"] for point in t3.case_points("T-NLG")} == {"T-NLG"}

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from gpusim import ops
+from gpusim.errors import ConfigError
+from gpusim.ops import as_int
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
 from gpusim.system import load_system
@@ -100,7 +102,7 @@ DRAM_CATEGORIES = ("gemm_read", "gemm_write", "rs_read", "rs_write", "ag_read", 
 def _model(name: str):
     """The setup of one of :data:`MODELS`, or a clear error listing them."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+        raise ConfigError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     return MODELS[name]
 
 
@@ -125,9 +127,13 @@ def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None)
     setup = _model(model)
     inner = {"OP": 1, "FC-2": 4, "FC-1": 4, "IP": 3}
     if sublayer not in inner:
-        raise ValueError(f"unknown sub-layer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
+        raise ConfigError(f"unknown sub-layer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
+    if as_int(tp) is None or tp < 1:
+        raise ConfigError(f"{model}: tp must be a positive number of GPUs, got {tp!r}")
+    if tokens is not None and (as_int(tokens) is None or tokens < 1):
+        raise ConfigError(f"{model}: tokens must be a positive integer, got {tokens!r}")
     if setup.hidden * inner[sublayer] % tp:
-        raise ValueError(f"{model}: {inner[sublayer]} x H = {setup.hidden * inner[sublayer]} does not split {tp} ways")
+        raise ConfigError(f"{model}: {inner[sublayer]} x H = {setup.hidden * inner[sublayer]} does not split {tp} ways")
     return {
         "m": setup.tokens if tokens is None else tokens,
         "n": setup.hidden,
@@ -157,7 +163,7 @@ def case_ops(model: str, sublayer: str, tp: int, simulated: str, tokens: int | N
         return [ops.GemmReduceScatter(**shape, dtype=DTYPE, out="y", name="GEMM+RS"), gather]
     if simulated == "rs-nmc":
         return [ops.ReduceScatter(nbytes, dtype=DTYPE, input="y", driver="dma", name="RS+NMC")]
-    raise ValueError(f"unknown simulated configuration {simulated!r}; known: {', '.join(SIMULATED)}")
+    raise ConfigError(f"unknown simulated configuration {simulated!r}; known: {', '.join(SIMULATED)}")
 
 
 def dram_categories(result) -> dict[str, float]:
@@ -241,7 +247,7 @@ def case_points(
     """Sweep points of :func:`simulate_case`: every sub-layer of ``models`` at their TP degrees, every
     simulated configuration."""
     points = []
-    for model in models:
+    for model in [models] if isinstance(models, str) else models:
         for tp in _model(model).tp if tps is None else tps:
             for sublayer in SUBLAYERS:
                 for config in SIMULATED:
@@ -440,7 +446,9 @@ def simulate_layer_rest(model: str, tp: int, setting: str, mode: str = "symmetri
     """
     from gpusim.trace import transformer
 
-    setup = MODELS[model]
+    setup = _model(model)
+    if setting not in SETTINGS:
+        raise ConfigError(f"unknown setting {setting!r}; known: {', '.join(SETTINGS)}")
     phase, sublayers = SETTINGS[setting]
     trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
                         layers=1, head=False, optimizer="adam" if phase == "train" else None)
@@ -509,7 +517,7 @@ def run_point(study: str, variant: str = "base", **params: Any):
     functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
                  "timeline": dram_timeline}
     if study not in functions:
-        raise ValueError(f"unknown study part {study!r}; known: {', '.join(functions)}")
+        raise ConfigError(f"unknown study part {study!r}; known: {', '.join(functions)}")
     return functions[study](**params)
 
 
