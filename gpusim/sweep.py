@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpusim.errors import SweepError
+from gpusim.errors import ConfigError, SweepError
+from gpusim.ops import as_int
 
 Row = dict[str, Any]
 
@@ -91,6 +92,8 @@ class ResultCache:
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ConfigError(f"sweep cache {self.folder}: is a file, not a folder")
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
@@ -178,7 +181,7 @@ def sweep(
     points
         Keyword arguments of each call (plain, JSON-serialisable values).
     workers
-        Local processes (default: the CPUs available; 1 runs in this process).
+        Local processes, at least 1 (default: the CPUs available; 1 runs in this process).
     scheduler
         Address of a Dask scheduler (``tcp://host:8786``) to run the points on instead.
     cache
@@ -191,13 +194,19 @@ def sweep(
     Returns
     -------
     pandas.DataFrame
-        One row per returned row, with the point's keys as columns, in the order of ``points``.
+        One row per returned row, with the point's keys as columns, in the order of ``points``; a
+        point given twice is run once.
     """
+    if workers is not None and (as_int(workers) is None or workers < 1):
+        raise ConfigError(f"sweep: workers must be a positive integer (or None for every CPU), got {workers!r}")
     store = ResultCache(cache) if cache is not None else None
     keys = [point_key(fn, point) for point in points]
     results: dict[int, list[Row]] = {}
     todo = []
+    first_of: dict[str, int] = {}
     for index, key in enumerate(keys):
+        if first_of.setdefault(key, index) != index:
+            continue  # the same point again: it takes the first one's rows
         cached = store.get(key) if store is not None else None
         if cached is not None:
             results[index] = cached
@@ -258,5 +267,5 @@ def sweep(
         index, exc = failed[0]
         raise SweepError(f"{description}: point {index} {points[index]!r} failed: {type(exc).__name__}: {exc}"
                          + (f" ({len(failed) - 1} more points failed)" if len(failed) > 1 else "")) from exc
-    rows = [row for index in range(len(points)) for row in results[index]]
+    rows = [row for index in range(len(points)) for row in results[first_of[keys[index]]]]
     return pd.DataFrame(rows)

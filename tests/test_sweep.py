@@ -4,12 +4,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpusim.errors import SweepError
+from gpusim.errors import ConfigError, SweepError
 from gpusim.sweep import point_key, sweep
 
 
 def square(x, y=1):
     return {"value": x * x * y}
+
+
+def counted(x, log):
+    with open(log, "a") as calls:
+        calls.write(f"{x}\n")
+    return {"y": x * x}
 
 
 def gemm_time(m):
@@ -109,3 +115,21 @@ def test_dask_local_cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         frame = sweep(square, [{"x": x, "y": 2} for x in range(4)], scheduler=cluster.scheduler_address, progress=False)
     assert list(frame["value"]) == [0, 2, 8, 18]
+
+
+def test_bad_workers_and_a_file_for_a_cache_are_config_errors(tmp_path):
+    for workers in (0, -1, 1.5, "2"):
+        with pytest.raises(ConfigError, match="workers must be a positive integer"):
+            sweep(square, [{"x": 1}], workers=workers, progress=False)
+    afile = tmp_path / "cache"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        sweep(square, [{"x": 1}], cache=afile, progress=False)
+
+
+def test_a_point_given_twice_runs_once(tmp_path):
+    calls = tmp_path / "calls"
+    table = sweep(counted, [{"x": 2, "log": str(calls)}, {"x": 3, "log": str(calls)}, {"x": 2, "log": str(calls)}],
+                  workers=1, progress=False)
+    assert list(table["y"]) == [4, 9, 4]
+    assert calls.read_text().split() == ["2", "3"]
