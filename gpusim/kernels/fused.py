@@ -475,7 +475,7 @@ def _kernel_spec(ctx, op, problem):
         if spec.split_k > 1:
             raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
     else:
-        spec = choose_kernel(problem, ctx.gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None).with_split(1)
+        spec = choose_kernel(problem, ctx.gpu.config, ctx.cus).with_split(1)
     spec = pipelined(for_operands(spec, problem, ctx.gpu.config), ctx.gpu.config, op.dtype)
     check_fits(spec, op.dtype, ctx.gpu.config, op.label, named=op.kernel is not None)
     return spec

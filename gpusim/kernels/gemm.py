@@ -816,7 +816,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
         if op.kernel is not None:
             spec = find_spec(op.kernel)
         else:
-            spec = choose_kernel(problem, gpu.config, len(ctx.cu_mask) if ctx.cu_mask else None)
+            spec = choose_kernel(problem, gpu.config, ctx.cus)
     spec = pipelined(for_operands(spec, problem, gpu.config), gpu.config, problem.dtype)
     check_fits(spec, problem.dtype, gpu.config, op.label, named=op.kernel is not None)
     size = problem.dtype_bytes
