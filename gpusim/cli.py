@@ -309,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             add_arguments(command)
         command.set_defaults(handler=handler)
     args = parser.parse_args(argv)
-    os.environ.setdefault("MPLBACKEND", "Agg")  # figures go to files, never to windows
+    if "MPLBACKEND" not in os.environ:  # figures go to files, never to windows (and the environment that
+        import matplotlib  # child processes inherit stays as it was)
+
+        matplotlib.use("Agg")
     try:
         status = args.handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit

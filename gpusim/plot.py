@@ -2,7 +2,7 @@
 returns the Axes it drew on; a frame with nothing to plot gives empty axes with a note saying so.
 
 Importing it leaves matplotlib's backend alone (a notebook keeps its inline figures); the ``gpusim``
-command draws into files only (``MPLBACKEND=Agg`` unless set)."""
+command draws into files only (the Agg backend, unless ``MPLBACKEND`` says otherwise)."""
 
 from __future__ import annotations
 
