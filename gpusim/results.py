@@ -236,10 +236,11 @@ class Result:
         lanes: dict[tuple[int, str], int] = {}
         placed: list[tuple[Span, tuple[int, str]]] = []
         for (gpu, name), spans in threads.items():
-            for span, lane in zip(spans, nested_lanes([(span.start_ns, span.end_ns) for span in spans])):
-                key = (gpu, name if lane == 0 else f"{name} ({lane + 1})")
-                lanes.setdefault(key, len(lanes) + 1)
-                placed.append((span, key))
+            chosen = nested_lanes([(span.start_ns, span.end_ns) for span in spans])
+            keys = [(gpu, name if lane == 0 else f"{name} ({lane + 1})") for lane in range(max(chosen) + 1)]
+            for key in keys:  # a thread's extra lanes follow it, in order
+                lanes[key] = len(lanes) + 1
+            placed += [(span, keys[lane]) for span, lane in zip(spans, chosen)]
         for span, key in placed:
             args = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in span.args.items()}
             events.append(
