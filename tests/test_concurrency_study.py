@@ -4,8 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpusim.studies.concurrency import GO_PROPERTY_COLUMNS, ConcurrencyStudy, fingerprint, gemm_point, geomean
+from gpusim.studies.concurrency import GO_PROPERTY_COLUMNS, ConcurrencyStudy, gemm_point, geomean
 from gpusim.studies.concurrency_workloads import systematic_sample, with_shapes
+from gpusim.sweep import point_key
 
 SYSTEM = "t3-table8.1"
 
@@ -70,8 +71,13 @@ def test_a_rerun_takes_everything_from_the_cache(cached):
 
 
 def test_cache_keys_follow_the_hardware():
-    assert fingerprint(SYSTEM, {}) == fingerprint(SYSTEM, {})
-    assert fingerprint(SYSTEM, {}) != fingerprint(SYSTEM, {"gpu.num_cus": 40})
+    """A point's key holds its overrides; the presets and the simulator's code are in every sweep key
+    (``sweep.simulator_fingerprint``, tested in test_sweep)."""
+    shape = {"m": 64, "n": 64, "k": 64, "trans_a": False, "trans_b": False, "batch": 1, "dtype": "fp16"}
+    plain = study()._point(shape, "MT64x64x32_T256", 1, "isolated")
+    assert point_key(gemm_point, plain) == point_key(gemm_point, study()._point(shape, "MT64x64x32_T256", 1, "isolated"))
+    smaller = study()._point(shape, "MT64x64x32_T256", 1, "isolated", {"gpu.num_cus": 40})
+    assert point_key(gemm_point, plain) != point_key(gemm_point, smaller)
 
 
 def test_points_run_on_a_local_dask_cluster():
@@ -86,7 +92,7 @@ def test_points_run_on_a_local_dask_cluster():
 
 def test_gemm_point_arrangements():
     point = {"system": SYSTEM, "overrides": {}, "m": 512, "n": 512, "k": 256, "trans_a": False, "trans_b": False,
-             "batch": 1, "dtype": "fp16", "kernel": "MT64x64x32_T256", "fingerprint": "x"}
+             "batch": 1, "dtype": "fp16", "kernel": "MT64x64x32_T256"}
     alone = gemm_point(**point, copies=1, arrangement="isolated")
     sequential = gemm_point(**point, copies=2, arrangement="sequential")
     shared = gemm_point(**point, copies=2, arrangement="shared")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import time
@@ -71,7 +70,7 @@ from gpusim.sched.goldyloc import (
 from gpusim.sched.partitions import cu_masks, resource_partition_overrides
 from gpusim.simulate import finish, prepare
 from gpusim.studies.concurrency_workloads import with_shapes
-from gpusim.sweep import code_of, sweep
+from gpusim.sweep import sweep
 from gpusim.system import System, load_system
 
 DEGREES = (2, 4, 8, 16)
@@ -79,10 +78,6 @@ DEGREES = (2, 4, 8, 16)
 
 CONFIGS = ("default", "go-kernels", "goldyloc", "oracle", "cu-partition", "resource-partition")
 """Configurations compared with Sequential in ``summary``."""
-
-SIMULATION_SOURCES = ("engine", "hw", "kernels", "config", "sched/executor.py", "sched/command_processor.py",
-                      "simulate.py", "ops.py")
-"""Parts of gpusim whose source decides a simulated point (hashed into every cache key)."""
 
 UNCHANGED_BAND = 0.02
 """GOLDYLOC counts as leaving a GEMM unchanged when within this fraction of Default."""
@@ -104,25 +99,6 @@ def _system(name: str, overrides: str) -> System:
     return load_system(name, json.loads(overrides))
 
 
-@functools.lru_cache(maxsize=1)
-def _source_hash() -> str:
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for part in SIMULATION_SOURCES:
-        path = root / part
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(file.relative_to(root).as_posix().encode())
-            digest.update(code_of(file.read_text()).encode())
-    return digest.hexdigest()[:16]
-
-
-def fingerprint(system: str, overrides: dict[str, Any]) -> str:
-    """Identity of what a point simulates: the resolved hardware description and the simulator's source."""
-    resolved = _system(system, json.dumps(overrides, sort_keys=True)).to_dict()
-    text = json.dumps(resolved, sort_keys=True) + _source_hash()
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
 def _gemm(m: int, n: int, k: int, trans_a: bool, trans_b: bool, batch: int, dtype: str, index: int) -> Gemm:
     return Gemm(m, n, k, dtype=dtype, trans_a=trans_a, trans_b=trans_b, batch=batch, a=f"a{index}", b=f"b{index}",
                 out=f"c{index}")
@@ -136,7 +112,7 @@ def _spans(result) -> tuple[float, list[float]]:
 
 
 def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, trans_a: bool, trans_b: bool, batch: int,
-               dtype: str, kernel: str, copies: int, arrangement: str, fingerprint: str) -> dict[str, Any]:
+               dtype: str, kernel: str, copies: int, arrangement: str) -> dict[str, Any]:
     """Simulate ``copies`` independent copies of one GEMM with one kernel (a sweep point).
 
     Parameters
@@ -153,8 +129,6 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, t
         ``isolated`` (one copy), ``sequential`` (copies back to back on one stream), ``shared``
         (one stream each, dispatched at once), ``cu-partition`` (one stream each, with disjoint
         CU masks).
-    fingerprint
-        :func:`fingerprint` of the system (part of the cache key only).
 
     Returns
     -------
@@ -194,7 +168,7 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, t
 
 
 def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, Any]], policy: str,
-                  fingerprint: str, timing: dict[str, float] | None = None) -> dict[str, Any]:
+                  timing: dict[str, float] | None = None) -> dict[str, Any]:
     """Simulate a mix of GEMMs through the command processor (a sweep point).
 
     Parameters
@@ -402,7 +376,7 @@ class ConcurrencyStudy:
             "system": self.system, "overrides": merged, "m": int(shape["m"]), "n": int(shape["n"]), "k": int(shape["k"]),
             "trans_a": bool(shape["trans_a"]), "trans_b": bool(shape["trans_b"]), "batch": int(shape["batch"]),
             "dtype": str(shape["dtype"]), "kernel": kernel, "copies": int(copies),
-            "arrangement": arrangement, "fingerprint": fingerprint(self.system, merged),
+            "arrangement": arrangement,
         }
 
     # -- measuring -----------------------------------------------------------------------------
@@ -660,7 +634,7 @@ class ConcurrencyStudy:
         """The arguments of a :func:`packets_point` on the study's system (plus ``overrides``)."""
         merged = {**self.overrides, **(overrides or {})}
         return {"system": self.system, "overrides": merged, "gemms": gemms, "policy": policy,
-                "fingerprint": fingerprint(self.system, merged), "timing": dataclasses.asdict(self.timing)}
+                "timing": dataclasses.asdict(self.timing)}
 
     def mixes(self, mixes: Sequence[tuple[Any, Any]], shapes: pd.DataFrame, policies: Sequence[str] = ("default", "go-kernels", "goldyloc"),
               degrees: Sequence[int] | None = None) -> pd.DataFrame:
@@ -757,8 +731,7 @@ def _by_cost(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(points, key=lambda p: -(p["m"] * p["n"] * p["k"] * p["batch"] * p["copies"]))
 
 
-_POINT_FIELDS = ("system", "overrides", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "kernel", "copies", "arrangement",
-                 "fingerprint")
+_POINT_FIELDS = ("system", "overrides", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype", "kernel", "copies", "arrangement")
 
 
 def _tagged(frame: pd.DataFrame, points: list[dict[str, Any]], tags: list[dict[str, Any]]) -> pd.DataFrame:
