@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpusim.arguments import CREATED_FOLDERS
 from gpusim.errors import GpusimError
 
 
@@ -69,8 +70,6 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
         A file cannot be written (the message names it as it would be in ``out``), or a staged
         file cannot take its place there (a folder of its name is in the way); nothing is moved.
     """
-    from gpusim.arguments import CREATED_FOLDERS
-
     if out is None:
         yield None
         return
