@@ -62,7 +62,7 @@ def test_data_movement_reduction_of_13x_is_the_gpu_reading_the_gradients(lamb):
     reference = REFERENCE.query("quantity == 'data_reduction'")["value"].iloc[0]
     sizes = study.model_parameter_sizes("bert-base")  # the ratio does not depend on the model's size
     step = study.simulate_step(gpusim.load_system("t3-table8.1"), "lamb", sizes, "nmc", grad_norm="gpu")
-    reduction = study.min_gpu_bytes("lamb", sizes) / step["dram_bytes_gpu"]
+    reduction = study.min_gpu_bytes("lamb", sizes) / step["dram_traffic_bytes"]
     assert reduction == pytest.approx(reference, rel=DATA_TOLERANCE)
     # with the gradient norm in the banks as well, only partial sums cross: far less traffic still
     assert lamb["data_reduction"].min() > 20 * reference
@@ -126,3 +126,20 @@ def test_adam_multi_tensor_steps_on_hopper_launch_and_take_what_pytorch_measured
         assert step["kernels"] + extra == measured.loc[impl, "kernels_per_step"], impl
         assert step["kernel_busy_s"] * 1e3 == pytest.approx(measured.loc[impl, "kernel_busy_ms"],
                                                             rel=BUSY_TOLERANCE), impl
+
+
+def test_a_column_means_the_same_in_the_lamb_table_and_in_the_sweeps():
+    """lamb.csv (``lamb_speedups``) and sweep_*.csv (``nmc_point``) describe the same near-memory
+    step alike: every column they share holds the same value for the same point, and the bytes
+    say where they move (between DRAM and the GPU, or inside the banks)."""
+    lamb = study.lamb_speedups(model="bert-base", temp_storage_scales=(1,)).set_index("baseline").loc["gpu-peak"]
+    point = study.nmc_point(model="bert-base")
+    shared = (set(lamb.index) & set(point)) - {"wall_s"}
+    for column in shared:
+        assert point[column] == pytest.approx(lamb[column]), column
+    assert {"speedup", "ideal_gpu_dram_traffic_bytes", "nmc_dram_traffic_bytes", "nmc_bank_internal_bytes",
+            "data_reduction"} <= shared
+    sizes = study.model_parameter_sizes("bert-base")
+    assert point["ideal_gpu_dram_traffic_bytes"] == study.min_gpu_bytes("lamb", sizes)
+    assert 0 < point["nmc_dram_traffic_bytes"] < point["ideal_gpu_dram_traffic_bytes"]
+    assert point["nmc_bank_internal_bytes"] > 100 * point["nmc_dram_traffic_bytes"]  # the arrays stay in the banks

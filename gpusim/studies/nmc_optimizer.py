@@ -141,8 +141,9 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
     Returns
     -------
     dict
-        ``time_s``, ``kernels``, ``broadcasts``, ``dram_bytes_gpu`` (bytes between DRAM and the
-        GPU), ``dram_bytes_nmc`` (bytes inside the banks for near-memory commands),
+        ``time_s``, ``kernels``, ``broadcasts``, ``dram_traffic_bytes`` (bytes between DRAM and
+        the GPU, over the channels' data bus), ``bank_internal_bytes`` (bytes the near-memory
+        ALUs read, write and update inside the banks; they never cross the bus),
         ``activations``, ``events``, ``kernel_busy_s`` (the kernels' summed durations, as a profiler
         adds them up) and ``wall_s`` (simulator cost).
     """
@@ -156,11 +157,50 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
         "kernel_busy_s": float((kernels["end_s"] - kernels["start_s"]).sum()) if len(kernels) else 0.0,
         "kernels": int(row["kernels"]),
         "broadcasts": int(row.get("broadcasts", 0) or 0),
-        "dram_bytes_gpu": float(result.dram["bytes"].sum()),
-        "dram_bytes_nmc": float(sum(counters.get(f"gpu0.nmc_bytes_{kind}", 0.0) for kind in ("read", "write", "update"))),
+        "dram_traffic_bytes": float(result.dram["bytes"].sum()),
+        "bank_internal_bytes": float(sum(counters.get(f"gpu0.nmc_bytes_{kind}", 0.0) for kind in ("read", "write", "update"))),
         "activations": float(result.counters.get("gpu0.dram_activations", 0.0)),
         "events": result.stats["events"],
         "wall_s": time.perf_counter() - start,
+    }
+
+
+def _versus_ideal_gpu(
+    step: dict[str, Any], system: System, algorithm: str, sizes: Sequence[int], fraction: float = 1.0
+) -> dict[str, float]:
+    """A simulated near-memory step beside the ideal GPU at ``fraction`` of the peak HBM bandwidth.
+
+    Parameters
+    ----------
+    step
+        The near-memory step (:func:`simulate_step` with ``impl="nmc"``).
+    system, algorithm, sizes
+        What the step ran: the system, the optimizer and the parameter tensors' elements.
+    fraction
+        The ideal GPU's share of the peak HBM bandwidth.
+
+    Returns
+    -------
+    dict
+        ``gpu_time_s`` (the ideal GPU, s), ``nmc_time_s`` (the near-memory step, s), ``speedup``
+        (``gpu_time_s / nmc_time_s``), ``ideal_gpu_dram_traffic_bytes`` (bytes the ideal GPU moves
+        between DRAM and the GPU), ``nmc_dram_traffic_bytes`` (bytes between DRAM and the GPU in the
+        near-memory step: partial sums, and the gradients if a GPU kernel computes their norm),
+        ``nmc_bank_internal_bytes`` (bytes the near-memory ALUs read, write and update inside the
+        banks) and ``data_reduction`` (``ideal_gpu_dram_traffic_bytes / nmc_dram_traffic_bytes``,
+        infinite when nothing crosses).
+    """
+    gpu_time = ideal_gpu_time_s(system, algorithm, sizes, fraction)
+    gpu_bytes = min_gpu_bytes(algorithm, sizes)
+    nmc_bytes = step["dram_traffic_bytes"]
+    return {
+        "gpu_time_s": gpu_time,
+        "nmc_time_s": step["time_s"],
+        "speedup": gpu_time / step["time_s"],
+        "ideal_gpu_dram_traffic_bytes": gpu_bytes,
+        "nmc_dram_traffic_bytes": nmc_bytes,
+        "nmc_bank_internal_bytes": step["bank_internal_bytes"],
+        "data_reduction": gpu_bytes / nmc_bytes if nmc_bytes > 0 else float("inf"),
     }
 
 
@@ -195,8 +235,11 @@ def lamb_speedups(
     -------
     pandas.DataFrame
         One row per baseline and storage: baseline, fraction_of_peak, temp_storage,
-        temp_storage_bytes, gpu_time_s, nmc_time_s, speedup, dram_bytes_gpu (ideal GPU),
-        dram_bytes_nmc (between DRAM and GPU with NMC), data_reduction, activations, wall_s.
+        temp_storage_bytes, grad_norm, gpu_time_s (the ideal GPU, s), nmc_time_s (s), speedup,
+        ideal_gpu_dram_traffic_bytes (bytes the ideal GPU moves between DRAM and the GPU),
+        nmc_dram_traffic_bytes (bytes between DRAM and the GPU with NMC), nmc_bank_internal_bytes
+        (bytes the ALUs move inside the banks), data_reduction (the ideal GPU's DRAM traffic over
+        NMC's), activations, wall_s.
     """
     sizes = model_parameter_sizes(model)
     base = _system(system, overrides)
@@ -206,8 +249,6 @@ def lamb_speedups(
         point = _system(system, {**(overrides or {}), "gpu.nmc.temp_storage_bytes": storage * scale})
         step = simulate_step(point, "lamb", sizes, "nmc", grad_norm=grad_norm)
         for baseline, fraction in BASELINES.items():
-            gpu_time = ideal_gpu_time_s(point, "lamb", sizes, fraction)
-            gpu_bytes = min_gpu_bytes("lamb", sizes)
             rows.append(
                 {
                     "baseline": baseline,
@@ -215,12 +256,7 @@ def lamb_speedups(
                     "temp_storage": f"{scale}x",
                     "temp_storage_bytes": storage * scale,
                     "grad_norm": grad_norm,
-                    "gpu_time_s": gpu_time,
-                    "nmc_time_s": step["time_s"],
-                    "speedup": gpu_time / step["time_s"],
-                    "dram_bytes_gpu": gpu_bytes,
-                    "dram_bytes_nmc": step["dram_bytes_gpu"],
-                    "data_reduction": _reduction(gpu_bytes, step["dram_bytes_gpu"]),
+                    **_versus_ideal_gpu(step, point, "lamb", sizes, fraction),
                     "activations": step["activations"],
                     "wall_s": step["wall_s"],
                 }
@@ -409,27 +445,29 @@ def nmc_point(
     overrides: dict[str, Any] | None = None,
     **labels: Any,
 ) -> dict[str, Any]:
-    """One near-memory step and its ideal-GPU baseline (top-level, for :func:`gpusim.sweep.sweep`).
+    """One near-memory step and its ideal-GPU baseline at peak bandwidth (top-level, for
+    :func:`gpusim.sweep.sweep`).
 
     ``labels`` are not used; they let a sweep carry extra columns (e.g. a storage multiple).
+
+    Returns
+    -------
+    dict
+        ``time_s``, ``kernels``, ``broadcasts``, ``activations``, ``events``, ``kernel_busy_s`` and
+        ``wall_s`` of :func:`simulate_step`, ``parameters`` and the comparison with the ideal GPU
+        under the names of :func:`lamb_speedups` (``gpu_time_s``, ``nmc_time_s``, ``speedup``,
+        ``ideal_gpu_dram_traffic_bytes``, ``nmc_dram_traffic_bytes``, ``nmc_bank_internal_bytes``,
+        ``data_reduction``).
     """
     point = _system(system, overrides)
     sizes = model_parameter_sizes(model)
     step = simulate_step(point, algorithm, sizes, "nmc", grad_norm=grad_norm)
-    gpu_time = ideal_gpu_time_s(point, algorithm, sizes)
+    moved = ("dram_traffic_bytes", "bank_internal_bytes")
     return {
-        **step,
+        **{key: value for key, value in step.items() if key not in moved},
         "parameters": sum(sizes),
-        "gpu_time_s": gpu_time,
-        "nmc_time_s": step["time_s"],
-        "speedup": gpu_time / step["time_s"],
-        "data_reduction": _reduction(min_gpu_bytes(algorithm, sizes), step["dram_bytes_gpu"]),
+        **_versus_ideal_gpu(step, point, algorithm, sizes),
     }
-
-
-def _reduction(gpu_bytes: float, nmc_bytes: float) -> float:
-    """How many times fewer bytes cross between DRAM and GPU (infinite when none do)."""
-    return gpu_bytes / nmc_bytes if nmc_bytes > 0 else float("inf")
 
 
 def _run_sweep(points: list[dict[str, Any]], description: str, workers: int | None, cache: str | None, progress: bool):

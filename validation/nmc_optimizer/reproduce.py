@@ -19,7 +19,8 @@ Writes into ``--out``:
   the dissertation's 9-20%;
 * ``breakdown.csv``: where LAMB's time on NMC goes (column commands, row switches, GPU);
 * ``sweep_*.csv``: temporary storage, banks per ALU, model size, HBM generation, divide and square
-  root cost, the other optimizers;
+  root cost, the other optimizers (their columns mean what ``lamb.csv``'s of the same name mean;
+  docs/nmc.md);
 * ``*.png``: plots of all of these; ``lamb_nmc.perfetto.json``: a timeline of LAMB on NMC.
 
 ``--quick`` uses BERT-base for LAMB, fewer sweep points and only the multi-tensor Adan and Adam
