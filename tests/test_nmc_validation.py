@@ -6,6 +6,7 @@ tolerances are the issue's.  Known deviations are strict xfails: they fail when 
 to agree, so that docs/nmc.md and the report are updated.
 """
 
+import importlib.util
 from pathlib import Path
 
 import pandas as pd
@@ -143,3 +144,50 @@ def test_a_column_means_the_same_in_the_lamb_table_and_in_the_sweeps():
     assert point["ideal_gpu_dram_traffic_bytes"] == study.min_gpu_bytes("lamb", sizes)
     assert 0 < point["nmc_dram_traffic_bytes"] < point["ideal_gpu_dram_traffic_bytes"]
     assert point["nmc_bank_internal_bytes"] > 100 * point["nmc_dram_traffic_bytes"]  # the arrays stay in the banks
+
+
+def load_reproduce():
+    spec = importlib.util.spec_from_file_location("nmc_reproduce", VALIDATION / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_study_tables_name_their_model(monkeypatch):
+    """lamb.csv, breakdown.csv and end_to_end.csv say which model they simulated, with or without
+    --quick (the sweeps carry it as a point's key)."""
+    assert set(study.lamb_speedups(model="bert-base", temp_storage_scales=(4,))["model"]) == {"bert-base"}
+    assert set(study.nmc_breakdown(model="bert-base")["model"]) == {"bert-base"}
+
+    def iteration_point(**point):  # the sweep's own columns without a simulation
+        return {"iteration_s": 2.0 if point["impl"] == "nmc" else 3.0, "lamb_s": 0.5, "wall_s": 0.0}
+
+    monkeypatch.setattr(study, "iteration_point", iteration_point)
+    frame = study.bert_iterations(model="bert-base", configs=("Ph1-B4-FP32",), temp_storage_scales=(1,), workers=1,
+                                  progress=False)
+    assert list(frame[["system", "model"]].iloc[0]) == ["t3-table8.1", "bert-base"]
+
+
+def test_the_reproduction_tables_name_their_model(monkeypatch):
+    """The Adan, Adam and checks tables of reproduce.py name the model of every row: checks.csv
+    mixes BERT-base-classifier's Adan step with the LAMB model (BERT-base under --quick)."""
+    def gpu_steps(system, model, algorithm, cases, workers):
+        return pd.DataFrame({"system": system, "model": model, "algorithm": algorithm, "impl": cases, "simulated_ms": 1.0,
+                             "simulated_busy_ms": 1.0, "kernels": 1, "wall_s": 0.0})
+
+    def lamb_speedups(model, grad_norm):
+        return pd.DataFrame({"model": model, "grad_norm": grad_norm, "baseline": ["gpu-peak", "gpu-80"],
+                             "temp_storage": "4x", "speedup": 3.0, "data_reduction": 13.0})
+
+    monkeypatch.setattr(study, "gpu_steps", gpu_steps)
+    monkeypatch.setattr(study, "lamb_speedups", lamb_speedups)
+    reproduce = load_reproduce()
+    adan = reproduce.adan_table(quick=True, workers=1)
+    adam = reproduce.adam_h200_table(quick=True, workers=1)
+    assert set(adan["model"]) == set(adam["model"]) == {"bert-base-classifier"}
+    lamb = reproduce.lamb_table("bert-base")
+    end_to_end = pd.DataFrame({"model": ["bert-base"], "config": ["Ph1-B32-FP16"], "temp_storage": ["1x"],
+                               "iteration_speedup": [1.1], "reference_low": [1.09], "within_reference": [True]})
+    checks = reproduce.checks_table(lamb, adan, end_to_end).set_index("check")["model"]
+    assert checks["adan multi-tensor fused step on v100-sxm2 (ms)"] == "bert-base-classifier"
+    assert checks.drop("adan multi-tensor fused step on v100-sxm2 (ms)").eq("bert-base").all()

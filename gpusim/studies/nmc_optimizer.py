@@ -234,7 +234,7 @@ def lamb_speedups(
     Returns
     -------
     pandas.DataFrame
-        One row per baseline and storage: baseline, fraction_of_peak, temp_storage,
+        One row per baseline and storage: system, model, baseline, fraction_of_peak, temp_storage,
         temp_storage_bytes, grad_norm, gpu_time_s (the ideal GPU, s), nmc_time_s (s), speedup,
         ideal_gpu_dram_traffic_bytes (bytes the ideal GPU moves between DRAM and the GPU),
         nmc_dram_traffic_bytes (bytes between DRAM and the GPU with NMC), nmc_bank_internal_bytes
@@ -251,6 +251,8 @@ def lamb_speedups(
         for baseline, fraction in BASELINES.items():
             rows.append(
                 {
+                    "system": system,
+                    "model": model,
                     "baseline": baseline,
                     "fraction_of_peak": fraction,
                     "temp_storage": f"{scale}x",
@@ -277,7 +279,8 @@ def nmc_breakdown(
     Returns
     -------
     pandas.DataFrame
-        One row per part: part, time_s, column_s, row_switch_s, activations, tile_columns.
+        One row per part: system, model, algorithm, grad_norm, part, time_s, column_s,
+        row_switch_s (s), activations, tile_columns.
     """
     point = _system(system, overrides)
     sizes = model_parameter_sizes(model)
@@ -301,7 +304,12 @@ def nmc_breakdown(
     result = run(point, Optimizer(algorithm, sizes, impl="nmc", grad_norm=grad_norm))
     nmc = sum(span.end_ns - span.start_ns for span in result.spans if span.category == "nmc") * 1e-9
     rows.append({"part": "gpu (norm kernels, synchronizations, command issue)", "time_s": result.time_s - nmc})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "grad_norm", grad_norm)
+    frame.insert(0, "algorithm", algorithm)
+    frame.insert(0, "model", model)
+    frame.insert(0, "system", system)
+    return frame
 
 
 def end_to_end(speedup: float, lamb_shares: Sequence[float] = (0.10, 0.20)) -> pd.DataFrame:
@@ -377,8 +385,8 @@ def bert_iterations(
     Returns
     -------
     pandas.DataFrame
-        One row per configuration and storage: config, batch, seq_len, dtype, temp_storage,
-        iteration_gpu_s, lamb_gpu_s, lamb_share (of the GPU iteration), iteration_nmc_s,
+        One row per configuration and storage: system, model, config, batch, seq_len, dtype,
+        temp_storage, iteration_gpu_s, lamb_gpu_s, lamb_share (of the GPU iteration), iteration_nmc_s,
         lamb_nmc_s, lamb_speedup, iteration_speedup.
     """
     unknown = [config for config in configs if config not in BERT_ITERATIONS]
@@ -404,8 +412,8 @@ def bert_iterations(
     nmc["lamb_share"] = nmc["lamb_gpu_s"] / nmc["iteration_gpu_s"]
     nmc["lamb_speedup"] = nmc["lamb_gpu_s"] / nmc["lamb_nmc_s"]
     nmc["iteration_speedup"] = nmc["iteration_gpu_s"] / nmc["iteration_nmc_s"]
-    columns = ["config", "batch", "seq_len", "dtype", "temp_storage", "iteration_gpu_s", "lamb_gpu_s", "lamb_share",
-               "iteration_nmc_s", "lamb_nmc_s", "lamb_speedup", "iteration_speedup"]
+    columns = ["system", "model", "config", "batch", "seq_len", "dtype", "temp_storage", "iteration_gpu_s", "lamb_gpu_s",
+               "lamb_share", "iteration_nmc_s", "lamb_nmc_s", "lamb_speedup", "iteration_speedup"]
     return nmc[columns].reset_index(drop=True)
 
 
