@@ -14,11 +14,13 @@ import pytest
 
 import gpusim
 from gpusim.studies import nmc_optimizer as study
+from gpusim.trace.models import load_model
 
 VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "nmc_optimizer"
 REFERENCE = pd.read_csv(VALIDATION / "reference_lamb.csv")
 ADAN = pd.read_csv(VALIDATION / "reference_adan_v100.csv").set_index("impl")
 LAMB_TOLERANCE, DATA_TOLERANCE, ADAN_TOLERANCE = 0.15, 0.20, 0.25
+T3 = gpusim.load_system("t3-table8.1")
 
 
 @pytest.fixture(scope="module")
@@ -88,20 +90,59 @@ def test_a_bert_iteration_gains_exactly_what_lamb_gains_on_nmc():
     assert rest_nmc == pytest.approx(rest_gpu, rel=1e-6)
 
 
-def test_bert_iterations_reject_an_unknown_configuration():
-    with pytest.raises(ValueError, match="unknown BERT iteration 'Ph3'.*Ph1-B32-FP16"):
-        study.bert_iterations(configs=("Ph3",), progress=False)
+MODEL_NAMES = "model must be one of bert-base-classifier, bert-base, bert-large,"
+POSITIVE_SCALES = "temp_storage_scales must be a non-empty list of positive integers, got"
 
 
-def test_bert_iterations_reject_an_empty_list_of_storage_multiples():
-    with pytest.raises(ValueError, match="temp_storage_scales is empty"):
-        study.bert_iterations(temp_storage_scales=(), progress=False)
-
-
-@pytest.mark.parametrize("speedup", [0, -1, float("inf"), float("nan"), True])
-def test_end_to_end_needs_a_positive_finite_speedup(speedup):
-    with pytest.raises(ValueError, match="speedup must be a positive finite number"):
-        study.end_to_end(speedup)
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: study.parameter_sizes("bert-base"), "model must be a ModelConfig .*, got 'bert-base'"),
+    (lambda: study.parameter_sizes(load_model("bert-base"), style="gpt"), "style must be one of bert, decoder, got 'gpt'"),
+    (lambda: study.parameter_sizes(load_model("bert-base"), positions=0), "positions must be a positive .*, got 0"),
+    (lambda: study.parameter_sizes(load_model("bert-base"), labels=-1), "labels must be a positive integer, got -1"),
+    (lambda: study.model_parameter_sizes("bert"), MODEL_NAMES + ".* got 'bert'"),
+    (lambda: study.min_gpu_bytes("lion", [10]), "algorithm must be one of sgd, adam, adamw, lamb, adan, got 'lion'"),
+    (lambda: study.min_gpu_bytes("lamb", [10, -1]), r"sizes must be a non-empty list of positive integers .*, got \[10, -1\]"),
+    (lambda: study.min_gpu_bytes("lamb", [10], dtype="fp7"), "dtype must be one of .*, got 'fp7'"),
+    (lambda: study.ideal_gpu_time_s(T3, "lamb", [10], fraction=0), "fraction must be .* above 0 and at most 1, got 0"),
+    (lambda: study.ideal_gpu_time_s(T3, "lamb", [10], fraction=90), "fraction must be .*, got 90"),
+    (lambda: study.simulate_step(T3, "lamb", [10], "nmcx"), "impl must be one of unfused, .*, got 'nmcx'"),
+    (lambda: study.lamb_speedups(model="bert"), MODEL_NAMES),
+    (lambda: study.lamb_speedups(temp_storage_scales=(0,)), POSITIVE_SCALES + r" \(0,\)"),
+    (lambda: study.lamb_speedups(temp_storage_scales=(1.5,)), POSITIVE_SCALES + r" \(1.5,\)"),
+    (lambda: study.lamb_speedups(grad_norm="cpu"), "grad_norm must be one of banks, gpu, got 'cpu'"),
+    (lambda: study.lamb_speedups(system="t3"), "unknown hardware preset 't3'"),
+    (lambda: study.nmc_breakdown(algorithm="lion"), "algorithm must be one of .*, got 'lion'"),
+    (lambda: study.nmc_breakdown(grad_norm="x"), "grad_norm must be one of banks, gpu, got 'x'"),
+    (lambda: study.end_to_end(0), "speedup must be a positive finite number, got 0"),
+    (lambda: study.end_to_end(2.0, (0.1, 1.5)), r"lamb_shares must be a non-empty list of fractions between 0 and 1, got \(0.1, 1.5\)"),
+    (lambda: study.bert_iterations(model="bert-xl"), "model must be one of bert-base, bert-large, .*, got 'bert-xl'"),
+    (lambda: study.bert_iterations(configs=("Ph3",)), r"configs must be a non-empty list of names among Ph1-B32-FP16, .*, got \('Ph3',\)"),
+    (lambda: study.bert_iterations(configs="Ph1-B32-FP16"), "configs must be a non-empty list of .*, got 'Ph1-B32-FP16'"),
+    (lambda: study.bert_iterations(temp_storage_scales=()), POSITIVE_SCALES + r" \(\)"),
+    (lambda: study.gpu_steps("v100-sxm2", "bert-base", "adan", cases=("nmc",)), "cases must be a non-empty list of names among unfused"),
+    (lambda: study.gpu_steps("v100", "bert-base", "adan"), "unknown hardware preset 'v100'"),
+    (lambda: study.nmc_point(grad_norm="x"), "grad_norm must be one of banks, gpu, got 'x'"),
+    (lambda: study.sweep_temp_storage((256, 0)), r"storage_bytes must be a non-empty list of positive integers \(bytes\), got \(256, 0\)"),
+    (lambda: study.sweep_temp_storage(grad_norms=("bank",)), r"grad_norms must be .* among banks, gpu, got \('bank',\)"),
+    (lambda: study.sweep_temp_storage(system="nope"), "unknown hardware preset 'nope'"),
+    (lambda: study.sweep_banks_per_alu((1, 3)), r"banks_per_alu must be a non-empty list of divisors of the 16 banks of a channel, got \(1, 3\)"),
+    (lambda: study.sweep_banks_per_alu(temp_storage_scales=(-1,)), POSITIVE_SCALES),
+    (lambda: study.sweep_models("bert-large"), "models must be a non-empty list of names among bert-base-classifier, .*, got 'bert-large'"),
+    (lambda: study.sweep_models(("bert-large", "gpt4")), "models must be a non-empty list of names among .*'gpt4'"),
+    (lambda: study.sweep_models(temp_storage_scales=[]), POSITIVE_SCALES),
+    (lambda: study.sweep_hbm(["h100-sxm5"]), "generations must be a non-empty mapping of labels to hardware presets"),
+    (lambda: study.sweep_hbm({"HBM9": None}), r"generations\['HBM9'\] must be the name of a hardware preset, got None"),
+    (lambda: study.sweep_hbm(model="gpt4"), MODEL_NAMES),
+    (lambda: study.sweep_divide_cost((0,)), r"cycles must be a non-empty list of positive numbers of ALU cycles .*, got \(0,\)"),
+    (lambda: study.sweep_divide_cost((float("nan"),)), "cycles must be .*, got \\(nan,\\)"),
+    (lambda: study.optimizers_on_nmc(("sgd", "lion")), r"algorithms must be a non-empty list of names among sgd, .*'lion'"),
+])
+def test_bad_study_arguments_are_config_errors_naming_them(call, message):
+    """Every public function of the study checks its arguments before it simulates anything: a bad
+    one is a ConfigError that names it, its value and what was expected (not a KeyError, a
+    ZeroDivisionError or an empty table)."""
+    with pytest.raises(gpusim.ConfigError, match=message):
+        call()
 
 
 MEASURED_ADAM = {
