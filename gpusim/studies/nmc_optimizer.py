@@ -65,7 +65,8 @@ def _positive(value: object) -> bool:
 
 
 def _positive_ints(argument: str, values: object, unit: str = "") -> list[int]:
-    """The items of ``values``, a non-empty list of positive integers (of ``unit``)."""
+    """The items of ``values``, a non-empty list of positive integers; ``unit`` (``" (bytes)"``)
+    follows "positive integers" in the error message."""
     return _items(argument, values, _positive, f"positive integers{unit}")
 
 

@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = checks_table(lamb, adan, end_to_end)
     checks.to_csv(out / "checks.csv", index=False)
     with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
-        print(f"\nReference numbers ({model}{'; --quick compares BERT-base with BERT-Large references' if args.quick else ''})")
+        print(f"\nReference numbers{' (--quick compares BERT-base with BERT-Large references)' if args.quick else ''}")
         print(checks.to_string(index=False))
     print(f"\nwrote {out}/ in {time.perf_counter() - start:.0f} s")
     missed = checks[checks["status"] == "miss"]
