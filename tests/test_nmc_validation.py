@@ -179,12 +179,12 @@ def test_a_column_means_the_same_in_the_lamb_table_and_in_the_sweeps():
     shared = (set(lamb.index) & set(point)) - {"wall_s"}
     for column in shared:
         assert point[column] == pytest.approx(lamb[column]), column
-    assert {"speedup", "ideal_gpu_dram_traffic_bytes", "nmc_dram_traffic_bytes", "nmc_bank_internal_bytes",
+    assert {"speedup", "dram_bytes_gpu", "dram_bytes_nmc", "nmc_bank_internal_bytes",
             "data_reduction"} <= shared
     sizes = study.model_parameter_sizes("bert-base")
-    assert point["ideal_gpu_dram_traffic_bytes"] == study.min_gpu_bytes("lamb", sizes)
-    assert 0 < point["nmc_dram_traffic_bytes"] < point["ideal_gpu_dram_traffic_bytes"]
-    assert point["nmc_bank_internal_bytes"] > 100 * point["nmc_dram_traffic_bytes"]  # the arrays stay in the banks
+    assert point["dram_bytes_gpu"] == study.min_gpu_bytes("lamb", sizes)
+    assert 0 < point["dram_bytes_nmc"] < point["dram_bytes_gpu"]
+    assert point["nmc_bank_internal_bytes"] > 100 * point["dram_bytes_nmc"]  # the arrays stay in the banks
 
 
 def load_reproduce():

@@ -264,11 +264,11 @@ def _versus_ideal_gpu(
     -------
     dict
         ``gpu_time_s`` (the ideal GPU, s), ``nmc_time_s`` (the near-memory step, s), ``speedup``
-        (``gpu_time_s / nmc_time_s``), ``ideal_gpu_dram_traffic_bytes`` (bytes the ideal GPU moves
-        between DRAM and the GPU), ``nmc_dram_traffic_bytes`` (bytes between DRAM and the GPU in the
+        (``gpu_time_s / nmc_time_s``), ``dram_bytes_gpu`` (bytes the ideal GPU moves
+        between DRAM and the GPU), ``dram_bytes_nmc`` (bytes between DRAM and the GPU in the
         near-memory step: partial sums, and the gradients if a GPU kernel computes their norm),
         ``nmc_bank_internal_bytes`` (bytes the near-memory ALUs read, write and update inside the
-        banks) and ``data_reduction`` (``ideal_gpu_dram_traffic_bytes / nmc_dram_traffic_bytes``,
+        banks) and ``data_reduction`` (``dram_bytes_gpu / dram_bytes_nmc``,
         infinite when nothing crosses).
     """
     gpu_time = ideal_gpu_time_s(system, algorithm, sizes, fraction)
@@ -278,8 +278,8 @@ def _versus_ideal_gpu(
         "gpu_time_s": gpu_time,
         "nmc_time_s": step["time_s"],
         "speedup": gpu_time / step["time_s"],
-        "ideal_gpu_dram_traffic_bytes": gpu_bytes,
-        "nmc_dram_traffic_bytes": nmc_bytes,
+        "dram_bytes_gpu": gpu_bytes,
+        "dram_bytes_nmc": nmc_bytes,
         "nmc_bank_internal_bytes": step["bank_internal_bytes"],
         "data_reduction": gpu_bytes / nmc_bytes if nmc_bytes > 0 else float("inf"),
     }
@@ -317,8 +317,8 @@ def lamb_speedups(
     pandas.DataFrame
         One row per baseline and storage: system, model, baseline, fraction_of_peak, temp_storage,
         temp_storage_bytes, grad_norm, gpu_time_s (the ideal GPU, s), nmc_time_s (s), speedup,
-        ideal_gpu_dram_traffic_bytes (bytes the ideal GPU moves between DRAM and the GPU),
-        nmc_dram_traffic_bytes (bytes between DRAM and the GPU with NMC), nmc_bank_internal_bytes
+        dram_bytes_gpu (bytes the ideal GPU moves between DRAM and the GPU),
+        dram_bytes_nmc (bytes between DRAM and the GPU with NMC), nmc_bank_internal_bytes
         (bytes the ALUs move inside the banks), data_reduction (the ideal GPU's DRAM traffic over
         NMC's), activations, wall_s.
     """
@@ -557,7 +557,7 @@ def nmc_point(
         ``time_s``, ``kernels``, ``broadcasts``, ``activations``, ``events``, ``kernel_busy_s`` and
         ``wall_s`` of :func:`simulate_step`, ``parameters`` and the comparison with the ideal GPU
         under the names of :func:`lamb_speedups` (``gpu_time_s``, ``nmc_time_s``, ``speedup``,
-        ``ideal_gpu_dram_traffic_bytes``, ``nmc_dram_traffic_bytes``, ``nmc_bank_internal_bytes``,
+        ``dram_bytes_gpu``, ``dram_bytes_nmc``, ``nmc_bank_internal_bytes``,
         ``data_reduction``).
     """
     sizes = model_parameter_sizes(model)
