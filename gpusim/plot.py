@@ -54,7 +54,7 @@ def dram_bandwidth(bandwidth: pd.DataFrame, ax=None, title: str | None = None):
     """DRAM bandwidth over time per stream and direction (``Result.dram_bandwidth(gpu)``)."""
     ax = _axes(ax)
     ax.set_xlabel("time (ms)")
-    ax.set_ylabel("DRAM GB/s")
+    ax.set_ylabel("DRAM bandwidth (GB/s)")
     if title:
         ax.set_title(title)
     series = [column for column in bandwidth.columns if column != "t_s"]

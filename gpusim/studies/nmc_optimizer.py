@@ -12,25 +12,74 @@ register them) from the model definitions in ``workloads/models``.
 
 from __future__ import annotations
 
-import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.config.loader import load_gpu_config
+from gpusim.errors import ConfigError
 from gpusim.hw.nmc import NearMemoryUnits
 from gpusim.kernels.optimizer import ALGORITHMS
-from gpusim.ops import Optimizer, as_real
+from gpusim.ops import OPTIMIZER_IMPLS, Optimizer, as_int, as_real, as_sequence
 from gpusim.simulate import run
 from gpusim.sweep import sweep
 from gpusim.system import System, load_system
-from gpusim.trace.models import ModelConfig, load_model
+from gpusim.trace.models import ModelConfig, list_models, load_model
 
 BASELINES = {"gpu-peak": 1.0, "gpu-90": 0.9, "gpu-80": 0.8}
 """The ideal GPU at a fraction of the peak HBM bandwidth (dissertation section 6.4)."""
+GRAD_NORMS = ("banks", "gpu")
+"""Where LAMB's global gradient norm is computed (see :class:`gpusim.ops.Optimizer`)."""
+
+
+# -- argument checks: a bad argument is a ConfigError naming it, its value and what was expected ---
+def _one_of(argument: str, value: object, known: Iterable[str]) -> str:
+    """``value`` if it is one of the names ``known``."""
+    known = list(known)
+    if not isinstance(value, str) or value not in known:
+        raise ConfigError(f"{argument} must be one of {', '.join(known)}, got {value!r}")
+    return value
+
+
+def _items(argument: str, values: object, fits: Callable[[Any], bool], expected: str) -> list[Any]:
+    """The items of ``values``, a non-empty list (tuple, range, array) of items that fit."""
+    items = as_sequence(values)
+    if not items or not all(fits(item) for item in items):
+        raise ConfigError(f"{argument} must be a non-empty list of {expected}, got {values!r}")
+    return items
+
+
+def _names(argument: str, values: object, known: Iterable[str]) -> list[str]:
+    """The items of ``values``, a non-empty list of names among ``known``."""
+    known = list(known)
+    return _items(argument, values, lambda item: isinstance(item, str) and item in known,
+                  f"names among {', '.join(known)}")
+
+
+def _positive(value: object) -> bool:
+    """Whether ``value`` is an integer of at least 1 (Python or NumPy, not a bool)."""
+    return as_int(value) is not None and value >= 1
+
+
+def _positive_ints(argument: str, values: object, unit: str = "") -> list[int]:
+    """The items of ``values``, a non-empty list of positive integers; ``unit`` (``" (bytes)"``)
+    follows "positive integers" in the error message."""
+    return _items(argument, values, _positive, f"positive integers{unit}")
+
+
+def _model(model: object) -> str:
+    """``model`` if it is a model of :data:`MODELS`."""
+    return _one_of("model", model, MODELS)
+
+
+def _gpu(system: object, argument: str = "system") -> GpuConfig:
+    """The GPU of the hardware preset ``system`` (an unknown name lists the known presets)."""
+    if not isinstance(system, str):
+        raise ConfigError(f"{argument} must be the name of a hardware preset, got {system!r}")
+    return load_gpu_config(system)
 
 
 # -- parameter lists ------------------------------------------------------------------------------
@@ -69,11 +118,23 @@ def parameter_sizes(
         Classes of the classifier head.
     tied_output
         Whether the output layer reuses the input embedding.
+
+    Raises
+    ------
+    gpusim.ConfigError
+        An argument of the wrong kind or out of range.
     """
-    if style not in ("bert", "decoder"):
-        raise ValueError(f"style must be 'bert' or 'decoder', got {style!r}")
-    if head not in ("pretraining", "classifier"):
-        raise ValueError(f"head must be 'pretraining' or 'classifier', got {head!r}")
+    if not isinstance(model, ModelConfig):
+        raise ConfigError(f"model must be a ModelConfig (gpusim.trace.load_model(name)), got {model!r}")
+    _one_of("style", style, ("bert", "decoder"))
+    _one_of("head", head, ("pretraining", "classifier"))
+    if positions is not None and not _positive(positions):
+        raise ConfigError(f"positions must be a positive number of embedding rows or None, got {positions!r}")
+    for argument, value in (("token_types", token_types), ("labels", labels)):
+        if not _positive(value):
+            raise ConfigError(f"{argument} must be a positive integer, got {value!r}")
+    if not isinstance(tied_output, bool):
+        raise ConfigError(f"tied_output must be True or False, got {tied_output!r}")
     h, f = model.hidden, model.intermediate
     kv = model.key_value_heads * model.head_dim
     biased = model.activation == "gelu"
@@ -118,36 +179,57 @@ output layer (Touvron et al. 2023).  ``bert-base-classifier`` is the Hugging Fac
 
 def model_parameter_sizes(model: str) -> list[int]:
     """Parameter tensor sizes of a model in :data:`MODELS`."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
-    definition, options = MODELS[model]
+    definition, options = MODELS[_model(model)]
     return parameter_sizes(load_model(definition), **options)
 
 
 # -- baselines and one simulated step ---------------------------------------------------------
 def min_gpu_bytes(algorithm: str, sizes: Sequence[int], dtype: str = "fp32") -> float:
-    """Bytes an ideal GPU moves for one step: each array once per fused kernel."""
-    return float(ALGORITHMS[algorithm].min_bytes_per_element(DTYPE_BYTES[dtype]) * sum(sizes))
+    """Bytes an ideal GPU moves for one step: each array once per fused kernel.
+
+    Parameters
+    ----------
+    algorithm
+        An optimizer of :data:`gpusim.kernels.optimizer.ALGORITHMS`.
+    sizes
+        Elements of every parameter tensor.
+    dtype
+        The parameters' data type.
+    """
+    _one_of("algorithm", algorithm, ALGORITHMS)
+    elements = sum(_positive_ints("sizes", sizes, " (elements per tensor)"))
+    return float(ALGORITHMS[algorithm].min_bytes_per_element(DTYPE_BYTES[_one_of("dtype", dtype, DTYPE_BYTES)]) * elements)
 
 
 def ideal_gpu_time_s(system: System, algorithm: str, sizes: Sequence[int], fraction: float = 1.0, dtype: str = "fp32") -> float:
-    """Time of the ideal GPU: minimum bytes at ``fraction`` of the peak HBM bandwidth, s."""
-    return min_gpu_bytes(algorithm, sizes, dtype) / (fraction * system.gpu.hbm.bandwidth_bytes_per_s)
+    """Time of the ideal GPU: minimum bytes at ``fraction`` (above 0, at most 1) of the peak HBM
+    bandwidth, s."""
+    value = as_real(fraction)
+    if value is None or not 0 < value <= 1:
+        raise ConfigError(f"fraction must be a share of the peak bandwidth above 0 and at most 1, got {fraction!r}")
+    return min_gpu_bytes(algorithm, sizes, dtype) / (value * system.gpu.hbm.bandwidth_bytes_per_s)
 
 
 def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: str, **fields: Any) -> dict[str, Any]:
     """Simulate one optimizer step; return its time, kernels and DRAM traffic.
 
+    ``algorithm``, ``impl`` and ``fields`` are those of :class:`gpusim.ops.Optimizer`; ``sizes``
+    the elements of every parameter tensor.
+
     Returns
     -------
     dict
-        ``time_s``, ``kernels``, ``broadcasts``, ``dram_bytes_gpu`` (bytes between DRAM and the
-        GPU), ``dram_bytes_nmc`` (bytes inside the banks for near-memory commands),
+        ``time_s``, ``kernels``, ``broadcasts``, ``dram_traffic_bytes`` (bytes between DRAM and
+        the GPU, over the channels' data bus), ``bank_internal_bytes`` (bytes the near-memory
+        ALUs read, write and update inside the banks; they never cross the bus),
         ``activations``, ``events``, ``kernel_busy_s`` (the kernels' summed durations, as a profiler
         adds them up) and ``wall_s`` (simulator cost).
     """
+    _one_of("algorithm", algorithm, ALGORITHMS)
+    _one_of("impl", impl, OPTIMIZER_IMPLS)
+    sizes = _positive_ints("sizes", sizes, " (elements per tensor)")
     start = time.perf_counter()
-    result = run(system, Optimizer(algorithm, list(sizes), impl=impl, **fields))
+    result = run(system, Optimizer(algorithm, sizes, impl=impl, **fields))
     row = result.ops.iloc[0]
     counters = result.counters
     kernels = result.kernels
@@ -156,11 +238,50 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
         "kernel_busy_s": float((kernels["end_s"] - kernels["start_s"]).sum()) if len(kernels) else 0.0,
         "kernels": int(row["kernels"]),
         "broadcasts": int(row.get("broadcasts", 0) or 0),
-        "dram_bytes_gpu": float(result.dram["bytes"].sum()),
-        "dram_bytes_nmc": float(sum(counters.get(f"gpu0.nmc_bytes_{kind}", 0.0) for kind in ("read", "write", "update"))),
+        "dram_traffic_bytes": float(result.dram["bytes"].sum()),
+        "bank_internal_bytes": float(sum(counters.get(f"gpu0.nmc_bytes_{kind}", 0.0) for kind in ("read", "write", "update"))),
         "activations": float(result.counters.get("gpu0.dram_activations", 0.0)),
         "events": result.stats["events"],
         "wall_s": time.perf_counter() - start,
+    }
+
+
+def _versus_ideal_gpu(
+    step: dict[str, Any], system: System, algorithm: str, sizes: Sequence[int], fraction: float = 1.0
+) -> dict[str, float]:
+    """A simulated near-memory step beside the ideal GPU at ``fraction`` of the peak HBM bandwidth.
+
+    Parameters
+    ----------
+    step
+        The near-memory step (:func:`simulate_step` with ``impl="nmc"``).
+    system, algorithm, sizes
+        What the step ran: the system, the optimizer and the parameter tensors' elements.
+    fraction
+        The ideal GPU's share of the peak HBM bandwidth.
+
+    Returns
+    -------
+    dict
+        ``gpu_time_s`` (the ideal GPU, s), ``nmc_time_s`` (the near-memory step, s), ``speedup``
+        (``gpu_time_s / nmc_time_s``), ``dram_bytes_gpu`` (bytes the ideal GPU moves
+        between DRAM and the GPU), ``dram_bytes_nmc`` (bytes between DRAM and the GPU in the
+        near-memory step: partial sums, and the gradients if a GPU kernel computes their norm),
+        ``nmc_bank_internal_bytes`` (bytes the near-memory ALUs read, write and update inside the
+        banks) and ``data_reduction`` (``dram_bytes_gpu / dram_bytes_nmc``,
+        infinite when nothing crosses).
+    """
+    gpu_time = ideal_gpu_time_s(system, algorithm, sizes, fraction)
+    gpu_bytes = min_gpu_bytes(algorithm, sizes)
+    nmc_bytes = step["dram_traffic_bytes"]
+    return {
+        "gpu_time_s": gpu_time,
+        "nmc_time_s": step["time_s"],
+        "speedup": gpu_time / step["time_s"],
+        "dram_bytes_gpu": gpu_bytes,
+        "dram_bytes_nmc": nmc_bytes,
+        "nmc_bank_internal_bytes": step["bank_internal_bytes"],
+        "data_reduction": gpu_bytes / nmc_bytes if nmc_bytes > 0 else float("inf"),
     }
 
 
@@ -185,7 +306,7 @@ def lamb_speedups(
     model
         A model of :data:`MODELS`.
     temp_storage_scales
-        Multiples of the system's temporary storage per ALU.
+        Multiples of the system's temporary storage per ALU (positive integers).
     grad_norm
         LAMB's global gradient norm: ``banks`` or ``gpu`` (see :class:`gpusim.ops.Optimizer`).
     overrides
@@ -194,33 +315,33 @@ def lamb_speedups(
     Returns
     -------
     pandas.DataFrame
-        One row per baseline and storage: baseline, fraction_of_peak, temp_storage,
-        temp_storage_bytes, gpu_time_s, nmc_time_s, speedup, dram_bytes_gpu (ideal GPU),
-        dram_bytes_nmc (between DRAM and GPU with NMC), data_reduction, activations, wall_s.
+        One row per baseline and storage: system, model, baseline, fraction_of_peak, temp_storage,
+        temp_storage_bytes, grad_norm, gpu_time_s (the ideal GPU, s), nmc_time_s (s), speedup,
+        dram_bytes_gpu (bytes the ideal GPU moves between DRAM and the GPU),
+        dram_bytes_nmc (bytes between DRAM and the GPU with NMC), nmc_bank_internal_bytes
+        (bytes the ALUs move inside the banks), data_reduction (the ideal GPU's DRAM traffic over
+        NMC's), activations, wall_s.
     """
     sizes = model_parameter_sizes(model)
+    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    _one_of("grad_norm", grad_norm, GRAD_NORMS)
     base = _system(system, overrides)
     storage = base.gpu.nmc.temp_storage_bytes
     rows = []
-    for scale in temp_storage_scales:
+    for scale in scales:
         point = _system(system, {**(overrides or {}), "gpu.nmc.temp_storage_bytes": storage * scale})
         step = simulate_step(point, "lamb", sizes, "nmc", grad_norm=grad_norm)
         for baseline, fraction in BASELINES.items():
-            gpu_time = ideal_gpu_time_s(point, "lamb", sizes, fraction)
-            gpu_bytes = min_gpu_bytes("lamb", sizes)
             rows.append(
                 {
+                    "system": system,
+                    "model": model,
                     "baseline": baseline,
                     "fraction_of_peak": fraction,
                     "temp_storage": f"{scale}x",
                     "temp_storage_bytes": storage * scale,
                     "grad_norm": grad_norm,
-                    "gpu_time_s": gpu_time,
-                    "nmc_time_s": step["time_s"],
-                    "speedup": gpu_time / step["time_s"],
-                    "dram_bytes_gpu": gpu_bytes,
-                    "dram_bytes_nmc": step["dram_bytes_gpu"],
-                    "data_reduction": _reduction(gpu_bytes, step["dram_bytes_gpu"]),
+                    **_versus_ideal_gpu(step, point, "lamb", sizes, fraction),
                     "activations": step["activations"],
                     "wall_s": step["wall_s"],
                 }
@@ -241,14 +362,17 @@ def nmc_breakdown(
     Returns
     -------
     pandas.DataFrame
-        One row per part: part, time_s, column_s, row_switch_s, activations, tile_columns.
+        One row per part: system, model, algorithm, grad_norm, part, time_s, column_s,
+        row_switch_s (s), activations, tile_columns.
     """
-    point = _system(system, overrides)
     sizes = model_parameter_sizes(model)
+    plans = ALGORITHMS[_one_of("algorithm", algorithm, ALGORITHMS)].nmc
+    programs = plans[_one_of("grad_norm", grad_norm, plans)].programs
+    point = _system(system, overrides)
     units = NearMemoryUnits(point.gpu)
     elem = DTYPE_BYTES["fp32"]
     rows = []
-    for program in ALGORITHMS[algorithm].nmc[grad_norm].programs:
+    for program in programs:
         timings = [units.broadcast(program, size * elem) for size in sizes]
         duration = sum(t.duration_ns for t in timings) * 1e-9
         column = sum(t.column_ns for t in timings) * 1e-9
@@ -265,18 +389,23 @@ def nmc_breakdown(
     result = run(point, Optimizer(algorithm, sizes, impl="nmc", grad_norm=grad_norm))
     nmc = sum(span.end_ns - span.start_ns for span in result.spans if span.category == "nmc") * 1e-9
     rows.append({"part": "gpu (norm kernels, synchronizations, command issue)", "time_s": result.time_s - nmc})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "grad_norm", grad_norm)
+    frame.insert(0, "algorithm", algorithm)
+    frame.insert(0, "model", model)
+    frame.insert(0, "system", system)
+    return frame
 
 
 def end_to_end(speedup: float, lamb_shares: Sequence[float] = (0.10, 0.20)) -> pd.DataFrame:
     """Speedup of a whole training iteration when LAMB, a ``share`` of it, becomes ``speedup`` x faster (Amdahl)."""
     value = as_real(speedup)
     if value is None or value <= 0:
-        raise ValueError(f"end_to_end: speedup must be a positive finite number, got {speedup!r}")
-    if not all(isinstance(share, numbers.Real) and 0 <= share <= 1 for share in lamb_shares):
-        raise ValueError(f"end_to_end: lamb_shares must be fractions between 0 and 1, got {list(lamb_shares)}")
+        raise ConfigError(f"end_to_end: speedup must be a positive finite number, got {speedup!r}")
+    shares = _items("lamb_shares", lamb_shares, lambda share: as_real(share) is not None and 0 <= share <= 1,
+                    "fractions between 0 and 1")
     rows = []
-    for share in lamb_shares:
+    for share in shares:
         iteration = (1 - share) + share / speedup
         rows.append({"lamb_share": share, "lamb_speedup": speedup, "iteration_speedup": 1 / iteration})
     return pd.DataFrame(rows)
@@ -333,24 +462,25 @@ def bert_iterations(
 
     Parameters
     ----------
+    system
+        A hardware preset with near-memory ALUs.
+    model
+        A model of the trace generator (:func:`gpusim.trace.list_models`).
     configs
         Keys of :data:`BERT_ITERATIONS`.
     temp_storage_scales
-        Multiples of the system's temporary storage per near-memory ALU.
+        Multiples of the system's temporary storage per near-memory ALU (positive integers).
 
     Returns
     -------
     pandas.DataFrame
-        One row per configuration and storage: config, batch, seq_len, dtype, temp_storage,
-        iteration_gpu_s, lamb_gpu_s, lamb_share (of the GPU iteration), iteration_nmc_s,
+        One row per configuration and storage: system, model, config, batch, seq_len, dtype,
+        temp_storage, iteration_gpu_s, lamb_gpu_s, lamb_share (of the GPU iteration), iteration_nmc_s,
         lamb_nmc_s, lamb_speedup, iteration_speedup.
     """
-    unknown = [config for config in configs if config not in BERT_ITERATIONS]
-    if unknown:
-        raise ValueError(f"unknown BERT iteration {unknown[0]!r}; known: {', '.join(BERT_ITERATIONS)}")
-    if not temp_storage_scales:
-        raise ValueError("temp_storage_scales is empty: give at least one multiple, e.g. (1,); every row also "
-                         "carries the GPU-only iteration and LAMB share")
+    _one_of("model", model, list_models())
+    configs = _names("configs", configs, BERT_ITERATIONS)
+    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
     storage = _system(system, None).gpu.nmc.temp_storage_bytes
     points = []
     for config in configs:
@@ -358,7 +488,7 @@ def bert_iterations(
         common = {"system": system, "model": model, "batch": batch, "seq_len": seq_len, "dtype": dtype, "config": config}
         points.append({**common, "impl": "multi_fused", "temp_storage": "gpu"})
         points.extend({**common, "impl": "nmc", "temp_storage": f"{scale}x",
-                       "overrides": {"gpu.nmc.temp_storage_bytes": storage * scale}} for scale in temp_storage_scales)
+                       "overrides": {"gpu.nmc.temp_storage_bytes": storage * scale}} for scale in scales)
     frame = sweep(iteration_point, points, workers=workers, cache=cache, progress=progress, description="BERT iterations")
     gpu = frame[frame["impl"] == "multi_fused"].set_index("config")
     nmc = frame[frame["impl"] == "nmc"].copy()
@@ -368,8 +498,8 @@ def bert_iterations(
     nmc["lamb_share"] = nmc["lamb_gpu_s"] / nmc["iteration_gpu_s"]
     nmc["lamb_speedup"] = nmc["lamb_gpu_s"] / nmc["lamb_nmc_s"]
     nmc["iteration_speedup"] = nmc["iteration_gpu_s"] / nmc["iteration_nmc_s"]
-    columns = ["config", "batch", "seq_len", "dtype", "temp_storage", "iteration_gpu_s", "lamb_gpu_s", "lamb_share",
-               "iteration_nmc_s", "lamb_nmc_s", "lamb_speedup", "iteration_speedup"]
+    columns = ["system", "model", "config", "batch", "seq_len", "dtype", "temp_storage", "iteration_gpu_s", "lamb_gpu_s",
+               "lamb_share", "iteration_nmc_s", "lamb_nmc_s", "lamb_speedup", "iteration_speedup"]
     return nmc[columns].reset_index(drop=True)
 
 
@@ -392,7 +522,14 @@ def gpu_steps(
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Simulated GPU steps (time, kernel count, kernels' busy time) of every implementation, in parallel processes."""
+    """Simulated GPU steps (time, kernel count, kernels' busy time) of every implementation, in parallel processes.
+
+    ``cases`` are implementations of :data:`IMPLEMENTATIONS`; ``model`` one of :data:`MODELS`.
+    """
+    _gpu(system)
+    _model(model)
+    _one_of("algorithm", algorithm, ALGORITHMS)
+    cases = _names("cases", cases, IMPLEMENTATIONS)
     points = [{"system": system, "model": model, "algorithm": algorithm, "impl": impl} for impl in cases]
     frame = sweep(gpu_step_point, points, workers=workers, cache=cache, progress=progress, description=algorithm)
     frame["simulated_ms"] = frame["time_s"] * 1e3
@@ -409,27 +546,30 @@ def nmc_point(
     overrides: dict[str, Any] | None = None,
     **labels: Any,
 ) -> dict[str, Any]:
-    """One near-memory step and its ideal-GPU baseline (top-level, for :func:`gpusim.sweep.sweep`).
+    """One near-memory step and its ideal-GPU baseline at peak bandwidth (top-level, for
+    :func:`gpusim.sweep.sweep`).
 
     ``labels`` are not used; they let a sweep carry extra columns (e.g. a storage multiple).
+
+    Returns
+    -------
+    dict
+        ``time_s``, ``kernels``, ``broadcasts``, ``activations``, ``events``, ``kernel_busy_s`` and
+        ``wall_s`` of :func:`simulate_step`, ``parameters`` and the comparison with the ideal GPU
+        under the names of :func:`lamb_speedups` (``gpu_time_s``, ``nmc_time_s``, ``speedup``,
+        ``dram_bytes_gpu``, ``dram_bytes_nmc``, ``nmc_bank_internal_bytes``,
+        ``data_reduction``).
     """
-    point = _system(system, overrides)
     sizes = model_parameter_sizes(model)
+    _one_of("grad_norm", grad_norm, GRAD_NORMS)
+    point = _system(system, overrides)
     step = simulate_step(point, algorithm, sizes, "nmc", grad_norm=grad_norm)
-    gpu_time = ideal_gpu_time_s(point, algorithm, sizes)
+    moved = ("dram_traffic_bytes", "bank_internal_bytes")
     return {
-        **step,
+        **{key: value for key, value in step.items() if key not in moved},
         "parameters": sum(sizes),
-        "gpu_time_s": gpu_time,
-        "nmc_time_s": step["time_s"],
-        "speedup": gpu_time / step["time_s"],
-        "data_reduction": _reduction(min_gpu_bytes(algorithm, sizes), step["dram_bytes_gpu"]),
+        **_versus_ideal_gpu(step, point, algorithm, sizes),
     }
-
-
-def _reduction(gpu_bytes: float, nmc_bytes: float) -> float:
-    """How many times fewer bytes cross between DRAM and GPU (infinite when none do)."""
-    return gpu_bytes / nmc_bytes if nmc_bytes > 0 else float("inf")
 
 
 def _run_sweep(points: list[dict[str, Any]], description: str, workers: int | None, cache: str | None, progress: bool):
@@ -445,7 +585,12 @@ def sweep_temp_storage(
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """LAMB speedup over the ideal GPU against temporary storage per ALU."""
+    """LAMB speedup over the ideal GPU against temporary storage per ALU (``storage_bytes``, B),
+    for each placement of the gradient norm in ``grad_norms``."""
+    _gpu(system)
+    _model(model)
+    storage_bytes = _positive_ints("storage_bytes", storage_bytes, " (bytes)")
+    grad_norms = _names("grad_norms", grad_norms, GRAD_NORMS)
     points = [
         {
             "system": system,
@@ -470,8 +615,18 @@ def sweep_banks_per_alu(
     progress: bool = True,
 ) -> pd.DataFrame:
     """LAMB speedup against the banks that share an ALU, with the same temporary storage per bank
-    (an ALU shared by ``k`` banks has ``k`` times the storage)."""
-    storage = load_gpu_config(system).nmc.temp_storage_bytes
+    (an ALU shared by ``k`` banks has ``k`` times the storage).
+
+    ``banks_per_alu`` must divide the banks of a channel; ``temp_storage_scales`` are positive
+    multiples of the system's temporary storage per bank.
+    """
+    gpu = _gpu(system)
+    _model(model)
+    banks = gpu.hbm.banks_per_channel
+    banks_per_alu = _items("banks_per_alu", banks_per_alu, lambda shared: _positive(shared) and banks % shared == 0,
+                           f"divisors of the {banks} banks of a channel")
+    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    storage = gpu.nmc.temp_storage_bytes
     points = [
         {
             "system": system,
@@ -480,7 +635,7 @@ def sweep_banks_per_alu(
             "temp_storage": f"{scale}x",
             "overrides": {"gpu.nmc.banks_per_alu": shared, "gpu.nmc.temp_storage_bytes": storage * scale * shared},
         }
-        for scale in temp_storage_scales
+        for scale in scales
         for shared in banks_per_alu
     ]
     return _run_sweep(points, "banks per ALU", workers, cache, progress)
@@ -494,8 +649,14 @@ def sweep_models(
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """LAMB speedup against model size (the whole model's optimizer state on one GPU's memory)."""
-    storage = load_gpu_config(system).nmc.temp_storage_bytes
+    """LAMB speedup against model size (the whole model's optimizer state on one GPU's memory).
+
+    ``models`` are names of :data:`MODELS`; ``temp_storage_scales`` positive multiples of the
+    system's temporary storage per ALU.
+    """
+    models = _names("models", models, MODELS)
+    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    storage = _gpu(system).nmc.temp_storage_bytes
     points = [
         {
             "system": system,
@@ -503,7 +664,7 @@ def sweep_models(
             "temp_storage": f"{scale}x",
             "overrides": {"gpu.nmc.temp_storage_bytes": storage * scale},
         }
-        for scale in temp_storage_scales
+        for scale in scales
         for model in models
     ]
     return _run_sweep(points, "models", workers, cache, progress)
@@ -525,14 +686,22 @@ def sweep_hbm(
     progress: bool = True,
 ) -> pd.DataFrame:
     """LAMB speedup with the HBM of other GPU presets (the near-memory ALUs of ``system``, as wide as
-    the new column, with as many register entries)."""
-    base = load_gpu_config(system)
+    the new column, with as many register entries).
+
+    ``generations`` maps a label to the preset whose HBM it is (see :data:`HBM_GENERATIONS`);
+    ``temp_storage_scales`` are positive multiples of the temporary storage per ALU.
+    """
+    if not isinstance(generations, Mapping) or not generations or not all(isinstance(label, str) for label in generations):
+        raise ConfigError(f"generations must be a non-empty mapping of labels to hardware presets, got {generations!r}")
+    base = _gpu(system)
+    _model(model)
+    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
     entries = base.nmc.temp_storage_bytes / base.hbm.burst_bytes  # register entries of a column each
     points = []
     for label, preset in generations.items():
-        hbm = load_gpu_config(preset).hbm.model_dump()
+        hbm = _gpu(preset, f"generations[{label!r}]").hbm.model_dump()
         storage = entries * hbm["burst_bytes"]
-        for scale in temp_storage_scales:
+        for scale in scales:
             points.append(
                 {
                     "system": system,
@@ -558,11 +727,19 @@ def sweep_divide_cost(
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """LAMB speedup against the ALU issue cycles of divide and square root (an assumption of the model)."""
-    config = load_gpu_config(system)
+    """LAMB speedup against the ALU issue cycles of divide and square root (an assumption of the model).
+
+    ``cycles`` are positive ALU issue cycles per SIMD word (DRAM command clock);
+    ``temp_storage_scales`` positive multiples of the temporary storage per ALU.
+    """
+    config = _gpu(system)
+    _model(model)
+    cycles = _items("cycles", cycles, lambda cost: as_real(cost) is not None and cost > 0,
+                    "positive numbers of ALU cycles per SIMD word")
+    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
     storage = config.nmc.temp_storage_bytes
     points = []
-    for scale in temp_storage_scales:
+    for scale in scales:
         for cost in cycles:
             op_cycles = {**config.nmc.op_cycles, "div": cost, "sqrt": cost}
             points.append(
@@ -585,6 +762,10 @@ def optimizers_on_nmc(
     cache: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Every optimizer on near-memory ALUs against its ideal GPU."""
+    """Every optimizer of ``algorithms`` (names of :data:`gpusim.kernels.optimizer.ALGORITHMS`) on
+    near-memory ALUs against its ideal GPU."""
+    _gpu(system)
+    _model(model)
+    algorithms = _names("algorithms", algorithms, ALGORITHMS)
     points = [{"system": system, "model": model, "algorithm": algorithm} for algorithm in algorithms]
     return _run_sweep(points, "optimizers", workers, cache, progress)

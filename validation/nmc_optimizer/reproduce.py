@@ -19,7 +19,8 @@ Writes into ``--out``:
   the dissertation's 9-20%;
 * ``breakdown.csv``: where LAMB's time on NMC goes (column commands, row switches, GPU);
 * ``sweep_*.csv``: temporary storage, banks per ALU, model size, HBM generation, divide and square
-  root cost, the other optimizers;
+  root cost, the other optimizers (their columns mean what ``lamb.csv``'s of the same name mean;
+  docs/nmc.md);
 * ``*.png``: plots of all of these; ``lamb_nmc.perfetto.json``: a timeline of LAMB on NMC.
 
 ``--quick`` uses BERT-base for LAMB, fewer sweep points and only the multi-tensor Adan and Adam
@@ -90,12 +91,12 @@ def adan_table(quick: bool, workers: int | None) -> pd.DataFrame:
     if quick:
         reference = reference[reference.impl.str.startswith("multi")]
     simulated = study.gpu_steps("v100-sxm2", "bert-base-classifier", "adan", cases=list(reference.impl), workers=workers)
-    frame = reference.merge(simulated[["impl", "simulated_ms", "kernels", "wall_s"]], on="impl")
+    frame = reference.merge(simulated[["system", "model", "impl", "simulated_ms", "kernels", "wall_s"]], on="impl")
     frame = frame.rename(columns={"kernels": "kernels_simulated"})
     frame["error"] = frame["simulated_ms"] / frame["measured_ms"] - 1
     frame["error_vs_active"] = frame["simulated_ms"] / frame["measured_active_ms"] - 1
-    columns = ["case", "impl", "measured_ms", "measured_active_ms", "simulated_ms", "error", "error_vs_active",
-               "kernels_measured", "kernels_simulated", "wall_s", "source"]
+    columns = ["system", "model", "case", "impl", "measured_ms", "measured_active_ms", "simulated_ms", "error",
+               "error_vs_active", "kernels_measured", "kernels_simulated", "wall_s", "source"]
     return frame[columns]
 
 
@@ -105,82 +106,104 @@ def adam_h200_table(quick: bool, workers: int | None) -> pd.DataFrame:
     if quick:
         measured = measured[measured.impl.str.startswith("multi")]
     simulated = study.gpu_steps("h200-sxm", "bert-base-classifier", "adam", cases=list(measured.impl), workers=workers)
-    frame = measured.merge(simulated[["impl", "simulated_ms", "simulated_busy_ms", "kernels", "wall_s"]], on="impl")
+    frame = measured.merge(simulated[["system", "impl", "simulated_ms", "simulated_busy_ms", "kernels", "wall_s"]],
+                           on="impl")
     frame = frame.rename(columns={"step_ms": "measured_ms", "kernel_busy_ms": "measured_busy_ms",
                                   "kernels_per_step": "kernels_measured", "kernels": "kernels_simulated"})
     frame["error"] = frame["simulated_ms"] / frame["measured_ms"] - 1
     frame["busy_error"] = frame["simulated_busy_ms"] / frame["measured_busy_ms"] - 1
-    columns = ["impl", "measured_ms", "simulated_ms", "error", "measured_busy_ms", "simulated_busy_ms", "busy_error",
-               "kernels_measured", "kernels_simulated", "wall_s"]
+    columns = ["system", "model", "impl", "measured_ms", "simulated_ms", "error", "measured_busy_ms", "simulated_busy_ms",
+               "busy_error", "kernels_measured", "kernels_simulated", "wall_s"]
     return frame[columns].reset_index(drop=True)
 
 
 def plot_lamb(frame: pd.DataFrame, out: Path) -> None:
+    """``lamb.png``: LAMB's speedups (:func:`lamb_table`) beside the dissertation's, per gradient-norm placement."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, grad_norm in zip(axes, ("banks", "gpu")):
         part = frame[frame.grad_norm == grad_norm]
-        plot.bars(part, x="baseline", y="speedup", hue="temp_storage", ax=ax, ylabel="LAMB speedup over ideal GPU")
+        plot.bars(part, x="baseline", y="speedup", hue="temp_storage", ax=ax,
+                  ylabel="LAMB speedup over ideal GPU (x)")
         known = part.dropna(subset=["reference_speedup"]).drop_duplicates(["baseline", "temp_storage"])
         order = list(dict.fromkeys(part["baseline"]))
         offsets = {"1x": -0.125, "4x": 0.125}
         ax.plot([order.index(b) + offsets[t] for b, t in zip(known.baseline, known.temp_storage)],
                 known.reference_speedup, "k*", markersize=10, label="dissertation")
-        ax.set_title(f"LAMB, gradient norm: {grad_norm}")
+        ax.set_title(f"LAMB on {_models(part)}, gradient norm: {grad_norm}")
         ax.legend(fontsize="small", loc="upper left")
     plot.save_figure(fig, out / "lamb.png")
 
 
 def plot_end_to_end(frame: pd.DataFrame, out: Path) -> None:
+    """``end_to_end.png``: the iterations' speedups (:func:`end_to_end_table`) and the dissertation's range."""
     fig, ax = plt.subplots(figsize=(7, 4))
     plot.bars(frame, x="config", y="iteration_speedup", hue="temp_storage", ax=ax,
-              ylabel="BERT iteration speedup, LAMB on NMC")
+              ylabel="speedup over LAMB on GPU (x)")
     ax.axhspan(frame["reference_low"].iloc[0], frame["reference_high"].iloc[0], color="0.85", zorder=0,
                label="dissertation: 9-20%")
     ax.set_ylim(1.0, max(1.25, frame["iteration_speedup"].max() * 1.05))
     ax.legend(fontsize="small", loc="upper left")
-    ax.set_title("Simulated training iterations (LAMB share from the iteration)")
+    ax.set_title(f"Simulated {_models(frame)} iterations, LAMB on NMC vs on the GPU")
     plot.save_figure(fig, out / "end_to_end.png")
 
 
 def plot_adan(frame: pd.DataFrame, out: Path) -> None:
+    """``adan_v100.png``: the Adan steps (:func:`adan_table`), measured and simulated, ms."""
     fig, ax = plt.subplots(figsize=(7, 4))
     long = frame.melt(id_vars="case", value_vars=["measured_ms", "measured_active_ms", "simulated_ms"],
                       var_name="kind", value_name="ms")
     plot.bars(long, x="case", y="ms", hue="kind", ax=ax, ylabel="Adan step, computation (ms)")
     ax.set_yscale("log")
-    ax.set_title("Adan on BERT-base, V100: measured (seed 000) vs simulated")
+    ax.set_title(f"Adan on {_models(frame)}, V100: measured (seed 000) vs simulated")
     plot.save_figure(fig, out / "adan_v100.png")
 
 
 def plot_adam_h200(frame: pd.DataFrame, out: Path) -> None:
+    """``adam_h200.png``: the Adam steps (:func:`adam_h200_table`), measured and simulated, ms."""
     fig, ax = plt.subplots(figsize=(7, 4))
     long = frame.melt(id_vars="impl", value_vars=["measured_ms", "simulated_ms", "measured_busy_ms", "simulated_busy_ms"],
                       var_name="kind", value_name="ms")
     plot.bars(long, x="impl", y="ms", hue="kind", ax=ax, ylabel="Adam step (ms)")
     ax.set_yscale("log")
-    ax.set_title("Adam on BERT-base, H200: measured vs simulated")
+    ax.set_title(f"Adam on {_models(frame)}, H200: measured vs simulated")
     plot.save_figure(fig, out / "adam_h200.png")
 
 
+def _models(frame: pd.DataFrame) -> str:
+    """The models of ``frame``'s rows, for a title."""
+    return ", ".join(dict.fromkeys(frame["model"]))
+
+
+def _value_ticks(ax, values: pd.Series) -> None:
+    """Tick a log axis at the swept ``values`` themselves."""
+    ticks = sorted(values.unique())
+    ax.set_xticks(ticks, [f"{tick:g}" for tick in ticks])
+    ax.minorticks_off()
+
+
 def plot_sweeps(sweeps: dict[str, pd.DataFrame], out: Path) -> None:
+    """``sweeps.png``: LAMB's speedup over the ideal GPU at peak bandwidth in every sweep (:func:`run_sweeps`)."""
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     axes = axes.ravel()
+    speedup = "LAMB speedup over ideal GPU (x)"
     plot.lines(sweeps["temp_storage"], "temp_storage_bytes", "speedup", by="grad_norm", ax=axes[0], logx=True,
-               xlabel="temporary storage per ALU (B)", ylabel="speedup over ideal GPU")
-    sizes = sorted(sweeps["temp_storage"]["temp_storage_bytes"].unique())
-    axes[0].set_xticks(sizes, [f"{size:.0f}" for size in sizes])
-    axes[0].minorticks_off()
+               xlabel="temporary storage per ALU (B)", ylabel=speedup)
+    _value_ticks(axes[0], sweeps["temp_storage"]["temp_storage_bytes"])
     plot.lines(sweeps["banks_per_alu"], "banks_per_alu", "speedup", by="temp_storage", ax=axes[1], logx=True,
-               xlabel="banks per ALU", ylabel="speedup over ideal GPU")
+               xlabel="ALU sharing (banks per ALU)", ylabel=speedup)
+    _value_ticks(axes[1], sweeps["banks_per_alu"]["banks_per_alu"])
     plot.lines(sweeps["models"], "parameters", "speedup", by="temp_storage", ax=axes[2], logx=True,
-               xlabel="parameters", ylabel="speedup over ideal GPU")
-    plot.bars(sweeps["hbm"], x="hbm", y="speedup", hue="temp_storage", ax=axes[3], ylabel="speedup over ideal GPU")
+               xlabel="model size (parameters)", ylabel=speedup)
+    plot.bars(sweeps["hbm"], x="hbm", y="speedup", hue="temp_storage", ax=axes[3], ylabel=speedup)
     plot.lines(sweeps["divide_cost"], "divide_cycles", "speedup", by="temp_storage", ax=axes[4], logx=True,
-               xlabel="divide / square-root issue cycles", ylabel="speedup over ideal GPU")
-    plot.bars(sweeps["optimizers"], x="algorithm", y="speedup", ax=axes[5], ylabel="speedup over ideal GPU")
-    for ax, title in zip(axes, ["temporary storage", "ALU sharing", "model size", "HBM generation",
-                                "divide/sqrt cost", "optimizers"]):
-        ax.set_title(title)
+               xlabel="divide / square-root issue (ALU cycles per SIMD word)", ylabel=speedup)
+    _value_ticks(axes[4], sweeps["divide_cost"]["divide_cycles"])
+    plot.bars(sweeps["optimizers"], x="algorithm", y="speedup", ax=axes[5],
+              ylabel="optimizer speedup over ideal GPU (x)")
+    titles = {"temp_storage": "temporary storage", "banks_per_alu": "ALU sharing", "models": "model size",
+              "hbm": "HBM generation", "divide_cost": "divide/sqrt cost", "optimizers": "optimizers"}
+    for ax, (name, title) in zip(axes, titles.items()):
+        ax.set_title(title if name == "models" else f"{title}: {_models(sweeps[name])}")
     plot.save_figure(fig, out / "sweeps.png")
 
 
@@ -198,30 +221,34 @@ def run_sweeps(quick: bool, workers: int | None, model: str) -> dict[str, pd.Dat
     }
 
 
-def checks_table(lamb: pd.DataFrame, adan: pd.DataFrame, end_to_end: pd.DataFrame, model: str) -> pd.DataFrame:
+def checks_table(lamb: pd.DataFrame, adan: pd.DataFrame, end_to_end: pd.DataFrame) -> pd.DataFrame:
     """The issue's reference numbers beside ours: LAMB's speedups over the ideal GPU (gradient norm
     in the banks), the data moved (gradient norm on the GPU) and the fused multi-tensor Adan step
-    gate ``--check`` with their tolerances; the BERT iterations' 9-20% is shown, not gated."""
+    gate ``--check`` with their tolerances; the BERT iterations' 9-20% is shown, not gated.  Each
+    row names the model it simulated (``--quick`` compares smaller models with the references)."""
     rows = []
     for row in lamb[(lamb["grad_norm"] == "banks") & lamb["reference_speedup"].notna()].itertuples(index=False):
-        rows.append({"check": f"lamb speedup {row.baseline} {row.temp_storage}", "simulated": row.speedup,
-                     "reference": row.reference_speedup, "tolerance": LAMB_TOLERANCE, "error": row.error})
+        rows.append({"check": f"lamb speedup {row.baseline} {row.temp_storage}", "model": row.model,
+                     "simulated": row.speedup, "reference": row.reference_speedup, "tolerance": LAMB_TOLERANCE,
+                     "error": row.error})
     reduction = lamb[lamb["grad_norm"] == "gpu"].iloc[0]
-    rows.append({"check": "data moved between DRAM and the GPU, less by", "simulated": reduction["data_reduction"],
-                 "reference": reduction["reference_data_reduction"], "tolerance": DATA_REDUCTION_TOLERANCE,
-                 "error": reduction["data_reduction_error"]})
+    rows.append({"check": "data moved between DRAM and the GPU, less by", "model": reduction["model"],
+                 "simulated": reduction["data_reduction"], "reference": reduction["reference_data_reduction"],
+                 "tolerance": DATA_REDUCTION_TOLERANCE, "error": reduction["data_reduction_error"]})
     fused = adan[adan["impl"] == "multi_fused"].iloc[0]
-    rows.append({"check": "adan multi-tensor fused step on v100-sxm2 (ms)", "simulated": fused["simulated_ms"],
-                 "reference": fused["measured_ms"], "tolerance": ADAN_TOLERANCE, "error": fused["error"]})
+    rows.append({"check": "adan multi-tensor fused step on v100-sxm2 (ms)", "model": fused["model"],
+                 "simulated": fused["simulated_ms"], "reference": fused["measured_ms"], "tolerance": ADAN_TOLERANCE,
+                 "error": fused["error"]})
     frame = pd.DataFrame(rows)
     frame["status"] = ["ok" if abs(error) <= tolerance else "miss"
                        for error, tolerance in zip(frame["error"], frame["tolerance"])]
     iterations = pd.DataFrame({
         "check": [f"bert iteration speedup {row.config} {row.temp_storage}" for row in end_to_end.itertuples()],
+        "model": end_to_end["model"],
         "simulated": end_to_end["iteration_speedup"], "reference": end_to_end["reference_low"],
         "status": ["info: within 9-20%" if inside else "info: outside 9-20%" for inside in end_to_end["within_reference"]],
     })
-    return pd.concat([frame, iterations], ignore_index=True).assign(model=model)
+    return pd.concat([frame, iterations], ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,11 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         print(adan.drop(columns=["source"]).to_string(index=False))
         print("\nAdam step on H200 (validation/measured/h200/optimizer.csv; busy: the kernels' summed durations)")
         print(adam.to_string(index=False))
-    checks = checks_table(lamb, adan, end_to_end, model)
+    checks = checks_table(lamb, adan, end_to_end)
     checks.to_csv(out / "checks.csv", index=False)
     with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
-        print(f"\nReference numbers ({model}{'; --quick compares BERT-base with BERT-Large references' if args.quick else ''})")
-        print(checks.drop(columns=["model"]).to_string(index=False))
+        print(f"\nReference numbers{' (--quick compares BERT-base with BERT-Large references)' if args.quick else ''}")
+        print(checks.to_string(index=False))
     print(f"\nwrote {out}/ in {time.perf_counter() - start:.0f} s")
     missed = checks[checks["status"] == "miss"]
     if args.check and not missed.empty:

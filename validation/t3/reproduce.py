@@ -152,16 +152,16 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
     table = tables["speedups"].copy()
     table["case"] = _case_label(table)
     fig, ax = plt.subplots(figsize=(12, 4))
-    plot.bars(table, "case", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
+    plot.bars(table, "case", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential (x)")
     ax.axhline(1.0, color="k", linewidth=0.6)
     ax.set_title("Fig. 8.14: sub-layer speedups (gpusim)")
     plot.save_figure(fig, out / "fig8_14_speedups.png")
 
     seq = table[table["config"] == "sequential"].melt(id_vars=["case", "time_s"], value_vars=["gemm_s", "rs_s", "ag_s"],
                                                        var_name="kernel", value_name="seconds")
-    seq["share"] = seq["seconds"] / seq["time_s"]
+    seq["share"] = seq["seconds"] / seq["time_s"] * 100
     fig, ax = plt.subplots(figsize=(10, 4))
-    plot.stacked_bars(seq, "case", "share", "kernel", ax=ax, ylabel="share of Sequential time")
+    plot.stacked_bars(seq, "case", "share", "kernel", ax=ax, ylabel="share of Sequential time (%)")
     ax.set_title("Fig. 8.13: GEMM / RS / AG time split (gpusim)")
     plot.save_figure(fig, out / "fig8_13_breakdown.png")
 
@@ -170,7 +170,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
     dram = dram[dram["config"] != "t3"]
     dram["GB"] = dram["bytes"] / 1e9
     fig, ax = plt.subplots(figsize=(12, 4.5))
-    plot.stacked_bars(dram, "case", "GB", "category", ax=ax, ylabel="DRAM GB (one GPU)")
+    plot.stacked_bars(dram, "case", "GB", "category", ax=ax, ylabel="DRAM traffic of one GPU (GB)")
     ax.set_title("Fig. 8.16: DRAM accesses, Sequential vs T3-MCA (gpusim)")
     plot.save_figure(fig, out / "fig8_16_dram.png")
 
@@ -188,8 +188,8 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         sharing = tables["cu_sharing"].copy()
         sharing["case"] = sharing["model"] + " " + sharing["sublayer"]
         fig, ax = plt.subplots(figsize=(8, 3.5))
-        plot.bars(sharing, "case", "speedup", hue="split", ax=ax, ylabel="potential-overlap speedup")
-        ax.set_title("Fig. 8.4: sharing CUs between GEMM and all-reduce (gpusim)")
+        plot.bars(sharing, "case", "speedup", hue="split", ax=ax, ylabel="speedup over GEMM then AR (x)")
+        ax.set_title("Fig. 8.4: potential-overlap speedup, CUs shared by GEMM and AR (gpusim)")
         plot.save_figure(fig, out / "fig8_4_cu_sharing.png")
 
     if "end_to_end" in tables:
@@ -197,7 +197,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         e2e = e2e[e2e["config"].isin(["t3", "t3-mca"])]
         e2e["case"] = e2e["model"] + " TP" + e2e["tp"].astype(str) + " " + e2e["setting"]
         fig, ax = plt.subplots(figsize=(11, 3.8))
-        plot.bars(e2e, "case", "speedup", hue="config", ax=ax, ylabel="end-to-end speedup")
+        plot.bars(e2e, "case", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential (x)")
         ax.set_ylim(0.95, None)
         ax.set_title("Fig. 8.17: end-to-end speedups (gpusim)")
         plot.save_figure(fig, out / "fig8_17_end_to_end.png")
@@ -209,7 +209,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         long = future.melt(id_vars=["case"], value_vars=["speedup_1x", "speedup"], var_name="gpu", value_name="T3-MCA speedup")
         long["gpu"] = long["gpu"].map({"speedup_1x": "80 CUs", "speedup": "160 CUs"})
         fig, ax = plt.subplots(figsize=(9, 3.5))
-        plot.bars(long, "case", "T3-MCA speedup", hue="gpu", ax=ax)
+        plot.bars(long, "case", "T3-MCA speedup", hue="gpu", ax=ax, ylabel="speedup over Sequential (x)")
         ax.set_title("Fig. 8.18: T3-MCA with 2x CUs, same network (gpusim)")
         plot.save_figure(fig, out / "fig8_18_2x_cus.png")
 
