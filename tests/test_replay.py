@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 import gpusim
+from gpusim.cli import main
 from gpusim.errors import TraceError
 from gpusim.trace import ModelConfig, Trace, breakdown, compare, read, transformer
 from gpusim.trace.replay import choose_mode
@@ -168,6 +169,22 @@ def test_auto_mode_replays_a_lone_group_in_full_mode(tmp_path):
     path = tmp_path / "lone.csv"
     path.write_text("op_id,gpu,stream,kind,collective,bytes,group,algorithm\n" + "\n".join(rows) + "\n")
     assert choose_mode(read(path), RING8) == "full"
+
+
+def test_auto_mode_mirrors_one_ranks_profile(tmp_path, capsys):
+    """GPU 0's rows alone, with an all-reduce over GPUs 0 and 1: one rank's profile of a 2-GPU job, as
+    a Kineto trace of rank 0 is.  Full mode has no rows for rank 1, so auto mode mirrors it and
+    ``simulate`` replays it as docs/traces.md runs ``rank0.json.gz``."""
+    path = tmp_path / "rank0.csv"
+    path.write_text("op_id,gpu,stream,kind,m,n,k,collective,bytes,group\n"
+                    "1,0,compute,gemm,256,256,256,,,\n"
+                    '2,0,comm,collective,,,,allreduce,1048576,"0 1"\n')
+    system = gpusim.load_system("dgx-a100")
+    assert choose_mode(read(path), system) == "symmetric"
+    assert main(["simulate", "--trace", str(path), "--system", "dgx-a100", "--quiet"]) == 0
+    assert "(symmetric mode)" in capsys.readouterr().out
+    path.write_text(path.read_text().replace('"0 1"', "0"))  # a collective of GPU 0 alone: nothing to mirror
+    assert choose_mode(read(path), system) == "full"
 
 
 @pytest.mark.parametrize("cache_layers", [True, False])

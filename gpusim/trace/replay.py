@@ -97,6 +97,13 @@ def _check_symmetric(trace: Trace) -> None:
                              "every GPU to do the same work; use mode='full'")
 
 
+def _spans_other_ranks(trace: Trace, num_gpus: int) -> bool:
+    """Whether a collective of ``trace`` runs on GPUs besides 0 (a blank group: all ``num_gpus``)."""
+    frame = trace.frame
+    groups = frame.loc[frame["kind"] == "collective", "group"]
+    return any((parse_ints(group) or list(range(num_gpus))) != [0] for group in groups)
+
+
 def choose_mode(trace: Trace, system: System) -> str:
     """``"symmetric"`` when the trace and the system allow it (every GPU of the system in the trace and
     alike, a symmetric single-node topology, no send/receive) and it is exact for the trace's
@@ -104,7 +111,10 @@ def choose_mode(trace: Trace, system: System) -> str:
 
     A trace that leaves GPUs out (a lone group, such as a collective over GPUs 0, 2, 4 and 6 of a
     ring) would be mirrored as if every rotation of its groups ran too, charging its links the
-    traffic of rotations that do not exist (docs/model.md), so it is replayed in full mode.
+    traffic of rotations that do not exist (docs/model.md), so it is replayed in full mode.  One
+    rank's profile (GPU 0's rows alone, with collectives over other ranks, as a Kineto trace of rank
+    0 is) is the exception: full mode has no rows for its peers, so on a symmetric single-node
+    topology it is mirrored.
 
     Symmetric mode is exact for ring collectives and, on a fully connected node, for direct ones;
     on a switch it is within 1.5% of full mode for direct collectives and all-to-all.  On a ring
@@ -114,6 +124,8 @@ def choose_mode(trace: Trace, system: System) -> str:
     """
     if not system.topology.symmetric or system.config.nodes > 1:
         return "full"
+    if trace.gpus == [0] and _spans_other_ranks(trace, system.num_gpus):
+        return "symmetric"
     if sorted(trace.gpus) != list(range(system.num_gpus)):
         return "full"
     try:

@@ -1,0 +1,52 @@
+"""README.md's Python and YAML examples run as written against today's code (a new user copies them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import gpusim
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def code_blocks(language: str) -> list[str]:
+    """The fenced blocks of ``language`` in README.md, in order.
+
+    Parameters
+    ----------
+    language
+        The fence's info string, e.g. ``"python"``.
+
+    Returns
+    -------
+    list[str]
+        Each block's text without its fences.
+    """
+    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
+
+
+@pytest.mark.parametrize("index", range(len(code_blocks("python"))))
+def test_readme_python_block_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    block = code_blocks("python")[index]
+    monkeypatch.chdir(tmp_path)  # the blocks write their files (timeline.json) where they run
+    exec(compile(block, f"README.md python block {index}", "exec"), {"__name__": "__readme__"})
+
+
+def test_readme_has_python_blocks() -> None:
+    assert code_blocks("python")
+
+
+def test_readme_yaml_block_loads_as_it_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if YAML names its file in its first line; it loads as its base preset with the
+    block's values in place."""
+    (block,) = code_blocks("yaml")
+    name = re.match(r"# ([\w.-]+\.yaml):", block).group(1)
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_text(block)
+    system = gpusim.load_system(name)
+    assert (system.gpu.num_cus, system.gpu.hbm.clock_hz) == (160, 2e9)
+    assert system.config.links.bandwidth_bytes_per_s == 150e9
+    assert system.num_gpus == gpusim.load_system("t3-ring8").num_gpus
