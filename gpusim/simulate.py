@@ -68,10 +68,10 @@ def _group_of(op: Op, executor: Executor) -> list[int]:
 def progress_bar(total: int, description: str, sim: Simulation):
     """A bar of ``total`` finished ops that also shows ``sim``'s simulated time, at most twice a
     wall-clock second (through :attr:`gpusim.engine.simulation.CountingEnvironment.on_progress`):
-    a long op shows that it is moving before it finishes."""
+    a long op shows that it is moving before it finishes.  Close it with :func:`close_progress_bar`."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, desc=description, unit="op", leave=False)
+    bar = tqdm(total=total, desc=description, unit="op")
     shown = -1.0
 
     def show(now_ns: float) -> None:
@@ -83,6 +83,14 @@ def progress_bar(total: int, description: str, sim: Simulation):
 
     sim.env.on_progress = show
     return bar
+
+
+def close_progress_bar(bar, sim: Simulation) -> None:
+    """Close ``bar`` (from :func:`progress_bar`) showing the ops finished and the simulated time at
+    the end: it stays on screen, and in a log, as the run ended (its redraws are rate-limited, so
+    the last one may predate the last ops)."""
+    bar.set_postfix_str(f"simulated {sim.env.now / 1e3:,.1f} us", refresh=False)
+    bar.close()
 
 
 def prepare(
@@ -248,4 +256,4 @@ def run(
         return finish(system, sim, machine, executor, expected, wall_start)
     finally:
         if bar is not None:
-            bar.close()
+            close_progress_bar(bar, sim)

@@ -431,3 +431,12 @@ def test_an_op_that_takes_no_time_has_no_rate():
     summary = gpusim.run(RING8, ops.AllReduce(2**20, ranks=[0])).summary().iloc[0]
     assert summary["duration_s"] == 0 and summary["impl"] == "none_single_rank"
     assert np.isnan(summary["gb_per_s"]) and np.isnan(summary["tflop_per_s"])
+
+
+def test_the_progress_bar_ends_showing_every_op_and_the_final_simulated_time(capsys):
+    """Redraws are rate-limited, so the last one can come before the last ops end; the bar closes
+    on the run's end state (it stays, in a terminal and in a log)."""
+    result = gpusim.run(RING8, [ops.Gemm(2048, 2048, 2048), ops.AllReduce(16 * 2**20)], mode="full", progress=True)
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "16/16" in last
+    assert f"simulated {result.summary()['end_s'].max() * 1e6:,.1f} us" in last

@@ -28,7 +28,7 @@ from gpusim.hw.system import Machine
 from gpusim.ops import as_int, as_real
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
-from gpusim.simulate import finish, prepare, progress_bar, run_stats
+from gpusim.simulate import close_progress_bar, finish, prepare, progress_bar, run_stats
 from gpusim.system import System, load_system
 from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
 from gpusim.trace.lowering import build_ops
@@ -254,7 +254,7 @@ def replay(
         finish(system, sim, machine, executor, len(position_of), wall_start)
     finally:
         if bar is not None:
-            bar.close()
+            close_progress_bar(bar, sim)
 
     record_of = {position_of[(record.op.uid, record.rank)]: record for record in executor.records}
     simulated = {position: (record.start_ns, record.end_ns) for position, record in record_of.items()}
