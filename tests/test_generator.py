@@ -13,6 +13,8 @@ from gpusim.trace.lowering import op_of_row
 from gpusim.trace.schedules import stage_order
 
 TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_len=64, batch=4)
+TINY8 = load_model(TINY, heads=8)
+"""TINY with as many heads as the largest tensor-parallel degree the tests use."""
 
 
 def gemms(frame, phase, layer=0, step=0):
@@ -44,7 +46,7 @@ def test_bert_large_gemms_equal_table_4_3():
 def test_tensor_parallel_all_reduces_match_the_closed_form(tp):
     """Four all-reduces of B*SL*H elements per layer per training iteration (seeds/002 eq. 5.5)."""
     batch, seq = 4, 64
-    trace = transformer(TINY, tp=tp, batch=batch, seq_len=seq, optimizer=None)
+    trace = transformer(TINY8, tp=tp, batch=batch, seq_len=seq, optimizer=None)
     comm = trace.communication_bytes()
     in_layers = comm[(comm["layer"] >= 0) & (comm["collective"] == "allreduce")]
     per_layer = in_layers.groupby("layer")["bytes"].agg(["count", "first", "nunique"])
@@ -53,7 +55,7 @@ def test_tensor_parallel_all_reduces_match_the_closed_form(tp):
     assert len(per_layer) == TINY.layers
     groups = set(in_layers["group"])
     assert groups == {" ".join(str(r) for r in range(tp))}
-    recomputed = transformer(TINY, tp=tp, batch=batch, seq_len=seq, optimizer=None, recompute=True)
+    recomputed = transformer(TINY8, tp=tp, batch=batch, seq_len=seq, optimizer=None, recompute=True)
     comm = recomputed.communication_bytes()
     assert (comm[comm["layer"] >= 0].groupby("layer").size() == 6).all()
 
@@ -91,7 +93,7 @@ def test_optimizer_steps_cover_every_parameter_once():
     assert list(steps["layer"]) == [0, 1, 2, -1] and set(steps["function"]) == {"adam"}
     sizes = steps["tensor_sizes"].map(lambda text: sum(int(v) for v in text.split()))
     assert sizes.iloc[:3].tolist() == [TINY.layer_parameters()] * 3
-    assert sizes.iloc[:3].sum() + TINY.vocab * TINY.hidden + 2 * TINY.hidden == TINY.parameters() + 2 * TINY.hidden
+    assert sizes.sum() == TINY.parameters()
     offloaded = transformer(TINY, batch=4, seq_len=64, optimizer="lamb", optimizer_impl="nmc", layers=1)
     result = gpusim.run(gpusim.load_system("t3-table8.1"), offloaded)
     step = result.ops[result.ops["kind"] == "optimizer"]
@@ -141,7 +143,7 @@ def test_inference_phases():
     assert set(prompt["phase"]) == {"prompt"}
     decode = transformer(TINY, phase="decode", batch=2, seq_len=64, decode_tokens=3).frame
     scores = decode[decode["name"] == "L0.attn_score"]
-    assert scores["n"].tolist() == [64, 65, 66]  # the KV cache grows by one token per step
+    assert scores["n"].tolist() == [65, 66, 67]  # the prompt's keys and each step's own, one more a step
     assert set(scores["m"]) == {1}
     qkv = decode[decode["name"] == "L0.qkv"]
     assert set(qkv["m"]) == {2}  # one token per sequence (the trace's rows are the tokens)
@@ -155,8 +157,8 @@ def test_decode_processes_the_whole_batch_whatever_the_pipeline(pp, dp, microbat
                         decode_tokens=tokens)
     rows = trace.frame[trace.frame["kind"] == "gemm"]
     flops = (2 * rows["m"] * rows["n"] * rows["k"] * rows["batch"]).sum()
-    per_token = [TINY.layers * (24 * batch * h * h + 4 * batch * h * (seq + t)) + 2 * batch * TINY.vocab * h
-                 for t in range(tokens)]  # linear layers, attention over the grown context, output layer
+    per_token = [TINY.layers * (24 * batch * h * h + 4 * batch * h * (seq + t + 1)) + 2 * batch * TINY.vocab * h
+                 for t in range(tokens)]  # linear layers, attention over the prompt and t + 1 tokens, output layer
     assert flops == sum(per_token)
     m = trace.metadata["microbatches"]
     sends = trace.frame[trace.frame["name"] == "send_token"].drop_duplicates("op_id")
@@ -201,7 +203,7 @@ def test_flash_attention_replaces_the_score_gemms_softmax_and_dropout(phase):
     assert not fused["name"].str.contains("attn_score|softmax|attn_context|attn_dropout").any()
     forward = attention[attention["function"] == "forward"].iloc[0]
     assert (forward["batch"], forward["heads"], forward["head_dim"]) == (2, TINY.heads, TINY.hidden // TINY.heads)
-    assert forward["q_len"] == (1 if phase == "decode" else 64) and forward["kv_len"] == 64
+    assert forward["q_len"] == (1 if phase == "decode" else 64) and forward["kv_len"] == (65 if phase == "decode" else 64)
     scores = unfused[unfused["name"] == "L0.attn_score"].iloc[0]
     op = op_of_row(next(attention.head(1).itertuples(index=False)), [0])
     unmasked = 2 * scores["m"] * scores["n"] * scores["k"] * scores["batch"] * 2
@@ -260,7 +262,7 @@ def test_a_misspelled_model_field_names_file_and_field(tmp_path):
 def test_ring_traffic_of_a_tensor_parallel_layer_is_2_n_minus_1_over_n_S():
     """Each GPU sends 2(n-1)/n * S per ring all-reduce of S bytes (replayed on the ring)."""
     tp, batch, seq = 8, 2, 64
-    trace = transformer(TINY, phase="prompt", tp=tp, batch=batch, seq_len=seq, layers=1, head=False)
+    trace = transformer(TINY8, phase="prompt", tp=tp, batch=batch, seq_len=seq, layers=1, head=False)
     result = gpusim.run(gpusim.load_system("t3-ring8"), trace, mode="symmetric")
     size = batch * seq * TINY.hidden * 2
     sent = result.links[result.links["src"] == 0]["bytes"].sum()
@@ -284,3 +286,57 @@ def test_a_decoding_step_of_three_sequences_keeps_the_linear_layers_rows_aligned
     three, eight = linear(3), linear(8)
     assert len(three) == 4 and not three["impl"].str.contains("_V").any()
     assert three["duration_s"].sum() == pytest.approx(eight["duration_s"].sum(), rel=0.15)
+
+
+def test_models_have_their_published_parameter_counts():
+    """Llama-2's checkpoints (no biases, RMSNorm scales, an untied output layer) to the parameter, and
+    PaLM 540B's 540.35B (Chowdhery et al. 2022, Table 1), which needs its heads of 256 values."""
+    assert load_model("llama2-7b").parameters() == 6_738_415_616
+    assert load_model("llama2-70b").parameters() == 68_976_648_192
+    assert load_model("palm").parameters() == pytest.approx(540.35e9, rel=1e-4)
+
+
+LLAMA_LIKE = load_model(TINY, activation="swiglu", norm="rmsnorm", bias=False, tied_embeddings=False, ffn_hidden=688)
+PALM_LIKE = load_model(TINY, activation="swiglu", kv_heads=1, d_head=48, bias=False)
+
+
+@pytest.mark.parametrize("model", [TINY, LLAMA_LIKE, PALM_LIKE], ids=["gpt", "llama", "palm"])
+def test_the_optimizer_and_the_gradient_all_reduces_cover_every_parameter_once(model):
+    """Summed over the optimizer rows, and over the data-parallel gradient all-reduces, of one replica
+    without tensor slicing: exactly the model's parameters, whatever its biases, norms and output layer
+    (with pipeline stages the last one holds a copy of a tied embedding table)."""
+    for pp in (1, 3):
+        frame = transformer(model, dp=2, pp=pp, batch=2, microbatches=1, seq_len=16).frame
+        replica = frame[frame["gpu"].isin([0, 2, 4])]  # replica 0 of every stage
+        held = model.parameters() + (model.vocab * model.hidden if pp > 1 and model.tied_embeddings else 0)
+        steps = replica[replica["kind"] == "optimizer"]
+        assert steps["tensor_sizes"].map(lambda text: sum(int(v) for v in text.split())).sum() == held
+        grads = replica[replica["stream"] == "comm"]
+        assert grads["bytes"].sum() == 2 * held  # fp16 gradients
+
+
+@pytest.mark.parametrize(("model", "tp", "heads", "kv_heads", "d_head"),
+                         [("t-nlg", 8, 4, 4, 152), ("t-nlg", 16, 2, 2, 152), ("palm", 32, 2, 1, 256),
+                          ("gpt3", 8, 12, 12, 128)])
+def test_attention_projections_are_as_wide_as_the_heads_of_a_rank(model, tp, heads, kv_heads, d_head):
+    """The query, key and value columns and the output projection's rows are those of the rank's heads
+    (the busiest rank's where tp does not divide them: T-NLG's 28 heads over 8 GPUs give 4 heads of
+    152 = 608 query columns, not 4256 / 8 = 532), and PaLM's heads have 256 values, not 18432 / 48."""
+    frame = transformer(model, tp=tp, layers=1, batch=1, seq_len=64, head=False, optimizer=None).frame
+    rank0 = frame[frame["gpu"] == 0].set_index("name")
+    assert rank0.loc["L0.qkv", "n"] == (heads + 2 * kv_heads) * d_head
+    assert rank0.loc["L0.attn_out", "k"] == heads * d_head
+    assert rank0.loc["L0.attn_score", "k"] == d_head and rank0.loc["L0.attn_score", "batch"] == heads
+
+
+def test_tensor_parallelism_over_more_ranks_than_heads_and_decoding_an_encoder_are_errors():
+    with pytest.raises(TraceError, match="tp=16 exceeds the 12 attention heads of bert-base"):
+        transformer("bert-base", tp=16, layers=1)
+    with pytest.raises(TraceError, match=r"phase='decode' .* bert-base is an encoder \(causal: false\)"):
+        transformer("bert-base", phase="decode", layers=1)
+
+
+def test_a_head_width_that_is_not_whole_needs_d_head():
+    with pytest.raises(ConfigError, match=r"hidden \(256\) must be a multiple of heads \(6\), or d_head"):
+        load_model(TINY, heads=6)
+    assert load_model(TINY, heads=6, d_head=32).attention_width == 192

@@ -7,7 +7,7 @@ from gpusim.errors import ConfigError
 from gpusim.trace.models import load_model
 
 BERT = {"hidden": 768, "layers": 12, "heads": 12, "vocab": 30522, "seq_len": 128}
-COUNTS = ["hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "batch"]
+COUNTS = ["hidden", "layers", "heads", "kv_heads", "d_head", "ffn_hidden", "vocab", "seq_len", "batch"]
 
 
 def _model_file(tmp_path, **fields):

@@ -90,13 +90,13 @@ def parameter_sizes(
     positions: int | None = None,
     token_types: int = 2,
     labels: int = 2,
-    tied_output: bool = True,
+    tied_output: bool | None = None,
 ) -> list[int]:
     """Elements of every parameter tensor of a transformer, in registration order.
 
     The hyperparameters come from a model definition (``workloads/models``); what such a
     definition does not describe (learned position embeddings, BERT's token types and heads,
-    an untied output layer) is given here.
+    a model's output layer tied or not where it differs from the definition) is given here.
 
     Parameters
     ----------
@@ -105,8 +105,8 @@ def parameter_sizes(
     style
         ``"bert"`` (Hugging Face ``BertFor...``: embedding norm, Q, K and V per ``fused_qkv``,
         post-norms, pooler and ``head``) or ``"decoder"`` (GPT / Megatron / Llama: pre-norms and a
-        final norm).  Biases and two-parameter norms exist with a GELU MLP (BERT, GPT); a gated
-        (SwiGLU) MLP model has neither (Llama, PaLM).
+        final norm).  Biases and two-parameter layer norms exist where the model has ``bias``
+        (BERT, GPT; not Llama, PaLM).
     head
         BERT only: ``"pretraining"`` (masked-LM transform, norm and bias with tied decoder
         weights; next-sentence classifier) or ``"classifier"`` (a ``labels``-way classifier).
@@ -117,7 +117,7 @@ def parameter_sizes(
     labels
         Classes of the classifier head.
     tied_output
-        Whether the output layer reuses the input embedding.
+        Whether the output layer reuses the input embedding (default: the model's ``tied_embeddings``).
 
     Raises
     ------
@@ -133,29 +133,31 @@ def parameter_sizes(
     for argument, value in (("token_types", token_types), ("labels", labels)):
         if not _positive(value):
             raise ConfigError(f"{argument} must be a positive integer, got {value!r}")
+    if tied_output is None:
+        tied_output = model.tied_embeddings
     if not isinstance(tied_output, bool):
-        raise ConfigError(f"tied_output must be True or False, got {tied_output!r}")
-    h, f = model.hidden, model.intermediate
+        raise ConfigError(f"tied_output must be True, False or None, got {tied_output!r}")
+    h, f, q = model.hidden, model.intermediate, model.attention_width
     kv = model.key_value_heads * model.head_dim
-    biased = model.activation == "gelu"
+    biased = model.bias
 
     def linear(rows: int, cols: int) -> list[int]:
         return [rows * cols, rows] if biased else [rows * cols]
 
     norm = [h, h] if biased and model.norm == "layernorm" else [h]
-    qkv = linear(h + 2 * kv, h) if model.fused_qkv else linear(h, h) + linear(kv, h) + linear(kv, h)
+    qkv = linear(q + 2 * kv, h) if model.fused_qkv else linear(q, h) + linear(kv, h) + linear(kv, h)
     mlp = linear(f, h) + linear(h, f) if model.activation == "gelu" else linear(f, h) + linear(f, h) + linear(h, f)
     sizes = [model.vocab * h] + ([positions * h] if positions else [])
     if style == "bert":
         sizes += [token_types * h] + norm
         for _ in range(model.layers):
-            sizes += qkv + linear(h, h) + norm + mlp + norm
+            sizes += qkv + linear(h, q) + norm + mlp + norm
         sizes += linear(h, h)  # pooler
         if head == "classifier":
             return sizes + linear(labels, h)
         return sizes + linear(h, h) + norm + [model.vocab] + linear(2, h)  # MLM transform, decoder bias, NSP
     for _ in range(model.layers):
-        sizes += norm + qkv + linear(h, h) + norm + mlp
+        sizes += norm + qkv + linear(h, q) + norm + mlp
     sizes += norm
     return sizes if tied_output else sizes + [model.vocab * h]
 
@@ -167,13 +169,13 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "megatron-gpt2": ("megatron-gpt2", {"positions": 1024}),
     "t-nlg": ("t-nlg", {"positions": 1024}),
     "gpt3": ("gpt3", {"positions": 2048}),
-    "llama2-7b": ("llama2-7b", {"tied_output": False}),
-    "llama2-70b": ("llama2-70b", {"tied_output": False}),
+    "llama2-7b": ("llama2-7b", {}),
+    "llama2-70b": ("llama2-70b", {}),
 }
 """Models by name: the ``workloads/models`` definition and what it does not describe.  Positions:
 BERT's ``max_position_embeddings`` (google-research/bert configs), GPT-2's and Megatron's 1024,
-GPT-3's context of 2048 (Brown et al. 2020, Table 2.1); Llama-2 has rotary positions and an untied
-output layer (Touvron et al. 2023).  ``bert-base-classifier`` is the Hugging Face
+GPT-3's context of 2048 (Brown et al. 2020, Table 2.1); Llama-2 has rotary positions (Touvron et
+al. 2023).  ``bert-base-classifier`` is the Hugging Face
 ``BertForSequenceClassification`` that seeds/000 fine-tunes on IMDb."""
 
 

@@ -11,9 +11,10 @@ FC-1 by columns, the attention output projection and FC-2 by rows, heads split o
 all-reduce of the ``B * SL * H`` activations after the attention and the MLP in the forward pass and
 of their input gradients in the backward pass: four per layer per iteration (seeds/002 eq. 5.5).
 These all-reduces are on the critical path (the ``compute`` stream).  When ``tp`` does not divide
-the heads (T-NLG's 28 heads over 8 GPUs), every rank is given the busiest rank's work: linear
-layers of ``ceil(H / tp)`` columns and attention over ``ceil(heads / tp)`` heads; key/value heads
-fewer than ``tp`` (multi-query or grouped-query attention) are replicated.
+the heads (T-NLG's 28 heads over 8 GPUs), every rank is given the busiest rank's work: attention
+over ``ceil(heads / tp)`` heads, with the query, key and value columns and the output projection's
+rows of those heads, and an MLP of ``ceil(d_ff / tp)`` columns; key/value heads fewer than ``tp``
+(multi-query or grouped-query attention) are replicated.  ``tp`` may not exceed the heads.
 
 Data parallelism all-reduces the gradients in buckets (``bucket_bytes``, PyTorch DDP's 25 MiB by
 default; seeds/001) on a separate ``comm`` stream, each bucket as soon as the weight-gradient GEMMs
@@ -174,7 +175,7 @@ class _Transformer:
         self.heads_t = math.ceil(model.heads / tp)
         self.kv_t = math.ceil(model.key_value_heads / tp)
         self.hd = model.head_dim
-        self.q_width = math.ceil(model.hidden / tp)
+        self.q_width = self.heads_t * self.hd
         self.qkv_out = self.q_width + 2 * self.kv_t * self.hd
         self.ff_t = math.ceil(model.intermediate / tp)
         self.vocab_t = math.ceil(model.vocab / tp)
@@ -336,8 +337,8 @@ class _Transformer:
         self._tp_allreduce(stage, [], at("attn_allreduce_bwd"), t * h * size)
         self._reduction(gpus, [], at("ln1_bwd"), f"{model.norm}_backward", t, h)
         last = self._elementwise(gpus, [], at("residual_bwd"), "add", t * h)
-        biases_and_norms = (self.qkv_out + h + ff_in + h + 4 * h) * size
-        self._gradient(stage, layer, self.qkv_out * h * size + biases_and_norms, last, at("grad_allreduce"), True)
+        rest = sum(self.layer_tensors()) - (self.ff_t * h + h * ff_in + self.q_width * h)  # QKV, biases, norms
+        self._gradient(stage, layer, rest * size, last, at("grad_allreduce"), True)
         return last
 
     # -- embedding and output layer -----------------------------------------------------------
@@ -375,10 +376,10 @@ class _Transformer:
         self._tp_allreduce(stage, [], self._labels("lm_head_allreduce_bwd", "bwd", -1, step), t * h * size)
         last = self._reduction(gpus, [], self._labels("final_norm_bwd", "bwd", -1, step),
                                   f"{self.model.norm}_backward", t, h)
-        if reduce_gradients and self.par.pp > 1:
+        if reduce_gradients and (self.par.pp > 1 or not self.model.tied_embeddings):
             self._reduce_now, self._bucket = True, 0
-            self._gradient(stage, -1, self.vocab_t * h * size, wgrad, self._labels("grad_allreduce", "bwd", -1, step),
-                           True)
+            nbytes = (self.vocab_t * h + self.model.norm_parameters()) * size  # its own table or the tied copy
+            self._gradient(stage, -1, nbytes, wgrad, self._labels("grad_allreduce", "bwd", -1, step), True)
         return last
 
     def embedding_backward(self, step: int, after: list, reduce_gradients: bool) -> Handle:
@@ -388,25 +389,49 @@ class _Transformer:
         last = self._elementwise(gpus, after, labels, "add", self.b * self.s * self.model.hidden)
         if reduce_gradients:
             self._reduce_now, self._bucket = True, 0
-            self._gradient(0, -1, self.vocab_t * self.model.hidden * self.size, last,
-                           self._labels("grad_allreduce", "bwd", -1, step), True)
+            elements = self.vocab_t * self.model.hidden
+            if self.par.pp == 1 and self.model.tied_embeddings:  # the final norm's, with the one table
+                elements += self.model.norm_parameters()
+            self._gradient(0, -1, elements * self.size, last, self._labels("grad_allreduce", "bwd", -1, step), True)
         return last
 
+    def _norm_tensors(self) -> list[int]:
+        """Elements of one norm's parameter tensors (a scale, and a shift where a layer norm has biases)."""
+        h = self.model.hidden
+        return [h, h] if self.model.norm == "layernorm" and self.model.bias else [h]
+
     def layer_tensors(self) -> list[int]:
-        """Elements of every parameter tensor of one layer on one tensor-parallel rank."""
+        """Elements of every parameter tensor of one layer on one tensor-parallel rank (column-parallel
+        biases sliced, row-parallel biases and norms replicated)."""
         h = self.model.hidden
         ff_in = self.ff_t * (2 if self.model.activation == "swiglu" else 1)
-        norm = [h, h] if self.model.norm == "layernorm" else [h]
-        return [*norm, h * self.qkv_out, self.qkv_out, self.q_width * h, h, *norm, h * ff_in, ff_in, self.ff_t * h, h]
+        norm = self._norm_tensors()
+
+        def linear(weights: int, bias: int) -> list[int]:
+            return [weights, bias] if self.model.bias else [weights]
+
+        return [*norm, *linear(h * self.qkv_out, self.qkv_out), *linear(self.q_width * h, h), *norm,
+                *linear(h * ff_in, ff_in), *linear(self.ff_t * h, h)]
+
+    def embedding_tensors(self, stage: int) -> list[int]:
+        """Elements of the embedding, output layer and final norm tensors on one rank of ``stage``
+        (the first stage holds the embedding, the last the output layer -- the embedding's tied copy
+        where the stages differ -- and the final norm)."""
+        table = self.vocab_t * self.model.hidden
+        sizes = [table] if stage == 0 else []
+        if stage == self.par.pp - 1:
+            if self.par.pp > 1 or not self.model.tied_embeddings:
+                sizes.append(table)
+            sizes += self._norm_tensors()
+        return sizes
 
     def optimizer_step(self) -> None:
         """The optimizer on fp32 master weights, one layer at a time, after its gradients are reduced."""
-        h = self.model.hidden
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
             groups: list[tuple[int, list[int]]] = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
             if stage in (0, self.par.pp - 1):  # the embedding's parameters exist even without its passes
-                groups.append((-1, [self.vocab_t * h, h, h]))  # embedding (tied output layer), final norm
+                groups.append((-1, self.embedding_tensors(stage)))
             for layer, sizes in groups:
                 name = f"L{layer}.{self.optimizer}" if layer >= 0 else f"embedding.{self.optimizer}"
                 after = [self.gradient_buckets.get((stage, layer))]
@@ -487,7 +512,7 @@ class _Transformer:
         par, last_stage = self.par, self.par.pp - 1
         token_ready: dict[tuple[int, int], Handle] = {}
         for token in range(self.decode_tokens):
-            context = self.s + token
+            context = self.s + token + 1  # the prompt, the tokens generated before, and this step's own
             for mb in range(self.m):
                 step = token * self.m + mb
                 after: list[Handle | None] = [token_ready.get((token, mb))]
@@ -623,6 +648,12 @@ def transformer(
     _positive("decode_tokens", decode_tokens)
     if config.layers < pp:
         raise TraceError(f"transformer(): {config.layers} layers cannot fill pp={pp} stages")
+    if tp > config.heads:
+        raise TraceError(f"transformer(): tp={tp} exceeds the {config.heads} attention heads of {config.name} "
+                         f"(tensor parallelism splits the heads over the ranks)")
+    if phase == "decode" and not config.causal:
+        raise TraceError(f"transformer(): phase='decode' generates tokens one at a time, which needs a causal "
+                         f"model; {config.name} is an encoder (causal: false)")
     if batch % (dp * microbatches):
         raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
     micro_batch = batch // (dp * microbatches)

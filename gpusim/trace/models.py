@@ -39,6 +39,9 @@ class ModelConfig(BaseModel):
         Attention heads.
     kv_heads
         Key/value heads (grouped-query or multi-query attention); default: ``heads``.
+    d_head
+        Values per attention head; default: ``hidden / heads`` (which must then be whole).  PaLM's
+        48 heads of 256 make an attention width of 12288, not its d_model of 18432.
     ffn_hidden
         Intermediate size of the MLP (d_ff); default: 4 H.
     vocab
@@ -60,6 +63,11 @@ class ModelConfig(BaseModel):
     causal
         Whether a token attends only to the tokens before it (decoders such as GPT) or to the whole
         sequence (encoders such as BERT); fused attention skips the masked scores.
+    bias
+        Whether the linear layers and layer norms have biases (BERT, GPT) or not (Llama, PaLM).
+    tied_embeddings
+        Whether the output layer reuses the input embedding's table (BERT, GPT, PaLM) or has its
+        own (Llama).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -71,6 +79,7 @@ class ModelConfig(BaseModel):
     layers: int = Field(gt=0)
     heads: int = Field(gt=0)
     kv_heads: int | None = Field(default=None, gt=0)
+    d_head: int | None = Field(default=None, gt=0)
     ffn_hidden: int | None = Field(default=None, gt=0)
     vocab: int = Field(gt=0)
     seq_len: int = Field(gt=0)
@@ -80,8 +89,10 @@ class ModelConfig(BaseModel):
     position: Literal["learned", "rope"] = "learned"
     fused_qkv: bool = True
     causal: bool = True
+    bias: bool = True
+    tied_embeddings: bool = True
 
-    @field_validator("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "batch", mode="before")
+    @field_validator("hidden", "layers", "heads", "kv_heads", "d_head", "ffn_hidden", "vocab", "seq_len", "batch", mode="before")
     @classmethod
     def _not_a_boolean(cls, value: object) -> object:
         """Reject ``true``/``false`` for a count (pydantic would read them as 1 and 0)."""
@@ -91,8 +102,9 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelConfig:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.d_head is None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}), "
+                             f"or d_head must give the values per head")
         if self.heads % self.key_value_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.key_value_heads})")
         return self
@@ -109,21 +121,32 @@ class ModelConfig(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        """H / heads."""
-        return self.hidden // self.heads
+        """Values per attention head: ``d_head``, by default H / heads."""
+        return self.d_head or self.hidden // self.heads
+
+    @property
+    def attention_width(self) -> int:
+        """Output features of the query projection (input features of the attention output projection)."""
+        return self.heads * self.head_dim
+
+    def norm_parameters(self) -> int:
+        """Parameters of one norm: a scale, and a shift where a layer norm has biases."""
+        return 2 * self.hidden if self.norm == "layernorm" and self.bias else self.hidden
 
     def layer_parameters(self) -> int:
-        """Parameters of one transformer layer (weights, biases, norms)."""
-        h, f = self.hidden, self.intermediate
+        """Parameters of one transformer layer (weights, biases where the model has them, two norms)."""
+        h, f, q = self.hidden, self.intermediate, self.attention_width
         kv = self.key_value_heads * self.head_dim
-        attention = h * (h + 2 * kv) + h * h + (h + 2 * kv) + h
-        mlp = (3 if self.activation == "swiglu" else 2) * h * f + f + h
-        norms = 4 * h
-        return attention + mlp + norms
+        up = 2 * f if self.activation == "swiglu" else f  # a gated MLP's gate and up projections
+        weights = h * (q + 2 * kv) + q * h + h * up + f * h
+        biases = (q + 2 * kv) + h + up + h if self.bias else 0
+        return weights + biases + 2 * self.norm_parameters()
 
     def parameters(self) -> int:
-        """Parameters of the whole model (embedding shared with the output layer)."""
-        return self.layers * self.layer_parameters() + self.vocab * self.hidden
+        """Parameters of the whole model: the layers, the token embedding, the output layer where it
+        is not tied to the embedding, and the final norm (learned position embeddings left out)."""
+        tables = 1 if self.tied_embeddings else 2
+        return self.layers * self.layer_parameters() + tables * self.vocab * self.hidden + self.norm_parameters()
 
 
 def model_dirs() -> list[Path]:
