@@ -19,39 +19,63 @@ from gpusim.engine.simulation import Span
 from gpusim.errors import GpusimError
 from gpusim.output_files import write_whole
 
-OP_COLUMNS = [
-    "op_id",
-    "name",
-    "kind",
-    "gpu",
-    "stream",
-    "start_s",
-    "end_s",
-    "duration_s",
-    "impl",
-    "flops",
-    "bytes",
-    "measured_s",
-]
-KERNEL_COLUMNS = ["name", "gpu", "stream", "start_s", "end_s", "duration_s", "op_id"]
-"""Columns every :attr:`Result.kernels` has (kernels add their own, e.g. impl and workgroups)."""
-DRAM_COLUMNS = ["gpu", "channel", "stream", "direction", "t_s", "bytes"]
-LINK_COLUMNS = ["link", "src", "dst", "t_s", "bytes"]
-SUMMARY_COLUMNS = [
-    "op_id",
-    "name",
-    "kind",
-    "impl",
-    "gpus",
-    "start_s",
-    "end_s",
-    "flops",
-    "bytes",
-    "duration_s",
-    "tflop_per_s",
-    "gb_per_s",
-]
-"""Columns of :meth:`Result.summary`."""
+OP_DTYPES = {
+    "op_id": "int64",
+    "name": "str",
+    "kind": "str",
+    "gpu": "int64",
+    "stream": "str",
+    "start_s": "float64",
+    "end_s": "float64",
+    "duration_s": "float64",
+    "impl": "str",
+    "flops": "float64",
+    "bytes": "float64",
+    "measured_s": "float64",
+}
+"""Columns every :attr:`Result.ops` has, and their dtypes (ops add their own, e.g. workgroups)."""
+OP_COLUMNS = list(OP_DTYPES)
+KERNEL_DTYPES = {
+    "name": "str",
+    "gpu": "int64",
+    "stream": "str",
+    "start_s": "float64",
+    "end_s": "float64",
+    "duration_s": "float64",
+    "op_id": "int64",
+}
+"""Columns every :attr:`Result.kernels` has, and their dtypes (kernels add their own, e.g. impl and workgroups)."""
+KERNEL_COLUMNS = list(KERNEL_DTYPES)
+DRAM_DTYPES = {"gpu": "int64", "channel": "int64", "stream": "str", "direction": "str", "t_s": "float64",
+               "bytes": "float64"}
+"""Columns of :attr:`Result.dram` and their dtypes."""
+DRAM_COLUMNS = list(DRAM_DTYPES)
+LINK_DTYPES = {"link": "str", "src": "int64", "dst": "int64", "t_s": "float64", "bytes": "float64"}
+"""Columns of :attr:`Result.links` and their dtypes."""
+LINK_COLUMNS = list(LINK_DTYPES)
+SUMMARY_DTYPES = {
+    "op_id": "int64",
+    "name": "str",
+    "kind": "str",
+    "impl": "str",
+    "gpus": "int64",
+    "start_s": "float64",
+    "end_s": "float64",
+    "flops": "float64",
+    "bytes": "float64",
+    "duration_s": "float64",
+    "tflop_per_s": "float64",
+    "gb_per_s": "float64",
+}
+"""Columns of :meth:`Result.summary` and their dtypes."""
+SUMMARY_COLUMNS = list(SUMMARY_DTYPES)
+DRAM_TOTAL_DTYPES = {"gpu": "int64", "stream": "str", "direction": "str", "bytes": "float64"}
+"""Columns of :meth:`Result.dram_totals` and their dtypes."""
+
+
+def empty_frame(dtypes: dict[str, str]) -> pd.DataFrame:
+    """A frame without rows whose columns have the given dtypes (not pandas' default, object)."""
+    return pd.DataFrame({column: pd.Series(dtype=dtype) for column, dtype in dtypes.items()})
 
 
 def nested_lanes(intervals: list[tuple[float, float]]) -> list[int]:
@@ -129,7 +153,7 @@ class Result:
         kind, implementation, GPUs, start, end, FLOPs, bytes, duration and rates (TFLOP/s for
         GEMMs and attention)."""
         if self.ops.empty:
-            return pd.DataFrame(columns=SUMMARY_COLUMNS)
+            return empty_frame(SUMMARY_DTYPES)
         grouped = self.ops.groupby("op_id", sort=True)
         table = grouped.agg(
             name=("name", "first"),
@@ -151,7 +175,7 @@ class Result:
     def dram_totals(self) -> pd.DataFrame:
         """DRAM bytes per GPU, stream and direction."""
         if self.dram.empty:
-            return pd.DataFrame(columns=["gpu", "stream", "direction", "bytes"])
+            return empty_frame(DRAM_TOTAL_DTYPES)
         return self.dram.groupby(["gpu", "stream", "direction"], as_index=False)["bytes"].sum()
 
     def _bins(self) -> np.ndarray:
@@ -326,7 +350,7 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
                 **info,
             }
         )
-    ops = pd.DataFrame(rows, columns=None if rows else OP_COLUMNS)
+    ops = pd.DataFrame(rows) if rows else empty_frame(OP_DTYPES)
     kernel_rows = [
         {
             "name": span.name,
@@ -340,14 +364,12 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
         for span in recorder.spans
         if span.category == "kernel"
     ]
-    kernels = pd.DataFrame(kernel_rows, columns=None if kernel_rows else KERNEL_COLUMNS)
+    kernels = pd.DataFrame(kernel_rows) if kernel_rows else empty_frame(KERNEL_DTYPES)
     bin_s = recorder.bin_ns * 1e-9
-    dram = pd.DataFrame(
-        [(g, c, s, d, b * bin_s, n) for (g, c, s, d, b), n in recorder.dram.items()], columns=DRAM_COLUMNS
-    )
-    links = pd.DataFrame(
-        [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()], columns=LINK_COLUMNS
-    )
+    dram_rows = [(g, c, s, d, b * bin_s, n) for (g, c, s, d, b), n in recorder.dram.items()]
+    dram = pd.DataFrame(dram_rows, columns=DRAM_COLUMNS) if dram_rows else empty_frame(DRAM_DTYPES)
+    link_rows = [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()]
+    links = pd.DataFrame(link_rows, columns=LINK_COLUMNS) if link_rows else empty_frame(LINK_DTYPES)
     time_s = float(ops["end_s"].max() - ops["start_s"].min()) if not ops.empty else 0.0
     return Result(
         time_s=time_s,

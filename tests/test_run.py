@@ -364,6 +364,20 @@ def test_a_run_without_kernels_keeps_every_frame_s_columns():
     assert list(bandwidth.columns) == ["t_s"] and len(bandwidth) == 2  # the 10 us span, no traffic
 
 
+def test_empty_frames_have_the_dtypes_of_full_ones():
+    """A frame without rows keeps numeric columns numeric (not object), so it concatenates with,
+    sums and compares like one from a run that has rows."""
+    quiet = gpusim.run(ONE, ops.Delay(1e-5))  # no kernels, no DRAM or link traffic
+    busy = gpusim.run(RING8, [ops.Gemm(256, 256, 256), ops.AllReduce(2**16)], mode="symmetric")
+    for frame in ("kernels", "dram", "links"):
+        empty, full = getattr(quiet, frame), getattr(busy, frame)
+        assert empty.empty and not full.empty
+        assert empty.dtypes.to_dict() == full[list(empty.columns)].dtypes.to_dict(), frame
+    assert quiet.dram_totals().dtypes.to_dict() == busy.dram_totals().dtypes.to_dict()
+    none = Result(0.0, quiet.ops.iloc[:0], quiet.kernels, quiet.dram, quiet.links, {}, {}, {})
+    assert none.summary().dtypes.to_dict() == busy.summary().dtypes.to_dict()
+
+
 def test_plots_of_empty_frames_say_so():
     import matplotlib.pyplot as plt
 
