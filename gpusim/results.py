@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +234,12 @@ class Result:
         last bin.  Spans of one thread that partly overlap (a fused collective's steps) go to extra
         threads of the same name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
 
+        Span times are rounded to whole ns and written in us with three decimals, so ``ts + dur``
+        is exactly the span's end as a reader that rounds to ns (Perfetto) sees it: an op that
+        starts where the previous one ends does not overlap it by a rounding nanosecond, which
+        Perfetto would show as a misnested slice.  The file is strict JSON (no NaN or Infinity):
+        a non-finite span argument is written as text (``"nan"``, ``"inf"``).
+
         Parameters
         ----------
         path
@@ -266,17 +273,18 @@ class Result:
                 lanes[key] = len(lanes) + 1
             placed += [(span, keys[lane]) for span, lane in zip(spans, chosen)]
         for span, key in placed:
-            args = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in span.args.items()}
+            start_ns = round(span.start_ns)  # whole ns: ts + dur is then exactly the end, see the docstring
+            end_ns = max(start_ns, round(span.end_ns))
             events.append(
                 {
                     "name": span.name,
                     "cat": span.category,
                     "ph": "X",
-                    "ts": span.start_ns / 1e3,
-                    "dur": max(0.0, span.end_ns - span.start_ns) / 1e3,
+                    "ts": start_ns / 1e3,
+                    "dur": (end_ns - start_ns) / 1e3,
                     "pid": span.gpu,
                     "tid": lanes[key],
-                    "args": args,
+                    "args": {name: _arg(value) for name, value in span.args.items()},
                 }
             )
         gpus = sorted({gpu for gpu, _ in lanes} | set(self.dram["gpu"].unique() if not self.dram.empty else []))
@@ -292,7 +300,7 @@ class Result:
             for link, traffic in self.links.groupby("link", sort=True):
                 rates = self._rates(traffic, pd.Series("GB/s", index=traffic.index))
                 events += self._counter(f"{link} GB/s", int(link_pid), rates)
-        text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"})
+        text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}, allow_nan=False, separators=(",", ":"))
         return write_whole(target, lambda tmp: tmp.write_text(text), "the Perfetto timeline")
 
     def _rates(self, traffic: pd.DataFrame, series: pd.Series) -> pd.DataFrame:
@@ -302,6 +310,10 @@ class Result:
         table = traffic.assign(bin=self._bin_of(traffic["t_s"]), series=series.to_numpy()).pivot_table(
             index="bin", columns="series", values="bytes", aggfunc="sum")
         return table.fillna(0.0).sort_index() / self.bin_s / 1e9
+
+    def _bin_us(self, index: int) -> float:
+        """The start of time bin ``index``, us, to the ps (``35.0``, not ``35.00000000000001``)."""
+        return round(index * self.bin_s * 1e9, 3) / 1e3
 
     def _counter(self, name: str, pid: int, rates: pd.DataFrame) -> list[dict[str, Any]]:
         """Counter events of one track from the bins with traffic (:meth:`_rates`).
@@ -319,13 +331,25 @@ class Result:
         for position, (index, row) in enumerate(zip(bins, rates.to_numpy())):
             values = {column: round(float(value), 3) for column, value in zip(zero, row)}
             if values != previous:
-                events.append({"name": name, "ph": "C", "ts": index * self.bin_s * 1e6, "pid": pid, "args": values})
+                events.append({"name": name, "ph": "C", "ts": self._bin_us(index), "pid": pid, "args": values})
                 previous = values
             if position + 1 == len(bins) or bins[position + 1] != index + 1:
-                events.append({"name": name, "ph": "C", "ts": (index + 1) * self.bin_s * 1e6, "pid": pid,
+                events.append({"name": name, "ph": "C", "ts": self._bin_us(index + 1), "pid": pid,
                                "args": dict(zero)})
                 previous = zero
         return events
+
+
+def _arg(value: object) -> int | float | str | bool:
+    """A span argument as the timeline shows it: numbers (NumPy's too) and text as they are,
+    a non-finite number (which strict JSON lacks) and anything else as text."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else str(float(value))
+    return value if isinstance(value, str) else str(value)
 
 
 def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
