@@ -127,7 +127,10 @@ class Result:
         DRAM traffic: gpu, channel, stream, direction, t_s (start of its time bin), bytes; only
         bins with traffic have rows.
     links
-        Link traffic: link, src, dst, t_s, bytes; only bins with traffic have rows.
+        Link traffic: link, src, dst, t_s, bytes; only bins with traffic have rows.  Bytes are
+        wire bytes: a collective's protocol flags are included (NCCL's LL moves twice its
+        payload, LL128 128/120 of it), so a ring all-reduce of S bytes over N GPUs sends
+        2 (N - 1) / N x S / wire efficiency from each GPU.
     counters
         Named totals (L2 hits, DMA bytes, tracker overflows...).
     config
@@ -150,9 +153,15 @@ class Result:
     bin_s: float = 5e-6
 
     def summary(self) -> pd.DataFrame:
-        """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`, i.e. op_id, name,
-        kind, implementation, GPUs, start, end, FLOPs, bytes, duration and rates (TFLOP/s for
-        GEMMs and attention)."""
+        """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`.
+
+        ``gpus`` counts the GPUs with a row in :attr:`ops` (1 in symmetric mode, which simulates
+        GPU 0 only); ``start_s`` and ``end_s`` are the earliest start and latest end over them, s,
+        and ``duration_s`` the difference.  ``flops`` and ``bytes`` are one GPU's (each GPU of a
+        collective or of a GEMM on several GPUs does the same work), so the rates ``tflop_per_s``
+        (GEMMs and attention only) and ``gb_per_s`` are per GPU, and the same in full and
+        symmetric mode; an op that took no time has no rate (NaN).
+        """
         if self.ops.empty:
             return empty_frame(SUMMARY_DTYPES)
         grouped = self.ops.groupby("op_id", sort=True)

@@ -498,3 +498,18 @@ def test_the_progress_bar_ends_showing_every_op_and_the_final_simulated_time(cap
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert "16/16" in last
     assert f"simulated {result.summary()['end_s'].max() * 1e6:,.1f} us" in last
+
+
+@pytest.mark.parametrize("mode", ["full", "symmetric"])
+@pytest.mark.parametrize("nbytes", [2**20, 2**22])
+def test_ring_all_reduce_link_bytes_are_wire_bytes(mode, nbytes):
+    """Each GPU of an N-GPU ring all-reduce sends 2 (N - 1) / N of its array, in wire bytes: the
+    payload over the chosen protocol's wire efficiency (LL 0.5, LL128 120/128)."""
+    result = gpusim.run("a100-4-nvlink", ops.AllReduce(nbytes, algorithm="ring"), mode=mode)
+    efficiency = {p["name"]: p["wire_efficiency"] for p in result.config["collectives"]["protocols"]}
+    expected = 2 * 3 / 4 * nbytes / efficiency[result.ops["protocol"].iloc[0]]
+    sent = result.links.groupby("src")["bytes"].sum()
+    assert list(sent.index) == ([0, 1, 2, 3] if mode == "full" else [0])
+    assert sent.to_numpy() == pytest.approx(expected, rel=1e-3)
+    assert (result.links["src"] != result.links["dst"]).all()
+    assert result.links["link"].tolist() == [f"gpu{s}->gpu{d}" for s, d in zip(result.links["src"], result.links["dst"])]
