@@ -223,7 +223,18 @@ class Result:
             ``{stream}_{direction}`` of GB/s per stream and direction the GPU moved data on (none
             when it moved nothing).  The mean of a column times the span (rows x ``bin_s``) is its
             bytes.
+
+        Raises
+        ------
+        GpusimError
+            ``gpu`` was not simulated (a GPU other than 0 in symmetric mode, or one the system
+            lacks), rather than a table of zeros that looks like an idle GPU.
         """
+        simulated = self.stats.get("simulated_gpus")
+        if simulated is not None and not (isinstance(gpu, numbers.Integral) and 0 <= gpu < simulated):
+            only = " (symmetric mode simulates GPU 0 only)" if self.stats.get("mode") == "symmetric" else ""
+            raise GpusimError(f"dram_bandwidth: GPU {gpu!r} was not simulated; this run simulated GPUs "
+                              f"0..{simulated - 1}{only}")
         bins = self._bins()
         table = self._dram_rates(gpu).reindex(bins, fill_value=0.0)
         table.columns = [str(column) for column in table.columns]

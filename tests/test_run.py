@@ -513,3 +513,14 @@ def test_ring_all_reduce_link_bytes_are_wire_bytes(mode, nbytes):
     assert sent.to_numpy() == pytest.approx(expected, rel=1e-3)
     assert (result.links["src"] != result.links["dst"]).all()
     assert result.links["link"].tolist() == [f"gpu{s}->gpu{d}" for s, d in zip(result.links["src"], result.links["dst"])]
+
+
+def test_dram_bandwidth_of_a_gpu_that_was_not_simulated_is_an_error():
+    """Symmetric mode simulates GPU 0 only: GPU 1's bandwidth used to be a table of zeros."""
+    result = gpusim.run(RING8, ops.AllReduce(2**16), mode="symmetric")
+    assert result.dram_bandwidth(0).drop(columns="t_s").to_numpy().sum() > 0
+    with pytest.raises(gpusim.GpusimError, match=r"GPU 1 was not simulated; this run simulated GPUs 0\.\.0 "
+                                                   r"\(symmetric mode simulates GPU 0 only\)"):
+        result.dram_bandwidth(1)
+    with pytest.raises(gpusim.GpusimError, match="GPU 8 was not simulated; this run simulated GPUs 0..7$"):
+        gpusim.run(RING8, ops.Gemm(64, 64, 64, ranks=[0]), mode="full").dram_bandwidth(8)
