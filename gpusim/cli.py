@@ -146,19 +146,29 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_outputs(result, out: Path, title: str) -> None:
-    """Write a result's tables, a timeline plot and a Perfetto trace into the existing folder ``out``."""
+def timeline_figure(result, title: str):
+    """The figure of ``gpusim run --out``'s timeline.png: the ops of every GPU and stream that ran
+    one, over time (ms), and the DRAM traffic (GB/s) of the lowest-numbered GPU that ran an op."""
     import matplotlib.pyplot as plt
 
     from gpusim import plot
 
+    lanes = result.ops[["gpu", "stream"]].drop_duplicates()
+    gpu = int(lanes["gpu"].min()) if not lanes.empty else 0
+    fig, axes = plt.subplots(2, 1, figsize=(9, 4.5 + 0.25 * len(lanes)))
+    plot.timeline(result.ops, ax=axes[0])
+    axes[0].set_title(title)
+    plot.dram_bandwidth(result.dram_bandwidth(gpu), ax=axes[1], title=f"GPU {gpu} DRAM traffic")
+    return fig
+
+
+def write_outputs(result, out: Path, title: str) -> None:
+    """Write a result's tables, a timeline plot and a Perfetto trace into the existing folder ``out``."""
+    from gpusim import plot
+
     result.ops.to_csv(out / "ops.csv", index=False)
     result.summary().to_csv(out / "summary.csv", index=False)
-    fig, axes = plt.subplots(2, 1, figsize=(9, 6))
-    plot.timeline(result.ops, ax=axes[0], gpus=[0])
-    axes[0].set_title(title)
-    plot.dram_bandwidth(result.dram_bandwidth(0), ax=axes[1], title="GPU 0 DRAM traffic")
-    plot.save_figure(fig, out / "timeline.png")
+    plot.save_figure(timeline_figure(result, title), out / "timeline.png")
     result.to_perfetto(out / "timeline.perfetto.json")
 
 

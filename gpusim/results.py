@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,39 +20,63 @@ from gpusim.engine.simulation import Span
 from gpusim.errors import GpusimError
 from gpusim.output_files import write_whole
 
-OP_COLUMNS = [
-    "op_id",
-    "name",
-    "kind",
-    "gpu",
-    "stream",
-    "start_s",
-    "end_s",
-    "duration_s",
-    "impl",
-    "flops",
-    "bytes",
-    "measured_s",
-]
-KERNEL_COLUMNS = ["name", "gpu", "stream", "start_s", "end_s", "duration_s", "op_id"]
-"""Columns every :attr:`Result.kernels` has (kernels add their own, e.g. impl and workgroups)."""
-DRAM_COLUMNS = ["gpu", "channel", "stream", "direction", "t_s", "bytes"]
-LINK_COLUMNS = ["link", "src", "dst", "t_s", "bytes"]
-SUMMARY_COLUMNS = [
-    "op_id",
-    "name",
-    "kind",
-    "impl",
-    "gpus",
-    "start_s",
-    "end_s",
-    "flops",
-    "bytes",
-    "duration_s",
-    "tflop_per_s",
-    "gb_per_s",
-]
-"""Columns of :meth:`Result.summary`."""
+OP_DTYPES = {
+    "op_id": "int64",
+    "name": "str",
+    "kind": "str",
+    "gpu": "int64",
+    "stream": "str",
+    "start_s": "float64",
+    "end_s": "float64",
+    "duration_s": "float64",
+    "impl": "str",
+    "flops": "float64",
+    "bytes": "float64",
+    "measured_s": "float64",
+}
+"""Columns every :attr:`Result.ops` has, and their dtypes (ops add their own, e.g. workgroups)."""
+OP_COLUMNS = list(OP_DTYPES)
+KERNEL_DTYPES = {
+    "name": "str",
+    "gpu": "int64",
+    "stream": "str",
+    "start_s": "float64",
+    "end_s": "float64",
+    "duration_s": "float64",
+    "op_id": "int64",
+}
+"""Columns every :attr:`Result.kernels` has, and their dtypes (kernels add their own, e.g. impl and workgroups)."""
+KERNEL_COLUMNS = list(KERNEL_DTYPES)
+DRAM_DTYPES = {"gpu": "int64", "channel": "int64", "stream": "str", "direction": "str", "t_s": "float64",
+               "bytes": "float64"}
+"""Columns of :attr:`Result.dram` and their dtypes."""
+DRAM_COLUMNS = list(DRAM_DTYPES)
+LINK_DTYPES = {"link": "str", "src": "int64", "dst": "int64", "t_s": "float64", "bytes": "float64"}
+"""Columns of :attr:`Result.links` and their dtypes."""
+LINK_COLUMNS = list(LINK_DTYPES)
+SUMMARY_DTYPES = {
+    "op_id": "int64",
+    "name": "str",
+    "kind": "str",
+    "impl": "str",
+    "gpus": "int64",
+    "start_s": "float64",
+    "end_s": "float64",
+    "flops": "float64",
+    "bytes": "float64",
+    "duration_s": "float64",
+    "tflop_per_s": "float64",
+    "gb_per_s": "float64",
+}
+"""Columns of :meth:`Result.summary` and their dtypes."""
+SUMMARY_COLUMNS = list(SUMMARY_DTYPES)
+DRAM_TOTAL_DTYPES = {"gpu": "int64", "stream": "str", "direction": "str", "bytes": "float64"}
+"""Columns of :meth:`Result.dram_totals` and their dtypes."""
+
+
+def empty_frame(dtypes: dict[str, str]) -> pd.DataFrame:
+    """A frame without rows whose columns have the given dtypes (not pandas' default, object)."""
+    return pd.DataFrame({column: pd.Series(dtype=dtype) for column, dtype in dtypes.items()})
 
 
 def nested_lanes(intervals: list[tuple[float, float]]) -> list[int]:
@@ -102,7 +127,10 @@ class Result:
         DRAM traffic: gpu, channel, stream, direction, t_s (start of its time bin), bytes; only
         bins with traffic have rows.
     links
-        Link traffic: link, src, dst, t_s, bytes; only bins with traffic have rows.
+        Link traffic: link, src, dst, t_s, bytes; only bins with traffic have rows.  Bytes are
+        wire bytes: a collective's protocol flags are included (NCCL's LL moves twice its
+        payload, LL128 128/120 of it), so a ring all-reduce of S bytes over N GPUs sends
+        2 (N - 1) / N x S / wire efficiency from each GPU.
     counters
         Named totals (L2 hits, DMA bytes, tracker overflows...).
     config
@@ -125,11 +153,17 @@ class Result:
     bin_s: float = 5e-6
 
     def summary(self) -> pd.DataFrame:
-        """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`, i.e. op_id, name,
-        kind, implementation, GPUs, start, end, FLOPs, bytes, duration and rates (TFLOP/s for
-        GEMMs and attention)."""
+        """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`.
+
+        ``gpus`` counts the GPUs with a row in :attr:`ops` (1 in symmetric mode, which simulates
+        GPU 0 only); ``start_s`` and ``end_s`` are the earliest start and latest end over them, s,
+        and ``duration_s`` the difference.  ``flops`` and ``bytes`` are one GPU's (each GPU of a
+        collective or of a GEMM on several GPUs does the same work), so the rates ``tflop_per_s``
+        (GEMMs and attention only) and ``gb_per_s`` are per GPU, and the same in full and
+        symmetric mode; an op that took no time has no rate (NaN).
+        """
         if self.ops.empty:
-            return pd.DataFrame(columns=SUMMARY_COLUMNS)
+            return empty_frame(SUMMARY_DTYPES)
         grouped = self.ops.groupby("op_id", sort=True)
         table = grouped.agg(
             name=("name", "first"),
@@ -151,7 +185,7 @@ class Result:
     def dram_totals(self) -> pd.DataFrame:
         """DRAM bytes per GPU, stream and direction."""
         if self.dram.empty:
-            return pd.DataFrame(columns=["gpu", "stream", "direction", "bytes"])
+            return empty_frame(DRAM_TOTAL_DTYPES)
         return self.dram.groupby(["gpu", "stream", "direction"], as_index=False)["bytes"].sum()
 
     def _bins(self) -> np.ndarray:
@@ -189,7 +223,18 @@ class Result:
             ``{stream}_{direction}`` of GB/s per stream and direction the GPU moved data on (none
             when it moved nothing).  The mean of a column times the span (rows x ``bin_s``) is its
             bytes.
+
+        Raises
+        ------
+        GpusimError
+            ``gpu`` was not simulated (a GPU other than 0 in symmetric mode, or one the system
+            lacks), rather than a table of zeros that looks like an idle GPU.
         """
+        simulated = self.stats.get("simulated_gpus")
+        if simulated is not None and not (isinstance(gpu, numbers.Integral) and 0 <= gpu < simulated):
+            only = " (symmetric mode simulates GPU 0 only)" if self.stats.get("mode") == "symmetric" else ""
+            raise GpusimError(f"dram_bandwidth: GPU {gpu!r} was not simulated; this run simulated GPUs "
+                              f"0..{simulated - 1}{only}")
         bins = self._bins()
         table = self._dram_rates(gpu).reindex(bins, fill_value=0.0)
         table.columns = [str(column) for column in table.columns]
@@ -208,6 +253,12 @@ class Result:
         GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
         last bin.  Spans of one thread that partly overlap (a fused collective's steps) go to extra
         threads of the same name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
+
+        Span times are rounded to whole ns and written in us with three decimals, so ``ts + dur``
+        is exactly the span's end as a reader that rounds to ns (Perfetto) sees it: an op that
+        starts where the previous one ends does not overlap it by a rounding nanosecond, which
+        Perfetto would show as a misnested slice.  The file is strict JSON (no NaN or Infinity):
+        a non-finite span argument is written as text (``"nan"``, ``"inf"``).
 
         Parameters
         ----------
@@ -242,17 +293,18 @@ class Result:
                 lanes[key] = len(lanes) + 1
             placed += [(span, keys[lane]) for span, lane in zip(spans, chosen)]
         for span, key in placed:
-            args = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in span.args.items()}
+            start_ns = round(span.start_ns)  # whole ns: ts + dur is then exactly the end, see the docstring
+            end_ns = max(start_ns, round(span.end_ns))
             events.append(
                 {
                     "name": span.name,
                     "cat": span.category,
                     "ph": "X",
-                    "ts": span.start_ns / 1e3,
-                    "dur": max(0.0, span.end_ns - span.start_ns) / 1e3,
+                    "ts": start_ns / 1e3,
+                    "dur": (end_ns - start_ns) / 1e3,
                     "pid": span.gpu,
                     "tid": lanes[key],
-                    "args": args,
+                    "args": {name: _arg(value) for name, value in span.args.items()},
                 }
             )
         gpus = sorted({gpu for gpu, _ in lanes} | set(self.dram["gpu"].unique() if not self.dram.empty else []))
@@ -268,7 +320,7 @@ class Result:
             for link, traffic in self.links.groupby("link", sort=True):
                 rates = self._rates(traffic, pd.Series("GB/s", index=traffic.index))
                 events += self._counter(f"{link} GB/s", int(link_pid), rates)
-        text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"})
+        text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}, allow_nan=False, separators=(",", ":"))
         return write_whole(target, lambda tmp: tmp.write_text(text), "the Perfetto timeline")
 
     def _rates(self, traffic: pd.DataFrame, series: pd.Series) -> pd.DataFrame:
@@ -278,6 +330,10 @@ class Result:
         table = traffic.assign(bin=self._bin_of(traffic["t_s"]), series=series.to_numpy()).pivot_table(
             index="bin", columns="series", values="bytes", aggfunc="sum")
         return table.fillna(0.0).sort_index() / self.bin_s / 1e9
+
+    def _bin_us(self, index: int) -> float:
+        """The start of time bin ``index``, us, to the ps (``35.0``, not ``35.00000000000001``)."""
+        return round(index * self.bin_s * 1e9, 3) / 1e3
 
     def _counter(self, name: str, pid: int, rates: pd.DataFrame) -> list[dict[str, Any]]:
         """Counter events of one track from the bins with traffic (:meth:`_rates`).
@@ -295,13 +351,25 @@ class Result:
         for position, (index, row) in enumerate(zip(bins, rates.to_numpy())):
             values = {column: round(float(value), 3) for column, value in zip(zero, row)}
             if values != previous:
-                events.append({"name": name, "ph": "C", "ts": index * self.bin_s * 1e6, "pid": pid, "args": values})
+                events.append({"name": name, "ph": "C", "ts": self._bin_us(index), "pid": pid, "args": values})
                 previous = values
             if position + 1 == len(bins) or bins[position + 1] != index + 1:
-                events.append({"name": name, "ph": "C", "ts": (index + 1) * self.bin_s * 1e6, "pid": pid,
+                events.append({"name": name, "ph": "C", "ts": self._bin_us(index + 1), "pid": pid,
                                "args": dict(zero)})
                 previous = zero
         return events
+
+
+def _arg(value: object) -> int | float | str | bool:
+    """A span argument as the timeline shows it: numbers (NumPy's too) and text as they are,
+    a non-finite number (which strict JSON lacks) and anything else as text."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else str(float(value))
+    return value if isinstance(value, str) else str(value)
 
 
 def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
@@ -326,7 +394,7 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
                 **info,
             }
         )
-    ops = pd.DataFrame(rows, columns=None if rows else OP_COLUMNS)
+    ops = pd.DataFrame(rows) if rows else empty_frame(OP_DTYPES)
     kernel_rows = [
         {
             "name": span.name,
@@ -340,14 +408,12 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
         for span in recorder.spans
         if span.category == "kernel"
     ]
-    kernels = pd.DataFrame(kernel_rows, columns=None if kernel_rows else KERNEL_COLUMNS)
+    kernels = pd.DataFrame(kernel_rows) if kernel_rows else empty_frame(KERNEL_DTYPES)
     bin_s = recorder.bin_ns * 1e-9
-    dram = pd.DataFrame(
-        [(g, c, s, d, b * bin_s, n) for (g, c, s, d, b), n in recorder.dram.items()], columns=DRAM_COLUMNS
-    )
-    links = pd.DataFrame(
-        [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()], columns=LINK_COLUMNS
-    )
+    dram_rows = [(g, c, s, d, b * bin_s, n) for (g, c, s, d, b), n in recorder.dram.items()]
+    dram = pd.DataFrame(dram_rows, columns=DRAM_COLUMNS) if dram_rows else empty_frame(DRAM_DTYPES)
+    link_rows = [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()]
+    links = pd.DataFrame(link_rows, columns=LINK_COLUMNS) if link_rows else empty_frame(LINK_DTYPES)
     time_s = float(ops["end_s"].max() - ops["start_s"].min()) if not ops.empty else 0.0
     return Result(
         time_s=time_s,

@@ -39,6 +39,23 @@ def test_run_writes_outputs(tmp_path, capsys):
         assert (tmp_path / name).exists()
 
 
+def test_run_timeline_plot_shows_the_gpus_that_ran_ops():
+    """An op on GPU 3 only: the plot used to show GPU 0 alone ("no ops", "no DRAM traffic")."""
+    import matplotlib.pyplot as plt
+
+    import gpusim
+    from gpusim import ops
+    from gpusim.cli import timeline_figure
+
+    result = gpusim.run("a100-4-nvlink", [ops.Gemm(512, 512, 512, ranks=[3]), ops.Gemm(256, 256, 256, ranks=[2])])
+    fig = timeline_figure(result, "title")
+    timeline, dram = fig.axes
+    assert [label.get_text() for label in timeline.get_yticklabels()] == ["GPU2 compute", "GPU3 compute"]
+    assert dram.get_title() == "GPU 2 DRAM traffic" and dram.get_lines() and not dram.texts
+    assert timeline.get_xlabel() == "time (ms)" and dram.get_ylabel() == "DRAM bandwidth (GB/s)"
+    plt.close(fig)
+
+
 def test_run_fused_gemm_reduce_scatter_with_t3_mca(capsys):
     code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--policy", "t3-mca", "--quiet",
                  "--op", "gemm_rs m=1024 n=1024 k=512 dtype=fp16"])

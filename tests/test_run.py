@@ -76,18 +76,62 @@ def test_nested_lanes_never_put_partly_overlapping_intervals_together(intervals)
         assert set(lanes) <= {0}
 
 
+def perfetto_slices(events) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """The (start, end) of each ``X`` event per (pid, tid), ns, as Perfetto's JSON importer reads
+    them: ``ts`` and ``dur`` each rounded to whole ns (``llround(us * 1000)``), end = start + dur."""
+    threads = {}
+    for event in events:
+        if event["ph"] == "X":
+            start = round(event["ts"] * 1000)
+            threads.setdefault((event["pid"], event["tid"]), []).append((start, start + round(event["dur"] * 1000)))
+    return threads
+
+
+def strict_json(path):
+    """The JSON in ``path``, refusing NaN and Infinity (which Perfetto and strict parsers reject)."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
 @pytest.mark.parametrize(("system", "op"), [("t3-ring8", ops.GemmReduceScatter(2048, 2048, 512)),
                                             ("hgx-h100", ops.GemmAllGather(1024, 1024, 512))])
 def test_perfetto_threads_hold_only_nested_slices(tmp_path, system, op):
     trace = json.loads(gpusim.run(system, [op]).to_perfetto(tmp_path / "t.json").read_text())
-    threads = {}
-    for event in trace["traceEvents"]:
-        if event["ph"] == "X":
-            threads.setdefault((event["pid"], event["tid"]), []).append((event["ts"], event["ts"] + event["dur"]))
     names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"]
     assert any(name.endswith("(2)") for name in names)  # the steps needed a second thread
-    for intervals in threads.values():
+    for intervals in perfetto_slices(trace["traceEvents"]).values():
         assert not partly_overlapping(intervals)
+
+
+def test_back_to_back_ops_do_not_overlap_by_a_rounding_nanosecond(tmp_path):
+    """An op that starts where the previous one ends: in ns as Perfetto rounds ``ts`` and ``dur``,
+    the first used to end 1 ns after the second began (a misnested slice)."""
+    result = gpusim.run(ONE, [ops.Gemm(256, 512, 512), ops.Elementwise("gelu", 256 * 512)] * 2)
+    events = strict_json(result.to_perfetto(tmp_path / "t.json"))["traceEvents"]
+    for intervals in perfetto_slices(events).values():
+        assert not partly_overlapping(intervals)
+    ops_thread = next(e["tid"] for e in events if e["name"] == "thread_name" and e["args"]["name"] == "compute ops")
+    slices = sorted(perfetto_slices(events)[(0, ops_thread)])
+    assert [end for _, end in slices] == [round(end_s * 1e9) for end_s in result.ops["end_s"]]
+    assert [start for start, _ in slices[1:]] == [end for _, end in slices[:-1]]
+    for event in events:
+        if event["ph"] in "XC":  # whole ns in us, as written
+            assert event["ts"] * 1000 == pytest.approx(round(event["ts"] * 1000), abs=1e-6)
+
+
+def test_perfetto_is_strict_json_with_non_finite_arguments(tmp_path):
+    from gpusim.engine.simulation import Span
+    from gpusim.results import DRAM_DTYPES, KERNEL_DTYPES, LINK_DTYPES, OP_DTYPES, empty_frame
+
+    spans = [Span("k", "kernel", 0, "s", 0.0, 10.0, {"ratio": float("nan"), "limit": float("inf"),
+                                                      "count": np.int64(3), "share": np.float32(0.5)})]
+    result = Result(1e-8, empty_frame(OP_DTYPES), empty_frame(KERNEL_DTYPES), empty_frame(DRAM_DTYPES),
+                    empty_frame(LINK_DTYPES), {}, {}, {}, spans)
+    events = strict_json(result.to_perfetto(tmp_path / "t.json"))["traceEvents"]
+    assert next(e for e in events if e["ph"] == "X")["args"] == {"ratio": "nan", "limit": "inf", "count": 3,
+                                                                   "share": 0.5}
 
 
 def test_perfetto_timeline(tmp_path):
@@ -364,6 +408,20 @@ def test_a_run_without_kernels_keeps_every_frame_s_columns():
     assert list(bandwidth.columns) == ["t_s"] and len(bandwidth) == 2  # the 10 us span, no traffic
 
 
+def test_empty_frames_have_the_dtypes_of_full_ones():
+    """A frame without rows keeps numeric columns numeric (not object), so it concatenates with,
+    sums and compares like one from a run that has rows."""
+    quiet = gpusim.run(ONE, ops.Delay(1e-5))  # no kernels, no DRAM or link traffic
+    busy = gpusim.run(RING8, [ops.Gemm(256, 256, 256), ops.AllReduce(2**16)], mode="symmetric")
+    for frame in ("kernels", "dram", "links"):
+        empty, full = getattr(quiet, frame), getattr(busy, frame)
+        assert empty.empty and not full.empty
+        assert empty.dtypes.to_dict() == full[list(empty.columns)].dtypes.to_dict(), frame
+    assert quiet.dram_totals().dtypes.to_dict() == busy.dram_totals().dtypes.to_dict()
+    none = Result(0.0, quiet.ops.iloc[:0], quiet.kernels, quiet.dram, quiet.links, {}, {}, {})
+    assert none.summary().dtypes.to_dict() == busy.summary().dtypes.to_dict()
+
+
 def test_plots_of_empty_frames_say_so():
     import matplotlib.pyplot as plt
 
@@ -440,3 +498,29 @@ def test_the_progress_bar_ends_showing_every_op_and_the_final_simulated_time(cap
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert "16/16" in last
     assert f"simulated {result.summary()['end_s'].max() * 1e6:,.1f} us" in last
+
+
+@pytest.mark.parametrize("mode", ["full", "symmetric"])
+@pytest.mark.parametrize("nbytes", [2**20, 2**22])
+def test_ring_all_reduce_link_bytes_are_wire_bytes(mode, nbytes):
+    """Each GPU of an N-GPU ring all-reduce sends 2 (N - 1) / N of its array, in wire bytes: the
+    payload over the chosen protocol's wire efficiency (LL 0.5, LL128 120/128)."""
+    result = gpusim.run("a100-4-nvlink", ops.AllReduce(nbytes, algorithm="ring"), mode=mode)
+    efficiency = {p["name"]: p["wire_efficiency"] for p in result.config["collectives"]["protocols"]}
+    expected = 2 * 3 / 4 * nbytes / efficiency[result.ops["protocol"].iloc[0]]
+    sent = result.links.groupby("src")["bytes"].sum()
+    assert list(sent.index) == ([0, 1, 2, 3] if mode == "full" else [0])
+    assert sent.to_numpy() == pytest.approx(expected, rel=1e-3)
+    assert (result.links["src"] != result.links["dst"]).all()
+    assert result.links["link"].tolist() == [f"gpu{s}->gpu{d}" for s, d in zip(result.links["src"], result.links["dst"])]
+
+
+def test_dram_bandwidth_of_a_gpu_that_was_not_simulated_is_an_error():
+    """Symmetric mode simulates GPU 0 only: GPU 1's bandwidth used to be a table of zeros."""
+    result = gpusim.run(RING8, ops.AllReduce(2**16), mode="symmetric")
+    assert result.dram_bandwidth(0).drop(columns="t_s").to_numpy().sum() > 0
+    with pytest.raises(gpusim.GpusimError, match=r"GPU 1 was not simulated; this run simulated GPUs 0\.\.0 "
+                                                   r"\(symmetric mode simulates GPU 0 only\)"):
+        result.dram_bandwidth(1)
+    with pytest.raises(gpusim.GpusimError, match="GPU 8 was not simulated; this run simulated GPUs 0..7$"):
+        gpusim.run(RING8, ops.Gemm(64, 64, 64, ranks=[0]), mode="full").dram_bandwidth(8)
