@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpusim.errors import ConfigError
 from gpusim.studies.concurrency import GO_PROPERTY_COLUMNS, ConcurrencyStudy, gemm_point, geomean
 from gpusim.studies.concurrency_workloads import systematic_sample, with_shapes
 from gpusim.sweep import point_key
@@ -88,6 +89,16 @@ def test_points_run_on_a_local_dask_cluster():
         remote = study(scheduler=cluster.scheduler_address).measure(gemms)
     columns = ["isolated_kernel", "seq2_s", "default2_s", "go4_s", "preferred"]
     pd.testing.assert_frame_equal(local.shapes[columns], remote.shapes[columns])
+
+
+def test_an_unreachable_scheduler_is_a_config_error_before_any_simulation(tmp_path):
+    dask = pytest.importorskip("dask")
+    pytest.importorskip("dask.distributed")
+    gemms = with_shapes(tiny_gemms().iloc[:1])
+    with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):  # Dask's default waits 30 s
+        with pytest.raises(ConfigError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:1 "):
+            study(tmp_path, scheduler="tcp://127.0.0.1:1").measure(gemms)
+    assert not any(tmp_path.iterdir())  # nothing simulated
 
 
 def test_gemm_point_arrangements():

@@ -44,6 +44,7 @@ from gpusim.errors import GpusimError
 from gpusim.studies import concurrency_e2e
 from gpusim.studies.concurrency import ConcurrencyStudy, geomean
 from gpusim.studies.concurrency_workloads import attention_gemms, model_gemms, systematic_sample, with_shapes
+from gpusim.sweep import check_scheduler
 from gpusim.trace.generator import transformer
 
 HERE = Path(__file__).resolve().parent
@@ -368,8 +369,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     cache = Path(args.cache) if args.cache else Path(args.out) / "cache"
     reduced = {"shortlist_size": 2, "cu_partition_degrees": (2,), "resource_partition_degrees": (2, 16)} if args.quick else {}
-    try:  # parses --set and loads the system with it: a bad override fails here, before anything is written
+    try:  # parses --set and loads the system with it, and reaches --scheduler: fails here, before anything is written
         study = ConcurrencyStudy(**study_options(args, cache), **reduced)
+        if args.scheduler is not None:
+            check_scheduler(args.scheduler)
     except GpusimError as error:
         parser.error(str(error))
     out = output_folder_or_exit(parser, args.out, "--out")  # before the cache: a bad --out leaves nothing
