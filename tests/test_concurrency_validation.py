@@ -140,6 +140,31 @@ def test_reference_values_a_run_did_not_compute_are_not_run_not_misses(tmp_path)
     assert complete.set_index("metric").loc["batched_over_default", "status"].tolist() == ["within tolerance", "miss"]
 
 
+def test_every_plot_axis_says_its_unit_or_what_its_ratio_is_of(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    reproduce = load_reproduce()
+    figures = {}
+    monkeypatch.setattr(reproduce.plot, "save_figure", lambda fig, path, dpi: figures.setdefault(path.name, fig))
+    result = synthetic_result()
+    empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
+    selected = pd.DataFrame({"gemm": ["gnmt 64_2048_512_01"] * 2, "config": ["default", "goldyloc"], "speedup": [1.1, 1.2]})
+    sizes = pd.DataFrame({"gflop": [0.1, 1.0, 0.1, 1.0], "dtype": ["fp16", "fp16", "fp32", "fp32"],
+                          "speedup": [1.0, 1.1, 1.05, 1.15]})
+    reproduce.plots(tmp_path, result, selected, sizes, reproduce.compare(result, empty, empty))
+    assert sorted(figures) == ["fp16.png", "go_properties.png", "partitions.png", "per_app.png", "predictor.png", "selected.png",
+                               "summary.png"]
+    labels = {name: [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes] for name, fig in figures.items()}
+    for figure in figures.values():
+        plt.close(figure)
+    for name, axes in labels.items():
+        for xlabel, ylabel in axes:
+            assert re.search(r"\((x|ratio|GFLOP)\)|share of|Table 7.3|available independent GEMMs|GEMM \(|rank", xlabel), (name, xlabel)
+            assert re.search(r"\((x|ratio)\)|share of", ylabel), (name, ylabel)
+    assert labels["summary.png"] == [("available independent GEMMs", "geomean speedup over Sequential (x)")]
+    assert labels["predictor.png"][0][0] == "available independent GEMMs"
+
+
 def test_a_size_limit_that_leaves_no_gemm_is_a_clear_error(tmp_path, capsys):
     out = tmp_path / "none"
     with pytest.raises(SystemExit) as exit_:

@@ -279,37 +279,48 @@ def checks(result, trend: pd.DataFrame) -> pd.DataFrame:
 
 # -- plots -------------------------------------------------------------------------------------
 
+AVAILABLE = "available independent GEMMs"
+"""The x axis of the plots by number of available GEMMs (the concurrency)."""
+OVER_SEQUENTIAL = "geomean speedup over Sequential (x)"
+"""The y axis of the speedup plots: the time of the available GEMMs run back to back over their time in a
+configuration, geometric mean over the GEMMs."""
+GO_RATIOS = {"waves_ratio": "waves", "l2_accesses_per_wave_ratio": "L2 accesses per wave",
+             "l2_misses_per_wave_ratio": "L2 misses per wave"}
+"""The Fig. 7.12 quantities of ``go_properties.csv``, by their legend labels."""
+
+
 def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, comparison: pd.DataFrame) -> None:
-    """Write the figures of section 7.5 as PNG files."""
+    """Write the figures of section 7.5 as PNG files; every axis says its unit or what its ratio is of."""
     per_app = result.per_app[result.per_app["config"].isin(["default", "go-kernels", "goldyloc", "oracle"])]
     degrees = sorted(per_app["concurrency"].unique())
     fig, axes = plt.subplots(len(degrees), 1, figsize=(10, 3.2 * len(degrees)), squeeze=False)
     for ax, degree in zip(axes[:, 0], degrees):
         plot.bars(per_app[per_app["concurrency"] == degree], "app", "geomean_speedup", hue="config", ax=ax,
-                  ylabel="speedup over Sequential")
+                  xlabel="application (Table 7.3)", ylabel=OVER_SEQUENTIAL)
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title(f"{degree} independent GEMMs (Figs. 7.8-7.11)")
     plot.save_figure(fig, out / "per_app.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    plot.bars(result.summary, "concurrency", "geomean_speedup", hue="config", ax=ax, ylabel="geomean speedup over Sequential")
+    plot.bars(result.summary, "concurrency", "geomean_speedup", hue="config", ax=ax, xlabel=AVAILABLE, ylabel=OVER_SEQUENTIAL)
     ax.axhline(1.0, color="k", linewidth=0.8)
     plot.save_figure(fig, out / "summary.png", dpi=110)
 
     if len(result.go_properties):
         fig, ax = plt.subplots(figsize=(8, 4))
-        ratios = result.go_properties.melt(value_vars=["waves_ratio", "l2_accesses_per_wave_ratio", "l2_misses_per_wave_ratio"],
-                                           var_name="metric", value_name="ratio").dropna()
-        ratios["rank"] = ratios.groupby("metric")["ratio"].rank(method="first")
-        plot.lines(ratios, "rank", "ratio", by="metric", ax=ax, xlabel="GO kernels, sorted", ylabel="GO / isolation-tuned",
-                   marker=".")
+        ratios = result.go_properties.melt(value_vars=list(GO_RATIOS), var_name="quantity", value_name="ratio").dropna()
+        ratios["quantity"] = ratios["quantity"].map(GO_RATIOS)
+        ratios["rank"] = ratios.groupby("quantity")["ratio"].rank(method="first")
+        plot.lines(ratios, "rank", "ratio", by="quantity", ax=ax, xlabel="GO kernels (GEMM and degree), by rank of the ratio",
+                   ylabel="GO kernel / isolation-tuned kernel (ratio)", marker=".")
         ax.set_yscale("log")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title("GO-kernel properties (Fig. 7.12)")
         plot.save_figure(fig, out / "go_properties.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(10, 4))
-    plot.bars(selected, "gemm", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
+    plot.bars(selected, "gemm", "speedup", hue="config", ax=ax, xlabel="GEMM (application M_N_K_T1T2)",
+              ylabel="speedup over Sequential (x)")
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.set_title("Selected GEMMs, 16 available (Fig. 7.13)")
     plot.save_figure(fig, out / "selected.png", dpi=110)
@@ -318,13 +329,14 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
         id_vars=["concurrency"], value_vars=["simulated", "value"], var_name="source", value_name="accuracy")
     accuracy["source"] = accuracy["source"].replace({"value": "dissertation", "simulated": "gpusim"})
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    plot.bars(accuracy, "concurrency", "accuracy", hue="source", ax=ax, ylabel="predictor accuracy")
+    plot.bars(accuracy, "concurrency", "accuracy", hue="source", ax=ax, xlabel=AVAILABLE,
+              ylabel="predictor accuracy\n(share of GEMMs run at the best degree)")
     plot.save_figure(fig, out / "predictor.png", dpi=110)
 
     if len(sizes):
         fig, ax = plt.subplots(figsize=(7, 4))
-        plot.lines(sizes, "gflop", "speedup", by="dtype", ax=ax, logx=True, xlabel="GEMM GFLOP",
-                   ylabel="2P Default speedup over Sequential")
+        plot.lines(sizes, "gflop", "speedup", by="dtype", ax=ax, logx=True, xlabel="GEMM size (GFLOP)",
+                   ylabel="2 GEMMs under Default:\nspeedup over Sequential (x)")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title("FP16 versus FP32 (Fig. 7.15a)")
         plot.save_figure(fig, out / "fp16.png", dpi=110)
@@ -333,7 +345,8 @@ def plots(out: Path, result, selected: pd.DataFrame, sizes: pd.DataFrame, compar
                                 & result.per_app["config"].isin(["default", "cu-partition", "resource-partition", "goldyloc"])]
     if len(partitions):
         fig, ax = plt.subplots(figsize=(10, 4))
-        plot.bars(partitions, "app", "geomean_speedup", hue="config", ax=ax, ylabel="speedup over Sequential")
+        plot.bars(partitions, "app", "geomean_speedup", hue="config", ax=ax, xlabel="application (Table 7.3)",
+                  ylabel=OVER_SEQUENTIAL)
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title("Partitioned GPUs, 2 independent GEMMs (Fig. 7.16)")
         plot.save_figure(fig, out / "partitions.png", dpi=110)
