@@ -143,8 +143,8 @@ def test_go_properties_keep_their_columns_when_no_go_kernel_differs(cached):
                                                          r"study's degrees \(2, 4\), at most the 80 CUs, got \(8,\)"),
     ({"degrees": (2, 4), "resource_partition_degrees": (2, 16)}, r"resource_partition_degrees must be distinct degrees "
                                                                  r"among the study's degrees \(2, 4\), got \(2, 16\)"),
-    ({"overrides": {"gpu.hbm.channels_per_stack": 6}}, r"resource_partition_degrees: .*24 HBM channels cannot be split into 16 "
-                                              r"equal parts; leave 16 out"),
+    ({"overrides": {"gpu.hbm.channels_per_stack": 6}, "resource_partition_degrees": (2, 16)},
+     r"resource_partition_degrees: .*24 HBM channels cannot be split into 16 equal parts; leave 16 out"),
     ({"rc_fractions": (2, 4)}, r"rc_fractions must include 1 \(the full GPU"),
     ({"rc_fractions": (1, 0)}, "rc_fractions must be a non-empty list of distinct integers from 1 to the 80 CUs"),
     ({"rc_fractions": (1, 200)}, "rc_fractions must be .* from 1 to the 80 CUs"),
@@ -180,6 +180,8 @@ def test_partition_degrees_default_to_those_among_the_studys_degrees():
     assert (fewer.degrees, fewer.cu_partition_degrees, fewer.resource_partition_degrees) == ((2, 4), (2, 4), (2, 4))
     sixteen = ConcurrencyStudy(SYSTEM, degrees=np.array([16]))
     assert (sixteen.cu_partition_degrees, sixteen.resource_partition_degrees) == ((), (16,))
+    unsplittable = ConcurrencyStudy(SYSTEM, overrides={"gpu.hbm.channels_per_stack": 6})  # 24 channels
+    assert unsplittable.resource_partition_degrees == (2, 4, 8)
 
 
 def test_bad_gemm_sets_and_method_arguments_are_config_errors(cached):

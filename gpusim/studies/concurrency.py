@@ -343,6 +343,15 @@ class StudyResult:
     cpu_s: float = 0.0
 
 
+def _splits(gpu, parts: int) -> bool:
+    """Whether ``gpu`` splits into ``parts`` resource partitions (:func:`resource_partition_overrides`)."""
+    try:
+        resource_partition_overrides(gpu, parts)
+    except ValueError:
+        return False
+    return True
+
+
 class ConcurrencyStudy:
     """Runs the study's simulations through the sweep layer and assembles the results.
 
@@ -355,7 +364,7 @@ class ConcurrencyStudy:
         Numbers of available GEMMs / concurrency degrees, among :data:`DEGREES`.
     cu_partition_degrees, resource_partition_degrees
         Degrees at which CU-Partition and Resource-Partition are simulated, among ``degrees``
-        (default: 2 and 4 where among ``degrees``, and every one of ``degrees``); a resource
+        (default: 2 and 4 where among ``degrees``, and every one of ``degrees`` that splits the GPU); a resource
         partition must divide the GPU's L2 banks and HBM channels.
     rc_fractions
         Resource-constrained tuning configurations GPU/``fraction``: distinct integers from 1 (the
@@ -396,9 +405,10 @@ class ConcurrencyStudy:
         self.cu_partition_degrees = _distinct_integers(
             "cu_partition_degrees", tuple(d for d in (2, 4) if d in self.degrees) if cu_partition_degrees is None
             else cu_partition_degrees, lambda d: d in self.degrees and d <= cus, f"{among}, at most the {cus} CUs")
+        if resource_partition_degrees is None:  # the study's degrees that split this GPU
+            resource_partition_degrees = tuple(d for d in self.degrees if _splits(self.gpu, d))
         self.resource_partition_degrees = _distinct_integers(
-            "resource_partition_degrees", self.degrees if resource_partition_degrees is None else resource_partition_degrees,
-            lambda d: d in self.degrees, among)
+            "resource_partition_degrees", resource_partition_degrees, lambda d: d in self.degrees, among)
         for parts in self.resource_partition_degrees:
             try:
                 resource_partition_overrides(self.gpu, parts)
