@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gpusim.errors import GpusimError
+from gpusim.errors import ConfigError, GpusimError
 
 SEED_MAX = 2**32 - 1
 """The largest random seed (numpy's and pandas' random states take 32-bit seeds)."""
@@ -101,10 +101,18 @@ def output_folder_or_exit(parser: argparse.ArgumentParser, text: str | None, opt
 
 
 def run_script(main: Callable[[], int], name: str) -> int:
-    """Run a study script's ``main``; Ctrl-C ends it with one line (``name: interrupted``, status 130)
-    instead of a traceback (its sweep's finished points stay in their cache)."""
+    """Run a study script's ``main`` and end its known failures with one line instead of a traceback.
+
+    A :class:`~gpusim.errors.ConfigError` that surfaces while it runs (e.g. its Dask scheduler
+    went away) prints ``name: error: ...`` and gives status 2, as a bad argument does; Ctrl-C
+    prints ``name: interrupted`` and gives status 130.  Either way its sweeps' finished points stay
+    in their cache.
+    """
     try:
         return main()
+    except ConfigError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130

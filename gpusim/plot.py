@@ -66,18 +66,20 @@ def dram_bandwidth(bandwidth: pd.DataFrame, ax=None, title: str | None = None):
     return ax
 
 
-def bars(frame: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None, ylabel: str | None = None):
-    """Grouped bar chart of ``y`` by ``x`` (and ``hue``)."""
+def bars(frame: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None, ylabel: str | None = None,
+         xlabel: str | None = None):
+    """Grouped bar chart of ``y`` by ``x`` (and ``hue``); the axes are labelled ``xlabel`` and ``ylabel``
+    (default: the column names), which should say the unit or what a ratio is of."""
     ax = _axes(ax)
-    ax.set_ylabel(ylabel or y)
-    ax.set_xlabel(x)
     if frame.empty:
-        return _no_data(ax)
-    if hue is None:
+        _no_data(ax)
+    elif hue is None:
         ax.bar(frame[x].astype(str), frame[y])
     else:
         table = frame.pivot_table(index=x, columns=hue, values=y, aggfunc="first", sort=False)
-        table.plot.bar(ax=ax, rot=30)
+        table.plot.bar(ax=ax, rot=30)  # pandas labels the x axis with the column's name; the labels below replace it
+    ax.set_ylabel(ylabel or y)
+    ax.set_xlabel(xlabel or x)
     return ax
 
 

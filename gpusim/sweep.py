@@ -162,6 +162,52 @@ def _die_on_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def dask_client(scheduler: str):
+    """A Dask client connected to the scheduler at ``scheduler`` (close it, or use it in ``with``).
+
+    Parameters
+    ----------
+    scheduler
+        The scheduler's address, ``tcp://host:port`` as the scheduler prints it.
+
+    Returns
+    -------
+    dask.distributed.Client
+
+    Raises
+    ------
+    ConfigError
+        dask.distributed is not installed, the address is not one, or no scheduler answers there
+        within Dask's connect timeout (the ``distributed.comm.timeouts.connect`` setting, 30 s by
+        default).
+    """
+    if not isinstance(scheduler, str):
+        raise ConfigError(f"scheduler: expected a Dask scheduler address such as tcp://host:8786, got {scheduler!r}")
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise ConfigError(f"scheduler {scheduler}: running on a Dask cluster needs dask.distributed "
+                          "(pip install -e \".[dist]\")") from None
+    try:
+        return Client(scheduler)
+    except (OSError, ValueError) as exc:  # OSError: nothing answers (a timeout); ValueError: not an address
+        raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} ({exc}); check that a scheduler runs there, "
+                          "that the address is tcp://host:port as the scheduler printed it, and that this machine "
+                          "can reach that port") from None
+
+
+def check_scheduler(scheduler: str) -> None:
+    """Connect to the Dask scheduler at ``scheduler`` once and disconnect, so that a script can refuse an
+    unreachable one before it starts any work.
+
+    Raises
+    ------
+    ConfigError
+        As :func:`dask_client`.
+    """
+    dask_client(scheduler).close()
+
+
 def sweep(
     fn: Callable[..., Any],
     points: Sequence[dict[str, Any]],
@@ -183,7 +229,8 @@ def sweep(
     workers
         Local processes, at least 1 (default: the CPUs available; 1 runs in this process).
     scheduler
-        Address of a Dask scheduler (``tcp://host:8786``) to run the points on instead.
+        Address of a Dask scheduler (``tcp://host:8786``) to run the points on instead (see
+        :func:`dask_client`; it is contacted only when a point is not in the cache).
     cache
         Folder of finished points; those already there are not run again.
     progress
@@ -196,6 +243,14 @@ def sweep(
     pandas.DataFrame
         One row per returned row, with the point's keys as columns, in the order of ``points``; a
         point given twice is run once.
+
+    Raises
+    ------
+    ConfigError
+        ``workers`` is not a positive integer, ``cache`` is a file, or the scheduler cannot be
+        reached (:func:`dask_client`).
+    SweepError
+        A point failed (its error is the cause); the points that finished are cached.
     """
     if workers is not None and (as_int(workers) is None or workers < 1):
         raise ConfigError(f"sweep: workers must be a positive integer (or None for every CPU), got {workers!r}")
@@ -235,10 +290,9 @@ def sweep(
 
     try:
         if scheduler is not None and todo:
-            from dask.distributed import Client
-            from dask.distributed import as_completed as dask_completed
+            with dask_client(scheduler) as client:
+                from dask.distributed import as_completed as dask_completed
 
-            with Client(scheduler) as client:
                 futures = {client.submit(_call, fn, points[i], pure=False): i for i in todo}
                 for future in dask_completed(futures):
                     finished(futures[future], future.result)

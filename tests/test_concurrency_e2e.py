@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpusim.errors import ConfigError
 from gpusim.sched.goldyloc import ConcurrencyPredictor
 from gpusim.studies import concurrency_e2e as e2e
 from gpusim.studies.concurrency import ConcurrencyStudy
@@ -32,9 +33,34 @@ def test_gnmt_decoder_cells_read_the_attention_context():
     assert decoder[:3] == (32, 1024, 768)   # the decoder's input is 2 x hidden wide
 
 
-def test_gnmt_groups_reject_a_non_positive_size():
-    with pytest.raises(ValueError, match="layers must be a positive integer"):
+def test_gnmt_groups_reject_a_non_positive_size_or_an_unknown_dtype():
+    with pytest.raises(ConfigError, match="layers must be a positive integer, got 0"):
         e2e.gnmt_groups(layers=0)
+    with pytest.raises(ConfigError, match="steps must be a positive integer, got 2.5"):
+        e2e.gnmt_groups(steps=2.5)
+    with pytest.raises(ConfigError, match="gnmt_groups: dtype must be one of fp64, .*, got 'fp33'"):
+        e2e.gnmt_groups(dtype="fp33")
+    assert e2e.gnmt_groups(layers=np.int64(2), steps=2)  # NumPy integers are integers
+
+
+def test_iteration_arguments_are_checked_before_any_simulation():
+    study = ConcurrencyStudy("t3-table8.1", degrees=(2, 4), workers=1, progress=False)
+    model = ConcurrencyPredictor().fit(np.array([[1.0], [2.0]]), [1, 2])
+    groups = e2e.gnmt_groups(hidden=64, batch=8, layers=2, steps=2)
+    for arguments, message in [
+        ({"study": "mi100"}, "iteration: study must be a ConcurrencyStudy, got 'mi100'"),
+        ({"model": ConcurrencyPredictor()}, "iteration: model must be a fitted ConcurrencyPredictor"),
+        ({"groups": []}, r"iteration: groups must be a non-empty list of GemmGroup .*, got \[\]"),
+        ({"rest_s": -1.0}, "iteration: rest_s must be a finite time of at least 0 s, got -1.0"),
+        ({"rest_s": float("nan")}, "rest_s must be a finite time"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            e2e.iteration(**{"study": study, "model": model, "groups": groups, "app": "gnmt", **arguments})
+    with pytest.raises(ConfigError, match="trace_groups: expected a Trace"):
+        e2e.trace_groups("bert-base")
+    _, ungrouped = e2e.trace_groups(transformer("bert-base", batch=2, seq_len=64, dtype="fp32", layers=1, head=False))
+    with pytest.raises(ConfigError, match=r"trace_iteration: .*\(ungrouped rows\) has no GEMMs that could run concurrently"):
+        e2e.trace_iteration(study, model, ungrouped, "bert")
 
 
 def test_trace_groups_split_a_bert_iteration_and_keep_every_gemm():
@@ -52,7 +78,7 @@ def test_trace_groups_split_a_bert_iteration_and_keep_every_gemm():
 
 
 def test_trace_groups_need_a_single_gpu_trace():
-    with pytest.raises(ValueError, match="single-GPU trace"):
+    with pytest.raises(ConfigError, match="single-GPU trace"):
         e2e.trace_groups(transformer("bert-base", batch=2, seq_len=64, tp=2, layers=1, head=False))
 
 

@@ -93,6 +93,36 @@ def test_misspelled_or_mistyped_workload_fields_are_errors(tmp_path, text, messa
         read(path)
 
 
+def test_bad_workload_arguments_are_config_errors_naming_them():
+    with pytest.raises(ConfigError, match=r"model_gemms: dtype must be one of fp64, fp32, .*, got 'float16'"):
+        model_gemms("quick", dtype="float16")
+    with pytest.raises(ConfigError, match=r"attention_gemms: dtype must be one of .*, got 'half'"):
+        attention_gemms(dtype="half")
+    with pytest.raises(ConfigError, match=r"model_gemms: apps must name apps of .*table7.3.yaml, got \['gnmtt'\]; "
+                                          r"known: .*gnmt"):
+        model_gemms("table7.3", apps=["gnmtt"])
+    with pytest.raises(ConfigError, match="apps must name apps of .*, got \\[\\]"):
+        model_gemms("quick", apps=[])
+    assert set(model_gemms("table7.3", apps=["gnmt", "bert"])["app"]) == {"gnmt", "bert"}
+    assert set(model_gemms("table7.3", apps="gnmt")["app"]) == {"gnmt"}
+    with pytest.raises(ConfigError, match="expected a workload file or the name of one in .*, got 7"):
+        model_gemms(7)
+    with pytest.raises(ConfigError, match="linear_gemms: fan_in must be a positive integer, got 0"):
+        linear_gemms(8, 0, 16)
+    gemms = model_gemms("quick")
+    for every in (0, -1, 1.5):
+        with pytest.raises(ConfigError, match=f"systematic_sample: every must be a positive integer, got {every}"):
+            systematic_sample(gemms, every)
+    with pytest.raises(ConfigError, match="systematic_sample: minimum must be a positive integer, got 0"):
+        systematic_sample(gemms, 2, minimum=0)
+    with pytest.raises(ConfigError, match="systematic_sample: gemms needs an 'app' column"):
+        systematic_sample(gemms.drop(columns=["app"]), 2)
+    with pytest.raises(ConfigError, match="with_shapes: the GEMM table lacks the column.s. m, batch"):
+        with_shapes(gemms.drop(columns=["m", "batch"]))
+    with pytest.raises(ConfigError, match="with_shapes: column 'n' must hold positive integers, got -4"):
+        with_shapes(gemms.assign(n=-4))
+
+
 def test_sampling_an_empty_set_is_empty():
     empty = with_shapes(model_gemms("quick")).iloc[0:0]
     assert systematic_sample(empty, every=4).empty

@@ -446,6 +446,18 @@ def test_plots_of_empty_frames_say_so():
         plt.close(ax.figure)
 
 
+def test_grouped_bars_keep_the_axis_labels_they_are_given():
+    import matplotlib.pyplot as plt
+
+    from gpusim import plot
+
+    frame = pd.DataFrame({"concurrency": [2, 2, 4, 4], "config": ["a", "b", "a", "b"], "speedup": [1.1, 1.2, 1.3, 1.4]})
+    for hue in ("config", None):
+        ax = plot.bars(frame, "concurrency", "speedup", hue=hue, xlabel="available GEMMs", ylabel="speedup over A (x)")
+        assert (ax.get_xlabel(), ax.get_ylabel()) == ("available GEMMs", "speedup over A (x)")  # not the column names
+        plt.close(ax.figure)
+
+
 def test_perfetto_refuses_folders_and_leaves_no_temporary_file(tmp_path):
     result = gpusim.run(ONE, ops.Delay(1e-6))
     (tmp_path / "adir").mkdir()

@@ -4,6 +4,7 @@ written (no output folder, a Markdown target left as it was)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -100,3 +101,29 @@ def test_a_study_script_interrupted_ends_with_one_line(capsys):
     assert run_script(interrupted, "t3/reproduce.py") == 130
     assert capsys.readouterr().err == "t3/reproduce.py: interrupted\n"
     assert run_script(lambda: 0, "t3/reproduce.py") == 0
+
+
+def test_a_config_error_while_a_study_script_runs_ends_with_one_line(capsys):
+    from gpusim.arguments import run_script
+    from gpusim.errors import ConfigError
+
+    def lost_its_scheduler() -> int:
+        raise ConfigError("cannot reach the Dask scheduler at tcp://host:8786 (timed out)")
+
+    assert run_script(lost_its_scheduler, "concurrency/reproduce.py") == 2
+    assert capsys.readouterr().err == ("concurrency/reproduce.py: error: cannot reach the Dask scheduler at "
+                                       "tcp://host:8786 (timed out)\n")
+
+
+def test_an_unreachable_scheduler_is_a_usage_error_before_anything_runs(tmp_path):
+    pytest.importorskip("dask.distributed")
+    environment = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"}  # Dask's default waits 30 s
+    process = subprocess.run([sys.executable, str(REPO / CONCURRENCY), "--out", "out", "--quick", "--scheduler",
+                              "tcp://127.0.0.1:1"], cwd=tmp_path, env=environment, capture_output=True, text=True,
+                             timeout=60)
+    assert process.returncode == 2, process.stderr
+    assert "Traceback" not in process.stderr and process.stdout == ""
+    assert process.stderr.splitlines()[-1].startswith(
+        "reproduce.py: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1 (")
+    assert "check that a scheduler runs there" in process.stderr
+    assert not any(tmp_path.iterdir())  # no output folder, no cache

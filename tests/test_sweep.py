@@ -1,5 +1,7 @@
 """The sweep layer: parallel points, caching and resumption, Dask."""
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -115,6 +117,29 @@ def test_dask_local_cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         frame = sweep(square, [{"x": x, "y": 2} for x in range(4)], scheduler=cluster.scheduler_address, progress=False)
     assert list(frame["value"]) == [0, 2, 8, 18]
+
+
+def test_an_unreachable_scheduler_is_a_config_error_naming_it(tmp_path):
+    dask = pytest.importorskip("dask")
+    pytest.importorskip("dask.distributed")
+    with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):  # Dask's default waits 30 s
+        with pytest.raises(ConfigError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:1 \(.*\); "
+                                              r"check that a scheduler runs there"):
+            sweep(square, [{"x": 1}], scheduler="tcp://127.0.0.1:1", progress=False)
+    with pytest.raises(ConfigError, match="cannot reach the Dask scheduler at localhost:notaport"):
+        sweep(square, [{"x": 1}], scheduler="localhost:notaport", progress=False)
+    with pytest.raises(ConfigError, match="expected a Dask scheduler address such as tcp://host:8786, got 8786"):
+        sweep(square, [{"x": 1}], scheduler=8786, progress=False)
+    sweep(square, [{"x": 1}], cache=tmp_path, progress=False)
+    cached = sweep(square, [{"x": 1}], scheduler="tcp://127.0.0.1:1", cache=tmp_path, progress=False)
+    assert list(cached["value"]) == [1]  # nothing left to run: no scheduler needed
+
+
+def test_a_scheduler_without_dask_installed_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # importing it fails as if not installed
+    with pytest.raises(ConfigError, match=r"tcp://host:8786: running on a Dask cluster needs dask\.distributed "
+                                          r"\(pip install"):
+        sweep(square, [{"x": 1}], scheduler="tcp://host:8786", progress=False)
 
 
 def test_bad_workers_and_a_file_for_a_cache_are_config_errors(tmp_path):

@@ -35,8 +35,9 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import ConfigError
 from gpusim.kernels.gemm import GemmProblem, choose_kernel, num_workgroups, resident_workgroups
 from gpusim.kernels.gemm_tuning import parse_kernel, shortlist
-from gpusim.ops import Gemm
+from gpusim.ops import Gemm, as_int, as_real, as_sequence
 from gpusim.sched.command_processor import (
     CommandProcessor,
     CommandProcessorTiming,
@@ -69,12 +72,20 @@ from gpusim.sched.goldyloc import (
 )
 from gpusim.sched.partitions import cu_masks, resource_partition_overrides
 from gpusim.simulate import finish, prepare
-from gpusim.studies.concurrency_workloads import with_shapes
+from gpusim.studies.concurrency_workloads import check_gemms, with_shapes
 from gpusim.sweep import sweep
 from gpusim.system import System, load_system
 
 DEGREES = (2, 4, 8, 16)
-"""Numbers of available independent GEMMs (and concurrency degrees) studied."""
+"""Numbers of available independent GEMMs (and concurrency degrees) studied: the degrees the
+predictor chooses between besides sequential (:data:`gpusim.sched.goldyloc.DEGREES`), and the
+only ones a study may use."""
+
+ARRANGEMENTS = ("isolated", "sequential", "shared", "cu-partition")
+"""How :func:`gemm_point` runs its copies."""
+
+PACKET_POLICIES = ("sequential", "default", "go-kernels", "goldyloc")
+"""Command-processor configurations of :func:`packets_point` (and :meth:`ConcurrencyStudy.mixes`)."""
 
 CONFIGS = ("default", "go-kernels", "goldyloc", "oracle", "cu-partition", "resource-partition")
 """Configurations compared with Sequential in ``summary``."""
@@ -137,10 +148,12 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, t
         of the first copy and mean span of the others), ``l2_accesses``, ``l2_misses`` (blocks),
         ``dram_bytes``, ``events`` and ``cpu_s`` (simulator CPU time).
     """
-    if arrangement not in ("isolated", "sequential", "shared", "cu-partition"):
-        raise ValueError(f"gemm_point: unknown arrangement {arrangement!r}")
+    if arrangement not in ARRANGEMENTS:
+        raise ConfigError(f"gemm_point: unknown arrangement {arrangement!r}; known: {', '.join(ARRANGEMENTS)}")
+    if as_int(copies) is None or copies < 1:
+        raise ConfigError(f"gemm_point: copies must be a positive integer, got {copies!r}")
     if arrangement == "isolated" and copies != 1:
-        raise ValueError("gemm_point: an isolated run has one copy")
+        raise ConfigError(f"gemm_point: an isolated run has one copy, got copies={copies!r}")
     started = time.process_time()
     machine_system = _system(system, json.dumps(overrides, sort_keys=True))
     spec = parse_kernel(kernel)
@@ -190,6 +203,8 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
         ``time_s`` (from the first decision to the last workgroup's end), ``span_s`` (kernels only),
         ``degrees`` (the degrees the GEMMs ran at), ``cpu_s``.
     """
+    if policy not in PACKET_POLICIES:
+        raise ConfigError(f"packets_point: unknown policy {policy!r}; known: {', '.join(PACKET_POLICIES)}")
     started = time.process_time()
     machine_system = _system(system, json.dumps(overrides, sort_keys=True))
     policies = {
@@ -198,8 +213,6 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
         "go-kernels": DispatchAll(tuned_for_degree=True),
         "goldyloc": PredictedDegree(lambda features: int(features[0])),
     }
-    if policy not in policies:
-        raise ValueError(f"packets_point: unknown policy {policy!r}; known: {', '.join(policies)}")
     packets = []
     for gemm in gemms:
         kernels = {int(degree): parse_kernel(name) for degree, name in gemm["kernels"].items()}
@@ -236,6 +249,23 @@ def run_packets(system: System, packets: Sequence[KernelPacket], policy, timing:
 
 
 # -- the study ---------------------------------------------------------------------------------
+
+def _distinct_integers(name: str, values: Any, fits: Callable[[int], bool], expected: str,
+                       empty: bool = True) -> tuple[int, ...]:
+    """``values`` (a list, tuple, range or array of distinct integers that each ``fits``) in order.
+
+    Raises
+    ------
+    ConfigError
+        Naming the :class:`ConcurrencyStudy` argument ``name``, the value and the ``expected``.
+    """
+    items = as_sequence(values)
+    numbers = [as_int(value) for value in items] if items is not None else [None]
+    if None in numbers or len(set(numbers)) != len(numbers) or not all(fits(n) for n in numbers) or (not numbers and not empty):
+        raise ConfigError(f"ConcurrencyStudy: {name} must be {'' if empty else 'a non-empty list of '}{expected}, "
+                          f"got {values!r}")
+    return tuple(sorted(numbers))
+
 
 def geomean(values) -> float:
     """Geometric mean."""
@@ -313,49 +343,102 @@ class StudyResult:
     cpu_s: float = 0.0
 
 
+def _splits(gpu, parts: int) -> bool:
+    """Whether ``gpu`` splits into ``parts`` resource partitions (:func:`resource_partition_overrides`)."""
+    try:
+        resource_partition_overrides(gpu, parts)
+    except ValueError:
+        return False
+    return True
+
+
 class ConcurrencyStudy:
     """Runs the study's simulations through the sweep layer and assembles the results.
 
     Parameters
     ----------
     system, overrides
-        Hardware (the dissertation measured an MI100).
+        Hardware preset (or YAML file) and overrides such as ``{"gpu.num_cus": 60}`` (the
+        dissertation measured an MI100).
     degrees
-        Numbers of available GEMMs / concurrency degrees.
+        Numbers of available GEMMs / concurrency degrees, among :data:`DEGREES`.
     cu_partition_degrees, resource_partition_degrees
-        Degrees at which CU-Partition and Resource-Partition are simulated.
+        Degrees at which CU-Partition and Resource-Partition are simulated, among ``degrees``
+        (default: 2 and 4 where among ``degrees``, and every one of ``degrees`` that splits the GPU); a resource
+        partition must divide the GPU's L2 banks and HBM channels.
     rc_fractions
-        Resource-constrained tuning configurations (1 = the full GPU).
+        Resource-constrained tuning configurations GPU/``fraction``: distinct integers from 1 (the
+        full GPU, which must be among them) to the GPU's CU count.
     shortlist_size
-        Kernels benchmarked per shape and tuning configuration besides the library heuristic's.
+        Kernels benchmarked per shape and tuning configuration besides the library heuristic's (at
+        least 1).
     timing
         The command processor's decision cost.
     workers, scheduler, cache, progress
-        Passed to :func:`gpusim.sweep.sweep`.
+        Passed to :func:`gpusim.sweep.sweep` (``workers``: a positive integer, or None for every
+        CPU; ``scheduler``: a Dask scheduler address; ``cache``: a folder).
+
+    Raises
+    ------
+    ConfigError
+        An argument of the wrong type or out of range (the message names it, the value and what was
+        expected), an unknown preset or a bad override.
     """
 
-    def __init__(self, system: str = "mi100", overrides: dict[str, Any] | None = None, *,
-                 degrees: Sequence[int] = DEGREES, cu_partition_degrees: Sequence[int] = (2, 4),
-                 resource_partition_degrees: Sequence[int] = DEGREES, rc_fractions: Sequence[int] = RC_FRACTIONS,
+    def __init__(self, system: str | os.PathLike = "mi100", overrides: Mapping[str, Any] | None = None, *,
+                 degrees: Sequence[int] = DEGREES, cu_partition_degrees: Sequence[int] | None = None,
+                 resource_partition_degrees: Sequence[int] | None = None, rc_fractions: Sequence[int] = RC_FRACTIONS,
                  shortlist_size: int = 3, timing: CommandProcessorTiming | None = None, workers: int | None = None,
-                 scheduler: str | None = None, cache: str | Path | None = None, progress: bool = True):
-        if 1 not in rc_fractions:
-            raise ValueError("ConcurrencyStudy: rc_fractions must include 1 (the full GPU, for isolation tuning)")
-        if not degrees or min(degrees) < 2:
-            raise ValueError(f"ConcurrencyStudy: degrees must be concurrency degrees of at least 2, got {list(degrees)}")
+                 scheduler: str | None = None, cache: str | os.PathLike | None = None, progress: bool = True):
+        if not isinstance(system, str | os.PathLike):
+            raise ConfigError(f"ConcurrencyStudy: system must be a preset name or a YAML path, got {system!r}")
+        if overrides is not None and not (isinstance(overrides, Mapping) and all(isinstance(key, str) for key in overrides)):
+            raise ConfigError("ConcurrencyStudy: overrides must map setting paths to values, e.g. {'gpu.num_cus': 60}, "
+                              f"got {overrides!r}")
         self.system = system
         self.overrides = dict(overrides or {})
-        self.degrees = tuple(sorted(degrees))
-        self.cu_partition_degrees = tuple(sorted(cu_partition_degrees))
-        self.resource_partition_degrees = tuple(sorted(resource_partition_degrees))
-        self.rc_fractions = tuple(sorted(rc_fractions))
-        self.shortlist_size = shortlist_size
+        self.gpu = _system(system, json.dumps(self.overrides, sort_keys=True)).gpu
+        cus = self.gpu.num_cus
+        self.degrees = _distinct_integers("degrees", degrees, lambda d: d in DEGREES,
+                                          f"distinct degrees among {', '.join(map(str, DEGREES))}", empty=False)
+        among = f"distinct degrees among the study's degrees ({', '.join(map(str, self.degrees))})"
+        self.cu_partition_degrees = _distinct_integers(
+            "cu_partition_degrees", tuple(d for d in (2, 4) if d in self.degrees) if cu_partition_degrees is None
+            else cu_partition_degrees, lambda d: d in self.degrees and d <= cus, f"{among}, at most the {cus} CUs")
+        if resource_partition_degrees is None:  # the study's degrees that split this GPU
+            resource_partition_degrees = tuple(d for d in self.degrees if _splits(self.gpu, d))
+        self.resource_partition_degrees = _distinct_integers(
+            "resource_partition_degrees", resource_partition_degrees, lambda d: d in self.degrees, among)
+        for parts in self.resource_partition_degrees:
+            try:
+                resource_partition_overrides(self.gpu, parts)
+            except ValueError as exc:
+                raise ConfigError(f"ConcurrencyStudy: resource_partition_degrees: {exc}; leave {parts} out") from None
+        self.rc_fractions = _distinct_integers("rc_fractions", rc_fractions, lambda rc: 1 <= rc <= cus,
+                                               f"distinct integers from 1 to the {cus} CUs, 1 among them (the full GPU, "
+                                               "for isolation tuning)", empty=False)
+        if 1 not in self.rc_fractions:
+            raise ConfigError(f"ConcurrencyStudy: rc_fractions must include 1 (the full GPU, for isolation tuning), "
+                              f"got {rc_fractions!r}")
+        if as_int(shortlist_size) is None or shortlist_size < 1:
+            raise ConfigError(f"ConcurrencyStudy: shortlist_size must be a positive integer, got {shortlist_size!r}")
+        if timing is not None and not isinstance(timing, CommandProcessorTiming):
+            raise ConfigError(f"ConcurrencyStudy: timing must be a CommandProcessorTiming or None, got {timing!r}")
+        if workers is not None and (as_int(workers) is None or workers < 1):
+            raise ConfigError(f"ConcurrencyStudy: workers must be a positive integer (or None for every CPU), got {workers!r}")
+        if scheduler is not None and not isinstance(scheduler, str):
+            raise ConfigError(f"ConcurrencyStudy: scheduler must be a Dask scheduler address such as tcp://host:8786, "
+                              f"got {scheduler!r}")
+        if cache is not None and (not isinstance(cache, str | os.PathLike) or Path(cache).is_file()):
+            raise ConfigError(f"ConcurrencyStudy: cache must be a folder (existing or to be made), got {cache!r}")
+        if not isinstance(progress, bool):
+            raise ConfigError(f"ConcurrencyStudy: progress must be True or False, got {progress!r}")
+        self.shortlist_size = int(shortlist_size)
         self.timing = timing or CommandProcessorTiming()
         self.workers = workers
         self.scheduler = scheduler
         self.cache = cache
         self.progress = progress
-        self.gpu = _system(system, json.dumps(self.overrides, sort_keys=True)).gpu
         self.cpu_s = 0.0
 
     # -- sweeps --------------------------------------------------------------------------------
@@ -468,7 +551,17 @@ class ConcurrencyStudy:
         return pd.DataFrame(rows)
 
     def measure(self, gemms: pd.DataFrame, partitions: bool = True) -> Measurements:
-        """Tune, benchmark and assemble every shape of ``gemms`` (a frame of :func:`with_shapes`)."""
+        """Tune, benchmark and assemble every shape of ``gemms`` (a frame of :func:`with_shapes`).
+
+        Raises
+        ------
+        ConfigError
+            ``gemms`` is not a non-empty table of GEMMs with shapes
+            (:func:`gpusim.studies.concurrency_workloads.check_gemms`).
+        """
+        check_gemms(gemms, "ConcurrencyStudy.measure: gemms")
+        if "shape" not in gemms or "flops" not in gemms:
+            raise ConfigError("ConcurrencyStudy.measure: gemms needs 'shape' and 'flops' columns; pass with_shapes(gemms)")
         shapes = _unique_shapes(gemms)
         tuning = self.tune(shapes)
         runs, tuning = self.benchmark(shapes, tuning, partitions)
@@ -572,10 +665,28 @@ class ConcurrencyStudy:
         training
             Further GEMMs that train and test the predictor (no partition runs for them).
         folds
-            Cross-validation folds of the predictor (10: 90 % train, 10 % test).
+            Cross-validation folds of the predictor (10: 90 % train, 10 % test; at most one per shape).
+
+        Raises
+        ------
+        ConfigError
+            ``gemms`` is not a non-empty table of GEMMs with an ``app`` column, ``training`` is not
+            a table of GEMMs, fewer than two distinct shapes are given in all (the predictor's
+            cross-validation needs two), or ``folds`` is not an integer of at least 2.
         """
-        self.cpu_s = 0.0
+        check_gemms(gemms, "ConcurrencyStudy.run: gemms")
+        if "app" not in gemms:
+            raise ConfigError("ConcurrencyStudy.run: gemms needs an 'app' column (results are summarised per app)")
+        if training is not None:
+            check_gemms(training, "ConcurrencyStudy.run: training", empty=True)
+        if as_int(folds) is None or folds < 2:
+            raise ConfigError(f"ConcurrencyStudy.run: folds must be an integer of at least 2, got {folds!r}")
         gemms = with_shapes(gemms)
+        distinct = set(gemms["shape"]) | (set(with_shapes(training)["shape"]) if training is not None else set())
+        if len(distinct) < 2:
+            raise ConfigError(f"ConcurrencyStudy.run: the predictor's cross-validation needs at least 2 distinct GEMM "
+                              f"shapes, got {len(distinct)} ({', '.join(sorted(distinct))})")
+        self.cpu_s = 0.0
         evaluated = self.measure(gemms)
         pools = [evaluated.shapes.assign(role="evaluate")]
         tuning, runs = [evaluated.tuning], [evaluated.runs]
@@ -613,7 +724,17 @@ class ConcurrencyStudy:
         """Measure another GEMM set (e.g. attention's batched GEMMs) and predict with a trained ``model``.
 
         Returns the measurements (shapes with ``predicted``) and the per-GEMM speedups.
+
+        Raises
+        ------
+        ConfigError
+            ``gemms`` is not a non-empty table of GEMMs with ``app`` column, or ``model`` is not a
+            fitted :class:`~gpusim.sched.goldyloc.ConcurrencyPredictor` (:attr:`StudyResult.model`).
         """
+        check_gemms(gemms, "ConcurrencyStudy.evaluate: gemms")
+        if "app" not in gemms:
+            raise ConfigError("ConcurrencyStudy.evaluate: gemms needs an 'app' column (speedups are given per app)")
+        _check_model(model, "ConcurrencyStudy.evaluate")
         gemms = with_shapes(gemms)
         measured = self.measure(gemms, partitions=False)
         shapes = measured.shapes.copy()
@@ -647,19 +768,45 @@ class ConcurrencyStudy:
         shapes
             Shape table with kernels, times and ``predicted`` (from :meth:`run` or :meth:`evaluate`).
         policies
-            Command-processor configurations to run.
+            Command-processor configurations to run, among :data:`PACKET_POLICIES`.
         degrees
-            Numbers of available GEMMs (even; default: the study's).
+            Numbers of available GEMMs, among the study's (default: all of them).
 
         Returns
         -------
         pandas.DataFrame
             One row per pair, degree and policy: span_s, sequential_s (both shapes' sequential
             time), speedup and the degrees the GEMMs ran at.
+
+        Raises
+        ------
+        ConfigError
+            No pair, a pair that is not two shapes of ``shapes``, a ``shapes`` table without
+            predictions, or an unknown policy or degree.
         """
+        where = "ConcurrencyStudy.mixes"
+        if not isinstance(shapes, pd.DataFrame) or not {"shape", "predicted"} <= set(shapes.columns):
+            raise ConfigError(f"{where}: shapes must be a shape table with predictions (StudyResult.shapes, or "
+                              "the measurements of evaluate())")
+        pairs = as_sequence(mixes)
+        if not pairs:
+            raise ConfigError(f"{where}: mixes must be a non-empty list of (shape, shape) pairs, got {mixes!r}")
+        known = set(shapes["shape"])
+        for pair in pairs:
+            keys = as_sequence(pair)
+            if keys is None or len(keys) != 2 or not all(isinstance(key, str) and key in known for key in keys):
+                raise ConfigError(f"{where}: every mix must be a pair of shape keys of the shapes table, got {pair!r}")
+        chosen = as_sequence(policies)
+        if not chosen or any(policy not in PACKET_POLICIES for policy in chosen):
+            raise ConfigError(f"{where}: policies must be a non-empty list among {', '.join(PACKET_POLICIES)}, got {policies!r}")
+        if degrees is not None:
+            numbers = as_sequence(degrees)
+            if not numbers or any(degree not in self.degrees for degree in numbers):
+                raise ConfigError(f"{where}: degrees must be a non-empty list among the study's degrees "
+                                  f"({', '.join(map(str, self.degrees))}), got {degrees!r}")
         table = shapes.set_index("shape")
         points, tags = [], []
-        for first, second in mixes:
+        for first, second in pairs:
             for available in degrees or self.degrees:
                 half = available // 2
                 gemms = [self.packet_gemm(table.loc[key], half, table.loc[key, "predicted"]) for key in (first, second)]
@@ -680,16 +827,43 @@ class ConcurrencyStudy:
         ``d`` copies with that kernel on ``d`` streams are timed against the same copies back to
         back, for each of ``degrees`` (Fig. 7.1a's 2 and 4 by default).
 
+        Parameters
+        ----------
+        shapes
+            ``(m, n, k)`` of each GEMM, positive integers.
+        degrees
+            Numbers of copies, among :data:`DEGREES`.
+        dtype
+            Element type of every GEMM.
+
         Returns
         -------
         pandas.DataFrame
             One row per shape: m, n, k, gflop, kernel, workgroups, isolated_s and
             ``speedup{d}`` (over sequential) per degree.
+
+        Raises
+        ------
+        ConfigError
+            An empty ``shapes``, a shape that is not three positive integers, a degree outside
+            :data:`DEGREES`, or an unknown ``dtype``.
         """
+        where = "ConcurrencyStudy.size_trend"
+        listed = as_sequence(shapes)
+        if not listed:
+            raise ConfigError(f"{where}: shapes must be a non-empty list of (m, n, k), got {shapes!r}")
+        for shape in listed:
+            sizes = as_sequence(shape)
+            if sizes is None or len(sizes) != 3 or any(as_int(size) is None or size < 1 for size in sizes):
+                raise ConfigError(f"{where}: every shape must be (m, n, k) of positive integers, got {shape!r}")
+        if not as_sequence(degrees) or any(degree not in DEGREES for degree in as_sequence(degrees)):
+            raise ConfigError(f"{where}: degrees must be a non-empty list among {', '.join(map(str, DEGREES))}, got {degrees!r}")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+            raise ConfigError(f"{where}: dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
         gemms = with_shapes(pd.DataFrame([{"m": m, "n": n, "k": k, "trans_a": False, "trans_b": False, "batch": 1,
                                            "dtype": dtype} for m, n, k in shapes]))
-        isolated = ConcurrencyStudy(self.system, self.overrides, degrees=degrees, rc_fractions=(1,),
-                                    shortlist_size=self.shortlist_size, timing=self.timing, workers=self.workers,
+        isolated = ConcurrencyStudy(self.system, self.overrides, degrees=degrees, cu_partition_degrees=(),
+                                    resource_partition_degrees=(), rc_fractions=(1,), shortlist_size=self.shortlist_size, timing=self.timing, workers=self.workers,
                                     scheduler=self.scheduler, cache=self.cache, progress=self.progress)
         table = isolated.measure(gemms, partitions=False).shapes
         self.cpu_s += isolated.cpu_s
@@ -705,7 +879,22 @@ class ConcurrencyStudy:
 
 
 def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame:
-    """Share of GEMMs GOLDYLOC improves / leaves unchanged / degrades versus Default, per concurrency."""
+    """Share of GEMMs GOLDYLOC improves / leaves unchanged / degrades versus Default, per concurrency.
+
+    Parameters
+    ----------
+    speedups
+        :attr:`StudyResult.speedups` (or a frame with its label, concurrency, config and speedup).
+    band
+        Fraction of Default's speedup within which a GEMM counts as unchanged, from 0 to below 1.
+
+    Raises
+    ------
+    ConfigError
+        ``band`` is not a fraction from 0 to below 1.
+    """
+    if as_real(band) is None or not 0 <= band < 1:
+        raise ConfigError(f"impact: band must be a fraction from 0 to below 1, got {band!r}")
     table = speedups.pivot_table(index=["label", "concurrency"], columns="config", values="speedup").reset_index()
     rows = []
     for available, group in table.groupby("concurrency"):
@@ -714,6 +903,12 @@ def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame
                      "unchanged": float(((ratio >= 1 - band) & (ratio <= 1 + band)).mean()),
                      "degraded": float((ratio < 1 - band).mean()), "gemms": len(group)})
     return pd.DataFrame(rows)
+
+
+def _check_model(model: Any, where: str) -> None:
+    """A ConfigError unless ``model`` is a fitted concurrency predictor."""
+    if not isinstance(model, ConcurrencyPredictor) or model.weights is None:
+        raise ConfigError(f"{where}: model must be a fitted ConcurrencyPredictor (StudyResult.model), got {model!r}")
 
 
 def _problem(shape: Any) -> GemmProblem:

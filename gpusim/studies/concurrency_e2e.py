@@ -40,8 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import ConfigError
+from gpusim.ops import as_int, as_real
 from gpusim.sched.goldyloc import ConcurrencyPredictor
-from gpusim.studies.concurrency import ConcurrencyStudy, packets_point
+from gpusim.studies.concurrency import ConcurrencyStudy, _check_model, packets_point
 from gpusim.studies.concurrency_workloads import GATES, SHAPE_COLUMNS, linear_gemms, shape_key, with_shapes
 from gpusim.system import load_system
 from gpusim.trace.trace import Trace
@@ -106,10 +109,17 @@ def gnmt_groups(hidden: int = 1024, batch: int = 128, layers: int = 8, steps: in
     list of GemmGroup
         One group per distinct anti-diagonal size, stack (encoder, decoder) and pass, with the
         number of anti-diagonals of that size as ``repeat``.
+
+    Raises
+    ------
+    ConfigError
+        A size that is not a positive integer, or an unknown ``dtype``.
     """
     for name, value in (("hidden", hidden), ("batch", batch), ("layers", layers), ("steps", steps)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"gnmt_groups: {name} must be a positive integer, got {value!r}")
+        if as_int(value) is None or value < 1:
+            raise ConfigError(f"gnmt_groups: {name} must be a positive integer, got {value!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise ConfigError(f"gnmt_groups: dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     sizes = Counter(sum(1 for layer in range(layers) if 0 <= diagonal - layer < steps)
                     for diagonal in range(layers + steps - 1))
     groups = []
@@ -139,10 +149,17 @@ def trace_groups(trace: Trace) -> tuple[list[GemmGroup], Trace]:
     -------
     (groups, rest)
         Distinct groups with their repeats, and the trace without the grouped rows.
+
+    Raises
+    ------
+    ConfigError
+        ``trace`` is not a :class:`~gpusim.trace.trace.Trace`, or has rows on several GPUs.
     """
+    if not isinstance(trace, Trace):
+        raise ConfigError(f"trace_groups: expected a Trace (e.g. gpusim.trace.generator.transformer(...)), got {trace!r}")
     frame = trace.frame
     if frame["gpu"].nunique() != 1:
-        raise ValueError(f"trace_groups: {trace.source} has rows on GPUs {trace.gpus}; give a single-GPU trace")
+        raise ConfigError(f"trace_groups: {trace.source} has rows on GPUs {trace.gpus}; give a single-GPU trace")
     runs: list[list[int]] = []
     previous = None
     for position, row in enumerate(frame.itertuples(index=False)):
@@ -202,7 +219,21 @@ def iteration(study: ConcurrencyStudy, model: ConcurrencyPredictor, groups: list
         ``groups``: one row per group and policy with ``size``, ``repeat``, ``span_s`` (kernels of one
         occurrence) and the ``degrees`` run.  ``totals``: one row per policy with ``gemm_s``
         (grouped GEMMs), ``iteration_s`` (plus ``rest_s``) and speedups over sequential and default.
+
+    Raises
+    ------
+    ConfigError
+        ``study`` is not a :class:`ConcurrencyStudy`, ``model`` not a fitted predictor, ``groups``
+        not a non-empty list of :class:`GemmGroup`, or ``rest_s`` not a finite time of at least 0.
     """
+    if not isinstance(study, ConcurrencyStudy):
+        raise ConfigError(f"iteration: study must be a ConcurrencyStudy, got {study!r}")
+    _check_model(model, "iteration")
+    if not isinstance(groups, list | tuple) or not groups or not all(isinstance(group, GemmGroup) for group in groups):
+        raise ConfigError(f"iteration: groups must be a non-empty list of GemmGroup (gnmt_groups(), trace_groups()), "
+                          f"got {groups!r}")
+    if as_real(rest_s) is None or rest_s < 0:
+        raise ConfigError(f"iteration: rest_s must be a finite time of at least 0 s, got {rest_s!r}")
     measured = study.measure(_gemm_frame(groups, app), partitions=False)
     shapes = measured.shapes.set_index("shape")
     predicted = dict(zip(shapes.index, model.predict(np.vstack(shapes["features"].to_numpy()))))
@@ -237,7 +268,15 @@ def trace_iteration(study: ConcurrencyStudy, model: ConcurrencyPredictor, trace:
     -------
     (groups, totals)
         As :func:`iteration`.
+
+    Raises
+    ------
+    ConfigError
+        As :func:`trace_groups` and :func:`iteration`, and a trace without concurrent GEMMs.
     """
     groups, rest = trace_groups(trace)
+    if not groups:
+        raise ConfigError(f"trace_iteration: {trace.source} has no GEMMs that could run concurrently (no Q/K/V "
+                          "projections, no input- and weight-gradient pair); nothing to compare")
     system = load_system(study.system, {**study.overrides, **GPU_TIME})
     return iteration(study, model, groups, app, rest_s=rest.replay(system).time_s)

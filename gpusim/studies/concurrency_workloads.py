@@ -24,6 +24,7 @@ different apps with the same shape share their simulations.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import yaml
 
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
+from gpusim.ops import as_int
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
 """The repository's concurrency workload definitions."""
@@ -42,8 +44,35 @@ GEMM_COLUMNS = ["app", "layer", "hidden", "inputs", "linear", "pass", "m", "n", 
 SHAPE_COLUMNS = ["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 
 
+def _check_dtype(dtype: Any, where: str) -> None:
+    """A ConfigError unless ``dtype`` is an element type gpusim knows."""
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise ConfigError(f"{where}: dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+
+
+def _check_count(value: Any, name: str, where: str) -> None:
+    """A ConfigError unless ``value`` is a positive integer."""
+    if as_int(value) is None or value < 1:
+        raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
+
+
 def linear_gemms(tokens: int, fan_in: int, fan_out: int) -> list[dict[str, Any]]:
-    """The forward, input-gradient and weight-gradient GEMMs of one linear layer."""
+    """The forward, input-gradient and weight-gradient GEMMs of one linear layer.
+
+    Parameters
+    ----------
+    tokens
+        Rows of the layer's input (tokens, or the batch of a recurrent step).
+    fan_in, fan_out
+        Input and output features.
+
+    Raises
+    ------
+    ConfigError
+        A size that is not a positive integer.
+    """
+    for name, value in (("tokens", tokens), ("fan_in", fan_in), ("fan_out", fan_out)):
+        _check_count(value, name, "linear_gemms")
     return [
         {"pass": "forward", "m": tokens, "n": fan_out, "k": fan_in, "trans_a": False, "trans_b": True},
         {"pass": "input-grad", "m": tokens, "n": fan_in, "k": fan_out, "trans_a": False, "trans_b": False},
@@ -114,6 +143,8 @@ def _check_attention_model(model: Any, where: str) -> None:
 
 def _read(path: str | os.PathLike, entries: str) -> tuple[dict[str, Any], str]:
     """A workload file's fields, checked at the top level (``entries``: its list's field name)."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"expected a workload file or the name of one in {WORKLOADS}, got {path!r}")
     path = Path(path)
     if path.suffix not in (".yaml", ".yml"):
         path = WORKLOADS / f"{path.name}.yaml"
@@ -136,7 +167,8 @@ def _read(path: str | os.PathLike, entries: str) -> tuple[dict[str, Any], str]:
     return data, str(path)
 
 
-def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None) -> pd.DataFrame:
+def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None,
+                apps: Sequence[str] | None = None) -> pd.DataFrame:
     """The GEMMs of the apps defined in a workload file, one row per distinct GEMM of each app.
 
     Parameters
@@ -146,6 +178,8 @@ def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None) 
         ``extension``).
     dtype
         Overrides the file's dtype.
+    apps
+        Names of the apps to keep (default: all of the file's).
 
     Returns
     -------
@@ -153,12 +187,28 @@ def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None) 
         Columns ``app, layer, hidden, inputs, linear, pass, m, n, k, trans_a, trans_b, batch,
         dtype, role``; a GEMM that recurs within an app (e.g. the four hidden x hidden projections)
         appears once per app.
+
+    Raises
+    ------
+    ConfigError
+        An unreadable or invalid file, an unknown ``dtype``, or a name in ``apps`` that the file
+        does not define (the message lists those it does).
     """
     data, where = _read(path, "apps")
+    if dtype is not None:
+        _check_dtype(dtype, "model_gemms")
     dtype = dtype or data.get("dtype", "fp32")
-    rows = []
     for app in data["apps"]:
         _check_app(app, where)
+    if apps is not None:
+        wanted = [apps] if isinstance(apps, str) else list(apps) if isinstance(apps, Sequence) else None
+        known = [app["name"] for app in data["apps"]]
+        if not wanted or any(name not in known for name in wanted):
+            raise ConfigError(f"model_gemms: apps must name apps of {where}, got {apps!r}; known: {', '.join(known)}")
+    rows = []
+    for app in data["apps"]:
+        if apps is not None and app["name"] not in wanted:
+            continue
         inputs_field = "tokens" if app["layer"] == "transformer" else "batch"
         for hidden in app["hidden"]:
             for inputs in app[inputs_field]:
@@ -181,8 +231,15 @@ def attention_gemms(path: str | os.PathLike = "attention", dtype: str | None = N
         Columns as :func:`model_gemms`, with ``linear`` ``scores`` (``Q K^T``: m = n = sequence
         length, k = head size) or ``context`` (``P V``: m = sequence length, n = head size,
         k = sequence length), ``inputs`` the sequence length and ``batch`` sequences x heads.
+
+    Raises
+    ------
+    ConfigError
+        An unreadable or invalid file, or an unknown ``dtype``.
     """
     data, where = _read(path, "models")
+    if dtype is not None:
+        _check_dtype(dtype, "attention_gemms")
     dtype = dtype or data.get("dtype", "fp32")
     rows = []
     for model in data["models"]:
@@ -209,8 +266,50 @@ def gemm_label(row: Any) -> str:
     return f"{row['m']}_{row['n']}_{row['k']}_{int(row['trans_a'])}{int(row['trans_b'])}"
 
 
+def check_gemms(frame: Any, where: str, empty: bool = False) -> None:
+    """Check a table of GEMMs: a DataFrame with the :data:`SHAPE_COLUMNS`, positive integer sizes
+    and known dtypes.
+
+    Parameters
+    ----------
+    frame
+        The table (e.g. from :func:`model_gemms`).
+    where
+        Who asks, and for which argument (``"ConcurrencyStudy.run: gemms"``), for the message.
+    empty
+        Whether a table without rows passes.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``where``, the first bad column or row and what was expected.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise ConfigError(f"{where}: expected a DataFrame of GEMMs (e.g. model_gemms()), got {type(frame).__name__}")
+    missing = [column for column in SHAPE_COLUMNS if column not in frame]
+    if missing:
+        raise ConfigError(f"{where}: the GEMM table lacks the column(s) {', '.join(missing)}; a GEMM needs "
+                          f"{', '.join(SHAPE_COLUMNS)}")
+    if frame.empty and not empty:
+        raise ConfigError(f"{where}: no GEMM given (an empty table: did a selection by app, size or pass match nothing?)")
+    for column in ("m", "n", "k", "batch"):
+        bad = [value for value in frame[column] if as_int(value) is None or value < 1]
+        if bad:
+            raise ConfigError(f"{where}: column {column!r} must hold positive integers, got {bad[0]!r}")
+    unknown = sorted({str(value) for value in frame["dtype"] if not isinstance(value, str) or value not in DTYPE_BYTES})
+    if unknown:
+        raise ConfigError(f"{where}: column 'dtype' must hold {', '.join(DTYPE_BYTES)}, got {', '.join(unknown)}")
+
+
 def with_shapes(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with ``shape`` (:func:`shape_key`), ``label`` (:func:`gemm_label`) and ``flops`` columns."""
+    """``frame`` with ``shape`` (:func:`shape_key`), ``label`` (:func:`gemm_label`) and ``flops`` columns.
+
+    Raises
+    ------
+    ConfigError
+        ``frame`` is not a table of GEMMs (:func:`check_gemms`; an empty one passes).
+    """
+    check_gemms(frame, "with_shapes", empty=True)
     frame = frame.copy()
     frame["shape"] = [shape_key(row) for _, row in frame.iterrows()]
     frame["label"] = [gemm_label(row) for _, row in frame.iterrows()]
@@ -224,9 +323,18 @@ def systematic_sample(gemms: pd.DataFrame, every: int, minimum: int = 3) -> pd.D
     Each app's distinct shapes are ordered by FLOPs and ``max(minimum, round(count / every))`` of
     them are taken at evenly spaced positions (all of them when the app has no more); a GEMM is
     kept when its shape was taken for its app.  ``every=1`` keeps everything.
+
+    Raises
+    ------
+    ConfigError
+        ``every`` or ``minimum`` is not a positive integer, or ``gemms`` is not a table of GEMMs
+        with an ``app`` column.
     """
-    if every < 1:
-        raise ValueError(f"systematic_sample: every must be at least 1, got {every}")
+    _check_count(every, "every", "systematic_sample")
+    _check_count(minimum, "minimum", "systematic_sample")
+    check_gemms(gemms, "systematic_sample: gemms", empty=True)
+    if "app" not in gemms:
+        raise ConfigError("systematic_sample: gemms needs an 'app' column (the sample spreads over each app's sizes)")
     frame = with_shapes(gemms) if "shape" not in gemms else gemms
     kept = []
     for _, app in frame.groupby("app", sort=False):
