@@ -91,7 +91,9 @@ class CuConfig(Model):
         Bytes of memory requests one CU can have outstanding (miss-status registers x line size);
         with the loaded memory latency this bounds one CU's memory bandwidth (Little's law).
     transcendentals_per_cycle
-        Special-function results (exp2, reciprocal, square root) per cycle per CU.
+        Special-function results (exp2, reciprocal, square root) per cycle per CU.  The default, 16,
+        is every preset's: CUDA's arithmetic-throughput table gives 16 per clock per SM for compute
+        capability 7.0-9.0, and a CDNA CU's quarter-rate transcendentals are 64 / 4 (docs/model.md).
     transcendentals_on_vector_alu
         Whether those special functions issue on the vector ALUs, taking their issue slots
         (CDNA: quarter-rate VALU instructions), instead of on separate units that run beside them
@@ -100,12 +102,16 @@ class CuConfig(Model):
         32-bit integer instructions (add, multiply-add, shift) per cycle per CU, lanes: 64 on
         Volta, Turing, Ampere and Hopper SMs (half their FP32 lanes on Ampere and Hopper) and on a
         CDNA CU (four SIMD16 units); CDNA's 32-bit multiplies issue at a quarter of that, which
-        this does not model.  It paces the offset arithmetic of kernels over strided tensors.
+        this does not model.  It paces the offset arithmetic of kernels over strided tensors.  The
+        default, 64, is every preset's.
     shuffle_cycles
         Latency of one dependent step of a cross-lane reduction (a shuffle and an add), cycles.
+        The default, 30, is every preset's and an estimate: set with the row-reduction model
+        (stop 19), neither measured nor fitted on any GPU (docs/model.md).
     barrier_cycles
         Latency of a workgroup barrier once every wavefront has arrived, with the local data share
-        round trip that follows it, cycles.
+        round trip that follows it, cycles.  The default, 40, is every preset's and an estimate, as
+        ``shuffle_cycles``.
     issue_lanes_per_cycle
         Vector instructions a CU issues per cycle, in lanes (an instruction of a whole wavefront
         counts its lanes), whichever pipe runs them: 128 on Volta, Turing, Ampere and Hopper SMs
@@ -171,9 +177,12 @@ class L2Config(Model):
         simulated LRU is ``capacity_bytes x shared_fraction``.  A partitioned L2 (NVIDIA's A100 and
         Hopper: two halves joined by a crossbar) keeps some lines in both halves, so a working set
         every SM touches falls out of it before the nominal capacity.  Measured with a working-set
-        sweep (``validation/measured/h200/measure.py``, section ``l2``); 1 means all of it.
+        sweep (``validation/measured/h200/measure.py``, section ``l2``); 1 means all of it, the
+        default, which the GPUs without such a measurement or fit keep (docs/model.md).
     block_bytes
-        Granularity of the simulated cache (LRU over address blocks of this size).
+        Granularity of the simulated cache (LRU over address blocks of this size): a simulation
+        granularity, not a line size (the default 16 KiB, every preset's; hits and misses are
+        decided per 512-byte sector of a block, docs/model.md).
     banks, bytes_per_cycle_per_bank, clock_hz
         Together they give the L2's peak bandwidth to the CUs.
     sustained_efficiency
@@ -183,28 +192,34 @@ class L2Config(Model):
     write_cost
         L2 bandwidth a written byte takes, in read bytes: 1 when the L2 serves writes as fast as
         reads. Measured with the same microbenchmark scaling an L2-resident buffer in place (half
-        reads, half writes) against summing it.
+        reads, half writes) against summing it.  The default 1 stands where it was not measured
+        (every preset but the Hopper ones).
     hit_latency_ns
         Load-to-use latency of an L2 hit.
     remote_writes_allocate
         Whether writes arriving over links from peer GPUs allocate in this L2 (NVIDIA-like) or go to
-        DRAM (the dissertation's model).
+        DRAM (the dissertation's model, the default).
     remote_writes_through
         Whether writes arriving over links that allocate in this L2 also go on to DRAM as they
         arrive, leaving the block clean, whatever ``write_through`` says of the GPU's own writes:
         the receiving memory controller (where T3's tracker counts a fused collective's stores)
-        sees them as they land.
+        sees them as they land.  Default ``False``: they follow ``write_through``; only the Hopper
+        presets set it (an assumption, h100-sxm5.yaml).
     write_through
         Whether a write that allocates in the L2 also goes on to DRAM as it arrives, leaving the
         block clean (later reads still hit it), instead of staying dirty until it is evicted: a
-        kernel pays for its own writes, not the kernels after it.
+        kernel pays for its own writes, not the kernels after it.  The default, write-back, is the
+        simulator's original L2; it was measured only on Hopper (write-back) and chosen against
+        data only for the MI210 (write-through); the other presets keep it unmeasured
+        (docs/validation.md, stops 23 and 33).
     dirty_fraction
         Fraction of the capacity that written data may occupy while it waits for its write-back (a
         write-back L2 only).  Once the bytes written and not yet written back pass it, the oldest
         write is written back (its block stays cached): a kernel pays for its writes at the DRAM's
         pace even where it rewrites resident data, and a long write (a benchmark's L2 flush) leaves
         its last writes dirty for the kernels after it to write back as they evict them.  1 keeps
-        every written block dirty until it is evicted.
+        every written block dirty until it is evicted: the default, the write-back L2 before stop
+        33, which every preset keeps but the Hopper ones (fitted: 0.55).
     """
 
     capacity_bytes: Bytes
@@ -240,7 +255,10 @@ class HbmConfig(Model):
     stacks, channels_per_stack
         Independent channels (pseudo-channels) in all = stacks x channels_per_stack.
     bank_groups, banks_per_group
-        Banks per channel = bank_groups x banks_per_group.
+        Banks per channel = bank_groups x banks_per_group.  The defaults (4 x 4) and those of
+        ``row_bytes`` (2 KiB) and ``burst_bytes`` (32) are HBM2's in Accel-Sim's QV100
+        configuration (``gpgpusim.config``: nbk=16, nbkgrp=4, 16-byte bus x burst length 2),
+        which every HBM2/HBM2e preset repeats.
     row_bytes
         Row-buffer (page) size of one bank.
     burst_bytes
@@ -248,13 +266,19 @@ class HbmConfig(Model):
     clock_hz
         DRAM command clock; the ``t_*_cycles`` timings count this clock.
     t_rp_cycles, t_rcd_cycles, t_ras_cycles, t_cl_cycles
-        Precharge, activate-to-column, activate-to-precharge and column (CAS) latencies.
+        Precharge, activate-to-column, activate-to-precharge and column (CAS) latencies.  The
+        defaults (14, 14, 33, 14) match Accel-Sim's QV100 timing for a 1 GHz HBM (RP, RCD, RAS,
+        CL; its comment: from JESD235 and Chatterjee et al., HPCA 2017).
     t_ccd_s_cycles, t_ccd_l_cycles
-        Column-to-column spacing to a different / the same bank group.
+        Column-to-column spacing to a different / the same bank group.  Defaults 1 and 2:
+        Accel-Sim's QV100 (CCD=1, CCDL=2).
     t_ccd_wl_cycles
         Spacing after a near-bank op-and-store (read-modify-write at the bank), same bank group.
+        Default 4: seeds/002 Table 8.1's CCDWL, 2 x CCDL.
     t_wtr_cycles, t_rtw_cycles
-        Bus turnaround write-to-read and read-to-write.
+        Bus turnaround write-to-read and read-to-write.  The defaults (4 each) are estimates with
+        no recorded source, which every preset but t3-table8.1 (t_wtr 3) keeps; for comparison,
+        gpgpu-sim derives tWTR = 6 and tRTW = 13 cycles from Accel-Sim's QV100 timings.
     t_wr_cycles
         Write recovery: from the last write data into a bank to a precharge of that bank (default
         16 ns at 1 GHz; DRAMsim3's HBM2 configuration has tWR = 8 cycles of 2 ns).
@@ -269,14 +293,21 @@ class HbmConfig(Model):
         bus); the channel's banks and bus are simulated as one, its activate windows as this
         many (default 1).
     refresh_overhead
-        Fraction of time a channel is unavailable because of refresh (a derating).
+        Fraction of time a channel is unavailable because of refresh (a derating).  The default,
+        0.04, is an estimate with no recorded source; every preset repeats it.
     sustained_efficiency
         Fraction of the (refresh-derated) data-bus rate that a channel sustains on streaming
         traffic, for losses the model does not simulate (controller scheduling at cache-line
         granularity, ECC, address-hashing conflicts, memory power states).  1 means the data bus
-        reaches its timing limit; calibrated per GPU against memory-bound measurements.
+        reaches its timing limit; calibrated per GPU against memory-bound measurements.  The
+        default 1 is kept by the V100 (a joint grid with its launch cost picked 1.0,
+        docs/validation.md), the H100 and H200 (the H200's measured streams reach 0.89-0.98 of its
+        4.8 TB/s, memory.csv, against the model's 0.96 after refresh), and, unmeasured, by t4 and
+        t3-table8.1.
     interleave_bytes
-        Consecutive addresses stay on one channel for this many bytes, then move to the next.
+        Consecutive addresses stay on one channel for this many bytes, then move to the next.  The
+        default, 4 KiB, every preset's, is a simulation granularity (Accel-Sim's QV100 address
+        mapping moves to the next channel every 256 bytes).
     capacity_bytes
         Total capacity.
     lockstep_channels
@@ -399,9 +430,11 @@ class McaConfig(Model):
         64-entry queue and "no limit" are the defaults.
     intensity_cutoffs
         Memory intensity (mean queue occupancy fraction observed during the kernel's first,
-        isolated stage) above which the threshold at the same index is chosen.
+        isolated stage) above which the threshold at the same index is chosen.  The defaults are
+        this model's: the dissertation does not give its mapping (docs/t3.md).
     starvation_limit_ns
-        The communication stream is served regardless once it has waited this long.
+        The communication stream is served regardless once it has waited this long.  The default,
+        20 us, is an estimate: the dissertation gives no value.
     """
 
     thresholds: tuple[Float, ...] = (5 / 64, 10 / 64, 30 / 64, 1.0)
@@ -421,17 +454,22 @@ class MemCtrlConfig(Model):
     Attributes
     ----------
     queue_entries
-        Capacity of the request queue; a full queue back-pressures requesters.
+        Capacity of the request queue; a full queue back-pressures requesters.  Every preset sets
+        16, t3-table8.1's reading of Accel-Sim's QV100 queue (64 entries) held as fewer, larger
+        requests; the default 32 has no recorded source.
     max_request_bytes
-        Largest single request (contiguous bytes of one channel) the controller schedules.
+        Largest single request (contiguous bytes of one channel) the controller schedules: a
+        simulation granularity (the default 16 KiB, every preset's; real requests are 32-128 B).
     policy
-        Default arbitration policy name (see :mod:`gpusim.hw.memctrl`).
+        Default arbitration policy name (see :mod:`gpusim.hw.memctrl`).  The default,
+        ``fr-fcfs``, is Accel-Sim's QV100 scheduler (``-gpgpu_dram_scheduler 1``).
     latency_ns
         Fixed latency added to each DRAM access for the on-chip network and controller pipeline.
     schedule_window_ns
         The controller commits requests to the channel up to this far ahead of the data bus
         (its command queue); arrivals within the window cannot overtake committed requests.
-        Larger windows cost fewer simulation events.
+        Larger windows cost fewer simulation events.  A simulation knob: the default, 200 ns,
+        every preset's, is not a hardware value.
     mca
         Parameters of the T3-MCA policy.
     """
@@ -456,7 +494,9 @@ class NmcConfig(Model):
     Attributes
     ----------
     enabled
-        Whether the memory supports op-and-store and NMC commands.
+        Whether the memory supports op-and-store and NMC commands.  The default (``True``) is the
+        dissertation's proposed compute-enhanced HBM, not a product's: every HBM preset inherits
+        it so that its near-memory what-ifs (T3, the optimizer offload) run; t4 turns it off.
     banks_per_alu
         1 for an ALU at every bank; 4 for one per bank group of 4, and so on.
     temp_storage_bytes
@@ -503,6 +543,10 @@ class NmcConfig(Model):
 class DmaConfig(Model):
     """DMA (copy) engines of one GPU.
 
+    The defaults (4 engines of 100 GB/s, 256 commands, 64 KiB blocks, 500 ns set-up) are estimates
+    with no recorded source.  Every preset sets its engines and rate and takes the command queue
+    from here, and all but t3-table8.1 the block size and set-up too.
+
     Attributes
     ----------
     engines
@@ -534,12 +578,19 @@ class TrackerConfig(Model):
     Attributes
     ----------
     sets
-        Sets of the table, indexed by the low bits of the tile (workgroup) index.
+        Sets of the table, indexed by the low bits of the tile (workgroup) index.  Default 256: the
+        dissertation's 256 sets indexed by the workgroup id's low 8 bits (section 8.3.2.1).
     ways
         Entries per set.  When a tile needs an entry and its set is full, the least recently
-        updated entry is spilled to memory (and refilled when next updated).
+        updated entry is spilled to memory (and refilled when next updated).  Default 8: the
+        dissertation tags a set's entries by wavefront (3 bits, eight wavefronts a workgroup); the
+        entries here are workgroup tiles, so the default holds 2048 workgroup tiles where the
+        dissertation's 19 KB table holds about 2048 wavefront tiles (``ways=1`` is that capacity
+        in workgroup tiles; docs/t3.md).
     entry_bytes
         Size of one entry (virtual address, counter, tag): what a spill writes and a refill reads.
+        Default 32, an estimate: one 32-byte DRAM access (the dissertation's 19 KB over its
+        entries is about 9.5 bytes each).
     """
 
     sets: PositiveInt = 256
@@ -665,13 +716,18 @@ class GpuConfig(Model):
         How the workgroup dispatcher shares the CUs between concurrent kernels
         (:class:`gpusim.hw.compute.Dispatcher`): ``round_robin``, the kernels take turns placing one
         workgroup each; ``fifo``, the earliest kernel places all it can first and later kernels
-        get what is left (NVIDIA's dispatch, measured on the H100 and H200).
+        get what is left (NVIDIA's dispatch, measured on the H100 and H200).  The default,
+        ``round_robin``, is the model's original policy, kept where nothing was measured (the
+        NVIDIA presets other than Hopper's) and for the MI100, whose concurrent workgroups the
+        dissertation describes as interleaved (docs/concurrency.md, stop 20).
     streaming_inflight_bytes_per_thread
         Bytes each thread of an element-wise kernel keeps in flight (load width times the loads it
         issues before using the first): the memory-level parallelism of the framework's streaming
         kernels on this GPU.  With the miss latency it bounds a workgroup's bandwidth (Little's
         law); calibrated per GPU.  (Row reductions load what their kernel's geometry says,
-        :mod:`gpusim.kernels.rowreduce`.)
+        :mod:`gpusim.kernels.rowreduce`.)  The default, 16 (one 16-byte vector per thread), was the
+        core's fixed value before this field existed; the MI210's fit chose it too (stop 19), and
+        the other presets take it without a fit of their own.
     """
 
     name: str

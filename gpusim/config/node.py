@@ -20,10 +20,12 @@ class LinkConfig(Model):
     bandwidth_bytes_per_s
         Bandwidth of one direction of one link.  A "150 GB/s bidirectional" link is 75 GB/s here.
     latency_ns
-        Time of flight of a packet (after its last byte left the sender).
+        Time of flight of a packet (after its last byte left the sender).  Default 500 ns, one
+        NVLink hop as the NVLink presets give it.
     packet_bytes
         Messages are cut into packets at destination addresses that are multiples of this size
         (a simulation granularity, not the link's real packet); one simulation event per packet.
+        Default 64 KiB, every node's but the T3 rings' (docs/model.md).
     credit_bytes
         End-to-end flow control: bytes a sender may have in flight towards one destination before
         the destination's memory controllers have accepted them (512 KiB by default: fitted on
@@ -99,7 +101,8 @@ class NetworkConfig(Model):
         Largest packet (one simulation event each) on routes that cross the fabric.
     credit_bytes
         Bytes in flight from a sender to one destination on routes that cross the fabric (see
-        :class:`LinkConfig`).
+        :class:`LinkConfig`).  Default 512 KiB, the links' window fitted on the DGX A100 (not
+        fitted on a network).
     """
 
     nic_bandwidth_bytes_per_s: Bandwidth
@@ -148,7 +151,8 @@ class CollectiveConfig(Model):
         Pipelining granularity of a CU-driven collective: bytes one CU moves per step.
     sync_ns
         Cost of one flag handshake between neighbouring GPUs (a small remote write + poll), when
-        no ``protocols`` are given.
+        no ``protocols`` are given (and T3's arming flag).  The default, 1 us, is an estimate with
+        no recorded source.
     launch_ns
         Extra set-up time of a collective kernel beyond a normal kernel launch.
     protocols
