@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
-import numbers
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from gpusim.checks import as_int, as_real, as_sequence, is_one_of, one_of, positive_int
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import OpError
 
@@ -26,35 +25,8 @@ if TYPE_CHECKING:
 _ids = itertools.count()
 
 
-def as_int(value: object) -> int | None:
-    """``value`` as a Python ``int`` if it is an integer (Python or NumPy, not a bool), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return None
-    return int(value)
-
-
-def as_real(value: object) -> float | None:
-    """``value`` as a Python ``float`` if it is a finite real number (Python or NumPy, not a bool),
-    else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def as_sequence(value: object) -> list | None:
-    """The items of a list, tuple, range or one-dimensional NumPy array, else ``None``."""
-    if isinstance(value, np.ndarray):
-        return value.tolist() if value.ndim == 1 else None
-    if isinstance(value, (list, tuple, range)):
-        return list(value)
-    return None
-
-
 def _positive_int(op: str, name: str, value: object) -> int:
-    number = as_int(value)
-    if number is None or number <= 0:
-        raise OpError(f"{op}: field '{name}' must be a positive integer, got {value!r}")
-    return number
+    return positive_int(f"field '{name}'", value, op, OpError)
 
 
 def _bool(op: str, name: str, value: object) -> bool:
@@ -63,14 +35,8 @@ def _bool(op: str, name: str, value: object) -> bool:
     return bool(value)
 
 
-def _one_of(value: object, options) -> bool:
-    """Whether ``value`` is a string among ``options`` (an unhashable value is not)."""
-    return isinstance(value, str) and value in options
-
-
 def _check_dtype(op: str, dtype: object) -> None:
-    if not _one_of(dtype, DTYPE_BYTES):
-        raise OpError(f"{op}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    one_of("field 'dtype'", dtype, DTYPE_BYTES, op, OpError)
 
 
 def _ranks(op: str, ranks: object) -> tuple[int, ...] | None:
@@ -250,9 +216,7 @@ class FusedGemm(GemmShape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not _one_of(self.algorithm, self.algorithms):
-            raise OpError(f"{type(self).__name__}: field 'algorithm' must be one of {', '.join(self.algorithms)}, "
-                          f"got {self.algorithm!r}")
+        one_of("field 'algorithm'", self.algorithm, self.algorithms, type(self).__name__, OpError)
 
     @property
     def nbytes(self) -> int:
@@ -440,10 +404,7 @@ class Elementwise(Op):
     category: ClassVar[str] = "elementwise"
 
     def __post_init__(self) -> None:
-        if not _one_of(self.kind, ELEMENTWISE_KINDS):
-            raise OpError(
-                f"Elementwise: field 'kind' must be one of {', '.join(ELEMENTWISE_KINDS)}, got {self.kind!r}"
-            )
+        one_of("field 'kind'", self.kind, ELEMENTWISE_KINDS, "Elementwise", OpError)
         self.elements = _positive_int("Elementwise", "elements", self.elements)
         _check_dtype("Elementwise", self.dtype)
         dims = as_int(self.index_dims)
@@ -548,10 +509,8 @@ class RowReduce(Op):
     def __post_init__(self) -> None:
         from gpusim.kernels.rowreduce import LIBRARIES
 
-        if not _one_of(self.kind, ROW_REDUCE_KINDS):
-            raise OpError(f"RowReduce: field 'kind' must be one of {', '.join(ROW_REDUCE_KINDS)}, got {self.kind!r}")
-        if not _one_of(self.library, LIBRARIES):
-            raise OpError(f"RowReduce: field 'library' must be one of {', '.join(LIBRARIES)}, got {self.library!r}")
+        one_of("field 'kind'", self.kind, ROW_REDUCE_KINDS, "RowReduce", OpError)
+        one_of("field 'library'", self.library, LIBRARIES, "RowReduce", OpError)
         if self.library == "vllm" and self.kind != "rmsnorm":
             raise OpError(f"RowReduce: library 'vllm' runs kind 'rmsnorm' only, not {self.kind!r}")
         if self.kind == "colsum" and self.library.startswith("inductor"):
@@ -631,7 +590,7 @@ class Attention(Op):
 
         for name in ("batch", "heads", "q_len", "kv_len", "head_dim"):
             setattr(self, name, _positive_int("Attention", name, getattr(self, name)))
-        if not _one_of(self.dtype, ATTENTION_DTYPES):
+        if not is_one_of(self.dtype, ATTENTION_DTYPES):
             raise OpError(f"Attention: field 'dtype' must be one of {', '.join(ATTENTION_DTYPES)} "
                           f"(FlashAttention-2's inputs), got {self.dtype!r}")
         if self.head_dim > HEAD_DIMS[-1]:
@@ -642,9 +601,7 @@ class Attention(Op):
             self.kv_heads = _positive_int("Attention", "kv_heads", self.kv_heads)
             if self.heads % self.kv_heads:
                 raise OpError(f"Attention: field 'kv_heads' must divide heads ({self.heads}), got {self.kv_heads}")
-        if not _one_of(self.direction, ATTENTION_DIRECTIONS):
-            raise OpError(f"Attention: field 'direction' must be one of {', '.join(ATTENTION_DIRECTIONS)}, "
-                          f"got {self.direction!r}")
+        one_of("field 'direction'", self.direction, ATTENTION_DIRECTIONS, "Attention", OpError)
         super().__post_init__()
 
     @property
@@ -718,9 +675,8 @@ class Collective(Op):
         name = type(self).__name__
         self.nbytes = _positive_int(name, "nbytes", self.nbytes)
         _check_dtype(name, self.dtype)
-        if not _one_of(self.algorithm, self.algorithms):
-            raise OpError(f"{name}: field 'algorithm' must be one of {', '.join(self.algorithms)}, got {self.algorithm!r}")
-        if not _one_of(self.driver, ("cu", "dma")):
+        one_of("field 'algorithm'", self.algorithm, self.algorithms, name, OpError)
+        if not is_one_of(self.driver, ("cu", "dma")):
             raise OpError(f"{name}: field 'driver' must be 'cu' or 'dma', got {self.driver!r}")
         if self.driver == "dma" and not self.dma:
             raise OpError(f"{name}: driver 'dma' is not supported ({self.collective} runs on CUs); use driver='cu'")
@@ -893,18 +849,14 @@ class Optimizer(Op):
     category: ClassVar[str] = "optimizer"
 
     def __post_init__(self) -> None:
-        if not _one_of(self.algorithm, OPTIMIZER_ALGORITHMS):
-            raise OpError(
-                f"Optimizer: field 'algorithm' must be one of {', '.join(OPTIMIZER_ALGORITHMS)}, got {self.algorithm!r}"
-            )
-        if not _one_of(self.impl, OPTIMIZER_IMPLS):
-            raise OpError(f"Optimizer: field 'impl' must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.impl!r}")
+        one_of("field 'algorithm'", self.algorithm, OPTIMIZER_ALGORITHMS, "Optimizer", OpError)
+        one_of("field 'impl'", self.impl, OPTIMIZER_IMPLS, "Optimizer", OpError)
         sizes = as_sequence(self.sizes)
         if not sizes:
             raise OpError(f"Optimizer: field 'sizes' must be a non-empty list of tensor sizes, got {self.sizes!r}")
         self.sizes = tuple(_positive_int("Optimizer", "sizes", size) for size in sizes)
         _check_dtype("Optimizer", self.dtype)
-        if not _one_of(self.grad_norm, ("banks", "gpu")):
+        if not is_one_of(self.grad_norm, ("banks", "gpu")):
             raise OpError(f"Optimizer: field 'grad_norm' must be 'banks' or 'gpu', got {self.grad_norm!r}")
         if not isinstance(self.prefix, str) or not self.prefix:
             raise OpError(f"Optimizer: field 'prefix' must be a non-empty string, got {self.prefix!r}")

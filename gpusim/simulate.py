@@ -7,10 +7,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpusim.checks import as_int, as_real
 from gpusim.engine.simulation import Simulation
 from gpusim.errors import ConfigError, OpError, SimulationError
 from gpusim.hw.system import Machine
-from gpusim.ops import Op, as_int, as_real
+from gpusim.ops import Op
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import Executor, Stream
 from gpusim.system import System, load_system

@@ -45,11 +45,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpusim.checks import as_int, as_real, as_sequence, is_positive_int, known_name, one_of, positive_int
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
 from gpusim.kernels.gemm import GemmProblem, choose_kernel, num_workgroups, resident_workgroups
 from gpusim.kernels.gemm_tuning import parse_kernel, shortlist
-from gpusim.ops import Gemm, as_int, as_real, as_sequence
+from gpusim.ops import Gemm
 from gpusim.sched.command_processor import (
     CommandProcessor,
     CommandProcessorTiming,
@@ -148,10 +149,8 @@ def gemm_point(system: str, overrides: dict[str, Any], m: int, n: int, k: int, t
         of the first copy and mean span of the others), ``l2_accesses``, ``l2_misses`` (blocks),
         ``dram_bytes``, ``events`` and ``cpu_s`` (simulator CPU time).
     """
-    if arrangement not in ARRANGEMENTS:
-        raise ConfigError(f"gemm_point: unknown arrangement {arrangement!r}; known: {', '.join(ARRANGEMENTS)}")
-    if as_int(copies) is None or copies < 1:
-        raise ConfigError(f"gemm_point: copies must be a positive integer, got {copies!r}")
+    known_name("arrangement", arrangement, ARRANGEMENTS, "gemm_point")
+    positive_int("copies", copies, "gemm_point")
     if arrangement == "isolated" and copies != 1:
         raise ConfigError(f"gemm_point: an isolated run has one copy, got copies={copies!r}")
     started = time.process_time()
@@ -203,8 +202,7 @@ def packets_point(system: str, overrides: dict[str, Any], gemms: list[dict[str, 
         ``time_s`` (from the first decision to the last workgroup's end), ``span_s`` (kernels only),
         ``degrees`` (the degrees the GEMMs ran at), ``cpu_s``.
     """
-    if policy not in PACKET_POLICIES:
-        raise ConfigError(f"packets_point: unknown policy {policy!r}; known: {', '.join(PACKET_POLICIES)}")
+    known_name("policy", policy, PACKET_POLICIES, "packets_point")
     started = time.process_time()
     machine_system = _system(system, json.dumps(overrides, sort_keys=True))
     policies = {
@@ -420,11 +418,10 @@ class ConcurrencyStudy:
         if 1 not in self.rc_fractions:
             raise ConfigError(f"ConcurrencyStudy: rc_fractions must include 1 (the full GPU, for isolation tuning), "
                               f"got {rc_fractions!r}")
-        if as_int(shortlist_size) is None or shortlist_size < 1:
-            raise ConfigError(f"ConcurrencyStudy: shortlist_size must be a positive integer, got {shortlist_size!r}")
+        positive_int("shortlist_size", shortlist_size, "ConcurrencyStudy")
         if timing is not None and not isinstance(timing, CommandProcessorTiming):
             raise ConfigError(f"ConcurrencyStudy: timing must be a CommandProcessorTiming or None, got {timing!r}")
-        if workers is not None and (as_int(workers) is None or workers < 1):
+        if workers is not None and not is_positive_int(workers):
             raise ConfigError(f"ConcurrencyStudy: workers must be a positive integer (or None for every CPU), got {workers!r}")
         if scheduler is not None and not isinstance(scheduler, str):
             raise ConfigError(f"ConcurrencyStudy: scheduler must be a Dask scheduler address such as tcp://host:8786, "
@@ -854,12 +851,11 @@ class ConcurrencyStudy:
             raise ConfigError(f"{where}: shapes must be a non-empty list of (m, n, k), got {shapes!r}")
         for shape in listed:
             sizes = as_sequence(shape)
-            if sizes is None or len(sizes) != 3 or any(as_int(size) is None or size < 1 for size in sizes):
+            if sizes is None or len(sizes) != 3 or not all(is_positive_int(size) for size in sizes):
                 raise ConfigError(f"{where}: every shape must be (m, n, k) of positive integers, got {shape!r}")
         if not as_sequence(degrees) or any(degree not in DEGREES for degree in as_sequence(degrees)):
             raise ConfigError(f"{where}: degrees must be a non-empty list among {', '.join(map(str, DEGREES))}, got {degrees!r}")
-        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-            raise ConfigError(f"{where}: dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+        one_of("dtype", dtype, DTYPE_BYTES, where)
         gemms = with_shapes(pd.DataFrame([{"m": m, "n": n, "k": k, "trans_a": False, "trans_b": False, "batch": 1,
                                            "dtype": dtype} for m, n, k in shapes]))
         isolated = ConcurrencyStudy(self.system, self.overrides, degrees=degrees, cu_partition_degrees=(),

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gpusim.checks import as_real, one_of, positive_int
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
-from gpusim.ops import as_int, as_real
 from gpusim.sched.goldyloc import ConcurrencyPredictor
 from gpusim.studies.concurrency import ConcurrencyStudy, _check_model, packets_point
 from gpusim.studies.concurrency_workloads import GATES, SHAPE_COLUMNS, linear_gemms, shape_key, with_shapes
@@ -116,10 +116,8 @@ def gnmt_groups(hidden: int = 1024, batch: int = 128, layers: int = 8, steps: in
         A size that is not a positive integer, or an unknown ``dtype``.
     """
     for name, value in (("hidden", hidden), ("batch", batch), ("layers", layers), ("steps", steps)):
-        if as_int(value) is None or value < 1:
-            raise ConfigError(f"gnmt_groups: {name} must be a positive integer, got {value!r}")
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ConfigError(f"gnmt_groups: dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+        positive_int(name, value, "gnmt_groups")
+    one_of("dtype", dtype, DTYPE_BYTES, "gnmt_groups")
     sizes = Counter(sum(1 for layer in range(layers) if 0 <= diagonal - layer < steps)
                     for diagonal in range(layers + steps - 1))
     groups = []

@@ -31,9 +31,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from gpusim.checks import is_positive_int, one_of, positive_int, positive_ints
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
-from gpusim.ops import as_int
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
 """The repository's concurrency workload definitions."""
@@ -42,18 +42,6 @@ GATES = {"lstm": 4, "gru": 3}
 FFN_MULTIPLIER = 4
 GEMM_COLUMNS = ["app", "layer", "hidden", "inputs", "linear", "pass", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 SHAPE_COLUMNS = ["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
-
-
-def _check_dtype(dtype: Any, where: str) -> None:
-    """A ConfigError unless ``dtype`` is an element type gpusim knows."""
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ConfigError(f"{where}: dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-
-
-def _check_count(value: Any, name: str, where: str) -> None:
-    """A ConfigError unless ``value`` is a positive integer."""
-    if as_int(value) is None or value < 1:
-        raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
 
 
 def linear_gemms(tokens: int, fan_in: int, fan_out: int) -> list[dict[str, Any]]:
@@ -72,7 +60,7 @@ def linear_gemms(tokens: int, fan_in: int, fan_out: int) -> list[dict[str, Any]]
         A size that is not a positive integer.
     """
     for name, value in (("tokens", tokens), ("fan_in", fan_in), ("fan_out", fan_out)):
-        _check_count(value, name, "linear_gemms")
+        positive_int(name, value, "linear_gemms")
     return [
         {"pass": "forward", "m": tokens, "n": fan_out, "k": fan_in, "trans_a": False, "trans_b": True},
         {"pass": "input-grad", "m": tokens, "n": fan_in, "k": fan_out, "trans_a": False, "trans_b": False},
@@ -103,15 +91,6 @@ def _check_fields(mapping: dict[str, Any], known: set[str], where: str) -> None:
             raise ConfigError(f"{where}: unknown field {key!r} (misspelled?); known: {', '.join(sorted(known))}")
 
 
-def _check_positive(value: Any, field: str, where: str, many: bool = False) -> None:
-    values = value if many else [value]
-    ok = isinstance(values, list) and bool(values) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                          for v in values)
-    if not ok:
-        expected = "a non-empty list of positive integers" if many else "a positive integer"
-        raise ConfigError(f"{where}: field '{field}' must be {expected}, got {value!r}")
-
-
 def _check_app(app: Any, where: str) -> None:
     if not isinstance(app, dict) or "name" not in app:
         raise ConfigError(f"{where}: every app needs a 'name' (a mapping with name, layer, hidden and tokens or batch)")
@@ -122,11 +101,11 @@ def _check_app(app: Any, where: str) -> None:
     here = f"{where}: app {name!r}"
     _check_fields(app, APP_FIELDS[kind], f"{here} ({kind})")
     for field in ("hidden", "tokens" if kind == "transformer" else "batch"):
-        _check_positive(app.get(field), field, here, many=True)
+        positive_ints(f"field '{field}'", app.get(field), where=here)
     if "input_widths" in app:
-        _check_positive(app["input_widths"], "input_widths", here, many=True)
+        positive_ints("field 'input_widths'", app["input_widths"], where=here)
     if "ffn_multiplier" in app:
-        _check_positive(app["ffn_multiplier"], "ffn_multiplier", here)
+        positive_int("field 'ffn_multiplier'", app["ffn_multiplier"], here)
 
 
 def _check_attention_model(model: Any, where: str) -> None:
@@ -135,8 +114,8 @@ def _check_attention_model(model: Any, where: str) -> None:
     here = f"{where}: model {model['name']!r}"
     _check_fields(model, ATTENTION_FIELDS, here)
     for field in ("hidden", "heads", "sequences"):
-        _check_positive(model.get(field), field, here)
-    _check_positive(model.get("sequence_lengths"), "sequence_lengths", here, many=True)
+        positive_int(f"field '{field}'", model.get(field), here)
+    positive_ints("field 'sequence_lengths'", model.get("sequence_lengths"), where=here)
     if model["hidden"] % model["heads"]:
         raise ConfigError(f"{here}: hidden ({model['hidden']}) must be a multiple of heads ({model['heads']})")
 
@@ -161,9 +140,7 @@ def _read(path: str | os.PathLike, entries: str) -> tuple[dict[str, Any], str]:
     entries_value = data.get(entries)
     if not isinstance(entries_value, list) or not entries_value:
         raise ConfigError(f"{path}: field {entries!r} must be a non-empty list of definitions")
-    dtype = data.get("dtype", "fp32")
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"{path}: field 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    one_of("field 'dtype'", data.get("dtype", "fp32"), DTYPE_BYTES, str(path))
     return data, str(path)
 
 
@@ -196,7 +173,7 @@ def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None,
     """
     data, where = _read(path, "apps")
     if dtype is not None:
-        _check_dtype(dtype, "model_gemms")
+        one_of("dtype", dtype, DTYPE_BYTES, "model_gemms")
     dtype = dtype or data.get("dtype", "fp32")
     for app in data["apps"]:
         _check_app(app, where)
@@ -239,7 +216,7 @@ def attention_gemms(path: str | os.PathLike = "attention", dtype: str | None = N
     """
     data, where = _read(path, "models")
     if dtype is not None:
-        _check_dtype(dtype, "attention_gemms")
+        one_of("dtype", dtype, DTYPE_BYTES, "attention_gemms")
     dtype = dtype or data.get("dtype", "fp32")
     rows = []
     for model in data["models"]:
@@ -293,7 +270,7 @@ def check_gemms(frame: Any, where: str, empty: bool = False) -> None:
     if frame.empty and not empty:
         raise ConfigError(f"{where}: no GEMM given (an empty table: did a selection by app, size or pass match nothing?)")
     for column in ("m", "n", "k", "batch"):
-        bad = [value for value in frame[column] if as_int(value) is None or value < 1]
+        bad = [value for value in frame[column] if not is_positive_int(value)]
         if bad:
             raise ConfigError(f"{where}: column {column!r} must hold positive integers, got {bad[0]!r}")
     unknown = sorted({str(value) for value in frame["dtype"] if not isinstance(value, str) or value not in DTYPE_BYTES})
@@ -330,8 +307,8 @@ def systematic_sample(gemms: pd.DataFrame, every: int, minimum: int = 3) -> pd.D
         ``every`` or ``minimum`` is not a positive integer, or ``gemms`` is not a table of GEMMs
         with an ``app`` column.
     """
-    _check_count(every, "every", "systematic_sample")
-    _check_count(minimum, "minimum", "systematic_sample")
+    positive_int("every", every, "systematic_sample")
+    positive_int("minimum", minimum, "systematic_sample")
     check_gemms(gemms, "systematic_sample: gemms", empty=True)
     if "app" not in gemms:
         raise ConfigError("systematic_sample: gemms needs an 'app' column (the sample spreads over each app's sizes)")

@@ -13,17 +13,18 @@ register them) from the model definitions in ``workloads/models``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
+from gpusim.checks import as_real, is_positive_int, items, names, one_of, positive_int, positive_ints
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.config.loader import load_gpu_config
 from gpusim.errors import ConfigError
 from gpusim.hw.nmc import NearMemoryUnits
 from gpusim.kernels.optimizer import ALGORITHMS
-from gpusim.ops import OPTIMIZER_IMPLS, Optimizer, as_int, as_real, as_sequence
+from gpusim.ops import OPTIMIZER_IMPLS, Optimizer
 from gpusim.simulate import run
 from gpusim.sweep import sweep
 from gpusim.system import System, load_system
@@ -36,45 +37,6 @@ GRAD_NORMS = ("banks", "gpu")
 
 
 # -- argument checks: a bad argument is a ConfigError naming it, its value and what was expected ---
-def _one_of(argument: str, value: object, known: Iterable[str]) -> str:
-    """``value`` if it is one of the names ``known``."""
-    known = list(known)
-    if not isinstance(value, str) or value not in known:
-        raise ConfigError(f"{argument} must be one of {', '.join(known)}, got {value!r}")
-    return value
-
-
-def _items(argument: str, values: object, fits: Callable[[Any], bool], expected: str) -> list[Any]:
-    """The items of ``values``, a non-empty list (tuple, range, array) of items that fit."""
-    items = as_sequence(values)
-    if not items or not all(fits(item) for item in items):
-        raise ConfigError(f"{argument} must be a non-empty list of {expected}, got {values!r}")
-    return items
-
-
-def _names(argument: str, values: object, known: Iterable[str]) -> list[str]:
-    """The items of ``values``, a non-empty list of names among ``known``."""
-    known = list(known)
-    return _items(argument, values, lambda item: isinstance(item, str) and item in known,
-                  f"names among {', '.join(known)}")
-
-
-def _positive(value: object) -> bool:
-    """Whether ``value`` is an integer of at least 1 (Python or NumPy, not a bool)."""
-    return as_int(value) is not None and value >= 1
-
-
-def _positive_ints(argument: str, values: object, unit: str = "") -> list[int]:
-    """The items of ``values``, a non-empty list of positive integers; ``unit`` (``" (bytes)"``)
-    follows "positive integers" in the error message."""
-    return _items(argument, values, _positive, f"positive integers{unit}")
-
-
-def _model(model: object) -> str:
-    """``model`` if it is a model of :data:`MODELS`."""
-    return _one_of("model", model, MODELS)
-
-
 def _gpu(system: object, argument: str = "system") -> GpuConfig:
     """The GPU of the hardware preset ``system`` (an unknown name lists the known presets)."""
     if not isinstance(system, str):
@@ -126,13 +88,12 @@ def parameter_sizes(
     """
     if not isinstance(model, ModelConfig):
         raise ConfigError(f"model must be a ModelConfig (gpusim.trace.load_model(name)), got {model!r}")
-    _one_of("style", style, ("bert", "decoder"))
-    _one_of("head", head, ("pretraining", "classifier"))
-    if positions is not None and not _positive(positions):
+    one_of("style", style, ("bert", "decoder"))
+    one_of("head", head, ("pretraining", "classifier"))
+    if positions is not None and not is_positive_int(positions):
         raise ConfigError(f"positions must be a positive number of embedding rows or None, got {positions!r}")
-    for argument, value in (("token_types", token_types), ("labels", labels)):
-        if not _positive(value):
-            raise ConfigError(f"{argument} must be a positive integer, got {value!r}")
+    positive_int("token_types", token_types)
+    positive_int("labels", labels)
     if tied_output is None:
         tied_output = model.tied_embeddings
     if not isinstance(tied_output, bool):
@@ -181,7 +142,7 @@ al. 2023).  ``bert-base-classifier`` is the Hugging Face
 
 def model_parameter_sizes(model: str) -> list[int]:
     """Parameter tensor sizes of a model in :data:`MODELS`."""
-    definition, options = MODELS[_model(model)]
+    definition, options = MODELS[one_of("model", model, MODELS)]
     return parameter_sizes(load_model(definition), **options)
 
 
@@ -198,9 +159,9 @@ def min_gpu_bytes(algorithm: str, sizes: Sequence[int], dtype: str = "fp32") -> 
     dtype
         The parameters' data type.
     """
-    _one_of("algorithm", algorithm, ALGORITHMS)
-    elements = sum(_positive_ints("sizes", sizes, " (elements per tensor)"))
-    return float(ALGORITHMS[algorithm].min_bytes_per_element(DTYPE_BYTES[_one_of("dtype", dtype, DTYPE_BYTES)]) * elements)
+    one_of("algorithm", algorithm, ALGORITHMS)
+    elements = sum(positive_ints("sizes", sizes, " (elements per tensor)"))
+    return float(ALGORITHMS[algorithm].min_bytes_per_element(DTYPE_BYTES[one_of("dtype", dtype, DTYPE_BYTES)]) * elements)
 
 
 def ideal_gpu_time_s(system: System, algorithm: str, sizes: Sequence[int], fraction: float = 1.0, dtype: str = "fp32") -> float:
@@ -227,9 +188,9 @@ def simulate_step(system: System, algorithm: str, sizes: Sequence[int], impl: st
         ``activations``, ``events``, ``kernel_busy_s`` (the kernels' summed durations, as a profiler
         adds them up) and ``wall_s`` (simulator cost).
     """
-    _one_of("algorithm", algorithm, ALGORITHMS)
-    _one_of("impl", impl, OPTIMIZER_IMPLS)
-    sizes = _positive_ints("sizes", sizes, " (elements per tensor)")
+    one_of("algorithm", algorithm, ALGORITHMS)
+    one_of("impl", impl, OPTIMIZER_IMPLS)
+    sizes = positive_ints("sizes", sizes, " (elements per tensor)")
     start = time.perf_counter()
     result = run(system, Optimizer(algorithm, sizes, impl=impl, **fields))
     row = result.ops.iloc[0]
@@ -325,8 +286,8 @@ def lamb_speedups(
         NMC's), activations, wall_s.
     """
     sizes = model_parameter_sizes(model)
-    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
-    _one_of("grad_norm", grad_norm, GRAD_NORMS)
+    scales = positive_ints("temp_storage_scales", temp_storage_scales)
+    one_of("grad_norm", grad_norm, GRAD_NORMS)
     base = _system(system, overrides)
     storage = base.gpu.nmc.temp_storage_bytes
     rows = []
@@ -368,8 +329,8 @@ def nmc_breakdown(
         row_switch_s (s), activations, tile_columns.
     """
     sizes = model_parameter_sizes(model)
-    plans = ALGORITHMS[_one_of("algorithm", algorithm, ALGORITHMS)].nmc
-    programs = plans[_one_of("grad_norm", grad_norm, plans)].programs
+    plans = ALGORITHMS[one_of("algorithm", algorithm, ALGORITHMS)].nmc
+    programs = plans[one_of("grad_norm", grad_norm, plans)].programs
     point = _system(system, overrides)
     units = NearMemoryUnits(point.gpu)
     elem = DTYPE_BYTES["fp32"]
@@ -404,7 +365,7 @@ def end_to_end(speedup: float, lamb_shares: Sequence[float] = (0.10, 0.20)) -> p
     value = as_real(speedup)
     if value is None or value <= 0:
         raise ConfigError(f"end_to_end: speedup must be a positive finite number, got {speedup!r}")
-    shares = _items("lamb_shares", lamb_shares, lambda share: as_real(share) is not None and 0 <= share <= 1,
+    shares = items("lamb_shares", lamb_shares, lambda share: as_real(share) is not None and 0 <= share <= 1,
                     "fractions between 0 and 1")
     rows = []
     for share in shares:
@@ -480,9 +441,9 @@ def bert_iterations(
         temp_storage, iteration_gpu_s, lamb_gpu_s, lamb_share (of the GPU iteration), iteration_nmc_s,
         lamb_nmc_s, lamb_speedup, iteration_speedup.
     """
-    _one_of("model", model, list_models())
-    configs = _names("configs", configs, BERT_ITERATIONS)
-    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    one_of("model", model, list_models())
+    configs = names("configs", configs, BERT_ITERATIONS)
+    scales = positive_ints("temp_storage_scales", temp_storage_scales)
     storage = _system(system, None).gpu.nmc.temp_storage_bytes
     points = []
     for config in configs:
@@ -529,9 +490,9 @@ def gpu_steps(
     ``cases`` are implementations of :data:`IMPLEMENTATIONS`; ``model`` one of :data:`MODELS`.
     """
     _gpu(system)
-    _model(model)
-    _one_of("algorithm", algorithm, ALGORITHMS)
-    cases = _names("cases", cases, IMPLEMENTATIONS)
+    one_of("model", model, MODELS)
+    one_of("algorithm", algorithm, ALGORITHMS)
+    cases = names("cases", cases, IMPLEMENTATIONS)
     points = [{"system": system, "model": model, "algorithm": algorithm, "impl": impl} for impl in cases]
     frame = sweep(gpu_step_point, points, workers=workers, cache=cache, progress=progress, description=algorithm)
     frame["simulated_ms"] = frame["time_s"] * 1e3
@@ -563,7 +524,7 @@ def nmc_point(
         ``data_reduction``).
     """
     sizes = model_parameter_sizes(model)
-    _one_of("grad_norm", grad_norm, GRAD_NORMS)
+    one_of("grad_norm", grad_norm, GRAD_NORMS)
     point = _system(system, overrides)
     step = simulate_step(point, algorithm, sizes, "nmc", grad_norm=grad_norm)
     moved = ("dram_traffic_bytes", "bank_internal_bytes")
@@ -590,9 +551,9 @@ def sweep_temp_storage(
     """LAMB speedup over the ideal GPU against temporary storage per ALU (``storage_bytes``, B),
     for each placement of the gradient norm in ``grad_norms``."""
     _gpu(system)
-    _model(model)
-    storage_bytes = _positive_ints("storage_bytes", storage_bytes, " (bytes)")
-    grad_norms = _names("grad_norms", grad_norms, GRAD_NORMS)
+    one_of("model", model, MODELS)
+    storage_bytes = positive_ints("storage_bytes", storage_bytes, " (bytes)")
+    grad_norms = names("grad_norms", grad_norms, GRAD_NORMS)
     points = [
         {
             "system": system,
@@ -623,11 +584,11 @@ def sweep_banks_per_alu(
     multiples of the system's temporary storage per bank.
     """
     gpu = _gpu(system)
-    _model(model)
+    one_of("model", model, MODELS)
     banks = gpu.hbm.banks_per_channel
-    banks_per_alu = _items("banks_per_alu", banks_per_alu, lambda shared: _positive(shared) and banks % shared == 0,
+    banks_per_alu = items("banks_per_alu", banks_per_alu, lambda shared: is_positive_int(shared) and banks % shared == 0,
                            f"divisors of the {banks} banks of a channel")
-    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    scales = positive_ints("temp_storage_scales", temp_storage_scales)
     storage = gpu.nmc.temp_storage_bytes
     points = [
         {
@@ -656,8 +617,8 @@ def sweep_models(
     ``models`` are names of :data:`MODELS`; ``temp_storage_scales`` positive multiples of the
     system's temporary storage per ALU.
     """
-    models = _names("models", models, MODELS)
-    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    models = names("models", models, MODELS)
+    scales = positive_ints("temp_storage_scales", temp_storage_scales)
     storage = _gpu(system).nmc.temp_storage_bytes
     points = [
         {
@@ -696,8 +657,8 @@ def sweep_hbm(
     if not isinstance(generations, Mapping) or not generations or not all(isinstance(label, str) for label in generations):
         raise ConfigError(f"generations must be a non-empty mapping of labels to hardware presets, got {generations!r}")
     base = _gpu(system)
-    _model(model)
-    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    one_of("model", model, MODELS)
+    scales = positive_ints("temp_storage_scales", temp_storage_scales)
     entries = base.nmc.temp_storage_bytes / base.hbm.burst_bytes  # register entries of a column each
     points = []
     for label, preset in generations.items():
@@ -735,10 +696,10 @@ def sweep_divide_cost(
     ``temp_storage_scales`` positive multiples of the temporary storage per ALU.
     """
     config = _gpu(system)
-    _model(model)
-    cycles = _items("cycles", cycles, lambda cost: as_real(cost) is not None and cost > 0,
+    one_of("model", model, MODELS)
+    cycles = items("cycles", cycles, lambda cost: as_real(cost) is not None and cost > 0,
                     "positive numbers of ALU cycles per SIMD word")
-    scales = _positive_ints("temp_storage_scales", temp_storage_scales)
+    scales = positive_ints("temp_storage_scales", temp_storage_scales)
     storage = config.nmc.temp_storage_bytes
     points = []
     for scale in scales:
@@ -767,7 +728,7 @@ def optimizers_on_nmc(
     """Every optimizer of ``algorithms`` (names of :data:`gpusim.kernels.optimizer.ALGORITHMS`) on
     near-memory ALUs against its ideal GPU."""
     _gpu(system)
-    _model(model)
-    algorithms = _names("algorithms", algorithms, ALGORITHMS)
+    one_of("model", model, MODELS)
+    algorithms = names("algorithms", algorithms, ALGORITHMS)
     points = [{"system": system, "model": model, "algorithm": algorithm} for algorithm in algorithms]
     return _run_sweep(points, "optimizers", workers, cache, progress)

@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from gpusim import ops
+from gpusim.checks import is_positive_int, known_name, positive_int
 from gpusim.errors import ConfigError
-from gpusim.ops import as_int
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
 from gpusim.system import load_system
@@ -101,9 +101,7 @@ DRAM_CATEGORIES = ("gemm_read", "gemm_write", "rs_read", "rs_write", "ag_read", 
 
 def _model(name: str):
     """The setup of one of :data:`MODELS`, or a clear error listing them."""
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    return MODELS[name]
+    return MODELS[known_name("model", name, MODELS)]
 
 
 def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None) -> dict[str, Any]:
@@ -126,12 +124,11 @@ def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None)
     """
     setup = _model(model)
     inner = {"OP": 1, "FC-2": 4, "FC-1": 4, "IP": 3}
-    if sublayer not in inner:
-        raise ConfigError(f"unknown sub-layer {sublayer!r}; known: {', '.join(SUBLAYERS)}")
-    if as_int(tp) is None or tp < 1:
+    known_name("sub-layer", sublayer, SUBLAYERS)
+    if not is_positive_int(tp):
         raise ConfigError(f"{model}: tp must be a positive number of GPUs, got {tp!r}")
-    if tokens is not None and (as_int(tokens) is None or tokens < 1):
-        raise ConfigError(f"{model}: tokens must be a positive integer, got {tokens!r}")
+    if tokens is not None:
+        positive_int("tokens", tokens, model)
     if setup.hidden * inner[sublayer] % tp:
         raise ConfigError(f"{model}: {inner[sublayer]} x H = {setup.hidden * inner[sublayer]} does not split {tp} ways")
     return {
@@ -447,8 +444,7 @@ def simulate_layer_rest(model: str, tp: int, setting: str, mode: str = "symmetri
     from gpusim.trace import transformer
 
     setup = _model(model)
-    if setting not in SETTINGS:
-        raise ConfigError(f"unknown setting {setting!r}; known: {', '.join(SETTINGS)}")
+    known_name("setting", setting, SETTINGS)
     phase, sublayers = SETTINGS[setting]
     trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
                         layers=1, head=False, optimizer="adam" if phase == "train" else None)
@@ -516,9 +512,7 @@ def run_point(study: str, variant: str = "base", **params: Any):
     """
     functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
                  "timeline": dram_timeline}
-    if study not in functions:
-        raise ConfigError(f"unknown study part {study!r}; known: {', '.join(functions)}")
-    return functions[study](**params)
+    return functions[known_name("study part", study, functions)](**params)
 
 
 def tagged(study: str, points: list[dict[str, Any]], variant: str = "base") -> list[dict[str, Any]]:

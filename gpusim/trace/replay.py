@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from gpusim.checks import as_int, as_real
 from gpusim.engine.simulation import Recorder, Simulation, Span
 from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
-from gpusim.ops import as_int, as_real
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
 from gpusim.simulate import close_progress_bar, finish, prepare, progress_bar, run_stats
