@@ -162,3 +162,14 @@ def test_unsupported_applies_to_imported_traces_only(capsys):
     argv = ["simulate", "--model", "bert-base", "--layers", "1", "--system", "a100-sxm4", "--unsupported", "delay"]
     assert main(argv) == 2
     assert "--unsupported applies to imported traces (--trace), not to --model" in capsys.readouterr().err
+
+
+def test_simulate_a_generated_model_in_another_dtype(tmp_path, capsys):
+    out = tmp_path / "fp32"
+    assert main(["simulate", "--model", "bert-base", "--layers", "1", "--dtype", "fp32", "--system", "a100-sxm4",
+                 "--quiet", "--out", str(out)]) == 0
+    query = pd.read_parquet(out / "ops.parquet").set_index("name").loc["L0.q"]
+    tokens, hidden = query["flops"] / (2 * 768 * 768), 768  # bert-base: hidden 768
+    assert query["bytes"] == 4 * (2 * tokens * hidden + hidden * hidden)  # input, weight and output in fp32
+    assert main(["simulate", "--trace", TRACE, "--dtype", "fp32", "--system", "t3-ring8"]) == 2
+    assert "--dtype describes a generated model (--model) and does not apply to --trace" in capsys.readouterr().err

@@ -15,7 +15,7 @@ PATTERN_CHARACTERS = "*?["
 """Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
-                 "decode_tokens", "attention")
+                 "decode_tokens", "attention", "dtype")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -257,6 +257,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``gpusim simulate``."""
+    from gpusim.trace.generator import DTYPES
+
     parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et (or a folder or pattern of them)")
     parser.add_argument("--model", help="generate a transformer trace (see gpusim.trace.list_models())")
     parser.add_argument("--phase", choices=["train", "prompt", "decode"], help="--model: the phase to generate (default: train)")
@@ -276,6 +278,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=["unfused", "flash"],
                         help="--model: attention as batched GEMMs and a softmax, or fused (FlashAttention-2) "
                              "(default: unfused)")
+    parser.add_argument("--dtype", choices=DTYPES, help="--model: data type of the activations and weights (default: fp16)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
     _common(parser)
 

@@ -50,6 +50,8 @@ from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
 
 PHASES = ("train", "prompt", "decode")
+DTYPES = ("fp16", "bf16", "fp32")
+"""Data types of a generated trace's activations and weights."""
 ATTENTION_IMPLS = ("unfused", "flash")
 """How generated layers compute attention (see :func:`transformer`)."""
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -627,8 +629,8 @@ def transformer(
         raise TraceError(f"transformer(): 'phase' must be one of {', '.join(PHASES)}, got {phase!r}")
     if schedule not in SCHEDULES:
         raise TraceError(f"transformer(): 'schedule' must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    if dtype not in ("fp16", "bf16", "fp32"):
-        raise TraceError(f"transformer(): 'dtype' must be fp16, bf16 or fp32, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise TraceError(f"transformer(): 'dtype' must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if attention not in ATTENTION_IMPLS:
         raise TraceError(f"transformer(): 'attention' must be one of {', '.join(ATTENTION_IMPLS)}, got {attention!r}")
     if attention == "flash" and dtype not in ATTENTION_DTYPES:
