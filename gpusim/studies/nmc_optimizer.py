@@ -105,7 +105,7 @@ def parameter_sizes(
     def linear(rows: int, cols: int) -> list[int]:
         return [rows * cols, rows] if biased else [rows * cols]
 
-    norm = [h, h] if biased and model.norm == "layernorm" else [h]
+    norm = model.norm_tensors()
     qkv = linear(q + 2 * kv, h) if model.fused_qkv else linear(q, h) + linear(kv, h) + linear(kv, h)
     mlp = linear(f, h) + linear(h, f) if model.activation == "gelu" else linear(f, h) + linear(f, h) + linear(h, f)
     sizes = [model.vocab * h] + ([positions * h] if positions else [])

@@ -397,17 +397,12 @@ class _Transformer:
             self._gradient(0, -1, elements * self.size, last, self._labels("grad_allreduce", "bwd", -1, step), True)
         return last
 
-    def _norm_tensors(self) -> list[int]:
-        """Elements of one norm's parameter tensors (a scale, and a shift where a layer norm has biases)."""
-        h = self.model.hidden
-        return [h, h] if self.model.norm == "layernorm" and self.model.bias else [h]
-
     def layer_tensors(self) -> list[int]:
         """Elements of every parameter tensor of one layer on one tensor-parallel rank (column-parallel
         biases sliced, row-parallel biases and norms replicated)."""
         h = self.model.hidden
         ff_in = self.ff_t * (2 if self.model.activation == "swiglu" else 1)
-        norm = self._norm_tensors()
+        norm = self.model.norm_tensors()
 
         def linear(weights: int, bias: int) -> list[int]:
             return [weights, bias] if self.model.bias else [weights]
@@ -424,7 +419,7 @@ class _Transformer:
         if stage == self.par.pp - 1:
             if self.par.pp > 1 or not self.model.tied_embeddings:
                 sizes.append(table)
-            sizes += self._norm_tensors()
+            sizes += self.model.norm_tensors()
         return sizes
 
     def optimizer_step(self) -> None:

@@ -129,9 +129,13 @@ class ModelConfig(BaseModel):
         """Output features of the query projection (input features of the attention output projection)."""
         return self.heads * self.head_dim
 
+    def norm_tensors(self) -> list[int]:
+        """Elements of one norm's parameter tensors: a scale, and a shift where a layer norm has biases."""
+        return [self.hidden, self.hidden] if self.norm == "layernorm" and self.bias else [self.hidden]
+
     def norm_parameters(self) -> int:
-        """Parameters of one norm: a scale, and a shift where a layer norm has biases."""
-        return 2 * self.hidden if self.norm == "layernorm" and self.bias else self.hidden
+        """Parameters of one norm (:meth:`norm_tensors`)."""
+        return sum(self.norm_tensors())
 
     def layer_parameters(self) -> int:
         """Parameters of one transformer layer (weights, biases where the model has them, two norms)."""
