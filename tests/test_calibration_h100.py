@@ -79,7 +79,7 @@ def test_vidur_llama2_7b_swiglu_on_the_h100_follows_its_loop():
 
 
 @pytest.mark.xfail(strict=True, reason="vLLM's rotary embedding is 36-55% fast from 192 tokens on, on the H100 "
-                   "and the A100 alike; the mechanism is not known (docs/validation.md, stop 35)")
+                   "and the A100 alike; the mechanism is not known (docs/validation-log.md, stop 35)")
 def test_vidur_llama2_7b_rotary_embedding_on_the_h100_within_20_percent():
     dataset = validation.get("mlp-h100-llama2-7b")
     rows = dataset.load().query("op == 'attn_rope'")

@@ -56,7 +56,7 @@ def test_working_set_sweep_within_tolerance(gpu):
     assert not validation.violations(frame, dataset), validation.error_stats(frame)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/validation.md, stop 21): PyTorch's row sums of 2048 fp32 "
+@pytest.mark.xfail(strict=True, reason="known gap (docs/validation-log.md, stop 21): PyTorch's row sums of 2048 fp32 "
                    "values over 4-16 MiB take 5.0-5.2 us from a CUDA graph, the model 3.7-4.0 us; its 16 dependent L2 hits "
                    "cost what the H200 shows, but a reduce_kernel costs the H200 1-1.5 us more than the model's tiny kernel")
 def test_row_sums_of_an_l2_resident_buffer_within_tolerance():

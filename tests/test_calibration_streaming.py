@@ -37,7 +37,7 @@ def test_long_rows_reread_from_dram_short_rows_from_the_l2():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "known gap (docs/validation.md, stop 28): with the L2's shared fraction of 0.7 (fitted on this softmax) "
+    "known gap (docs/validation-log.md, stop 28): with the L2's shared fraction of 0.7 (fitted on this softmax) "
     "both shapes re-read their rows from the HBM and take 1.56 ms; the long rows' extra cost grows with the "
     "row (4096 x 8192 -14%, x 16384 -22%, x 32768 -28%) and is not in the model (1.15x before stop 28)"))
 def test_long_row_softmax_is_slower_than_short_row_softmax_of_the_same_size():

@@ -67,7 +67,7 @@ def test_a_tma_gemm_runs_on_the_cus_a_persistent_kernel_leaves():
 @pytest.mark.parametrize("gpu", ["h200", "h100"])
 def test_interference_data_set_within_tolerance_where_the_programs_hold_half_the_gpu(gpu):
     # T-NLG's FC-2 beside 66 programs (the whole sets, 12 points each, two minutes: gpusim validate --dataset
-    # interference-h200; docs/validation.md, stop 25); the H100's was measured after the model's change, held out
+    # interference-h200; docs/validation-log.md, stop 25); the H100's was measured after the model's change, held out
     dataset = validation.get(f"interference-{gpu}")
     rows = dataset.load().query("programs == 66 and n == 4256 and k == 2128")
     frame = validation.compare(dataset, rows, workers=1, progress=False)

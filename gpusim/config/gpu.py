@@ -211,7 +211,7 @@ class L2Config(Model):
         kernel pays for its own writes, not the kernels after it.  The default, write-back, is the
         simulator's original L2; it was measured only on Hopper (write-back) and chosen against
         data only for the MI210 (write-through); the other presets keep it unmeasured
-        (docs/validation.md, stops 23 and 33).
+        (docs/validation-log.md, stops 23 and 33).
     dirty_fraction
         Fraction of the capacity that written data may occupy while it waits for its write-back (a
         write-back L2 only).  Once the bytes written and not yet written back pass it, the oldest

@@ -324,7 +324,7 @@ def _norm_passes(kind: str, later: str) -> tuple[RowPass, RowPass]:
     (about 45 cycles) and for the scaled means and variances that follow it (about 45 more: 90
     cycles beyond the exchange).  Measured on the H200 (``reduction_grid.csv``), the layer norm's
     cost over the RMS norm's grows by about 60 ns an SM per row and 0.35 ns per 1000 elements
-    (docs/validation.md, stop 25).  The output pass reads the weight (and bias) beside the row and
+    (docs/validation-log.md, stop 25).  The output pass reads the weight (and bias) beside the row and
     converts and scales each value: 11 instructions per element for the layer norm, 7.5 for the RMS
     norm, in ``vectorized_layer_norm_kernel``'s SASS on the H200 (``reduction_sass.csv.gz``; its
     statistics loops 16.5 and 3.25)."""

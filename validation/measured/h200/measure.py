@@ -32,11 +32,11 @@ Sections and files (in ``--out``):
     Section ``flush_residue`` (not run by default; added in stop 33, not yet run): a sum, a skinny
     GEMM, fills and a copy timed right after the cold method's 512 MiB write, after that write and
     an idle millisecond, after a 512 MiB read, and right after themselves: whether the flush leaves
-    a write-back backlog that the next call pays for (docs/validation.md, stop 33).
+    a write-back backlog that the next call pays for (docs/validation-log.md, stop 33).
 ``gemm_residency.csv``
     Section ``gemm_residency`` (not run by default; added in stop 35, not yet run): an add after a
     GEMM whose weights of 2-64 MiB stream through the L2, against the same add after a fill of its
-    input: whether a GEMM's output stays in the L2 for its consumer (docs/validation.md, stop 35).
+    input: whether a GEMM's output stays in the L2 for its consumer (docs/validation-log.md, stop 35).
 ``l2.csv``
     Section ``l2`` (not run by default): per-call bandwidth of a working set reused from the L2,
     4-256 MiB, in place and read only.
@@ -386,7 +386,7 @@ def gemms(bench: Bench, out: Path, dry: bool) -> None:
 def gemm_kernels(bench: Bench, out: Path, dry: bool) -> None:
     """The kernels cuBLAS picks for the fp16 GEMMs of :func:`gemm_cases` and the concurrency
     sections, with their grids: the library's choice of tile, cluster and split against the SMs,
-    which gpusim's heuristic follows on the shapes whose tiles were known (docs/validation.md, stop
+    which gpusim's heuristic follows on the shapes whose tiles were known (docs/validation-log.md, stop
     22) and guesses on the rest (skinny GEMMs, split-K counts).  Each GEMM is
     replayed from a CUDA graph and profiled once (about a second a case)."""
     table = Table(out / "gemm_kernels.csv", ["set", "m", "n", "k", "trans_a", "trans_b", "kernel", "name", "grid",
@@ -946,7 +946,7 @@ def gemm_residency(bench: Bench, out: Path, dry: bool) -> None:
     tensor, replayed from a CUDA graph without a flush; the add's duration against the same add
     after a fill of ``y`` (its input warm) says how much of ``y`` the L2 kept. vidur's layer profiles
     time such adds (after a down projection of 52-90 MiB of weights) as if both inputs came from the
-    HBM (docs/validation.md, stop 35)."""
+    HBM (docs/validation-log.md, stop 35)."""
     table = Table(out / "gemm_residency.csv", ["producer", "k", "bytes", "kernel", "name", "duration_us"])
     for mib in (1,) if dry else RESIDENCY_OUTPUT_MIB:
         rows = mib * 2**20 // 2 // 1024
@@ -989,7 +989,7 @@ def reduction_call(kind: str, rows: int, cols: int, device: str) -> Callable[[],
 
 
 def reduction_costs(bench: Bench, out: Path, dry: bool) -> None:
-    """Reductions whose fixed costs the model lacks (docs/validation.md, stop 21): row sums of one and
+    """Reductions whose fixed costs the model lacks (docs/validation-log.md, stop 21): row sums of one and
     of 16 dependent loads per lane, GPT-2's column sums (bias gradients), layer norm beside RMS norm,
     and a tiny add for reference: graph, cold and host times, and each kernel's profiled duration in
     a graph replay after an L2 flush."""
