@@ -492,6 +492,29 @@ def test_a_long_run_reports_its_simulated_time_while_it_runs():
     assert len(seen) == 3 and seen == sorted(seen) and seen[-1] <= env.now
 
 
+def test_the_engine_time_is_the_time_of_the_event_being_processed():
+    """``now`` is a plain attribute of the engine (not simpy's property): run(), run(until) and
+    step() all keep it equal to simpy's time, and callbacks see the time of their event."""
+    from gpusim.engine.simulation import CountingEnvironment
+
+    env = CountingEnvironment()
+    seen = []
+
+    def ticks():
+        for delay in (1.0, 2.5, 4.0):
+            yield env.timeout(delay)
+            seen.append(env.now)
+
+    env.process(ticks())
+    env.step()  # the process starts
+    env.step()
+    assert env.now == env._now == 1.0 and seen == [1.0]
+    env.run(until=2.0)
+    assert env.now == env._now == 2.0
+    env.run()
+    assert seen == [1.0, 3.5, 7.5] and env.now == env._now == 7.5
+
+
 def test_the_progress_bar_shows_the_simulated_time(capsys):
     gpusim.run(gpusim.load_system("mi210"), ops.Gemm(4096, 4096, 4096), progress=True)
     assert "simulated" in capsys.readouterr().err
