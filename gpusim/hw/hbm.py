@@ -80,7 +80,7 @@ class AddressMap:
         # bank and bank group of each (hashed) slot, and the fold of each row met so far (bank_of
         # as lookups: it runs for every request and every row segment)
         self.slot_bank = [bank_of(slot, self.bank_groups, self.banks_per_group, False)[0] for slot in range(self.banks)]
-        self.slot_group = [slot % self.bank_groups for slot in range(self.banks)]
+        self.slot_bank_group = [(bank, slot % self.bank_groups) for slot, bank in enumerate(self.slot_bank)]
         self.folds: dict[int, int] = {}
 
     def split(self, addr: int, nbytes: int) -> list[tuple[int, int, int]]:
@@ -208,8 +208,8 @@ class HbmChannel:
         self.last_write = False
         self.stats = ChannelStats()
         # What access() reads for every request, in one tuple (fewer attribute lookups).
-        self._constants = (address_map, address_map.row_bytes, address_map.banks, address_map.slot_bank,
-                           address_map.slot_group, self.bank_xor, self.burst_bytes,
+        self._constants = (address_map, address_map.folds, address_map.row_bytes, address_map.banks,
+                           address_map.slot_bank_group, self.bank_xor, self.burst_bytes,
                            -(-address_map.row_bytes // self.burst_bytes), self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd)
 
     @property
@@ -237,7 +237,7 @@ class HbmChannel:
             bus_free = (bus_free if bus_free > now else now) + (self.t_rtw if is_write else self.t_wtr)
             self.last_write = is_write
         end = now
-        (address_map, row_bytes, banks, slot_bank, slot_group, xor, burst, row_bursts, t_ccd_s, t_ras, t_rp,
+        (address_map, folds, row_bytes, banks, slot_bank_group, xor, burst, row_bursts, t_ccd_s, t_ras, t_rp,
          t_rcd) = self._constants
         open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
         stats = self.stats
@@ -247,24 +247,25 @@ class HbmChannel:
         position = ch_addr
         stop = ch_addr + nbytes
         # AddressMap.bank_row, inlined and stepped: consecutive row-sized pieces take consecutive
-        # slots of a row, then the next row (this loop runs for every row segment).
+        # slots of a row, then the next row (this loop runs for every row segment; AddressMap.fold
+        # is called only for a row whose fold is not known yet).
         piece = ch_addr // row_bytes
         boundary = (piece + 1) * row_bytes
         row = piece // banks
         unhashed = piece % banks
-        fold = address_map.fold(row) if xor else 0
+        fold = folds.get(row) if xor else 0
+        if fold is None:
+            fold = address_map.fold(row)
         while position < stop:
             segment_stop = boundary if boundary <= stop else stop
             size = segment_stop - position
             position = segment_stop
             boundary += row_bytes
-            slot = unhashed ^ fold
-            bank = slot_bank[slot]
-            group = slot_group[slot]
+            bank, group = slot_bank_group[unhashed ^ fold]
             bank_ready = bank_free[bank]
             current = open_row[bank]
             if current == row:
-                ready = bank_ready
+                ready = bank_ready if bank_ready > now else now
                 row_hits += 1
             else:
                 act = bank_ready if bank_ready > now else now
@@ -273,7 +274,7 @@ class HbmChannel:
                     act = (act if act > earliest else earliest) + t_rp
                 activated_at[bank] = act
                 open_row[bank] = row
-                ready = act + t_rcd
+                ready = act + t_rcd  # not before now, as act is not
                 activations += 1
             if size == row_bytes:
                 group_occupancy, bus_occupancy = row_group_occupancy, row_bus_occupancy
@@ -282,8 +283,6 @@ class HbmChannel:
                 group_occupancy, bus_occupancy = bursts * spacing, bursts * t_ccd_s
             group_ready = group_free[group]
             start = ready if ready > group_ready else group_ready
-            if now > start:
-                start = now
             group_end = start + group_occupancy
             bus_free = (bus_free if bus_free > start else start) + bus_occupancy
             busy += bus_occupancy
@@ -296,7 +295,9 @@ class HbmChannel:
             if unhashed == banks:
                 unhashed = 0
                 row += 1
-                fold = address_map.fold(row) if xor else 0
+                fold = folds.get(row) if xor else 0
+                if fold is None:
+                    fold = address_map.fold(row)
         self.bus_free = bus_free
         stats.row_hits += row_hits
         stats.activations += activations
