@@ -515,6 +515,32 @@ def test_the_engine_time_is_the_time_of_the_event_being_processed():
     assert seen == [1.0, 3.5, 7.5] and env.now == env._now == 7.5
 
 
+def test_the_engine_collects_young_garbage_less_often_while_it_runs_and_restores_the_thresholds():
+    import gc
+
+    from gpusim.engine.simulation import YOUNG_COLLECTION_OBJECTS, CountingEnvironment
+
+    before = gc.get_threshold()
+    env = CountingEnvironment()
+    seen = []
+
+    def watch():
+        seen.append(gc.get_threshold())
+        yield env.timeout(1.0)
+
+    env.process(watch())
+    env.run()
+    assert seen[0][0] == max(before[0], YOUNG_COLLECTION_OBJECTS) and seen[0][1:] == before[1:]
+    assert gc.get_threshold() == before
+    gc.set_threshold(0)  # a disabled collector stays disabled
+    try:
+        env.process(watch())
+        env.run(until=5.0)
+        assert seen[-1][0] == 0 and gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_the_progress_bar_shows_the_simulated_time(capsys):
     gpusim.run(gpusim.load_system("mi210"), ops.Gemm(4096, 4096, 4096), progress=True)
     assert "simulated" in capsys.readouterr().err
