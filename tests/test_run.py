@@ -515,28 +515,22 @@ def test_the_engine_time_is_the_time_of_the_event_being_processed():
     assert seen == [1.0, 3.5, 7.5] and env.now == env._now == 7.5
 
 
-def test_the_engine_collects_young_garbage_less_often_while_it_runs_and_restores_the_thresholds():
+def test_the_garbage_collector_runs_less_often_in_a_simulation_and_its_thresholds_are_restored():
     import gc
 
-    from gpusim.engine.simulation import YOUNG_COLLECTION_OBJECTS, CountingEnvironment
+    from gpusim.simulate import GC_THRESHOLDS, fewer_collections
 
     before = gc.get_threshold()
-    env = CountingEnvironment()
-    seen = []
-
-    def watch():
-        seen.append(gc.get_threshold())
-        yield env.timeout(1.0)
-
-    env.process(watch())
-    env.run()
-    assert seen[0][0] == max(before[0], YOUNG_COLLECTION_OBJECTS) and seen[0][1:] == before[1:]
-    assert gc.get_threshold() == before
-    gc.set_threshold(0)  # a disabled collector stays disabled
     try:
-        env.process(watch())
-        env.run(until=5.0)
-        assert seen[-1][0] == 0 and gc.get_threshold()[0] == 0
+        gc.set_threshold(700, 20, 10)
+        with fewer_collections(GC_THRESHOLDS):
+            assert gc.get_threshold() == (GC_THRESHOLDS[0], 20, GC_THRESHOLDS[2])
+        assert gc.get_threshold() == (700, 20, 10)
+        gpusim.run(RING8, ops.AllReduce(2**20), mode="symmetric")
+        assert gc.get_threshold() == (700, 20, 10)
+        gc.set_threshold(0)  # a disabled collector stays disabled
+        with fewer_collections(GC_THRESHOLDS):
+            assert gc.get_threshold()[0] == 0
     finally:
         gc.set_threshold(*before)
 

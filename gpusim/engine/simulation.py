@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Any
@@ -17,31 +15,6 @@ from simpy.events import NORMAL, Event
 
 PROGRESS_EVENTS = 8192
 """Events between two calls of an environment's progress hook (:attr:`CountingEnvironment.on_progress`)."""
-
-YOUNG_COLLECTION_OBJECTS = 100_000
-"""Net allocations of container objects between two collections of the garbage collector's youngest
-generation while a simulation runs (Python's default: 700)."""
-
-
-@contextmanager
-def young_collections_every(objects: int) -> Iterator[None]:
-    """Collect the garbage collector's youngest generation only every ``objects`` net allocations of
-    container objects (the first of :func:`gc.set_threshold`'s thresholds) in the ``with`` block,
-    and restore the thresholds after it.  A larger threshold, or a disabled one (0), is left as it is.
-
-    A simulation allocates and frees millions of small objects (requests, events, joins) and keeps
-    thousands in flight, so with Python's default of 700 the collector ran 484 times in the 256 MiB
-    all-reduce and took 11% of its time, 2% with 100,000 (docs/benchmarks.md, stop 38).  Reference
-    counting frees those objects either way: the benchmark cases' peak memory is the same.
-    """
-    thresholds = gc.get_threshold()
-    if 0 < thresholds[0] < objects:
-        gc.set_threshold(objects, *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-
 
 class CountingEnvironment(simpy.Environment):
     """A simpy environment that counts the events it schedules (for event budgets).
@@ -94,16 +67,10 @@ class CountingEnvironment(simpy.Environment):
             raise error
 
     def run(self, until: float | Event | None = None) -> Any:
-        """simpy's ``run``, with the garbage collector's youngest generation collected every
-        :data:`YOUNG_COLLECTION_OBJECTS` net allocations (:func:`young_collections_every`)."""
-        with young_collections_every(YOUNG_COLLECTION_OBJECTS):
-            if until is not None:
-                return super().run(until)
-            return self._run_to_end()
-
-    def _run_to_end(self) -> Any:
-        """simpy's ``run`` without ``until`` (run until no event is left, as every simulation does):
-        the body of simpy's ``step`` is repeated here instead of called for every event."""
+        """simpy's ``run``; without ``until`` (run until no event is left, as every simulation
+        does) the body of simpy's ``step`` is repeated here instead of called for every event."""
+        if until is not None:
+            return super().run(until)
         queue = self._queue
         beat = self.on_progress
         countdown = PROGRESS_EVENTS
