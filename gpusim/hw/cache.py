@@ -193,9 +193,10 @@ class L2Cache:
 
         The same as :meth:`insert` with ``dirty_bytes=0`` and all sectors, block by block, in one call.
         """
-        cache, present, fills, stats = self.blocks, self.present, self.fills, self.stats
+        cache, present, fills = self.blocks, self.present, self.fills
         capacity = self.capacity_sectors
         occupied = self.occupied_sectors
+        evictions = 0
         evicted: list[tuple[int, int]] = []
         for block in blocks:
             fills[block] = fill
@@ -209,13 +210,14 @@ class L2Cache:
             # _evict_over_capacity, inlined: a fill into a full L2 evicts for nearly every block
             while occupied > capacity:
                 victim, dirty = cache.popitem(last=False)
-                stats.evictions += 1
+                evictions += 1
                 fills.pop(victim, None)
                 occupied -= present.pop(victim).bit_count()
                 if dirty:
-                    stats.writebacks += 1
                     evicted.append((victim, dirty))
         self.occupied_sectors = occupied
+        self.stats.evictions += evictions
+        self.stats.writebacks += len(evicted)
         return evicted
 
     def _evict_over_capacity(self, evicted: list[tuple[int, int]]) -> None:
