@@ -244,23 +244,21 @@ class HbmChannel:
         row_hits = activations = 0
         busy = stats.busy_ns
         row_group_occupancy, row_bus_occupancy = row_bursts * spacing, row_bursts * t_ccd_s  # a whole row's
-        position = ch_addr
-        stop = ch_addr + nbytes
         # AddressMap.bank_row, inlined and stepped: consecutive row-sized pieces take consecutive
         # slots of a row, then the next row (this loop runs for every row segment; AddressMap.fold
         # is called only for a row whose fold is not known yet).
         piece = ch_addr // row_bytes
-        boundary = (piece + 1) * row_bytes
         row = piece // banks
         unhashed = piece % banks
         fold = folds.get(row) if xor else 0
         if fold is None:
             fold = address_map.fold(row)
-        while position < stop:
-            segment_stop = boundary if boundary <= stop else stop
-            size = segment_stop - position
-            position = segment_stop
-            boundary += row_bytes
+        size = row_bytes - ch_addr % row_bytes  # the first segment's, unless the request ends before its row
+        remaining = nbytes
+        while remaining > 0:
+            if size > remaining:
+                size = remaining
+            remaining -= size
             bank, group = slot_bank_group[unhashed ^ fold]
             bank_ready = bank_free[bank]
             current = open_row[bank]
@@ -291,6 +289,7 @@ class HbmChannel:
             bank_free[bank] = segment_end
             if segment_end > end:
                 end = segment_end
+            size = row_bytes  # the later segments start at the start of a row
             unhashed += 1
             if unhashed == banks:
                 unhashed = 0
