@@ -100,14 +100,13 @@ class AddressMap:
             return [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave,
                      nbytes)]
         if last_unit - first_unit < channels:
-            pieces = []
-            position = addr
-            for unit in range(first_unit, last_unit + 1):
-                stop = (unit + 1) * interleave
-                if stop > end:
-                    stop = end
-                pieces.append((unit % channels, (unit // channels) * interleave + position - unit * interleave, stop - position))
-                position = stop
+            # The first unit from addr, the units between whole, the last one up to the end (a
+            # link packet's write: two units, no whole one).
+            pieces = [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave,
+                       (first_unit + 1) * interleave - addr)]
+            for unit in range(first_unit + 1, last_unit):
+                pieces.append((unit % channels, (unit // channels) * interleave, interleave))
+            pieces.append((last_unit % channels, (last_unit // channels) * interleave, end - last_unit * interleave))
             return pieces
         # Each channel receives one contiguous run of its own address space.
         pieces = []
