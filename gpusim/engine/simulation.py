@@ -16,6 +16,7 @@ from simpy.events import NORMAL, Event
 PROGRESS_EVENTS = 8192
 """Events between two calls of an environment's progress hook (:attr:`CountingEnvironment.on_progress`)."""
 
+
 class CountingEnvironment(simpy.Environment):
     """A simpy environment that counts the events it schedules (for event budgets).
 
