@@ -492,6 +492,49 @@ def test_a_long_run_reports_its_simulated_time_while_it_runs():
     assert len(seen) == 3 and seen == sorted(seen) and seen[-1] <= env.now
 
 
+def test_the_engine_time_is_the_time_of_the_event_being_processed():
+    """``now`` is a plain attribute of the engine (not simpy's property): run(), run(until) and
+    step() all keep it equal to simpy's time, and callbacks see the time of their event."""
+    from gpusim.engine.simulation import CountingEnvironment
+
+    env = CountingEnvironment()
+    seen = []
+
+    def ticks():
+        for delay in (1.0, 2.5, 4.0):
+            yield env.timeout(delay)
+            seen.append(env.now)
+
+    env.process(ticks())
+    env.step()  # the process starts
+    env.step()
+    assert env.now == env._now == 1.0 and seen == [1.0]
+    env.run(until=2.0)
+    assert env.now == env._now == 2.0
+    env.run()
+    assert seen == [1.0, 3.5, 7.5] and env.now == env._now == 7.5
+
+
+def test_the_garbage_collector_runs_less_often_in_a_simulation_and_its_thresholds_are_restored():
+    import gc
+
+    from gpusim.simulate import GC_THRESHOLDS, fewer_collections
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 20, 10)
+        with fewer_collections(GC_THRESHOLDS):
+            assert gc.get_threshold() == (GC_THRESHOLDS[0], 20, GC_THRESHOLDS[2])
+        assert gc.get_threshold() == (700, 20, 10)
+        gpusim.run(RING8, ops.AllReduce(2**20), mode="symmetric")
+        assert gc.get_threshold() == (700, 20, 10)
+        gc.set_threshold(0)  # a disabled collector stays disabled
+        with fewer_collections(GC_THRESHOLDS):
+            assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_the_progress_bar_shows_the_simulated_time(capsys):
     gpusim.run(gpusim.load_system("mi210"), ops.Gemm(4096, 4096, 4096), progress=True)
     assert "simulated" in capsys.readouterr().err

@@ -91,7 +91,8 @@ class Credits:
 
     def take(self, amount: float) -> Event | None:
         """Take ``amount`` units; return ``None`` if granted now, else an event that fires when granted."""
-        amount = min(amount, self.capacity)
+        if amount > self.capacity:
+            amount = self.capacity
         if not self._waiters and self.available >= amount:
             self.available -= amount
             return None

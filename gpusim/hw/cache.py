@@ -195,18 +195,29 @@ class L2Cache:
         """
         cache, present, fills = self.blocks, self.present, self.fills
         capacity = self.capacity_sectors
+        occupied = self.occupied_sectors
+        evictions = 0
         evicted: list[tuple[int, int]] = []
         for block in blocks:
             fills[block] = fill
             if block in cache:
                 cache.move_to_end(block)
-                self.occupied_sectors += SECTORS - present[block].bit_count()
+                occupied += SECTORS - present[block].bit_count()
             else:
                 cache[block] = 0
-                self.occupied_sectors += SECTORS
+                occupied += SECTORS
             present[block] = ALL_SECTORS
-            if self.occupied_sectors > capacity:
-                self._evict_over_capacity(evicted)
+            # _evict_over_capacity, inlined: a fill into a full L2 evicts for nearly every block
+            while occupied > capacity:
+                victim, dirty = cache.popitem(last=False)
+                evictions += 1
+                fills.pop(victim, None)
+                occupied -= present.pop(victim).bit_count()
+                if dirty:
+                    evicted.append((victim, dirty))
+        self.occupied_sectors = occupied
+        self.stats.evictions += evictions
+        self.stats.writebacks += len(evicted)
         return evicted
 
     def _evict_over_capacity(self, evicted: list[tuple[int, int]]) -> None:

@@ -80,7 +80,7 @@ class AddressMap:
         # bank and bank group of each (hashed) slot, and the fold of each row met so far (bank_of
         # as lookups: it runs for every request and every row segment)
         self.slot_bank = [bank_of(slot, self.bank_groups, self.banks_per_group, False)[0] for slot in range(self.banks)]
-        self.slot_group = [slot % self.bank_groups for slot in range(self.banks)]
+        self.slot_bank_group = [(bank, slot % self.bank_groups) for slot, bank in enumerate(self.slot_bank)]
         self.folds: dict[int, int] = {}
 
     def split(self, addr: int, nbytes: int) -> list[tuple[int, int, int]]:
@@ -100,14 +100,13 @@ class AddressMap:
             return [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave,
                      nbytes)]
         if last_unit - first_unit < channels:
-            pieces = []
-            position = addr
-            for unit in range(first_unit, last_unit + 1):
-                stop = (unit + 1) * interleave
-                if stop > end:
-                    stop = end
-                pieces.append((unit % channels, (unit // channels) * interleave + position - unit * interleave, stop - position))
-                position = stop
+            # The first unit from addr, the units between whole, the last one up to the end (a
+            # link packet's write: two units, no whole one).
+            pieces = [(first_unit % channels, (first_unit // channels) * interleave + addr - first_unit * interleave,
+                       (first_unit + 1) * interleave - addr)]
+            for unit in range(first_unit + 1, last_unit):
+                pieces.append((unit % channels, (unit // channels) * interleave, interleave))
+            pieces.append((last_unit % channels, (last_unit // channels) * interleave, end - last_unit * interleave))
             return pieces
         # Each channel receives one contiguous run of its own address space.
         pieces = []
@@ -208,8 +207,8 @@ class HbmChannel:
         self.last_write = False
         self.stats = ChannelStats()
         # What access() reads for every request, in one tuple (fewer attribute lookups).
-        self._constants = (address_map, address_map.row_bytes, address_map.banks, address_map.slot_bank,
-                           address_map.slot_group, self.bank_xor, self.burst_bytes,
+        self._constants = (address_map, address_map.folds, address_map.row_bytes, address_map.banks,
+                           address_map.slot_bank_group, self.bank_xor, self.burst_bytes,
                            -(-address_map.row_bytes // self.burst_bytes), self.t_ccd_s, self.t_ras, self.t_rp, self.t_rcd)
 
     @property
@@ -237,34 +236,33 @@ class HbmChannel:
             bus_free = (bus_free if bus_free > now else now) + (self.t_rtw if is_write else self.t_wtr)
             self.last_write = is_write
         end = now
-        (address_map, row_bytes, banks, slot_bank, slot_group, xor, burst, row_bursts, t_ccd_s, t_ras, t_rp,
+        (address_map, folds, row_bytes, banks, slot_bank_group, xor, burst, row_bursts, t_ccd_s, t_ras, t_rp,
          t_rcd) = self._constants
         open_row, bank_free, group_free, activated_at = self.open_row, self.bank_free, self.group_free, self.activated_at
         stats = self.stats
         row_hits = activations = 0
         busy = stats.busy_ns
         row_group_occupancy, row_bus_occupancy = row_bursts * spacing, row_bursts * t_ccd_s  # a whole row's
-        position = ch_addr
-        stop = ch_addr + nbytes
         # AddressMap.bank_row, inlined and stepped: consecutive row-sized pieces take consecutive
-        # slots of a row, then the next row (this loop runs for every row segment).
+        # slots of a row, then the next row (this loop runs for every row segment; AddressMap.fold
+        # is called only for a row whose fold is not known yet).
         piece = ch_addr // row_bytes
-        boundary = (piece + 1) * row_bytes
         row = piece // banks
         unhashed = piece % banks
-        fold = address_map.fold(row) if xor else 0
-        while position < stop:
-            segment_stop = boundary if boundary <= stop else stop
-            size = segment_stop - position
-            position = segment_stop
-            boundary += row_bytes
-            slot = unhashed ^ fold
-            bank = slot_bank[slot]
-            group = slot_group[slot]
+        fold = folds.get(row) if xor else 0
+        if fold is None:
+            fold = address_map.fold(row)
+        size = row_bytes - ch_addr % row_bytes  # the first segment's, unless the request ends before its row
+        remaining = nbytes
+        while remaining > 0:
+            if size > remaining:
+                size = remaining
+            remaining -= size
+            bank, group = slot_bank_group[unhashed ^ fold]
             bank_ready = bank_free[bank]
             current = open_row[bank]
             if current == row:
-                ready = bank_ready
+                ready = bank_ready if bank_ready > now else now
                 row_hits += 1
             else:
                 act = bank_ready if bank_ready > now else now
@@ -273,7 +271,7 @@ class HbmChannel:
                     act = (act if act > earliest else earliest) + t_rp
                 activated_at[bank] = act
                 open_row[bank] = row
-                ready = act + t_rcd
+                ready = act + t_rcd  # not before now, as act is not
                 activations += 1
             if size == row_bytes:
                 group_occupancy, bus_occupancy = row_group_occupancy, row_bus_occupancy
@@ -282,8 +280,6 @@ class HbmChannel:
                 group_occupancy, bus_occupancy = bursts * spacing, bursts * t_ccd_s
             group_ready = group_free[group]
             start = ready if ready > group_ready else group_ready
-            if now > start:
-                start = now
             group_end = start + group_occupancy
             bus_free = (bus_free if bus_free > start else start) + bus_occupancy
             busy += bus_occupancy
@@ -292,11 +288,14 @@ class HbmChannel:
             bank_free[bank] = segment_end
             if segment_end > end:
                 end = segment_end
+            size = row_bytes  # the later segments start at the start of a row
             unhashed += 1
             if unhashed == banks:
                 unhashed = 0
                 row += 1
-                fold = address_map.fold(row) if xor else 0
+                fold = folds.get(row) if xor else 0
+                if fold is None:
+                    fold = address_map.fold(row)
         self.bus_free = bus_free
         stats.row_hits += row_hits
         stats.activations += activations

@@ -256,8 +256,10 @@ class MemoryController(Component):
         self._wakeup_pending = False
         self._pumping = False
         self._bin_ns = sim.recorder.bin_ns
-        self._traffic = sim.recorder.dram
         self._bank_row = channel.map.bank_row
+        # What _pump reads at every wake-up or submitted request, in one tuple (fewer attribute lookups).
+        self._service = (arbiter.pick, arbiter.mca, channel.access, sim.recorder.dram, gpu, index, self.latency,
+                         self.banks_per_group)
         self.open_row: list[int] = channel.open_row
         """Open row of each bank of the channel (-1: closed): the channel's own list."""
 
@@ -329,10 +331,7 @@ class MemoryController(Component):
         limit = now + self.high_water
         if queue and channel.bus_free <= limit:
             self._pumping = True
-            pick = self.arbiter.pick
-            mca = self.arbiter.mca
-            access = channel.access
-            traffic, gpu, index, latency = self._traffic, self.gpu, self.index, self.latency
+            pick, mca, access, traffic, gpu, index, latency, banks_per_group = self._service
             time_bin = int(now // self._bin_ns)
             served = 0
             while queue and channel.bus_free <= limit:
@@ -346,7 +345,8 @@ class MemoryController(Component):
                 request.done_ns = done
                 served += 1
                 self.last_stream = stream
-                self.last_group = request.bank // self.banks_per_group if request.bank >= 0 else -1
+                bank = request.bank
+                self.last_group = bank // banks_per_group if bank >= 0 else -1
                 traffic[(gpu, index, stream, kind, time_bin)] += request.nbytes
                 if request.completion:
                     for join in request.completion:

@@ -209,8 +209,9 @@ class MemorySystem:
         A write to a ``cached`` buffer allocates in the L2 where the L2 takes remote writes."""
         if kind == WRITE and cached and self.l2.remote_writes_allocate:
             self.write(addr, nbytes, admission, stream=COMM, through=self.l2.remote_writes_through)
-        else:
-            self.write(addr, nbytes, admission, stream=COMM, cached=False, kind=kind)
+        else:  # what write() does with an uncached write or an update, without its keyword arguments
+            self._invalidate(addr, nbytes)
+            self.dram(addr, nbytes, kind, COMM, None, admission)
 
     def flush(self, join: Join) -> None:
         """Write back every dirty L2 block (e.g. at the end of a kernel that must be visible in DRAM)."""
