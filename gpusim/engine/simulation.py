@@ -126,6 +126,10 @@ class Span:
 class Recorder:
     """Collects what happened: spans, DRAM and link traffic binned in time, and counters.
 
+    The memory controllers and the links add their bytes to :attr:`dram` and :attr:`links`
+    themselves, on their hot paths: ``dram[(gpu, channel, stream, direction, time_ns // bin_ns)]``
+    and ``links[(link, src, dst, time_ns // bin_ns)]``, bin indices as ints.
+
     Parameters
     ----------
     bin_ns
@@ -142,14 +146,6 @@ class Recorder:
     def span(self, span: Span) -> None:
         """Record a finished interval."""
         self.spans.append(span)
-
-    def dram_access(self, gpu: int, channel: int, stream: str, direction: str, time_ns: float, nbytes: float) -> None:
-        """Record ``nbytes`` moved by a DRAM channel at ``time_ns``."""
-        self.dram[(gpu, channel, stream, direction, int(time_ns // self.bin_ns))] += nbytes
-
-    def link_transfer(self, link: str, src: int, dst: int, time_ns: float, nbytes: float) -> None:
-        """Record ``nbytes`` leaving on ``link`` at ``time_ns``."""
-        self.links[(link, src, dst, int(time_ns // self.bin_ns))] += nbytes
 
     def count(self, name: str, amount: float = 1.0) -> None:
         """Add to a named counter."""

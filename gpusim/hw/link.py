@@ -144,7 +144,7 @@ class Interconnect:
             for link in links:
                 pipe = link.pipe
                 start = pipe.reserve(t, size, now)
-                traffic[(link.name, src, dst, int(start // bin_ns))] += size  # Recorder.link_transfer, inlined
+                traffic[(link.name, src, dst, int(start // bin_ns))] += size
                 link.bytes_sent += size
                 t = start + size * pipe.ns_per_unit + link.latency
             if done is not None:
