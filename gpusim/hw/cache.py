@@ -222,16 +222,24 @@ class L2Cache:
         in address order."""
         start -= start % FETCH_BYTES
         stop = self.block_bytes if stop is None else min(self.block_bytes, -(-stop // FETCH_BYTES) * FETCH_BYTES)
-        held = self.present.get(block, 0)
+        touched = self.sectors(start, stop)
+        held = self.present.get(block, 0) & touched
         parts = self.partial.get(block)
-        if not held and parts is None:
+        if parts is not None:
+            parts = [ranges for sector, ranges in parts.items() if touched >> sector & 1]
+        if not held and not parts:
             return [(start, stop)]
+        # the present bytes in the read's sectors, in address order: runs of whole sectors, partial ones
+        have = [byte_range for ranges in parts for byte_range in ranges] if parts else []
+        while held:
+            first = (held & -held).bit_length() - 1
+            run = held >> first
+            count = (run ^ (run + 1)).bit_length() - 1  # sectors in the run
+            have.append((first * self.sector_bytes, self._span(first + count - 1)[1]))
+            held &= ~(((1 << count) - 1) << first)
+        have.sort()
         gaps: Ranges = []
-        for sector in range(start // self.sector_bytes, min((stop - 1) // self.sector_bytes, SECTORS - 1) + 1):
-            if held >> sector & 1:
-                continue
-            low, high = self._span(sector)
-            _gaps(parts.get(sector, ()) if parts else (), max(start, low), min(stop, high), gaps)
+        _gaps(have, start, stop, gaps)
         return gaps
 
     def in_flight(self, block: int, now: float) -> Fill | None:
@@ -271,33 +279,38 @@ class L2Cache:
     def _add(self, block: int, start: int, stop: int) -> None:
         """Make bytes ``[start, stop)`` of cached ``block`` present: sectors they cover whole, or that
         they complete, become present; the ends of sectors they cover in part join its ranges."""
-        present, partial = self.present, self.partial
-        held = present[block]
-        parts = partial.get(block)
+        size = self.sector_bytes
+        held = self.present[block]
+        parts = self.partial.get(block)
         before = held.bit_count() + (len(parts) if parts else 0)
-        touched = self.sectors(start, stop)
-        first = (touched & -touched).bit_length() - 1
-        last = touched.bit_length() - 1
-        for sector in {first, last}:
-            low, high = self._span(sector)
-            if held >> sector & 1 or (start <= low and high <= stop):
-                continue
-            if parts is None:
-                parts = partial[block] = {}
-            ranges = _merged(parts.get(sector, []), max(start, low), min(stop, high))
-            if ranges == [(low, high)]:
-                continue
-            parts[sector] = ranges
-            touched &= ~(1 << sector)
-        held |= touched
-        present[block] = held
-        if parts:
-            for sector in [sector for sector in parts if held >> sector & 1]:
+        first = start // size
+        last = min((stop - 1) // size, SECTORS - 1)
+        whole = ((1 << (last - first + 1)) - 1) << first
+        if start > first * size and not held >> first & 1 and not self._complete(block, first, start, stop):
+            whole &= ~(1 << first)
+        if stop < self._span(last)[1] and not held >> last & 1 and not self._complete(block, last, start, stop):
+            whole &= ~(1 << last)
+        held |= whole
+        self.present[block] = held
+        parts = self.partial.get(block)
+        if parts is not None:
+            for sector in [sector for sector in parts if whole >> sector & 1]:
                 del parts[sector]
-        if parts is not None and not parts:
-            del partial[block]
-            parts = None
+            if not parts:
+                del self.partial[block]
+                parts = None
         self.occupied_sectors += held.bit_count() + (len(parts) if parts else 0) - before
+
+    def _complete(self, block: int, sector: int, start: int, stop: int) -> bool:
+        """Add the bytes of ``[start, stop)`` in ``sector`` of ``block`` to the byte ranges it holds;
+        return whether they now cover the whole sector (the caller then makes it present)."""
+        low, high = self._span(sector)
+        parts = self.partial.setdefault(block, {})
+        ranges = _merged(parts.get(sector, []), max(start, low), min(stop, high))
+        if ranges[0] == (low, high):
+            return True
+        parts[sector] = ranges
+        return False
 
     def _write_back_oldest(self, written_back: list[tuple[int, int]]) -> None:
         """Write back the oldest writes, each as one request of its bytes, until the bytes written and
