@@ -182,7 +182,7 @@ class L2Config(Model):
     block_bytes
         Granularity of the simulated cache (LRU over address blocks of this size): a simulation
         granularity, not a line size (the default 16 KiB, every preset's; hits and misses are
-        decided per 512-byte sector of a block, docs/model.md).
+        decided per byte present, tracked per 512-byte sector of a block, docs/model.md).
     banks, bytes_per_cycle_per_bank, clock_hz
         Together they give the L2's peak bandwidth to the CUs.
     sustained_efficiency

@@ -1,20 +1,27 @@
 """The L2: a capacity-limited LRU over fixed-size address blocks, shared by all CUs of a GPU.
 
 Hits are dictionary operations, not events.  Every access costs L2 bandwidth (a :class:`Pipe`)
-and the hit latency.  A block is divided into :data:`SECTORS` sectors that are present or not (as a
-real cache's lines within the simulated block): a read hits only if every sector it touches is
-present, so neighbouring workgroups that read different parts of one block each fetch their own
-part from DRAM.  The capacity counts the sectors present, not the blocks: a real cache holds lines,
-so thousands of workgroups that each hold one row of a different block fill it by their rows, not
-by their blocks.  A missing block becomes part of a DRAM read; a second access to a block
-whose fill is still in flight waits for that fill (miss-status merging) instead of reading DRAM
-again.  Writes allocate (the block becomes dirty) unless the buffer is uncached; evicting a dirty
-block writes back its dirty bytes.  Where written data may wait for its write-back in only part of
-the capacity (``dirty_fraction``), the L2 keeps the writes in order: once the bytes written and not
-yet written back pass that share, the oldest write is written back, as one request of its bytes (its
-block stays cached), even where the block was written again since; so a kernel that rewrites
-resident data still pays for its writes at the DRAM's pace, and only the last writes of a long
-write are left for later kernels.
+and the hit latency.  A block is divided into :data:`SECTORS` sectors.  A byte is present once it
+has been fetched from DRAM (or is being fetched) or written: a read hits only if every byte it
+touches is present.  A miss fetches the absent bytes of the :data:`FETCH_BYTES` granules the read
+touches, a real L2's sectors (32 B), so neighbouring workgroups that read different parts of one
+block each fetch their own part from DRAM, a granule they share is fetched once (the second waits
+for the first's fill), and no byte is fetched twice while it stays cached: a cold, streaming read of
+a tensor fetches each of its bytes from DRAM exactly once, however its workgroups split it.  The
+simulated sectors (512 B) only track presence; fetching them whole would read up to 480 B more than
+a real L2 at each end of every read.  A sector whose bytes are all present is one bit of its block;
+a sector only partly present keeps the byte ranges it holds until later fills or writes complete it.
+The capacity counts the sectors that hold any bytes, not the blocks: a real cache holds lines, so
+thousands of workgroups that each hold one row of a different block fill it by their rows, not by
+their blocks.  The absent ranges of a read become DRAM reads; an access to bytes whose fill is
+still in flight waits for the block's latest fill (miss-status merging) instead of reading DRAM
+again.  Writes allocate (the block becomes dirty, its written
+bytes present) unless the buffer is uncached; evicting a dirty block writes back its dirty bytes.
+Where written data may wait for its write-back in only part of the capacity (``dirty_fraction``),
+the L2 keeps the writes in order: once the bytes written and not yet written back pass that share,
+the oldest write is written back, as one request of its bytes (its block stays cached), even where
+the block was written again since; so a kernel that rewrites resident data still pays for its
+writes at the DRAM's pace, and only the last writes of a long write are left for later kernels.
 """
 
 from __future__ import annotations
@@ -29,6 +36,50 @@ from gpusim.units import NS_PER_S
 SECTORS = 32
 """Sectors per simulated block whose presence is tracked."""
 ALL_SECTORS = (1 << SECTORS) - 1
+
+FETCH_BYTES = 32
+"""Bytes a DRAM fill fetches at least: a read's absent bytes are fetched in the aligned granules of
+this size it touches, a real L2's sectors (NVIDIA's are 32 B)."""
+
+Ranges = list[tuple[int, int]]
+"""Disjoint ``[start, stop)`` byte ranges within a block, in address order."""
+
+
+def _merged(ranges: Ranges, start: int, stop: int) -> Ranges:
+    """``ranges`` with ``[start, stop)`` added, touching ranges joined into one."""
+    kept = []
+    for low, high in ranges:
+        if high < start or low > stop:
+            kept.append((low, high))
+        else:
+            start, stop = min(low, start), max(high, stop)
+    kept.append((start, stop))
+    kept.sort()
+    return kept
+
+
+def _gaps(ranges: Ranges, start: int, stop: int, into: Ranges) -> None:
+    """Append the parts of ``[start, stop)`` outside ``ranges`` to ``into``, joined to its last range
+    where they touch it."""
+    for low, high in ranges:
+        if high <= start:
+            continue
+        if low >= stop:
+            break
+        if low > start:
+            _append(into, start, low)
+        start = max(start, high)
+    if start < stop:
+        _append(into, start, stop)
+
+
+def _append(ranges: Ranges, start: int, stop: int) -> None:
+    """Append ``[start, stop)`` to ``ranges`` (in address order), joined to the last range where it
+    touches it."""
+    if ranges and ranges[-1][1] == start:
+        ranges[-1] = (ranges[-1][0], stop)
+    else:
+        ranges.append((start, stop))
 
 
 class Fill:
@@ -105,8 +156,11 @@ class L2Cache:
         self.written_bytes = 0
         self.written_limit = (int(config.dirty_fraction * self.capacity_blocks * self.block_bytes)
                               if config.dirty_fraction < 1 else None)
-        # block id -> bit mask of the sectors present (fetched, being fetched, or written)
+        # block id -> bit mask of the sectors whose bytes are all present (fetched, being fetched, or
+        # written), and, for blocks with sectors only partly present, sector -> the byte ranges present
+        # (block offsets); the capacity counts both
         self.present: dict[int, int] = {}
+        self.partial: dict[int, dict[int, Ranges]] = {}
         self.sector_bytes = max(1, self.block_bytes // SECTORS)
         self.fills: dict[int, Fill] = {}
         self.stats = CacheStats()
@@ -119,48 +173,97 @@ class L2Cache:
             last = SECTORS - 1
         return ((1 << (last - first + 1)) - 1) << first
 
-    def lookup(self, block: int, now: float, sectors: int = ALL_SECTORS) -> Fill | bool:
-        """Touch ``sectors`` of ``block`` for reading.
+    def _span(self, sector: int) -> tuple[int, int]:
+        """Byte offsets ``[start, stop)`` of ``sector`` in its block (the last sector takes the rest)."""
+        start = sector * self.sector_bytes
+        return start, self.block_bytes if sector == SECTORS - 1 else start + self.sector_bytes
+
+    def lookup(self, block: int, now: float, start: int = 0, stop: int | None = None) -> Fill | bool:
+        """Touch bytes ``[start, stop)`` of ``block`` (default: all of it) for reading.
 
         Returns
         -------
         Fill or bool
-            ``True`` on a hit, the in-flight :class:`Fill` if the block is being fetched, ``False``
-            on a miss (the block, or one of the sectors, is absent).
+            ``True`` on a hit, the block's in-flight :class:`Fill` if the block is being fetched,
+            ``False`` on a miss (one of the bytes is absent; :meth:`missing` says which).
         """
         blocks = self.blocks
-        if block in blocks and sectors & ~self.present[block] == 0:
-            blocks.move_to_end(block)
-            fill = self.fills.get(block)
-            if fill is not None:
-                if fill.pending == 0 and fill.latest <= now:
-                    del self.fills[block]
-                    self.stats.hits += 1
-                    return True
-                self.stats.merged += 1
-                return fill
-            self.stats.hits += 1
-            return True
+        if block in blocks:
+            absent = (ALL_SECTORS if stop is None else self.sectors(start, stop)) & ~self.present[block]
+            if absent == 0 or self._partly_present(block, absent, start, stop):
+                blocks.move_to_end(block)
+                fill = self.in_flight(block, now)
+                if fill is not None:
+                    self.stats.merged += 1
+                    return fill
+                self.stats.hits += 1
+                return True
         self.stats.misses += 1
         return False
 
+    def _partly_present(self, block: int, absent: int, start: int, stop: int | None) -> bool:
+        """Whether the bytes ``[start, stop)`` of ``block`` in the ``absent`` sectors (a mask) are in
+        the byte ranges its partly present sectors hold."""
+        parts = self.partial.get(block)
+        if parts is None or stop is None:
+            return False
+        while absent:
+            sector = (absent & -absent).bit_length() - 1
+            absent &= absent - 1
+            low, high = self._span(sector)
+            low, high = max(start, low), min(stop, high)
+            if not any(held_low <= low and high <= held_high for held_low, held_high in parts.get(sector, ())):
+                return False
+        return True
+
+    def missing(self, block: int, start: int = 0, stop: int | None = None) -> Ranges:
+        """Byte ranges that a read of bytes ``[start, stop)`` of ``block`` (default: all of it) fetches
+        from DRAM: the absent bytes of the :data:`FETCH_BYTES` granules it touches, as block offsets
+        in address order."""
+        start -= start % FETCH_BYTES
+        stop = self.block_bytes if stop is None else min(self.block_bytes, -(-stop // FETCH_BYTES) * FETCH_BYTES)
+        touched = self.sectors(start, stop)
+        held = self.present.get(block, 0) & touched
+        parts = self.partial.get(block)
+        if parts is not None:
+            parts = [ranges for sector, ranges in parts.items() if touched >> sector & 1]
+        if not held and not parts:
+            return [(start, stop)]
+        # the present bytes in the read's sectors, in address order: runs of whole sectors, partial ones
+        have = [byte_range for ranges in parts for byte_range in ranges] if parts else []
+        while held:
+            first = (held & -held).bit_length() - 1
+            run = held >> first
+            count = (run ^ (run + 1)).bit_length() - 1  # sectors in the run
+            have.append((first * self.sector_bytes, self._span(first + count - 1)[1]))
+            held &= ~(((1 << count) - 1) << first)
+        have.sort()
+        gaps: Ranges = []
+        _gaps(have, start, stop, gaps)
+        return gaps
+
+    def in_flight(self, block: int, now: float) -> Fill | None:
+        """The block's latest DRAM fill, if it has not yet arrived at ``now``."""
+        fill = self.fills.get(block)
+        if fill is not None and fill.pending == 0 and fill.latest <= now:
+            del self.fills[block]
+            return None
+        return fill
+
     def insert(
-        self, block: int, dirty_bytes: int, fill: Fill | None = None, sectors: int = ALL_SECTORS
+        self, block: int, dirty_bytes: int, fill: Fill | None = None, start: int = 0, stop: int | None = None
     ) -> list[tuple[int, int]]:
-        """Allocate ``sectors`` of ``block`` (or add to its dirty bytes); return evicted dirty blocks
-        ``(block, bytes)``."""
-        blocks, present, fills = self.blocks, self.present, self.fills
+        """Make bytes ``[start, stop)`` of ``block`` (default: all of it) present, fetched by ``fill``
+        or written (``dirty_bytes`` more dirty bytes); return evicted dirty blocks ``(block, bytes)``."""
+        blocks, fills = self.blocks, self.fills
         if block in blocks:
             blocks.move_to_end(block)
             if dirty_bytes:
                 blocks[block] = min(self.block_bytes, blocks[block] + dirty_bytes)
-            held = present[block]
-            present[block] = held | sectors
-            self.occupied_sectors += (held | sectors).bit_count() - held.bit_count()
         else:
             blocks[block] = dirty_bytes
-            present[block] = sectors
-            self.occupied_sectors += sectors.bit_count()
+            self.present[block] = 0
+        self._add(block, start, self.block_bytes if stop is None else stop)
         if dirty_bytes and self.written_limit is not None:
             self.writes.append((block, dirty_bytes))
             self.written_bytes += dirty_bytes
@@ -172,6 +275,42 @@ class L2Cache:
         if self.written_limit is not None and self.written_bytes > self.written_limit:
             self._write_back_oldest(evicted)
         return evicted
+
+    def _add(self, block: int, start: int, stop: int) -> None:
+        """Make bytes ``[start, stop)`` of cached ``block`` present: sectors they cover whole, or that
+        they complete, become present; the ends of sectors they cover in part join its ranges."""
+        size = self.sector_bytes
+        held = self.present[block]
+        parts = self.partial.get(block)
+        before = held.bit_count() + (len(parts) if parts else 0)
+        first = start // size
+        last = min((stop - 1) // size, SECTORS - 1)
+        whole = ((1 << (last - first + 1)) - 1) << first
+        if start > first * size and not held >> first & 1 and not self._complete(block, first, start, stop):
+            whole &= ~(1 << first)
+        if stop < self._span(last)[1] and not held >> last & 1 and not self._complete(block, last, start, stop):
+            whole &= ~(1 << last)
+        held |= whole
+        self.present[block] = held
+        parts = self.partial.get(block)
+        if parts is not None:
+            for sector in [sector for sector in parts if whole >> sector & 1]:
+                del parts[sector]
+            if not parts:
+                del self.partial[block]
+                parts = None
+        self.occupied_sectors += held.bit_count() + (len(parts) if parts else 0) - before
+
+    def _complete(self, block: int, sector: int, start: int, stop: int) -> bool:
+        """Add the bytes of ``[start, stop)`` in ``sector`` of ``block`` to the byte ranges it holds;
+        return whether they now cover the whole sector (the caller then makes it present)."""
+        low, high = self._span(sector)
+        parts = self.partial.setdefault(block, {})
+        ranges = _merged(parts.get(sector, []), max(start, low), min(stop, high))
+        if ranges[0] == (low, high):
+            return True
+        parts[sector] = ranges
+        return False
 
     def _write_back_oldest(self, written_back: list[tuple[int, int]]) -> None:
         """Write back the oldest writes, each as one request of its bytes, until the bytes written and
@@ -189,11 +328,11 @@ class L2Cache:
                 written_back.append((block, nbytes))
 
     def insert_whole(self, blocks: range, fill: Fill) -> list[tuple[int, int]]:
-        """Allocate every sector of each block in ``blocks`` (in order) for a DRAM fill in flight.
+        """Make every byte of each block in ``blocks`` (in order) present, for a DRAM fill in flight.
 
-        The same as :meth:`insert` with ``dirty_bytes=0`` and all sectors, block by block, in one call.
+        The same as :meth:`insert` with ``dirty_bytes=0`` and whole blocks, block by block, in one call.
         """
-        cache, present, fills = self.blocks, self.present, self.fills
+        cache, present, partial, fills = self.blocks, self.present, self.partial, self.fills
         capacity = self.capacity_sectors
         occupied = self.occupied_sectors
         evictions = 0
@@ -202,7 +341,7 @@ class L2Cache:
             fills[block] = fill
             if block in cache:
                 cache.move_to_end(block)
-                occupied += SECTORS - present[block].bit_count()
+                occupied += SECTORS - present[block].bit_count() - len(partial.pop(block, ()))
             else:
                 cache[block] = 0
                 occupied += SECTORS
@@ -212,7 +351,7 @@ class L2Cache:
                 victim, dirty = cache.popitem(last=False)
                 evictions += 1
                 fills.pop(victim, None)
-                occupied -= present.pop(victim).bit_count()
+                occupied -= present.pop(victim).bit_count() + len(partial.pop(victim, ()))
                 if dirty:
                     evicted.append((victim, dirty))
         self.occupied_sectors = occupied
@@ -228,7 +367,7 @@ class L2Cache:
             victim, dirty = blocks.popitem(last=False)
             stats.evictions += 1
             fills.pop(victim, None)
-            self.occupied_sectors -= present.pop(victim).bit_count()
+            self.occupied_sectors -= present.pop(victim).bit_count() + len(self.partial.pop(victim, ()))
             if dirty:
                 stats.writebacks += 1
                 evicted.append((victim, dirty))
@@ -237,7 +376,7 @@ class L2Cache:
         """Drop ``block`` (its data was replaced behind the cache, e.g. by a near-memory update)."""
         if self.blocks.pop(block, None) is not None:
             self.fills.pop(block, None)
-            self.occupied_sectors -= self.present.pop(block).bit_count()
+            self.occupied_sectors -= self.present.pop(block).bit_count() + len(self.partial.pop(block, ()))
 
     def flush(self) -> list[tuple[int, int]]:
         """Write back and clean every dirty block; return them as ``(block, bytes)``."""

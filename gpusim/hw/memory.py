@@ -104,62 +104,62 @@ class MemorySystem:
         l2.stats.bytes_read += served
         size = l2.block_bytes
         end = addr + nbytes
-        run_first = -1
         block = addr // size
         last = (end - 1) // size
         missed = 0
-        lookup = l2.lookup
+        lookup, missing = l2.lookup, l2.missing
+        run_start = run_stop = -1  # the absent bytes to fetch in one DRAM read, not yet issued
         waited = None  # the fill the previous block waited for, unless a fill was issued since
-        first_whole, last_whole = -(-addr // size), end // size - 1  # blocks the range covers entirely
         while block <= last:
-            whole = first_whole <= block <= last_whole
-            if whole:
-                state = lookup(block, now)
-            else:
-                base = block * size
-                state = lookup(block, now, l2.sectors(max(addr, base) - base, min(end, base + size) - base))
-            if state is False:
-                if run_first < 0:
-                    run_first = block
-            else:
-                if run_first >= 0:
-                    missed += self._fill(run_first, block - 1, addr, end, join, stream, run_bytes)
-                    run_first = -1
-                    waited = None
-                if state is not True:
-                    if state is not waited:  # waiting again for the same fill changes nothing
-                        state.wait(join, now)
-                        waited = state
-                    missed += size if whole else min(end, base + size) - max(addr, base)
+            base = block * size
+            start = addr - base if addr > base else 0
+            stop = end - base if end < base + size else size
+            state = lookup(block, now, start, stop)
+            if state is False:  # fetch the absent bytes; the present ones may still be in flight
+                absent = 0  # of the read's own bytes
+                for low, high in missing(block, start, stop):
+                    if base + low != run_stop:
+                        if run_start >= 0:
+                            self._fill(run_start, run_stop, join, stream, run_bytes)
+                            waited = None
+                        run_start = base + low
+                    run_stop = base + high
+                    absent += max(0, min(high, stop) - max(low, start))
+                state = l2.in_flight(block, now) if absent < stop - start else None
+                missed += absent if state is None else stop - start
+            elif state is not True:
+                missed += stop - start
+            if state is not True and state is not None:
+                if state is not waited:  # waiting again for the same fill changes nothing
+                    state.wait(join, now)
+                    waited = state
             block += 1
-        if run_first >= 0:
-            missed += self._fill(run_first, last, addr, end, join, stream, run_bytes)
+        if run_start >= 0:
+            self._fill(run_start, run_stop, join, stream, run_bytes)
         return missed
 
-    def _fill(self, first: int, last: int, addr: int, end: int, join: Join, stream: str,
-              run_bytes: int | None = None) -> int:
+    def _fill(self, start: int, stop: int, join: Join, stream: str, run_bytes: int | None = None) -> None:
+        """Read bytes ``[start, stop)`` from DRAM into the L2; ``join`` waits for them."""
         l2 = self.l2
         size = l2.block_bytes
-        start = max(addr, first * size)
-        stop = min(end, (last + 1) * size)
         fill = Fill()
         self.dram(start, stop - start, READ, stream, completion=fill, run_bytes=run_bytes)
         fill.wait(join, self.env.now)
         # Blocks in address order: a partly covered first block, whole blocks, a partly covered last one.
-        head_partial = start != first * size
-        tail_partial = stop != (last + 1) * size
-        if first == last and (head_partial or tail_partial):
-            evicted = l2.insert(first, 0, fill, l2.sectors(start - first * size, stop - first * size))
+        first, last = start // size, (stop - 1) // size
+        if first == last:
+            evicted = l2.insert(first, 0, fill, start - first * size, stop - first * size)
         else:
-            evicted = l2.insert(first, 0, fill, l2.sectors(start - first * size, size)) if head_partial else []
+            head_partial = start != first * size
+            tail_partial = stop != (last + 1) * size
+            evicted = l2.insert(first, 0, fill, start - first * size) if head_partial else []
             whole = range(first + head_partial, last + 1 - tail_partial)
             if whole:
                 evicted += l2.insert_whole(whole, fill)
             if tail_partial:
-                evicted += l2.insert(last, 0, fill, l2.sectors(0, stop - last * size))
+                evicted += l2.insert(last, 0, fill, 0, stop - last * size)
         if evicted:
             self._writeback(evicted, join)
-        return stop - start
 
     def write(
         self,
@@ -192,12 +192,12 @@ class MemorySystem:
         size = l2.block_bytes
         end = addr + nbytes
         block = addr // size
-        insert, sectors = l2.insert, l2.sectors
+        insert = l2.insert
         while block * size < end:
             base = block * size
             lo = addr - base if addr > base else 0
             hi = end - base if end < base + size else size
-            evicted = insert(block, 0 if through else hi - lo, None, sectors(lo, hi))
+            evicted = insert(block, 0 if through else hi - lo, None, lo, hi)
             if evicted:
                 self._writeback(evicted, join)
             block += 1
