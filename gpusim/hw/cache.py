@@ -187,19 +187,25 @@ class L2Cache:
             ``True`` on a hit, the block's in-flight :class:`Fill` if the block is being fetched,
             ``False`` on a miss (one of the bytes is absent; :meth:`missing` says which).
         """
-        blocks = self.blocks
-        if block in blocks:
-            absent = (ALL_SECTORS if stop is None else self.sectors(start, stop)) & ~self.present[block]
-            if absent == 0 or self._partly_present(block, absent, start, stop):
-                blocks.move_to_end(block)
-                fill = self.in_flight(block, now)
-                if fill is not None:
+        held = self.present.get(block)  # the same keys as self.blocks
+        if held is not None and (held == ALL_SECTORS or self._held(block, held, start, stop)):
+            self.blocks.move_to_end(block)
+            fill = self.fills.get(block)
+            if fill is not None:
+                if fill.pending or fill.latest > now:
                     self.stats.merged += 1
                     return fill
-                self.stats.hits += 1
-                return True
+                del self.fills[block]  # arrived: as :meth:`in_flight`, inlined on this hot path
+            self.stats.hits += 1
+            return True
         self.stats.misses += 1
         return False
+
+    def _held(self, block: int, held: int, start: int, stop: int | None) -> bool:
+        """Whether bytes ``[start, stop)`` of cached ``block``, whose whole sectors present are the
+        mask ``held``, are all present."""
+        absent = (ALL_SECTORS if stop is None else self.sectors(start, stop)) & ~held
+        return absent == 0 or self._partly_present(block, absent, start, stop)
 
     def _partly_present(self, block: int, absent: int, start: int, stop: int | None) -> bool:
         """Whether the bytes ``[start, stop)`` of ``block`` in the ``absent`` sectors (a mask) are in

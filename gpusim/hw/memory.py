@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpusim.engine.primitives import Join
-from gpusim.hw.cache import Fill, L2Cache
+from gpusim.hw.cache import FETCH_BYTES, Fill, L2Cache
 from gpusim.hw.hbm import READ, UPDATE, WRITE, AddressMap
 from gpusim.hw.memctrl import MemoryController
 from gpusim.hw.request import COMM, COMPUTE, MemRequest
@@ -107,7 +107,7 @@ class MemorySystem:
         block = addr // size
         last = (end - 1) // size
         missed = 0
-        lookup, missing = l2.lookup, l2.missing
+        lookup, missing, present = l2.lookup, l2.missing, l2.present
         run_start = run_stop = -1  # the absent bytes to fetch in one DRAM read, not yet issued
         waited = None  # the fill the previous block waited for, unless a fill was issued since
         while block <= last:
@@ -117,7 +117,11 @@ class MemorySystem:
             state = lookup(block, now, start, stop)
             if state is False:  # fetch the absent bytes; the present ones may still be in flight
                 absent = 0  # of the read's own bytes
-                for low, high in missing(block, start, stop):
+                if block in present:  # part of it is cached or on its way: fetch around that
+                    ranges = missing(block, start, stop)
+                else:  # nothing of it: the read's granules, as missing() gives them
+                    ranges = ((start - start % FETCH_BYTES, min(size, -(-stop // FETCH_BYTES) * FETCH_BYTES)),)
+                for low, high in ranges:
                     if base + low != run_stop:
                         if run_start >= 0:
                             self._fill(run_start, run_stop, join, stream, run_bytes)
