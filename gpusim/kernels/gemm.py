@@ -226,17 +226,28 @@ class GemmProblem:
                         ALIGNED_ROW_BYTES)
 
 
-def panel_runs(problem: GemmProblem, spec: GemmKernelSpec) -> tuple[int, int]:
-    """Contiguous run length in bytes of the A and B panels a workgroup loads per K-tile.
+def panel_runs(problem: GemmProblem, spec: GemmKernelSpec, rows: int = 1, cols: int = 1) -> tuple[int, int]:
+    """Contiguous run length in bytes of the A and B panels a workgroup loads per K-tile, as the
+    DRAM rows see them when ``rows`` adjacent tile rows and ``cols`` adjacent tile columns load the
+    same K-tile at about the same time.
 
     Matrices are row-major (:class:`GemmProblem`): A ``[m, k]`` is contiguous along K, so a
     workgroup's ``tile_m x tile_k`` panel is ``tile_m`` runs of ``tile_k`` elements; transposed
-    (stored ``[k, m]``) it is ``tile_k`` runs of ``tile_m``.  Likewise B ``[k, n]`` gives runs of
-    ``tile_n``, transposed (stored ``[n, k]``) runs of ``tile_k``.
+    (stored ``[k, m]``) it is ``tile_k`` runs of ``tile_m``, and the workgroups of ``rows`` adjacent
+    tile rows read ``rows`` such runs that adjoin in each of those K rows, so a DRAM row opened for
+    one serves its neighbours (:meth:`GemmKernel.neighbours`).  Likewise B ``[k, n]`` gives runs of
+    ``tile_n`` (``cols`` of them adjoining), transposed (stored ``[n, k]``) runs of ``tile_k``.  A
+    run never extends past the matrix's row; where the neighbours cover whole rows, the K-tile's
+    rows are one run.
     """
     size = problem.dtype_bytes
-    run_a = (spec.tile_m if problem.trans_a else spec.tile_k) * size
-    run_b = (spec.tile_k if problem.trans_b else spec.tile_n) * size
+
+    def along(extent: int, tile: int, neighbours: int) -> int:
+        covered = min(tile * neighbours, extent)
+        return (extent * spec.tile_k if covered == extent else covered) * size
+
+    run_a = along(problem.m, spec.tile_m, rows) if problem.trans_a else spec.tile_k * size
+    run_b = spec.tile_k * size if problem.trans_b else along(problem.n, spec.tile_n, cols)
     return run_a, run_b
 
 
@@ -633,18 +644,21 @@ class GemmKernel:
         self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if spec.split_k > 1 else problem.dtype_bytes)
         self.inflight_bytes = spec.inflight_bytes(problem.dtype)
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
-        self.run_a, self.run_b = panel_runs(problem, spec)
         self.multicast = multicast(problem, spec, gpu.config)
         self.inflight_limit = TmaInflight if loads_by_tma(spec, gpu.config) else InflightLimit
         shape = workgroup_shape(spec, problem.dtype, gpu.config)
+        if wg_order is None:
+            wg_order = grouped_order(self.tiles_m, self.tiles_n, problem.batch, spec.split_k)
+        cus = gpu.config.num_cus if cu_mask is None else len(cu_mask)
+        wave = wg_order[:cus * occupancy(shape, gpu.config.cu)]
+        self.run_a, self.run_b = panel_runs(problem, spec, *self.neighbours(wave))
         self.kernel = Kernel(
             name=name or f"gemm_{spec.name}",
             num_wgs=num_workgroups(problem, spec),
             shape=shape,
             body=self._workgroup,
             cu_mask=cu_mask,
-            wg_order=wg_order if wg_order is not None else grouped_order(self.tiles_m, self.tiles_n, problem.batch,
-                                                                           spec.split_k),
+            wg_order=wg_order,
             info={
                 "impl": spec.name,
                 "flops": problem.flops,
@@ -662,6 +676,30 @@ class GemmKernel:
         batch, within = divmod(tile, per_batch)
         row, col = divmod(within, self.tiles_n)
         return batch, row, col, split
+
+    def neighbours(self, wave: Iterable[int]) -> tuple[int, int]:
+        """Adjacent tile rows and adjacent tile columns whose workgroups load the same K-tiles at
+        about the same time: the longest runs of consecutive rows, and of consecutive columns,
+        among the tiles of workgroups ``wave`` (those resident together, which start together and
+        step through K alike) that share a batch entry and a K split."""
+        rows: dict[tuple[int, int], set[int]] = {}
+        cols: dict[tuple[int, int], set[int]] = {}
+        for wg in wave:
+            batch, row, col, split = self.tile_of(wg)
+            rows.setdefault((batch, split), set()).add(row)
+            cols.setdefault((batch, split), set()).add(col)
+
+        def longest(indices: set[int]) -> int:
+            best = 0
+            for first in indices:
+                if first - 1 not in indices:
+                    length = 1
+                    while first + length in indices:
+                        length += 1
+                    best = max(best, length)
+            return best
+
+        return (max(map(longest, rows.values()), default=1), max(map(longest, cols.values()), default=1))
 
     def c_range(self, wg: int) -> tuple[int, int]:
         """Byte offset and length in C of workgroup ``wg``'s output tile."""
