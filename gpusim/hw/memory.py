@@ -116,11 +116,13 @@ class MemorySystem:
             stop = end - base if end < base + size else size
             state = lookup(block, now, start, stop)
             if state is False:  # fetch the absent bytes; the present ones may still be in flight
-                absent = 0  # of the read's own bytes
                 if block in present:  # part of it is cached or on its way: fetch around that
                     ranges = missing(block, start, stop)
+                    absent = sum(max(0, min(high, stop) - max(low, start)) for low, high in ranges)
                 else:  # nothing of it: the read's granules, as missing() gives them
-                    ranges = ((start - start % FETCH_BYTES, min(size, -(-stop // FETCH_BYTES) * FETCH_BYTES)),)
+                    high = stop if stop == size else min(size, -(-stop // FETCH_BYTES) * FETCH_BYTES)
+                    ranges = ((start - start % FETCH_BYTES, high),)
+                    absent = stop - start  # of the read's own bytes
                 for low, high in ranges:
                     if base + low != run_stop:
                         if run_start >= 0:
@@ -128,7 +130,6 @@ class MemorySystem:
                             waited = None
                         run_start = base + low
                     run_stop = base + high
-                    absent += max(0, min(high, stop) - max(low, start))
                 state = l2.in_flight(block, now) if absent < stop - start else None
                 missed += absent if state is None else stop - start
             elif state is not True:
