@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import simpy
-from simpy.core import BoundClass, EmptySchedule, EventPriority, StopSimulation
+from simpy.core import BoundClass, EventPriority, StopSimulation
 from simpy.events import NORMAL, Event
 
 PROGRESS_EVENTS = 8192
@@ -48,24 +48,11 @@ class CountingEnvironment(simpy.Environment):
         heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
 
     def step(self) -> None:
-        """simpy's ``step``, which also sets :attr:`now`."""
-        try:
-            now, _, _, event = heappop(self._queue)
-        except IndexError:
-            raise EmptySchedule from None
-        self.now = self._now = now
-        callbacks, event.callbacks = event.callbacks, None
-        try:
-            for callback in callbacks:
-                callback(event)
-        except StopSimulation:
-            event.callbacks = callbacks[callbacks.index(callback) + 1:]
-            self.schedule(event, EventPriority(-1))
-            raise
-        if not event._ok and not hasattr(event, "_defused"):
-            error = type(event._value)(*event._value.args)
-            error.__cause__ = event._value
-            raise error
+        """simpy's ``step``, with :attr:`now` set first to the time of the event it processes (the
+        earliest in the queue), as simpy sets ``_now``."""
+        if self._queue:
+            self.now = self._queue[0][0]
+        super().step()
 
     def run(self, until: float | Event | None = None) -> Any:
         """simpy's ``run``; without ``until`` (run until no event is left, as every simulation
