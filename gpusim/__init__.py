@@ -11,7 +11,15 @@ Quick use::
 
 from gpusim import ops, trace
 from gpusim.config.loader import list_presets
-from gpusim.errors import ConfigError, GpusimError, OpError, SimulationError, TraceError, UnknownPresetError
+from gpusim.errors import (
+    ConfigError,
+    GpusimError,
+    OpError,
+    SimulationError,
+    SymmetricModeWarning,
+    TraceError,
+    UnknownPresetError,
+)
 from gpusim.results import Result
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
@@ -26,6 +34,7 @@ __all__ = [
     "Result",
     "SimulationError",
     "Stream",
+    "SymmetricModeWarning",
     "System",
     "TraceError",
     "UnknownPresetError",

@@ -1,4 +1,4 @@
-"""Exceptions that gpusim raises for bad input.
+"""Exceptions that gpusim raises for bad input, and the warnings it gives about approximate results.
 
 Every error names where the bad value came from (a file, an override, a trace row), the field, and
 what was expected, so that a user can fix it without reading gpusim's source.  Every error can be
@@ -83,3 +83,7 @@ class SimulationError(GpusimError, RuntimeError):
 
 class SweepError(GpusimError, RuntimeError):
     """A point of a sweep failed; the message names the point, and the point's error is the cause."""
+
+
+class SymmetricModeWarning(UserWarning):
+    """Symmetric mode only approximates some ops of a run; full mode simulates them exactly (docs/model.md)."""

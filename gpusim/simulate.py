@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from gpusim.checks import as_int, as_real
 from gpusim.engine.simulation import Simulation
-from gpusim.errors import ConfigError, OpError, SimulationError
+from gpusim.errors import ConfigError, OpError, SimulationError, SymmetricModeWarning
 from gpusim.hw.system import Machine
 from gpusim.ops import Op
 from gpusim.results import Result, build_result
@@ -92,6 +93,30 @@ def _group_of(op: Op, executor: Executor) -> list[int]:
         raise OpError(f"{op.label}: symmetric mode simulates rank 0 only, and this op runs on ranks {group}, "
                       f"not on rank 0; use mode='full'")
     return group
+
+
+def routes_directly(op: Op) -> bool:
+    """Whether ``op`` is a collective, or a GEMM fused with one, whose every rank sends to every other:
+    the ``direct`` algorithm, or an all-to-all left to ``auto``."""
+    algorithm = getattr(op, "algorithm", None)
+    if algorithm == "auto":
+        return getattr(op, "collective", None) == "alltoall"
+    return algorithm == "direct"
+
+
+def warn_if_symmetric_approximates(ops: Iterable[Op], system: System) -> None:
+    """Warn once (:class:`gpusim.errors.SymmetricModeWarning`) when symmetric mode on ``system``
+    only approximates some of ``ops``: direct collectives and all-to-all where the topology puts
+    peers several hops apart (:attr:`gpusim.hw.topology.Topology.mirrors_direct_traffic`)."""
+    if system.topology.mirrors_direct_traffic:
+        return
+    direct = [op for op in ops if routes_directly(op)]
+    if direct:
+        warnings.warn(
+            f"symmetric mode only approximates the {len(direct)} direct collective(s) and all-to-all(s) of this run "
+            f"(the first: {direct[0].label}) on {system.name}, whose {system.config.topology.kind} topology puts "
+            "peers several hops apart; use mode='full' for their exact link contention (docs/model.md)",
+            SymmetricModeWarning, stacklevel=3)
 
 
 def progress_bar(total: int, description: str, sim: Simulation):
@@ -214,7 +239,9 @@ def run(
         ``"full"`` simulates every GPU; ``"symmetric"`` simulates GPU 0 and mirrors its
         neighbours' traffic into it (for work that every GPU does alike; an op that does not run
         on rank 0, or a :class:`gpusim.ops.SendRecv`, is an error there).  An op on a subset of
-        the GPUs runs as if every rotation of its group ran it too (docs/model.md).
+        the GPUs runs as if every rotation of its group ran it too (docs/model.md).  Direct
+        collectives and all-to-all on a ring are approximated there, with a
+        :class:`gpusim.errors.SymmetricModeWarning`.
     memory_policy
         Memory-controller arbitration for all GPUs (``fr-fcfs``, ``fcfs``, ``round-robin``,
         ``t3-mca``); default: each GPU's configured policy.
@@ -276,6 +303,8 @@ def run(
         for rank in group:
             if machine.is_simulated(rank):
                 plans.append((op, rank, stream))
+    if machine.mode == "symmetric":
+        warn_if_symmetric_approximates(op_list, system)
     if progress:
         bar = progress_bar(len(plans), system.name, sim)
     for op, rank, stream in plans:

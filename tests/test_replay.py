@@ -1,6 +1,7 @@
 """DAG replay: the seed-000 estimator, layer caching, symmetric versus full, overlap, pipelines."""
 
 import json
+import warnings
 
 import pandas as pd
 import pytest
@@ -160,6 +161,17 @@ def test_auto_mode_mirrors_only_where_it_is_exact(tmp_path, collective, algorith
     path = tmp_path / "coll.csv"
     path.write_text("op_id,gpu,stream,kind,collective,bytes,group,algorithm\n" + "\n".join(rows) + "\n")
     assert choose_mode(read(path), system) == mode
+
+
+@pytest.mark.parametrize(("collective", "warns"), [("alltoall", True), ("allreduce", False)])
+def test_symmetric_replay_warns_about_direct_traffic_on_a_ring(tmp_path, collective, warns):
+    rows = [f'1,{gpu},comm,collective,{collective},{2**16},"0,1,2,3,4,5,6,7",auto' for gpu in range(8)]
+    path = tmp_path / "coll.csv"
+    path.write_text("op_id,gpu,stream,kind,collective,bytes,group,algorithm\n" + "\n".join(rows) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpusim.run(RING8, read(path), mode="symmetric")
+    assert any(issubclass(w.category, gpusim.SymmetricModeWarning) for w in caught) == warns
 
 
 def test_auto_mode_replays_a_lone_group_in_full_mode(tmp_path):

@@ -1,6 +1,7 @@
 """The public run() API, results, timelines, streams and bad input."""
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -247,6 +248,27 @@ def test_bad_run_settings_are_config_errors(settings, message):
 def test_symmetric_mode_rejects_ops_that_do_not_run_on_rank_0(op):
     with pytest.raises(gpusim.OpError, match="symmetric mode simulates rank 0 only.*use mode='full'"):
         gpusim.run(RING8, op, mode="symmetric")
+
+
+@pytest.mark.parametrize(("system", "op", "warns"), [
+    ("t3-ring8", ops.AllToAll(2**16), True),
+    ("t3-ring8", ops.AllGather(2**16, algorithm="direct"), True),
+    ("t3-ring8", ops.AllGather(2**16), False),
+    ("hgx-h100", ops.AllToAll(2**16), False),
+    ("dgx-a100", ops.AllGather(2**16, algorithm="direct"), False),
+], ids=["alltoall-ring", "direct-ring", "ring-ring", "alltoall-switch", "direct-fully-connected"])
+def test_symmetric_mode_warns_where_it_only_approximates_direct_traffic(system, op, warns):
+    """Peers several hops apart (a ring): the mirrored packets meet the real ones at other moments
+    (docs/model.md), so the result is approximate and the run says so; one hop apart it is exact."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert gpusim.run(system, op, mode="symmetric").time_s > 0
+    messages = [str(w.message) for w in caught if issubclass(w.category, gpusim.SymmetricModeWarning)]
+    if warns:
+        assert len(messages) == 1
+        assert f"on {system}" in messages[0] and "mode='full'" in messages[0]
+    else:
+        assert messages == []
 
 
 @pytest.mark.parametrize(("src", "dst"), [(0, 1), (3, 5)])

@@ -249,3 +249,14 @@ class Topology:
     def symmetric(self) -> bool:
         """Whether every GPU sees the same network (so one GPU can stand for all)."""
         return self.config.topology.kind in ("ring", "fully_connected", "switch")
+
+    @property
+    def mirrors_direct_traffic(self) -> bool:
+        """Whether symmetric mode is exact (within 1.5%) for direct collectives and all-to-all.
+
+        On a fully connected node or a switch every peer is one hop away.  On a ring they route
+        over several hops, where one GPU's mirrored packets meet the other ranks' at other moments
+        than the real ones do (docs/model.md: up to 4.4% slow at the presets' link latency, up to
+        1.5x off it).
+        """
+        return self.config.topology.kind in ("fully_connected", "switch")

@@ -28,7 +28,7 @@ from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
-from gpusim.simulate import close_progress_bar, finish, prepare, progress_bar, run_stats
+from gpusim.simulate import close_progress_bar, finish, prepare, progress_bar, run_stats, warn_if_symmetric_approximates
 from gpusim.system import System, load_system
 from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
 from gpusim.trace.lowering import build_ops
@@ -135,7 +135,7 @@ def choose_mode(trace: Trace, system: System) -> str:
     frame = trace.frame
     collectives = frame[frame["kind"] == "collective"]
     direct = (collectives["collective"] == "alltoall") | (collectives["algorithm"] == "direct")
-    if direct.any() and system.config.topology.kind not in ("fully_connected", "switch"):
+    if direct.any() and not system.topology.mirrors_direct_traffic:
         return "full"
     return "symmetric"
 
@@ -228,6 +228,8 @@ def replay(
             bar.update()
 
     system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
+    if mode == "symmetric":
+        warn_if_symmetric_approximates(built.values(), system)
     if progress:
         bar = progress_bar(int(run_rows.sum()), f"{trace.source} on {system.name}", sim)
     done: dict[tuple[int, int], object] = {}
