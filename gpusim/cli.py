@@ -187,8 +187,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s",
                                     "gb_per_s"]].to_string(index=False))
-        print(f"total {result.time_s * 1e3:.3f} ms simulated; {result.stats['events']} events in "
-              f"{result.stats['wall_s']:.2f} s")
+        print(f"total {result.time_s * 1e3:.3f} ms simulated ({result.stats['mode']} mode); "
+              f"{result.stats['events']} events in {result.stats['wall_s']:.2f} s")
         if stage is not None:
             write_outputs(result, stage, f"{system.name}")
     if out is not None:
@@ -278,8 +278,9 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                         help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
                              "(auto: direct for alltoall, ring for the other collectives); ops: "
                              f"{', '.join(OP_NAMES)} (gemm_rs, gemm_ag, gemm_a2a: T3's fused GEMM and collective)")
-    parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
-                        help="symmetric simulates rank 0 only (every op must run on rank 0)")
+    parser.add_argument("--mode", default="full", choices=["full", "symmetric", "auto"],
+                        help="symmetric simulates rank 0 only (every op must run on rank 0); auto takes symmetric "
+                             "where it is exact for the ops, else full")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one)")
     parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")

@@ -104,6 +104,26 @@ def routes_directly(op: Op) -> bool:
     return algorithm == "direct"
 
 
+def choose_mode(op_list: Sequence[Op], system: System) -> str:
+    """``"symmetric"`` where it is exact for ``op_list`` on ``system``, else ``"full"``.
+
+    Exact means: a single node whose GPUs all see the same network; every op runs on every GPU
+    alike (no :class:`gpusim.ops.SendRecv`, no op on a subset of the GPUs, which symmetric mode
+    would mirror as if every rotation of its group ran it); and no direct collective or all-to-all
+    where peers are several hops apart (:func:`warn_if_symmetric_approximates`).
+    """
+    topology = system.topology
+    if not topology.symmetric or system.config.nodes > 1:
+        return "full"
+    everyone = list(range(system.num_gpus))
+    for op in op_list:
+        if not op.symmetric or (op.ranks is not None and sorted(op.ranks) != everyone):
+            return "full"
+        if routes_directly(op) and not topology.mirrors_direct_traffic:
+            return "full"
+    return "symmetric"
+
+
 def warn_if_symmetric_approximates(ops: Iterable[Op], system: System) -> None:
     """Warn once (:class:`gpusim.errors.SymmetricModeWarning`) when symmetric mode on ``system``
     only approximates some of ``ops``: direct collectives and all-to-all where the topology puts
@@ -241,7 +261,10 @@ def run(
         on rank 0, or a :class:`gpusim.ops.SendRecv`, is an error there).  An op on a subset of
         the GPUs runs as if every rotation of its group ran it too (docs/model.md).  Direct
         collectives and all-to-all on a ring are approximated there, with a
-        :class:`gpusim.errors.SymmetricModeWarning`.
+        :class:`gpusim.errors.SymmetricModeWarning`.  ``"auto"`` takes symmetric mode where it
+        is exact for these ops (:func:`choose_mode`; for a trace,
+        :func:`gpusim.trace.replay.choose_mode`), else full mode; ``Result.stats["mode"]`` says
+        which ran.
     memory_policy
         Memory-controller arbitration for all GPUs (``fr-fcfs``, ``fcfs``, ``round-robin``,
         ``t3-mca``); default: each GPU's configured policy.
@@ -283,6 +306,12 @@ def run(
         stream_list = [_as_stream(s) for s in streams]
         if len(stream_list) != len(op_list):
             raise OpError(f"streams has {len(stream_list)} entries for {len(op_list)} ops")
+    if mode not in ("full", "symmetric", "auto"):
+        raise ConfigError(f"mode must be one of full, symmetric, auto, got {mode!r}")
+    if mode == "auto":
+        if isinstance(system, str):
+            system = load_system(system)
+        mode = choose_mode(op_list, system) if isinstance(system, System) else "full"
     bar = None
 
     def advance() -> None:

@@ -172,6 +172,7 @@ def test_symmetric_replay_warns_about_direct_traffic_on_a_ring(tmp_path, collect
         warnings.simplefilter("always")
         gpusim.run(RING8, read(path), mode="symmetric")
     assert any(issubclass(w.category, gpusim.SymmetricModeWarning) for w in caught) == warns
+    assert gpusim.run(RING8, read(path), mode="auto").stats["mode"] == ("full" if warns else "symmetric")
 
 
 def test_auto_mode_replays_a_lone_group_in_full_mode(tmp_path):

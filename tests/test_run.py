@@ -271,6 +271,26 @@ def test_symmetric_mode_warns_where_it_only_approximates_direct_traffic(system, 
         assert messages == []
 
 
+@pytest.mark.parametrize(("op", "mode"), [
+    (ops.AllReduce(2**18), "symmetric"),
+    (ops.Gemm(256, 256, 256), "symmetric"),
+    (ops.AllToAll(2**16), "full"),
+    (ops.AllReduce(2**16, ranks=[0, 2, 4, 6]), "full"),
+    (ops.SendRecv(1024, src=0, dst=1), "full"),
+], ids=["ring-allreduce", "gemm", "alltoall-ring", "lone-group", "sendrecv"])
+def test_auto_mode_mirrors_only_where_it_is_exact(op, mode):
+    result = gpusim.run(RING8, op, mode="auto")
+    assert result.stats["mode"] == mode
+    if mode == "symmetric":  # the same answer as full mode, from one simulated GPU
+        full = gpusim.run(RING8, op.copy(), mode="full")
+        assert result.time_s == pytest.approx(full.time_s, rel=1e-3)
+        assert result.stats["simulated_gpus"] == 1 < full.stats["simulated_gpus"]
+
+
+def test_auto_mode_simulates_every_gpu_of_a_node_that_is_not_alike():
+    assert gpusim.run("dgx1-v100", ops.AllReduce(2**18), mode="auto").stats["mode"] == "full"
+
+
 @pytest.mark.parametrize(("src", "dst"), [(0, 1), (3, 5)])
 def test_symmetric_mode_rejects_send_recv(src, dst):
     with pytest.raises(gpusim.OpError, match="SendRecv needs mode='full'"):

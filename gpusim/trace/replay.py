@@ -177,7 +177,8 @@ def replay(
     system
         A :class:`gpusim.System` or a preset name.
     mode
-        ``"full"`` (every GPU) or ``"symmetric"`` (GPU 0 stands for all; see the module doc).
+        ``"full"`` (every GPU), ``"symmetric"`` (GPU 0 stands for all; see the module doc) or
+        ``"auto"`` (symmetric where :func:`choose_mode` finds it exact for the trace, else full).
     memory_policy, dispatch_policy, seed, progress, bin_s
         As in :func:`gpusim.run`.
     cache_layers
@@ -207,8 +208,10 @@ def replay(
         raise TraceError(f"replay(): 'warmup_layers' must be a non-negative integer or None, got {warmup_layers!r}")
     if isinstance(system, str):
         system = load_system(system)
+    if mode == "auto" and isinstance(system, System):
+        mode = choose_mode(trace, system)
     if mode not in ("full", "symmetric"):
-        raise ValueError(f"unknown simulation mode {mode!r}; known: full, symmetric")
+        raise ValueError(f"unknown simulation mode {mode!r}; known: full, symmetric, auto")
     _check_against_system(trace, system, mode)
     if mode == "symmetric":
         _check_symmetric(trace)
