@@ -3,7 +3,7 @@
 from collections import Counter
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpusim
@@ -340,3 +340,165 @@ def test_a_head_width_that_is_not_whole_needs_d_head():
     with pytest.raises(ConfigError, match=r"hidden \(256\) must be a multiple of heads \(6\), or d_head"):
         load_model(TINY, heads=6)
     assert load_model(TINY, heads=6, d_head=32).attention_width == 192
+
+
+@pytest.mark.parametrize(("options", "kinds", "collective_bytes", "allreduces", "gemm_volume", "elements", "norm_cells"), [
+    (dict(tp=4, dp=2, batch=4, seq_len=62, recompute=True),
+     {"gemm": 600, "elementwise": 408, "reduction": 240, "collective": 200, "optimizer": 32}, 7837088, 58,
+     2629926912, 9487488, 5886528),
+    (dict(tp=2, phase="prompt", batch=2, seq_len=30),
+     {"gemm": 38, "elementwise": 32, "reduction": 20, "collective": 14}, 215040, 7, 144846848, 513120, 236640),
+])
+def test_traces_without_sequence_parallelism_or_vocabulary_padding_are_unchanged(
+        options, kinds, collective_bytes, allreduces, gemm_volume, elements, norm_cells):
+    """Golden figures of two traces built before sequence parallelism and vocabulary padding existed:
+    rows per kind, bytes and count of the collectives (one row per op), GEMM volume (m*n*k*batch),
+    element-wise elements and reduction cells, all summed over the GPUs; the new options at their
+    defaults, and sequence parallelism over a single rank, give exactly the same frame."""
+    frame = transformer(TINY, **options).frame
+    assert frame["kind"].value_counts().to_dict() == kinds
+    comm = frame[frame["kind"] == "collective"].drop_duplicates("op_id")
+    assert comm["bytes"].sum() == collective_bytes and comm["collective"].value_counts().to_dict() == {"allreduce": allreduces}
+    gemm, elementwise, reduction = (frame[frame["kind"] == kind] for kind in ("gemm", "elementwise", "reduction"))
+    assert (gemm["m"] * gemm["n"] * gemm["k"] * gemm["batch"]).sum() == gemm_volume
+    assert elementwise["elements"].sum() == elements
+    assert (reduction["rows"] * reduction["cols"]).sum() == norm_cells
+    explicit = transformer(TINY, **options, sequence_parallel=False, vocab_divisible_by=1).frame
+    assert explicit.equals(frame)
+    one_rank = {**options, "tp": 1}
+    assert transformer(TINY, **one_rank, sequence_parallel=True).frame.equals(transformer(TINY, **one_rank).frame)
+
+
+def tp_collectives(frame, phase, layer=0):
+    """``(name, collective, bytes)`` of rank 0's collectives of one layer and pass, in trace order."""
+    rows = frame[(frame["kind"] == "collective") & (frame["gpu"] == 0) & (frame["phase"] == phase)
+                 & (frame["layer"] == layer) & (frame["step"] == 0)]
+    return list(zip(rows["name"], rows["collective"], rows["bytes"]))
+
+
+def test_sequence_parallelism_gathers_and_scatters_and_slices_the_norms():
+    """Megatron-LM's sequence parallelism (Korthikanti et al. 2022, Fig. 5): per layer forward two
+    all-gathers and two reduce-scatters of the all-reduces' B*SL*H activations, the norms and residual
+    additions on ceil(tokens / tp) tokens (62 tokens over 4 ranks: 16), the GEMMs as without it; the
+    backward pass has their conjugates and all-gathers the norms' outputs again for the weight gradients."""
+    tp, batch, seq, h = 4, 2, 31, TINY.hidden
+    tokens, sliced, nbytes = batch * seq, 16, batch * seq * h * 2
+    plain = transformer(TINY8, tp=tp, batch=batch, seq_len=seq).frame
+    sp = transformer(TINY8, tp=tp, batch=batch, seq_len=seq, sequence_parallel=True).frame
+    assert tp_collectives(plain, "fwd") == [("L0.attn_allreduce", "allreduce", nbytes),
+                                            ("L0.mlp_allreduce", "allreduce", nbytes)]
+    assert tp_collectives(sp, "fwd") == [("L0.ln1_allgather", "allgather", nbytes),
+                                         ("L0.attn_reducescatter", "reducescatter", nbytes),
+                                         ("L0.ln2_allgather", "allgather", nbytes),
+                                         ("L0.mlp_reducescatter", "reducescatter", nbytes)]
+    assert tp_collectives(sp, "bwd") == [("L0.mlp_allgather_bwd", "allgather", nbytes),
+                                         ("L0.ln2_allgather_wgrad", "allgather", nbytes),
+                                         ("L0.mlp_reducescatter_bwd", "reducescatter", nbytes),
+                                         ("L0.attn_allgather_bwd", "allgather", nbytes),
+                                         ("L0.ln1_allgather_wgrad", "allgather", nbytes),
+                                         ("L0.attn_reducescatter_bwd", "reducescatter", nbytes)]
+    layers = sp[(sp["layer"] >= 0) & (sp["kind"] == "collective")]
+    assert "allreduce" not in set(layers["collective"]) and set(layers["group"]) == {"0 1 2 3"}
+    assert set(layers["stream"]) == {"compute"}
+    rank0 = sp[(sp["gpu"] == 0) & (sp["step"] == 0)].set_index("name")
+    plain0 = plain[(plain["gpu"] == 0) & (plain["step"] == 0)].set_index("name")
+    for layer in range(TINY.layers):
+        for norm in ("ln1", "ln2", "ln1_bwd", "ln2_bwd"):
+            assert rank0.loc[f"L{layer}.{norm}", "rows"] == sliced and plain0.loc[f"L{layer}.{norm}", "rows"] == tokens
+        for residual in ("attn_residual", "mlp_residual", "mlp_residual_bwd", "attn_residual_bwd", "residual_bwd"):
+            assert rank0.loc[f"L{layer}.{residual}", "elements"] == sliced * h
+    assert rank0.loc["final_norm", "rows"] == rank0.loc["final_norm_bwd", "rows"] == sliced
+    assert gemms(sp, "fwd") == gemms(plain, "fwd") and gemms(sp, "bwd") == gemms(plain, "bwd")
+    # the embedding scatters into the sequence-parallel region; the output layer gathers from it
+    outside = dict((name, collective) for name, collective, _ in tp_collectives(sp, "fwd", -1) + tp_collectives(sp, "bwd", -1))
+    assert outside == {"embedding_reducescatter": "reducescatter", "final_norm_allgather": "allgather",
+                       "cross_entropy_allreduce": "allreduce", "final_norm_allgather_wgrad": "allgather",
+                       "lm_head_reducescatter_bwd": "reducescatter", "embedding_allgather_bwd": "allgather",
+                       "sequence_parallel_grad_allreduce": "allreduce"}
+    # the norms' and row-parallel biases' gradients, partial on each rank, all-reduced once per iteration
+    grads = sp[sp["name"] == "sequence_parallel_grad_allreduce"].drop_duplicates("op_id")
+    per_layer = 2 * TINY.norm_parameters() + 2 * h
+    assert grads["bytes"].tolist() == [(TINY.layers * per_layer + TINY.norm_parameters()) * 2]
+
+
+def test_sequence_parallelism_with_recomputation_and_pipeline_stages():
+    """The recomputed forward pass gathers and scatters again; pipeline stages send each rank's slice
+    of the tokens (Megatron-LM's ``seq_length // tp`` tensor shape); each stage all-reduces its own
+    layers' norm gradients once, after the last microbatch."""
+    tp, batch, seq, h = 2, 4, 64, TINY.hidden
+    frame = transformer(TINY, tp=tp, pp=3, microbatches=2, batch=batch, seq_len=seq, recompute=True,
+                        sequence_parallel=True).frame
+    recomputed = frame[frame["name"].str.startswith("recompute.") & (frame["kind"] == "collective")]
+    assert set(recomputed["collective"]) == {"allgather", "reducescatter"}
+    assert len(recomputed.drop_duplicates("op_id")) == 4 * TINY.layers * 2  # 4 a layer, 2 microbatches, one replica
+    sends = frame[frame["kind"] == "sendrecv"]
+    assert set(sends["bytes"]) == {batch // 2 * seq // tp * h * 2}
+    grads = frame[frame["name"] == "sequence_parallel_grad_allreduce"].drop_duplicates("op_id")
+    assert grads["step"].tolist() == [1, 1, 1] and len(set(grads["group"])) == 3
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.sampled_from([1, 2, 4]), st.integers(1, 3), st.integers(1, 40),
+       st.sampled_from([64, 128, 192]))
+def test_sequence_parallel_communication_volume_equals_the_all_reduces(heads, tp, batch, seq, head_dim):
+    """On a ring an all-reduce of S bytes sends 2(n-1)/n S per rank, a reduce-scatter or an all-gather
+    (n-1)/n S (the trace's ``bytes``: the input of an all-reduce or a reduce-scatter, the output of an
+    all-gather): a layer's forward pass sends as much with sequence parallelism as without, and its
+    backward pass two all-gathers more (the norms' outputs again for the weight gradients)."""
+    tp = min(tp, heads)
+    model = load_model(TINY, heads=heads, d_head=head_dim, layers=1)
+
+    def sent(frame, phase):
+        return sum((2 if collective == "allreduce" else 1) * (tp - 1) / tp * nbytes
+                   for _, collective, nbytes in tp_collectives(frame, phase))
+
+    plain = transformer(model, tp=tp, batch=batch, seq_len=seq, optimizer=None).frame
+    sp = transformer(model, tp=tp, batch=batch, seq_len=seq, optimizer=None, sequence_parallel=True).frame
+    assert sent(sp, "fwd") == pytest.approx(sent(plain, "fwd"))
+    regather = 2 * (tp - 1) / tp * batch * seq * TINY.hidden * 2
+    assert sent(sp, "bwd") == pytest.approx(sent(plain, "bwd") + regather)
+
+
+def test_a_sequence_parallel_iteration_replays_with_faster_norms():
+    """A small model's training iteration at TP=4 replays end to end with and without sequence
+    parallelism; the norms on a quarter of the tokens take less than half the time on each rank."""
+    model = ModelConfig(name="small", hidden=1024, layers=1, heads=8, vocab=4096, seq_len=512, batch=2)
+    norms = {}
+    for sp in (False, True):
+        result = gpusim.run(gpusim.load_system("t3-ring8"), transformer(model, tp=4, sequence_parallel=sp),
+                            mode="symmetric")
+        assert result.time_s > 0
+        ops = result.ops[result.ops["gpu"] == 0]
+        assert ops["name"].str.contains("reducescatter").any() == sp
+        norms[sp] = ops.loc[ops["name"].str.contains(r"ln[12]|final_norm") & (ops["kind"] == "reduction"),
+                            "duration_s"].sum()
+    assert 0 < norms[True] < 0.5 * norms[False]
+
+
+def test_the_vocabulary_is_padded_to_a_multiple_of_n_times_tp():
+    """Megatron-LM pads GPT-2's 50257 words to 50304 (make_vocab_size_divisible_by=128) on one GPU and
+    to 51200 over 8 (a multiple of 1024): 6400 output features a rank, where ceil(50257 / 8) = 6283."""
+    def head_width(**options):
+        frame = transformer("megatron-gpt2", layers=1, batch=1, seq_len=64, **options).frame
+        rank0 = frame[frame["gpu"] == 0].set_index("name")
+        assert rank0.loc["lm_head_wgrad", "m"] == rank0.loc["lm_head", "n"]
+        return rank0.loc["lm_head", "n"]
+
+    assert head_width() == 50257 and head_width(vocab_divisible_by=128) == 50304
+    assert head_width(tp=8) == 6283 and head_width(tp=8, vocab_divisible_by=128) == 6400
+    steps = transformer(TINY, tp=4, batch=4, seq_len=64, vocab_divisible_by=3).frame
+    embedding = steps[(steps["name"] == "embedding.adam") & (steps["gpu"] == 0)]["tensor_sizes"].iloc[0]
+    assert int(embedding.split()[0]) == 1032 // 4 * TINY.hidden  # 1024 words padded to a multiple of 12
+
+
+def test_sequence_parallelism_and_vocabulary_padding_errors():
+    with pytest.raises(TraceError, match=r"'sequence_parallel' applies to phase='train' and 'prompt'.*not to "
+                                         r"phase='decode'"):
+        transformer(TINY, tp=2, phase="decode", sequence_parallel=True)
+    with pytest.raises(TraceError, match="'sequence_parallel' must be True or False, got 'yes'"):
+        transformer(TINY, tp=2, sequence_parallel="yes")
+    with pytest.raises(TraceError, match="'vocab_divisible_by' must be a positive integer, got 0"):
+        transformer(TINY, vocab_divisible_by=0)
+    prompt = transformer(TINY, tp=2, phase="prompt", batch=2, seq_len=64, sequence_parallel=True).frame
+    collectives = prompt[(prompt["layer"] >= 0) & (prompt["kind"] == "collective")]
+    assert set(collectives["collective"]) == {"allgather", "reducescatter"}

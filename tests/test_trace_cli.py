@@ -109,6 +109,12 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
     (["simulate", "--trace", TRACE, "--tp", "2"], "--tp describes a generated model (--model) and does not apply to --trace"),
     (["simulate", "--trace", TRACE, "--layers", "2"],
      "--layers describes a generated model (--model) and does not apply to --trace"),
+    (["simulate", "--model", "bert-base", "--phase", "decode", "--sequence-parallel"],
+     "--sequence-parallel applies to --phase train and prompt, not to --phase decode"),
+    (["simulate", "--trace", TRACE, "--sequence-parallel"],
+     "--sequence-parallel describes a generated model (--model) and does not apply to --trace"),
+    (["simulate", "--trace", TRACE, "--vocab-divisible-by", "128"],
+     "--vocab-divisible-by describes a generated model (--model) and does not apply to --trace"),
     (["validate-trace", TRACE, "--iteration", "2"],
      f"--iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
     (["validate-trace", TRACE, "--dataflow"],
@@ -173,3 +179,25 @@ def test_simulate_a_generated_model_in_another_dtype(tmp_path, capsys):
     assert query["bytes"] == 4 * (2 * tokens * hidden + hidden * hidden)  # input, weight and output in fp32
     assert main(["simulate", "--trace", TRACE, "--dtype", "fp32", "--system", "t3-ring8"]) == 2
     assert "--dtype describes a generated model (--model) and does not apply to --trace" in capsys.readouterr().err
+
+
+def test_sequence_parallelism_and_vocabulary_padding_reach_the_generator(tmp_path):
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY_YAML)
+    out = tmp_path / "sp"
+    assert main(["simulate", "--model", str(model), "--tp", "4", "--layers", "1", "--sequence-parallel",
+                 "--vocab-divisible-by", "100", "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 0
+    metadata = json.loads((out / "summary.json").read_text())["trace_metadata"]
+    assert metadata["sequence_parallel"] is True and metadata["vocab_divisible_by"] == 100
+    ops = pd.read_parquet(out / "ops.parquet")
+    rank0 = ops[ops["gpu"] == 0].set_index("name")
+    assert {"L0.ln1_allgather", "L0.attn_reducescatter"} <= set(rank0.index)
+    assert rank0.loc["lm_head", "flops"] == 2 * 2 * 64 * 256 * 1200 // 4  # 1024 words padded to 1200, over 4 ranks
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_a_bad_vocabulary_multiple_names_the_flag(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--model", "bert-base", "--vocab-divisible-by", value, "--system", "t3-ring8"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument --vocab-divisible-by: expected a positive integer, got '{value}'" in err

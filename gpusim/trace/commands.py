@@ -7,7 +7,7 @@ import glob
 import json
 from pathlib import Path
 
-from gpusim.arguments import non_negative_float, output_folder
+from gpusim.arguments import non_negative_float, output_folder, positive_int
 from gpusim.errors import GpusimError, TraceError, UnsupportedTraceError
 from gpusim.output_files import staged_outputs
 
@@ -15,7 +15,7 @@ PATTERN_CHARACTERS = "*?["
 """Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
-                 "decode_tokens", "attention", "dtype")
+                 "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -111,6 +111,8 @@ def _model_options(args: argparse.Namespace) -> dict[str, object]:
             raise GpusimError(f"simulate: {_option(name)} applies to --phase train only, not to --phase {phase}")
     if "decode_tokens" in given and phase != "decode":
         raise GpusimError(f"simulate: --decode-tokens applies to --phase decode only, not to --phase {phase}")
+    if "sequence_parallel" in given and phase == "decode":
+        raise GpusimError("simulate: --sequence-parallel applies to --phase train and prompt, not to --phase decode")
     return given
 
 
@@ -279,6 +281,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model: attention as batched GEMMs and a softmax, or fused (FlashAttention-2) "
                              "(default: unfused)")
     parser.add_argument("--dtype", choices=DTYPES, help="--model: data type of the activations and weights (default: fp16)")
+    parser.add_argument("--sequence-parallel", action="store_true", default=None,
+                        help="--model, --phase train or prompt: Megatron-LM's sequence parallelism (norms and "
+                             "dropouts on 1/tp of the tokens; reduce-scatters and all-gathers instead of all-reduces)")
+    parser.add_argument("--vocab-divisible-by", type=positive_int,
+                        help="--model: pad the vocabulary to a multiple of N x tp, as Megatron-LM's "
+                             "--make-vocab-size-divisible-by (128 there) (default: 1, no padding)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
     _common(parser)
 

@@ -15,6 +15,9 @@ the heads (T-NLG's 28 heads over 8 GPUs), every rank is given the busiest rank's
 over ``ceil(heads / tp)`` heads, with the query, key and value columns and the output projection's
 rows of those heads, and an MLP of ``ceil(d_ff / tp)`` columns; key/value heads fewer than ``tp``
 (multi-query or grouped-query attention) are replicated.  ``tp`` may not exceed the heads.
+Sequence parallelism (Korthikanti et al. 2022) turns each all-reduce into a reduce-scatter into the
+ranks' slices of the tokens, on which the norms, dropouts and residual additions run, followed by
+an all-gather before the next column-parallel GEMM (see :func:`transformer`).
 
 Data parallelism all-reduces the gradients in buckets (``bucket_bytes``, PyTorch DDP's 25 MiB by
 default; seeds/001) on a separate ``comm`` stream, each bucket as soon as the weight-gradient GEMMs
@@ -30,7 +33,7 @@ microbatches pass through the stages one generated token at a time.
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
 (:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
 on fp32 master weights, one op per layer over that layer's parameter tensors.  Activation
-recomputation re-runs a layer's forward pass (with its all-reduces) before its backward pass.
+recomputation re-runs a layer's forward pass (with its collectives) before its backward pass.
 """
 
 from __future__ import annotations
@@ -154,7 +157,8 @@ class _Transformer:
 
     def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
                  microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
-                 optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str):
+                 optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
+                 sequence_parallel: bool, vocab_divisible_by: int):
         self.model = model
         self.phase = phase
         self.par = par
@@ -174,13 +178,15 @@ class _Transformer:
         self.train = phase == "train"
         self.out = _Builder()
         tp = par.tp
+        self.sp = sequence_parallel and tp > 1
         self.heads_t = math.ceil(model.heads / tp)
         self.kv_t = math.ceil(model.key_value_heads / tp)
         self.hd = model.head_dim
         self.q_width = self.heads_t * self.hd
         self.qkv_out = self.q_width + 2 * self.kv_t * self.hd
         self.ff_t = math.ceil(model.intermediate / tp)
-        self.vocab_t = math.ceil(model.vocab / tp)
+        multiple = vocab_divisible_by * tp
+        self.vocab_t = math.ceil(model.vocab / multiple) * multiple // tp  # Megatron's padded vocabulary, sliced
         layers = model.layers
         self.stage_layers = [list(range(s * layers // par.pp, (s + 1) * layers // par.pp)) for s in range(par.pp)]
         self.gradient_buckets: dict[tuple[int, int], Handle] = {}
@@ -221,11 +227,30 @@ class _Transformer:
                                 q_len=queries, kv_len=keys, head_dim=self.hd, causal=self.model.causal,
                                 function=direction, dtype=self.dtype)
 
-    def _tp_allreduce(self, stage, after, labels, nbytes, dtype=None) -> Handle | None:
+    def _tp_collective(self, stage, after, labels, nbytes, collective="allreduce", dtype=None) -> Handle | None:
+        """A collective over each tensor-parallel group of ``stage`` on the compute stream (none when tp is 1)."""
         if self.par.tp == 1:
             return None
-        return self.out.collective(self.par.tp_groups(stage), "compute", after, labels, collective="allreduce",
+        return self.out.collective(self.par.tp_groups(stage), "compute", after, labels, collective=collective,
                                    bytes=nbytes, dtype=dtype or self.dtype)
+
+    def _tp_reduce(self, stage, labels, name, nbytes) -> Handle | None:
+        """The sum of the ranks' partial ``nbytes`` of activations (or gradients): an all-reduce, or with
+        sequence parallelism a reduce-scatter into each rank's slice of the tokens; ``name`` is a
+        template for the collective (``"attn_{}"``: ``attn_allreduce`` or ``attn_reducescatter``),
+        ``labels`` makes a name's labels."""
+        collective = "reducescatter" if self.sp else "allreduce"
+        return self._tp_collective(stage, [], labels(name.format(collective)), nbytes, collective)
+
+    def _tp_gather(self, stage, labels, nbytes, after=()) -> Handle | None:
+        """With sequence parallelism, the all-gather of the ranks' token slices into all ``nbytes``
+        (the gathered size); nothing without."""
+        return self._tp_collective(stage, list(after), labels, nbytes, "allgather") if self.sp else None
+
+    def _tokens_per_rank(self, tokens: int) -> int:
+        """Tokens a rank's norms, dropouts and residual additions see: ``ceil(tokens / tp)`` with
+        sequence parallelism (the busiest rank's where tp does not divide them), else all."""
+        return math.ceil(tokens / self.par.tp) if self.sp else tokens
 
     # -- transformer layer --------------------------------------------------------------------
     def layer_forward(self, stage: int, layer: int, step: int, phase: str, after: list, prefix: str = "",
@@ -235,13 +260,16 @@ class _Transformer:
         s = context or self.s
         queries = 1 if context else self.s
         t = tokens or self.b * self.s
+        t_rank = self._tokens_per_rank(t)
         h, hd, heads = model.hidden, self.hd, self.heads_t
         bh = self.b * heads
+        nbytes = t * h * self.size
 
         def at(op: str) -> dict:
             return self._labels(f"{prefix}L{layer}.{op}", phase, layer, step)
 
-        last = self._reduction(gpus, after, at("ln1"), model.norm, t, h)
+        last = self._reduction(gpus, after, at("ln1"), model.norm, t_rank, h)
+        self._tp_gather(stage, at("ln1_allgather"), nbytes)
         if model.fused_qkv:
             last = self._gemm(gpus, [], at("qkv"), self.qkv_out, t, h, trans_a=True)
         else:
@@ -261,16 +289,17 @@ class _Transformer:
                 self._elementwise(gpus, [], at("attn_dropout"), "dropout", bh * queries * s)
             self._gemm(gpus, [], at("attn_context"), hd, queries, s, batch=bh)
         last = self._gemm(gpus, [], at("attn_out"), h, t, self.q_width, trans_a=True)
-        last = self._tp_allreduce(stage, [], at("attn_allreduce"), t * h * self.size) or last
+        last = self._tp_reduce(stage, at, "attn_{}", nbytes) or last
         residual = "residual_dropout" if self.train else "add"
-        self._elementwise(gpus, [], at("attn_residual"), residual, t * h)
-        self._reduction(gpus, [], at("ln2"), model.norm, t, h)
+        self._elementwise(gpus, [], at("attn_residual"), residual, t_rank * h)
+        self._reduction(gpus, [], at("ln2"), model.norm, t_rank, h)
+        self._tp_gather(stage, at("ln2_allgather"), nbytes)
         swiglu = model.activation == "swiglu"
         self._gemm(gpus, [], at("fc1"), self.ff_t * (2 if swiglu else 1), t, h, trans_a=True)
         self._elementwise(gpus, [], at("swiglu" if swiglu else "gelu"), "mul" if swiglu else "gelu", t * self.ff_t)
         last = self._gemm(gpus, [], at("fc2"), h, t, self.ff_t, trans_a=True)
-        last = self._tp_allreduce(stage, [], at("mlp_allreduce"), t * h * self.size) or last
-        return self._elementwise(gpus, [], at("mlp_residual"), residual, t * h)
+        last = self._tp_reduce(stage, at, "mlp_{}", nbytes) or last
+        return self._elementwise(gpus, [], at("mlp_residual"), residual, t_rank * h)
 
     def _gradient(self, stage: int, layer: int, nbytes: int, producer: Handle, labels: dict, flush: bool) -> None:
         """Add a weight gradient to the current bucket; all-reduce it when full (or at ``flush``)."""
@@ -287,9 +316,11 @@ class _Transformer:
         """The backward ops of one layer (recomputing its forward pass first when asked)."""
         model, gpus = self.model, self.par.stage_ranks(stage)
         t = self.b * self.s
+        t_rank = self._tokens_per_rank(t)
         h, hd, heads, s = model.hidden, self.hd, self.heads_t, self.s
         bh = self.b * heads
         size = self.size
+        nbytes = t * h * size
         swiglu = model.activation == "swiglu"
         ff_in = self.ff_t * (2 if swiglu else 1)
         self._reduce_now = reduce_gradients
@@ -300,7 +331,8 @@ class _Transformer:
 
         if self.recompute:
             after = [self.layer_forward(stage, layer, step, "bwd", after, prefix="recompute.")]
-        last = self._elementwise(gpus, after, at("mlp_residual_bwd"), "mul", t * h)
+        last = self._elementwise(gpus, after, at("mlp_residual_bwd"), "mul", t_rank * h)
+        self._tp_gather(stage, at("mlp_allgather_bwd"), nbytes)
         self._gemm(gpus, [], at("fc2_dgrad"), self.ff_t, t, h)
         wgrad = self._gemm(gpus, [], at("fc2_wgrad"), self.ff_t, h, t, trans_b=True)
         self._gradient(stage, layer, self.ff_t * h * size, wgrad, at("grad_allreduce"), False)
@@ -309,12 +341,14 @@ class _Transformer:
             self._elementwise(gpus, [], at("swiglu_bwd_up"), "mul", t * self.ff_t)
         else:
             self._elementwise(gpus, [], at("gelu_bwd"), "bias_gelu", t * self.ff_t)
+        self._tp_gather(stage, at("ln2_allgather_wgrad"), nbytes)
         self._gemm(gpus, [], at("fc1_dgrad"), h, t, ff_in)
         wgrad = self._gemm(gpus, [], at("fc1_wgrad"), h, ff_in, t, trans_b=True)
         self._gradient(stage, layer, h * ff_in * size, wgrad, at("grad_allreduce"), False)
-        self._tp_allreduce(stage, [], at("mlp_allreduce_bwd"), t * h * size)
-        self._reduction(gpus, [], at("ln2_bwd"), f"{model.norm}_backward", t, h)
-        self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t * h)
+        self._tp_reduce(stage, at, "mlp_{}_bwd", nbytes)
+        self._reduction(gpus, [], at("ln2_bwd"), f"{model.norm}_backward", t_rank, h)
+        self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t_rank * h)
+        self._tp_gather(stage, at("attn_allgather_bwd"), nbytes)
         self._gemm(gpus, [], at("attn_out_dgrad"), self.q_width, t, h)
         wgrad = self._gemm(gpus, [], at("attn_out_wgrad"), self.q_width, h, t, trans_b=True)
         self._gradient(stage, layer, self.q_width * h * size, wgrad, at("grad_allreduce"), False)
@@ -329,6 +363,7 @@ class _Transformer:
             self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
             self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
         self._rotary(gpus, at("rope_bwd"), t)
+        self._tp_gather(stage, at("ln1_allgather_wgrad"), nbytes)
         if model.fused_qkv:
             self._gemm(gpus, [], at("qkv_dgrad"), h, t, self.qkv_out)
             wgrad = self._gemm(gpus, [], at("qkv_wgrad"), h, self.qkv_out, t, trans_b=True)
@@ -336,35 +371,39 @@ class _Transformer:
             for part, width in (("q", self.q_width), ("k", self.kv_t * hd), ("v", self.kv_t * hd)):
                 self._gemm(gpus, [], at(f"{part}_dgrad"), h, t, width)
                 wgrad = self._gemm(gpus, [], at(f"{part}_wgrad"), h, width, t, trans_b=True)
-        self._tp_allreduce(stage, [], at("attn_allreduce_bwd"), t * h * size)
-        self._reduction(gpus, [], at("ln1_bwd"), f"{model.norm}_backward", t, h)
-        last = self._elementwise(gpus, [], at("residual_bwd"), "add", t * h)
+        self._tp_reduce(stage, at, "attn_{}_bwd", nbytes)
+        self._reduction(gpus, [], at("ln1_bwd"), f"{model.norm}_backward", t_rank, h)
+        last = self._elementwise(gpus, [], at("residual_bwd"), "add", t_rank * h)
         rest = sum(self.layer_tensors()) - (self.ff_t * h + h * ff_in + self.q_width * h)  # QKV, biases, norms
         self._gradient(stage, layer, rest * size, last, at("grad_allreduce"), True)
         return last
 
     # -- embedding and output layer -----------------------------------------------------------
     def embedding_forward(self, step: int, phase: str, after: list, tokens: int) -> Handle:
-        """Token embedding lookup on the first stage (vocabulary-parallel: an all-reduce under TP)."""
+        """Token embedding lookup on the first stage (vocabulary-parallel: an all-reduce under TP, a
+        reduce-scatter into the ranks' token slices with sequence parallelism)."""
         gpus = self.par.stage_ranks(0)
         labels = self._labels("embedding", phase, -1, step)
         last = self._elementwise(gpus, after, labels, "copy", tokens * self.model.hidden)
-        return self._tp_allreduce(0, [], self._labels("embedding_allreduce", phase, -1, step),
-                                  tokens * self.model.hidden * self.size) or last
+        return self._tp_reduce(0, lambda name: self._labels(name, phase, -1, step), "embedding_{}",
+                               tokens * self.model.hidden * self.size) or last
 
     def head_forward(self, step: int, phase: str, tokens: int) -> Handle:
-        """Final norm, output projection and (training) cross-entropy on the last stage."""
+        """Final norm (and with sequence parallelism the all-gather of its tokens), output projection
+        and (training) cross-entropy on the last stage."""
         stage = self.par.pp - 1
         gpus = self.par.stage_ranks(stage)
         h = self.model.hidden
-        self._reduction(gpus, [], self._labels("final_norm", phase, -1, step), self.model.norm, tokens, h)
+        self._reduction(gpus, [], self._labels("final_norm", phase, -1, step), self.model.norm,
+                        self._tokens_per_rank(tokens), h)
+        self._tp_gather(stage, self._labels("final_norm_allgather", phase, -1, step), tokens * h * self.size)
         logits = tokens if self.train else self.b
         last = self._gemm(gpus, [], self._labels("lm_head", phase, -1, step), self.vocab_t, logits, h, trans_a=True)
         if self.train:
             last = self._reduction(gpus, [], self._labels("cross_entropy", phase, -1, step), "softmax", tokens,
                                    self.vocab_t)
-            last = self._tp_allreduce(stage, [], self._labels("cross_entropy_allreduce", phase, -1, step),
-                                      3 * tokens * 4, dtype="fp32") or last
+            last = self._tp_collective(stage, [], self._labels("cross_entropy_allreduce", phase, -1, step),
+                                       3 * tokens * 4, dtype="fp32") or last
         return last
 
     def head_backward(self, step: int, reduce_gradients: bool) -> Handle:
@@ -372,23 +411,31 @@ class _Transformer:
         stage = self.par.pp - 1
         gpus = self.par.stage_ranks(stage)
         h, t, size = self.model.hidden, self.b * self.s, self.size
-        self._elementwise(gpus, [], self._labels("cross_entropy_bwd", "bwd", -1, step), "mul", t * self.vocab_t)
-        self._gemm(gpus, [], self._labels("lm_head_dgrad", "bwd", -1, step), h, t, self.vocab_t)
-        wgrad = self._gemm(gpus, [], self._labels("lm_head_wgrad", "bwd", -1, step), h, self.vocab_t, t, trans_b=True)
-        self._tp_allreduce(stage, [], self._labels("lm_head_allreduce_bwd", "bwd", -1, step), t * h * size)
-        last = self._reduction(gpus, [], self._labels("final_norm_bwd", "bwd", -1, step),
-                                  f"{self.model.norm}_backward", t, h)
+        def at(name: str) -> dict:
+            return self._labels(name, "bwd", -1, step)
+
+        self._elementwise(gpus, [], at("cross_entropy_bwd"), "mul", t * self.vocab_t)
+        self._tp_gather(stage, at("final_norm_allgather_wgrad"), t * h * size)
+        self._gemm(gpus, [], at("lm_head_dgrad"), h, t, self.vocab_t)
+        wgrad = self._gemm(gpus, [], at("lm_head_wgrad"), h, self.vocab_t, t, trans_b=True)
+        self._tp_reduce(stage, at, "lm_head_{}_bwd", t * h * size)
+        last = self._reduction(gpus, [], at("final_norm_bwd"), f"{self.model.norm}_backward",
+                               self._tokens_per_rank(t), h)
         if reduce_gradients and (self.par.pp > 1 or not self.model.tied_embeddings):
             self._reduce_now, self._bucket = True, 0
             nbytes = (self.vocab_t * h + self.model.norm_parameters()) * size  # its own table or the tied copy
-            self._gradient(stage, -1, nbytes, wgrad, self._labels("grad_allreduce", "bwd", -1, step), True)
+            self._gradient(stage, -1, nbytes, wgrad, at("grad_allreduce"), True)
         return last
 
     def embedding_backward(self, step: int, after: list, reduce_gradients: bool) -> Handle:
-        """Gradient of the embedding table (scatter-add) on the first stage."""
+        """Gradient of the embedding table (scatter-add) on the first stage, of every token's gradient
+        (with sequence parallelism all-gathered from the ranks' token slices first)."""
         gpus = self.par.stage_ranks(0)
+        tokens = self.b * self.s
+        gathered = self._tp_gather(0, self._labels("embedding_allgather_bwd", "bwd", -1, step),
+                                   tokens * self.model.hidden * self.size, after)
         labels = self._labels("embedding_bwd", "bwd", -1, step)
-        last = self._elementwise(gpus, after, labels, "add", self.b * self.s * self.model.hidden)
+        last = self._elementwise(gpus, [gathered] if gathered else after, labels, "add", tokens * self.model.hidden)
         if reduce_gradients:
             self._reduce_now, self._bucket = True, 0
             elements = self.vocab_t * self.model.hidden
@@ -471,7 +518,7 @@ class _Transformer:
         """Emit one forward or backward pass of microbatch ``mb`` on ``stage``."""
         first, last_stage = stage == 0, stage == self.par.pp - 1
         tokens = self.b * self.s
-        nbytes = tokens * self.model.hidden * self.size
+        nbytes = self._tokens_per_rank(tokens) * self.model.hidden * self.size  # each rank's slice with SP
         after = [received.get((action, stage, mb))]
         if action == "F":
             phase = "fwd" if self.train else "prompt"
@@ -497,6 +544,23 @@ class _Transformer:
             labels = self._labels("send_gradients", "bwd", -1, mb)
             received[("B", stage - 1, mb)] = self.out.sendrecv(self._pairs(stage, stage - 1), "bwd", after, labels,
                                                                nbytes)
+        if reduce_now and self.sp:
+            self.sequence_parallel_gradients(stage, mb)
+
+    def sequence_parallel_gradients(self, stage: int, step: int) -> None:
+        """With sequence parallelism, the all-reduce over each tensor-parallel group of the gradients
+        that each rank computes from its own tokens only: the norms' scales and shifts and the biases
+        added after a reduce-scatter (the attention output projection's and FC-2's), of every layer
+        of ``stage`` and, where its backward pass runs, the final norm on the last stage.  One per
+        stage per iteration, after the stage's last backward pass, as Megatron-LM reduces them all at
+        once before the optimizer step."""
+        model = self.model
+        per_layer = 2 * model.norm_parameters() + (2 * model.hidden if model.bias else 0)
+        elements = per_layer * len(self.stage_layers[stage])
+        if stage == self.par.pp - 1 and self.head:
+            elements += model.norm_parameters()
+        self._tp_collective(stage, [], self._labels("sequence_parallel_grad_allreduce", "bwd", -1, step),
+                            elements * self.size)
 
     def _build_decode(self) -> None:
         """Generated tokens one after another; each is a forward pass of every microbatch with a growing KV cache.
@@ -554,6 +618,8 @@ def transformer(
     layers: int | None = None,
     head: bool = True,
     attention: str = "unfused",
+    sequence_parallel: bool = False,
+    vocab_divisible_by: int = 1,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -603,6 +669,18 @@ def transformer(
         ``"unfused"``: the scores as batched GEMMs with a softmax (and dropout) between them, as
         the dissertation's models run; ``"flash"``: one fused attention op per layer and pass
         (:class:`gpusim.ops.Attention`, FlashAttention-2; ``fp16`` or ``bf16``).
+    sequence_parallel
+        Megatron-LM's sequence parallelism (Korthikanti et al. 2022) in the ``train`` and ``prompt``
+        phases: the norms, dropouts and residual additions run on ``ceil(tokens / tp)`` tokens per
+        rank, the forward pass's tensor-parallel all-reduces become reduce-scatters (of the same
+        bytes) with an all-gather before QKV and FC-1 (and the output layer), and the backward pass
+        has their conjugates, all-gathers of the norms' outputs again for the weight gradients, and
+        one all-reduce of the norms' and row-parallel biases' gradients per stage.  With ``tp=1`` it
+        changes nothing (as Megatron-LM, which turns it off there).
+    vocab_divisible_by
+        Megatron-LM's ``make_vocab_size_divisible_by`` (128 there by default): the vocabulary is
+        padded to a multiple of ``vocab_divisible_by * tp`` and each rank holds ``1/tp`` of the padded
+        rows; 1 (the default) gives each rank ``ceil(vocab / tp)`` rows.
 
     Returns
     -------
@@ -613,7 +691,8 @@ def transformer(
     Raises
     ------
     TraceError
-        Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``...).
+        Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``...), or
+        ``sequence_parallel`` in the ``decode`` phase.
     """
     config = load_model(model)
     if layers is not None:
@@ -643,6 +722,12 @@ def transformer(
     microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
     _positive("bucket_bytes", bucket_bytes)
     _positive("decode_tokens", decode_tokens)
+    _positive("vocab_divisible_by", vocab_divisible_by)
+    if not isinstance(sequence_parallel, bool):
+        raise TraceError(f"transformer(): 'sequence_parallel' must be True or False, got {sequence_parallel!r}")
+    if sequence_parallel and phase == "decode":
+        raise TraceError("transformer(): 'sequence_parallel' applies to phase='train' and 'prompt' (it slices the "
+                         "tokens of a sequence), not to phase='decode'")
     if config.layers < pp:
         raise TraceError(f"transformer(): {config.layers} layers cannot fill pp={pp} stages")
     if tp > config.heads:
@@ -655,7 +740,8 @@ def transformer(
         raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
-                           bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention)
+                           bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
+                           vocab_divisible_by)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -664,6 +750,7 @@ def transformer(
         "seq_len": seq_len, "microbatches": microbatches, "schedule": schedule, "dtype": dtype,
         "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer, "optimizer_impl": optimizer_impl,
         "decode_tokens": decode_tokens, "head": head, "attention": attention,
+        "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
     return Trace(frame, source=name, metadata=metadata)
