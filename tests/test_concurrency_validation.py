@@ -140,6 +140,16 @@ def test_reference_values_a_run_did_not_compute_are_not_run_not_misses(tmp_path)
     assert complete.set_index("metric").loc["batched_over_default", "status"].tolist() == ["within tolerance", "miss"]
 
 
+def test_a_value_exactly_the_tolerance_away_is_within_it():
+    """0.75 against the reference's 0.70 is 5 points in decimal and 5.000000000000004 in binary."""
+    reproduce = load_reproduce()
+    result = synthetic_result()
+    result.predictor["accuracy"] = [0.8, 0.75, 0.62, 0.3]
+    empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
+    status = reproduce.compare(result, empty, empty).set_index(["metric", "concurrency"])["status"]
+    assert status[("predictor_accuracy", 4)] == "within tolerance"
+
+
 def test_every_plot_axis_says_its_unit_or_what_its_ratio_is_of(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
