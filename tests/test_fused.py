@@ -171,6 +171,7 @@ def test_mca_chooses_a_threshold_from_the_first_stage_and_protects_the_gemm_unde
     assert 0 < row["mca_intensity"] <= 1 and row["mca_threshold"] < 1
 
 
+@pytest.mark.filterwarnings("ignore::gpusim.SymmetricModeWarning")  # symmetric runs of direct ops, here for their errors
 def test_bad_uses_are_errors():
     with pytest.raises(gpusim.OpError, match="direct link"):
         run(RING8, ops.GemmReduceScatter(M, N, K, algorithm="direct"))

@@ -125,6 +125,7 @@ def test_fusion_overlaps_the_gather_with_the_gemm():
     assert len(steps) == 8 and sum(span.start_ns < kernel.end_ns for span in steps) >= 4  # relays start during the GEMM
 
 
+@pytest.mark.filterwarnings("ignore::gpusim.SymmetricModeWarning")  # symmetric runs of direct ops, here for their errors
 def test_bad_uses_are_errors():
     with pytest.raises(gpusim.OpError, match="direct all-gather needs a direct link"):
         run(RING8, ops.GemmAllGather(M, N, K, algorithm="direct"))
@@ -196,6 +197,7 @@ def test_all_to_all_fusion_hides_the_exchange_behind_the_gemm():
     assert gemm <= fused < 0.8 * sequential
 
 
+@pytest.mark.filterwarnings("ignore::gpusim.SymmetricModeWarning")  # symmetric runs of direct ops, here for their errors
 def test_bad_all_to_alls_are_errors():
     with pytest.raises(gpusim.OpError, match="direct all-to-all needs a direct link"):
         run(RING8, ops.GemmAllToAll(M, N, K))

@@ -99,6 +99,7 @@ def test_multi_hop_routes_keep_the_links_busy():
     system = gpusim.load_system("t3-ring8")
     bound = 4 * 2**20 / system.config.links.bandwidth_bytes_per_s
     full = gpusim.run(system, ops.AllToAll(4 * 2**20), mode="full").time_s
-    symmetric = gpusim.run(system, ops.AllToAll(4 * 2**20), mode="symmetric").time_s
+    with pytest.warns(gpusim.SymmetricModeWarning):  # close here, but only approximate in general
+        symmetric = gpusim.run(system, ops.AllToAll(4 * 2**20), mode="symmetric").time_s
     assert bound < full < 2 * bound
     assert symmetric == pytest.approx(full, rel=0.03)
