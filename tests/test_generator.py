@@ -11,6 +11,7 @@ from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import ModelConfig, list_models, load_model, transformer
 from gpusim.trace.lowering import op_of_row
 from gpusim.trace.schedules import stage_order
+from gpusim.trace.schema import validate
 
 TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_len=64, batch=4)
 TINY8 = load_model(TINY, heads=8)
@@ -502,3 +503,107 @@ def test_sequence_parallelism_and_vocabulary_padding_errors():
     prompt = transformer(TINY, tp=2, phase="prompt", batch=2, seq_len=64, sequence_parallel=True).frame
     collectives = prompt[(prompt["layer"] >= 0) & (prompt["kind"] == "collective")]
     assert set(collectives["collective"]) == {"allgather", "reducescatter"}
+
+
+def deps_of(frame, name, gpu=0):
+    """The op_ids a named row of ``gpu`` depends on (besides its stream order)."""
+    row = frame[(frame["name"] == name) & (frame["gpu"] == gpu) & (frame["step"] == 0)].iloc[0]
+    return {int(d) for d in str(row["deps"]).split()} if row["deps"] else set()
+
+
+def op_id_of(frame, name, gpu=0):
+    return int(frame[(frame["name"] == name) & (frame["gpu"] == gpu) & (frame["step"] == 0)]["op_id"].iloc[0])
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_async_tensor_parallel_backward_overlaps_the_column_layers_collectives(sequence_parallel):
+    """Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication: the sum of a column-parallel
+    layer's activation gradients goes to the ``tp_comm`` stream once they are done, the weight
+    gradients run beside it, and the next op waits for it; with sequence parallelism the all-gather
+    of the layer's input is launched first, after the compute stream's work, beside the activation
+    gradients, and the weight gradients wait for it.  The ops and their sizes are the synchronous
+    trace's."""
+    options = dict(tp=4, batch=2, seq_len=32, sequence_parallel=sequence_parallel)
+    sync = transformer(TINY8, **options).frame
+    overlapped = transformer(TINY8, **options, async_tp_backward=True).frame
+    ops = ["name", "kind", "collective", "bytes", "m", "n", "k", "gpu"]
+    assert Counter(map(tuple, sync[ops].astype(str).values)) == Counter(map(tuple, overlapped[ops].astype(str).values))
+    reduce = "reducescatter" if sequence_parallel else "allreduce"
+    column_layers = {"L0.qkv": (f"L0.attn_{reduce}_bwd", "L0.ln1_allgather_wgrad", "L0.ln1_bwd", "L0.attn_score_wgrad"),
+                     "L0.fc1": (f"L0.mlp_{reduce}_bwd", "L0.ln2_allgather_wgrad", "L0.ln2_bwd", "L0.gelu_bwd"),
+                     "lm_head": (f"lm_head_{reduce}_bwd", "final_norm_allgather_wgrad", "final_norm_bwd",
+                                 "cross_entropy_bwd")}
+    on_comm = overlapped[overlapped["stream"] == "tp_comm"]
+    for layer, (summed, gathered, following, before) in column_layers.items():  # before: the last compute op
+        assert set(sync.loc[sync["name"] == summed, "stream"]) == {"compute"}
+        assert set(overlapped.loc[overlapped["name"] == summed, "stream"]) == {"tp_comm"}
+        assert deps_of(overlapped, summed) == {op_id_of(overlapped, f"{layer}_dgrad")}
+        assert op_id_of(overlapped, summed) in deps_of(overlapped, following)
+        if sequence_parallel:
+            assert set(overlapped.loc[overlapped["name"] == gathered, "stream"]) == {"tp_comm"}
+            assert deps_of(overlapped, gathered) == {op_id_of(overlapped, before)}
+            assert deps_of(overlapped, f"{layer}_wgrad") == {op_id_of(overlapped, gathered)}
+        else:
+            assert deps_of(overlapped, f"{layer}_wgrad") == set()
+    expected = {"allreduce"} if not sequence_parallel else {"allgather", "reducescatter"}
+    assert set(on_comm["collective"]) == expected and set(on_comm["phase"]) == {"bwd"}
+    # one row after another on the stream: the sum is queued before the weight gradient it overlaps
+    rank0 = overlapped[(overlapped["gpu"] == 0) & (overlapped["step"] == 0)]["name"].tolist()
+    assert rank0.index(f"L0.mlp_{reduce}_bwd") < rank0.index("L0.fc1_wgrad")
+
+
+def test_async_tensor_parallel_backward_changes_nothing_without_a_backward_pass_or_tensor_parallelism():
+    for options in (dict(tp=1), dict(tp=2, phase="prompt"), dict(tp=2, phase="decode")):
+        assert transformer(TINY, **options, async_tp_backward=True).frame.equals(transformer(TINY, **options).frame)
+    assert transformer(TINY, tp=2, async_tp_backward=False).frame.equals(transformer(TINY, tp=2).frame)
+    assert transformer(TINY, tp=2, async_tp_backward=True).metadata["async_tp_backward"] is True
+    with pytest.raises(TraceError, match="'async_tp_backward' must be True or False, got 1"):
+        transformer(TINY, tp=2, async_tp_backward=1)
+
+
+def test_async_tensor_parallel_backward_separate_projections_sum_after_all_their_gradients():
+    """Without a fused QKV (Llama's q, k and v projections) the three activation gradients come
+    first and the sum of their total overlaps the three weight gradients."""
+    model = load_model(TINY8, fused_qkv=False)
+    frame = transformer(model, tp=2, async_tp_backward=True).frame
+    rank0 = frame[(frame["gpu"] == 0) & (frame["step"] == 0) & (frame["layer"] == 0)]["name"].tolist()
+    order = [name for name in rank0 if name.endswith(("_dgrad", "_wgrad", "attn_allreduce_bwd"))
+             and name.split(".")[1][0] in "qkva"]
+    projections = [f"L0.{part}_{grad}" for grad in ("dgrad", "wgrad") for part in "qkv"]
+    assert order[-7:] == projections[:3] + ["L0.attn_allreduce_bwd"] + projections[3:]
+
+
+def test_an_async_tensor_parallel_backward_replays_faster_with_communication_overlapped():
+    """At TP=4 on a ring, the overlapped trace's iteration is shorter than the synchronous one's,
+    with communication overlapped with compute (none without), and the column layers' sums run
+    while their weight gradients do."""
+    model = ModelConfig(name="small", hidden=1024, layers=1, heads=8, vocab=4096, seq_len=512, batch=2)
+    system = gpusim.load_system("t3-ring8")
+    results = {flag: gpusim.run(system, transformer(model, tp=4, async_tp_backward=flag), mode="symmetric")
+               for flag in (False, True)}
+    parts = {flag: gpusim.trace.breakdown(result.ops).iloc[0] for flag, result in results.items()}
+    assert parts[False]["overlapped_comm_s"] == 0 < parts[True]["overlapped_comm_s"]
+    assert results[True].time_s < results[False].time_s
+    ops = results[True].ops.set_index("name")
+    summed, wgrad = ops.loc["L0.mlp_allreduce_bwd"], ops.loc["L0.fc1_wgrad"]
+    assert summed["start_s"] < wgrad["end_s"] and wgrad["start_s"] < summed["end_s"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([2, 4]), st.booleans(), st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.booleans())
+def test_async_tensor_parallel_backward_keeps_the_work_and_cannot_deadlock(tp, sequence_parallel, dp, pp,
+                                                                           microbatches, recompute):
+    """Whatever the parallelism: the same ops as the synchronous trace, a dependency graph without
+    cycles, and within each tensor-parallel group every rank's ``tp_comm`` stream queues the same
+    collectives in the same order (so none waits for a rank that waits for it)."""
+    options = dict(tp=tp, dp=dp, pp=pp, microbatches=microbatches, batch=2 * dp * microbatches, seq_len=16,
+                   recompute=recompute, sequence_parallel=sequence_parallel, layers=2)
+    sync = transformer(TINY8, **options).frame
+    overlapped = transformer(TINY8, **options, async_tp_backward=True).frame
+    fields = ["name", "gpu", "kind", "collective", "bytes", "m", "n", "k", "step"]
+    assert Counter(map(tuple, sync[fields].astype(str).values)) == Counter(map(tuple, overlapped[fields].astype(str).values))
+    validate(overlapped)
+    comm = overlapped[overlapped["stream"] == "tp_comm"]
+    for group, rows in comm.groupby("group"):
+        sequences = {tuple(ranks["op_id"]) for _, ranks in rows.groupby("gpu")}
+        assert len(sequences) == 1 and len(rows) == len(group.split()) * len(next(iter(sequences)))

@@ -106,6 +106,8 @@ class _Builder:
     def __init__(self) -> None:
         self.rows: list[dict] = []
         self.next_id = 0
+        self.last_compute: dict[int, int] = {}
+        """gpu -> op_id of the latest op on its compute stream."""
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -125,6 +127,7 @@ class _Builder:
         for gpu in gpus:
             self.rows.append({"op_id": op_id, "gpu": gpu, "stream": "compute", "kind": kind,
                               "deps": self._deps(after, gpu), **labels, **fields})
+            self.last_compute[gpu] = op_id
         return dict.fromkeys(gpus, op_id)
 
     def collective(self, groups: list[list[int]], stream: str, after: list[Handle | None], labels: dict,
@@ -137,6 +140,8 @@ class _Builder:
                 self.rows.append({"op_id": op_id, "gpu": gpu, "stream": stream, "kind": "collective",
                                   "group": format_ints(group), "deps": self._deps(after, gpu), **labels, **fields})
                 handle[gpu] = op_id
+                if stream == "compute":
+                    self.last_compute[gpu] = op_id
         return handle
 
     def sendrecv(self, pairs: list[tuple[int, int]], direction: str, after: list[Handle | None], labels: dict,
@@ -158,7 +163,7 @@ class _Transformer:
     def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
                  microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
-                 sequence_parallel: bool, vocab_divisible_by: int):
+                 sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool):
         self.model = model
         self.phase = phase
         self.par = par
@@ -179,6 +184,7 @@ class _Transformer:
         self.out = _Builder()
         tp = par.tp
         self.sp = sequence_parallel and tp > 1
+        self.async_tp = async_tp_backward and tp > 1
         self.heads_t = math.ceil(model.heads / tp)
         self.kv_t = math.ceil(model.key_value_heads / tp)
         self.hd = model.head_dim
@@ -227,25 +233,74 @@ class _Transformer:
                                 q_len=queries, kv_len=keys, head_dim=self.hd, causal=self.model.causal,
                                 function=direction, dtype=self.dtype)
 
-    def _tp_collective(self, stage, after, labels, nbytes, collective="allreduce", dtype=None) -> Handle | None:
-        """A collective over each tensor-parallel group of ``stage`` on the compute stream (none when tp is 1)."""
+    def _tp_collective(self, stage, after, labels, nbytes, collective="allreduce", dtype=None,
+                       stream="compute") -> Handle | None:
+        """A collective over each tensor-parallel group of ``stage`` on ``stream`` (none when tp is 1)."""
         if self.par.tp == 1:
             return None
-        return self.out.collective(self.par.tp_groups(stage), "compute", after, labels, collective=collective,
+        return self.out.collective(self.par.tp_groups(stage), stream, after, labels, collective=collective,
                                    bytes=nbytes, dtype=dtype or self.dtype)
 
-    def _tp_reduce(self, stage, labels, name, nbytes) -> Handle | None:
+    def _tp_reduce(self, stage, labels, name, nbytes, after=(), stream="compute") -> Handle | None:
         """The sum of the ranks' partial ``nbytes`` of activations (or gradients): an all-reduce, or with
         sequence parallelism a reduce-scatter into each rank's slice of the tokens; ``name`` is a
         template for the collective (``"attn_{}"``: ``attn_allreduce`` or ``attn_reducescatter``),
         ``labels`` makes a name's labels."""
         collective = "reducescatter" if self.sp else "allreduce"
-        return self._tp_collective(stage, [], labels(name.format(collective)), nbytes, collective)
+        return self._tp_collective(stage, list(after), labels(name.format(collective)), nbytes, collective,
+                                   stream=stream)
 
-    def _tp_gather(self, stage, labels, nbytes, after=()) -> Handle | None:
+    def _tp_gather(self, stage, labels, nbytes, after=(), stream="compute") -> Handle | None:
         """With sequence parallelism, the all-gather of the ranks' token slices into all ``nbytes``
         (the gathered size); nothing without."""
-        return self._tp_collective(stage, list(after), labels, nbytes, "allgather") if self.sp else None
+        if not self.sp:
+            return None
+        return self._tp_collective(stage, list(after), labels, nbytes, "allgather", stream=stream)
+
+    def _column_parallel_backward(self, stage, labels, gather: str, parts, reduce: str,
+                                  gradient: tuple[int, int, dict] | None = None) -> tuple[Handle | None, Handle]:
+        """The backward pass of a column-parallel linear layer (QKV, FC-1, the output layer) over all
+        the tokens: for each ``(name, in_features, out_features)`` of ``parts`` the activation
+        gradient ``{name}_dgrad`` and the weight gradient ``{name}_wgrad``; with sequence parallelism
+        first the all-gather ``gather`` of the layer's input, which the weight gradients read; then
+        the sum of the ranks' activation gradients (``reduce``, a template as in :meth:`_tp_reduce`).
+        ``gradient`` (layer, bytes, labels) adds the weight gradients to the data-parallel bucket.
+
+        By default every op is on the compute stream, one after the other.  With
+        ``async_tp_backward`` they are scheduled as Megatron-LM's
+        ``LinearWithGradAccumulationAndAsyncCommunication`` does: the all-gather is launched on the
+        ``tp_comm`` stream (after the work already queued on the compute stream, as NCCL's stream
+        waits for it) and overlaps the activation gradients; the sum is launched on ``tp_comm`` as
+        soon as they are done and overlaps the weight gradients, which wait for the all-gather.
+
+        Returns
+        -------
+        tuple
+            What the layer's next op must wait for besides its stream (the sum on ``tp_comm``, or
+            ``None``), and the last weight-gradient GEMM.
+        """
+        gpus, t, size = self.par.stage_ranks(stage), self.b * self.s, self.size
+        nbytes = t * self.model.hidden * size
+        dgrads = [(labels(f"{name}_dgrad"), n_in, t, n_out) for name, n_in, n_out in parts]
+        wgrads = [(labels(f"{name}_wgrad"), n_in, n_out, t) for name, n_in, n_out in parts]
+        if not self.async_tp:
+            self._tp_gather(stage, labels(gather), nbytes)
+            for dgrad, wgrad in zip(dgrads, wgrads):
+                self._gemm(gpus, [], *dgrad)
+                last_wgrad = self._gemm(gpus, [], *wgrad, trans_b=True)
+            if gradient:
+                self._gradient(stage, gradient[0], gradient[1], last_wgrad, gradient[2], False)
+            self._tp_reduce(stage, labels, reduce, nbytes)
+            return None, last_wgrad
+        gathered = self._tp_gather(stage, labels(gather), nbytes, [dict(self.out.last_compute)], stream="tp_comm")
+        for dgrad in dgrads:
+            last_dgrad = self._gemm(gpus, [], *dgrad)
+        summed = self._tp_reduce(stage, labels, reduce, nbytes, [last_dgrad], stream="tp_comm")
+        for position, wgrad in enumerate(wgrads):
+            last_wgrad = self._gemm(gpus, [gathered] if position == 0 else [], *wgrad, trans_b=True)
+        if gradient:
+            self._gradient(stage, gradient[0], gradient[1], last_wgrad, gradient[2], False)
+        return summed, last_wgrad
 
     def _tokens_per_rank(self, tokens: int) -> int:
         """Tokens a rank's norms, dropouts and residual additions see: ``ceil(tokens / tp)`` with
@@ -341,12 +396,9 @@ class _Transformer:
             self._elementwise(gpus, [], at("swiglu_bwd_up"), "mul", t * self.ff_t)
         else:
             self._elementwise(gpus, [], at("gelu_bwd"), "bias_gelu", t * self.ff_t)
-        self._tp_gather(stage, at("ln2_allgather_wgrad"), nbytes)
-        self._gemm(gpus, [], at("fc1_dgrad"), h, t, ff_in)
-        wgrad = self._gemm(gpus, [], at("fc1_wgrad"), h, ff_in, t, trans_b=True)
-        self._gradient(stage, layer, h * ff_in * size, wgrad, at("grad_allreduce"), False)
-        self._tp_reduce(stage, at, "mlp_{}_bwd", nbytes)
-        self._reduction(gpus, [], at("ln2_bwd"), f"{model.norm}_backward", t_rank, h)
+        summed, _ = self._column_parallel_backward(stage, at, "ln2_allgather_wgrad", [("fc1", h, ff_in)], "mlp_{}_bwd",
+                                                   (layer, h * ff_in * size, at("grad_allreduce")))
+        self._reduction(gpus, [summed], at("ln2_bwd"), f"{model.norm}_backward", t_rank, h)
         self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t_rank * h)
         self._tp_gather(stage, at("attn_allgather_bwd"), nbytes)
         self._gemm(gpus, [], at("attn_out_dgrad"), self.q_width, t, h)
@@ -363,16 +415,13 @@ class _Transformer:
             self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)
             self._gemm(gpus, [], at("attn_score_wgrad"), hd, s, s, batch=bh)
         self._rotary(gpus, at("rope_bwd"), t)
-        self._tp_gather(stage, at("ln1_allgather_wgrad"), nbytes)
         if model.fused_qkv:
-            self._gemm(gpus, [], at("qkv_dgrad"), h, t, self.qkv_out)
-            wgrad = self._gemm(gpus, [], at("qkv_wgrad"), h, self.qkv_out, t, trans_b=True)
+            parts = [("qkv", h, self.qkv_out)]
         else:
-            for part, width in (("q", self.q_width), ("k", self.kv_t * hd), ("v", self.kv_t * hd)):
-                self._gemm(gpus, [], at(f"{part}_dgrad"), h, t, width)
-                wgrad = self._gemm(gpus, [], at(f"{part}_wgrad"), h, width, t, trans_b=True)
-        self._tp_reduce(stage, at, "attn_{}_bwd", nbytes)
-        self._reduction(gpus, [], at("ln1_bwd"), f"{model.norm}_backward", t_rank, h)
+            parts = [(part, h, width) for part, width in (("q", self.q_width), ("k", self.kv_t * hd),
+                                                          ("v", self.kv_t * hd))]
+        summed, _ = self._column_parallel_backward(stage, at, "ln1_allgather_wgrad", parts, "attn_{}_bwd")
+        self._reduction(gpus, [summed], at("ln1_bwd"), f"{model.norm}_backward", t_rank, h)
         last = self._elementwise(gpus, [], at("residual_bwd"), "add", t_rank * h)
         rest = sum(self.layer_tensors()) - (self.ff_t * h + h * ff_in + self.q_width * h)  # QKV, biases, norms
         self._gradient(stage, layer, rest * size, last, at("grad_allreduce"), True)
@@ -415,11 +464,9 @@ class _Transformer:
             return self._labels(name, "bwd", -1, step)
 
         self._elementwise(gpus, [], at("cross_entropy_bwd"), "mul", t * self.vocab_t)
-        self._tp_gather(stage, at("final_norm_allgather_wgrad"), t * h * size)
-        self._gemm(gpus, [], at("lm_head_dgrad"), h, t, self.vocab_t)
-        wgrad = self._gemm(gpus, [], at("lm_head_wgrad"), h, self.vocab_t, t, trans_b=True)
-        self._tp_reduce(stage, at, "lm_head_{}_bwd", t * h * size)
-        last = self._reduction(gpus, [], at("final_norm_bwd"), f"{self.model.norm}_backward",
+        summed, wgrad = self._column_parallel_backward(stage, at, "final_norm_allgather_wgrad",
+                                                       [("lm_head", h, self.vocab_t)], "lm_head_{}_bwd")
+        last = self._reduction(gpus, [summed], at("final_norm_bwd"), f"{self.model.norm}_backward",
                                self._tokens_per_rank(t), h)
         if reduce_gradients and (self.par.pp > 1 or not self.model.tied_embeddings):
             self._reduce_now, self._bucket = True, 0
@@ -620,6 +667,7 @@ def transformer(
     attention: str = "unfused",
     sequence_parallel: bool = False,
     vocab_divisible_by: int = 1,
+    async_tp_backward: bool = False,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -681,6 +729,15 @@ def transformer(
         Megatron-LM's ``make_vocab_size_divisible_by`` (128 there by default): the vocabulary is
         padded to a multiple of ``vocab_divisible_by * tp`` and each rank holds ``1/tp`` of the padded
         rows; 1 (the default) gives each rank ``ceil(vocab / tp)`` rows.
+    async_tp_backward
+        Overlap the tensor-parallel communication of the column-parallel layers' backward pass
+        (QKV, FC-1 and the output layer) with their GEMMs, as Megatron-LM does by default
+        (``--async-tensor-model-parallel-allreduce``, and with sequence parallelism its overlapped
+        all-gather and reduce-scatter): the sum of the activation gradients runs on a ``tp_comm``
+        stream beside the weight-gradient GEMMs, and with sequence parallelism the all-gather of
+        the layer's input beside the activation-gradient GEMMs.  ``False`` (the default; the
+        dissertation's baseline) puts them on the compute stream in sequence.  Only the ``train``
+        phase has a backward pass; elsewhere, and with ``tp=1``, it changes nothing.
 
     Returns
     -------
@@ -723,8 +780,9 @@ def transformer(
     _positive("bucket_bytes", bucket_bytes)
     _positive("decode_tokens", decode_tokens)
     _positive("vocab_divisible_by", vocab_divisible_by)
-    if not isinstance(sequence_parallel, bool):
-        raise TraceError(f"transformer(): 'sequence_parallel' must be True or False, got {sequence_parallel!r}")
+    for name, flag in (("sequence_parallel", sequence_parallel), ("async_tp_backward", async_tp_backward)):
+        if not isinstance(flag, bool):
+            raise TraceError(f"transformer(): '{name}' must be True or False, got {flag!r}")
     if sequence_parallel and phase == "decode":
         raise TraceError("transformer(): 'sequence_parallel' applies to phase='train' and 'prompt' (it slices the "
                          "tokens of a sequence), not to phase='decode'")
@@ -741,7 +799,7 @@ def transformer(
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
-                           vocab_divisible_by)
+                           vocab_divisible_by, async_tp_backward)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -751,6 +809,7 @@ def transformer(
         "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer, "optimizer_impl": optimizer_impl,
         "decode_tokens": decode_tokens, "head": head, "attention": attention,
         "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
+        "async_tp_backward": async_tp_backward,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
     return Trace(frame, source=name, metadata=metadata)
