@@ -113,6 +113,10 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--sequence-parallel applies to --phase train and prompt, not to --phase decode"),
     (["simulate", "--trace", TRACE, "--sequence-parallel"],
      "--sequence-parallel describes a generated model (--model) and does not apply to --trace"),
+    (["simulate", "--model", "bert-base", "--phase", "prompt", "--async-tp-backward"],
+     "--async-tp-backward applies to --phase train only, not to --phase prompt"),
+    (["simulate", "--trace", TRACE, "--async-tp-backward"],
+     "--async-tp-backward describes a generated model (--model) and does not apply to --trace"),
     (["simulate", "--trace", TRACE, "--vocab-divisible-by", "128"],
      "--vocab-divisible-by describes a generated model (--model) and does not apply to --trace"),
     (["validate-trace", TRACE, "--iteration", "2"],
@@ -181,16 +185,19 @@ def test_simulate_a_generated_model_in_another_dtype(tmp_path, capsys):
     assert "--dtype describes a generated model (--model) and does not apply to --trace" in capsys.readouterr().err
 
 
-def test_sequence_parallelism_and_vocabulary_padding_reach_the_generator(tmp_path):
+def test_sequence_parallelism_vocabulary_padding_and_async_backward_reach_the_generator(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY_YAML)
     out = tmp_path / "sp"
     assert main(["simulate", "--model", str(model), "--tp", "4", "--layers", "1", "--sequence-parallel",
-                 "--vocab-divisible-by", "100", "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 0
+                 "--vocab-divisible-by", "100", "--async-tp-backward", "--system", "t3-ring8", "--quiet",
+                 "--out", str(out)]) == 0
     metadata = json.loads((out / "summary.json").read_text())["trace_metadata"]
     assert metadata["sequence_parallel"] is True and metadata["vocab_divisible_by"] == 100
+    assert metadata["async_tp_backward"] is True
     ops = pd.read_parquet(out / "ops.parquet")
     rank0 = ops[ops["gpu"] == 0].set_index("name")
+    assert set(rank0.loc[["L0.ln1_allgather_wgrad", "L0.attn_reducescatter_bwd"], "stream"]) == {"tp_comm"}
     assert {"L0.ln1_allgather", "L0.attn_reducescatter"} <= set(rank0.index)
     assert rank0.loc["lm_head", "flops"] == 2 * 2 * 64 * 256 * 1200 // 4  # 1024 words padded to 1200, over 4 ranks
 

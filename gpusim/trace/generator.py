@@ -10,7 +10,9 @@ Tensor parallelism slices as Megatron-LM does (Shoeybi et al. 2019; seeds/002 Fi
 FC-1 by columns, the attention output projection and FC-2 by rows, heads split over ranks, and an
 all-reduce of the ``B * SL * H`` activations after the attention and the MLP in the forward pass and
 of their input gradients in the backward pass: four per layer per iteration (seeds/002 eq. 5.5).
-These all-reduces are on the critical path (the ``compute`` stream).  When ``tp`` does not divide
+These all-reduces are on the critical path (the ``compute`` stream); ``async_tp_backward`` overlaps
+the backward ones of the column-parallel layers with their weight gradients on a ``tp_comm`` stream,
+as Megatron-LM does.  When ``tp`` does not divide
 the heads (T-NLG's 28 heads over 8 GPUs), every rank is given the busiest rank's work: attention
 over ``ceil(heads / tp)`` heads, with the query, key and value columns and the output projection's
 rows of those heads, and an MLP of ``ceil(d_ff / tp)`` columns; key/value heads fewer than ``tp``
