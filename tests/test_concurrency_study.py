@@ -1,5 +1,8 @@
 """The study pipeline on a tiny GEMM set: consistency of the configurations, caching, Dask."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -241,3 +244,27 @@ def test_point_functions_refuse_unknown_arrangements_policies_and_copies():
         gemm_point(**point, copies=2, arrangement="isolated")
     with pytest.raises(ConfigError, match="unknown policy 'fastest'; known: sequential, default, go-kernels, goldyloc"):
         packets_point(SYSTEM, {}, [], "fastest")
+
+
+def load_predictor_variants():
+    path = Path(__file__).resolve().parents[1] / "validation" / "concurrency" / "predictor_variants.py"
+    spec = importlib.util.spec_from_file_location("predictor_variants", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_features_and_the_predictor_variants_follow_from_a_shapes_csv(cached, tmp_path):
+    """shapes.csv drops the feature arrays: they are recomputed from its kernels as the study made
+    them, and the study's own variant of the predictor reproduces the run's accuracy."""
+    _, result = cached
+    result.shapes.drop(columns=["features"]).to_csv(tmp_path / "shapes.csv", index=False)
+    table = pd.read_csv(tmp_path / "shapes.csv")
+    mine = study()
+    for (_, row), expected in zip(table.iterrows(), result.shapes["features"]):
+        np.testing.assert_allclose(mine.features(row), expected)
+    variants = load_predictor_variants().variants(mine, table, folds=2)
+    first = variants.iloc[0]
+    assert first["variant"] == "study (l2 = 1/samples)"
+    assert [first[f"accuracy_{d}"] for d in (2, 4)] == result.predictor["accuracy"].tolist()
+    assert variants["variant"].iloc[-1].startswith("always ") and variants.filter(like="accuracy").le(1).all().all()

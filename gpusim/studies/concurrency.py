@@ -528,13 +528,7 @@ class ConcurrencyStudy:
                                    "first_s": sequential.first_s, "next_s": sequential.next_s}
             for rc in self.rc_fractions:
                 row[f"rc{rc}_kernel"] = winners[(key, rc)]
-            problem = _problem(shape)
-            kernel_stats = {}
             for degree in self.degrees:
-                spec = parse_kernel(go[degree])
-                groups = num_workgroups(problem, spec)
-                resident = resident_workgroups(spec, problem.dtype, self.gpu)
-                kernel_stats[degree] = (groups, resident, waves(groups, resident, self.gpu.num_cus))
                 row[f"go{degree}_kernel"] = go[degree]
                 row[f"default{degree}_s"] = times[(degree, isolated)]
                 row[f"go{degree}_s"] = times[(degree, go[degree])]
@@ -543,7 +537,7 @@ class ConcurrencyStudy:
                 for r in mine[mine["kind"] == kind].itertuples():
                     row[f"{kind}{int(r.degree)}_s"] = float(r.span_s)
             row["preferred"] = preferred_degree(self.go_speedups(row))
-            row["features"] = feature_vector(int(shape["m"]), int(shape["n"]), int(shape["k"]), kernel_stats, self.degrees)
+            row["features"] = self.features(row)
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -565,6 +559,20 @@ class ConcurrencyStudy:
         return Measurements(tuning, runs, self.assemble(shapes, tuning, runs))
 
     # -- configurations ------------------------------------------------------------------------
+    def features(self, row: Any) -> np.ndarray:
+        """The predictor's features of a shape-table row (its dimensions and ``go{degree}_kernel``
+        names): :func:`gpusim.sched.goldyloc.feature_vector` with each degree's GO kernel's
+        workgroups, occupancy and waves on this study's GPU.  Also recomputes them from a
+        ``shapes.csv``, which does not keep the array."""
+        problem = _problem(row)
+        kernel_stats = {}
+        for degree in self.degrees:
+            spec = parse_kernel(row[f"go{degree}_kernel"])
+            groups = num_workgroups(problem, spec)
+            resident = resident_workgroups(spec, problem.dtype, self.gpu)
+            kernel_stats[degree] = (groups, resident, waves(groups, resident, self.gpu.num_cus))
+        return feature_vector(int(row["m"]), int(row["n"]), int(row["k"]), kernel_stats, self.degrees)
+
     def go_speedups(self, row: Any) -> dict[int, float]:
         """Speedup over sequential of every degree with its GO kernel."""
         return {d: row[f"seq{d}_s"] / row[f"go{d}_s"] for d in self.degrees}
