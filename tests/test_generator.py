@@ -607,3 +607,76 @@ def test_async_tensor_parallel_backward_keeps_the_work_and_cannot_deadlock(tp, s
     for group, rows in comm.groupby("group"):
         sequences = {tuple(ranks["op_id"]) for _, ranks in rows.groupby("gpu")}
         assert len(sequences) == 1 and len(rows) == len(group.split()) * len(next(iter(sequences)))
+
+
+def optimizer_rows(frame):
+    return frame[(frame["kind"] == "optimizer") & (frame["gpu"] == 0)].set_index("name")
+
+
+def test_the_distributed_optimizer_reduce_scatters_updates_a_shard_and_gathers_the_parameters():
+    """Megatron-LM's distributed optimizer (ZeRO-1) over dp=4: every gradient bucket is
+    reduce-scattered (the all-reduce's bytes), each rank updates ceil(1/4) of every tensor, and
+    each optimizer op is followed on the comm stream by the all-gather of its layer's fp16
+    parameters; the rest of the trace is the replicated optimizer's."""
+    options = dict(tp=2, dp=4, batch=8, seq_len=32)
+    replicated = transformer(TINY, **options).frame
+    sharded = transformer(TINY, **options, distributed_optimizer=True).frame
+    buckets = replicated[replicated["name"].str.endswith("grad_allreduce")]
+    scattered = sharded[sharded["name"].str.endswith("grad_reducescatter")]
+    assert set(scattered["collective"]) == {"reducescatter"} and set(scattered["stream"]) == {"comm"}
+    assert scattered["bytes"].tolist() == buckets["bytes"].tolist()
+    assert scattered["group"].tolist() == buckets["group"].tolist()
+    full, shard = optimizer_rows(replicated), optimizer_rows(sharded)
+    assert list(full.index) == list(shard.index)
+    for name in full.index:
+        sizes = [int(v) for v in full.loc[name, "tensor_sizes"].split()]
+        assert [int(v) for v in shard.loc[name, "tensor_sizes"].split()] == [-(-size // 4) for size in sizes]
+        prefix = name.split(".")[0]
+        gather = sharded[(sharded["name"] == f"{prefix}.param_allgather") & (sharded["gpu"] == 0)].iloc[0]
+        assert (gather["collective"], gather["stream"], gather["bytes"]) == ("allgather", "comm", sum(sizes) * 2)
+        assert gather["deps"] == str(shard.loc[name, "op_id"])
+    others = ~sharded["name"].str.contains("grad_reducescatter|param_allgather") & (sharded["kind"] != "optimizer")
+    kept = ~replicated["name"].str.contains("grad_allreduce") & (replicated["kind"] != "optimizer")
+    columns = ["name", "gpu", "stream", "kind", "m", "n", "k", "bytes"]
+    assert sharded.loc[others, columns].reset_index(drop=True).equals(replicated.loc[kept, columns].reset_index(drop=True))
+
+
+def test_the_distributed_optimizer_changes_nothing_without_data_parallelism_or_an_optimizer():
+    for options in (dict(dp=1, tp=2), dict(dp=2, optimizer=None, batch=8), dict(dp=2, phase="prompt", batch=8)):
+        assert transformer(TINY, **options, distributed_optimizer=True).frame.equals(transformer(TINY, **options).frame)
+    with pytest.raises(TraceError, match="'distributed_optimizer' must be True or False, got 'no'"):
+        transformer(TINY, dp=2, batch=8, distributed_optimizer="no")
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([2, 3, 4, 8]), st.integers(1, 2), st.integers(1, 3), st.integers(1 << 16, 1 << 26))
+def test_the_distributed_optimizer_sends_what_the_all_reduces_sent(dp, pp, microbatches, bucket_bytes):
+    """On a ring a reduce-scatter and an all-gather of S bytes each send (n-1)/n S per rank, an
+    all-reduce 2(n-1)/n S: with fp16 gradients and parameters the sharded optimizer's data-parallel
+    traffic equals the replicated one's, and its shards cover every parameter."""
+    options = dict(dp=dp, pp=pp, microbatches=microbatches, batch=dp * microbatches, seq_len=16, layers=2,
+                   bucket_bytes=bucket_bytes)
+    frames = {flag: transformer(TINY, **options, distributed_optimizer=flag).frame for flag in (False, True)}
+
+    def sent(frame):
+        rows = frame[(frame["stream"] == "comm")].drop_duplicates("op_id")
+        return sum((2 if c == "allreduce" else 1) * (dp - 1) / dp * b for c, b in zip(rows["collective"], rows["bytes"]))
+
+    assert sent(frames[True]) == pytest.approx(sent(frames[False]))
+    for name, row in optimizer_rows(frames[False]).iterrows():
+        full = [int(v) for v in row["tensor_sizes"].split()]
+        shard = [int(v) for v in optimizer_rows(frames[True]).loc[name, "tensor_sizes"].split()]
+        assert all(dp * s >= f > dp * (s - 1) for s, f in zip(shard, full))
+
+
+def test_a_distributed_optimizer_iteration_replays_with_a_shorter_optimizer_step():
+    """Over dp=4 in full mode the optimizer ops take well under half their replicated time (a quarter
+    of the parameters, the same per-kernel costs) and the iteration gets its parameter all-gathers."""
+    model = ModelConfig(name="small", hidden=1024, layers=1, heads=8, vocab=4096, seq_len=256, batch=4)
+    system = gpusim.load_system("t3-ring8")
+    steps = {}
+    for flag in (False, True):
+        ops = gpusim.run(system, transformer(model, dp=4, distributed_optimizer=flag), mode="full").ops
+        steps[flag] = ops.loc[(ops["gpu"] == 0) & (ops["kind"] == "optimizer"), "duration_s"].sum()
+        assert ops["name"].str.endswith("param_allgather").any() == flag
+    assert 0 < steps[True] < 0.5 * steps[False]

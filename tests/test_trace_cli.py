@@ -115,6 +115,8 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--sequence-parallel describes a generated model (--model) and does not apply to --trace"),
     (["simulate", "--model", "bert-base", "--phase", "prompt", "--async-tp-backward"],
      "--async-tp-backward applies to --phase train only, not to --phase prompt"),
+    (["simulate", "--model", "bert-base", "--phase", "decode", "--distributed-optimizer"],
+     "--distributed-optimizer applies to --phase train only, not to --phase decode"),
     (["simulate", "--trace", TRACE, "--async-tp-backward"],
      "--async-tp-backward describes a generated model (--model) and does not apply to --trace"),
     (["simulate", "--trace", TRACE, "--vocab-divisible-by", "128"],
@@ -185,21 +187,23 @@ def test_simulate_a_generated_model_in_another_dtype(tmp_path, capsys):
     assert "--dtype describes a generated model (--model) and does not apply to --trace" in capsys.readouterr().err
 
 
-def test_sequence_parallelism_vocabulary_padding_and_async_backward_reach_the_generator(tmp_path):
+def test_the_megatron_options_reach_the_generator(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY_YAML)
     out = tmp_path / "sp"
     assert main(["simulate", "--model", str(model), "--tp", "4", "--layers", "1", "--sequence-parallel",
-                 "--vocab-divisible-by", "100", "--async-tp-backward", "--system", "t3-ring8", "--quiet",
-                 "--out", str(out)]) == 0
+                 "--vocab-divisible-by", "100", "--async-tp-backward", "--distributed-optimizer", "--dp", "2",
+                 "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 0
     metadata = json.loads((out / "summary.json").read_text())["trace_metadata"]
     assert metadata["sequence_parallel"] is True and metadata["vocab_divisible_by"] == 100
-    assert metadata["async_tp_backward"] is True
+    assert metadata["async_tp_backward"] is True and metadata["distributed_optimizer"] is True
     ops = pd.read_parquet(out / "ops.parquet")
     rank0 = ops[ops["gpu"] == 0].set_index("name")
     assert set(rank0.loc[["L0.ln1_allgather_wgrad", "L0.attn_reducescatter_bwd"], "stream"]) == {"tp_comm"}
+    assert rank0.loc["L0.param_allgather", "stream"] == "comm"
     assert {"L0.ln1_allgather", "L0.attn_reducescatter"} <= set(rank0.index)
-    assert rank0.loc["lm_head", "flops"] == 2 * 2 * 64 * 256 * 1200 // 4  # 1024 words padded to 1200, over 4 ranks
+    # a replica's one sequence of 64 tokens; 1024 words padded to 1200, over 4 ranks
+    assert rank0.loc["lm_head", "flops"] == 2 * 64 * 256 * 1200 // 4
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

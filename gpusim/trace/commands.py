@@ -16,7 +16,7 @@ PATTERN_CHARACTERS = "*?["
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
-                 "async_tp_backward")
+                 "async_tp_backward", "distributed_optimizer")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -107,7 +107,7 @@ def _model_options(args: argparse.Namespace) -> dict[str, object]:
                               f"and does not apply to --trace")
         return given
     phase = given.get("phase", "train")
-    for name in ("schedule", "recompute", "async_tp_backward"):
+    for name in ("schedule", "recompute", "async_tp_backward", "distributed_optimizer"):
         if name in given and phase != "train":
             raise GpusimError(f"simulate: {_option(name)} applies to --phase train only, not to --phase {phase}")
     if "decode_tokens" in given and phase != "decode":
@@ -288,6 +288,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-tp-backward", action="store_true", default=None,
                         help="--model, --phase train: overlap the column-parallel layers' backward tensor-parallel "
                              "communication with their GEMMs on a tp_comm stream, as Megatron-LM does")
+    parser.add_argument("--distributed-optimizer", action="store_true", default=None,
+                        help="--model, --phase train: Megatron-LM's distributed optimizer (ZeRO-1): reduce-scatter "
+                             "the gradients, update 1/dp of the parameters on each rank, all-gather them")
     parser.add_argument("--vocab-divisible-by", type=positive_int,
                         help="--model: pad the vocabulary to a multiple of N x tp, as Megatron-LM's "
                              "--make-vocab-size-divisible-by (128 there) (default: 1, no padding)")

@@ -165,7 +165,8 @@ class _Transformer:
     def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
                  microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
-                 sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool):
+                 sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
+                 distributed_optimizer: bool):
         self.model = model
         self.phase = phase
         self.par = par
@@ -187,6 +188,7 @@ class _Transformer:
         tp = par.tp
         self.sp = sequence_parallel and tp > 1
         self.async_tp = async_tp_backward and tp > 1
+        self.sharded = distributed_optimizer and par.dp > 1 and optimizer is not None  # shards of its state
         self.heads_t = math.ceil(model.heads / tp)
         self.kv_t = math.ceil(model.key_value_heads / tp)
         self.hd = model.head_dim
@@ -359,13 +361,16 @@ class _Transformer:
         return self._elementwise(gpus, [], at("mlp_residual"), residual, t_rank * h)
 
     def _gradient(self, stage: int, layer: int, nbytes: int, producer: Handle, labels: dict, flush: bool) -> None:
-        """Add a weight gradient to the current bucket; all-reduce it when full (or at ``flush``)."""
+        """Add a weight gradient to the current bucket; all-reduce it when full (or at ``flush``), or
+        with the distributed optimizer reduce-scatter it (``grad_reducescatter``) into the ranks' shards."""
         if not self._reduce_now or self.par.dp == 1:
             return
         self._bucket += nbytes
         if self._bucket >= self.bucket_bytes or (flush and self._bucket):
+            collective = "reducescatter" if self.sharded else "allreduce"
+            labels = {**labels, "name": labels["name"].replace("grad_allreduce", f"grad_{collective}")}
             handle = self.out.collective(self.par.dp_groups(stage), "comm", [producer], labels,
-                                         collective="allreduce", bytes=self._bucket, dtype=self.dtype)
+                                         collective=collective, bytes=self._bucket, dtype=self.dtype)
             self.gradient_buckets[(stage, layer)] = handle
             self._bucket = 0
 
@@ -519,18 +524,27 @@ class _Transformer:
         return sizes
 
     def optimizer_step(self) -> None:
-        """The optimizer on fp32 master weights, one layer at a time, after its gradients are reduced."""
+        """The optimizer on fp32 master weights, one layer at a time, after its gradients are reduced.
+
+        With the distributed optimizer each data-parallel rank updates ``ceil(1/dp)`` of every
+        tensor (its shard) and then all-gathers the layer's updated ``dtype`` parameters from the
+        other ranks of its data-parallel group (``param_allgather`` on the ``comm`` stream)."""
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
             groups: list[tuple[int, list[int]]] = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
             if stage in (0, self.par.pp - 1):  # the embedding's parameters exist even without its passes
                 groups.append((-1, self.embedding_tensors(stage)))
             for layer, sizes in groups:
-                name = f"L{layer}.{self.optimizer}" if layer >= 0 else f"embedding.{self.optimizer}"
+                prefix = f"L{layer}" if layer >= 0 else "embedding"
                 after = [self.gradient_buckets.get((stage, layer))]
-                self.out.compute(gpus, "optimizer", after, self._labels(name, "opt", layer, 0),
-                                 function=self.optimizer, tensor_sizes=format_ints(sizes),
-                                 optimizer_impl=self.optimizer_impl, dtype="fp32")
+                shard = [math.ceil(size / self.par.dp) for size in sizes] if self.sharded else sizes
+                step = self.out.compute(gpus, "optimizer", after, self._labels(f"{prefix}.{self.optimizer}", "opt", layer, 0),
+                                        function=self.optimizer, tensor_sizes=format_ints(shard),
+                                        optimizer_impl=self.optimizer_impl, dtype="fp32")
+                if self.sharded:
+                    self.out.collective(self.par.dp_groups(stage), "comm", [step],
+                                        self._labels(f"{prefix}.param_allgather", "opt", layer, 0),
+                                        collective="allgather", bytes=sum(sizes) * self.size, dtype=self.dtype)
 
     # -- whole iteration ------------------------------------------------------------------------
     def _pairs(self, stage: int, nxt: int) -> list[tuple[int, int]]:
@@ -670,6 +684,7 @@ def transformer(
     sequence_parallel: bool = False,
     vocab_divisible_by: int = 1,
     async_tp_backward: bool = False,
+    distributed_optimizer: bool = False,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -740,6 +755,13 @@ def transformer(
         the layer's input beside the activation-gradient GEMMs.  ``False`` (the default; the
         dissertation's baseline) puts them on the compute stream in sequence.  Only the ``train``
         phase has a backward pass; elsewhere, and with ``tp=1``, it changes nothing.
+    distributed_optimizer
+        Megatron-LM's distributed optimizer (``--use-distributed-optimizer``; ZeRO stage 1): the
+        gradient buckets are reduce-scattered instead of all-reduced, each data-parallel rank
+        updates its ``1/dp`` shard of every tensor, and the updated parameters are all-gathered
+        after each layer's optimizer step (on the ``comm`` stream; Megatron-LM's
+        ``--overlap-param-gather`` would hide them behind the next iteration's forward pass).
+        With ``dp=1``, or without an optimizer step, it changes nothing.
 
     Returns
     -------
@@ -782,7 +804,8 @@ def transformer(
     _positive("bucket_bytes", bucket_bytes)
     _positive("decode_tokens", decode_tokens)
     _positive("vocab_divisible_by", vocab_divisible_by)
-    for name, flag in (("sequence_parallel", sequence_parallel), ("async_tp_backward", async_tp_backward)):
+    for name, flag in (("sequence_parallel", sequence_parallel), ("async_tp_backward", async_tp_backward),
+                       ("distributed_optimizer", distributed_optimizer)):
         if not isinstance(flag, bool):
             raise TraceError(f"transformer(): '{name}' must be True or False, got {flag!r}")
     if sequence_parallel and phase == "decode":
@@ -801,7 +824,7 @@ def transformer(
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
-                           vocab_divisible_by, async_tp_backward)
+                           vocab_divisible_by, async_tp_backward, distributed_optimizer)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -811,7 +834,7 @@ def transformer(
         "recompute": recompute, "bucket_bytes": bucket_bytes, "optimizer": optimizer, "optimizer_impl": optimizer_impl,
         "decode_tokens": decode_tokens, "head": head, "attention": attention,
         "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
-        "async_tp_backward": async_tp_backward,
+        "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
     return Trace(frame, source=name, metadata=metadata)
