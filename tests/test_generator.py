@@ -312,7 +312,7 @@ def test_the_optimizer_and_the_gradient_all_reduces_cover_every_parameter_once(m
         held = model.parameters() + (model.vocab * model.hidden if pp > 1 and model.tied_embeddings else 0)
         steps = replica[replica["kind"] == "optimizer"]
         assert steps["tensor_sizes"].map(lambda text: sum(int(v) for v in text.split())).sum() == held
-        grads = replica[replica["stream"] == "comm"]
+        grads = replica[(replica["stream"] == "comm") & (replica["name"] != "embedding_grad_allreduce")]
         assert grads["bytes"].sum() == 2 * held  # fp16 gradients
 
 
@@ -680,3 +680,29 @@ def test_a_distributed_optimizer_iteration_replays_with_a_shorter_optimizer_step
         steps[flag] = ops.loc[(ops["gpu"] == 0) & (ops["kind"] == "optimizer"), "duration_s"].sum()
         assert ops["name"].str.endswith("param_allgather").any() == flag
     assert 0 < steps[True] < 0.5 * steps[False]
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_a_tied_embedding_split_over_stages_all_reduces_its_gradients_between_its_copies(distributed_optimizer):
+    """Megatron-LM's _allreduce_word_embedding_grads: with the embedding tied to the output layer on
+    another stage, one all-reduce of the (sliced) table's gradient per (replica, tensor-parallel rank)
+    between the first and the last stage, after both copies' data-parallel reductions; the two
+    copies' optimizer steps wait for it.  Untied, on one stage, or without the head: none."""
+    tp, dp, pp = 2, 2, 2
+    frame = transformer(TINY, tp=tp, dp=dp, pp=pp, microbatches=2, batch=4, seq_len=16,
+                        distributed_optimizer=distributed_optimizer).frame
+    synced = frame[frame["name"] == "embedding_grad_allreduce"]
+    assert set(synced["stream"]) == {"comm"} and set(synced["collective"]) == {"allreduce"}
+    assert sorted(synced["group"].unique()) == ["0 4", "1 5", "2 6", "3 7"]
+    assert set(synced["bytes"]) == {TINY.vocab // tp * TINY.hidden * 2}
+    reduced = frame[frame["name"].str.startswith("grad_") & (frame["layer"] == -1)]
+    for _, row in synced.iterrows():
+        bucket = reduced[reduced["gpu"] == row["gpu"]]["op_id"].iloc[0]
+        assert bucket in {int(d) for d in row["deps"].split()}
+        step = frame[(frame["name"] == "embedding.adam") & (frame["gpu"] == row["gpu"])].iloc[0]
+        assert row["op_id"] in {int(d) for d in step["deps"].split()}
+    validate(frame)
+    for options in (dict(pp=1), dict(pp=2, head=False)):
+        assert "embedding_grad_allreduce" not in set(transformer(TINY, batch=4, seq_len=16, **options).frame["name"])
+    untied = load_model(TINY, tied_embeddings=False)
+    assert "embedding_grad_allreduce" not in set(transformer(untied, pp=2, batch=4, seq_len=16).frame["name"])

@@ -97,6 +97,11 @@ class Parallelism:
         """Data-parallel groups of a stage (one per tensor-parallel index)."""
         return [[self.rank(stage, r, t) for r in range(self.dp)] for t in range(self.tp)]
 
+    def embedding_groups(self) -> list[list[int]]:
+        """The first and the last stage's ranks at each data- and tensor-parallel position (the
+        holders of a tied embedding's two copies)."""
+        return [[self.rank(0, r, t), self.rank(self.pp - 1, r, t)] for r in range(self.dp) for t in range(self.tp)]
+
 
 Handle = dict[int, int]
 """gpu -> op_id of one logical op (an op may have a different op_id per group)."""
@@ -200,6 +205,9 @@ class _Transformer:
         layers = model.layers
         self.stage_layers = [list(range(s * layers // par.pp, (s + 1) * layers // par.pp)) for s in range(par.pp)]
         self.gradient_buckets: dict[tuple[int, int], Handle] = {}
+        self.embedding_gradients: list[Handle | None] = []
+        """The ops after which a tied embedding's two copies hold their gradients (see :meth:`tied_embedding_gradients`)."""
+        self.tied_sync: Handle | None = None
         self._reduce_now = False
         self._bucket = 0
 
@@ -479,6 +487,7 @@ class _Transformer:
             self._reduce_now, self._bucket = True, 0
             nbytes = (self.vocab_t * h + self.model.norm_parameters()) * size  # its own table or the tied copy
             self._gradient(stage, -1, nbytes, wgrad, at("grad_allreduce"), True)
+            self.embedding_gradients += [wgrad, self.gradient_buckets.get((stage, -1))]
         return last
 
     def embedding_backward(self, step: int, after: list, reduce_gradients: bool) -> Handle:
@@ -496,6 +505,7 @@ class _Transformer:
             if self.par.pp == 1 and self.model.tied_embeddings:  # the final norm's, with the one table
                 elements += self.model.norm_parameters()
             self._gradient(0, -1, elements * self.size, last, self._labels("grad_allreduce", "bwd", -1, step), True)
+            self.embedding_gradients += [last, self.gradient_buckets.get((0, -1))]
         return last
 
     def layer_tensors(self) -> list[int]:
@@ -536,7 +546,7 @@ class _Transformer:
                 groups.append((-1, self.embedding_tensors(stage)))
             for layer, sizes in groups:
                 prefix = f"L{layer}" if layer >= 0 else "embedding"
-                after = [self.gradient_buckets.get((stage, layer))]
+                after = [self.gradient_buckets.get((stage, layer)), self.tied_sync if layer < 0 else None]
                 shard = [math.ceil(size / self.par.dp) for size in sizes] if self.sharded else sizes
                 step = self.out.compute(gpus, "optimizer", after, self._labels(f"{prefix}.{self.optimizer}", "opt", layer, 0),
                                         function=self.optimizer, tensor_sizes=format_ints(shard),
@@ -573,9 +583,23 @@ class _Transformer:
                     progressed = True
             if not progressed:
                 raise TraceError(f"transformer(): the {self.schedule} schedule deadlocks")  # a bug if ever raised
+        if self.train:
+            self.tied_embedding_gradients()
         if self.train and self.optimizer:
             self.optimizer_step()
         return self.out.rows
+
+    def tied_embedding_gradients(self) -> None:
+        """With the embedding tied to the output layer and the two on different stages, the
+        all-reduce of the word embedding's gradients between each pair of copies
+        (``embedding_grad_allreduce``, Megatron-LM's ``_allreduce_word_embedding_grads``), once both
+        stages' gradients are data-parallel reduced; the two copies' optimizer steps wait for it."""
+        if self.par.pp == 1 or not self.model.tied_embeddings or not self.head:
+            return
+        labels = self._labels("embedding_grad_allreduce", "bwd", -1, self.m - 1)
+        self.tied_sync = self.out.collective(self.par.embedding_groups(), "comm", self.embedding_gradients, labels,
+                                             collective="allreduce", bytes=self.vocab_t * self.model.hidden * self.size,
+                                             dtype=self.dtype)
 
     def _run_action(self, stage: int, action: str, mb: int, received: dict) -> None:
         """Emit one forward or backward pass of microbatch ``mb`` on ``stage``."""
