@@ -10,7 +10,7 @@ import gpusim
 from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import ModelConfig, list_models, load_model, transformer
 from gpusim.trace.lowering import op_of_row
-from gpusim.trace.schedules import stage_order
+from gpusim.trace.schedules import interleaved_order, stage_order
 from gpusim.trace.schema import validate
 
 TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_len=64, batch=4)
@@ -706,3 +706,74 @@ def test_a_tied_embedding_split_over_stages_all_reduces_its_gradients_between_it
         assert "embedding_grad_allreduce" not in set(transformer(TINY, batch=4, seq_len=16, **options).frame["name"])
     untied = load_model(TINY, tied_embeddings=False)
     assert "embedding_grad_allreduce" not in set(transformer(untied, pp=2, batch=4, seq_len=16).frame["name"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 4), st.booleans())
+def test_the_interleaved_schedule_runs_every_chunk_of_every_microbatch_once_and_builds(stages, groups, chunks,
+                                                                                    backward):
+    """Each stage runs a forward (and backward) of every (chunk, microbatch) once, a backward only
+    after its forward, and with at most ``2 (p - s - 1) + (v - 1) p + 1`` forwards in flight; the
+    whole trace builds (the generator raises if the schedule ever deadlocks) and has no cycle."""
+    microbatches = groups * stages
+    everything = {(c, mb) for c in range(chunks) for mb in range(microbatches)}
+    for stage in range(stages):
+        order = interleaved_order(stage, stages, microbatches, chunks, backward=backward)
+        forwards = [(c, mb) for action, c, mb in order if action == "F"]
+        backwards = [(c, mb) for action, c, mb in order if action == "B"]
+        assert sorted(forwards) == sorted(everything) and sorted(backwards) == (sorted(everything) if backward else [])
+        in_flight = peak = 0
+        seen = set()
+        for action, c, mb in order:
+            if action == "F":
+                seen.add((c, mb))
+                in_flight += 1
+            else:
+                assert (c, mb) in seen
+                in_flight -= 1
+            peak = max(peak, in_flight)
+        if backward:
+            assert peak <= 2 * (stages - stage - 1) + (chunks - 1) * stages + 1
+    if stages > 1 and chunks > 1:
+        model = load_model(TINY, layers=stages * chunks)
+        frame = transformer(model, pp=stages, microbatches=microbatches, batch=microbatches, seq_len=8,
+                            virtual_stages=chunks, phase="train" if backward else "prompt").frame
+        validate(frame)
+
+
+def test_interleaved_stages_hold_every_pp_th_chunk_and_send_around_the_ring_of_stages():
+    """pp=2 with 2 chunks of a 4-layer model: stage 0 holds layers 0 and 2, stage 1 layers 1 and 3;
+    activations go 0 -> 1 -> 0 -> 1 (the last stage sends its chunk's output back to the first),
+    gradients the other way: 3 transfers each way a microbatch."""
+    model = load_model(TINY, layers=4)
+    frame = transformer(model, pp=2, microbatches=4, batch=4, seq_len=16, virtual_stages=2).frame
+    layers = frame[frame["layer"] >= 0].groupby("gpu")["layer"].unique()
+    assert sorted(layers[0]) == [0, 2] and sorted(layers[1]) == [1, 3]
+    sends = frame[frame["kind"] == "sendrecv"].drop_duplicates("op_id")
+    assert Counter(zip(sends["name"], sends["group"])) == {("send_activations", "0 1"): 8, ("send_activations", "1 0"): 4,
+                                                           ("send_gradients", "1 0"): 8, ("send_gradients", "0 1"): 4}
+    assert transformer(model, pp=2, microbatches=4, batch=4, seq_len=16, virtual_stages=1).frame.equals(
+        transformer(model, pp=2, microbatches=4, batch=4, seq_len=16).frame)
+    assert transformer(model, pp=2, microbatches=4, batch=4, virtual_stages=2).metadata["virtual_stages"] == 2
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(pp=1), "needs pp > 1"),
+    (dict(pp=2, schedule="gpipe", microbatches=2), "needs schedule='1f1b'"),
+    (dict(pp=2, microbatches=3, batch=3), r"needs microbatches \(3\) a multiple of pp \(2\)"),
+    (dict(pp=2, phase="decode"), "needs phase 'train' or 'prompt'"),
+    (dict(pp=2, virtual_stages=3), r"needs at least one of the 3 layers for each of pp x virtual_stages = 6 chunks"),
+])
+def test_interleaving_errors_name_what_it_needs(options, message):
+    with pytest.raises(TraceError, match=r"virtual_stages=\d \(the interleaved 1F1B schedule\) " + message):
+        transformer(TINY, **{"virtual_stages": 2, "batch": 4, **options})
+
+
+def test_an_interleaved_pipeline_replays_with_a_smaller_bubble():
+    """Four microbatches over two stages, replayed in full mode: two chunks a stage shorten the
+    iteration (the bubble falls from (p-1)/m to (p-1)/(vm)) though they send twice as often."""
+    model = ModelConfig(name="small", hidden=512, layers=4, heads=8, vocab=2048, seq_len=128, batch=8)
+    system = gpusim.load_system("t3-ring8")
+    times = {v: gpusim.run(system, transformer(model, pp=2, microbatches=4, virtual_stages=v), mode="full").time_s
+             for v in (1, 2)}
+    assert times[2] < times[1]

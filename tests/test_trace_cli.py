@@ -117,6 +117,8 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--async-tp-backward applies to --phase train only, not to --phase prompt"),
     (["simulate", "--model", "bert-base", "--phase", "decode", "--distributed-optimizer"],
      "--distributed-optimizer applies to --phase train only, not to --phase decode"),
+    (["simulate", "--model", "bert-base", "--virtual-stages", "2"],
+     "virtual_stages=2 (the interleaved 1F1B schedule) needs pp > 1"),
     (["simulate", "--trace", TRACE, "--async-tp-backward"],
      "--async-tp-backward describes a generated model (--model) and does not apply to --trace"),
     (["simulate", "--trace", TRACE, "--vocab-divisible-by", "128"],

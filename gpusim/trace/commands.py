@@ -16,7 +16,7 @@ PATTERN_CHARACTERS = "*?["
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
-                 "async_tp_backward", "distributed_optimizer")
+                 "async_tp_backward", "distributed_optimizer", "virtual_stages")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -273,6 +273,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", type=int, help="--model: microbatches (default: pp)")
     parser.add_argument("--schedule", choices=["1f1b", "gpipe"], help="--model, --phase train: pipeline schedule "
                         "(default: 1f1b)")
+    parser.add_argument("--virtual-stages", type=positive_int,
+                        help="--model: model chunks per pipeline stage, above 1 the interleaved 1F1B schedule "
+                             "(Megatron-LM's virtual pipeline stages; needs --pp > 1, microbatches a multiple of it)")
     parser.add_argument("--recompute", action="store_true", default=None,
                         help="--model, --phase train: activation recomputation")
     parser.add_argument("--layers", type=int, help="--model: use only this many of the model's layers")

@@ -50,7 +50,7 @@ from gpusim.errors import TraceError
 from gpusim.kernels.attention import ATTENTION_DTYPES
 from gpusim.ops import OPTIMIZER_ALGORITHMS, OPTIMIZER_IMPLS
 from gpusim.trace.models import ModelConfig, load_model
-from gpusim.trace.schedules import SCHEDULES, stage_order
+from gpusim.trace.schedules import SCHEDULES, interleaved_order, stage_order
 from gpusim.trace.schema import format_ints
 from gpusim.trace.trace import Trace
 
@@ -171,7 +171,7 @@ class _Transformer:
                  microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
-                 distributed_optimizer: bool):
+                 distributed_optimizer: bool, virtual_stages: int):
         self.model = model
         self.phase = phase
         self.par = par
@@ -203,7 +203,11 @@ class _Transformer:
         multiple = vocab_divisible_by * tp
         self.vocab_t = math.ceil(model.vocab / multiple) * multiple // tp  # Megatron's padded vocabulary, sliced
         layers = model.layers
-        self.stage_layers = [list(range(s * layers // par.pp, (s + 1) * layers // par.pp)) for s in range(par.pp)]
+        self.v = virtual_stages
+        slots = par.pp * virtual_stages  # virtual stage c * pp + s is chunk c of stage s
+        self.chunk_layers = [[list(range((c * par.pp + s) * layers // slots, (c * par.pp + s + 1) * layers // slots))
+                              for c in range(virtual_stages)] for s in range(par.pp)]
+        self.stage_layers = [[layer for chunk in chunks for layer in chunk] for chunks in self.chunk_layers]
         self.gradient_buckets: dict[tuple[int, int], Handle] = {}
         self.embedding_gradients: list[Handle | None] = []
         """The ops after which a tied embedding's two copies hold their gradients (see :meth:`tied_embedding_gradients`)."""
@@ -567,18 +571,21 @@ class _Transformer:
             self._build_decode()
             return self.out.rows
         par = self.par
-        orders = [stage_order(self.schedule, stage, par.pp, self.m, backward=self.train) for stage in range(par.pp)]
+        if self.v > 1:
+            orders = [interleaved_order(stage, par.pp, self.m, self.v, backward=self.train) for stage in range(par.pp)]
+        else:
+            orders = [[(action, 0, mb) for action, mb in stage_order(self.schedule, stage, par.pp, self.m,
+                                                                     backward=self.train)] for stage in range(par.pp)]
         cursor = [0] * par.pp
-        received: dict[tuple[str, int, int], Handle] = {}
+        received: dict[tuple[str, int, int, int], Handle] = {}
         while any(cursor[stage] < len(orders[stage]) for stage in range(par.pp)):
             progressed = False
             for stage in range(par.pp):
                 while cursor[stage] < len(orders[stage]):
-                    action, mb = orders[stage][cursor[stage]]
-                    waits_for_neighbour = (action == "F" and stage > 0) or (action == "B" and stage < par.pp - 1)
-                    if waits_for_neighbour and (action, stage, mb) not in received:
-                        break
-                    self._run_action(stage, action, mb, received)
+                    action, chunk, mb = orders[stage][cursor[stage]]
+                    if not self._at_end(action, stage, chunk) and (action, chunk, stage, mb) not in received:
+                        break  # waits for its neighbour's activations or gradients
+                    self._run_action(stage, action, chunk, mb, received)
                     cursor[stage] += 1
                     progressed = True
             if not progressed:
@@ -601,37 +608,57 @@ class _Transformer:
                                              collective="allreduce", bytes=self.vocab_t * self.model.hidden * self.size,
                                              dtype=self.dtype)
 
-    def _run_action(self, stage: int, action: str, mb: int, received: dict) -> None:
-        """Emit one forward or backward pass of microbatch ``mb`` on ``stage``."""
-        first, last_stage = stage == 0, stage == self.par.pp - 1
+    def _at_end(self, action: str, stage: int, chunk: int) -> bool:
+        """Whether a pass starts the model's pipeline: a forward of the first virtual stage or a
+        backward of the last (the others wait for a neighbour)."""
+        if action == "F":
+            return stage == 0 and chunk == 0
+        return stage == self.par.pp - 1 and chunk == self.v - 1
+
+    def _neighbour(self, stage: int, chunk: int, step: int) -> tuple[int, int]:
+        """``(stage, chunk)`` of the virtual stage ``step`` (+1 or -1) away: the next chunk of the
+        first stage after the last stage's, and back."""
+        stage += step
+        if stage == self.par.pp:
+            return 0, chunk + 1
+        if stage < 0:
+            return self.par.pp - 1, chunk - 1
+        return stage, chunk
+
+    def _run_action(self, stage: int, action: str, chunk: int, mb: int, received: dict) -> None:
+        """Emit one forward or backward pass of microbatch ``mb`` through model chunk ``chunk`` of ``stage``."""
+        first, last = self._at_end("F", stage, chunk), self._at_end("B", stage, chunk)
         tokens = self.b * self.s
         nbytes = self._tokens_per_rank(tokens) * self.model.hidden * self.size  # each rank's slice with SP
-        after = [received.get((action, stage, mb))]
+        after = [received.get((action, chunk, stage, mb))]
+        layers = self.chunk_layers[stage][chunk]
         if action == "F":
             phase = "fwd" if self.train else "prompt"
             if first and self.head:
                 after = [self.embedding_forward(mb, phase, after, tokens)]
-            for layer in self.stage_layers[stage]:
+            for layer in layers:
                 after = [self.layer_forward(stage, layer, mb, phase, after)]
-            if last_stage and self.head:
+            if last and self.head:
                 self.head_forward(mb, phase, tokens)
-            elif not last_stage:
+            elif not last:
+                nxt, nxt_chunk = self._neighbour(stage, chunk, 1)
                 labels = self._labels("send_activations", phase, -1, mb)
-                received[("F", stage + 1, mb)] = self.out.sendrecv(self._pairs(stage, stage + 1), "fwd", after,
-                                                                   labels, nbytes)
+                received[("F", nxt_chunk, nxt, mb)] = self.out.sendrecv(self._pairs(stage, nxt), "fwd", after,
+                                                                        labels, nbytes)
             return
         reduce_now = mb == self.m - 1
-        if last_stage and self.head:
+        if last and self.head:
             after = [self.head_backward(mb, reduce_now)]
-        for layer in reversed(self.stage_layers[stage]):
+        for layer in reversed(layers):
             after = [self.layer_backward(stage, layer, mb, after, reduce_now)]
         if first and self.head:
             self.embedding_backward(mb, after, reduce_now)
         elif not first:
+            previous, previous_chunk = self._neighbour(stage, chunk, -1)
             labels = self._labels("send_gradients", "bwd", -1, mb)
-            received[("B", stage - 1, mb)] = self.out.sendrecv(self._pairs(stage, stage - 1), "bwd", after, labels,
-                                                               nbytes)
-        if reduce_now and self.sp:
+            received[("B", previous_chunk, previous, mb)] = self.out.sendrecv(self._pairs(stage, previous), "bwd",
+                                                                              after, labels, nbytes)
+        if reduce_now and self.sp and chunk == 0:  # the stage's last backward pass
             self.sequence_parallel_gradients(stage, mb)
 
     def sequence_parallel_gradients(self, stage: int, step: int) -> None:
@@ -709,6 +736,7 @@ def transformer(
     vocab_divisible_by: int = 1,
     async_tp_backward: bool = False,
     distributed_optimizer: bool = False,
+    virtual_stages: int = 1,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -732,6 +760,13 @@ def transformer(
         gradient accumulation.
     schedule
         Pipeline schedule: ``"1f1b"`` or ``"gpipe"``.
+    virtual_stages
+        Model chunks per pipeline stage (Megatron-LM's virtual pipeline stages; its
+        ``--num-layers-per-virtual-pipeline-stage`` is ``layers / (pp * virtual_stages)``): above 1
+        the interleaved 1F1B schedule (:func:`gpusim.trace.schedules.interleaved_order`), in which
+        stage ``s`` holds the layers of virtual stages ``s, s + pp, ...``.  Needs ``pp > 1``, the
+        ``1f1b`` schedule, microbatches a multiple of ``pp``, at least one layer a chunk, and the
+        ``train`` or ``prompt`` phase.
     dtype
         Forward/backward precision: ``fp16`` or ``bf16`` (mixed precision with an fp32 optimizer),
         or ``fp32``.
@@ -828,6 +863,15 @@ def transformer(
     _positive("bucket_bytes", bucket_bytes)
     _positive("decode_tokens", decode_tokens)
     _positive("vocab_divisible_by", vocab_divisible_by)
+    if _positive("virtual_stages", virtual_stages) > 1:
+        needs = {"pp > 1": pp > 1, "schedule='1f1b'": schedule == "1f1b", "phase 'train' or 'prompt'": phase != "decode",
+                 f"microbatches ({microbatches}) a multiple of pp ({pp})": microbatches % pp == 0,
+                 f"at least one of the {config.layers} layers for each of pp x virtual_stages = "
+                 f"{pp * virtual_stages} chunks": config.layers >= pp * virtual_stages}
+        missing = [need for need, met in needs.items() if not met]
+        if missing:
+            raise TraceError(f"transformer(): virtual_stages={virtual_stages} (the interleaved 1F1B schedule) needs "
+                             f"{'; '.join(missing)}")
     for name, flag in (("sequence_parallel", sequence_parallel), ("async_tp_backward", async_tp_backward),
                        ("distributed_optimizer", distributed_optimizer)):
         if not isinstance(flag, bool):
@@ -848,7 +892,7 @@ def transformer(
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
-                           vocab_divisible_by, async_tp_backward, distributed_optimizer)
+                           vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -859,6 +903,7 @@ def transformer(
         "decode_tokens": decode_tokens, "head": head, "attention": attention,
         "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
+        "virtual_stages": virtual_stages,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
     return Trace(frame, source=name, metadata=metadata)
