@@ -25,12 +25,15 @@ Data parallelism all-reduces the gradients in buckets (``bucket_bytes``, PyTorch
 default; seeds/001) on a separate ``comm`` stream, each bucket as soon as the weight-gradient GEMMs
 that fill it are done, so it overlaps the rest of the backward pass.  Buckets do not span layers
 (a simplification that keeps layers identical for caching).  With several microbatches the
-gradients are reduced during the last microbatch's backward pass.
+gradients are reduced during the last microbatch's backward pass.  The distributed optimizer
+(ZeRO-1) reduce-scatters the buckets instead, updates each rank's shard and all-gathers the
+parameters.
 
 Pipeline parallelism splits the layers evenly over stages; microbatches flow through them by the
-GPipe or 1F1B schedule (:mod:`gpusim.trace.schedules`), activations and gradients move by
-send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_bwd`` streams.  In the decode phase the
-microbatches pass through the stages one generated token at a time.
+GPipe, 1F1B or interleaved 1F1B schedule (:mod:`gpusim.trace.schedules`), activations and
+gradients move by send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_bwd`` streams, and
+a tied embedding's two copies all-reduce their gradients.  In the decode phase the microbatches
+pass through the stages one generated token at a time.
 
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
 (:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
