@@ -777,3 +777,31 @@ def test_an_interleaved_pipeline_replays_with_a_smaller_bubble():
     times = {v: gpusim.run(system, transformer(model, pp=2, microbatches=4, virtual_stages=v), mode="full").time_s
              for v in (1, 2)}
     assert times[2] < times[1]
+
+
+def test_selective_recomputation_reruns_only_the_core_attention_before_its_backward():
+    """Megatron-LM's selective recomputation (Korthikanti et al. 2022): the scores, scaling and
+    mask, softmax, dropout and context of each layer again, in the backward pass, right before
+    their gradients; full recomputation reruns the whole layer; with FlashAttention nothing."""
+    options = dict(tp=2, batch=2, seq_len=32)
+    plain = transformer(TINY, **options).frame
+    selective = transformer(TINY, **options, recompute="selective").frame
+    core = ["attn_score", "attn_scale_mask", "softmax", "attn_dropout", "attn_context"]
+    rank0 = selective[(selective["gpu"] == 0) & (selective["step"] == 0) & (selective["layer"] == 1)]
+    names = rank0["name"].tolist()
+    again = [name for name in names if name.startswith("recompute.")]
+    assert again == [f"recompute.L1.{op}" for op in core]
+    assert set(rank0.loc[rank0["name"].isin(again), "phase"]) == {"bwd"}
+    assert names.index(again[-1]) + 1 == names.index("L1.attn_context_dgrad")
+    forward = rank0.set_index("name")
+    for op in core:
+        assert forward.loc[f"recompute.L1.{op}", ["m", "n", "k", "elements", "rows", "cols"]].equals(
+            forward.loc[f"L1.{op}", ["m", "n", "k", "elements", "rows", "cols"]])
+    assert len(selective) == len(plain) + 2 * len(core) * TINY.layers  # 2 GPUs
+    full = transformer(TINY, **options, recompute="full").frame
+    assert full.equals(transformer(TINY, **options, recompute=True).frame)
+    assert (full["name"].str.startswith("recompute.") & full["name"].str.contains("ln1")).any()
+    flash = dict(options, attention="flash")
+    assert transformer(TINY, **flash, recompute="selective").frame.equals(transformer(TINY, **flash).frame)
+    with pytest.raises(TraceError, match="'recompute' must be one of False, True, 'full', 'selective', got 'some'"):
+        transformer(TINY, recompute="some")

@@ -195,14 +195,17 @@ def test_the_megatron_options_reach_the_generator(tmp_path):
     out = tmp_path / "sp"
     assert main(["simulate", "--model", str(model), "--tp", "4", "--layers", "1", "--sequence-parallel",
                  "--vocab-divisible-by", "100", "--async-tp-backward", "--distributed-optimizer", "--dp", "2",
+                 "--recompute", "selective",
                  "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 0
     metadata = json.loads((out / "summary.json").read_text())["trace_metadata"]
     assert metadata["sequence_parallel"] is True and metadata["vocab_divisible_by"] == 100
     assert metadata["async_tp_backward"] is True and metadata["distributed_optimizer"] is True
+    assert metadata["recompute"] == "selective"
     ops = pd.read_parquet(out / "ops.parquet")
     rank0 = ops[ops["gpu"] == 0].set_index("name")
     assert set(rank0.loc[["L0.ln1_allgather_wgrad", "L0.attn_reducescatter_bwd"], "stream"]) == {"tp_comm"}
     assert rank0.loc["L0.param_allgather", "stream"] == "comm"
+    assert rank0.loc["recompute.L0.softmax", "phase"] == "bwd" and "recompute.L0.ln1" not in rank0.index
     assert {"L0.ln1_allgather", "L0.attn_reducescatter"} <= set(rank0.index)
     # a replica's one sequence of 64 tokens; 1024 words padded to 1200, over 4 ranks
     assert rank0.loc["lm_head", "flops"] == 2 * 64 * 256 * 1200 // 4

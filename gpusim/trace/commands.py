@@ -276,8 +276,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--virtual-stages", type=positive_int,
                         help="--model: model chunks per pipeline stage, above 1 the interleaved 1F1B schedule "
                              "(Megatron-LM's virtual pipeline stages; needs --pp > 1, microbatches a multiple of it)")
-    parser.add_argument("--recompute", action="store_true", default=None,
-                        help="--model, --phase train: activation recomputation")
+    parser.add_argument("--recompute", nargs="?", const="full", choices=["full", "selective"],
+                        help="--model, --phase train: activation recomputation, of every layer's forward pass "
+                             "(full, the default when given alone) or of the core attention only (selective, "
+                             "Megatron-LM's)")
     parser.add_argument("--layers", type=int, help="--model: use only this many of the model's layers")
     parser.add_argument("--decode-tokens", type=int,
                         help="--model, --phase decode: tokens generated (default: 1)")

@@ -62,6 +62,8 @@ DTYPES = ("fp16", "bf16", "fp32")
 """Data types of a generated trace's activations and weights."""
 ATTENTION_IMPLS = ("unfused", "flash")
 """How generated layers compute attention (see :func:`transformer`)."""
+RECOMPUTE = (False, True, "full", "selective")
+"""Activation recomputation choices (see :func:`transformer`)."""
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (seeds/001 section 1.2.2)."""
 
@@ -171,7 +173,7 @@ class _Transformer:
     """Generates the rows of one trace (see :func:`transformer`)."""
 
     def __init__(self, model: ModelConfig, phase: str, par: Parallelism, micro_batch: int, seq_len: int,
-                 microbatches: int, schedule: str, dtype: str, recompute: bool, bucket_bytes: int,
+                 microbatches: int, schedule: str, dtype: str, recompute: bool | str, bucket_bytes: int,
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int):
@@ -184,13 +186,14 @@ class _Transformer:
         self.schedule = schedule
         self.dtype = dtype
         self.size = DTYPE_BYTES[dtype]
-        self.recompute = recompute
+        self.recompute = recompute in (True, "full")
         self.bucket_bytes = bucket_bytes
         self.optimizer = optimizer
         self.optimizer_impl = optimizer_impl
         self.decode_tokens = decode_tokens
         self.head = head
         self.flash = attention == "flash"
+        self.recompute_attention = recompute == "selective" and not self.flash  # FlashAttention recomputes inside
         self.train = phase == "train"
         self.out = _Builder()
         tp = par.tp
@@ -251,6 +254,19 @@ class _Transformer:
         return self.out.compute(gpus, "attention", [], labels, batch=self.b, heads=self.heads_t, kv_heads=self.kv_t,
                                 q_len=queries, kv_len=keys, head_dim=self.hd, causal=self.model.causal,
                                 function=direction, dtype=self.dtype)
+
+    def _core_attention(self, gpus, labels, queries: int, keys: int) -> None:
+        """Unfused attention of this rank's heads between the projections: the scores, their
+        scaling and mask, the softmax, (training) its dropout, and the context; ``labels`` makes an
+        op's labels from its name."""
+        bh, hd = self.b * self.heads_t, self.hd
+        # PyTorch's Q K^T, which cuBLAS sees as keys x queries (a decoding step's rows are the keys)
+        self._gemm(gpus, [], labels("attn_score"), keys, queries, hd, batch=bh, trans_a=True)
+        self._elementwise(gpus, [], labels("attn_scale_mask"), "scale", bh * queries * keys)
+        self._reduction(gpus, [], labels("softmax"), "softmax", bh * queries, keys)
+        if self.train:
+            self._elementwise(gpus, [], labels("attn_dropout"), "dropout", bh * queries * keys)
+        self._gemm(gpus, [], labels("attn_context"), hd, queries, keys, batch=bh)
 
     def _tp_collective(self, stage, after, labels, nbytes, collective="allreduce", dtype=None,
                        stream="compute") -> Handle | None:
@@ -335,8 +351,7 @@ class _Transformer:
         queries = 1 if context else self.s
         t = tokens or self.b * self.s
         t_rank = self._tokens_per_rank(t)
-        h, hd, heads = model.hidden, self.hd, self.heads_t
-        bh = self.b * heads
+        h, hd = model.hidden, self.hd
         nbytes = t * h * self.size
 
         def at(op: str) -> dict:
@@ -355,13 +370,7 @@ class _Transformer:
         if self.flash:
             self._attention(gpus, at("attention"), "forward", queries, s)
         else:
-            # PyTorch's Q K^T, which cuBLAS sees as keys x queries (a decoding step's rows are the keys)
-            self._gemm(gpus, [], at("attn_score"), s, queries, hd, batch=bh, trans_a=True)
-            self._elementwise(gpus, [], at("attn_scale_mask"), "scale", bh * queries * s)
-            self._reduction(gpus, [], at("softmax"), "softmax", bh * queries, s)
-            if self.train:
-                self._elementwise(gpus, [], at("attn_dropout"), "dropout", bh * queries * s)
-            self._gemm(gpus, [], at("attn_context"), hd, queries, s, batch=bh)
+            self._core_attention(gpus, at, queries, s)
         last = self._gemm(gpus, [], at("attn_out"), h, t, self.q_width, trans_a=True)
         last = self._tp_reduce(stage, at, "attn_{}", nbytes) or last
         residual = "residual_dropout" if self.train else "add"
@@ -429,6 +438,8 @@ class _Transformer:
         if self.flash:
             self._attention(gpus, at("attention_bwd"), "backward", s, s)
         else:
+            if self.recompute_attention:  # Megatron-LM's selective recomputation: the core attention only
+                self._core_attention(gpus, lambda op: self._labels(f"recompute.L{layer}.{op}", "bwd", layer, step), s, s)
             self._gemm(gpus, [], at("attn_context_dgrad"), hd, s, s, batch=bh)
             self._gemm(gpus, [], at("attn_context_wgrad"), s, s, hd, batch=bh)
             self._elementwise(gpus, [], at("attn_dropout_bwd"), "mul", bh * s * s)
@@ -727,7 +738,7 @@ def transformer(
     microbatches: int | None = None,
     schedule: str = "1f1b",
     dtype: str = "fp16",
-    recompute: bool = False,
+    recompute: bool | str = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     optimizer: str | None = "adam",
     optimizer_impl: str = "multi_fused",
@@ -774,7 +785,11 @@ def transformer(
         Forward/backward precision: ``fp16`` or ``bf16`` (mixed precision with an fp32 optimizer),
         or ``fp32``.
     recompute
-        Activation recomputation (full, per layer).
+        Activation recomputation: ``False``; ``True`` or ``"full"``, each layer's forward pass again
+        before its backward pass; ``"selective"``, Megatron-LM's selective recomputation
+        (Korthikanti et al. 2022): only the core attention (scores, softmax, dropout, context)
+        again, right before its backward ops (with ``attention="flash"`` nothing: the fused
+        kernel recomputes inside).
     bucket_bytes
         Data-parallel gradient bucket size, bytes.
     optimizer
@@ -848,6 +863,8 @@ def transformer(
         raise TraceError(f"transformer(): 'schedule' must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if dtype not in DTYPES:
         raise TraceError(f"transformer(): 'dtype' must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(recompute, bool | str) or recompute not in RECOMPUTE:
+        raise TraceError(f"transformer(): 'recompute' must be one of {', '.join(map(repr, RECOMPUTE))}, got {recompute!r}")
     if attention not in ATTENTION_IMPLS:
         raise TraceError(f"transformer(): 'attention' must be one of {', '.join(ATTENTION_IMPLS)}, got {attention!r}")
     if attention == "flash" and dtype not in ATTENTION_DTYPES:
