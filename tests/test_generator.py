@@ -11,7 +11,7 @@ from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import ModelConfig, list_models, load_model, transformer
 from gpusim.trace.lowering import op_of_row
 from gpusim.trace.schedules import interleaved_order, stage_order
-from gpusim.trace.schema import validate
+from gpusim.trace.schema import parse_ints, validate
 
 TINY = ModelConfig(name="tiny", hidden=256, layers=3, heads=4, vocab=1024, seq_len=64, batch=4)
 TINY8 = load_model(TINY, heads=8)
@@ -508,7 +508,7 @@ def test_sequence_parallelism_and_vocabulary_padding_errors():
 def deps_of(frame, name, gpu=0):
     """The op_ids a named row of ``gpu`` depends on (besides its stream order)."""
     row = frame[(frame["name"] == name) & (frame["gpu"] == gpu) & (frame["step"] == 0)].iloc[0]
-    return {int(d) for d in str(row["deps"]).split()} if row["deps"] else set()
+    return set(parse_ints(row["deps"]))
 
 
 def op_id_of(frame, name, gpu=0):
@@ -698,9 +698,9 @@ def test_a_tied_embedding_split_over_stages_all_reduces_its_gradients_between_it
     reduced = frame[frame["name"].str.startswith("grad_") & (frame["layer"] == -1)]
     for _, row in synced.iterrows():
         bucket = reduced[reduced["gpu"] == row["gpu"]]["op_id"].iloc[0]
-        assert bucket in {int(d) for d in row["deps"].split()}
+        assert bucket in parse_ints(row["deps"])
         step = frame[(frame["name"] == "embedding.adam") & (frame["gpu"] == row["gpu"])].iloc[0]
-        assert row["op_id"] in {int(d) for d in step["deps"].split()}
+        assert row["op_id"] in parse_ints(step["deps"])
     validate(frame)
     for options in (dict(pp=1), dict(pp=2, head=False)):
         assert "embedding_grad_allreduce" not in set(transformer(TINY, batch=4, seq_len=16, **options).frame["name"])

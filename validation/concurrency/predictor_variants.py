@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from gpusim.sched.goldyloc import ConcurrencyPredictor, cross_validated_predictions, executed_degree, preferred_degree
+from gpusim.sched.goldyloc import ConcurrencyPredictor, cross_validated_predictions
 from gpusim.studies.concurrency import ConcurrencyStudy
 
 L2_WEIGHTS = (1e-4, 1e-3, 1e-2, 1e-1)
@@ -32,10 +32,9 @@ LOG_FLOOR = 1e-3
 
 
 def accuracy(study: ConcurrencyStudy, shapes: pd.DataFrame, predicted: np.ndarray) -> list[float]:
-    """Share of shapes whose executed degree is the oracle's, per available count (``study.degrees``)."""
-    rows = [row for _, row in shapes.iterrows()]
-    return [float(np.mean([executed_degree(int(p), available) == preferred_degree(study.go_speedups(row), available)
-                           for p, row in zip(predicted, rows)])) for available in study.degrees]
+    """Share of shapes whose executed degree is the oracle's, per available count (``study.degrees``),
+    as the study counts it (:meth:`ConcurrencyStudy.accuracy`)."""
+    return study.accuracy(shapes.assign(predicted=predicted))["accuracy"].tolist()
 
 
 def variants(study: ConcurrencyStudy, shapes: pd.DataFrame, folds: int = 10) -> pd.DataFrame:
