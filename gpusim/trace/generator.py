@@ -44,6 +44,7 @@ recomputation re-runs a layer's forward pass (with its collectives) before its b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -293,13 +294,13 @@ class _Transformer:
         return self._tp_collective(stage, list(after), labels, nbytes, "allgather", stream=stream)
 
     def _column_parallel_backward(self, stage, labels, gather: str, parts, reduce: str,
-                                  gradient: tuple[int, int, dict] | None = None) -> tuple[Handle | None, Handle]:
+                                  gradient: tuple[int, int] | None = None) -> tuple[Handle | None, Handle]:
         """The backward pass of a column-parallel linear layer (QKV, FC-1, the output layer) over all
         the tokens: for each ``(name, in_features, out_features)`` of ``parts`` the activation
         gradient ``{name}_dgrad`` and the weight gradient ``{name}_wgrad``; with sequence parallelism
         first the all-gather ``gather`` of the layer's input, which the weight gradients read; then
         the sum of the ranks' activation gradients (``reduce``, a template as in :meth:`_tp_reduce`).
-        ``gradient`` (layer, bytes, labels) adds the weight gradients to the data-parallel bucket.
+        ``gradient`` (layer, bytes) adds the weight gradients to the data-parallel bucket.
 
         By default every op is on the compute stream, one after the other.  With
         ``async_tp_backward`` they are scheduled as Megatron-LM's
@@ -324,7 +325,7 @@ class _Transformer:
                 self._gemm(gpus, [], *dgrad)
                 last_wgrad = self._gemm(gpus, [], *wgrad, trans_b=True)
             if gradient:
-                self._gradient(stage, gradient[0], gradient[1], last_wgrad, gradient[2], False)
+                self._gradient(stage, *gradient, last_wgrad, labels, False)
             self._tp_reduce(stage, labels, reduce, nbytes)
             return None, last_wgrad
         gathered = self._tp_gather(stage, labels(gather), nbytes, [dict(self.out.last_compute)], stream="tp_comm")
@@ -334,7 +335,7 @@ class _Transformer:
         for position, wgrad in enumerate(wgrads):
             last_wgrad = self._gemm(gpus, [gathered] if position == 0 else [], *wgrad, trans_b=True)
         if gradient:
-            self._gradient(stage, gradient[0], gradient[1], last_wgrad, gradient[2], False)
+            self._gradient(stage, *gradient, last_wgrad, labels, False)
         return summed, last_wgrad
 
     def _tokens_per_rank(self, tokens: int) -> int:
@@ -384,16 +385,17 @@ class _Transformer:
         last = self._tp_reduce(stage, at, "mlp_{}", nbytes) or last
         return self._elementwise(gpus, [], at("mlp_residual"), residual, t_rank * h)
 
-    def _gradient(self, stage: int, layer: int, nbytes: int, producer: Handle, labels: dict, flush: bool) -> None:
+    def _gradient(self, stage: int, layer: int, nbytes: int, producer: Handle, labels: Callable[[str], dict],
+                  flush: bool) -> None:
         """Add a weight gradient to the current bucket; all-reduce it when full (or at ``flush``), or
-        with the distributed optimizer reduce-scatter it (``grad_reducescatter``) into the ranks' shards."""
+        with the distributed optimizer reduce-scatter it into the ranks' shards (``grad_allreduce`` or
+        ``grad_reducescatter``; ``labels`` makes a name's labels)."""
         if not self._reduce_now or self.par.dp == 1:
             return
         self._bucket += nbytes
         if self._bucket >= self.bucket_bytes or (flush and self._bucket):
             collective = "reducescatter" if self.sharded else "allreduce"
-            labels = {**labels, "name": labels["name"].replace("grad_allreduce", f"grad_{collective}")}
-            handle = self.out.collective(self.par.dp_groups(stage), "comm", [producer], labels,
+            handle = self.out.collective(self.par.dp_groups(stage), "comm", [producer], labels(f"grad_{collective}"),
                                          collective=collective, bytes=self._bucket, dtype=self.dtype)
             self.gradient_buckets[(stage, layer)] = handle
             self._bucket = 0
@@ -421,20 +423,20 @@ class _Transformer:
         self._tp_gather(stage, at("mlp_allgather_bwd"), nbytes)
         self._gemm(gpus, [], at("fc2_dgrad"), self.ff_t, t, h)
         wgrad = self._gemm(gpus, [], at("fc2_wgrad"), self.ff_t, h, t, trans_b=True)
-        self._gradient(stage, layer, self.ff_t * h * size, wgrad, at("grad_allreduce"), False)
+        self._gradient(stage, layer, self.ff_t * h * size, wgrad, at, False)
         if swiglu:
             self._elementwise(gpus, [], at("swiglu_bwd_gate"), "mul", t * self.ff_t)
             self._elementwise(gpus, [], at("swiglu_bwd_up"), "mul", t * self.ff_t)
         else:
             self._elementwise(gpus, [], at("gelu_bwd"), "bias_gelu", t * self.ff_t)
         summed, _ = self._column_parallel_backward(stage, at, "ln2_allgather_wgrad", [("fc1", h, ff_in)], "mlp_{}_bwd",
-                                                   (layer, h * ff_in * size, at("grad_allreduce")))
+                                                   (layer, h * ff_in * size))
         self._reduction(gpus, [summed], at("ln2_bwd"), f"{model.norm}_backward", t_rank, h)
         self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t_rank * h)
         self._tp_gather(stage, at("attn_allgather_bwd"), nbytes)
         self._gemm(gpus, [], at("attn_out_dgrad"), self.q_width, t, h)
         wgrad = self._gemm(gpus, [], at("attn_out_wgrad"), self.q_width, h, t, trans_b=True)
-        self._gradient(stage, layer, self.q_width * h * size, wgrad, at("grad_allreduce"), False)
+        self._gradient(stage, layer, self.q_width * h * size, wgrad, at, False)
         if self.flash:
             self._attention(gpus, at("attention_bwd"), "backward", s, s)
         else:
@@ -457,7 +459,7 @@ class _Transformer:
         self._reduction(gpus, [summed], at("ln1_bwd"), f"{model.norm}_backward", t_rank, h)
         last = self._elementwise(gpus, [], at("residual_bwd"), "add", t_rank * h)
         rest = sum(self.layer_tensors()) - (self.ff_t * h + h * ff_in + self.q_width * h)  # QKV, biases, norms
-        self._gradient(stage, layer, rest * size, last, at("grad_allreduce"), True)
+        self._gradient(stage, layer, rest * size, last, at, True)
         return last
 
     # -- embedding and output layer -----------------------------------------------------------
@@ -504,7 +506,7 @@ class _Transformer:
         if reduce_gradients and (self.par.pp > 1 or not self.model.tied_embeddings):
             self._reduce_now, self._bucket = True, 0
             nbytes = (self.vocab_t * h + self.model.norm_parameters()) * size  # its own table or the tied copy
-            self._gradient(stage, -1, nbytes, wgrad, at("grad_allreduce"), True)
+            self._gradient(stage, -1, nbytes, wgrad, at, True)
             self.embedding_gradients += [wgrad, self.gradient_buckets.get((stage, -1))]
         return last
 
@@ -522,7 +524,7 @@ class _Transformer:
             elements = self.vocab_t * self.model.hidden
             if self.par.pp == 1 and self.model.tied_embeddings:  # the final norm's, with the one table
                 elements += self.model.norm_parameters()
-            self._gradient(0, -1, elements * self.size, last, self._labels("grad_allreduce", "bwd", -1, step), True)
+            self._gradient(0, -1, elements * self.size, last, lambda name: self._labels(name, "bwd", -1, step), True)
             self.embedding_gradients += [last, self.gradient_buckets.get((0, -1))]
         return last
 

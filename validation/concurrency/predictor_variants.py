@@ -48,17 +48,17 @@ def variants(study: ConcurrencyStudy, shapes: pd.DataFrame, folds: int = 10) -> 
     candidates = [("study (l2 = 1/samples)", features, {})]
     candidates += [(f"l2 = {weight:g}", features, {"l2": weight}) for weight in L2_WEIGHTS]
     candidates += [("log2 features", logs, {}), ("log2 features, l2 = 0.001", logs, {"l2": 1e-3})]
+    columns = [f"accuracy_{d}" for d in study.degrees]
     rows = []
     for name, x, options in candidates:
         predicted = cross_validated_predictions(x, labels, folds=folds, **options)
         fitted = ConcurrencyPredictor(**options).fit(x, labels)
-        rows.append({"variant": name, **dict(zip([f"accuracy_{d}" for d in study.degrees],
-                                                 accuracy(study, shapes, predicted))),
+        rows.append({"variant": name, **dict(zip(columns, accuracy(study, shapes, predicted))),
                      "training_fit": float(np.mean(fitted.predict(x) == labels))})
     values, counts = np.unique(labels, return_counts=True)
-    commonest = np.full(len(labels), values[np.argmax(counts)])
-    rows.append({"variant": f"always {int(values[np.argmax(counts)])}",
-                 **dict(zip([f"accuracy_{d}" for d in study.degrees], accuracy(study, shapes, commonest))),
+    commonest = values[np.argmax(counts)]
+    rows.append({"variant": f"always {int(commonest)}",
+                 **dict(zip(columns, accuracy(study, shapes, np.full(len(labels), commonest)))),
                  "training_fit": float("nan")})
     return pd.DataFrame(rows)
 
