@@ -316,6 +316,53 @@ class GemmAllToAll(FusedGemm):
         return f"gemm+a2a {self._shape_text()}"
 
 
+@dataclass
+class DecomposedGemmReduceScatter(GemmShape):
+    """A GEMM and the ring reduce-scatter of its output, overlapped in software by decomposition.
+
+    What software can do without T3's hardware (Wang et al., ASPLOS 2023, the dissertation's
+    "Google Decomposition"; Transformer Engine's communication overlap), the rival of
+    :class:`GemmReduceScatter`: the GEMM is cut along M into one chunk per rank, run as one kernel per
+    chunk in the order the ring reduce-scatter needs them, and a CU-driven ring reduce-scatter on
+    ``channels`` CUs of its own runs beside them; each of its steps reads its local chunk once that
+    chunk's kernel has finished.  The GEMM kernels get the stream's other CUs.  Every rank ends with
+    its reduced chunk, as after :class:`ReduceScatter`.  ``m`` must split evenly over the ranks.
+
+    Attributes
+    ----------
+    m, n, k, dtype, trans_a, trans_b, a, b, kernel
+        The whole GEMM, as in :class:`GemmShape` (``batch`` must be 1; a named ``kernel`` runs every
+        chunk and may not split K).
+    out
+        Name of the reduce-scatter's output.
+    channels
+        CUs of the reduce-scatter (default: the node's ``collectives.cus``, fewer for small chunks).
+    """
+
+    channels: int | None = None
+    category: ClassVar[str] = "fused"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch != 1:
+            raise OpError(f"DecomposedGemmReduceScatter: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
+        if self.channels is not None:
+            self.channels = _positive_int("DecomposedGemmReduceScatter", "channels", self.channels)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one rank's GEMM output, C[m, n]."""
+        return self.m * self.n * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        return f"gemm+rs decomposed {self._shape_text()}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.decomposed import execute_decomposed_gemm_rs
+
+        return execute_decomposed_gemm_rs(ctx, self)
+
+
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "copy": (1, 1, 0.0),
     "cat": (1, 1, 0.0),
@@ -881,6 +928,7 @@ __all__ = [
     "AllReduce",
     "AllToAll",
     "Collective",
+    "DecomposedGemmReduceScatter",
     "Delay",
     "ELEMENTWISE_KINDS",
     "Elementwise",

@@ -83,6 +83,10 @@ def test_ci_subset_reproduces_the_cases_the_text_names(tmp_path):
     rs_reads = dram[dram["category"] == "rs_read"].pivot_table(index="sublayer", columns="config", values="bytes")
     assert (rs_reads["sequential"] / rs_reads["t3-mca"] > 1.5).all()  # NMC: no partial copies to read
     assert (tmp_path / "fig8_14_speedups.png").stat().st_size > 0
+    software = pd.read_csv(tmp_path / "software_overlap.csv")
+    assert len(software) == 2 * len(t3.DECOMPOSED_CHANNELS) and software["best"].sum() == 2
+    assert (software["speedup"] < software["t3_mca_speedup"]).all()  # T3 needs none of the GEMM's CUs
+    assert (tmp_path / "software_overlap.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("config", ["sequential", "t3-mca"])
@@ -92,6 +96,28 @@ def test_full_mode_agrees_with_symmetric_mode_on_a_study_case(config):
     symmetric = t3.simulate_case("T-NLG", 8, "FC-2", config, mode="symmetric", tokens=2048)
     assert symmetric["time_s"] == pytest.approx(full["time_s"], rel=0.03)
     assert symmetric["dram_rs_read"] == pytest.approx(full["dram_rs_read"], rel=0.03)
+
+
+def test_software_overlap_from_synthetic_rows():
+    case = {"model": "T-NLG", "tp": 8, "sublayer": "OP"}
+    table = pd.DataFrame([
+        {**case, "config": "sequential", "time_s": 6.0, "speedup": 1.0, "gemm_s": 2.0},
+        {**case, "config": "t3-mca", "time_s": 4.0, "speedup": 1.5, "gemm_s": 3.0},
+        {**case, "config": "ideal-overlap", "time_s": 3.0, "speedup": 2.0, "gemm_s": 2.0},
+    ])
+    decomposed = pd.DataFrame([{**case, "channels": 8.0, "time_s": 5.0, "gemm_s": 2.5, "exposed_rs_s": 1.5},
+                               {**case, "channels": 16.0, "time_s": 4.8, "gemm_s": 3.0, "exposed_rs_s": 0.8}])
+    frame = t3.software_overlap(decomposed, table)
+    assert list(frame["channels"]) == [8, 16] and list(frame["best"]) == [False, True]
+    assert list(frame["speedup"]) == pytest.approx([1.2, 1.25])
+    assert list(frame["gemm_slowdown"]) == pytest.approx([1.25, 1.5])
+    assert (frame["t3_mca_speedup"] == 1.5).all() and (frame["ideal_overlap_speedup"] == 2.0).all()
+
+
+def test_a_decomposed_case_splits_its_time_into_gemm_and_exposed_communication():
+    row = t3.simulate_decomposed("T-NLG", 8, "FC-2", channels=16, tokens=2048)
+    assert row["gemm_s"] + row["exposed_rs_s"] + row["ag_s"] == pytest.approx(row["time_s"], rel=0.05)
+    assert 0 < row["exposed_rs_s"] < row["gemm_s"]
 
 
 def test_end_to_end_replaces_the_sliced_sublayers_of_every_layer():

@@ -187,7 +187,7 @@ class Flags:
             self.raise_at(what, rank, self.env.now, *key)
 
 
-def _channels_for(ctx, op, chunk_bytes: int, protocol=None, nbytes: int | None = None) -> int:
+def channels_for(ctx, op, chunk_bytes: int, protocol=None, nbytes: int | None = None) -> int:
     """Channels (CUs) of a collective: the configured number, fewer for small messages."""
     configured = getattr(op, "channels", None) or ctx.config.collectives.cus
     configured = min(configured, ctx.gpu.config.num_cus)
@@ -220,9 +220,13 @@ class RingKernel:
     wire_efficiency
         Payload fraction of the bytes the protocol moves (received data is inflated by its inverse
         on the links and in the staging buffer).
+    local_ready
+        ``local_ready(chunk)`` is the event after which the local input chunk may be read (a
+        producer that writes it while the collective runs); ``None``: the input is complete.
     """
 
-    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, wire_efficiency=1.0):
+    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, wire_efficiency=1.0,
+                 local_ready: Callable[[int], Event] | None = None):
         self.ctx = ctx
         self.gpu = ctx.gpu
         self.env = ctx.env
@@ -236,6 +240,7 @@ class RingKernel:
         self.rings = ring_orders(ctx, group, channels)
         self.channels = channels
         self.wire_efficiency = wire_efficiency
+        self.local_ready = local_ready
         self.piece = math.ceil(self.chunk / channels)
         slice_bytes = int(ctx.config.collectives.slice_bytes)
         self.slices = max(1, math.ceil(self.piece / slice_bytes))
@@ -290,6 +295,10 @@ class RingKernel:
                     arrived = flags.event("data", me, tag, step.index, channel, s)
                     if not arrived.processed:
                         yield arrived
+                if step.read_local and self.local_ready is not None:
+                    produced = self.local_ready(step.chunk)
+                    if not produced.processed:
+                        yield produced
                 reads = Join(env)
                 moved = 0
                 wire = math.ceil(size / self.wire_efficiency)
@@ -560,7 +569,7 @@ def choose_protocol(ctx, op, kind: str, group: list[int]):
     sent = steps * math.ceil(nbytes / n)
 
     def predicted(protocol) -> float:
-        channels = _channels_for(ctx, op, math.ceil(nbytes / n), protocol, nbytes)
+        channels = channels_for(ctx, op, math.ceil(nbytes / n), protocol, nbytes)
         bandwidth = ring_bandwidth(ctx.machine.topology, ring_orders(ctx, group, channels)) * 1e-9  # bytes/ns
         return protocol.base_latency_ns + steps * protocol.step_latency_ns + sent / (bandwidth * protocol.wire_efficiency)
 
@@ -607,7 +616,7 @@ def execute_collective(ctx, op):
     chunk = math.ceil(op.nbytes / n)
     ring_on_cus = algorithm == "ring" and op.driver == "cu" and kind != "a2a"
     protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else _simple(ctx)
-    channels = _channels_for(ctx, op, chunk, protocol, op.nbytes)
+    channels = channels_for(ctx, op, chunk, protocol, op.nbytes)
     flags = shared.setdefault("flags", Flags(ctx, protocol.step_latency_ns))
     if kind == "ag":
         inp = out = ctx.tensor(op.out or op.input, op.nbytes)
@@ -643,7 +652,7 @@ def _hierarchical(ctx, op, group, inp, out, flags, set_up):
     for tag, (phase, ranks, size) in enumerate(phases):
         if len(ranks) == 1:
             continue
-        channels = _channels_for(ctx, op, math.ceil(size / len(ranks)))
+        channels = channels_for(ctx, op, math.ceil(size / len(ranks)))
         cross_stage = ctx.tensor(None, math.ceil(size / len(ranks)) * 2) if phase == "ar" else stage
         kernel = RingKernel(ctx, phase, ranks, size, inp, out, cross_stage, flags, channels, tag=tag)
         yield from ctx.launch(kernel.kernel, latency_ns=set_up)

@@ -469,13 +469,16 @@ class DmaFeeder:
             self.submit(self.held.popleft())
 
 
-def _kernel_spec(ctx, op, problem):
+def whole_tile_spec(ctx, op, problem, cus: int | None = None):
+    """The kernel of a GEMM whose output tiles leave the workgroups whole (no split-K): ``op``'s named
+    kernel, else the library heuristic's choice for ``cus`` CUs (default: the stream's) without
+    split-K, as the GPU runs it on the operands (:func:`for_operands`, :func:`pipelined`)."""
     if op.kernel is not None:
         spec = find_spec(op.kernel)
         if spec.split_k > 1:
             raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
     else:
-        spec = choose_kernel(problem, ctx.gpu.config, ctx.cus).with_split(1)
+        spec = choose_kernel(problem, ctx.gpu.config, ctx.cus if cus is None else cus).with_split(1)
     spec = pipelined(for_operands(spec, problem, ctx.gpu.config), ctx.gpu.config, op.dtype)
     check_fits(spec, op.dtype, ctx.gpu.config, op.label, named=op.kernel is not None)
     return spec
@@ -675,7 +678,7 @@ def execute_fused_gemm(ctx, op):
     machine = ctx.machine
     n = len(group)
     problem = problem_of(op)
-    spec = _kernel_spec(ctx, op, problem)
+    spec = whole_tile_spec(ctx, op, problem)
     if n == 1:  # nothing to send: the GEMM alone
         yield from execute_gemm(ctx, op, spec)
         return

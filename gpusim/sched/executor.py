@@ -144,7 +144,7 @@ class OpContext:
                 yield self.env.timeout(at - self.env.now)
 
     def launch(self, kernel: Kernel, host_ns: float | None = None,
-               latency_ns: float = 0.0) -> Generator[Event, Any, KernelRun]:
+               latency_ns: float = 0.0, queue: str | None = None) -> Generator[Event, Any, KernelRun]:
         """Launch ``kernel`` on this rank's GPU; return when it ends.
 
         The rank's host thread issues the launch after its earlier ones (a span on the rank's
@@ -157,6 +157,9 @@ class OpContext:
         before it (:mod:`gpusim.hw.queues`).  Once its last workgroup has ended, the kernel takes
         the GPU's ``kernel_device_ns`` more to complete (its queue's next kernel waits for that).
         The kernel's ``info`` gains the launching op's ``op_id`` (kept in ``Result.kernels``).
+        ``queue`` names a second stream the op drives beside its own (a communication kernel that
+        runs next to its compute kernels): the kernel waits for a hardware queue of that stream's
+        own and shows on its lane.
         """
         if kernel.cu_mask is None and self.cu_mask is not None:
             kernel.cu_mask = self.cu_mask
@@ -179,15 +182,16 @@ class OpContext:
         ready += latency_ns
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
-        queue = self.gpu.queues.queue(self.stream.name, masked=self.stream.cu_mask is not None)
-        with queue.request() as turn:
+        lane = self.stream.name if queue is None else queue
+        hardware = self.gpu.queues.queue(lane, masked=self.stream.cu_mask is not None or queue is not None)
+        with hardware.request() as turn:
             yield turn
             run = self.gpu.dispatcher.launch(kernel)
             yield run.done
             if config.kernel_device_ns:
                 yield self.env.timeout(config.kernel_device_ns)
         self.follows = True
-        self.sim.recorder.span(Span(kernel.name, "kernel", self.rank, self.stream.name, run.start_ns,
+        self.sim.recorder.span(Span(kernel.name, "kernel", self.rank, lane, run.start_ns,
                                     run.end_ns + config.kernel_device_ns, dict(kernel.info)))
         return run
 

@@ -20,6 +20,10 @@ tensor slicing (:func:`sublayer_gemm`).  Configurations (section 8.4.3):
     ``max(GEMM, RS) + AG`` of the sequential run's isolated (non-overlapping) kernels;
 ``ideal-rs-nmc``
     ``max(GEMM, RS with NMC) + AG``, the reduce-scatter driven by DMA with near-memory updates.
+
+Beside them, what software can do without T3's hardware (section 8.2.1): the GEMM decomposed into
+one kernel per chunk with a CU-driven ring reduce-scatter on a few CUs of its own consuming the
+chunks as they finish (:func:`simulate_decomposed`, :func:`software_overlap`).
 """
 
 from __future__ import annotations
@@ -381,6 +385,80 @@ def cu_sharing(raw: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# -- Software overlap by decomposition (section 8.2.1's alternative to T3) ---------------------------
+DECOMPOSED_CHANNELS = (8, 16)
+"""CUs the decomposed overlap's reduce-scatter may take (Fig. 8.4's 72-8 and 64-16 splits)."""
+
+
+def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int, mode: str = "symmetric",
+                        tokens: int | None = None) -> dict[str, Any]:
+    """The sub-layer with its GEMM and reduce-scatter overlapped in software (a top-level sweep function):
+    :class:`gpusim.ops.DecomposedGemmReduceScatter` on ``channels`` CUs for the reduce-scatter, then the
+    all-gather, on the default memory-controller policy.
+
+    Returns
+    -------
+    dict
+        ``time_s`` (the sub-layer), ``gemm_s`` (from the first GEMM chunk's start to the last one's
+        end), ``exposed_rs_s`` (the rest of the overlapped op), ``ag_s`` and simulator statistics.
+    """
+    system = load_system(node_for(tp))
+    shape = sublayer_gemm(model, sublayer, tp, tokens)
+    nbytes = shape["m"] * shape["n"] * DTYPE_BYTES
+    result = run(system, [ops.DecomposedGemmReduceScatter(**shape, dtype=DTYPE, out="y", channels=channels, name="GEMM+RS"),
+                          ops.AllGather(nbytes, dtype=DTYPE, input="y", name="AG")], mode=mode)
+    frame = result.ops[result.ops["gpu"] == 0].set_index("name")
+    chunks = result.kernels[(result.kernels["gpu"] == 0) & result.kernels["name"].str.startswith("gemm_chunk")]
+    gemm_s = float(chunks["end_s"].max() - chunks["start_s"].min())
+    return {"time_s": result.time_s, "gemm_s": gemm_s, "exposed_rs_s": float(frame.at["GEMM+RS", "duration_s"]) - gemm_s,
+            "ag_s": float(frame.at["AG", "duration_s"]), "wall_s": result.stats["wall_s"], "events": result.stats["events"]}
+
+
+def decomposed_points(models=MAIN_MODELS, channels=DECOMPOSED_CHANNELS, cases=None) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_decomposed`: every sub-layer of ``models`` at their TP degrees
+    (or only ``cases``, ``(model, tp, sublayer)`` triples), every number of ``channels``."""
+    points = []
+    for model in [models] if isinstance(models, str) else models:
+        for tp in _model(model).tp:
+            for sublayer in SUBLAYERS:
+                if cases is None or (model, tp, sublayer) in cases:
+                    points += [{"model": model, "tp": tp, "sublayer": sublayer, "channels": c} for c in channels]
+    return points
+
+
+def software_overlap(decomposed: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The decomposed software overlap beside T3 (per case and number of reduce-scatter CUs).
+
+    Parameters
+    ----------
+    decomposed
+        Rows of :func:`simulate_decomposed` with ``model, tp, sublayer, channels``.
+    table
+        :func:`speedups` of the same cases.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``model, tp, sublayer, channels, time_s, speedup`` (over Sequential), ``best`` (the
+        fastest number of channels of the case), ``gemm_slowdown`` (the chunked GEMM's span over
+        Sequential's GEMM), ``exposed_rs_s``, and the case's ``t3_mca_speedup`` and
+        ``ideal_overlap_speedup``.
+    """
+    wide = table.pivot_table(index=CASE, columns="config", values=["time_s", "speedup", "gemm_s"])
+    rows = []
+    for row in decomposed.itertuples(index=False):
+        case = (row.model, row.tp, row.sublayer)
+        rows.append(dict(zip(CASE, case), channels=int(row.channels), time_s=row.time_s,
+                         speedup=wide.at[case, ("time_s", "sequential")] / row.time_s,
+                         gemm_slowdown=row.gemm_s / wide.at[case, ("gemm_s", "sequential")],
+                         exposed_rs_s=row.exposed_rs_s,
+                         t3_mca_speedup=wide.at[case, ("speedup", "t3-mca")],
+                         ideal_overlap_speedup=wide.at[case, ("speedup", "ideal-overlap")]))
+    frame = pd.DataFrame(rows)
+    frame["best"] = frame["speedup"] == frame.groupby(CASE)["speedup"].transform("max")
+    return frame
+
+
 # -- Fig. 8.15: DRAM traffic over time ---------------------------------------------------------------
 def dram_timeline(model: str = "T-NLG", tp: int = 8, sublayer: str = "FC-2", bin_s: float = 10e-6,
                   mode: str = "symmetric") -> pd.DataFrame:
@@ -507,11 +585,12 @@ def run_point(study: str, variant: str = "base", **params: Any):
     """Run one point of any part of the study (a top-level function for :func:`gpusim.sweep.sweep`).
 
     ``study`` is ``case`` (:func:`simulate_case`), ``cu_split`` (:func:`simulate_cu_split`),
-    ``layer`` (:func:`simulate_layer_rest`) or ``timeline`` (:func:`dram_timeline`, many rows);
+    ``layer`` (:func:`simulate_layer_rest`), ``decomposed`` (:func:`simulate_decomposed`) or
+    ``timeline`` (:func:`dram_timeline`, many rows);
     ``variant`` only labels the rows (e.g. ``"2x-cus"``).
     """
     functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
-                 "timeline": dram_timeline}
+                 "decomposed": simulate_decomposed, "timeline": dram_timeline}
     return functions[known_name("study part", study, functions)](**params)
 
 

@@ -9,7 +9,8 @@ Usage::
 Writes into ``--out``: ``speedups.csv`` (model, tp, sublayer, config, time_s, speedup and the GEMM /
 RS / AG split of Figs. 8.13-8.14), ``dram.csv`` (Fig. 8.16), ``dram_timeline.csv`` (Fig. 8.15),
 ``cu_sharing.csv`` (Fig. 8.4), ``future_2x_cus.csv`` (Fig. 8.18), ``end_to_end.csv`` (Fig. 8.17),
-``large_models.csv`` (section 8.5.4), ``summary.csv`` (every reference number beside ours) and a
+``large_models.csv`` (section 8.5.4), ``software_overlap.csv`` (the GEMM decomposed in software
+beside T3), ``summary.csv`` (every reference number beside ours) and a
 PNG per figure.  All simulations run as one :func:`gpusim.sweep.sweep` (parallel processes, a
 progress bar, and a cache under ``--out`` so that a rerun only redoes what changed).
 """
@@ -39,8 +40,9 @@ def points(subset: str) -> list[dict]:
     """Every simulation of the reproduction (or of the ``ci`` subset)."""
     if subset == "ci":
         cases = [p for p in t3.case_points(t3.MAIN_MODELS) if (p["model"], p["tp"], p["sublayer"]) in CI_CASES]
-        return t3.tagged("case", cases)
+        return t3.tagged("case", cases) + t3.tagged("decomposed", t3.decomposed_points(cases=CI_CASES))
     result = t3.tagged("case", t3.case_points(t3.MAIN_MODELS))
+    result += t3.tagged("decomposed", t3.decomposed_points())
     result += t3.tagged("case", t3.case_points(t3.LARGE_MODELS))
     result += t3.tagged("case", t3.case_points(t3.MAIN_MODELS, tps=(8,), overrides={"gpu.num_cus": 160}), variant="2x-cus")
     result += t3.tagged("cu_split", t3.cu_sharing_points())
@@ -130,6 +132,9 @@ def tables_from(raw: pd.DataFrame) -> dict[str, pd.DataFrame]:
         base = tables["speedups"].set_index(t3.CASE + ["config"])["speedup"]
         future_table["speedup_1x"] = [base.get(tuple(key)) for key in future_table[t3.CASE + ["config"]].values]
         tables["future_2x_cus"] = future_table
+    decomposed = _rows(raw, "decomposed")
+    if len(decomposed):
+        tables["software_overlap"] = t3.software_overlap(decomposed, tables["speedups"])
     split_rows = _rows(raw, "cu_split")
     if len(split_rows):
         tables["cu_sharing"] = t3.cu_sharing(split_rows)
@@ -184,6 +189,20 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
             plot.dram_bandwidth(wide, ax=ax, title=f"T-NLG FC-2 TP8: {config}")
         plot.save_figure(fig, out / "fig8_15_dram_timeline.png")
 
+    if "software_overlap" in tables:
+        software = tables["software_overlap"]
+        best = software[software["best"]].copy()
+        best["case"] = _case_label(best)
+        long = best.melt(id_vars=["case"], value_vars=["speedup", "t3_mca_speedup", "ideal_overlap_speedup"],
+                         var_name="config", value_name="speedup over Sequential (x)")
+        long["config"] = long["config"].map({"speedup": "decomposed (best CUs)", "t3_mca_speedup": "t3-mca",
+                                             "ideal_overlap_speedup": "ideal-overlap"})
+        fig, ax = plt.subplots(figsize=(12, 4))
+        plot.bars(long, "case", "speedup over Sequential (x)", hue="config", ax=ax, ylabel="speedup over Sequential (x)")
+        ax.axhline(1.0, color="k", linewidth=0.6)
+        ax.set_title("Software overlap by decomposition against T3-MCA (gpusim)")
+        plot.save_figure(fig, out / "software_overlap.png")
+
     if "cu_sharing" in tables:
         sharing = tables["cu_sharing"].copy()
         sharing["case"] = sharing["model"] + " " + sharing["sublayer"]
@@ -230,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     names = {"speedups": "speedups.csv", "dram": "dram.csv", "dram_reductions": "dram_reductions.csv",
              "nmc_rs": "nmc_reduce_scatter.csv", "large_models": "large_models.csv", "future_2x_cus": "future_2x_cus.csv",
              "cu_sharing": "cu_sharing.csv", "end_to_end": "end_to_end.csv", "dram_timeline": "dram_timeline.csv",
-             "raw_cases": "simulations.csv"}
+             "software_overlap": "software_overlap.csv", "raw_cases": "simulations.csv"}
     for key, name in names.items():
         if key in tables:
             tables[key].to_csv(out / name, index=False)

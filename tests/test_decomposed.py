@@ -1,0 +1,113 @@
+"""The GEMM and its ring reduce-scatter overlapped in software by decomposition (T3's software rival)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.errors import OpError
+from gpusim.kernels.decomposed import COMM_LANE_SUFFIX
+from gpusim.sched.executor import Stream
+
+RING8 = gpusim.load_system("t3-ring8")
+RING4 = RING8.with_overrides({"num_gpus": 4})
+M, N, K = 2048, 3072, 384
+OUT = M * N * 2
+
+
+def decomposed(**fields) -> ops.DecomposedGemmReduceScatter:
+    shape = dict(m=M, n=N, k=K, dtype="fp16", out="y", channels=16, name="GEMM+RS")
+    return ops.DecomposedGemmReduceScatter(**{**shape, **fields})
+
+
+def test_the_gemm_runs_as_one_kernel_per_chunk_beside_the_reduce_scatter():
+    result = gpusim.run(RING8, decomposed(), mode="symmetric")
+    kernels = result.kernels.sort_values("start_s")
+    chunks = kernels[kernels["name"].str.startswith("gemm_chunk")]
+    ring = kernels[kernels["name"].str.startswith("rs_ring")]
+    assert len(chunks) == 8 and len(ring) == 1
+    assert (chunks["stream"] == "compute").all() and ring["stream"].iloc[0] == "compute" + COMM_LANE_SUFFIX
+    assert (chunks["workgroups"] == chunks["workgroups"].iloc[0]).all()
+    # one after another on the compute CUs, while the reduce-scatter runs from the first to past the last
+    assert (chunks["start_s"].values[1:] >= chunks["end_s"].values[:-1]).all()
+    assert ring["start_s"].iloc[0] < chunks["end_s"].iloc[0]
+    assert ring["end_s"].iloc[0] > chunks["end_s"].iloc[-1]
+    op = result.ops.iloc[0]
+    assert op["chunks"] == 8 and op["channels"] == 16 and op["gemm_cus"] == RING8.gpu.num_cus - 16
+
+
+def test_the_overlap_hides_communication_that_running_in_turn_exposes():
+    """Decomposed, the sub-layer is shorter than its chunks then the reduce-scatter on the same CUs,
+    and it cannot end before its GEMM chunks have."""
+    gemm_cus, comm_cus = tuple(range(64)), tuple(range(64, 80))
+    gemms = gpusim.run(RING8, [ops.Gemm(M // 8, N, K, out=f"c{i}") for i in range(8)],
+                       streams=[Stream("compute", gemm_cus)] * 8, mode="symmetric")
+    reduce_scatter = gpusim.run(RING8, ops.ReduceScatter(OUT, channels=16), streams=[Stream("comm", comm_cus)],
+                                mode="symmetric")
+    result = gpusim.run(RING8, decomposed(), mode="symmetric")
+    chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
+    assert chunks["end_s"].max() < result.time_s < 0.8 * (gemms.time_s + reduce_scatter.time_s)
+
+
+def test_fewer_cus_for_the_gemm_slow_its_chunks():
+    few = gpusim.run(RING8, decomposed(m=8192, k=1024, channels=40), mode="symmetric").kernels
+    many = gpusim.run(RING8, decomposed(m=8192, k=1024, channels=8), mode="symmetric").kernels
+    span = {name: k[k["name"].str.startswith("gemm_chunk")] for name, k in (("few", few), ("many", many))}
+    assert (span["few"]["end_s"].max() - span["few"]["start_s"].min()) > 1.3 * (
+        span["many"]["end_s"].max() - span["many"]["start_s"].min())
+
+
+def test_symmetric_mode_agrees_with_full_mode():
+    full = gpusim.run(RING4, decomposed(m=1024), mode="full")
+    symmetric = gpusim.run(RING4, decomposed(m=1024), mode="symmetric")
+    assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
+    assert full.ops["gpu"].nunique() == 4
+
+
+def test_the_links_carry_the_ring_reduce_scatters_volume():
+    result = gpusim.run(RING4, decomposed(m=1024), mode="full")
+    per_link = result.links.groupby("link")["bytes"].sum()
+    sent = per_link[[f"gpu{i}->gpu{(i + 1) % 4}" for i in range(4)]]
+    assert sent.sum() == pytest.approx(4 * 3 / 4 * 1024 * N * 2, rel=0.001)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.integers(1, 4), st.sampled_from([256, 1024]), st.integers(1, 24))
+def test_any_split_finishes_after_its_gemm_and_the_ring_bound(ranks, rows_per_rank, n, channels):
+    """No deadlock whatever the chunk and CU split, and never faster than the GEMM chunks or the links."""
+    system = RING8.with_overrides({"num_gpus": ranks})
+    m = ranks * 64 * rows_per_rank
+    result = gpusim.run(system, decomposed(m=m, n=n, k=256, channels=channels), mode="symmetric")
+    chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
+    assert len(chunks) == ranks
+    link_bound = (ranks - 1) / ranks * m * n * 2 / system.config.links.bandwidth_bytes_per_s
+    assert result.time_s >= max(chunks["end_s"].max(), link_bound)
+
+
+def test_one_rank_runs_the_gemm_alone():
+    result = gpusim.run(RING8, decomposed(ranks=[0]), mode="full")
+    assert list(result.kernels["name"].str.startswith("gemm_")) == [True]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"m": 1004}, "m = 1004 rows do not split evenly into 8 chunks"),
+    ({"m": 16384, "channels": 80}, "leave none of the stream's 80 to the GEMM"),
+])
+def test_splits_that_cannot_run_are_op_errors(fields, message):
+    with pytest.raises(OpError, match=message):
+        gpusim.run(RING8, decomposed(**fields), mode="symmetric")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"batch": 2}, "field 'batch' must be 1"),
+    ({"channels": 0}, "channels"),
+    ({"kernel": "MT128x128x32_T256_SK2"}, None),
+])
+def test_bad_fields_are_named(fields, message):
+    if message is None:  # a split-K kernel is refused when the op runs: its chunks need whole tiles
+        with pytest.raises(OpError, match="whole output tiles"):
+            gpusim.run(RING8, decomposed(**fields), mode="symmetric")
+        return
+    with pytest.raises(OpError, match=message):
+        decomposed(**fields)
