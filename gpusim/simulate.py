@@ -6,7 +6,7 @@ import dataclasses
 import gc
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -122,6 +122,16 @@ def choose_mode(op_list: Sequence[Op], system: System) -> str:
         if routes_directly(op) and not topology.mirrors_direct_traffic:
             return "full"
     return "symmetric"
+
+
+def resolve_mode(mode: str, system: Any, choose: Callable[[System], str]) -> str:
+    """``mode`` checked (``full``, ``symmetric`` or ``auto``), with ``auto`` resolved: ``choose(system)``
+    for a :class:`System`, else ``full``; a :class:`gpusim.errors.ConfigError` names the choices."""
+    if mode not in ("full", "symmetric", "auto"):
+        raise ConfigError(f"mode must be one of full, symmetric, auto, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return choose(system) if isinstance(system, System) else "full"
 
 
 def warn_if_symmetric_approximates(ops: Iterable[Op], system: System) -> None:
@@ -306,12 +316,9 @@ def run(
         stream_list = [_as_stream(s) for s in streams]
         if len(stream_list) != len(op_list):
             raise OpError(f"streams has {len(stream_list)} entries for {len(op_list)} ops")
-    if mode not in ("full", "symmetric", "auto"):
-        raise ConfigError(f"mode must be one of full, symmetric, auto, got {mode!r}")
-    if mode == "auto":
-        if isinstance(system, str):
-            system = load_system(system)
-        mode = choose_mode(op_list, system) if isinstance(system, System) else "full"
+    if isinstance(system, str) and mode == "auto":
+        system = load_system(system)
+    mode = resolve_mode(mode, system, lambda machine: choose_mode(op_list, machine))
     bar = None
 
     def advance() -> None:

@@ -175,6 +175,16 @@ def test_symmetric_replay_warns_about_direct_traffic_on_a_ring(tmp_path, collect
     assert gpusim.run(RING8, read(path), mode="auto").stats["mode"] == ("full" if warns else "symmetric")
 
 
+@pytest.mark.parametrize("ops", ["trace", "list"])
+def test_an_unknown_mode_is_the_same_config_error_for_a_trace_and_for_ops(ops):
+    trace = transformer(TINY, tp=1, batch=1, seq_len=64, layers=1, optimizer=None)
+    with pytest.raises(gpusim.ConfigError, match="mode must be one of full, symmetric, auto, got 'fast'"):
+        if ops == "trace":
+            trace.replay(RING8, mode="fast")
+        else:
+            gpusim.run(RING8, [gpusim.ops.Gemm(64, 64, 64)], mode="fast")
+
+
 def test_auto_mode_replays_a_lone_group_in_full_mode(tmp_path):
     """A reduce-scatter over GPUs 0, 2, 4 and 6 of a ring: mirroring it would add the rotations
     that do not exist (docs/model.md), so auto mode takes full mode."""

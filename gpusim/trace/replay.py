@@ -28,7 +28,15 @@ from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
-from gpusim.simulate import close_progress_bar, finish, prepare, progress_bar, run_stats, warn_if_symmetric_approximates
+from gpusim.simulate import (
+    close_progress_bar,
+    finish,
+    prepare,
+    progress_bar,
+    resolve_mode,
+    run_stats,
+    warn_if_symmetric_approximates,
+)
 from gpusim.system import System, load_system
 from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
 from gpusim.trace.lowering import build_ops
@@ -198,6 +206,8 @@ def replay(
     ------
     TraceError
         The trace does not fit the system or the mode, or ``bin_s`` or ``warmup_layers`` is invalid.
+    ConfigError
+        ``mode`` is none of the three (as in :func:`gpusim.run`).
     """
     wall_start = time.perf_counter()
     seconds = as_real(bin_s)
@@ -208,10 +218,7 @@ def replay(
         raise TraceError(f"replay(): 'warmup_layers' must be a non-negative integer or None, got {warmup_layers!r}")
     if isinstance(system, str):
         system = load_system(system)
-    if mode == "auto" and isinstance(system, System):
-        mode = choose_mode(trace, system)
-    if mode not in ("full", "symmetric"):
-        raise ValueError(f"unknown simulation mode {mode!r}; known: full, symmetric, auto")
+    mode = resolve_mode(mode, system, lambda machine: choose_mode(trace, machine))
     _check_against_system(trace, system, mode)
     if mode == "symmetric":
         _check_symmetric(trace)
