@@ -104,6 +104,12 @@ def routes_directly(op: Op) -> bool:
     return algorithm == "direct"
 
 
+def one_symmetric_node(system: System) -> bool:
+    """Whether ``system`` is a single node whose GPUs all see the same network (symmetric mode's
+    first condition)."""
+    return system.topology.symmetric and system.config.nodes == 1
+
+
 def choose_mode(op_list: Sequence[Op], system: System) -> str:
     """``"symmetric"`` where it is exact for ``op_list`` on ``system``, else ``"full"``.
 
@@ -113,7 +119,7 @@ def choose_mode(op_list: Sequence[Op], system: System) -> str:
     where peers are several hops apart (:func:`warn_if_symmetric_approximates`).
     """
     topology = system.topology
-    if not topology.symmetric or system.config.nodes > 1:
+    if not one_symmetric_node(system):
         return "full"
     everyone = list(range(system.num_gpus))
     for op in op_list:

@@ -112,6 +112,13 @@ def test_software_overlap_from_synthetic_rows():
     assert list(frame["speedup"]) == pytest.approx([1.2, 1.25])
     assert list(frame["gemm_slowdown"]) == pytest.approx([1.25, 1.5])
     assert (frame["t3_mca_speedup"] == 1.5).all() and (frame["ideal_overlap_speedup"] == 2.0).all()
+    best = t3.best_decomposed(frame)
+    assert best.to_dict("records") == [{**case, "time_s": 4.8, "speedup": 1.25, "channels": 16, "config": "decomposed"}]
+    rest = pd.DataFrame([{**case, "setting": "prompt", "layer_rest_s": 2.0, "iteration_rest_s": 0.0, "layers": 1}])
+    both = pd.DataFrame([{**case, "sublayer": "FC-2", "config": c, "time_s": 1.0} for c in ("sequential", "decomposed")])
+    e2e = t3.end_to_end(rest.drop(columns="sublayer"), pd.concat([table, best, both], ignore_index=True))
+    assert e2e.set_index("config").at["decomposed", "iteration_s"] == 2.0 + 4.8 + 1.0  # after CONFIGS' rows
+    assert list(e2e["config"]) == ["sequential", "decomposed"]  # t3-mca lacks FC-2: left out
 
 
 def test_a_decomposed_case_splits_its_time_into_gemm_and_exposed_communication():

@@ -459,6 +459,13 @@ def software_overlap(decomposed: pd.DataFrame, table: pd.DataFrame) -> pd.DataFr
     return frame
 
 
+def best_decomposed(software: pd.DataFrame) -> pd.DataFrame:
+    """The best split of every case of :func:`software_overlap` as rows of :func:`speedups`
+    (``config="decomposed"``), for :func:`end_to_end`."""
+    best = software[software["best"]].drop_duplicates(CASE)
+    return best[CASE + ["time_s", "speedup", "channels"]].assign(config="decomposed")
+
+
 # -- Fig. 8.15: DRAM traffic over time ---------------------------------------------------------------
 def dram_timeline(model: str = "T-NLG", tp: int = 8, sublayer: str = "FC-2", bin_s: float = 10e-6,
                   mode: str = "symmetric") -> pd.DataFrame:
@@ -560,7 +567,8 @@ def end_to_end(rest: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     rest
         Rows of :func:`simulate_layer_rest` with ``model, tp, setting``.
     table
-        :func:`speedups` of the same models.
+        :func:`speedups` of the same models (``model, tp, sublayer, config, time_s``); configurations
+        beyond :data:`CONFIGS` (such as :func:`best_decomposed`'s) follow them.
     """
     rows = []
     for row in rest.itertuples(index=False):
@@ -571,8 +579,9 @@ def end_to_end(rest: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
             return row.layers * (row.layer_rest_s + sum(subs[(s, config)] for s in sublayers)) + row.iteration_rest_s
 
         base = iteration("sequential")
-        for config in CONFIGS:
-            if (sublayers[0], config) in subs:
+        configs = list(CONFIGS) + sorted(set(subs.index.get_level_values("config")) - set(CONFIGS))
+        for config in configs:
+            if all((s, config) in subs for s in sublayers):
                 time_s = iteration(config)
                 sliced_share = row.layers * sum(subs[(s, "sequential")] for s in sublayers) / base
                 rows.append(dict(model=row.model, tp=row.tp, setting=row.setting, config=config, iteration_s=time_s,

@@ -31,6 +31,7 @@ from gpusim.sched.executor import OpRecord, Stream
 from gpusim.simulate import (
     close_progress_bar,
     finish,
+    one_symmetric_node,
     prepare,
     progress_bar,
     resolve_mode,
@@ -130,7 +131,7 @@ def choose_mode(trace: Trace, system: System) -> str:
     moments than theirs do: up to 4.4% slow at 16 MiB (docs/model.md), so such traces are replayed
     in full mode.
     """
-    if not system.topology.symmetric or system.config.nodes > 1:
+    if not one_symmetric_node(system):
         return "full"
     if trace.gpus == [0] and _spans_other_ranks(trace, system.num_gpus):
         return "symmetric"

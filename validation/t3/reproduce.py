@@ -140,7 +140,9 @@ def tables_from(raw: pd.DataFrame) -> dict[str, pd.DataFrame]:
         tables["cu_sharing"] = t3.cu_sharing(split_rows)
     layer_rows = _rows(raw, "layer")
     if len(layer_rows):
-        all_speedups = pd.concat([tables["speedups"], tables.get("large_models", pd.DataFrame())], ignore_index=True)
+        all_speedups = pd.concat([tables["speedups"], tables.get("large_models", pd.DataFrame())]
+                                 + ([t3.best_decomposed(tables["software_overlap"])] if "software_overlap" in tables else []),
+                                 ignore_index=True)
         tables["end_to_end"] = t3.end_to_end(layer_rows, all_speedups)
     timeline = _rows(raw, "timeline")
     if len(timeline):
@@ -213,7 +215,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
 
     if "end_to_end" in tables:
         e2e = tables["end_to_end"].copy()
-        e2e = e2e[e2e["config"].isin(["t3", "t3-mca"])]
+        e2e = e2e[e2e["config"].isin(["decomposed", "t3", "t3-mca"])]
         e2e["case"] = e2e["model"] + " TP" + e2e["tp"].astype(str) + " " + e2e["setting"]
         fig, ax = plt.subplots(figsize=(11, 3.8))
         plot.bars(e2e, "case", "speedup", hue="config", ax=ax, ylabel="speedup over Sequential (x)")
