@@ -337,13 +337,21 @@ class DecomposedGemmReduceScatter(GemmShape):
         Name of the reduce-scatter's output.
     channels
         CUs of the reduce-scatter (default: the node's ``collectives.cus``, fewer for small chunks).
+    driver
+        ``"cu"``: the reduce-scatter is a kernel on ``channels`` CUs; ``"dma"``: the DMA engines
+        send each chunk once its kernel has finished and the previous rank's update of it has
+        arrived, and the GEMM's stores and the incoming chunks are near-memory updates (needs
+        ``gpu.nmc.enabled``).  The GEMM then keeps every CU: T3 without its tracker, with a
+        trigger per kernel instead of per tile.
     """
 
     channels: int | None = None
+    driver: str = "cu"
     category: ClassVar[str] = "fused"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        one_of("field 'driver'", self.driver, ("cu", "dma"), "DecomposedGemmReduceScatter", OpError)
         if self.batch != 1:
             raise OpError(f"DecomposedGemmReduceScatter: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
         if self.channels is not None:

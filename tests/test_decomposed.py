@@ -58,27 +58,47 @@ def test_fewer_cus_for_the_gemm_slow_its_chunks():
         span["many"]["end_s"].max() - span["many"]["start_s"].min())
 
 
-def test_symmetric_mode_agrees_with_full_mode():
-    full = gpusim.run(RING4, decomposed(m=1024), mode="full")
-    symmetric = gpusim.run(RING4, decomposed(m=1024), mode="symmetric")
+def test_dma_driven_the_gemm_keeps_every_cu_and_stores_updates():
+    result = gpusim.run(RING8, decomposed(driver="dma"), mode="symmetric")
+    assert set(result.kernels["name"].str[:10]) == {"gemm_chunk"}  # no reduce-scatter kernel
+    op = result.ops.iloc[0]
+    assert op["gemm_cus"] == RING8.gpu.num_cus and op["impl"].startswith("decomposed_dma_rs")
+    updates = result.dram[result.dram["direction"] == "update"]
+    compute_updates = updates.loc[updates["stream"] == "compute", "bytes"].sum()
+    assert compute_updates == pytest.approx(OUT, rel=0.01)  # every partial tile lands as an update
+    assert updates.loc[updates["stream"] != "compute", "bytes"].sum() == pytest.approx(7 / 8 * OUT, rel=0.01)
+
+
+def test_dma_driven_without_near_memory_alus_is_an_op_error():
+    plain = RING8.with_overrides({"gpu.nmc.enabled": False})
+    with pytest.raises(OpError, match="driver 'dma' reduces with near-memory op-and-store"):
+        gpusim.run(plain, decomposed(driver="dma"), mode="symmetric")
+
+
+@pytest.mark.parametrize("driver", ["cu", "dma"])
+def test_symmetric_mode_agrees_with_full_mode(driver):
+    full = gpusim.run(RING4, decomposed(m=4096, driver=driver), mode="full")
+    symmetric = gpusim.run(RING4, decomposed(m=4096, driver=driver), mode="symmetric")
     assert symmetric.time_s == pytest.approx(full.time_s, rel=0.03)
     assert full.ops["gpu"].nunique() == 4
 
 
-def test_the_links_carry_the_ring_reduce_scatters_volume():
-    result = gpusim.run(RING4, decomposed(m=1024), mode="full")
+@pytest.mark.parametrize("driver", ["cu", "dma"])
+def test_the_links_carry_the_ring_reduce_scatters_volume(driver):
+    result = gpusim.run(RING4, decomposed(m=1024, driver=driver), mode="full")
     per_link = result.links.groupby("link")["bytes"].sum()
     sent = per_link[[f"gpu{i}->gpu{(i + 1) % 4}" for i in range(4)]]
     assert sent.sum() == pytest.approx(4 * 3 / 4 * 1024 * N * 2, rel=0.001)
 
 
-@settings(max_examples=6, deadline=None)
-@given(st.sampled_from([2, 4, 8]), st.integers(1, 4), st.sampled_from([256, 1024]), st.integers(1, 24))
-def test_any_split_finishes_after_its_gemm_and_the_ring_bound(ranks, rows_per_rank, n, channels):
-    """No deadlock whatever the chunk and CU split, and never faster than the GEMM chunks or the links."""
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.integers(1, 4), st.sampled_from([256, 1024]), st.integers(1, 24),
+       st.sampled_from(["cu", "dma"]))
+def test_any_split_finishes_after_its_gemm_and_the_ring_bound(ranks, rows_per_rank, n, channels, driver):
+    """No deadlock whatever the chunk and CU split or driver, and never faster than the GEMM chunks or the links."""
     system = RING8.with_overrides({"num_gpus": ranks})
     m = ranks * 64 * rows_per_rank
-    result = gpusim.run(system, decomposed(m=m, n=n, k=256, channels=channels), mode="symmetric")
+    result = gpusim.run(system, decomposed(m=m, n=n, k=256, channels=channels, driver=driver), mode="symmetric")
     chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
     assert len(chunks) == ranks
     link_bound = (ranks - 1) / ranks * m * n * 2 / system.config.links.bandwidth_bytes_per_s
@@ -102,6 +122,7 @@ def test_splits_that_cannot_run_are_op_errors(fields, message):
 @pytest.mark.parametrize("fields, message", [
     ({"batch": 2}, "field 'batch' must be 1"),
     ({"channels": 0}, "channels"),
+    ({"driver": "nccl"}, "field 'driver'"),
     ({"kernel": "MT128x128x32_T256_SK2"}, None),
 ])
 def test_bad_fields_are_named(fields, message):

@@ -84,8 +84,9 @@ def test_ci_subset_reproduces_the_cases_the_text_names(tmp_path):
     assert (rs_reads["sequential"] / rs_reads["t3-mca"] > 1.5).all()  # NMC: no partial copies to read
     assert (tmp_path / "fig8_14_speedups.png").stat().st_size > 0
     software = pd.read_csv(tmp_path / "software_overlap.csv")
-    assert len(software) == 2 * len(t3.DECOMPOSED_CHANNELS) and software["best"].sum() == 2
-    assert (software["speedup"] < software["t3_mca_speedup"]).all()  # T3 needs none of the GEMM's CUs
+    assert len(software) == 2 * (len(t3.DECOMPOSED_CHANNELS) + 1) and software["best"].sum() == 2
+    on_cus = software[software["driver"] == "cu"]
+    assert (on_cus["speedup"] < on_cus["t3_mca_speedup"]).all()  # T3 needs none of the GEMM's CUs
     assert (tmp_path / "software_overlap.png").stat().st_size > 0
 
 
@@ -105,24 +106,29 @@ def test_software_overlap_from_synthetic_rows():
         {**case, "config": "t3-mca", "time_s": 4.0, "speedup": 1.5, "gemm_s": 3.0},
         {**case, "config": "ideal-overlap", "time_s": 3.0, "speedup": 2.0, "gemm_s": 2.0},
     ])
-    decomposed = pd.DataFrame([{**case, "channels": 8.0, "time_s": 5.0, "gemm_s": 2.5, "exposed_rs_s": 1.5},
-                               {**case, "channels": 16.0, "time_s": 4.8, "gemm_s": 3.0, "exposed_rs_s": 0.8}])
+    decomposed = pd.DataFrame([
+        {**case, "driver": "cu", "channels": 8.0, "time_s": 5.0, "gemm_s": 2.5, "exposed_rs_s": 1.5},
+        {**case, "driver": "cu", "channels": 16.0, "time_s": 4.8, "gemm_s": 3.0, "exposed_rs_s": 0.8},
+        {**case, "driver": "dma", "channels": float("nan"), "time_s": 4.0, "gemm_s": 2.2, "exposed_rs_s": 0.8},
+    ])
     frame = t3.software_overlap(decomposed, table)
-    assert list(frame["channels"]) == [8, 16] and list(frame["best"]) == [False, True]
-    assert list(frame["speedup"]) == pytest.approx([1.2, 1.25])
-    assert list(frame["gemm_slowdown"]) == pytest.approx([1.25, 1.5])
+    assert list(frame["channels"]) == [8, 16, 0] and list(frame["best"]) == [False, True, False]  # best on CUs
+    assert list(frame["speedup"]) == pytest.approx([1.2, 1.25, 1.5])
+    assert list(frame["gemm_slowdown"]) == pytest.approx([1.25, 1.5, 1.1])
     assert (frame["t3_mca_speedup"] == 1.5).all() and (frame["ideal_overlap_speedup"] == 2.0).all()
     best = t3.best_decomposed(frame)
-    assert best.to_dict("records") == [{**case, "time_s": 4.8, "speedup": 1.25, "channels": 16, "config": "decomposed"}]
+    assert best.to_dict("records") == [{**case, "config": "decomposed", "time_s": 4.8, "speedup": 1.25, "channels": 16},
+                                       {**case, "config": "decomposed-dma", "time_s": 4.0, "speedup": 1.5, "channels": 0}]
     rest = pd.DataFrame([{**case, "setting": "prompt", "layer_rest_s": 2.0, "iteration_rest_s": 0.0, "layers": 1}])
     both = pd.DataFrame([{**case, "sublayer": "FC-2", "config": c, "time_s": 1.0} for c in ("sequential", "decomposed")])
     e2e = t3.end_to_end(rest.drop(columns="sublayer"), pd.concat([table, best, both], ignore_index=True))
     assert e2e.set_index("config").at["decomposed", "iteration_s"] == 2.0 + 4.8 + 1.0  # after CONFIGS' rows
-    assert list(e2e["config"]) == ["sequential", "decomposed"]  # t3-mca lacks FC-2: left out
+    assert list(e2e["config"]) == ["sequential", "decomposed"]  # t3-mca and decomposed-dma lack FC-2: left out
 
 
-def test_a_decomposed_case_splits_its_time_into_gemm_and_exposed_communication():
-    row = t3.simulate_decomposed("T-NLG", 8, "FC-2", channels=16, tokens=2048)
+@pytest.mark.parametrize("variant", [{"channels": 16}, {"driver": "dma"}])
+def test_a_decomposed_case_splits_its_time_into_gemm_and_exposed_communication(variant):
+    row = t3.simulate_decomposed("T-NLG", 8, "FC-2", tokens=2048, **variant)
     assert row["gemm_s"] + row["exposed_rs_s"] + row["ag_s"] == pytest.approx(row["time_s"], rel=0.05)
     assert 0 < row["exposed_rs_s"] < row["gemm_s"]
 

@@ -465,7 +465,8 @@ class DirectKernel:
         return arrived
 
 
-def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: Flags, tag: int = 0):
+def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: Flags, tag: int = 0,
+             local_ready: Callable[[int], Event] | None = None):
     """A DMA-driven ring collective on this rank (a generator).
 
     Reduce-scatter updates the next rank's copy of each chunk in place with near-memory
@@ -474,6 +475,9 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     ``collectives.slice_bytes``; a slice is forwarded as soon as the previous rank's update of the
     same slice has arrived (as T3's tracker triggers a DMA when a block's updates are complete),
     so the steps overlap as the CU-driven ring's do instead of each waiting for the whole chunk.
+    ``local_ready(chunk)``, where given, is the event after which this rank's own contribution to
+    ``chunk`` is in ``buf`` (a producer writing it as updates while the ring runs); a step sends
+    nothing of its chunk before it.
     """
     gpu = ctx.gpu
     env = ctx.env
@@ -508,6 +512,10 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     finished = Join(env)
     for step_index, chunk_index, op_kind in plan:
         landing_chunk = flags.arrival_chunk(chunk_index, 1, n, chunk, nbytes)
+        if local_ready is not None and op_kind == UPDATE:
+            produced = local_ready(chunk_index)
+            if not produced.processed:
+                yield produced
         for s in range(slices):
             for p, engine in enumerate(engines):
                 start, size = piece_range(chunk_index, p, s)
@@ -576,7 +584,7 @@ def choose_protocol(ctx, op, kind: str, group: list[int]):
     return min(protocols, key=predicted)
 
 
-def _simple(ctx):
+def simple_protocol(ctx):
     """The configured protocol with full wire efficiency (NCCL's Simple), for non-ring algorithms."""
     protocols = ctx.config.collectives.protocol_list()
     return max(protocols, key=lambda protocol: (protocol.wire_efficiency, -protocol.step_latency_ns))
@@ -615,7 +623,7 @@ def execute_collective(ctx, op):
     shared = ctx.shared()
     chunk = math.ceil(op.nbytes / n)
     ring_on_cus = algorithm == "ring" and op.driver == "cu" and kind != "a2a"
-    protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else _simple(ctx)
+    protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else simple_protocol(ctx)
     channels = channels_for(ctx, op, chunk, protocol, op.nbytes)
     flags = shared.setdefault("flags", Flags(ctx, protocol.step_latency_ns))
     if kind == "ag":

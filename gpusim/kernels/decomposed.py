@@ -32,7 +32,18 @@ from dataclasses import replace
 from simpy.events import Event
 
 from gpusim.errors import OpError
-from gpusim.kernels.collectives import Flags, RingKernel, channels_for, choose_protocol, ring_orders, ring_program
+from gpusim.hw.hbm import UPDATE
+from gpusim.hw.request import COMPUTE
+from gpusim.kernels.collectives import (
+    Flags,
+    RingKernel,
+    channels_for,
+    choose_protocol,
+    dma_ring,
+    ring_orders,
+    ring_program,
+    simple_protocol,
+)
 from gpusim.kernels.fused import whole_tile_spec
 from gpusim.kernels.gemm import GemmKernel, GemmProblem, execute_gemm, padded_k, tiles
 
@@ -51,14 +62,21 @@ def execute_decomposed_gemm_rs(ctx, op):
         return
     if op.m % n:
         raise OpError(f"{op.label}: m = {op.m} rows do not split evenly into {n} chunks, one per rank")
-    cus = ctx.cu_mask if ctx.cu_mask is not None else tuple(range(ctx.gpu.config.num_cus))
+    cus = list(ctx.cu_mask) if ctx.cu_mask is not None else list(range(ctx.gpu.config.num_cus))
     chunk_bytes = op.nbytes // n
-    protocol = choose_protocol(ctx, op, "rs", group)
-    channels = channels_for(ctx, op, chunk_bytes, protocol, op.nbytes)
-    if channels >= len(cus):
-        raise OpError(f"{op.label}: the reduce-scatter's {channels} CUs leave none of the stream's {len(cus)} "
-                      f"to the GEMM; give it fewer channels")
-    gemm_cus, comm_cus = list(cus[:-channels]), list(cus[-channels:])
+    if op.driver == "dma":
+        if not ctx.gpu.config.nmc.enabled:
+            raise OpError(f"{op.label}: driver 'dma' reduces with near-memory op-and-store updates, which "
+                          f"{ctx.gpu.config.name} lacks (gpu.nmc.enabled); use driver='cu'")
+        gemm_cus, comm_cus = cus, []
+        protocol = None
+    else:
+        protocol = choose_protocol(ctx, op, "rs", group)
+        channels = channels_for(ctx, op, chunk_bytes, protocol, op.nbytes)
+        if channels >= len(cus):
+            raise OpError(f"{op.label}: the reduce-scatter's {channels} CUs leave none of the stream's {len(cus)} "
+                          f"to the GEMM; give it fewer channels")
+        gemm_cus, comm_cus = cus[:-channels], cus[-channels:]
 
     problem = GemmProblem(op.m // n, op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
     spec = whole_tile_spec(ctx, op, problem, len(gemm_cus))
@@ -68,34 +86,54 @@ def execute_decomposed_gemm_rs(ctx, op):
     a = ctx.tensor(op.a, n * a_chunk)
     b = ctx.tensor(op.b, tiles_n * spec.tile_n * padded_k(problem, spec) * size)
     # Chunk j of the partial output starts where the reduce-scatter reads it; padded edge tiles of
-    # a chunk (when its rows are not whole tiles) spill into the next one's first bytes.
+    # a chunk (when its rows are not whole tiles) spill into the next one's first bytes.  DMA-driven,
+    # the partials are the output, uncached, as the near-memory updates that land in them need.
     padded_chunk = tiles_m * tiles_n * spec.tile_m * spec.tile_n * size
-    partials = ctx.tensor(None, (n - 1) * chunk_bytes + padded_chunk)
-    out = ctx.tensor(op.out, op.nbytes)
-    stage = ctx.tensor(None, chunk_bytes * 2)
-
-    flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
+    partials_bytes = (n - 1) * chunk_bytes + padded_chunk
+    if op.driver == "dma":  # reduced in place: the op's output
+        partials = replace(ctx.tensor(op.out, partials_bytes), cached=False)
+    else:
+        partials = ctx.tensor(None, partials_bytes)
     produced: dict[int, Event] = {chunk: ctx.env.event() for chunk in range(n)}
-    ring = RingKernel(ctx, "rs", group, op.nbytes, partials, out, stage, flags, channels,
-                      wire_efficiency=protocol.wire_efficiency, local_ready=produced.__getitem__)
-    ring.kernel.cu_mask = comm_cus
     position = ring_orders(ctx, group, 1)[0].index(ctx.rank)
     order = [step.chunk for step in ring_program("rs", position, n)]
 
     def chunk_kernels():
         for step, chunk in enumerate(order):
-            kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, chunk * a_chunk), b, _at(partials, chunk * chunk_bytes),
+            target = _at(partials, chunk * chunk_bytes)
+            kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, chunk * a_chunk), b, target,
+                                store=_updates(ctx, target) if op.driver == "dma" else None,
                                 cu_mask=gemm_cus, name=f"gemm_chunk{step}_{spec.name}")
             yield from ctx.launch(kernel.kernel)
             produced[chunk].succeed()
 
     gemms = ctx.env.process(chunk_kernels())
-    set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
-    yield from ctx.launch(ring.kernel, latency_ns=set_up, queue=ctx.stream.name + COMM_LANE_SUFFIX)
+    if op.driver == "dma":
+        flags = ctx.shared().setdefault("flags", Flags(ctx, simple_protocol(ctx).step_latency_ns))
+        yield ctx.env.timeout(ctx.config.collectives.launch_ns)
+        yield from dma_ring(ctx, "rs", group, op.nbytes, partials, flags, local_ready=produced.__getitem__)
+        ctx.info.update(impl=f"decomposed_dma_rs_{spec.name}")
+    else:
+        flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
+        ring = RingKernel(ctx, "rs", group, op.nbytes, partials, ctx.tensor(op.out, op.nbytes),
+                          ctx.tensor(None, chunk_bytes * 2), flags, len(comm_cus),
+                          wire_efficiency=protocol.wire_efficiency, local_ready=produced.__getitem__)
+        ring.kernel.cu_mask = comm_cus
+        set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
+        yield from ctx.launch(ring.kernel, latency_ns=set_up, queue=ctx.stream.name + COMM_LANE_SUFFIX)
+        ctx.info.update(impl=f"decomposed_ring_rs_{spec.name}", channels=len(comm_cus), protocol=protocol.name)
     yield gemms
-    ctx.info.update(impl=f"decomposed_ring_rs_{spec.name}", flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes,
-                    chunks=n, channels=channels, gemm_cus=len(gemm_cus), protocol=protocol.name,
+    ctx.info.update(flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes, chunks=n, gemm_cus=len(gemm_cus),
                     workgroups=n * tiles_m * tiles_n)
+
+
+def _updates(ctx, target):
+    """A GEMM store hook that writes ``target``'s tiles as near-memory updates (op-and-store), so the
+    partial adds to whatever a peer's DMA has already added there."""
+    def store(wg: int, offset: int, nbytes: int, join) -> None:
+        ctx.gpu.memory.write(target.addr + offset, nbytes, join, COMPUTE, cached=False, kind=UPDATE)
+
+    return store
 
 
 def _at(buffer, offset: int):

@@ -23,7 +23,8 @@ tensor slicing (:func:`sublayer_gemm`).  Configurations (section 8.4.3):
 
 Beside them, what software can do without T3's hardware (section 8.2.1): the GEMM decomposed into
 one kernel per chunk with a CU-driven ring reduce-scatter on a few CUs of its own consuming the
-chunks as they finish (:func:`simulate_decomposed`, :func:`software_overlap`).
+chunks as they finish; and the same decomposition with the reduce-scatter on the DMA engines and
+near-memory updates, T3 without its tracker (:func:`simulate_decomposed`, :func:`software_overlap`).
 """
 
 from __future__ import annotations
@@ -390,11 +391,13 @@ DECOMPOSED_CHANNELS = (8, 16)
 """CUs the decomposed overlap's reduce-scatter may take (Fig. 8.4's 72-8 and 64-16 splits)."""
 
 
-def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int, mode: str = "symmetric",
-                        tokens: int | None = None) -> dict[str, Any]:
-    """The sub-layer with its GEMM and reduce-scatter overlapped in software (a top-level sweep function):
-    :class:`gpusim.ops.DecomposedGemmReduceScatter` on ``channels`` CUs for the reduce-scatter, then the
-    all-gather, on the default memory-controller policy.
+def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int | None = None, driver: str = "cu",
+                        mode: str = "symmetric", tokens: int | None = None) -> dict[str, Any]:
+    """The sub-layer with its GEMM decomposed beside its reduce-scatter (a top-level sweep function):
+    :class:`gpusim.ops.DecomposedGemmReduceScatter` with the reduce-scatter on ``channels`` CUs
+    (``driver="cu"``, software alone) or on the DMA engines with near-memory updates
+    (``driver="dma"``: T3's hardware without its tracker), then the all-gather, on the default
+    memory-controller policy.
 
     Returns
     -------
@@ -405,8 +408,9 @@ def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int, mode:
     system = load_system(node_for(tp))
     shape = sublayer_gemm(model, sublayer, tp, tokens)
     nbytes = shape["m"] * shape["n"] * DTYPE_BYTES
-    result = run(system, [ops.DecomposedGemmReduceScatter(**shape, dtype=DTYPE, out="y", channels=channels, name="GEMM+RS"),
-                          ops.AllGather(nbytes, dtype=DTYPE, input="y", name="AG")], mode=mode)
+    overlapped = ops.DecomposedGemmReduceScatter(**shape, dtype=DTYPE, out="y", channels=channels, driver=driver,
+                                                 name="GEMM+RS")
+    result = run(system, [overlapped, ops.AllGather(nbytes, dtype=DTYPE, input="y", name="AG")], mode=mode)
     frame = result.ops[result.ops["gpu"] == 0].set_index("name")
     chunks = result.kernels[(result.kernels["gpu"] == 0) & result.kernels["name"].str.startswith("gemm_chunk")]
     gemm_s = float(chunks["end_s"].max() - chunks["start_s"].min())
@@ -416,54 +420,60 @@ def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int, mode:
 
 def decomposed_points(models=MAIN_MODELS, channels=DECOMPOSED_CHANNELS, cases=None) -> list[dict[str, Any]]:
     """Sweep points of :func:`simulate_decomposed`: every sub-layer of ``models`` at their TP degrees
-    (or only ``cases``, ``(model, tp, sublayer)`` triples), every number of ``channels``."""
+    (or only ``cases``, ``(model, tp, sublayer)`` triples), on CUs for every number of ``channels``,
+    and on the DMA engines."""
     points = []
     for model in [models] if isinstance(models, str) else models:
         for tp in _model(model).tp:
             for sublayer in SUBLAYERS:
                 if cases is None or (model, tp, sublayer) in cases:
-                    points += [{"model": model, "tp": tp, "sublayer": sublayer, "channels": c} for c in channels]
+                    case = {"model": model, "tp": tp, "sublayer": sublayer}
+                    points += [{**case, "channels": c, "driver": "cu"} for c in channels]
+                    points.append({**case, "driver": "dma"})
     return points
 
 
 def software_overlap(decomposed: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
-    """The decomposed software overlap beside T3 (per case and number of reduce-scatter CUs).
+    """The decomposed overlap beside T3, per case and variant.
 
     Parameters
     ----------
     decomposed
-        Rows of :func:`simulate_decomposed` with ``model, tp, sublayer, channels``.
+        Rows of :func:`simulate_decomposed` with ``model, tp, sublayer, driver, channels``.
     table
         :func:`speedups` of the same cases.
 
     Returns
     -------
     pandas.DataFrame
-        ``model, tp, sublayer, channels, time_s, speedup`` (over Sequential), ``best`` (the
-        fastest number of channels of the case), ``gemm_slowdown`` (the chunked GEMM's span over
-        Sequential's GEMM), ``exposed_rs_s``, and the case's ``t3_mca_speedup`` and
-        ``ideal_overlap_speedup``.
+        ``model, tp, sublayer, driver, channels`` (0 for the DMA engines), ``time_s``, ``speedup``
+        (over Sequential), ``best`` (the fastest CU split of the case: software alone),
+        ``gemm_slowdown`` (the chunked GEMM's span over Sequential's GEMM), ``exposed_rs_s``, and
+        the case's ``t3_mca_speedup`` and ``ideal_overlap_speedup``.
     """
     wide = table.pivot_table(index=CASE, columns="config", values=["time_s", "speedup", "gemm_s"])
     rows = []
     for row in decomposed.itertuples(index=False):
         case = (row.model, row.tp, row.sublayer)
-        rows.append(dict(zip(CASE, case), channels=int(row.channels), time_s=row.time_s,
-                         speedup=wide.at[case, ("time_s", "sequential")] / row.time_s,
+        rows.append(dict(zip(CASE, case), driver=row.driver, channels=0 if row.driver == "dma" else int(row.channels),
+                         time_s=row.time_s, speedup=wide.at[case, ("time_s", "sequential")] / row.time_s,
                          gemm_slowdown=row.gemm_s / wide.at[case, ("gemm_s", "sequential")],
                          exposed_rs_s=row.exposed_rs_s,
                          t3_mca_speedup=wide.at[case, ("speedup", "t3-mca")],
                          ideal_overlap_speedup=wide.at[case, ("speedup", "ideal-overlap")]))
     frame = pd.DataFrame(rows)
-    frame["best"] = frame["speedup"] == frame.groupby(CASE)["speedup"].transform("max")
+    on_cus = frame["driver"] == "cu"
+    fastest = frame[on_cus].groupby(CASE)["speedup"].transform("max")
+    frame["best"] = on_cus & (frame["speedup"] == fastest.reindex(frame.index))
     return frame
 
 
 def best_decomposed(software: pd.DataFrame) -> pd.DataFrame:
-    """The best split of every case of :func:`software_overlap` as rows of :func:`speedups`
-    (``config="decomposed"``), for :func:`end_to_end`."""
-    best = software[software["best"]].drop_duplicates(CASE)
-    return best[CASE + ["time_s", "speedup", "channels"]].assign(config="decomposed")
+    """The best CU split of every case of :func:`software_overlap` (``config="decomposed"``) and the
+    DMA-driven variant (``config="decomposed-dma"``) as rows of :func:`speedups`, for :func:`end_to_end`."""
+    best = software[software["best"]].drop_duplicates(CASE).assign(config="decomposed")
+    dma = software[software["driver"] == "dma"].assign(config="decomposed-dma")
+    return pd.concat([best, dma], ignore_index=True)[CASE + ["config", "time_s", "speedup", "channels"]]
 
 
 # -- Fig. 8.15: DRAM traffic over time ---------------------------------------------------------------
