@@ -63,6 +63,13 @@ def test_run_fused_gemm_reduce_scatter_with_t3_mca(capsys):
     assert "t3_ring_rs" in capsys.readouterr().out
 
 
+def test_run_the_decomposed_software_overlap(capsys):
+    code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--quiet",
+                 "--op", "gemm_rs_decomposed m=2048 n=1024 k=512 channels=8 driver=cu"])
+    assert code == 0
+    assert "decomposed_ring_rs" in capsys.readouterr().out
+
+
 def test_unknown_preset_is_reported(capsys):
     assert main(["show-config", "nope"]) == 2
     assert "known presets" in capsys.readouterr().err
