@@ -682,6 +682,49 @@ def test_a_distributed_optimizer_iteration_replays_with_a_shorter_optimizer_step
     assert 0 < steps[True] < 0.5 * steps[False]
 
 
+@pytest.mark.parametrize("pp, virtual_stages", [(1, 1), (2, 1), (2, 2)])
+def test_overlapped_parameter_gathers_start_the_iteration_and_each_layer_waits_for_its_own(pp, virtual_stages):
+    """Megatron-LM's --overlap-param-gather: the same all-gathers, now before every forward op and
+    after no optimizer op; each layer's (and the embedding's and output layer's) first forward op
+    depends on its own gather, later microbatches do not."""
+    options = dict(tp=2, dp=2, pp=pp, microbatches=2 * pp, batch=4 * pp, seq_len=16,
+                   virtual_stages=virtual_stages, distributed_optimizer=True)
+    model = load_model(TINY, layers=4)
+    after_step = transformer(model, **options).frame
+    frame = transformer(model, **options, overlap_param_gather=True).frame
+    validate(frame)
+    gathers = frame[frame["name"].str.endswith("param_allgather")]
+    columns = ["name", "gpu", "group", "bytes"]
+    assert sorted(map(tuple, gathers[columns].astype(str).values)) == sorted(
+        map(tuple, after_step.loc[after_step["name"].str.endswith("param_allgather"), columns].astype(str).values))
+    assert (gathers["deps"].fillna("") == "").all() and set(gathers["stream"]) == {"comm"}
+    assert gathers["op_id"].max() < frame.loc[frame["phase"] == "fwd", "op_id"].min()
+    for gpu, rows in frame.groupby("gpu"):
+        own = dict(zip(rows.loc[rows["name"].str.endswith("param_allgather"), "layer"],
+                       rows.loc[rows["name"].str.endswith("param_allgather"), "op_id"]))
+        forward = rows[rows["phase"] == "fwd"]
+        first_ops = forward[forward["name"].str.match(r"(L\d+\.ln1|embedding|final_norm)$")]
+        for row in first_ops.itertuples():
+            waits = own[row.layer] in parse_ints(row.deps)
+            assert waits == (row.step == 0), (gpu, row.name, row.step)
+
+
+def test_overlapped_parameter_gathers_hide_behind_the_forward_pass():
+    model = ModelConfig(name="small", hidden=1024, layers=2, heads=8, vocab=4096, seq_len=256, batch=4)
+    system = gpusim.load_system("t3-ring8", {"num_gpus": 4})
+    times = {flag: gpusim.run(system, transformer(model, dp=4, distributed_optimizer=True,
+                                                  overlap_param_gather=flag), mode="symmetric").time_s
+             for flag in (False, True)}
+    assert times[True] < times[False]
+
+
+def test_overlapping_parameter_gathers_needs_the_distributed_optimizer():
+    with pytest.raises(TraceError, match="'overlap_param_gather' .* needs distributed_optimizer=True"):
+        transformer(TINY, dp=2, batch=8, overlap_param_gather=True)
+    options = dict(dp=1, tp=2, distributed_optimizer=True)
+    assert transformer(TINY, **options, overlap_param_gather=True).frame.equals(transformer(TINY, **options).frame)
+
+
 @pytest.mark.parametrize("distributed_optimizer", [False, True])
 def test_a_tied_embedding_split_over_stages_all_reduces_its_gradients_between_its_copies(distributed_optimizer):
     """Megatron-LM's _allreduce_word_embedding_grads: with the embedding tied to the output layer on

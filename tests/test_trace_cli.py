@@ -117,6 +117,8 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--async-tp-backward applies to --phase train only, not to --phase prompt"),
     (["simulate", "--model", "bert-base", "--phase", "decode", "--distributed-optimizer"],
      "--distributed-optimizer applies to --phase train only, not to --phase decode"),
+    (["simulate", "--model", "bert-base", "--overlap-param-gather"],
+     "'overlap_param_gather' overlaps the distributed optimizer's parameter all-gathers; it needs"),
     (["simulate", "--model", "bert-base", "--virtual-stages", "2"],
      "virtual_stages=2 (the interleaved 1F1B schedule) needs pp > 1"),
     (["simulate", "--trace", TRACE, "--async-tp-backward"],
@@ -195,11 +197,13 @@ def test_the_megatron_options_reach_the_generator(tmp_path):
     out = tmp_path / "sp"
     assert main(["simulate", "--model", str(model), "--tp", "4", "--layers", "1", "--sequence-parallel",
                  "--vocab-divisible-by", "100", "--async-tp-backward", "--distributed-optimizer", "--dp", "2",
+                 "--overlap-param-gather",
                  "--recompute", "selective",
                  "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 0
     metadata = json.loads((out / "summary.json").read_text())["trace_metadata"]
     assert metadata["sequence_parallel"] is True and metadata["vocab_divisible_by"] == 100
     assert metadata["async_tp_backward"] is True and metadata["distributed_optimizer"] is True
+    assert metadata["overlap_param_gather"] is True
     assert metadata["recompute"] == "selective"
     ops = pd.read_parquet(out / "ops.parquet")
     rank0 = ops[ops["gpu"] == 0].set_index("name")

@@ -16,7 +16,7 @@ PATTERN_CHARACTERS = "*?["
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
-                 "async_tp_backward", "distributed_optimizer", "virtual_stages")
+                 "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -107,7 +107,7 @@ def _model_options(args: argparse.Namespace) -> dict[str, object]:
                               f"and does not apply to --trace")
         return given
     phase = given.get("phase", "train")
-    for name in ("schedule", "recompute", "async_tp_backward", "distributed_optimizer"):
+    for name in ("schedule", "recompute", "async_tp_backward", "distributed_optimizer", "overlap_param_gather"):
         if name in given and phase != "train":
             raise GpusimError(f"simulate: {_option(name)} applies to --phase train only, not to --phase {phase}")
     if "decode_tokens" in given and phase != "decode":
@@ -296,6 +296,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--distributed-optimizer", action="store_true", default=None,
                         help="--model, --phase train: Megatron-LM's distributed optimizer (ZeRO-1): reduce-scatter "
                              "the gradients, update 1/dp of the parameters on each rank, all-gather them")
+    parser.add_argument("--overlap-param-gather", action="store_true", default=None,
+                        help="--model, --phase train, with --distributed-optimizer: all-gather the parameters at the "
+                             "start of the iteration, each layer's forward pass waiting for its own, as Megatron-LM's "
+                             "--overlap-param-gather")
     parser.add_argument("--vocab-divisible-by", type=positive_int,
                         help="--model: pad the vocabulary to a multiple of N x tp, as Megatron-LM's "
                              "--make-vocab-size-divisible-by (128 there) (default: 1, no padding)")

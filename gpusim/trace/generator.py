@@ -177,7 +177,7 @@ class _Transformer:
                  microbatches: int, schedule: str, dtype: str, recompute: bool | str, bucket_bytes: int,
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
-                 distributed_optimizer: bool, virtual_stages: int):
+                 distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool):
         self.model = model
         self.phase = phase
         self.par = par
@@ -201,6 +201,10 @@ class _Transformer:
         self.sp = sequence_parallel and tp > 1
         self.async_tp = async_tp_backward and tp > 1
         self.sharded = distributed_optimizer and par.dp > 1 and optimizer is not None  # shards of its state
+        self.prefetch = overlap_param_gather and self.sharded and self.train
+        self.parameter_gathers: dict[tuple[int, int], Handle] = {}
+        """(stage, layer) -> the all-gather of its parameters that its first forward pass waits for
+        (layer -1: the embedding and output layer); see :meth:`gather_parameters`."""
         self.heads_t = math.ceil(model.heads / tp)
         self.kv_t = math.ceil(model.key_value_heads / tp)
         self.hd = model.head_dim
@@ -472,13 +476,13 @@ class _Transformer:
         return self._tp_reduce(0, lambda name: self._labels(name, phase, -1, step), "embedding_{}",
                                tokens * self.model.hidden * self.size) or last
 
-    def head_forward(self, step: int, phase: str, tokens: int) -> Handle:
+    def head_forward(self, step: int, phase: str, tokens: int, after: list | None = None) -> Handle:
         """Final norm (and with sequence parallelism the all-gather of its tokens), output projection
-        and (training) cross-entropy on the last stage."""
+        and (training) cross-entropy on the last stage; the norm also waits for ``after``."""
         stage = self.par.pp - 1
         gpus = self.par.stage_ranks(stage)
         h = self.model.hidden
-        self._reduction(gpus, [], self._labels("final_norm", phase, -1, step), self.model.norm,
+        self._reduction(gpus, after or [], self._labels("final_norm", phase, -1, step), self.model.norm,
                         self._tokens_per_rank(tokens), h)
         self._tp_gather(stage, self._labels("final_norm_allgather", phase, -1, step), tokens * h * self.size)
         logits = tokens if self.train else self.b
@@ -553,6 +557,31 @@ class _Transformer:
             sizes += self.model.norm_tensors()
         return sizes
 
+    def _parameter_groups(self, stage: int) -> list[tuple[int, list[int]]]:
+        """``(layer, tensor sizes)`` of every parameter group a stage's optimizer steps, in the order
+        of the forward pass (layer -1: the embedding's and output layer's tensors)."""
+        groups = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
+        if stage in (0, self.par.pp - 1):  # the embedding's parameters exist even without its passes
+            embedding = (-1, self.embedding_tensors(stage))
+            groups = [embedding, *groups] if stage == 0 else [*groups, embedding]
+        return groups
+
+    def _gather_parameters(self, stage: int, layer: int, sizes: list[int], after: list) -> Handle:
+        """The all-gather of a parameter group's updated ``dtype`` shards over the stage's
+        data-parallel groups (``param_allgather`` on the ``comm`` stream)."""
+        prefix = f"L{layer}" if layer >= 0 else "embedding"
+        return self.out.collective(self.par.dp_groups(stage), "comm", after,
+                                   self._labels(f"{prefix}.param_allgather", "opt", layer, 0),
+                                   collective="allgather", bytes=sum(sizes) * self.size, dtype=self.dtype)
+
+    def gather_parameters(self) -> None:
+        """Megatron-LM's ``--overlap-param-gather``: the parameter all-gathers of the previous
+        iteration's optimizer step run at the start of this one, in the order of the forward pass
+        on the ``comm`` stream, and each layer's first forward pass waits for its own."""
+        for stage in range(self.par.pp):
+            for layer, sizes in self._parameter_groups(stage):
+                self.parameter_gathers[(stage, layer)] = self._gather_parameters(stage, layer, sizes, [])
+
     def optimizer_step(self) -> None:
         """The optimizer on fp32 master weights, one layer at a time, after its gradients are reduced.
 
@@ -561,20 +590,15 @@ class _Transformer:
         other ranks of its data-parallel group (``param_allgather`` on the ``comm`` stream)."""
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
-            groups: list[tuple[int, list[int]]] = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
-            if stage in (0, self.par.pp - 1):  # the embedding's parameters exist even without its passes
-                groups.append((-1, self.embedding_tensors(stage)))
-            for layer, sizes in groups:
+            for layer, sizes in sorted(self._parameter_groups(stage), key=lambda group: group[0] < 0):
                 prefix = f"L{layer}" if layer >= 0 else "embedding"
                 after = [self.gradient_buckets.get((stage, layer)), self.tied_sync if layer < 0 else None]
                 shard = [math.ceil(size / self.par.dp) for size in sizes] if self.sharded else sizes
                 step = self.out.compute(gpus, "optimizer", after, self._labels(f"{prefix}.{self.optimizer}", "opt", layer, 0),
                                         function=self.optimizer, tensor_sizes=format_ints(shard),
                                         optimizer_impl=self.optimizer_impl, dtype="fp32")
-                if self.sharded:
-                    self.out.collective(self.par.dp_groups(stage), "comm", [step],
-                                        self._labels(f"{prefix}.param_allgather", "opt", layer, 0),
-                                        collective="allgather", bytes=sum(sizes) * self.size, dtype=self.dtype)
+                if self.sharded and not self.prefetch:
+                    self._gather_parameters(stage, layer, sizes, [step])
 
     # -- whole iteration ------------------------------------------------------------------------
     def _pairs(self, stage: int, nxt: int) -> list[tuple[int, int]]:
@@ -592,6 +616,8 @@ class _Transformer:
         else:
             orders = [[(action, 0, mb) for action, mb in stage_order(self.schedule, stage, par.pp, self.m,
                                                                      backward=self.train)] for stage in range(par.pp)]
+        if self.prefetch:
+            self.gather_parameters()
         cursor = [0] * par.pp
         received: dict[tuple[str, int, int, int], Handle] = {}
         while any(cursor[stage] < len(orders[stage]) for stage in range(par.pp)):
@@ -650,12 +676,16 @@ class _Transformer:
         layers = self.chunk_layers[stage][chunk]
         if action == "F":
             phase = "fwd" if self.train else "prompt"
+
+            def parameters(layer: int) -> list[Handle | None]:  # with prefetched parameters, a layer's first pass waits
+                return [self.parameter_gathers.get((stage, layer))] if mb == 0 else []
+
             if first and self.head:
-                after = [self.embedding_forward(mb, phase, after, tokens)]
+                after = [self.embedding_forward(mb, phase, after + parameters(-1), tokens)]
             for layer in layers:
-                after = [self.layer_forward(stage, layer, mb, phase, after)]
+                after = [self.layer_forward(stage, layer, mb, phase, after + parameters(layer))]
             if last and self.head:
-                self.head_forward(mb, phase, tokens)
+                self.head_forward(mb, phase, tokens, parameters(-1))
             elif not last:
                 nxt, nxt_chunk = self._neighbour(stage, chunk, 1)
                 labels = self._labels("send_activations", phase, -1, mb)
@@ -753,6 +783,7 @@ def transformer(
     async_tp_backward: bool = False,
     distributed_optimizer: bool = False,
     virtual_stages: int = 1,
+    overlap_param_gather: bool = False,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -838,9 +869,14 @@ def transformer(
         Megatron-LM's distributed optimizer (``--use-distributed-optimizer``; ZeRO stage 1): the
         gradient buckets are reduce-scattered instead of all-reduced, each data-parallel rank
         updates its ``1/dp`` shard of every tensor, and the updated parameters are all-gathered
-        after each layer's optimizer step (on the ``comm`` stream; Megatron-LM's
-        ``--overlap-param-gather`` would hide them behind the next iteration's forward pass).
-        With ``dp=1``, or without an optimizer step, it changes nothing.
+        after each layer's optimizer step (on the ``comm`` stream).  With ``dp=1``, or without an
+        optimizer step, it changes nothing.
+    overlap_param_gather
+        Megatron-LM's ``--overlap-param-gather`` (needs ``distributed_optimizer``): the parameter
+        all-gathers move from after the optimizer step to the start of the iteration (they gather
+        the previous step's update, as in the steady state), in the order of the forward pass on
+        the ``comm`` stream, and each layer's first forward pass waits for its own, so the gathers
+        hide behind the forward pass.  Only the ``train`` phase has an optimizer step.
 
     Returns
     -------
@@ -895,9 +931,12 @@ def transformer(
             raise TraceError(f"transformer(): virtual_stages={virtual_stages} (the interleaved 1F1B schedule) needs "
                              f"{'; '.join(missing)}")
     for name, flag in (("sequence_parallel", sequence_parallel), ("async_tp_backward", async_tp_backward),
-                       ("distributed_optimizer", distributed_optimizer)):
+                       ("distributed_optimizer", distributed_optimizer), ("overlap_param_gather", overlap_param_gather)):
         if not isinstance(flag, bool):
             raise TraceError(f"transformer(): '{name}' must be True or False, got {flag!r}")
+    if overlap_param_gather and not distributed_optimizer:
+        raise TraceError("transformer(): 'overlap_param_gather' overlaps the distributed optimizer's parameter "
+                         "all-gathers; it needs distributed_optimizer=True")
     if sequence_parallel and phase == "decode":
         raise TraceError("transformer(): 'sequence_parallel' applies to phase='train' and 'prompt' (it slices the "
                          "tokens of a sequence), not to phase='decode'")
@@ -914,7 +953,8 @@ def transformer(
     micro_batch = batch // (dp * microbatches)
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
-                           vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages)
+                           vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
+                           overlap_param_gather)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -925,7 +965,7 @@ def transformer(
         "decode_tokens": decode_tokens, "head": head, "attention": attention,
         "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
-        "virtual_stages": virtual_stages,
+        "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
     return Trace(frame, source=name, metadata=metadata)
