@@ -21,6 +21,12 @@ dissertation's section 8.2.2 and Fig. 8.4 describe:
 - the reduce-scatter still reads every chunk from memory and adds on CUs;
 - both share the L2 and the HBM.
 
+With ``driver="dma"`` the same decomposition runs on T3's data path without its tracker: the chunk
+kernels keep every CU and store their tiles as near-memory updates (op-and-store), and the DMA-driven
+ring (:func:`gpusim.kernels.collectives.dma_ring`) sends a chunk once its kernel has finished and the
+previous rank's update of it has arrived.  Against T3 (:mod:`gpusim.kernels.fused`) this isolates
+what triggering per tile inside one unchanged GEMM is worth over triggering per kernel.
+
 A transposed A is laid out chunk after chunk, as if its rows were contiguous; the model only
 approximates where its chunks fall in DRAM.
 """
@@ -62,21 +68,9 @@ def execute_decomposed_gemm_rs(ctx, op):
         return
     if op.m % n:
         raise OpError(f"{op.label}: m = {op.m} rows do not split evenly into {n} chunks, one per rank")
-    cus = list(ctx.cu_mask) if ctx.cu_mask is not None else list(range(ctx.gpu.config.num_cus))
     chunk_bytes = op.nbytes // n
-    if op.driver == "dma":
-        if not ctx.gpu.config.nmc.enabled:
-            raise OpError(f"{op.label}: driver 'dma' reduces with near-memory op-and-store updates, which "
-                          f"{ctx.gpu.config.name} lacks (gpu.nmc.enabled); use driver='cu'")
-        gemm_cus, comm_cus = cus, []
-        protocol = None
-    else:
-        protocol = choose_protocol(ctx, op, "rs", group)
-        channels = channels_for(ctx, op, chunk_bytes, protocol, op.nbytes)
-        if channels >= len(cus):
-            raise OpError(f"{op.label}: the reduce-scatter's {channels} CUs leave none of the stream's {len(cus)} "
-                          f"to the GEMM; give it fewer channels")
-        gemm_cus, comm_cus = cus[:-channels], cus[-channels:]
+    protocol = simple_protocol(ctx) if op.driver == "dma" else choose_protocol(ctx, op, "rs", group)
+    gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes)
 
     problem = GemmProblem(op.m // n, op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
     spec = whole_tile_spec(ctx, op, problem, len(gemm_cus))
@@ -109,7 +103,7 @@ def execute_decomposed_gemm_rs(ctx, op):
 
     gemms = ctx.env.process(chunk_kernels())
     if op.driver == "dma":
-        flags = ctx.shared().setdefault("flags", Flags(ctx, simple_protocol(ctx).step_latency_ns))
+        flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
         yield ctx.env.timeout(ctx.config.collectives.launch_ns)
         yield from dma_ring(ctx, "rs", group, op.nbytes, partials, flags, local_ready=produced.__getitem__)
         ctx.info.update(impl=f"decomposed_dma_rs_{spec.name}")
@@ -125,6 +119,21 @@ def execute_decomposed_gemm_rs(ctx, op):
     yield gemms
     ctx.info.update(flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes, chunks=n, gemm_cus=len(gemm_cus),
                     workgroups=n * tiles_m * tiles_n)
+
+
+def _split_cus(ctx, op, protocol, chunk_bytes: int) -> tuple[list[int], list[int]]:
+    """The stream's CUs for the GEMM chunks and for the reduce-scatter kernel (none when DMA-driven)."""
+    cus = list(ctx.cu_mask) if ctx.cu_mask is not None else list(range(ctx.gpu.config.num_cus))
+    if op.driver == "dma":
+        if not ctx.gpu.config.nmc.enabled:
+            raise OpError(f"{op.label}: driver 'dma' reduces with near-memory op-and-store updates, which "
+                          f"{ctx.gpu.config.name} lacks (gpu.nmc.enabled); use driver='cu'")
+        return cus, []
+    channels = channels_for(ctx, op, chunk_bytes, protocol, op.nbytes)
+    if channels >= len(cus):
+        raise OpError(f"{op.label}: the reduce-scatter's {channels} CUs leave none of the stream's {len(cus)} "
+                      f"to the GEMM; give it fewer channels")
+    return cus[:-channels], cus[-channels:]
 
 
 def _updates(ctx, target):
