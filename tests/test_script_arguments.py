@@ -87,7 +87,7 @@ def test_full_vs_symmetric_help_describes_every_option(runs):
     process, _ = runs["help"]
     assert process.returncode == 0
     for option, text in (("--out", "output folder"), ("--check", "exit 1 when"), ("--models", "sub-layers"),
-                         ("--workers", "processes")):
+                         ("--parts", "software overlaps"), ("--workers", "processes")):
         described = process.stdout.split(f"  {option} ", 1)[1].split("\n  --", 1)[0]
         assert text in " ".join(described.split()), option
 

@@ -3,10 +3,12 @@
 Usage::
 
     python validation/t3/full_vs_symmetric.py --out out/t3-modes [--check] [--models Mega-GPT-2 T-NLG]
+        [--parts case decomposed]
 
-Runs every sub-layer of the models at their TP degrees in every simulated configuration in both
-modes and writes ``full_vs_symmetric.csv`` (sub-layer times, the relative difference, and the CPU
-seconds each full-mode point took).  With ``--check`` it exits 1 when a case differs by more than
+Runs every sub-layer of the models at their TP degrees in every simulated configuration (``case``)
+and every decomposed overlap (``decomposed``: ``decomposed-cu-8``, ``decomposed-cu-16``,
+``decomposed-dma``) in both modes and writes ``full_vs_symmetric.csv`` (sub-layer times, the
+relative difference, and the CPU seconds each full-mode point took).  With ``--check`` it exits 1 when a case differs by more than
 3% (issue 3).  Full mode on 16 GPUs is slow: expect about half an hour on 2 cores.
 """
 
@@ -25,12 +27,23 @@ from gpusim.sweep import sweep
 TOLERANCE = 0.03
 
 
-def timed_case(**point) -> dict:
-    """:func:`gpusim.studies.t3.simulate_case` plus the CPU seconds it took."""
+PARTS = {"case": t3.case_points, "decomposed": t3.decomposed_points}
+"""The study's parts that this script runs, and their sweep points."""
+
+
+def timed_point(**point) -> dict:
+    """:func:`gpusim.studies.t3.run_point` plus the CPU seconds it took."""
     start = time.process_time()
-    row = t3.simulate_case(**point)
+    row = t3.run_point(**point)
     row["cpu_s"] = time.process_time() - start
     return row
+
+
+def configuration(row: pd.Series) -> str:
+    """A point's configuration: the case's, or ``decomposed-cu-CHANNELS`` / ``decomposed-dma``."""
+    if row["study"] == "case":
+        return row["config"]
+    return "decomposed-dma" if row["driver"] == "dma" else f"decomposed-cu-{int(row['channels'])}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,11 +54,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"exit 1 when a case's two modes differ by more than {TOLERANCE * 100:.0f}%%")
     parser.add_argument("--models", nargs="+", default=list(t3.MAIN_MODELS), choices=list(t3.MODELS),
                         help=f"models whose sub-layers to run in both modes (default: {' '.join(t3.MAIN_MODELS)})")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
+                        help="the study's parts to run: 'case' (its five configurations' simulations) and "
+                             "'decomposed' (the software overlaps) (default: both)")
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: the CPUs available)")
     args = parser.parse_args(argv)
     out = output_folder_or_exit(parser, args.out, "--out")
-    points = [p | {"mode": mode} for p in t3.case_points(args.models) for mode in ("full", "symmetric")]
-    raw = sweep(timed_case, points, workers=args.workers, cache=out / "cache", description="full vs symmetric")
+    points = [p | {"mode": mode} for part in args.parts for p in t3.tagged(part, PARTS[part](args.models))
+              for mode in ("full", "symmetric")]
+    raw = sweep(timed_point, points, workers=args.workers, cache=out / "cache", description="full vs symmetric")
+    raw["config"] = raw.apply(configuration, axis=1)
     keys = t3.CASE + ["config"]
     wide = raw.pivot_table(index=keys, columns="mode", values=["time_s", "cpu_s"])
     table = pd.DataFrame({
