@@ -249,15 +249,21 @@ def case_points(
     """Sweep points of :func:`simulate_case`: every sub-layer of ``models`` at their TP degrees, every
     simulated configuration."""
     points = []
-    for model in [models] if isinstance(models, str) else models:
-        for tp in _model(model).tp if tps is None else tps:
-            for sublayer in SUBLAYERS:
-                for config in SIMULATED:
-                    point = {"model": model, "tp": tp, "sublayer": sublayer, "config": config, "mode": mode}
-                    if overrides:
-                        point["overrides"] = dict(overrides)
-                    points.append(point)
+    for case in sublayer_cases(models, tps):
+        for config in SIMULATED:
+            point = {**case, "config": config, "mode": mode}
+            if overrides:
+                point["overrides"] = dict(overrides)
+            points.append(point)
     return points
+
+
+def sublayer_cases(models=MAIN_MODELS, tps=None) -> list[dict[str, Any]]:
+    """``{model, tp, sublayer}`` of every sub-layer of ``models`` (one name or several) at their TP
+    degrees, or at ``tps``."""
+    names = [models] if isinstance(models, str) else models
+    return [{"model": model, "tp": tp, "sublayer": sublayer}
+            for model in names for tp in (_model(model).tp if tps is None else tps) for sublayer in SUBLAYERS]
 
 
 CASE = ["model", "tp", "sublayer"]
@@ -423,13 +429,10 @@ def decomposed_points(models=MAIN_MODELS, channels=DECOMPOSED_CHANNELS, cases=No
     (or only ``cases``, ``(model, tp, sublayer)`` triples), on CUs for every number of ``channels``,
     and on the DMA engines."""
     points = []
-    for model in [models] if isinstance(models, str) else models:
-        for tp in _model(model).tp:
-            for sublayer in SUBLAYERS:
-                if cases is None or (model, tp, sublayer) in cases:
-                    case = {"model": model, "tp": tp, "sublayer": sublayer}
-                    points += [{**case, "channels": c, "driver": "cu"} for c in channels]
-                    points.append({**case, "driver": "dma"})
+    for case in sublayer_cases(models):
+        if cases is None or tuple(case.values()) in cases:
+            points += [{**case, "channels": c, "driver": "cu"} for c in channels]
+            points.append({**case, "driver": "dma"})
     return points
 
 
