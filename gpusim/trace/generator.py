@@ -590,6 +590,7 @@ class _Transformer:
         other ranks of its data-parallel group (``param_allgather`` on the ``comm`` stream)."""
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
+            # the layers before the embedding's group, whose gradients the backward pass reduces last
             for layer, sizes in sorted(self._parameter_groups(stage), key=lambda group: group[0] < 0):
                 prefix = f"L{layer}" if layer >= 0 else "embedding"
                 after = [self.gradient_buckets.get((stage, layer)), self.tied_sync if layer < 0 else None]
