@@ -266,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     with pd.option_context("display.width", 200, "display.max_colwidth", 40, "display.max_rows", 200):
         print(table[["metric", "ours", "reference", "difference", "tolerance", "status"]].to_string(index=False,
                                                                                               float_format="{:.3f}".format))
+    if "software_overlap" in tables:
+        software = tables["software_overlap"]
+        best, dma = software[software["best"]], software[software["driver"] == "dma"]
+        print(f"decomposed overlap, geomean speedup over Sequential: software (best CU split) "
+              f"{t3.geomean(best['speedup']):.3f}, on DMA + NMC {t3.geomean(dma['speedup']):.3f}; "
+              f"T3-MCA {t3.geomean(best['t3_mca_speedup']):.3f} (software_overlap.csv)")
     misses = table[table["status"] == "MISS"]
     print(f"{len(table)} reference numbers: {(table['status'] == 'ok').sum()} within tolerance, {len(misses)} outside, "
           f"{(table['status'] == 'info').sum()} without a tolerance; wrote {out}/")
