@@ -42,7 +42,7 @@ def points(subset: str) -> list[dict]:
         cases = [p for p in t3.case_points(t3.MAIN_MODELS) if (p["model"], p["tp"], p["sublayer"]) in CI_CASES]
         return t3.tagged("case", cases) + t3.tagged("decomposed", t3.decomposed_points(cases=CI_CASES))
     result = t3.tagged("case", t3.case_points(t3.MAIN_MODELS))
-    result += t3.tagged("decomposed", t3.decomposed_points())
+    result += t3.tagged("decomposed", t3.decomposed_points(t3.MAIN_MODELS + t3.LARGE_MODELS))
     result += t3.tagged("case", t3.case_points(t3.LARGE_MODELS))
     result += t3.tagged("case", t3.case_points(t3.MAIN_MODELS, tps=(8,), overrides={"gpu.num_cus": 160}), variant="2x-cus")
     result += t3.tagged("cu_split", t3.cu_sharing_points())
@@ -132,17 +132,17 @@ def tables_from(raw: pd.DataFrame) -> dict[str, pd.DataFrame]:
         base = tables["speedups"].set_index(t3.CASE + ["config"])["speedup"]
         future_table["speedup_1x"] = [base.get(tuple(key)) for key in future_table[t3.CASE + ["config"]].values]
         tables["future_2x_cus"] = future_table
+    every_case = pd.concat([tables["speedups"], tables.get("large_models", pd.DataFrame())], ignore_index=True)
     decomposed = _rows(raw, "decomposed")
     if len(decomposed):
-        tables["software_overlap"] = t3.software_overlap(decomposed, tables["speedups"])
+        tables["software_overlap"] = t3.software_overlap(decomposed, every_case)
     split_rows = _rows(raw, "cu_split")
     if len(split_rows):
         tables["cu_sharing"] = t3.cu_sharing(split_rows)
     layer_rows = _rows(raw, "layer")
     if len(layer_rows):
-        all_speedups = pd.concat([tables["speedups"], tables.get("large_models", pd.DataFrame())]
-                                 + ([t3.best_decomposed(tables["software_overlap"])] if "software_overlap" in tables else []),
-                                 ignore_index=True)
+        decomposed_rows = [t3.best_decomposed(tables["software_overlap"])] if "software_overlap" in tables else []
+        all_speedups = pd.concat([every_case, *decomposed_rows], ignore_index=True)
         tables["end_to_end"] = t3.end_to_end(layer_rows, all_speedups)
     timeline = _rows(raw, "timeline")
     if len(timeline):
@@ -268,10 +268,13 @@ def main(argv: list[str] | None = None) -> int:
                                                                                               float_format="{:.3f}".format))
     if "software_overlap" in tables:
         software = tables["software_overlap"]
-        best, dma = software[software["best"]], software[software["driver"] == "dma"]
-        print(f"decomposed overlap, geomean speedup over Sequential: software (best CU split) "
-              f"{t3.geomean(best['speedup']):.3f}, on DMA + NMC {t3.geomean(dma['speedup']):.3f}; "
-              f"T3-MCA {t3.geomean(best['t3_mca_speedup']):.3f} (software_overlap.csv)")
+        for large, models in ((False, "main models"), (True, "TP32 models")):
+            frame = software[software["model"].isin(t3.LARGE_MODELS) == large]
+            if len(frame):
+                best, dma = frame[frame["best"]], frame[frame["driver"] == "dma"]
+                print(f"decomposed overlap, {models}, geomean speedup over Sequential: software (best CU split) "
+                      f"{t3.geomean(best['speedup']):.3f}, on DMA + NMC {t3.geomean(dma['speedup']):.3f}; "
+                      f"T3-MCA {t3.geomean(best['t3_mca_speedup']):.3f} (software_overlap.csv)")
     misses = table[table["status"] == "MISS"]
     print(f"{len(table)} reference numbers: {(table['status'] == 'ok').sum()} within tolerance, {len(misses)} outside, "
           f"{(table['status'] == 'info').sum()} without a tolerance; wrote {out}/")
