@@ -709,6 +709,22 @@ def test_overlapped_parameter_gathers_start_the_iteration_and_each_layer_waits_f
             assert waits == (row.step == 0), (gpu, row.name, row.step)
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from([2, 3, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]), st.integers(1, 2),
+       st.integers(1 << 16, 1 << 24))
+def test_overlapped_parameter_gathers_keep_every_trace_acyclic(dp, pp, virtual_stages, rounds, bucket_bytes):
+    """Queued first on the comm stream, ahead of the gradient reductions that share it, the gathers
+    close no dependency cycle (validate counts stream order and collectives) and are the same ones."""
+    microbatches = pp * rounds
+    options = dict(dp=dp, pp=pp, microbatches=microbatches, batch=dp * microbatches, seq_len=16,
+                   virtual_stages=virtual_stages if pp > 1 else 1, bucket_bytes=bucket_bytes, distributed_optimizer=True)
+    model = load_model(TINY, layers=4)
+    frame = validate(transformer(model, **options, overlap_param_gather=True).frame)
+    after_step = transformer(model, **options).frame
+    gathered = [Counter(f.loc[f["name"].str.endswith("param_allgather"), "bytes"]) for f in (frame, after_step)]
+    assert gathered[0] == gathered[1] and sum(gathered[0].values()) > 0
+
+
 def test_overlapped_parameter_gathers_hide_behind_the_forward_pass():
     model = ModelConfig(name="small", hidden=1024, layers=2, heads=8, vocab=4096, seq_len=256, batch=4)
     system = gpusim.load_system("t3-ring8", {"num_gpus": 4})
