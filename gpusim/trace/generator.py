@@ -566,12 +566,16 @@ class _Transformer:
             groups = [embedding, *groups] if stage == 0 else [*groups, embedding]
         return groups
 
+    @staticmethod
+    def _group_prefix(layer: int) -> str:
+        """How the ops of a parameter group's update are named: ``L{layer}`` or ``embedding`` (layer -1)."""
+        return f"L{layer}" if layer >= 0 else "embedding"
+
     def _gather_parameters(self, stage: int, layer: int, sizes: list[int], after: list) -> Handle:
         """The all-gather of a parameter group's updated ``dtype`` shards over the stage's
         data-parallel groups (``param_allgather`` on the ``comm`` stream)."""
-        prefix = f"L{layer}" if layer >= 0 else "embedding"
         return self.out.collective(self.par.dp_groups(stage), "comm", after,
-                                   self._labels(f"{prefix}.param_allgather", "opt", layer, 0),
+                                   self._labels(f"{self._group_prefix(layer)}.param_allgather", "opt", layer, 0),
                                    collective="allgather", bytes=sum(sizes) * self.size, dtype=self.dtype)
 
     def gather_parameters(self) -> None:
@@ -592,10 +596,10 @@ class _Transformer:
             gpus = self.par.stage_ranks(stage)
             # the layers before the embedding's group, whose gradients the backward pass reduces last
             for layer, sizes in sorted(self._parameter_groups(stage), key=lambda group: group[0] < 0):
-                prefix = f"L{layer}" if layer >= 0 else "embedding"
                 after = [self.gradient_buckets.get((stage, layer)), self.tied_sync if layer < 0 else None]
                 shard = [math.ceil(size / self.par.dp) for size in sizes] if self.sharded else sizes
-                step = self.out.compute(gpus, "optimizer", after, self._labels(f"{prefix}.{self.optimizer}", "opt", layer, 0),
+                labels = self._labels(f"{self._group_prefix(layer)}.{self.optimizer}", "opt", layer, 0)
+                step = self.out.compute(gpus, "optimizer", after, labels,
                                         function=self.optimizer, tensor_sizes=format_ints(shard),
                                         optimizer_impl=self.optimizer_impl, dtype="fp32")
                 if self.sharded and not self.prefetch:
