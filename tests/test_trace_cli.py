@@ -38,6 +38,29 @@ def test_simulate_a_generated_model_writes_every_output(tmp_path, capsys):
     assert {"op_id", "kind", "duration_s", "measured_s"} <= set(ops.columns)
 
 
+def test_simulate_overlaps_the_gemms_with_their_reductions_when_asked(tmp_path, capsys):
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY_YAML)
+    out = tmp_path / "out"
+    argv = ["simulate", "--model", str(model), "--phase", "prompt", "--tp", "4", "--dp", "2", "--system", "t3-ring8", "--quiet"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--overlap", "t3", "--policy", "t3-mca", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # two tensor-parallel groups, 3 layers of 2 reductions each, and the embedding's all-reduce
+    assert "--overlap t3: 12 of 14 reduce-scatters and all-reduces overlapped" in printed
+    assert "2  left as they were: no GEMM whose output it reduces" in printed
+    ops = pd.read_parquet(out / "ops.parquet")
+    assert (ops["kind"] == "fused").sum() == 6  # GPU 0's, in symmetric mode
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trace_metadata"]["overlap"]["function"] == "t3"
+
+    def per_iteration(text):
+        return float(text.split(" ms per iteration")[0].rsplit(" ", 1)[1])
+
+    assert per_iteration(printed) < per_iteration(plain)
+
+
 def test_a_generated_model_larger_than_the_node_says_so(capsys):
     assert main(["simulate", "--model", "megatron-gpt2", "--tp", "16", "--layers", "1", "--system", "t3-ring8",
                  "--quiet"]) == 2
@@ -125,6 +148,10 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--async-tp-backward describes a generated model (--model) and does not apply to --trace"),
     (["simulate", "--trace", TRACE, "--vocab-divisible-by", "128"],
      "--vocab-divisible-by describes a generated model (--model) and does not apply to --trace"),
+    (["simulate", "--model", "bert-base", "--overlap-channels", "8"],
+     "--overlap-channels applies to --overlap decomposed"),
+    (["simulate", "--model", "bert-base", "--overlap", "t3", "--overlap-channels", "8"],
+     "--overlap-channels applies to --overlap decomposed"),
     (["validate-trace", TRACE, "--iteration", "2"],
      f"--iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
     (["validate-trace", TRACE, "--dataflow"],

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from gpusim.arguments import non_negative_float, output_folder, positive_int
 from gpusim.errors import GpusimError, TraceError, UnsupportedTraceError
+from gpusim.hw.memctrl import PICK_POLICIES
 from gpusim.output_files import staged_outputs
+from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+from gpusim.trace.schema import OVERLAP_FUNCTIONS
 
 PATTERN_CHARACTERS = "*?["
 """Characters that make a trace path that does not exist a glob pattern (of Chakra ``.et`` files)."""
@@ -128,6 +131,17 @@ def _report_not_modelled(trace) -> None:
             print(f"  {count:6d}  {reason}")
 
 
+def _report_overlap(trace) -> None:
+    """Print how many reduce-scatters and all-reduces ``--overlap`` overlapped with their GEMMs, and why
+    it left the others."""
+    report = overlap_report(trace)
+    overlapped = int((report["status"] == "overlapped").sum())
+    print(f"--overlap {trace.metadata['overlap']['function']}: {overlapped} of {report['collective_op_id'].nunique()} "
+          "reduce-scatters and all-reduces overlapped with the GEMM that produces their input")
+    for reason, count in report.loc[report["status"] == "skipped", "reason"].value_counts().items():
+        print(f"  {count:6d}  left as they were: {reason}")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline and a breakdown plot."""
     import matplotlib.pyplot as plt
@@ -146,10 +160,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace = transformer(args.model, **options)
     else:
         trace = load_any(args.trace, unsupported=args.unsupported or "error")
+    if args.overlap_channels is not None and args.overlap != "decomposed":
+        raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed")
+    if args.overlap:
+        trace = overlap_gemm_collectives(trace, args.overlap, args.overlap_channels)
+        _report_overlap(trace)
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        result = trace.replay(system, mode=mode, progress=not args.quiet, cache_layers=not args.no_cache)
+        result = trace.replay(system, mode=mode, memory_policy=args.policy, progress=not args.quiet,
+                              cache_layers=not args.no_cache)
         parts = breakdown(result.ops)
         print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
         print((parts.set_index("gpu") * 1e3).round(3).rename(columns=lambda c: c.replace("_s", "_ms")).to_string())
@@ -304,6 +324,15 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model: pad the vocabulary to a multiple of N x tp, as Megatron-LM's "
                              "--make-vocab-size-divisible-by (128 there) (default: 1, no padding)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
+    parser.add_argument("--overlap", choices=list(OVERLAP_FUNCTIONS),
+                        help="overlap every GEMM with the reduce-scatter or all-reduce of its output: t3 (T3's fused "
+                             "GEMM and reduce-scatter), decomposed (the GEMM cut into a kernel per rank beside a "
+                             "CU-driven ring) or decomposed_dma (beside a DMA ring); an all-reduce becomes the "
+                             "overlapped reduce-scatter and an all-gather")
+    parser.add_argument("--overlap-channels", type=positive_int,
+                        help="--overlap decomposed: CUs of its ring (default: the node's collectives.cus)")
+    parser.add_argument("--policy", choices=list(PICK_POLICIES),
+                        help="memory-controller policy (default: each GPU's configured one; t3-mca for T3-MCA)")
     _common(parser)
 
 

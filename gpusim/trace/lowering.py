@@ -14,10 +14,23 @@ COLLECTIVE_OPS: dict[str, type[ops.Collective]] = {
     "allgather": ops.AllGather,
     "alltoall": ops.AllToAll,
 }
+FUSED_OPS: dict[str, type[ops.FusedGemm]] = {
+    "reducescatter": ops.GemmReduceScatter,
+    "allgather": ops.GemmAllGather,
+    "alltoall": ops.GemmAllToAll,
+}
+"""T3's op for each collective a ``gemm_collective`` row may overlap."""
+DECOMPOSED_DRIVERS = {"decomposed": "cu", "decomposed_dma": "dma"}
+"""The :class:`gpusim.ops.DecomposedGemmReduceScatter` driver of each decomposition."""
 
 
 def _names(text: str) -> list[str]:
     return text.split() if text else []
+
+
+def _channels(row) -> int | None:
+    """A row's ``channels`` (None when blank)."""
+    return None if pd.isna(row.channels) else int(row.channels)
 
 
 def op_of_row(row, ranks: list[int]) -> ops.Op:
@@ -35,12 +48,17 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
     inputs = _names(row.inputs)
     output = row.output or None
     first_input = inputs[0] if inputs else None
-    if kind == "gemm":
-        return ops.Gemm(
-            int(row.m), int(row.n), int(row.k), dtype=row.dtype, trans_a=bool(row.trans_a), trans_b=bool(row.trans_b),
-            batch=int(row.batch), a=first_input, b=inputs[1] if len(inputs) > 1 else None, out=output,
-            kernel=row.kernel or None, name=name, ranks=ranks,
-        )  # fmt: skip
+    if kind in ("gemm", "gemm_collective"):
+        gemm = dict(dtype=row.dtype, trans_a=bool(row.trans_a), trans_b=bool(row.trans_b), a=first_input,
+                    b=inputs[1] if len(inputs) > 1 else None, out=output, kernel=row.kernel or None, name=name)
+        shape = (int(row.m), int(row.n), int(row.k))
+        if kind == "gemm":
+            return ops.Gemm(*shape, batch=int(row.batch), ranks=ranks, **gemm)
+        group = parse_ints(row.group) or None
+        if row.function in DECOMPOSED_DRIVERS:
+            return ops.DecomposedGemmReduceScatter(*shape, driver=DECOMPOSED_DRIVERS[row.function],
+                                                   channels=_channels(row), ranks=group, **gemm)
+        return FUSED_OPS[row.collective](*shape, batch=int(row.batch), algorithm=row.algorithm, ranks=group, **gemm)
     if kind == "elementwise":
         rows = None if pd.isna(row.rows) or not row.rows else int(row.rows)
         return ops.Elementwise(row.function, int(row.elements), dtype=row.dtype, inputs=tuple(inputs) or None,
@@ -58,7 +76,8 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
     if kind == "collective":
         group = parse_ints(row.group) or None
         return COLLECTIVE_OPS[row.collective](int(row.bytes), dtype=row.dtype, algorithm=row.algorithm,
-                                              input=first_input, out=output, name=name, ranks=group)
+                                              channels=_channels(row), input=first_input, out=output, name=name,
+                                              ranks=group)
     if kind == "sendrecv":
         src, dst = parse_ints(row.group)
         return ops.SendRecv(int(row.bytes), src=src, dst=dst, input=first_input, out=output, name=name)

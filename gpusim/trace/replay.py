@@ -41,7 +41,14 @@ from gpusim.simulate import (
 from gpusim.system import System, load_system
 from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
 from gpusim.trace.lowering import build_ops
-from gpusim.trace.schema import SHAPE_FIELDS, SYNCHRONISING_KINDS, RowLocation, parse_deps, parse_ints
+from gpusim.trace.schema import (
+    GROUP_KINDS,
+    SHAPE_FIELDS,
+    SYNCHRONISING_KINDS,
+    RowLocation,
+    parse_deps,
+    parse_ints,
+)
 
 if TYPE_CHECKING:
     from gpusim.trace.trace import Trace
@@ -107,9 +114,10 @@ def _check_symmetric(trace: Trace) -> None:
 
 
 def _spans_other_ranks(trace: Trace, num_gpus: int) -> bool:
-    """Whether a collective of ``trace`` runs on GPUs besides 0 (a blank group: all ``num_gpus``)."""
+    """Whether a collective (or a GEMM overlapped with one) of ``trace`` runs on GPUs besides 0 (a blank
+    group: all ``num_gpus``)."""
     frame = trace.frame
-    groups = frame.loc[frame["kind"] == "collective", "group"]
+    groups = frame.loc[frame["kind"].isin(GROUP_KINDS), "group"]
     return any((parse_ints(group) or list(range(num_gpus))) != [0] for group in groups)
 
 
@@ -142,7 +150,7 @@ def choose_mode(trace: Trace, system: System) -> str:
     except TraceError:
         return "full"
     frame = trace.frame
-    collectives = frame[frame["kind"] == "collective"]
+    collectives = frame[frame["kind"].isin(GROUP_KINDS)]
     direct = (collectives["collective"] == "alltoall") | (collectives["algorithm"] == "direct")
     if direct.any() and not system.topology.mirrors_direct_traffic:
         return "full"

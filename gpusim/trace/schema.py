@@ -13,11 +13,13 @@ op_id           int      identifier of the op (shared by its rows on several GPU
 gpu             int      rank the row runs on
 stream          str      stream on that GPU (ops on one stream run in order; streams overlap)
 kind            str      ``gemm``, ``elementwise``, ``reduction``, ``attention``, ``collective``,
-                         ``sendrecv``, ``optimizer``, ``delay``
+                         ``sendrecv``, ``optimizer``, ``delay``, ``gemm_collective`` (a GEMM overlapped
+                         with a collective of its output; :mod:`gpusim.trace.fusion` makes them)
 name            str      label in results (optional)
-m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``)
-batch           int      GEMMs in a strided batch (``gemm``, default 1); sequences (``attention``)
-trans_a/b       bool     transposed GEMM inputs (``gemm``)
+m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``, ``gemm_collective``: each rank's)
+batch           int      GEMMs in a strided batch (``gemm``, ``gemm_collective``, default 1); sequences
+                         (``attention``)
+trans_a/b       bool     transposed GEMM inputs (``gemm``, ``gemm_collective``)
 kernel          str      force a GEMM kernel of the library; a reduction's kernel library (``pytorch``,
                          ``pytorch-2.0``, ``inductor``; default ``pytorch``) (optional)
 elements        int      elements per tensor (``elementwise``)
@@ -27,15 +29,23 @@ q_len, kv_len   int      query and key/value lengths, tokens (``attention``)
 head_dim        int      values per head (``attention``)
 causal          bool     causal mask (``attention``)
 function        str      element-wise function (``gelu``, ``add``...), reduction (``softmax``...),
-                         optimizer algorithm (``adam``, ``lamb``...) or attention pass (``forward``,
-                         ``backward``)
+                         optimizer algorithm (``adam``, ``lamb``...), attention pass (``forward``,
+                         ``backward``) or how a ``gemm_collective`` overlaps (``t3``, the default:
+                         T3's track and trigger; ``decomposed``: the GEMM cut into a kernel per rank
+                         beside a CU-driven ring; ``decomposed_dma``: the same with a DMA ring)
 tensor_sizes    ints     elements of every parameter tensor an ``optimizer`` row updates
 optimizer_impl  str      how the optimizer runs: ``multi_fused`` (default), ``fused``, ``unfused``,
                          ``multi_unfused`` or ``nmc`` (near-memory ALUs)
-collective      str      ``allreduce``, ``reducescatter``, ``allgather``, ``alltoall`` (``collective``)
+collective      str      ``allreduce``, ``reducescatter``, ``allgather``, ``alltoall`` (``collective``);
+                         ``reducescatter``, ``allgather``, ``alltoall`` (``gemm_collective``)
 bytes           int      message size: each rank's input (output for all-gather); send size
-group           ints     ranks of a collective; ``src dst`` of a send/receive (blank: all GPUs)
-algorithm       str      collective algorithm (``ring``, ``direct``, ``hierarchical``, ``auto``)
+group           ints     ranks of a collective or ``gemm_collective``; ``src dst`` of a send/receive (blank:
+                         all GPUs)
+algorithm       str      collective algorithm (``ring``, ``direct``, ``hierarchical``, ``auto``; a
+                         ``gemm_collective``: ``ring``, ``direct``, ``auto``)
+channels        int      CUs of a CU-driven collective (``collective``, a ``decomposed``
+                         ``gemm_collective``; blank: the node's ``collectives.cus``, fewer for small
+                         messages)
 dtype           str      element type (default ``fp16``)
 deps            ints     op_ids on the same GPU that must finish before this row starts
 delay_s         float    duration of a ``delay`` row, s
@@ -73,21 +83,29 @@ from gpusim.ops import (
     ATTENTION_DIRECTIONS,
     COLLECTIVE_ALGORITHMS,
     ELEMENTWISE_KINDS,
+    FUSED_ALGORITHMS,
     MAX_INDEX_DIMS,
     OPTIMIZER_ALGORITHMS,
     OPTIMIZER_IMPLS,
     ROW_REDUCE_KINDS,
 )
 
-KINDS = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "delay")
+KINDS = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "delay",
+         "gemm_collective")
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
-SYNCHRONISING_KINDS = ("collective", "sendrecv")
+FUSED_COLLECTIVES = ("reducescatter", "allgather", "alltoall")
+"""Collectives a ``gemm_collective`` row overlaps with its GEMM (T3's fused ops)."""
+OVERLAP_FUNCTIONS = ("t3", "decomposed", "decomposed_dma")
+"""How a ``gemm_collective`` row overlaps: T3's hardware, or software decomposition (CU or DMA ring)."""
+SYNCHRONISING_KINDS = ("collective", "sendrecv", "gemm_collective")
+GROUP_KINDS = ("collective", "gemm_collective")
+"""Kinds whose ``group`` names the ranks that exchange data."""
 KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "memcpy",
-                  "delay", "other")
+                  "delay", "gemm_collective", "other")
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len",
-               "head_dim", "bytes", "layer", "step")
+               "head_dim", "bytes", "channels", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
 MAX_SECONDS = 1e6
 """Largest time a trace may give (``delay_s``, ``measured_s``, ``issue_s``), s: about 11.6 days, where the
@@ -101,23 +119,27 @@ TEXT_COLUMNS = (
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
     "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
-    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "dtype", "deps", "delay_s",
+    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "channels", "dtype", "deps", "delay_s",
     "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
 
 DEFAULTS: dict[str, object] = {"batch": 1, "index_dims": 0, "layer": -1, "step": 0, "dtype": "fp16",
                                "algorithm": "auto"}
+FUNCTION_DEFAULTS: dict[str, str] = {"gemm_collective": "t3"}
+"""A blank ``function`` of these kinds means this one."""
 
 SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
     "elementwise": ("elements", "function", "dtype", "index_dims", "rows"),
     "reduction": ("rows", "cols", "function", "dtype", "kernel"),
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function", "dtype"),
-    "collective": ("collective", "bytes", "group", "algorithm", "dtype"),
+    "collective": ("collective", "bytes", "group", "algorithm", "channels", "dtype"),
     "sendrecv": ("bytes", "group"),
     "optimizer": ("function", "tensor_sizes", "optimizer_impl", "dtype"),
     "delay": ("delay_s",),
+    "gemm_collective": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel", "collective", "group",
+                        "algorithm", "channels", "function"),
 }
 """Fields that define what a row of each kind computes (rows of one op_id must agree on them)."""
 
@@ -276,6 +298,8 @@ def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
                 values = values.replace("", DEFAULTS[column])
             result[column] = values
     result["kind"] = result["kind"].str.lower()
+    for kind, function in FUNCTION_DEFAULTS.items():
+        result.loc[(result["kind"] == kind) & (result["function"] == ""), "function"] = function
     return result[list(COLUMNS)]
 
 
@@ -298,6 +322,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         "attention": ("batch", "heads", "q_len", "kv_len", "head_dim"),
         "collective": ("bytes",),
         "sendrecv": ("bytes",),
+        "gemm_collective": ("m", "n", "k", "batch"),
     }
     for kind, fields in positive.items():
         mask = kinds == kind
@@ -317,6 +342,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         "attention": ("function", ATTENTION_DIRECTIONS),
         "collective": ("collective", COLLECTIVES),
         "optimizer": ("function", OPTIMIZER_ALGORITHMS),
+        "gemm_collective": ("collective", FUSED_COLLECTIVES),
     }
     for kind, (field, allowed) in choices.items():
         bad = (kinds == kind) & ~frame[field].isin(allowed).to_numpy()
@@ -332,12 +358,20 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         raise _fail(frame, position, source, "index_dims",
                     f"must be a whole number from 0 to {MAX_INDEX_DIMS} for an elementwise row, "
                     f"got {format_value(dims.iloc[position])}")
-    bad = (kinds == "collective") & ~frame["algorithm"].isin(COLLECTIVE_ALGORITHMS).to_numpy()
+    for kind, allowed in (("collective", COLLECTIVE_ALGORITHMS), ("gemm_collective", FUSED_ALGORITHMS)):
+        bad = (kinds == kind) & ~frame["algorithm"].isin(allowed).to_numpy()
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _fail(frame, position, source, "algorithm",
+                        f"must be one of {', '.join(allowed)} for a {kind} row, "
+                        f"got {format_value(frame['algorithm'].iloc[position])}")
+    channels = frame["channels"]
+    bad = (channels.notna() & (channels.fillna(1) <= 0)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
-        raise _fail(frame, position, source, "algorithm",
-                    f"must be one of {', '.join(COLLECTIVE_ALGORITHMS)}, "
-                    f"got {format_value(frame['algorithm'].iloc[position])}")
+        raise _fail(frame, position, source, "channels",
+                    f"must be blank or a positive whole number of CUs, got {format_value(channels.iloc[position])}")
+    _check_overlaps(frame, source)
     bad = (kinds == "optimizer") & ~frame["optimizer_impl"].isin(("", *OPTIMIZER_IMPLS)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
@@ -379,6 +413,46 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "kernel_class",
                     f"must be blank or one of {', '.join(KERNEL_CLASSES)}, got {format_value(classes.iloc[position])}")
+
+
+def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
+    """``gemm_collective`` rows: a known ``function``, and the decompositions' limits (a reduce-scatter
+    of one GEMM, not a batch, whose rows split evenly over the group)."""
+    kinds = frame["kind"].to_numpy()
+    overlap = kinds == "gemm_collective"
+    if not overlap.any():
+        return
+    bad = overlap & ~frame["function"].isin(OVERLAP_FUNCTIONS).to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "function",
+                    f"must be one of {', '.join(OVERLAP_FUNCTIONS)} for a gemm_collective row, "
+                    f"got {format_value(frame['function'].iloc[position])}")
+    bad = overlap & (frame["function"] != "decomposed").to_numpy() & frame["channels"].notna().to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "channels",
+                    f"must be blank for a {frame['function'].iloc[position]} gemm_collective row (no CU drives its "
+                    f"collective; only a decomposed one has channels), got {format_value(frame['channels'].iloc[position])}")
+    decomposed = overlap & frame["function"].str.startswith("decomposed").to_numpy()
+    for position in np.flatnonzero(decomposed):
+        row = frame.iloc[position]
+        function = row["function"]
+        if row["collective"] != "reducescatter":
+            raise _fail(frame, int(position), source, "collective",
+                        f"must be reducescatter for a {function} gemm_collective row, got {format_value(row['collective'])}")
+        if row["batch"] != 1:
+            raise _fail(frame, int(position), source, "batch",
+                        f"must be 1 for a {function} gemm_collective row (its chunks are cut along m), "
+                        f"got {format_value(row['batch'])}")
+        try:
+            ranks = len(parse_ints(row["group"]))
+        except ValueError:
+            continue  # _parse_lists names the bad group
+        if ranks and row["m"] % ranks:
+            raise _fail(frame, int(position), source, "m",
+                        f"must split evenly over the {ranks} ranks of the group for a {function} gemm_collective "
+                        f"row, got {format_value(row['m'])}")
 
 
 def _parse_lists(frame: pd.DataFrame, source: str) -> tuple[list[list[int]], list[list[int]]]:

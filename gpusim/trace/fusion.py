@@ -1,0 +1,229 @@
+"""Overlapping a trace's GEMMs with the collectives that reduce their outputs (T3, or decomposition).
+
+:func:`overlap_gemm_collectives` rewrites a trace so that every tensor-parallel GEMM whose output a
+reduce-scatter or an all-reduce sums becomes one ``gemm_collective`` row: T3's fused GEMM and
+reduce-scatter (dissertation chapter 8), or the software rival that cuts the GEMM into a kernel per
+rank beside a ring (``decomposed``, ``decomposed_dma``).  An all-reduce becomes the overlapped
+reduce-scatter followed by an all-gather, as T3 does it.  The rewritten trace replays like any
+other, so the overlap meets the rest of the iteration (other streams, the layer's other kernels)
+inside one simulation, rather than having its sub-layer times added to a layer simulated without it.
+
+Which GEMM feeds a collective is found from the trace itself, on each GPU the collective has a row:
+
+- a collective that names dependencies is fed by the latest GEMM among them;
+- one without is fed by the GEMM found walking back over the GEMMs just before it on its stream
+  (a backward pass's weight gradient may sit between the activation gradient and its all-reduce);
+
+and that GEMM's output (``m * n * batch`` of its dtype) must be the collective's ``bytes``.  A
+collective of several GEMMs accumulated into one buffer (separate Q, K and V projections) is
+overlapped with the last of them only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from gpusim.checks import as_int, one_of
+from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import ConfigError
+from gpusim.trace.schema import OVERLAP_FUNCTIONS, SHAPE_FIELDS, format_ints, parse_deps, parse_ints
+from gpusim.trace.trace import Trace
+
+OVERLAPPED_COLLECTIVES = ("reducescatter", "allreduce")
+"""Collectives of a GEMM's output that :func:`overlap_gemm_collectives` overlaps with it."""
+GEMM_FIELDS = SHAPE_FIELDS["gemm"]
+REPORT_COLUMNS = ["collective_op_id", "name", "collective", "gemm_op_id", "overlapped_op_id", "status", "reason"]
+
+
+@dataclass
+class _Pair:
+    """A collective (its row positions) and the GEMM row that feeds it on each of those GPUs."""
+
+    collective: list[int]
+    gemm: dict[int, int]
+    """GPU -> position of the feeding GEMM row."""
+
+
+def _output_bytes(row: pd.Series) -> int:
+    return int(row["m"]) * int(row["n"]) * int(row["batch"]) * DTYPE_BYTES[row["dtype"]]
+
+
+class _Finder:
+    """Finds the GEMM row feeding each collective row of a validated table."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        self.kinds = frame["kind"].tolist()
+        self.deps = parse_deps(frame)
+        self.position_of = {(o, g): p for p, (o, g) in enumerate(zip(frame["op_id"].tolist(), frame["gpu"].tolist()))}
+        self.previous: dict[int, int] = {}
+        last: dict[tuple[int, str], int] = {}
+        for position, lane in enumerate(zip(frame["gpu"].tolist(), frame["stream"].tolist())):
+            if lane in last:
+                self.previous[position] = last[lane]
+            last[lane] = position
+
+    def _feeds(self, gemm: int, collective: int) -> bool:
+        rows = self.frame.iloc
+        return (self.kinds[gemm] == "gemm" and rows[gemm]["dtype"] == rows[collective]["dtype"]
+                and _output_bytes(rows[gemm]) == int(rows[collective]["bytes"]))
+
+    def feeding_gemm(self, position: int) -> int | None:
+        """The position of the GEMM row whose output the collective row at ``position`` reduces, or None."""
+        gpu = int(self.frame["gpu"].iat[position])
+        named = sorted(self.position_of[(dep, gpu)] for dep in self.deps[position])
+        if named:
+            gemms = [p for p in named if self.kinds[p] == "gemm"]
+            return gemms[-1] if gemms and self._feeds(gemms[-1], position) else None
+        candidate = self.previous.get(position)
+        while candidate is not None and self.kinds[candidate] == "gemm":
+            if self._feeds(candidate, position):
+                return candidate
+            candidate = self.previous.get(candidate)
+        return None
+
+
+def _pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair]:
+    """Every collective that ``function`` can overlap with its GEMM; the others are reported as skipped."""
+    finder = _Finder(frame)
+    candidates = frame[(frame["kind"] == "collective") & frame["collective"].isin(OVERLAPPED_COLLECTIVES)]
+    used: set[int] = set()
+    pairs = []
+    for op_id, rows in candidates.groupby("op_id", sort=False):
+        positions = [int(p) for p in rows.index]
+        first = frame.loc[positions[0]]
+        entry = {"collective_op_id": int(op_id), "name": first["name"], "collective": first["collective"]}
+
+        def skip(reason: str, entry=entry) -> None:
+            report.append({**entry, "gemm_op_id": None, "status": "skipped", "reason": reason})
+
+        if first["algorithm"] == "hierarchical":
+            skip("a hierarchical collective spans nodes; T3 overlaps a ring or direct one")
+            continue
+        gemms = {int(frame.at[p, "gpu"]): finder.feeding_gemm(p) for p in positions}
+        if None in gemms.values():
+            skip("no GEMM whose output it reduces (a dependency, or the GEMMs just before it on its stream)")
+            continue
+        shapes = frame.loc[list(gemms.values()), list(GEMM_FIELDS)].drop_duplicates()
+        if len(shapes) > 1:
+            skip("its GEMMs differ from GPU to GPU")
+            continue
+        if used & set(gemms.values()):
+            skip("its GEMM already feeds another collective")
+            continue
+        gemm = frame.loc[next(iter(gemms.values()))]
+        ranks = len(parse_ints(first["group"]) or gemms)
+        if function != "t3" and gemm["batch"] != 1:
+            skip(f"{function} cuts one GEMM along m, and this one is a batch of {gemm['batch']}")
+            continue
+        if function != "t3" and gemm["m"] % ranks:
+            skip(f"{function} cuts m = {gemm['m']} into a chunk per rank, and it does not split over {ranks} ranks")
+            continue
+        late = [dep for p in positions for dep in finder.deps[p]
+                if finder.position_of[(dep, int(frame.at[p, "gpu"]))] > gemms[int(frame.at[p, "gpu"])]]
+        if late:
+            skip(f"it waits for op {late[0]}, which comes after its GEMM")
+            continue
+        used.update(gemms.values())
+        pairs.append(_Pair(positions, gemms))
+        report.append({**entry, "gemm_op_id": int(gemm["op_id"]), "status": "overlapped", "reason": ""})
+    return pairs
+
+
+def _overlapped_row(frame: pd.DataFrame, pair: _Pair, gpu: int, op_id: int, function: str,
+                    channels: int | None) -> dict:
+    """The ``gemm_collective`` row that takes the place of ``pair``'s GEMM row on ``gpu``."""
+    gemm = frame.loc[pair.gemm[gpu]]
+    collective = frame.loc[next(p for p in pair.collective if int(frame.at[p, "gpu"]) == gpu)]
+    group = parse_ints(collective["group"]) or sorted(int(frame.at[p, "gpu"]) for p in pair.collective)
+    extra = [d for d in parse_ints(collective["deps"]) if d != gemm["op_id"]]
+    names = [name for name in (gemm["name"], collective["name"]) if name]
+    return {
+        **gemm.to_dict(), "op_id": op_id, "kind": "gemm_collective", "collective": "reducescatter",
+        "group": format_ints(group), "algorithm": collective["algorithm"], "function": function, "bytes": pd.NA,
+        "channels": pd.NA if channels is None else channels,
+        "deps": format_ints(dict.fromkeys([*parse_ints(gemm["deps"]), *extra])), "name": "+".join(names),
+        "measured_s": float("nan"), "kernel_class": "",
+    }  # fmt: skip
+
+
+def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int | None = None) -> Trace:
+    """``trace`` with each GEMM and the reduce-scatter or all-reduce of its output overlapped.
+
+    Parameters
+    ----------
+    trace
+        Any trace (generated, imported or written by hand).
+    function
+        How they overlap: ``"t3"`` (T3's fused GEMM and reduce-scatter; replay it with
+        ``memory_policy="t3-mca"`` for T3-MCA), ``"decomposed"`` (the GEMM cut along ``m`` into a
+        kernel per rank beside a CU-driven ring reduce-scatter) or ``"decomposed_dma"`` (the same
+        with the DMA engines driving the ring).  T3 and ``decomposed_dma`` reduce with near-memory
+        updates, so the replaying GPU needs ``gpu.nmc.enabled``.
+    channels
+        CUs of the ``decomposed`` ring (default: the node's ``collectives.cus``, fewer for small
+        chunks; the GEMM kernels get the others).  Only for ``"decomposed"``.
+
+    Returns
+    -------
+    Trace
+        The rewritten trace (new op_ids for the ``gemm_collective`` rows, every dependency on the GEMM
+        or on a replaced reduce-scatter pointing at them).  Its ``metadata["overlap"]`` holds the
+        function and a report, one entry per reduce-scatter or all-reduce: ``status`` ``overlapped``
+        or ``skipped`` with the ``reason`` (:func:`overlap_report` makes it a table).  A collective
+        the chosen function cannot run (a decomposition of a batched GEMM, or of one whose ``m`` does
+        not split over the group) is skipped, not an error.
+
+    Raises
+    ------
+    gpusim.errors.ConfigError
+        An unknown ``function``, or ``channels`` that is not a positive integer or is given for
+        another function.
+    """
+    one_of("function", function, OVERLAP_FUNCTIONS, "overlap_gemm_collectives()")
+    if channels is not None:
+        if function != "decomposed":
+            raise ConfigError(f"overlap_gemm_collectives(): 'channels' applies to function 'decomposed' only (the CUs of "
+                              f"its ring), not to {function!r}")
+        if (as_int(channels) or 0) <= 0:
+            raise ConfigError(f"overlap_gemm_collectives(): 'channels' must be a positive whole number of CUs, "
+                              f"got {channels!r}")
+    frame = trace.frame
+    report: list[dict] = []
+    pairs = _pairs(frame, function, report)
+    metadata = {**trace.metadata, "overlap": {"function": function, "report": report}}
+    if not pairs:
+        return Trace(frame, trace.source, metadata)
+    rows = frame.to_dict("records")
+    remap: dict[tuple[int, int], int] = {}
+    dropped: set[int] = set()
+    next_id = int(frame["op_id"].max()) + 1
+    entries = [entry for entry in report if entry["status"] == "overlapped"]
+    for pair, entry in zip(pairs, entries):
+        entry["overlapped_op_id"] = next_id
+        for gpu, position in pair.gemm.items():
+            rows[position] = _overlapped_row(frame, pair, gpu, next_id, function, channels)
+            remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
+        for position in pair.collective:
+            gpu = int(frame.at[position, "gpu"])
+            if frame.at[position, "collective"] == "allreduce":  # the reduce-scatter is overlapped; gather the sums
+                rows[position] = {**rows[position], "collective": "allgather", "deps": str(next_id)}
+            else:
+                dropped.add(position)
+                remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
+        next_id += 1
+    out = [row for position, row in enumerate(rows) if position not in dropped]
+    for row in out:
+        deps = [remap.get((int(row["gpu"]), dep), dep) for dep in parse_ints(row["deps"])]
+        row["deps"] = format_ints(dep for dep in dict.fromkeys(deps) if dep != row["op_id"])
+    return Trace(pd.DataFrame(out, columns=frame.columns), f"{trace.source} (overlapped: {function})", metadata)
+
+
+def overlap_report(trace: Trace) -> pd.DataFrame:
+    """The report of :func:`overlap_gemm_collectives` on ``trace`` as a table (columns
+    :data:`REPORT_COLUMNS`); empty for a trace it did not rewrite."""
+    overlap = trace.metadata.get("overlap") or {}
+    return pd.DataFrame(overlap.get("report") or [], columns=REPORT_COLUMNS)
+
