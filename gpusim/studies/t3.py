@@ -602,17 +602,104 @@ def end_to_end(rest: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+REPLAYED_CONFIGS: dict[str, tuple[str | None, int | None, str | None]] = {
+    "sequential": (None, None, None),
+    "t3": ("t3", None, None),
+    "t3-mca": ("t3", None, "t3-mca"),
+    "decomposed-8": ("decomposed", 8, None),
+    "decomposed-dma": ("decomposed_dma", None, None),
+}
+"""Configurations of :func:`simulate_layer_replayed`: how
+:func:`gpusim.trace.fusion.overlap_gemm_collectives` rewrites the layer (function, ring CUs) and the
+memory-controller policy it is replayed with."""
+
+
+def simulate_layer_replayed(model: str, tp: int, setting: str, config: str, mode: str = "symmetric") -> dict[str, Any]:
+    """One generated layer of ``model`` with its GEMMs overlapped with their reductions, replayed (a sweep function).
+
+    The layer is :func:`simulate_layer_rest`'s; for every configuration but ``sequential`` its
+    tensor-parallel GEMMs and all-reduces are rewritten by
+    :func:`gpusim.trace.fusion.overlap_gemm_collectives` (:data:`REPLAYED_CONFIGS`) and the whole
+    trace is replayed, so the overlapped sub-layers run between the layer's other kernels rather than
+    alone, as :func:`end_to_end` assumes.
+
+    Returns
+    -------
+    dict
+        ``layer_s`` (the layer on GPU 0, first start to last end), ``iteration_rest_s`` (operators
+        outside the layer), ``layers``, ``overlapped`` (rewritten GEMM/collective pairs) and simulator
+        statistics.
+    """
+    from gpusim.trace import transformer
+    from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+
+    setup = _model(model)
+    known_name("setting", setting, SETTINGS)
+    function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
+    phase = SETTINGS[setting][0]
+    trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
+                        layers=1, head=False, optimizer="adam" if phase == "train" else None)
+    overlapped = 0
+    if function is not None:
+        trace = overlap_gemm_collectives(trace, function, channels)
+        overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
+    result = trace.replay(load_system(node_for(tp)), mode=mode, memory_policy=policy)
+    ops = result.ops[result.ops["gpu"] == 0]
+    in_layer = ops["name"].str.startswith("L0.")
+    layer = ops[in_layer]
+    return {
+        "layer_s": float(layer["end_s"].max() - layer["start_s"].min()),
+        "iteration_rest_s": float(ops.loc[~in_layer, "duration_s"].sum()),
+        "layers": setup.layers,
+        "overlapped": overlapped,
+        "wall_s": result.stats["wall_s"],
+        "events": result.stats["events"],
+    }
+
+
+def replayed_points(models=MAIN_MODELS) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_layer_replayed`: every model, TP degree, setting and configuration."""
+    return [{**point, "config": config} for point in layer_points(models) for config in REPLAYED_CONFIGS]
+
+
+def end_to_end_replayed(replayed: pd.DataFrame, substituted: pd.DataFrame | None = None) -> pd.DataFrame:
+    """End-to-end speedups from replayed layers, beside :func:`end_to_end`'s where it has the configuration.
+
+    An iteration is ``layers x replayed layer + once-per-iteration operators``.
+
+    Parameters
+    ----------
+    replayed
+        Rows of :func:`simulate_layer_replayed` with ``model, tp, setting, config``.
+    substituted
+        :func:`end_to_end` of the same models (optional): its ``speedup`` becomes ``substituted_speedup``
+        (its ``decomposed`` is each case's best CU split, not ``decomposed-8``).
+    """
+    frame = replayed.copy()
+    frame["iteration_s"] = frame["layers"] * frame["layer_s"] + frame["iteration_rest_s"]
+    keys = ["model", "tp", "setting"]
+    base = frame[frame["config"] == "sequential"].set_index(keys)["iteration_s"]
+    frame["speedup"] = [base[tuple(key)] / time_s for key, time_s in zip(frame[keys].values, frame["iteration_s"])]
+    columns = [*keys, "config", "overlapped", "iteration_s", "speedup"]
+    frame = frame[columns]
+    if substituted is None:
+        return frame
+    known = substituted.set_index([*keys, "config"])["speedup"]
+    frame["substituted_speedup"] = [known.get((*key, config)) for key, config in zip(frame[keys].values, frame["config"])]
+    return frame
+
+
 # -- one sweep for everything ------------------------------------------------------------------------
 def run_point(study: str, variant: str = "base", **params: Any):
     """Run one point of any part of the study (a top-level function for :func:`gpusim.sweep.sweep`).
 
     ``study`` is ``case`` (:func:`simulate_case`), ``cu_split`` (:func:`simulate_cu_split`),
-    ``layer`` (:func:`simulate_layer_rest`), ``decomposed`` (:func:`simulate_decomposed`) or
-    ``timeline`` (:func:`dram_timeline`, many rows);
+    ``layer`` (:func:`simulate_layer_rest`), ``decomposed`` (:func:`simulate_decomposed`),
+    ``replayed`` (:func:`simulate_layer_replayed`) or ``timeline`` (:func:`dram_timeline`, many rows);
     ``variant`` only labels the rows (e.g. ``"2x-cus"``).
     """
     functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
-                 "decomposed": simulate_decomposed, "timeline": dram_timeline}
+                 "decomposed": simulate_decomposed, "replayed": simulate_layer_replayed, "timeline": dram_timeline}
     return functions[known_name("study part", study, functions)](**params)
 
 
