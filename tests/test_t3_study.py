@@ -146,6 +146,28 @@ def test_end_to_end_replaces_the_sliced_sublayers_of_every_layer():
     assert e2e.at["t3-mca", "sliced_share"] == pytest.approx(60 / 81)
 
 
+def test_end_to_end_replayed_scales_the_replayed_layer_and_sets_the_substituted_speedup_beside_it():
+    replayed = pd.DataFrame([
+        {"model": "T-NLG", "tp": 8, "setting": "prompt", "config": config, "layer_s": layer_s, "iteration_rest_s": 1.0,
+         "layers": 10, "overlapped": overlapped}
+        for config, layer_s, overlapped in (("sequential", 8.0, 0), ("t3-mca", 6.5, 2), ("decomposed-8", 7.0, 2))
+    ])  # fmt: skip
+    substituted = pd.DataFrame([{"model": "T-NLG", "tp": 8, "setting": "prompt", "config": "t3-mca", "speedup": 1.2}])
+    e2e = t3.end_to_end_replayed(replayed, substituted).set_index("config")
+    assert e2e.at["sequential", "iteration_s"] == 81 and e2e.at["sequential", "speedup"] == 1
+    assert e2e.at["t3-mca", "speedup"] == pytest.approx(81 / 66)
+    assert e2e.at["t3-mca", "substituted_speedup"] == 1.2 and pd.isna(e2e.at["decomposed-8", "substituted_speedup"])
+
+
+def test_a_replayed_layer_overlaps_its_four_sublayers_and_gains():
+    """The prompt phase: the attention and MLP blocks' all-reduces are overlapped with their GEMMs."""
+    sequential = t3.simulate_layer_replayed("Mega-GPT-2", 8, "prompt", "sequential")
+    fused = t3.simulate_layer_replayed("Mega-GPT-2", 8, "prompt", "t3-mca")
+    assert (sequential["overlapped"], fused["overlapped"]) == (0, 2)
+    assert 1.05 < sequential["layer_s"] / fused["layer_s"] < 1.5
+    assert fused["iteration_rest_s"] == sequential["iteration_rest_s"] == 0
+
+
 def test_the_trace_generator_layer_names_the_sliced_sublayers():
     row = t3.simulate_layer_rest("T-NLG", 16, "prompt")
     assert 0 < row["layer_rest_s"] < row["trace_layer_s"] and row["layers"] == 78
@@ -161,6 +183,7 @@ def test_an_unknown_model_lists_the_known_ones():
     (lambda: t3.sublayer_gemm("T-NLG", "OP", 0), "tp must be a positive number of GPUs, got 0"),
     (lambda: t3.sublayer_gemm("T-NLG", "OP", 8, tokens=-5), "tokens must be a positive integer"),
     (lambda: t3.simulate_layer_rest("T-NLG", 8, "bogus"), "unknown setting 'bogus'"),
+    (lambda: t3.simulate_layer_replayed("T-NLG", 8, "prompt", "t4"), "unknown configuration 't4'; known: sequential"),
 ])
 def test_bad_study_arguments_are_config_errors(call, message):
     with pytest.raises(gpusim.ConfigError, match=message):

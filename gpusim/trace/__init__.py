@@ -8,6 +8,9 @@ Quick use::
     result = gpusim.run(gpusim.load_system("t3-ring8"), trace, mode="symmetric")
     print(gpusim.trace.breakdown(result.ops))
 
+    fused = gpusim.trace.overlap_gemm_collectives(trace, "t3")   # T3: every TP GEMM fused with its reduce-scatter
+    result = gpusim.run(gpusim.load_system("t3-ring8"), fused, mode="symmetric", memory_policy="t3-mca")
+
     measured = gpusim.trace.read_kineto("rank0.json.gz", unsupported="delay")
     result = gpusim.run(gpusim.load_system("dgx-a100"), measured, mode="symmetric")
     print(gpusim.trace.compare(result.ops, kernels=result.kernels))
@@ -16,6 +19,7 @@ Quick use::
 from gpusim.trace.breakdown import breakdown
 from gpusim.trace.chakra import read_chakra
 from gpusim.trace.compare import compare
+from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
 from gpusim.trace.generator import Parallelism, transformer
 from gpusim.trace.kineto import read_kineto
 from gpusim.trace.models import ModelConfig, list_models, load_model
@@ -32,6 +36,8 @@ __all__ = [
     "compare",
     "list_models",
     "load_model",
+    "overlap_gemm_collectives",
+    "overlap_report",
     "read",
     "read_chakra",
     "read_kineto",
