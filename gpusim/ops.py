@@ -327,9 +327,9 @@ class DecomposedGemmReduceScatter(GemmShape):
     ``channels`` CUs of its own runs beside them; each of its steps reads its local chunk once that
     chunk's kernel has finished.  The GEMM kernels get the stream's other CUs.  Every rank ends with
     its reduced chunk, as after :class:`ReduceScatter`.  ``m`` must split evenly over the ranks.
-    The chunks follow the order of the first channel's ring; on a node whose channels take
-    several rings (fully connected, switched) the others wait longer for their chunks, so it
-    models a ring node (the T3 study's) best.
+    Every channel of the reduce-scatter takes one ring, the order the chunks are produced in (as
+    software's ring exchange does): on a fully connected or hybrid cube-mesh node, where a plain
+    reduce-scatter spreads its channels over several rings, only that ring's links carry it.
 
     Attributes
     ----------

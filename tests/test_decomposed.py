@@ -105,6 +105,22 @@ def test_any_split_finishes_after_its_gemm_and_the_ring_bound(ranks, rows_per_ra
     assert result.time_s >= max(chunks["end_s"].max(), link_bound)
 
 
+def test_on_a_fully_connected_node_every_channel_takes_the_producers_ring():
+    """A plain reduce-scatter spreads its channels over several rings (every link); the decomposed one's
+    channels all follow the ring its chunks are produced for, so only that ring's links carry data and
+    no channel waits for a chunk produced late in its own ring order."""
+    node = gpusim.load_system("a100-4-nvlink")
+    m, n, k = 4096, 8192, 2048
+    plain = gpusim.run(node, ops.ReduceScatter(m * n * 2, channels=8), mode="full")
+    assert len(plain.links.groupby(["src", "dst"])) == 12
+    result = gpusim.run(node, ops.DecomposedGemmReduceScatter(m, n, k, channels=8), mode="full")
+    ring = node.topology.ring_order
+    assert set(map(tuple, result.links[["src", "dst"]].drop_duplicates().values)) == {
+        (ring[i], ring[(i + 1) % 4]) for i in range(4)}
+    sequential = gpusim.run(node, [ops.Gemm(m, n, k), ops.ReduceScatter(m * n * 2, channels=8)], mode="full")
+    assert result.time_s < 0.95 * sequential.time_s
+
+
 def test_one_rank_runs_the_gemm_alone():
     result = gpusim.run(RING8, decomposed(ranks=[0]), mode="full")
     assert list(result.kernels["name"].str.startswith("gemm_")) == [True]

@@ -222,7 +222,10 @@ class RingKernel:
         on the links and in the staging buffer).
     local_ready
         ``local_ready(chunk)`` is the event after which the local input chunk may be read (a
-        producer that writes it while the collective runs); ``None``: the input is complete.
+        producer that writes it while the collective runs); ``None``: the input is complete.  With
+        a producer every channel takes the first channel's ring: the producer writes the chunks in
+        one order, the one their ring steps need, and a channel on another ring would wait for
+        chunks produced late in it.
     """
 
     def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, wire_efficiency=1.0,
@@ -237,7 +240,10 @@ class RingKernel:
         self.inp, self.out, self.stage = inp, out, stage
         self.flags = flags
         self.tag = tag
-        self.rings = ring_orders(ctx, group, channels)
+        if local_ready is None:
+            self.rings = ring_orders(ctx, group, channels)
+        else:
+            self.rings = ring_orders(ctx, group, 1) * channels
         self.channels = channels
         self.wire_efficiency = wire_efficiency
         self.local_ready = local_ready
