@@ -97,6 +97,7 @@ def test_a100_nccl_collectives_groups_and_waits():
     collectives = frame[frame["kind"] == "collective"]
     assert len(collectives) == 5 and set(collectives["group"]) == {"0 1"}
     assert set(collectives["collective"]) == {"allreduce"} and set(collectives["dtype"]) == {"fp32"}
+    assert set(collectives["channels"]) == {8}  # the NCCL kernels' grid [8, 1, 1]: one block per channel
     data = json.load(gzip.open(shared_data(A100), "rt"))
     sizes = sorted(4 * e["args"]["In msg nelems"] for e in data["traceEvents"]
                    if e.get("cat") == "kernel" and e["args"].get("Collective name") == "allreduce")
@@ -123,6 +124,7 @@ def test_two_ranks_share_their_collectives(tmp_path):
     trace = read_kineto([tmp_path / "rank0.json", tmp_path / "rank1.json"])
     collective = trace.frame[trace.frame["kind"] == "collective"]
     assert collective["gpu"].tolist() == [0, 1] and collective["op_id"].nunique() == 1
+    assert collective["channels"].isna().all()  # no grid recorded: the node's channels
     result = gpusim.run(gpusim.load_system("mi210-4"), trace, mode="full")
     assert set(result.ops["gpu"]) == {0, 1}
     with pytest.raises(TraceError, match="not a readable Kineto JSON trace"):

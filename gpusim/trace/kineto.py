@@ -619,11 +619,12 @@ def _process_group(event: dict) -> list[int]:
     return ranks
 
 
-def _collective_fields(event: dict, kernel_name: str, ranks: FileRanks) -> dict:
+def _collective_fields(event: dict, kernel_name: str, ranks: FileRanks, grid: list | None) -> dict:
     """A collective's fields from its NCCL kernel's arguments.  Its group is its ``Process Group Ranks``,
     which must contain the file's rank, on the GPUs :meth:`FileRanks.gpu` gives them (in increasing
     order when the file is read alone); where they are not recorded, the first ``Group size`` GPUs
-    (else the whole job)."""
+    (else the whole job).  Its ``channels`` are the kernel's blocks (``grid``'s x), one per NCCL
+    channel, where the trace records them."""
     raw = _arg(event, "Collective name", _is_text, "text", "").lower()
     collective = NCCL_COLLECTIVES.get(raw)
     if collective is None:
@@ -646,9 +647,12 @@ def _collective_fields(event: dict, kernel_name: str, ranks: FileRanks) -> dict:
     if not group:
         size = _arg(event, "Group size", lambda value: _is_whole(value) and value >= 1, "a whole number >= 1")
         group = list(range(size or ranks.world_size))
-    return {"kind": "collective", "collective": collective, "bytes": elements * DTYPE_BYTES[dtype],
-            "dtype": dtype, "group": format_ints(group),
-            "algorithm": "ring" if "ring" in kernel_name.lower() else "auto"}
+    fields = {"kind": "collective", "collective": collective, "bytes": elements * DTYPE_BYTES[dtype],
+              "dtype": dtype, "group": format_ints(group),
+              "algorithm": "ring" if "ring" in kernel_name.lower() else "auto"}
+    if grid:  # an NCCL/RCCL kernel runs one block per channel
+        fields["channels"] = int(grid[0])
+    return fields
 
 
 def _memcpy_fields(event: dict) -> dict:
@@ -683,7 +687,7 @@ def lower_event(event: dict, cpu_op: dict | None, launch: dict | None, ranks: Fi
     if klass == "memcpy":
         return _memcpy_fields(event)
     if klass == "collective":
-        return _collective_fields(event, name, ranks)
+        return _collective_fields(event, name, ranks, grid)
     if klass == "gemm":
         fields = _gemm_fields(cpu_op, name)
         fields["kernel"] = library_kernel_of(name, math.prod(block) if block else None, DTYPE_BYTES[fields["dtype"]])
