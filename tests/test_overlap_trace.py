@@ -119,6 +119,19 @@ def test_overlapping_shortens_a_large_sub_layer_against_gemm_then_all_reduce():
         assert gpusim.run(RING4, overlapped, mode="symmetric").time_s < base, function
 
 
+def test_one_ranks_trace_with_a_blank_group_overlaps_over_every_gpu_of_the_system():
+    """A rank-0 profile whose all-reduce names no group (all GPUs): the overlapped row keeps the blank
+    group, so it spans the replaying system's GPUs, not just the one GPU the trace has rows for."""
+    frame = gemm_then("allreduce").frame
+    trace = Trace(frame[frame["gpu"] == 0].assign(group=""), "rank0")
+    rewritten = overlap_gemm_collectives(trace)
+    fused = rewritten.frame[rewritten.frame["kind"] == "gemm_collective"]
+    assert fused["group"].tolist() == [""]
+    result = gpusim.run(RING4, rewritten, mode="auto")
+    direct = gpusim.run(RING4, [ops.GemmReduceScatter(M, N, K), ops.AllGather(OUT)], mode="symmetric")
+    assert result.stats["mode"] == "symmetric" and result.time_s == pytest.approx(direct.time_s, rel=1e-9)
+
+
 def test_a_gemm_with_other_gemms_between_it_and_its_reduction_is_found_by_its_output_size():
     """A backward pass's weight gradient (another output size) sits between the activation gradient
     and its all-reduce; the collective has no dependencies, so the rewrite walks back its stream."""

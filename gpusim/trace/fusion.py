@@ -114,11 +114,11 @@ def _pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair
             skip("its GEMM already feeds another collective")
             continue
         gemm = frame.loc[next(iter(gemms.values()))]
-        ranks = len(parse_ints(first["group"]) or gemms)
+        ranks = len(parse_ints(first["group"]))  # 0: every GPU of the system, known when it is replayed
         if function != "t3" and gemm["batch"] != 1:
             skip(f"{function} cuts one GEMM along m, and this one is a batch of {gemm['batch']}")
             continue
-        if function != "t3" and gemm["m"] % ranks:
+        if function != "t3" and ranks and gemm["m"] % ranks:
             skip(f"{function} cuts m = {gemm['m']} into a chunk per rank, and it does not split over {ranks} ranks")
             continue
         late = [dep for p in positions for dep in finder.deps[p]
@@ -137,12 +137,11 @@ def _overlapped_row(frame: pd.DataFrame, pair: _Pair, gpu: int, op_id: int, func
     """The ``gemm_collective`` row that takes the place of ``pair``'s GEMM row on ``gpu``."""
     gemm = frame.loc[pair.gemm[gpu]]
     collective = frame.loc[next(p for p in pair.collective if int(frame.at[p, "gpu"]) == gpu)]
-    group = parse_ints(collective["group"]) or sorted(int(frame.at[p, "gpu"]) for p in pair.collective)
     extra = [d for d in parse_ints(collective["deps"]) if d != gemm["op_id"]]
     names = [name for name in (gemm["name"], collective["name"]) if name]
     return {
         **gemm.to_dict(), "op_id": op_id, "kind": "gemm_collective", "collective": "reducescatter",
-        "group": format_ints(group), "algorithm": collective["algorithm"], "function": function, "bytes": pd.NA,
+        "group": collective["group"], "algorithm": collective["algorithm"], "function": function, "bytes": pd.NA,
         "channels": pd.NA if channels is None else channels,
         "deps": format_ints(dict.fromkeys([*parse_ints(gemm["deps"]), *extra])), "name": "+".join(names),
         "measured_s": float("nan"), "kernel_class": "",
