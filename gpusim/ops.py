@@ -346,10 +346,17 @@ class DecomposedGemmReduceScatter(GemmShape):
         arrived, and the GEMM's stores and the incoming chunks are near-memory updates (needs
         ``gpu.nmc.enabled``).  The GEMM then keeps every CU: T3 without its tracker, with a
         trigger per kernel instead of per tile.
+    splits
+        Kernels per chunk (default 1, Wang et al.'s one kernel per rank): each chunk's rows are cut
+        into ``splits`` kernels, and the reduce-scatter reads (or sends) a chunk's bytes as soon as
+        the kernel that writes them has finished, so its first step starts sooner and its last ends
+        sooner, for smaller kernels and more launches.  ``m`` must split evenly into
+        ``ranks x splits`` parts.
     """
 
     channels: int | None = None
     driver: str = "cu"
+    splits: int = 1
     category: ClassVar[str] = "fused"
 
     def __post_init__(self) -> None:
@@ -359,6 +366,7 @@ class DecomposedGemmReduceScatter(GemmShape):
             raise OpError(f"DecomposedGemmReduceScatter: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
         if self.channels is not None:
             self.channels = _positive_int("DecomposedGemmReduceScatter", "channels", self.channels)
+        self.splits = _positive_int("DecomposedGemmReduceScatter", "splits", self.splits)
 
     @property
     def nbytes(self) -> int:

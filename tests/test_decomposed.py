@@ -91,18 +91,41 @@ def test_the_links_carry_the_ring_reduce_scatters_volume(driver):
     assert sent.sum() == pytest.approx(4 * 3 / 4 * 1024 * N * 2, rel=0.001)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.sampled_from([2, 4, 8]), st.integers(1, 4), st.sampled_from([256, 1024]), st.integers(1, 24),
-       st.sampled_from(["cu", "dma"]))
-def test_any_split_finishes_after_its_gemm_and_the_ring_bound(ranks, rows_per_rank, n, channels, driver):
-    """No deadlock whatever the chunk and CU split or driver, and never faster than the GEMM chunks or the links."""
+       st.sampled_from(["cu", "dma"]), st.sampled_from([1, 2, 4]))
+def test_any_split_finishes_after_its_gemm_and_the_ring_bound(ranks, rows_per_rank, n, channels, driver, splits):
+    """No deadlock whatever the chunk, kernel and CU split or driver, never faster than the GEMM chunks or
+    the links, and the links carry exactly the ring reduce-scatter's bytes."""
     system = RING8.with_overrides({"num_gpus": ranks})
-    m = ranks * 64 * rows_per_rank
-    result = gpusim.run(system, decomposed(m=m, n=n, k=256, channels=channels, driver=driver), mode="symmetric")
-    chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
-    assert len(chunks) == ranks
+    m = ranks * 64 * rows_per_rank * splits
+    result = gpusim.run(system, decomposed(m=m, n=n, k=256, channels=channels, driver=driver, splits=splits),
+                        mode="full")
+    chunks = result.kernels[(result.kernels["gpu"] == 0) & result.kernels["name"].str.startswith("gemm_chunk")]
+    assert len(chunks) == ranks * splits
     link_bound = (ranks - 1) / ranks * m * n * 2 / system.config.links.bandwidth_bytes_per_s
     assert result.time_s >= max(chunks["end_s"].max(), link_bound)
+    assert result.links["bytes"].sum() == pytest.approx(ranks * (ranks - 1) / ranks * m * n * 2, rel=0.001)
+
+
+@pytest.mark.parametrize("driver", ["cu", "dma"])
+def test_with_two_kernels_per_chunk_the_ring_starts_sooner(driver):
+    """The ring sends the first kernel's rows without waiting for the chunk's second kernel: its first
+    bytes leave as much sooner, after the first kernel, as that kernel ends before the whole chunk would."""
+    runs = {splits: gpusim.run(RING4, decomposed(m=4096, driver=driver, splits=splits), mode="symmetric", bin_s=1e-7)
+            for splits in (1, 2)}
+    names = [name for name in runs[2].kernels["name"] if name.startswith("gemm_chunk")]
+    assert [name.split("_")[1] for name in names] == [f"chunk{s}.{i}" for s in range(4) for i in range(2)]
+    assert runs[2].ops["splits"].iloc[0] == 2
+
+    def first_kernel_end(result):
+        chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
+        return chunks.sort_values("start_s")["end_s"].iloc[0]
+
+    head_start = first_kernel_end(runs[1]) - first_kernel_end(runs[2])
+    first_sent = {splits: result.links["t_s"].min() for splits, result in runs.items()}  # 0.1 us bins
+    assert first_sent[2] >= first_kernel_end(runs[2])
+    assert first_sent[1] - first_sent[2] == pytest.approx(head_start, rel=0.25)
 
 
 def test_on_a_fully_connected_node_every_channel_takes_the_producers_ring():
@@ -127,7 +150,8 @@ def test_one_rank_runs_the_gemm_alone():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"m": 1004}, "m = 1004 rows do not split evenly into 8 chunks"),
+    ({"m": 1004}, "m = 1004 rows do not split evenly into 8 chunks, one per rank"),
+    ({"m": 1032, "splits": 2}, "m = 1032 rows do not split evenly into 8 chunks of 2 kernels each"),
     ({"m": 16384, "channels": 80}, "leave none of the stream's 80 to the GEMM"),
 ])
 def test_splits_that_cannot_run_are_op_errors(fields, message):
@@ -138,6 +162,7 @@ def test_splits_that_cannot_run_are_op_errors(fields, message):
 @pytest.mark.parametrize("fields, message", [
     ({"batch": 2}, "field 'batch' must be 1"),
     ({"channels": 0}, "channels"),
+    ({"splits": 0}, "splits"),
     ({"driver": "nccl"}, "field 'driver'"),
     ({"kernel": "MT128x128x32_T256_SK2"}, None),
 ])

@@ -113,12 +113,18 @@ def test_software_overlap_from_synthetic_rows():
     ])
     frame = t3.software_overlap(decomposed, table)
     assert list(frame["channels"]) == [8, 16, 0] and list(frame["best"]) == [False, True, False]  # best on CUs
+    assert list(frame["splits"]) == [1, 1, 1]  # no splits column: one kernel per chunk
     assert list(frame["speedup"]) == pytest.approx([1.2, 1.25, 1.5])
     assert list(frame["gemm_slowdown"]) == pytest.approx([1.25, 1.5, 1.1])
     assert (frame["t3_mca_speedup"] == 1.5).all() and (frame["ideal_overlap_speedup"] == 2.0).all()
     best = t3.best_decomposed(frame)
-    assert best.to_dict("records") == [{**case, "config": "decomposed", "time_s": 4.8, "speedup": 1.25, "channels": 16},
-                                       {**case, "config": "decomposed-dma", "time_s": 4.0, "speedup": 1.5, "channels": 0}]
+    assert best.to_dict("records") == [
+        {**case, "config": "decomposed", "time_s": 4.8, "speedup": 1.25, "channels": 16, "splits": 1},
+        {**case, "config": "decomposed-dma", "time_s": 4.0, "speedup": 1.5, "channels": 0, "splits": 1}]
+    split = pd.concat([decomposed.assign(splits=1), decomposed.assign(splits=2, time_s=[4.5, 4.9, 3.0])])
+    chosen = t3.best_decomposed(t3.software_overlap(split, table)).set_index("config")
+    assert (chosen.at["decomposed", "channels"], chosen.at["decomposed", "splits"]) == (8, 2)  # best CU variant
+    assert (chosen.at["decomposed-dma", "splits"], chosen.at["decomposed-dma", "time_s"]) == (1, 4.0)  # one kernel a chunk
     rest = pd.DataFrame([{**case, "setting": "prompt", "layer_rest_s": 2.0, "iteration_rest_s": 0.0, "layers": 1}])
     both = pd.DataFrame([{**case, "sublayer": "FC-2", "config": c, "time_s": 1.0} for c in ("sequential", "decomposed")])
     e2e = t3.end_to_end(rest.drop(columns="sublayer"), pd.concat([table, best, both], ignore_index=True))

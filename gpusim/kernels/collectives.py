@@ -221,15 +221,16 @@ class RingKernel:
         Payload fraction of the bytes the protocol moves (received data is inflated by its inverse
         on the links and in the staging buffer).
     local_ready
-        ``local_ready(chunk)`` is the event after which the local input chunk may be read (a
-        producer that writes it while the collective runs); ``None``: the input is complete.  With
+        ``local_ready(chunk, offset, nbytes)`` is the event after which bytes ``offset`` to
+        ``offset + nbytes`` of the local input chunk may be read (a producer that writes it while the
+        collective runs); ``None``: the input is complete.  With
         a producer every channel takes the first channel's ring: the producer writes the chunks in
         one order, the one their ring steps need, and a channel on another ring would wait for
         chunks produced late in it.
     """
 
     def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, wire_efficiency=1.0,
-                 local_ready: Callable[[int], Event] | None = None):
+                 local_ready: Callable[[int, int, int], Event] | None = None):
         self.ctx = ctx
         self.gpu = ctx.gpu
         self.env = ctx.env
@@ -302,7 +303,7 @@ class RingKernel:
                     if not arrived.processed:
                         yield arrived
                 if step.read_local and self.local_ready is not None:
-                    produced = self.local_ready(step.chunk)
+                    produced = self.local_ready(step.chunk, in_chunk, size)
                     if not produced.processed:
                         yield produced
                 reads = Join(env)
@@ -472,7 +473,7 @@ class DirectKernel:
 
 
 def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: Flags, tag: int = 0,
-             local_ready: Callable[[int], Event] | None = None):
+             local_ready: Callable[[int, int, int], Event] | None = None):
     """A DMA-driven ring collective on this rank (a generator).
 
     Reduce-scatter updates the next rank's copy of each chunk in place with near-memory
@@ -481,9 +482,10 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
     ``collectives.slice_bytes``; a slice is forwarded as soon as the previous rank's update of the
     same slice has arrived (as T3's tracker triggers a DMA when a block's updates are complete),
     so the steps overlap as the CU-driven ring's do instead of each waiting for the whole chunk.
-    ``local_ready(chunk)``, where given, is the event after which this rank's own contribution to
-    ``chunk`` is in ``buf`` (a producer writing it as updates while the ring runs); a step sends
-    nothing of its chunk before it.
+    ``local_ready(chunk, offset, nbytes)``, where given, is the event after which this rank's own
+    contribution to bytes ``offset`` to ``offset + nbytes`` of ``chunk`` is in ``buf`` (a producer
+    writing it as updates while the ring runs); a step sends none of those bytes before it, and
+    sends its slices in the order they become ready.
     """
     gpu = ctx.gpu
     env = ctx.env
@@ -516,30 +518,36 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
         base = n - 1 if kind == "ar" else 0
         plan += [(base + j, (position - j) % n, WRITE) for j in range(n - 1)]
     finished = Join(env)
+    pieces = [(s, p) for s in range(slices) for p in range(parts)]
     for step_index, chunk_index, op_kind in plan:
         landing_chunk = flags.arrival_chunk(chunk_index, 1, n, chunk, nbytes)
-        if local_ready is not None and op_kind == UPDATE:
-            produced = local_ready(chunk_index)
-            if not produced.processed:
-                yield produced
-        for s in range(slices):
-            for p, engine in enumerate(engines):
+        waits = local_ready is not None and op_kind == UPDATE
+        ready: dict[tuple[int, int], Event] = {}
+        if waits:  # every rank sends its pieces in the order they are produced, so arrivals follow it
+            for s, p in pieces:
                 start, size = piece_range(chunk_index, p, s)
-                if size <= 0:
-                    flags.raise_for_empty("data", nxt, tag, step_index + 1, p, s)
-                    continue
-                if step_index > 0:
-                    arrived = flags.event("data", me, tag, step_index, p, s)
-                    if not arrived.processed:
-                        yield arrived
-                finished.add()
+                if size > 0:
+                    ready[(s, p)] = local_ready(chunk_index, start - chunk_index * chunk, size)
+        for s, p in _in_ready_order(pieces, ready, lambda piece, c=chunk_index: sum(piece_range(c, piece[1], piece[0]))):
+            engine = engines[p]
+            start, size = piece_range(chunk_index, p, s)
+            if size <= 0:
+                flags.raise_for_empty("data", nxt, tag, step_index + 1, p, s)
+                continue
+            if waits and not ready[(s, p)].processed:
+                yield ready[(s, p)]
+            if step_index > 0:
+                arrived = flags.event("data", me, tag, step_index, p, s)
+                if not arrived.processed:
+                    yield arrived
+            finished.add()
 
-                def done(time_ns: float, step=step_index, p=p, s=s) -> None:
-                    flags.raise_at("data", nxt, time_ns, tag, step + 1, p, s)
-                    finished.done_at(time_ns)
+            def done(time_ns: float, step=step_index, p=p, s=s) -> None:
+                flags.raise_at("data", nxt, time_ns, tag, step + 1, p, s)
+                finished.done_at(time_ns)
 
-                landing = start - chunk_index * chunk + landing_chunk * chunk
-                engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + landing, op_kind, buf.cached, done))
+            landing = start - chunk_index * chunk + landing_chunk * chunk
+            engine.submit(DmaCommand(buf.addr + start, size, nxt, buf.addr + landing, op_kind, buf.cached, done))
     yield finished.close()
     # The previous rank's last step sends the chunk that this rank's next step would handle.
     last = (plan[-1][0] + 1) if plan else 0
@@ -551,6 +559,17 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
             arrived = flags.event("data", me, tag, last, p, s)
             if not arrived.processed:
                 yield arrived
+
+
+def _in_ready_order(pieces: list[tuple[int, int]], ready: dict[tuple[int, int], Event],
+                    end_of: Callable[[tuple[int, int]], int]) -> list[tuple[int, int]]:
+    """``pieces`` (slice, engine) in the order their producer finishes them: grouped by the event they
+    wait for in ``ready``, the groups in the order of the bytes they cover (``end_of``), and each group
+    in slice-then-engine order, so that every engine keeps busy; pieces without an event first."""
+    rank: dict[int, int] = {}
+    for piece in sorted(ready, key=end_of):
+        rank.setdefault(id(ready[piece]), len(rank))
+    return sorted(pieces, key=lambda piece: (rank[id(ready[piece])] if piece in ready else -1, piece))
 
 
 def ring_bandwidth(topology, rings: list[list[int]]) -> float:

@@ -66,59 +66,69 @@ def execute_decomposed_gemm_rs(ctx, op):
     if n == 1:  # nothing to reduce: the GEMM alone
         yield from execute_gemm(ctx, op)
         return
-    if op.m % n:
-        raise OpError(f"{op.label}: m = {op.m} rows do not split evenly into {n} chunks, one per rank")
+    splits = op.splits
+    if op.m % (n * splits):
+        per = f"{n} chunks, one per rank" if splits == 1 else f"{n} chunks of {splits} kernels each"
+        raise OpError(f"{op.label}: m = {op.m} rows do not split evenly into {per}")
     chunk_bytes = op.nbytes // n
+    split_bytes = chunk_bytes // splits
     protocol = simple_protocol(ctx) if op.driver == "dma" else choose_protocol(ctx, op, "rs", group)
     gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes)
 
-    problem = GemmProblem(op.m // n, op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
+    problem = GemmProblem(op.m // (n * splits), op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
     spec = whole_tile_spec(ctx, op, problem, len(gemm_cus))
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
-    a_chunk = tiles_m * spec.tile_m * padded_k(problem, spec) * size
-    a = ctx.tensor(op.a, n * a_chunk)
+    a_split = tiles_m * spec.tile_m * padded_k(problem, spec) * size
+    a = ctx.tensor(op.a, n * splits * a_split)
     b = ctx.tensor(op.b, tiles_n * spec.tile_n * padded_k(problem, spec) * size)
-    # Chunk j of the partial output starts where the reduce-scatter reads it; padded edge tiles of
-    # a chunk (when its rows are not whole tiles) spill into the next one's first bytes.  DMA-driven,
+    # Kernel i of chunk j writes its rows where the reduce-scatter reads them; padded edge tiles
+    # (when its rows are not whole tiles) spill into the next kernel's first bytes.  DMA-driven,
     # the partials are the output, uncached, as the near-memory updates that land in them need.
-    padded_chunk = tiles_m * tiles_n * spec.tile_m * spec.tile_n * size
-    partials_bytes = (n - 1) * chunk_bytes + padded_chunk
+    padded_split = tiles_m * tiles_n * spec.tile_m * spec.tile_n * size
+    partials_bytes = n * chunk_bytes - split_bytes + padded_split
     if op.driver == "dma":  # reduced in place: the op's output
         partials = replace(ctx.tensor(op.out, partials_bytes), cached=False)
     else:
         partials = ctx.tensor(None, partials_bytes)
-    produced: dict[int, Event] = {chunk: ctx.env.event() for chunk in range(n)}
+    produced: dict[tuple[int, int], Event] = {(chunk, i): ctx.env.event() for chunk in range(n) for i in range(splits)}
     position = ring_orders(ctx, group, 1)[0].index(ctx.rank)
     order = [step.chunk for step in ring_program("rs", position, n)]
 
+    def local_ready(chunk: int, offset: int, nbytes: int) -> Event:
+        """When bytes ``offset .. offset + nbytes`` of ``chunk`` are written: the chunk's kernels run in
+        order, so when the last kernel that writes them has finished."""
+        return produced[(chunk, min(splits - 1, (offset + nbytes - 1) // split_bytes))]
+
     def chunk_kernels():
         for step, chunk in enumerate(order):
-            target = _at(partials, chunk * chunk_bytes)
-            kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, chunk * a_chunk), b, target,
-                                store=_updates(ctx, target) if op.driver == "dma" else None,
-                                cu_mask=gemm_cus, name=f"gemm_chunk{step}_{spec.name}")
-            yield from ctx.launch(kernel.kernel)
-            produced[chunk].succeed()
+            for i in range(splits):
+                target = _at(partials, chunk * chunk_bytes + i * split_bytes)
+                kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, (chunk * splits + i) * a_split), b, target,
+                                    store=_updates(ctx, target) if op.driver == "dma" else None,
+                                    cu_mask=gemm_cus, name=f"gemm_chunk{step}" + (f".{i}" if splits > 1 else "")
+                                    + f"_{spec.name}")
+                yield from ctx.launch(kernel.kernel)
+                produced[(chunk, i)].succeed()
 
     gemms = ctx.env.process(chunk_kernels())
     if op.driver == "dma":
         flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
         yield ctx.env.timeout(ctx.config.collectives.launch_ns)
-        yield from dma_ring(ctx, "rs", group, op.nbytes, partials, flags, local_ready=produced.__getitem__)
+        yield from dma_ring(ctx, "rs", group, op.nbytes, partials, flags, local_ready=local_ready)
         ctx.info.update(impl=f"decomposed_dma_rs_{spec.name}")
     else:
         flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
         ring = RingKernel(ctx, "rs", group, op.nbytes, partials, ctx.tensor(op.out, op.nbytes),
                           ctx.tensor(None, chunk_bytes * 2), flags, len(comm_cus),
-                          wire_efficiency=protocol.wire_efficiency, local_ready=produced.__getitem__)
+                          wire_efficiency=protocol.wire_efficiency, local_ready=local_ready)
         ring.kernel.cu_mask = comm_cus
         set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
         yield from ctx.launch(ring.kernel, latency_ns=set_up, queue=ctx.stream.name + COMM_LANE_SUFFIX)
         ctx.info.update(impl=f"decomposed_ring_rs_{spec.name}", channels=len(comm_cus), protocol=protocol.name)
     yield gemms
-    ctx.info.update(flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes, chunks=n, gemm_cus=len(gemm_cus),
-                    workgroups=n * tiles_m * tiles_n)
+    ctx.info.update(flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes, chunks=n, splits=splits,
+                    gemm_cus=len(gemm_cus), workgroups=n * splits * tiles_m * tiles_n)
 
 
 def _split_cus(ctx, op, protocol, chunk_bytes: int) -> tuple[list[int], list[int]]:

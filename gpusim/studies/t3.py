@@ -395,15 +395,18 @@ def cu_sharing(raw: pd.DataFrame) -> pd.DataFrame:
 # -- Software overlap by decomposition (section 8.2.1's alternative to T3) ---------------------------
 DECOMPOSED_CHANNELS = (8, 16)
 """CUs the decomposed overlap's reduce-scatter may take (Fig. 8.4's 72-8 and 64-16 splits)."""
+DECOMPOSED_SPLITS = (1, 2)
+"""Kernels per chunk the study tries on the main models (one per rank, as Wang et al., or two)."""
 
 
 def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int | None = None, driver: str = "cu",
-                        mode: str = "symmetric", tokens: int | None = None) -> dict[str, Any]:
+                        mode: str = "symmetric", tokens: int | None = None, splits: int = 1) -> dict[str, Any]:
     """The sub-layer with its GEMM decomposed beside its reduce-scatter (a top-level sweep function):
     :class:`gpusim.ops.DecomposedGemmReduceScatter` with the reduce-scatter on ``channels`` CUs
     (``driver="cu"``, software alone) or on the DMA engines with near-memory updates
     (``driver="dma"``: T3's hardware without its tracker), then the all-gather, on the default
-    memory-controller policy.
+    memory-controller policy; ``splits`` kernels per chunk
+    (:class:`gpusim.ops.DecomposedGemmReduceScatter`).
 
     Returns
     -------
@@ -415,7 +418,7 @@ def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int | None
     shape = sublayer_gemm(model, sublayer, tp, tokens)
     nbytes = shape["m"] * shape["n"] * DTYPE_BYTES
     overlapped = ops.DecomposedGemmReduceScatter(**shape, dtype=DTYPE, out="y", channels=channels, driver=driver,
-                                                 name="GEMM+RS")
+                                                 splits=splits, name="GEMM+RS")
     result = run(system, [overlapped, ops.AllGather(nbytes, dtype=DTYPE, input="y", name="AG")], mode=mode)
     frame = result.ops[result.ops["gpu"] == 0].set_index("name")
     chunks = result.kernels[(result.kernels["gpu"] == 0) & result.kernels["name"].str.startswith("gemm_chunk")]
@@ -424,15 +427,17 @@ def simulate_decomposed(model: str, tp: int, sublayer: str, channels: int | None
             "ag_s": float(frame.at["AG", "duration_s"]), "wall_s": result.stats["wall_s"], "events": result.stats["events"]}
 
 
-def decomposed_points(models=MAIN_MODELS, channels=DECOMPOSED_CHANNELS, cases=None) -> list[dict[str, Any]]:
+def decomposed_points(models=MAIN_MODELS, channels=DECOMPOSED_CHANNELS, cases=None, splits=(1,)) -> list[dict[str, Any]]:
     """Sweep points of :func:`simulate_decomposed`: every sub-layer of ``models`` at their TP degrees
     (or only ``cases``, ``(model, tp, sublayer)`` triples), on CUs for every number of ``channels``,
-    and on the DMA engines."""
+    and on the DMA engines, each with every number of kernels per chunk in ``splits``."""
     points = []
     for case in sublayer_cases(models):
         if cases is None or tuple(case.values()) in cases:
-            points += [{**case, "channels": c, "driver": "cu"} for c in channels]
-            points.append({**case, "driver": "dma"})
+            for split in splits:
+                extra = {} if split == 1 else {"splits": split}
+                points += [{**case, "channels": c, "driver": "cu", **extra} for c in channels]
+                points.append({**case, "driver": "dma", **extra})
     return points
 
 
@@ -442,23 +447,28 @@ def software_overlap(decomposed: pd.DataFrame, table: pd.DataFrame) -> pd.DataFr
     Parameters
     ----------
     decomposed
-        Rows of :func:`simulate_decomposed` with ``model, tp, sublayer, driver, channels``.
+        Rows of :func:`simulate_decomposed` with ``model, tp, sublayer, driver, channels`` and
+        optionally ``splits`` (blank or missing: 1).
     table
         :func:`speedups` of the same cases.
 
     Returns
     -------
     pandas.DataFrame
-        ``model, tp, sublayer, driver, channels`` (0 for the DMA engines), ``time_s``, ``speedup``
-        (over Sequential), ``best`` (the fastest CU split of the case: software alone),
+        ``model, tp, sublayer, driver, channels`` (0 for the DMA engines), ``splits`` (kernels per
+        chunk), ``time_s``, ``speedup`` (over Sequential), ``best`` (the fastest CU variant of the
+        case, any CU split and kernels per chunk: software alone),
         ``gemm_slowdown`` (the chunked GEMM's span over Sequential's GEMM), ``exposed_rs_s``, and
         the case's ``t3_mca_speedup`` and ``ideal_overlap_speedup``.
     """
     wide = table.pivot_table(index=CASE, columns="config", values=["time_s", "speedup", "gemm_s"])
     rows = []
-    for row in decomposed.itertuples(index=False):
+    if "splits" not in decomposed.columns:
+        decomposed = decomposed.assign(splits=1)
+    for row in decomposed.fillna({"splits": 1}).itertuples(index=False):
         case = (row.model, row.tp, row.sublayer)
         rows.append(dict(zip(CASE, case), driver=row.driver, channels=0 if row.driver == "dma" else int(row.channels),
+                         splits=int(row.splits),
                          time_s=row.time_s, speedup=wide.at[case, ("time_s", "sequential")] / row.time_s,
                          gemm_slowdown=row.gemm_s / wide.at[case, ("gemm_s", "sequential")],
                          exposed_rs_s=row.exposed_rs_s,
@@ -472,11 +482,12 @@ def software_overlap(decomposed: pd.DataFrame, table: pd.DataFrame) -> pd.DataFr
 
 
 def best_decomposed(software: pd.DataFrame) -> pd.DataFrame:
-    """The best CU split of every case of :func:`software_overlap` (``config="decomposed"``) and the
-    DMA-driven variant (``config="decomposed-dma"``) as rows of :func:`speedups`, for :func:`end_to_end`."""
+    """The best CU variant of every case of :func:`software_overlap` (``config="decomposed"``) and the
+    DMA-driven one with a kernel per chunk (``config="decomposed-dma"``: T3's data path with a trigger
+    per kernel) as rows of :func:`speedups`, for :func:`end_to_end`."""
     best = software[software["best"]].drop_duplicates(CASE).assign(config="decomposed")
-    dma = software[software["driver"] == "dma"].assign(config="decomposed-dma")
-    return pd.concat([best, dma], ignore_index=True)[CASE + ["config", "time_s", "speedup", "channels"]]
+    dma = software[(software["driver"] == "dma") & (software["splits"] == 1)].assign(config="decomposed-dma")
+    return pd.concat([best, dma], ignore_index=True)[CASE + ["config", "time_s", "speedup", "channels", "splits"]]
 
 
 # -- Fig. 8.15: DRAM traffic over time ---------------------------------------------------------------

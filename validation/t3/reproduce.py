@@ -43,7 +43,8 @@ def points(subset: str) -> list[dict]:
         cases = [p for p in t3.case_points(t3.MAIN_MODELS) if (p["model"], p["tp"], p["sublayer"]) in CI_CASES]
         return t3.tagged("case", cases) + t3.tagged("decomposed", t3.decomposed_points(cases=CI_CASES))
     result = t3.tagged("case", t3.case_points(t3.MAIN_MODELS))
-    result += t3.tagged("decomposed", t3.decomposed_points(t3.MAIN_MODELS + t3.LARGE_MODELS))
+    result += t3.tagged("decomposed", t3.decomposed_points(t3.MAIN_MODELS, splits=t3.DECOMPOSED_SPLITS))
+    result += t3.tagged("decomposed", t3.decomposed_points(t3.LARGE_MODELS))
     result += t3.tagged("case", t3.case_points(t3.LARGE_MODELS))
     result += t3.tagged("case", t3.case_points(t3.MAIN_MODELS, tps=(8,), overrides={"gpu.num_cus": 160}), variant="2x-cus")
     result += t3.tagged("cu_split", t3.cu_sharing_points())
@@ -200,7 +201,7 @@ def write_plots(tables: dict[str, pd.DataFrame], out: Path) -> None:
         software = tables["software_overlap"].copy()
         software["case"] = _case_label(software)
         best = software[software["best"]]
-        dma = software[software["driver"] == "dma"].rename(columns={"speedup": "dma_speedup"})
+        dma = software[(software["driver"] == "dma") & (software["splits"] == 1)].rename(columns={"speedup": "dma_speedup"})
         wide = best.merge(dma[["case", "dma_speedup"]], on="case")
         names = {"speedup": "decomposed, CUs (best split)", "dma_speedup": "decomposed, DMA + NMC",
                  "t3_mca_speedup": "t3-mca", "ideal_overlap_speedup": "ideal-overlap"}
@@ -277,10 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         for large, models in ((False, "main models"), (True, "TP32 models")):
             frame = software[software["model"].isin(t3.LARGE_MODELS) == large]
             if len(frame):
-                best, dma = frame[frame["best"]], frame[frame["driver"] == "dma"]
-                print(f"decomposed overlap, {models}, geomean speedup over Sequential: software (best CU split) "
+                best, dma = frame[frame["best"]], frame[(frame["driver"] == "dma") & (frame["splits"] == 1)]
+                print(f"decomposed overlap, {models}, geomean speedup over Sequential: software (best CU variant) "
                       f"{t3.geomean(best['speedup']):.3f}, on DMA + NMC {t3.geomean(dma['speedup']):.3f}; "
                       f"T3-MCA {t3.geomean(best['t3_mca_speedup']):.3f} (software_overlap.csv)")
+                variants = frame.groupby(["driver", "channels", "splits"])["speedup"].apply(t3.geomean)
+                print("  by variant (driver, CUs, kernels per chunk): " + ", ".join(
+                    f"{driver}-{channels} x{splits} {value:.3f}" for (driver, channels, splits), value in variants.items()))
     if "end_to_end_replayed" in tables:
         replayed = tables["end_to_end_replayed"]
         for setting, frame in replayed.groupby("setting"):
