@@ -537,6 +537,17 @@ SETTINGS = {"training": ("train", SUBLAYERS), "prompt": ("prompt", ("OP", "FC-2"
 """End-to-end settings: the generator's phase and the sliced sub-layers it contains."""
 
 
+def _layer_trace(model: str, tp: int, setting: str):
+    """``gpusim.trace.transformer(..., layers=1, head=False)`` for ``model`` at its Table 8.2 batch and
+    sequence length in ``setting`` (training with its Adam step; the prompt phase without)."""
+    from gpusim.trace import transformer
+
+    setup = _model(model)
+    phase = SETTINGS[known_name("setting", setting, SETTINGS)][0]
+    return transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
+                       layers=1, head=False, optimizer="adam" if phase == "train" else None)
+
+
 def simulate_layer_rest(model: str, tp: int, setting: str, mode: str = "symmetric") -> dict[str, Any]:
     """One transformer layer of ``model`` from the workloads trace generator, simulated (a sweep function).
 
@@ -550,13 +561,9 @@ def simulate_layer_rest(model: str, tp: int, setting: str, mode: str = "symmetri
         all-reduces); ``iteration_rest_s``: operators that run once per iteration (the embedding's
         optimizer step); ``layers``; ``trace_layer_s``: the whole simulated layer.
     """
-    from gpusim.trace import transformer
-
     setup = _model(model)
-    known_name("setting", setting, SETTINGS)
-    phase, sublayers = SETTINGS[setting]
-    trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
-                        layers=1, head=False, optimizer="adam" if phase == "train" else None)
+    trace = _layer_trace(model, tp, setting)
+    sublayers = SETTINGS[setting][1]
     result = run(load_system(node_for(tp)), trace, mode=mode)
     ops = result.ops[result.ops["gpu"] == 0]
     sliced = {f"L0.{name}" for sublayer in sublayers for name in SLICED_OPS[sublayer]}
@@ -641,15 +648,11 @@ def simulate_layer_replayed(model: str, tp: int, setting: str, config: str, mode
         outside the layer), ``layers``, ``overlapped`` (rewritten GEMM/collective pairs) and simulator
         statistics.
     """
-    from gpusim.trace import transformer
     from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
 
     setup = _model(model)
-    known_name("setting", setting, SETTINGS)
     function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
-    phase = SETTINGS[setting][0]
-    trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
-                        layers=1, head=False, optimizer="adam" if phase == "train" else None)
+    trace = _layer_trace(model, tp, setting)
     overlapped = 0
     if function is not None:
         trace = overlap_gemm_collectives(trace, function, channels)
