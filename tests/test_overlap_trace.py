@@ -149,8 +149,9 @@ def test_a_gemm_with_other_gemms_between_it_and_its_reduction_is_found_by_its_ou
 @pytest.mark.parametrize(("trace", "function", "reason"), [
     (gemm_then("allreduce", extra=[]).frame.assign(bytes=OUT // 2), "t3", "no GEMM whose output it reduces"),
     (gemm_then("allreduce").frame.assign(algorithm="hierarchical"), "t3", "hierarchical"),
-    (gemm_then("allreduce").frame.assign(batch=2, bytes=2 * OUT), "decomposed", "a batch of 2"),
-    (gemm_then("allreduce").frame.assign(m=M - 2, bytes=(M - 2) * N * 2), "decomposed_dma", "does not split over 4"),
+    (gemm_then("allreduce").frame.assign(batch=2, bytes=2 * OUT), "decomposed", "decomposed: the GEMM's batch must be 1 (the chunks are cut along m), got 2"),
+    (gemm_then("allreduce").frame.assign(m=M - 2, bytes=(M - 2) * N * 2), "decomposed_dma",
+     "decomposed_dma: the GEMM's m must split evenly over the 4 ranks of the group, got 1022"),
 ])  # fmt: skip
 def test_a_collective_the_rewrite_cannot_overlap_is_left_as_it_was_and_reported(trace, function, reason):
     before = Trace(trace)

@@ -28,7 +28,14 @@ import pandas as pd
 from gpusim.checks import as_int, one_of
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
-from gpusim.trace.schema import OVERLAP_FUNCTIONS, SHAPE_FIELDS, format_ints, parse_deps, parse_ints
+from gpusim.trace.schema import (
+    OVERLAP_FUNCTIONS,
+    SHAPE_FIELDS,
+    decomposition_problem,
+    format_ints,
+    parse_deps,
+    parse_ints,
+)
 from gpusim.trace.trace import Trace
 
 OVERLAPPED_COLLECTIVES = ("reducescatter", "allreduce")
@@ -115,11 +122,10 @@ def _pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair
             continue
         gemm = frame.loc[next(iter(gemms.values()))]
         ranks = len(parse_ints(first["group"]))  # 0: every GPU of the system, known when it is replayed
-        if function != "t3" and gemm["batch"] != 1:
-            skip(f"{function} cuts one GEMM along m, and this one is a batch of {gemm['batch']}")
-            continue
-        if function != "t3" and ranks and gemm["m"] % ranks:
-            skip(f"{function} cuts m = {gemm['m']} into a chunk per rank, and it does not split over {ranks} ranks")
+        problem = None if function == "t3" else decomposition_problem(int(gemm["m"]), int(gemm["batch"]), ranks)
+        if problem:
+            field, message = problem
+            skip(f"{function}: the GEMM's {field} {message}, got {gemm[field]}")
             continue
         late = [dep for p in positions for dep in finder.deps[p]
                 if finder.position_of[(dep, int(frame.at[p, "gpu"]))] > gemms[int(frame.at[p, "gpu"])]]

@@ -441,18 +441,25 @@ def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
         if row["collective"] != "reducescatter":
             raise _fail(frame, int(position), source, "collective",
                         f"must be reducescatter for a {function} gemm_collective row, got {format_value(row['collective'])}")
-        if row["batch"] != 1:
-            raise _fail(frame, int(position), source, "batch",
-                        f"must be 1 for a {function} gemm_collective row (its chunks are cut along m), "
-                        f"got {format_value(row['batch'])}")
         try:
             ranks = len(parse_ints(row["group"]))
         except ValueError:
-            continue  # _parse_lists names the bad group
-        if ranks and row["m"] % ranks:
-            raise _fail(frame, int(position), source, "m",
-                        f"must split evenly over the {ranks} ranks of the group for a {function} gemm_collective "
-                        f"row, got {format_value(row['m'])}")
+            ranks = 0  # _parse_lists names the bad group
+        problem = decomposition_problem(int(row["m"]), int(row["batch"]), ranks)
+        if problem:
+            field, message = problem
+            raise _fail(frame, int(position), source, field, f"{message} for a {function} gemm_collective row, "
+                        f"got {format_value(row[field])}")
+
+
+def decomposition_problem(m: int, batch: int, ranks: int) -> tuple[str, str] | None:
+    """Why a GEMM of ``m`` rows and ``batch`` cannot be decomposed into a kernel per rank of ``ranks``
+    (0: not known yet), as ``(field, what it must be)``; None when it can."""
+    if batch != 1:
+        return "batch", "must be 1 (the chunks are cut along m)"
+    if ranks and m % ranks:
+        return "m", f"must split evenly over the {ranks} ranks of the group"
+    return None
 
 
 def _parse_lists(frame: pd.DataFrame, source: str) -> tuple[list[list[int]], list[list[int]]]:
