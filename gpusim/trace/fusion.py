@@ -214,7 +214,8 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
         for position in pair.collective:
             gpu = int(frame.at[position, "gpu"])
             if frame.at[position, "collective"] == "allreduce":  # the reduce-scatter is overlapped; gather the sums
-                rows[position] = {**rows[position], "collective": "allgather", "deps": str(next_id)}
+                rows[position] = {**rows[position], "collective": "allgather", "deps": str(next_id),
+                                  "measured_s": float("nan")}  # the all-reduce's measured time is not the gather's
             else:
                 dropped.add(position)
                 remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
