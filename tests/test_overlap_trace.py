@@ -54,6 +54,10 @@ def test_a_gemm_collective_row_is_t3_unless_it_says_otherwise():
     ({"function": "decomposed", "m": 1023, "group": "0 1"}, "m", "split evenly over the 2 ranks"),
     ({"channels": 8}, "channels", "must be blank for a t3"),
     ({"function": "decomposed", "channels": 0}, "channels", "positive whole number"),
+    ({"splits": 2}, "splits", "must be blank except on a decomposed or decomposed_dma gemm_collective row"),
+    ({"function": "decomposed", "splits": 0}, "splits", "positive whole number of kernels"),
+    ({"function": "decomposed", "m": 1026, "group": "0 1", "splits": 2}, "m",
+     "split evenly over the 2 ranks of the group x 2 kernels per chunk"),
     ({"k": 0}, "k", "positive whole number"),
 ])  # fmt: skip
 def test_a_bad_gemm_collective_row_names_its_field(fields, field, expected):
@@ -61,10 +65,12 @@ def test_a_bad_gemm_collective_row_names_its_field(fields, field, expected):
         Trace(overlap_row(**fields), "bad.csv")
 
 
-@pytest.mark.parametrize("function", ["t3", "decomposed", "decomposed_dma"])
-def test_a_replayed_row_is_the_op_it_describes(function):
+@pytest.mark.parametrize(("function", "fields"), [
+    ("t3", {}), ("decomposed", {"channels": 8}), ("decomposed_dma", {}), ("decomposed", {"channels": 8, "splits": 2}),
+    ("decomposed_dma", {"splits": 4}),
+])  # fmt: skip
+def test_a_replayed_row_is_the_op_it_describes(function, fields):
     """The row replays exactly as the op run directly (same simulation, same time)."""
-    fields = {"channels": 8} if function == "decomposed" else {}
     trace = Trace(pd.DataFrame([dict(op_id=1, gpu=gpu, stream="compute", kind="gemm_collective", m=M, n=N, k=K,
                                      collective="reducescatter", group=GROUP, function=function, **fields)
                                 for gpu in range(4)]))
@@ -109,6 +115,13 @@ def test_an_all_reduce_becomes_the_overlapped_reduce_scatter_then_an_all_gather(
     result = gpusim.run(RING4, trace, mode="symmetric")
     direct = gpusim.run(RING4, [ops.GemmReduceScatter(M, N, K), ops.AllGather(OUT)], mode="symmetric")
     assert result.time_s == pytest.approx(direct.time_s, rel=1e-9)
+
+
+def test_a_decomposition_with_several_kernels_per_chunk_is_written_on_its_rows():
+    rewritten = overlap_gemm_collectives(gemm_then("reducescatter"), "decomposed_dma", splits=2)
+    assert set(rewritten.frame["splits"]) == {2}
+    unsplittable = overlap_gemm_collectives(gemm_then("reducescatter", shape=(M + 4, N, K)), "decomposed_dma", splits=2)
+    assert "x 2 kernels per chunk" in overlap_report(unsplittable)["reason"].iloc[0]
 
 
 def test_overlapping_shortens_a_large_sub_layer_against_gemm_then_all_reduce():
@@ -172,10 +185,14 @@ def test_a_collective_fed_by_a_named_non_gemm_op_is_not_overlapped():
 def test_bad_arguments_are_config_errors():
     with pytest.raises(ConfigError, match="function.*t3, decomposed, decomposed_dma"):
         overlap_gemm_collectives(gemm_then("allreduce"), "nccl")
-    with pytest.raises(ConfigError, match="'channels' applies to function 'decomposed' only"):
+    with pytest.raises(ConfigError, match=r"'channels' \(the CUs of its ring\) applies to function 'decomposed' only"):
         overlap_gemm_collectives(gemm_then("allreduce"), "t3", channels=8)
     with pytest.raises(ConfigError, match="positive whole number"):
         overlap_gemm_collectives(gemm_then("allreduce"), "decomposed", channels=0)
+    with pytest.raises(ConfigError, match="'splits' .* applies to function 'decomposed' or 'decomposed_dma' only"):
+        overlap_gemm_collectives(gemm_then("allreduce"), "t3", splits=2)
+    with pytest.raises(ConfigError, match="'splits' must be a positive whole number"):
+        overlap_gemm_collectives(gemm_then("allreduce"), "decomposed_dma", splits=0)
 
 
 @pytest.mark.parametrize(("options", "overlapped"), [

@@ -152,6 +152,8 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--overlap-channels applies to --overlap decomposed"),
     (["simulate", "--model", "bert-base", "--overlap", "t3", "--overlap-channels", "8"],
      "--overlap-channels applies to --overlap decomposed"),
+    (["simulate", "--model", "bert-base", "--overlap", "t3", "--overlap-splits", "2"],
+     "--overlap-splits applies to --overlap decomposed and decomposed_dma"),
     (["validate-trace", TRACE, "--iteration", "2"],
      f"--iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
     (["validate-trace", TRACE, "--dataflow"],

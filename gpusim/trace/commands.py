@@ -162,8 +162,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace = load_any(args.trace, unsupported=args.unsupported or "error")
     if args.overlap_channels is not None and args.overlap != "decomposed":
         raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed")
+    if args.overlap_splits is not None and args.overlap not in ("decomposed", "decomposed_dma"):
+        raise GpusimError("simulate: --overlap-splits applies to --overlap decomposed and decomposed_dma")
     if args.overlap:
-        trace = overlap_gemm_collectives(trace, args.overlap, args.overlap_channels)
+        trace = overlap_gemm_collectives(trace, args.overlap, args.overlap_channels, args.overlap_splits or 1)
         _report_overlap(trace)
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
@@ -331,6 +333,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                              "overlapped reduce-scatter and an all-gather")
     parser.add_argument("--overlap-channels", type=positive_int,
                         help="--overlap decomposed: CUs of its ring (default: the node's collectives.cus)")
+    parser.add_argument("--overlap-splits", type=positive_int,
+                        help="--overlap decomposed or decomposed_dma: kernels per rank's chunk (default: 1)")
     parser.add_argument("--policy", choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one; t3-mca for T3-MCA)")
     _common(parser)

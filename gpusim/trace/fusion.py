@@ -92,7 +92,7 @@ class _Finder:
         return None
 
 
-def _pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair]:
+def _pairs(frame: pd.DataFrame, function: str, splits: int, report: list[dict]) -> list[_Pair]:
     """Every collective that ``function`` can overlap with its GEMM; the others are reported as skipped."""
     finder = _Finder(frame)
     candidates = frame[(frame["kind"] == "collective") & frame["collective"].isin(OVERLAPPED_COLLECTIVES)]
@@ -122,7 +122,7 @@ def _pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair
             continue
         gemm = frame.loc[next(iter(gemms.values()))]
         ranks = len(parse_ints(first["group"]))  # 0: every GPU of the system, known when it is replayed
-        problem = None if function == "t3" else decomposition_problem(int(gemm["m"]), int(gemm["batch"]), ranks)
+        problem = None if function == "t3" else decomposition_problem(int(gemm["m"]), int(gemm["batch"]), ranks, splits)
         if problem:
             field, message = problem
             skip(f"{function}: the GEMM's {field} {message}, got {gemm[field]}")
@@ -139,7 +139,7 @@ def _pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair
 
 
 def _overlapped_row(frame: pd.DataFrame, pair: _Pair, gpu: int, op_id: int, function: str,
-                    channels: int | None) -> dict:
+                    channels: int | None, splits: int) -> dict:
     """The ``gemm_collective`` row that takes the place of ``pair``'s GEMM row on ``gpu``."""
     gemm = frame.loc[pair.gemm[gpu]]
     collective = frame.loc[next(p for p in pair.collective if int(frame.at[p, "gpu"]) == gpu)]
@@ -148,13 +148,14 @@ def _overlapped_row(frame: pd.DataFrame, pair: _Pair, gpu: int, op_id: int, func
     return {
         **gemm.to_dict(), "op_id": op_id, "kind": "gemm_collective", "collective": "reducescatter",
         "group": collective["group"], "algorithm": collective["algorithm"], "function": function, "bytes": pd.NA,
-        "channels": pd.NA if channels is None else channels,
+        "channels": pd.NA if channels is None else channels, "splits": pd.NA if splits == 1 else splits,
         "deps": format_ints(dict.fromkeys([*parse_ints(gemm["deps"]), *extra])), "name": "+".join(names),
         "measured_s": float("nan"), "kernel_class": "",
     }  # fmt: skip
 
 
-def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int | None = None) -> Trace:
+def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int | None = None,
+                             splits: int = 1) -> Trace:
     """``trace`` with each GEMM and the reduce-scatter or all-reduce of its output overlapped.
 
     Parameters
@@ -170,6 +171,9 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
     channels
         CUs of the ``decomposed`` ring (default: the node's ``collectives.cus``, fewer for small
         chunks; the GEMM kernels get the others).  Only for ``"decomposed"``.
+    splits
+        Kernels per rank's chunk of a decomposition (default 1, Wang et al.'s scheme); the ring sends a
+        chunk's rows as the kernel writing them finishes.  Not for ``"t3"``.
 
     Returns
     -------
@@ -184,20 +188,23 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
     Raises
     ------
     gpusim.errors.ConfigError
-        An unknown ``function``, or ``channels`` that is not a positive integer or is given for
-        another function.
+        An unknown ``function``, or ``channels`` or ``splits`` that is not a positive integer or is
+        given for a function that has none.
     """
     one_of("function", function, OVERLAP_FUNCTIONS, "overlap_gemm_collectives()")
-    if channels is not None:
-        if function != "decomposed":
-            raise ConfigError(f"overlap_gemm_collectives(): 'channels' applies to function 'decomposed' only (the CUs of "
-                              f"its ring), not to {function!r}")
-        if (as_int(channels) or 0) <= 0:
-            raise ConfigError(f"overlap_gemm_collectives(): 'channels' must be a positive whole number of CUs, "
-                              f"got {channels!r}")
+    for name, value, default, functions, what in (("channels", channels, None, ("decomposed",), "the CUs of its ring"),
+                                                  ("splits", splits, 1, ("decomposed", "decomposed_dma"),
+                                                   "the kernels of each chunk")):
+        if value == default:
+            continue
+        if (as_int(value) or 0) <= 0:
+            raise ConfigError(f"overlap_gemm_collectives(): '{name}' must be a positive whole number, got {value!r}")
+        if function not in functions:
+            raise ConfigError(f"overlap_gemm_collectives(): '{name}' ({what}) applies to function "
+                              f"{' or '.join(repr(f) for f in functions)} only, not to {function!r}")
     frame = trace.frame
     report: list[dict] = []
-    pairs = _pairs(frame, function, report)
+    pairs = _pairs(frame, function, splits, report)
     metadata = {**trace.metadata, "overlap": {"function": function, "report": report}}
     if not pairs:
         return Trace(frame, trace.source, metadata)
@@ -209,7 +216,7 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
     for pair, entry in zip(pairs, entries):
         entry["overlapped_op_id"] = next_id
         for gpu, position in pair.gemm.items():
-            rows[position] = _overlapped_row(frame, pair, gpu, next_id, function, channels)
+            rows[position] = _overlapped_row(frame, pair, gpu, next_id, function, channels, splits)
             remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
         for position in pair.collective:
             gpu = int(frame.at[position, "gpu"])

@@ -56,8 +56,9 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
             return ops.Gemm(*shape, batch=int(row.batch), ranks=ranks, **gemm)
         group = parse_ints(row.group) or None
         if row.function in DECOMPOSED_DRIVERS:
+            splits = 1 if pd.isna(row.splits) else int(row.splits)
             return ops.DecomposedGemmReduceScatter(*shape, driver=DECOMPOSED_DRIVERS[row.function],
-                                                   channels=_channels(row), ranks=group, **gemm)
+                                                   channels=_channels(row), splits=splits, ranks=group, **gemm)
         return FUSED_OPS[row.collective](*shape, batch=int(row.batch), algorithm=row.algorithm, ranks=group, **gemm)
     if kind == "elementwise":
         rows = None if pd.isna(row.rows) or not row.rows else int(row.rows)

@@ -46,6 +46,8 @@ algorithm       str      collective algorithm (``ring``, ``direct``, ``hierarchi
 channels        int      CUs of a CU-driven collective (``collective``, a ``decomposed``
                          ``gemm_collective``; blank: the node's ``collectives.cus``, fewer for small
                          messages)
+splits          int      kernels per rank's chunk of a ``decomposed`` or ``decomposed_dma``
+                         ``gemm_collective`` (blank: 1)
 dtype           str      element type (default ``fp16``)
 deps            ints     op_ids on the same GPU that must finish before this row starts
 delay_s         float    duration of a ``delay`` row, s
@@ -105,7 +107,7 @@ KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "attention", "collective",
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len",
-               "head_dim", "bytes", "channels", "layer", "step")
+               "head_dim", "bytes", "channels", "splits", "layer", "step")
 FLOAT_COLUMNS = ("delay_s", "measured_s", "issue_s")
 MAX_SECONDS = 1e6
 """Largest time a trace may give (``delay_s``, ``measured_s``, ``issue_s``), s: about 11.6 days, where the
@@ -119,7 +121,8 @@ TEXT_COLUMNS = (
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
     "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
-    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "channels", "dtype", "deps", "delay_s",
+    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "channels", "splits", "dtype", "deps",
+    "delay_s",
     "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
@@ -139,7 +142,7 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "optimizer": ("function", "tensor_sizes", "optimizer_impl", "dtype"),
     "delay": ("delay_s",),
     "gemm_collective": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel", "collective", "group",
-                        "algorithm", "channels", "function"),
+                        "algorithm", "channels", "splits", "function"),
 }
 """Fields that define what a row of each kind computes (rows of one op_id must agree on them)."""
 
@@ -365,12 +368,13 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
             raise _fail(frame, position, source, "algorithm",
                         f"must be one of {', '.join(allowed)} for a {kind} row, "
                         f"got {format_value(frame['algorithm'].iloc[position])}")
-    channels = frame["channels"]
-    bad = (channels.notna() & (channels.fillna(1) <= 0)).to_numpy()
-    if bad.any():
-        position = int(np.flatnonzero(bad)[0])
-        raise _fail(frame, position, source, "channels",
-                    f"must be blank or a positive whole number of CUs, got {format_value(channels.iloc[position])}")
+    for column, what in (("channels", "CUs"), ("splits", "kernels")):
+        values = frame[column]
+        bad = (values.notna() & (values.fillna(1) <= 0)).to_numpy()
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _fail(frame, position, source, column,
+                        f"must be blank or a positive whole number of {what}, got {format_value(values.iloc[position])}")
     _check_overlaps(frame, source)
     bad = (kinds == "optimizer") & ~frame["optimizer_impl"].isin(("", *OPTIMIZER_IMPLS)).to_numpy()
     if bad.any():
@@ -435,6 +439,12 @@ def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
                     f"must be blank for a {frame['function'].iloc[position]} gemm_collective row (no CU drives its "
                     f"collective; only a decomposed one has channels), got {format_value(frame['channels'].iloc[position])}")
     decomposed = overlap & frame["function"].str.startswith("decomposed").to_numpy()
+    bad = ~decomposed & frame["splits"].notna().to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "splits",
+                    "must be blank except on a decomposed or decomposed_dma gemm_collective row (the kernels of "
+                    f"each rank's chunk), got {format_value(frame['splits'].iloc[position])}")
     for position in np.flatnonzero(decomposed):
         row = frame.iloc[position]
         function = row["function"]
@@ -445,20 +455,22 @@ def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
             ranks = len(parse_ints(row["group"]))
         except ValueError:
             ranks = 0  # _parse_lists names the bad group
-        problem = decomposition_problem(int(row["m"]), int(row["batch"]), ranks)
+        splits = 1 if pd.isna(row["splits"]) else int(row["splits"])
+        problem = decomposition_problem(int(row["m"]), int(row["batch"]), ranks, splits)
         if problem:
             field, message = problem
             raise _fail(frame, int(position), source, field, f"{message} for a {function} gemm_collective row, "
                         f"got {format_value(row[field])}")
 
 
-def decomposition_problem(m: int, batch: int, ranks: int) -> tuple[str, str] | None:
-    """Why a GEMM of ``m`` rows and ``batch`` cannot be decomposed into a kernel per rank of ``ranks``
-    (0: not known yet), as ``(field, what it must be)``; None when it can."""
+def decomposition_problem(m: int, batch: int, ranks: int, splits: int = 1) -> tuple[str, str] | None:
+    """Why a GEMM of ``m`` rows and ``batch`` cannot be decomposed into ``splits`` kernels per rank of
+    ``ranks`` (0: not known yet), as ``(field, what it must be)``; None when it can."""
     if batch != 1:
         return "batch", "must be 1 (the chunks are cut along m)"
-    if ranks and m % ranks:
-        return "m", f"must split evenly over the {ranks} ranks of the group"
+    if ranks and m % (ranks * splits):
+        per = "" if splits == 1 else f" x {splits} kernels per chunk"
+        return "m", f"must split evenly over the {ranks} ranks of the group{per}"
     return None
 
 
