@@ -111,6 +111,7 @@ def test_an_all_reduce_becomes_the_overlapped_reduce_scatter_then_an_all_gather(
     gather = frame.iloc[1]
     assert (gather["op_id"], gather["collective"], gather["bytes"]) == (2, "allgather", OUT)
     assert frame["measured_s"].isna().all()  # neither row is what was measured
+    assert gather["name"] == "mlp_reduce.allgather"
     assert parse_ints(gather["deps"]) == [int(frame["op_id"].iloc[0])]
     result = gpusim.run(RING4, trace, mode="symmetric")
     direct = gpusim.run(RING4, [ops.GemmReduceScatter(M, N, K), ops.AllGather(OUT)], mode="symmetric")
@@ -203,9 +204,13 @@ def test_bad_arguments_are_config_errors():
 ])  # fmt: skip
 def test_the_generator_layers_tensor_parallel_reductions_are_overlapped(options, overlapped):
     trace = transformer(TINY, tp=4, batch=4, seq_len=64, layers=1, head=False, optimizer=None, **options)
-    report = overlap_report(overlap_gemm_collectives(trace))
+    rewritten = overlap_gemm_collectives(trace)
+    report = overlap_report(rewritten)
     done = report[report["status"] == "overlapped"]
     assert done["name"].tolist() == [f"L0.{name}" for name in overlapped]
+    gathers = rewritten.frame.loc[rewritten.frame["collective"] == "allgather", "name"].unique().tolist()
+    if not options.get("sequence_parallel"):  # each all-reduce left its all-gather, named as such
+        assert gathers == [f"L0.{name.replace('allreduce', 'allgather')}" for name in overlapped]
 
 
 @settings(max_examples=15, deadline=None)

@@ -222,6 +222,7 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
             gpu = int(frame.at[position, "gpu"])
             if frame.at[position, "collective"] == "allreduce":  # the reduce-scatter is overlapped; gather the sums
                 rows[position] = {**rows[position], "collective": "allgather", "deps": str(next_id),
+                                  "name": _gather_name(rows[position]["name"]),
                                   "measured_s": float("nan")}  # the all-reduce's measured time is not the gather's
             else:
                 dropped.add(position)
@@ -232,6 +233,14 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
         deps = [remap.get((int(row["gpu"]), dep), dep) for dep in parse_ints(row["deps"])]
         row["deps"] = format_ints(dep for dep in dict.fromkeys(deps) if dep != row["op_id"])
     return Trace(pd.DataFrame(out, columns=frame.columns), f"{trace.source} (overlapped: {function})", metadata)
+
+
+def _gather_name(name: str) -> str:
+    """The name of the all-gather that takes an all-reduce's place: ``allreduce`` in it becomes
+    ``allgather`` (``L0.attn_allreduce`` -> ``L0.attn_allgather``), or ``.allgather`` is added."""
+    if not name:
+        return name
+    return name.replace("allreduce", "allgather") if "allreduce" in name else f"{name}.allgather"
 
 
 def overlap_report(trace: Trace) -> pd.DataFrame:
