@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = "benchmarks/run_benchmarks.py"
 T3 = "validation/t3/reproduce.py"
 T3_MODES = "validation/t3/full_vs_symmetric.py"
+T3_LAYOUTS = "validation/t3/megatron_layouts.py"
 NMC = "validation/nmc_optimizer/reproduce.py"
 CONCURRENCY = "validation/concurrency/reproduce.py"
 FIT = "validation/calibration/fit.py"
@@ -29,6 +30,8 @@ BAD = {  # name: (script, arguments, a part of the error line)
     "benchmark --repeat -5": (BENCHMARKS, ["--repeat", "-5"], "argument --repeat: expected a positive integer"),
     "t3 --out an existing file": (T3, ["--out", "file", "--subset", "ci"], "--out file: file is a file, not a folder"),
     "t3 modes --out under a file": (T3_MODES, ["--out", "file/out"], "--out file/out: file is a file, not a folder"),
+    "t3 layouts --out an existing file": (T3_LAYOUTS, ["--out", "file"], "--out file: file is a file, not a folder"),
+    "t3 layouts --models unknown": (T3_LAYOUTS, ["--out", "out", "--models", "GPT-5"], "argument --models: invalid choice"),
     "nmc --out unwritable": (NMC, ["--out", "/proc/gpusim-out", "--quick"], "--out /proc/gpusim-out: cannot create the folder"),
     "concurrency --set unknown field": (CONCURRENCY, ["--out", "out", "--quick", "--set", "gpu.nonexistent=3"],
                                         "gpu has no field 'nonexistent'"),

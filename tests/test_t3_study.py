@@ -165,6 +165,23 @@ def test_end_to_end_replayed_scales_the_replayed_layer_and_sets_the_substituted_
     assert e2e.at["t3-mca", "substituted_speedup"] == 1.2 and pd.isna(e2e.at["decomposed-8", "substituted_speedup"])
 
 
+def test_megatron_layouts_compare_each_iteration_with_both_sequential_baselines():
+    rows = [("tp", "sequential", 10.0), ("tp", "t3-mca", 8.0), ("sp", "sequential", 9.0), ("sp", "t3-mca", 7.5)]
+    raw = pd.DataFrame([{"model": "T-NLG", "phase": "prompt", "layout": layout, "config": config, "time_s": time_s,
+                         "overlapped": 0 if config == "sequential" else 4} for layout, config, time_s in rows])
+    table = t3.megatron_layouts(raw).set_index(["layout", "config"])
+    assert table.at[("sp", "t3-mca"), "speedup"] == pytest.approx(10 / 7.5)
+    assert table.at[("sp", "t3-mca"), "layout_speedup"] == pytest.approx(9 / 7.5)
+    assert table.at[("tp", "t3-mca"), "layout_speedup"] == table.at[("tp", "t3-mca"), "speedup"] == pytest.approx(1.25)
+
+
+def test_megatron_layout_points_run_async_in_training_only():
+    points = pd.DataFrame(t3.megatron_layout_points(("T-NLG",)))
+    assert set(points.loc[points["phase"] == "prompt", "layout"]) == {"tp", "sp"}
+    assert set(points.loc[points["phase"] == "train", "layout"]) == {"tp", "sp", "async"}
+    assert len(points) == (2 + 3) * 3
+
+
 def test_a_replayed_layer_overlaps_its_four_sublayers_and_gains():
     """The prompt phase: the attention and MLP blocks' all-reduces are overlapped with their GEMMs."""
     sequential = t3.simulate_layer_replayed("Mega-GPT-2", 8, "prompt", "sequential")
@@ -190,6 +207,7 @@ def test_an_unknown_model_lists_the_known_ones():
     (lambda: t3.sublayer_gemm("T-NLG", "OP", 8, tokens=-5), "tokens must be a positive integer"),
     (lambda: t3.simulate_layer_rest("T-NLG", 8, "bogus"), "unknown setting 'bogus'"),
     (lambda: t3.simulate_layer_replayed("T-NLG", 8, "prompt", "t4"), "unknown configuration 't4'; known: sequential"),
+    (lambda: t3.simulate_megatron_layout("T-NLG", "prompt", "zero", "t3-mca"), "unknown layout 'zero'; known: tp, sp"),
 ])
 def test_bad_study_arguments_are_config_errors(call, message):
     with pytest.raises(gpusim.ConfigError, match=message):

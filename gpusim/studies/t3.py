@@ -703,17 +703,73 @@ def end_to_end_replayed(replayed: pd.DataFrame, substituted: pd.DataFrame | None
     return frame
 
 
+MEGATRON_LAYOUTS = {"tp": {}, "sp": {"sequence_parallel": True}, "async": {"async_tp_backward": True}}
+"""How Megatron-LM lays out a tensor-parallel layer's communication: all-reduces after the GEMMs
+(``tp``), sequence parallelism's reduce-scatters and all-gathers (``sp``), or the backward all-reduces
+overlapping the weight gradients (``async``, ``--async-tensor-model-parallel-allreduce``)."""
+
+
+def simulate_megatron_layout(model: str, phase: str, layout: str, config: str, tp: int = 8,
+                             layers: int = 2) -> dict[str, Any]:
+    """``layers`` generated layers of ``model`` (Table 8.2 batch and sequence length, no embedding or
+    output layer; training with its Adam step) in a Megatron-LM ``layout`` (:data:`MEGATRON_LAYOUTS`),
+    overlapped as ``config`` (:data:`REPLAYED_CONFIGS`) and replayed on :func:`node_for` ``tp`` in
+    symmetric mode (a sweep function).
+
+    Returns
+    -------
+    dict
+        ``time_s`` (the iteration), ``overlapped`` (rewritten GEMM/collective pairs) and simulator statistics.
+    """
+    from gpusim.trace import transformer
+    from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+
+    setup = _model(model)
+    function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
+    trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
+                        layers=layers, head=False, **MEGATRON_LAYOUTS[known_name("layout", layout, MEGATRON_LAYOUTS)])
+    overlapped = 0
+    if function is not None:
+        trace = overlap_gemm_collectives(trace, function, channels)
+        overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
+    result = trace.replay(load_system(node_for(tp)), mode="symmetric", memory_policy=policy)
+    return {"time_s": result.time_s, "overlapped": overlapped, "wall_s": result.stats["wall_s"],
+            "events": result.stats["events"]}
+
+
+def megatron_layout_points(models=MAIN_MODELS, configs=("sequential", "t3-mca", "decomposed-dma")) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_megatron_layout`: the prompt phase in the ``tp`` and ``sp``
+    layouts, training in all three, each in every configuration."""
+    layouts = {"prompt": ("tp", "sp"), "train": tuple(MEGATRON_LAYOUTS)}
+    return [{"model": m, "phase": phase, "layout": layout, "config": config}
+            for m in models for phase, names in layouts.items() for layout in names for config in configs]
+
+
+def megatron_layouts(raw: pd.DataFrame) -> pd.DataFrame:
+    """Speedups of :func:`simulate_megatron_layout` rows: ``speedup`` over the ``tp`` layout's
+    sequential iteration and ``layout_speedup`` over the same layout's sequential one."""
+    keys = ["model", "phase"]
+    frame = raw[[*keys, "layout", "config", "overlapped", "time_s"]].copy()
+    sequential = frame[frame["config"] == "sequential"].set_index([*keys, "layout"])["time_s"]
+    frame["speedup"] = [sequential[(m, p, "tp")] / t for m, p, t in zip(frame["model"], frame["phase"], frame["time_s"])]
+    frame["layout_speedup"] = [sequential[(m, p, layout)] / t
+                               for m, p, layout, t in zip(frame["model"], frame["phase"], frame["layout"], frame["time_s"])]
+    return frame
+
+
 # -- one sweep for everything ------------------------------------------------------------------------
 def run_point(study: str, variant: str = "base", **params: Any):
     """Run one point of any part of the study (a top-level function for :func:`gpusim.sweep.sweep`).
 
     ``study`` is ``case`` (:func:`simulate_case`), ``cu_split`` (:func:`simulate_cu_split`),
     ``layer`` (:func:`simulate_layer_rest`), ``decomposed`` (:func:`simulate_decomposed`),
-    ``replayed`` (:func:`simulate_layer_replayed`) or ``timeline`` (:func:`dram_timeline`, many rows);
+    ``replayed`` (:func:`simulate_layer_replayed`), ``layout`` (:func:`simulate_megatron_layout`) or
+    ``timeline`` (:func:`dram_timeline`, many rows);
     ``variant`` only labels the rows (e.g. ``"2x-cus"``).
     """
     functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
-                 "decomposed": simulate_decomposed, "replayed": simulate_layer_replayed, "timeline": dram_timeline}
+                 "decomposed": simulate_decomposed, "replayed": simulate_layer_replayed,
+                 "layout": simulate_megatron_layout, "timeline": dram_timeline}
     return functions[known_name("study part", study, functions)](**params)
 
 
