@@ -175,6 +175,13 @@ def test_megatron_layouts_compare_each_iteration_with_both_sequential_baselines(
     assert table.at[("tp", "t3-mca"), "layout_speedup"] == table.at[("tp", "t3-mca"), "speedup"] == pytest.approx(1.25)
 
 
+def test_a_sequence_parallel_layer_overlaps_its_reduce_scatters_and_gains():
+    sequential = t3.simulate_megatron_layout("Mega-GPT-2", "prompt", "sp", "sequential", layers=1)
+    fused = t3.simulate_megatron_layout("Mega-GPT-2", "prompt", "sp", "t3-mca", layers=1)
+    assert (sequential["overlapped"], fused["overlapped"]) == (0, 2)
+    assert 1.05 < sequential["time_s"] / fused["time_s"] < 1.5
+
+
 def test_megatron_layout_points_run_async_in_training_only():
     points = pd.DataFrame(t3.megatron_layout_points(("T-NLG",)))
     assert set(points.loc[points["phase"] == "prompt", "layout"]) == {"tp", "sp"}

@@ -632,6 +632,19 @@ REPLAYED_CONFIGS: dict[str, tuple[str | None, int | None, str | None]] = {
 memory-controller policy it is replayed with."""
 
 
+def _replay_overlapped(trace, config: str, tp: int, mode: str):
+    """``trace`` rewritten as ``config`` says (:data:`REPLAYED_CONFIGS`) and replayed on :func:`node_for`
+    ``tp``; returns the result and how many GEMM/collective pairs the rewrite overlapped."""
+    from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+
+    function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
+    overlapped = 0
+    if function is not None:
+        trace = overlap_gemm_collectives(trace, function, channels)
+        overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
+    return trace.replay(load_system(node_for(tp)), mode=mode, memory_policy=policy), overlapped
+
+
 def simulate_layer_replayed(model: str, tp: int, setting: str, config: str, mode: str = "symmetric") -> dict[str, Any]:
     """One generated layer of ``model`` with its GEMMs overlapped with their reductions, replayed (a sweep function).
 
@@ -648,16 +661,8 @@ def simulate_layer_replayed(model: str, tp: int, setting: str, config: str, mode
         outside the layer), ``layers``, ``overlapped`` (rewritten GEMM/collective pairs) and simulator
         statistics.
     """
-    from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
-
     setup = _model(model)
-    function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
-    trace = _layer_trace(model, tp, setting)
-    overlapped = 0
-    if function is not None:
-        trace = overlap_gemm_collectives(trace, function, channels)
-        overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
-    result = trace.replay(load_system(node_for(tp)), mode=mode, memory_policy=policy)
+    result, overlapped = _replay_overlapped(_layer_trace(model, tp, setting), config, tp, mode)
     ops = result.ops[result.ops["gpu"] == 0]
     in_layer = ops["name"].str.startswith("L0.")
     layer = ops[in_layer]
@@ -722,17 +727,11 @@ def simulate_megatron_layout(model: str, phase: str, layout: str, config: str, t
         ``time_s`` (the iteration), ``overlapped`` (rewritten GEMM/collective pairs) and simulator statistics.
     """
     from gpusim.trace import transformer
-    from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
 
     setup = _model(model)
-    function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
     trace = transformer(TRACE_MODELS[model], phase=phase, tp=tp, batch=setup.batch, seq_len=setup.seq_len,
                         layers=layers, head=False, **MEGATRON_LAYOUTS[known_name("layout", layout, MEGATRON_LAYOUTS)])
-    overlapped = 0
-    if function is not None:
-        trace = overlap_gemm_collectives(trace, function, channels)
-        overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
-    result = trace.replay(load_system(node_for(tp)), mode="symmetric", memory_policy=policy)
+    result, overlapped = _replay_overlapped(trace, config, tp, "symmetric")
     return {"time_s": result.time_s, "overlapped": overlapped, "wall_s": result.stats["wall_s"],
             "events": result.stats["events"]}
 
