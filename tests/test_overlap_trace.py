@@ -125,6 +125,17 @@ def test_a_decomposition_with_several_kernels_per_chunk_is_written_on_its_rows()
     assert "x 2 kernels per chunk" in overlap_report(unsplittable)["reason"].iloc[0]
 
 
+def test_communication_bytes_count_the_collective_inside_an_overlapped_row():
+    """An all-reduce of X bytes becomes an overlapped reduce-scatter of X and an all-gather of X; an
+    overlapped all-gather counts the gathered size, every rank's shard."""
+    comm = overlap_gemm_collectives(gemm_then("allreduce")).communication_bytes()
+    assert comm[["kind", "collective", "bytes"]].values.tolist() == [["gemm_collective", "reducescatter", OUT],
+                                                                     ["collective", "allgather", OUT]]
+    gather = Trace(pd.DataFrame([dict(op_id=1, gpu=gpu, stream="compute", kind="gemm_collective", m=M, n=N, k=K,
+                                      collective="allgather", group=GROUP) for gpu in range(4)]))
+    assert gather.communication_bytes()["bytes"].tolist() == [4 * OUT]
+
+
 def test_overlapping_shortens_a_large_sub_layer_against_gemm_then_all_reduce():
     """(On the small GEMM of the other tests a chunk per rank is too small for the decomposition to gain.)"""
     plain = gemm_then("allreduce", shape=(4096, 3072, 1024))

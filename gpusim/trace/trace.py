@@ -8,8 +8,9 @@ from typing import Any
 
 import pandas as pd
 
+from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.trace import io
-from gpusim.trace.schema import validate
+from gpusim.trace.schema import parse_ints, validate
 
 
 class Trace:
@@ -84,9 +85,18 @@ class Trace:
         return Trace(self.frame.assign(issue_s=float("nan")), f"{self.source} (modelled host)", self.metadata)
 
     def communication_bytes(self) -> pd.DataFrame:
-        """Bytes of every collective and send/receive, per op (rows of one op counted once)."""
-        frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv"])]
-        frame = frame.drop_duplicates("op_id")
+        """Bytes of every collective and send/receive, per op (rows of one op counted once); a
+        ``gemm_collective`` (a GEMM overlapped with a collective of its output) counts that output,
+        each rank's ``m * n * batch`` elements, as a collective's ``bytes`` (for an all-gather, every
+        rank's shard: the gathered size)."""
+        frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv", "gemm_collective"])]
+        frame = frame.drop_duplicates("op_id").copy()
+        overlapped = frame["kind"] == "gemm_collective"
+        if overlapped.any():
+            rows = frame[overlapped]
+            output = rows["m"] * rows["n"] * rows["batch"] * rows["dtype"].map(DTYPE_BYTES)
+            ranks = [len(parse_ints(group)) or 1 for group in rows["group"]]
+            frame.loc[overlapped, "bytes"] = output.where(rows["collective"] != "allgather", output * ranks)
         return frame[["op_id", "name", "kind", "collective", "bytes", "group", "phase", "layer", "step"]].reset_index(
             drop=True
         )
