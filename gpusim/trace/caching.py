@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpusim.trace.schema import SHAPE_FIELDS, SYNCHRONISING_KINDS, dependency_graph
+from gpusim.trace.schema import (
+    SHAPE_FIELDS,
+    SYNCHRONISING_KINDS,
+    dependency_graph,
+    row_positions,
+    stream_predecessors,
+)
 
 SIGNATURE_FIELDS = ("gpu", "stream", "kind", *dict.fromkeys(f for fields in SHAPE_FIELDS.values() for f in fields),
                     "issue_s")
@@ -85,18 +91,13 @@ def _signatures(frame: pd.DataFrame, deps: list[list[int]], instances: dict[tupl
         for index, position in enumerate(positions):
             instance_of[position] = key
             index_in[position] = index
-    position_of = {(o, g): p for p, (o, g) in enumerate(zip(frame["op_id"].tolist(), frame["gpu"].tolist()))}
+    position_of = row_positions(frame)
     values = frame[list(SIGNATURE_FIELDS)].astype(str).to_numpy()
     gpus = frame["gpu"].tolist()
     kinds = frame["kind"].tolist()
     op_ids = frame["op_id"].tolist()
     rows_per_op = frame.groupby("op_id")["gpu"].size().to_dict()
-    stream_predecessor: dict[int, int] = {}
-    last_on_stream: dict[tuple[int, str], int] = {}
-    for position, lane in enumerate(zip(gpus, frame["stream"].tolist())):
-        if lane in last_on_stream:
-            stream_predecessor[position] = last_on_stream[lane]
-        last_on_stream[lane] = position
+    stream_predecessor = stream_predecessors(frame)
     signatures: dict[tuple, tuple | None] = {}
     for key, positions in instances.items():
         parts = []
@@ -183,7 +184,7 @@ def remap_dependencies(frame: pd.DataFrame, deps: list[list[int]], plan: CachePl
     """Dependencies of the simulated rows, with dropped targets replaced by their representatives."""
     op_ids = frame["op_id"].tolist()
     gpus = frame["gpu"].tolist()
-    position_of = {(o, g): p for p, (o, g) in enumerate(zip(op_ids, gpus))}
+    position_of = row_positions(frame)
     remapped = []
     for position, row_deps in enumerate(deps):
         targets = []
@@ -218,11 +219,10 @@ def reconstruct(
         Boolean mask of the rows to schedule (those of the simulated GPUs).
     """
     graph = dependency_graph(frame, deps)
-    op_ids = frame["op_id"].tolist()
     gpus = frame["gpu"].tolist()
     streams = frame["stream"].tolist()
     kinds = frame["kind"].tolist()
-    position_of = {(o, g): p for p, (o, g) in enumerate(zip(op_ids, gpus))}
+    position_of = row_positions(frame)
     previous_on_stream: dict[int, int] = {}
     last: dict[tuple[int, str], int] = {}
     for position in range(len(frame)):

@@ -35,6 +35,8 @@ from gpusim.trace.schema import (
     format_ints,
     parse_deps,
     parse_ints,
+    row_positions,
+    stream_predecessors,
 )
 from gpusim.trace.trace import Trace
 
@@ -64,13 +66,8 @@ class _Finder:
         self.frame = frame
         self.kinds = frame["kind"].tolist()
         self.deps = parse_deps(frame)
-        self.position_of = {(o, g): p for p, (o, g) in enumerate(zip(frame["op_id"].tolist(), frame["gpu"].tolist()))}
-        self.previous: dict[int, int] = {}
-        last: dict[tuple[int, str], int] = {}
-        for position, lane in enumerate(zip(frame["gpu"].tolist(), frame["stream"].tolist())):
-            if lane in last:
-                self.previous[position] = last[lane]
-            last[lane] = position
+        self.position_of = row_positions(frame)
+        self.previous = stream_predecessors(frame)
 
     def _feeds(self, gemm: int, collective: int) -> bool:
         rows = self.frame.iloc

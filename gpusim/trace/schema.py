@@ -567,6 +567,22 @@ class DependencyGraph:
         return order if len(order) == len(self.rows_of) else None
 
 
+def row_positions(frame: pd.DataFrame) -> dict[tuple[int, int], int]:
+    """The position of every row of a validated table by its ``(op_id, gpu)``."""
+    return {(o, g): p for p, (o, g) in enumerate(zip(frame["op_id"].tolist(), frame["gpu"].tolist()))}
+
+
+def stream_predecessors(frame: pd.DataFrame) -> dict[int, int]:
+    """The position of the row before each row on its ``(gpu, stream)``, for rows that have one."""
+    previous: dict[int, int] = {}
+    last: dict[tuple[int, str], int] = {}
+    for position, lane in enumerate(zip(frame["gpu"].tolist(), frame["stream"].tolist())):
+        if lane in last:
+            previous[position] = last[lane]
+        last[lane] = position
+    return previous
+
+
 def dependency_graph(frame: pd.DataFrame, deps: list[list[int]]) -> DependencyGraph:
     """The :class:`DependencyGraph` of a table whose dependencies all exist."""
     op_ids = frame["op_id"].tolist()
@@ -586,7 +602,7 @@ def dependency_graph(frame: pd.DataFrame, deps: list[list[int]]) -> DependencyGr
             rows_of.append([])
         rows_of[node].append(position)
         node_of.append(node)
-    position_of = {(o, g): p for p, (o, g) in enumerate(zip(op_ids, gpus))}
+    position_of = row_positions(frame)
     predecessors: list[set[int]] = [set() for _ in rows_of]
     last_on_stream: dict[tuple[int, str], int] = {}
     for position, (gpu, stream) in enumerate(zip(gpus, frame["stream"].tolist())):
