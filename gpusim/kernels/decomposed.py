@@ -112,13 +112,12 @@ def execute_decomposed_gemm_rs(ctx, op):
                 produced[(chunk, i)].succeed()
 
     gemms = ctx.env.process(chunk_kernels())
+    flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
     if op.driver == "dma":
-        flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
         yield ctx.env.timeout(ctx.config.collectives.launch_ns)
         yield from dma_ring(ctx, "rs", group, op.nbytes, partials, flags, local_ready=local_ready)
         ctx.info.update(impl=f"decomposed_dma_rs_{spec.name}")
     else:
-        flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
         ring = RingKernel(ctx, "rs", group, op.nbytes, partials, ctx.tensor(op.out, op.nbytes),
                           ctx.tensor(None, chunk_bytes * 2), flags, len(comm_cus),
                           wire_efficiency=protocol.wire_efficiency, local_ready=local_ready)
