@@ -88,7 +88,8 @@ class Trace:
         """Bytes of every collective and send/receive, per op (rows of one op counted once); a
         ``gemm_collective`` (a GEMM overlapped with a collective of its output) counts that output,
         each rank's ``m * n * batch`` elements, as a collective's ``bytes`` (for an all-gather, every
-        rank's shard: the gathered size)."""
+        rank's shard: the gathered size; with a blank group the trace does not know the ranks, and
+        one shard is counted)."""
         frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv", "gemm_collective"])]
         frame = frame.drop_duplicates("op_id").copy()
         overlapped = frame["kind"] == "gemm_collective"
