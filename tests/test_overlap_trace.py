@@ -224,6 +224,59 @@ def test_the_generator_layers_tensor_parallel_reductions_are_overlapped(options,
         assert gathers == [f"L0.{name.replace('allreduce', 'allgather')}" for name in overlapped]
 
 
+def async_all_reduce(*, gemm_m: int = 4096) -> Trace:
+    """Megatron-LM's asynchronous backward all-reduce on RING4: the activation gradient's all-reduce on
+    ``tp_comm`` (op 2), the weight gradient on the compute stream meanwhile (op 3), and an op that
+    needs the reduced gradient (op 4)."""
+    rows = []
+    for gpu in range(4):
+        rows += [
+            dict(op_id=1, gpu=gpu, stream="compute", kind="gemm", name="fc1_dgrad", m=gemm_m, n=N, k=K),
+            dict(op_id=2, gpu=gpu, stream="tp_comm", kind="collective", name="mlp_allreduce_bwd",
+                 collective="allreduce", bytes=gemm_m * N * 2, group=GROUP, deps="1"),
+            dict(op_id=3, gpu=gpu, stream="compute", kind="gemm", name="fc1_wgrad", m=N, n=K, k=gemm_m),
+            dict(op_id=4, gpu=gpu, stream="compute", kind="elementwise", name="ln_bwd", function="add",
+                 elements=gemm_m * N, deps="2"),
+        ]  # fmt: skip
+    return Trace(pd.DataFrame(rows), "async")
+
+
+def test_an_overlapped_collective_from_another_stream_lets_the_gemms_stream_move_on():
+    """The rewrite keeps the asynchrony of an all-reduce that ran beside its GEMM's stream: the weight
+    gradient starts once the fused GEMM has ended, while the reduce-scatter's DMA tail runs on; the op
+    that needs the reduced gradient still waits for the all-gather, which waits for the whole fused row."""
+    rewritten = overlap_gemm_collectives(async_all_reduce())
+    fused = rewritten.frame[rewritten.frame["kind"] == "gemm_collective"]
+    assert fused["async_collective"].all()
+    assert not overlap_gemm_collectives(gemm_then("allreduce")).frame["async_collective"].any()  # same stream
+    result = gpusim.run(RING4, rewritten, mode="symmetric")
+    ops_ = result.ops.set_index("name")
+    fused_op = ops_.loc["fc1_dgrad+mlp_allreduce_bwd"]
+    wgrad, gather, consumer = ops_.loc["fc1_wgrad"], ops_.loc["mlp_allgather_bwd"], ops_.loc["ln_bwd"]
+    assert wgrad["start_s"] < fused_op["end_s"]
+    assert gather["start_s"] >= fused_op["end_s"] and consumer["start_s"] >= gather["end_s"]
+    held = Trace(rewritten.frame.assign(async_collective=False), "held")
+    held_ops = gpusim.run(RING4, held, mode="symmetric").ops.set_index("name")
+    assert held_ops.loc["fc1_wgrad", "start_s"] >= held_ops.loc["fc1_dgrad+mlp_allreduce_bwd", "end_s"]
+    assert wgrad["start_s"] < held_ops.loc["fc1_wgrad", "start_s"]
+
+
+@pytest.mark.parametrize("function", ["decomposed", "decomposed_dma"])
+def test_a_decomposition_lets_its_stream_move_on_after_its_last_gemm_kernel(function):
+    rewritten = overlap_gemm_collectives(async_all_reduce(), function)
+    ops_ = gpusim.run(RING4, rewritten, mode="symmetric").ops.set_index("name")
+    fused_op = ops_.loc["fc1_dgrad+mlp_allreduce_bwd"]
+    assert fused_op["start_s"] < ops_.loc["fc1_wgrad", "start_s"] < fused_op["end_s"]
+
+
+def test_async_collective_is_only_for_gemm_collective_rows():
+    with pytest.raises(TraceError, match=r"row 0 \(op_id 1, gpu 0\): field 'async_collective'.*gemm_collective"):
+        Trace(pd.DataFrame([dict(op_id=1, gpu=0, stream="compute", kind="gemm", m=M, n=N, k=K,
+                                   async_collective=True)]), "bad.csv")
+    with pytest.raises(TraceError, match="field 'async_collective'.*true or false"):
+        Trace(overlap_row(async_collective="sometimes"), "bad.csv")
+
+
 @settings(max_examples=15, deadline=None)
 @given(st.sampled_from([2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]), st.booleans(), st.booleans(),
        st.sampled_from(["t3", "decomposed", "decomposed_dma"]))
@@ -265,3 +318,15 @@ def test_layer_caching_and_symmetric_mode_hold_for_overlapped_rows():
     assert cached.stats["simulated_rows"] < every.stats["simulated_rows"]
     assert cached.time_s == pytest.approx(every.time_s, rel=0.01)
     assert full.time_s == pytest.approx(every.time_s, rel=0.03)
+
+
+def test_layer_caching_follows_the_stream_moving_on_after_an_async_overlapped_row():
+    """Megatron-LM's asynchronous backward all-reduces, overlapped: a warm layer's times reused (with
+    its rows' streams moving on after their GEMMs) give the fully simulated iteration's."""
+    trace = overlap_gemm_collectives(transformer(TINY, tp=4, batch=4, seq_len=64, layers=4, head=False,
+                                                 optimizer=None, async_tp_backward=True))
+    assert trace.frame["async_collective"].any()
+    cached = trace.replay(RING4, mode="symmetric", warmup_layers=1)
+    every = trace.replay(RING4, mode="symmetric", cache_layers=False)
+    assert cached.stats["simulated_rows"] < every.stats["simulated_rows"]
+    assert cached.time_s == pytest.approx(every.time_s, rel=0.01)

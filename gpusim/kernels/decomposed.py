@@ -110,6 +110,7 @@ def execute_decomposed_gemm_rs(ctx, op):
                                     + f"_{spec.name}")
                 yield from ctx.launch(kernel.kernel)
                 produced[(chunk, i)].succeed()
+        ctx.release_stream()  # the ring's tail runs on its own lane (or the DMA engines)
 
     gemms = ctx.env.process(chunk_kernels())
     flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))

@@ -643,7 +643,8 @@ class FusedRank:
             self._when_armed(dst, send)
 
     def run(self, kernel: GemmKernel):
-        """Program the tracker, run the GEMM, wait for the collective (a generator on the op's stream)."""
+        """Program the tracker, run the GEMM, wait for the collective (a generator on the op's stream,
+        which may move on once the GEMM has ended: :meth:`gpusim.sched.executor.OpContext.release_stream`)."""
         tracker = self.gpu.tracker
         tracker.program(self.region)
         self.bases[self.gpu.index] = self.c.addr
@@ -653,6 +654,7 @@ class FusedRank:
         yield from self.ctx.launch(kernel.kernel)
         if self.mca is not None:
             self.mca.release()  # kernel boundary: drain communication without a limit
+        self.ctx.release_stream()  # the rest is DMA and near-memory updates: no CU, no stream slot
         yield self.outgoing.close()
         yield self.final.close()
         tracker.release(self.region)

@@ -61,6 +61,9 @@ class OpRecord:
     start_ns: float
     end_ns: float
     info: dict[str, Any] = field(default_factory=dict)
+    released_ns: float | None = None
+    """When the op let its stream move on before it ended (:meth:`OpContext.release_stream`), ns;
+    ``None``: at its end."""
 
 
 class OpContext:
@@ -85,13 +88,21 @@ class OpContext:
     issued_ns
         When the op was issued at its measured ``issue_ns`` (set as it is), ns: the op's record starts
         there, not while it waited for its host, so a host-bound replay shows its GPU idle.
+    released
+        Fired when the op's stream may move on (:meth:`release_stream`, or the op's end); ``None``:
+        the stream waits for the op's end whatever the op says.
+    released_ns
+        When :meth:`release_stream` let the stream move on, ns (``None`` until then).
     info
         Facts the executor adds to the op's record (implementation, FLOPs, bytes...).
     """
 
     def __init__(self, executor: Executor, op: Op, rank: int, stream: Stream, group: list[int],
-                 preissued: bool = False, follows: bool = False, issue_ns: float | None = None):
+                 preissued: bool = False, follows: bool = False, issue_ns: float | None = None,
+                 released: Event | None = None):
         self.executor = executor
+        self.released = released
+        self.released_ns: float | None = None
         self.preissued = preissued
         self.follows = follows
         self.issue_ns = issue_ns
@@ -132,6 +143,15 @@ class OpContext:
     def shared(self) -> dict[str, Any]:
         """State shared by all ranks taking part in this op (e.g. arrival flags)."""
         return self.executor.shared.setdefault(self.op.uid, {})
+
+    def release_stream(self) -> None:
+        """Let the op's stream move on now, before the op ends: its compute kernels are done and what
+        remains (a collective's tail, driven by DMA engines or by kernels on another lane) needs no
+        stream slot.  Only where the op was submitted with a ``released`` event (a trace row that says
+        its collective finishes on its own); rows that need the op's result still wait for its end."""
+        if self.released is not None and not self.released.triggered:
+            self.released_ns = self.env.now
+            self.released.succeed()
 
     def wait_for_issue(self) -> Generator[Event, Any, None]:
         """Wait until the host issued this op, where that was measured (``issue_ns``); an op that
@@ -251,28 +271,33 @@ class Executor:
         return ranks
 
     def submit(self, op: Op, rank: int, stream: Stream, after: list[Event] | None = None,
-               preissued: bool = False, issue_ns: float | None = None) -> Event:
+               preissued: bool = False, issue_ns: float | None = None, released: Event | None = None) -> Event:
         """Run ``op`` on ``rank`` once every event in ``after`` has fired; return its completion event.
 
         ``preissued``: the op's kernels were issued before the run (they bypass the host thread).
         ``issue_ns``: when the host's call that launched its first kernel returned, measured, ns.
+        ``released``: an event to fire when the op lets its stream move on (:meth:`OpContext.release_stream`,
+        or its end); the caller makes the stream's next op wait for it instead of the completion.
         """
         done = self.sim.event()
-        self.sim.process(self._execute(op, rank, stream, after or [], done, preissued, issue_ns))
+        self.sim.process(self._execute(op, rank, stream, after or [], done, preissued, issue_ns, released))
         return done
 
     def _execute(self, op: Op, rank: int, stream: Stream, after: list[Event], done: Event, preissued: bool,
-                 issue_ns: float | None):
+                 issue_ns: float | None, released: Event | None):
         for event in after:
             if not event.processed:
                 yield event
-        ctx = OpContext(self, op, rank, stream, self.group_of(op), preissued, follows=bool(after), issue_ns=issue_ns)
+        ctx = OpContext(self, op, rank, stream, self.group_of(op), preissued, follows=bool(after), issue_ns=issue_ns,
+                        released=released)
         start = self.sim.now
         yield from op.run_on(ctx)
         end = self.sim.now
         if ctx.issued_ns is not None:  # it waited for its measured host call, not for the GPU
             start = min(max(start, ctx.issued_ns), end)
-        self.records.append(OpRecord(op, rank, stream.name, start, end, ctx.info))
+        if released is not None and not released.triggered:
+            released.succeed()
+        self.records.append(OpRecord(op, rank, stream.name, start, end, ctx.info, ctx.released_ns))
         args = {"category": op.category, "op_id": op.uid, **ctx.info}
         self.sim.recorder.span(Span(op.label, "op", rank, stream.name, start, end, args))
         if self._on_op_done is not None:

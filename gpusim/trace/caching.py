@@ -98,6 +98,7 @@ def _signatures(frame: pd.DataFrame, deps: list[list[int]], instances: dict[tupl
     op_ids = frame["op_id"].tolist()
     rows_per_op = frame.groupby("op_id")["gpu"].size().to_dict()
     stream_predecessor = stream_predecessors(frame)
+    asynchronous = frame["async_collective"].tolist()
     signatures: dict[tuple, tuple | None] = {}
     for key, positions in instances.items():
         parts = []
@@ -112,7 +113,7 @@ def _signatures(frame: pd.DataFrame, deps: list[list[int]], instances: dict[tupl
             described = []
             for dep in deps[position]:
                 target = position_of[(dep, gpus[position])]
-                if target == stream_predecessor.get(position):
+                if target == stream_predecessor.get(position) and not asynchronous[target]:
                     continue  # implied by stream order
                 if target in members:
                     described.append(("in", index_in[target]))
@@ -204,6 +205,7 @@ def reconstruct(
     plan: CachePlan,
     simulated: dict[int, tuple[float, float]],
     rows: np.ndarray,
+    released: dict[int, float] | None = None,
 ) -> dict[int, tuple[float, float]]:
     """Start and end (ns) of every row in ``rows`` by list scheduling with representative durations.
 
@@ -217,7 +219,11 @@ def reconstruct(
         Simulated ``(start, end)`` of the rows that were simulated.
     rows
         Boolean mask of the rows to schedule (those of the simulated GPUs).
+    released
+        When simulated rows let their stream move on before they ended (an ``async_collective``
+        row, after its GEMM), ns; the next row on the stream follows that moment, not the end.
     """
+    released = released or {}
     graph = dependency_graph(frame, deps)
     gpus = frame["gpu"].tolist()
     streams = frame["stream"].tolist()
@@ -238,12 +244,21 @@ def reconstruct(
             node = graph.node_of[position]
             arrival[node] = max(arrival.get(node, start), start)
 
+    def begun(source: int) -> float:
+        """When the simulated row ``source`` began its work: its start, or its ranks' meeting."""
+        return arrival[graph.node_of[source]] if kinds[source] in SYNCHRONISING_KINDS else simulated[source][0]
+
     def duration(position: int) -> float:
         source = int(plan.representative[position])
-        start, end = simulated[source]
-        if kinds[source] in SYNCHRONISING_KINDS:
-            return end - arrival[graph.node_of[source]]
-        return end - start
+        return simulated[source][1] - begun(source)
+
+    def moved_on(position: int) -> float:
+        """When the next row on ``position``'s stream may start."""
+        source = int(plan.representative[position])
+        start, end = times[position]
+        if source not in released:
+            return end
+        return end - duration(position) + released[source] - begun(source)
 
     times: dict[int, tuple[float, float]] = {}
     for node in graph.topological_order():
@@ -258,7 +273,7 @@ def reconstruct(
                 moment = max(moment, times[target][1])
             before = previous_on_stream.get(position)
             if before is not None:
-                moment = max(moment, times[before][1])
+                moment = max(moment, moved_on(before))
             ready[position] = moment
         if kinds[members[0]] in SYNCHRONISING_KINDS:
             begin = max(ready.values())

@@ -17,6 +17,12 @@ Which GEMM feeds a collective is found from the trace itself, on each GPU the co
 and that GEMM's output (``m * n * batch`` of its dtype) must be the collective's ``bytes``.  A
 collective of several GEMMs accumulated into one buffer (separate Q, K and V projections) is
 overlapped with the last of them only.
+
+A collective that ran on another stream than its GEMM (Megatron-LM's asynchronous backward
+all-reduces) did not hold up the GEMM's stream, and every row that needed it named it in its
+dependencies.  Its overlapped row keeps that: it is ``async_collective``, so its stream moves on
+once the GEMM has ended while the collective's tail finishes, and the rows that depended on the
+collective wait for the whole row.
 """
 
 from __future__ import annotations
@@ -146,6 +152,7 @@ def _overlapped_row(frame: pd.DataFrame, pair: _Pair, gpu: int, op_id: int, func
         **gemm.to_dict(), "op_id": op_id, "kind": "gemm_collective", "collective": "reducescatter",
         "group": collective["group"], "algorithm": collective["algorithm"], "function": function, "bytes": pd.NA,
         "channels": pd.NA if channels is None else channels, "splits": pd.NA if splits == 1 else splits,
+        "async_collective": collective["stream"] != gemm["stream"],
         "deps": format_ints(dict.fromkeys([*parse_ints(gemm["deps"]), *extra])), "name": "+".join(names),
         "measured_s": float("nan"), "kernel_class": "",
     }  # fmt: skip

@@ -259,6 +259,7 @@ def replay(
     gpus = frame["gpu"].tolist()
     stream_names = frame["stream"].tolist()
     issued_ns = (frame["issue_s"].to_numpy(dtype=float) * 1e9).tolist()
+    asynchronous = frame["async_collective"].tolist()
     for position in np.flatnonzero(run_rows):
         op_id, gpu, stream_name = op_ids[position], gpus[position], stream_names[position]
         op = built[op_id]
@@ -268,8 +269,11 @@ def replay(
         if previous is not None:
             after.append(previous)
         issue_ns = issued_ns[position]
-        event = executor.submit(op, gpu, stream, after, issue_ns=issue_ns if math.isfinite(issue_ns) else None)
-        done[(op_id, gpu)] = last[(gpu, stream_name)] = event
+        released = sim.event() if asynchronous[position] else None  # the stream moves on after its GEMM
+        event = executor.submit(op, gpu, stream, after, issue_ns=issue_ns if math.isfinite(issue_ns) else None,
+                                released=released)
+        done[(op_id, gpu)] = event
+        last[(gpu, stream_name)] = event if released is None else released
         position_of[(op.uid, gpu)] = int(position)
     try:
         finish(system, sim, machine, executor, len(position_of), wall_start)
@@ -279,7 +283,9 @@ def replay(
 
     record_of = {position_of[(record.op.uid, record.rank)]: record for record in executor.records}
     simulated = {position: (record.start_ns, record.end_ns) for position, record in record_of.items()}
-    times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu) if plan.reduced else simulated
+    released = {position: record.released_ns for position, record in record_of.items()
+                if record.released_ns is not None}
+    times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu, released) if plan.reduced else simulated
     return _assemble(trace, plan, record_of, simulated, times, sim, machine, system, wall_start)
 
 

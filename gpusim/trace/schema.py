@@ -48,6 +48,10 @@ channels        int      CUs of a CU-driven collective (``collective``, a ``deco
                          messages)
 splits          int      kernels per rank's chunk of a ``decomposed`` or ``decomposed_dma``
                          ``gemm_collective`` (blank: 1)
+async_collective bool    a ``gemm_collective`` whose collective finishes on its own: its stream moves
+                         on once the GEMM has ended, and only rows naming it in ``deps`` wait for the
+                         collective (what a collective on another stream than its GEMM had; blank:
+                         false, the stream waits for the whole row)
 dtype           str      element type (default ``fp16``)
 deps            ints     op_ids on the same GPU that must finish before this row starts
 delay_s         float    duration of a ``delay`` row, s
@@ -113,7 +117,7 @@ MAX_SECONDS = 1e6
 """Largest time a trace may give (``delay_s``, ``measured_s``, ``issue_s``), s: about 11.6 days, where the
 simulation's float nanoseconds (1e15 ns) still resolve 0.125 ns; a larger time is an error, not an
 overflow to inf that would leave the results NaN and their JSON invalid."""
-BOOL_COLUMNS = ("trans_a", "trans_b", "causal")
+BOOL_COLUMNS = ("trans_a", "trans_b", "causal", "async_collective")
 TEXT_COLUMNS = (
     "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
     "deps", "inputs", "output", "phase", "kernel_class",
@@ -121,8 +125,8 @@ TEXT_COLUMNS = (
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
     "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
-    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "channels", "splits", "dtype", "deps",
-    "delay_s",
+    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "channels", "splits",
+    "async_collective", "dtype", "deps", "delay_s",
     "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
@@ -142,7 +146,7 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "optimizer": ("function", "tensor_sizes", "optimizer_impl", "dtype"),
     "delay": ("delay_s",),
     "gemm_collective": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel", "collective", "group",
-                        "algorithm", "channels", "splits", "function"),
+                        "algorithm", "channels", "splits", "async_collective", "function"),
 }
 """Fields that define what a row of each kind computes (rows of one op_id must agree on them)."""
 
@@ -420,10 +424,16 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
 
 
 def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
-    """``gemm_collective`` rows: a known ``function``, and the decompositions' limits (a reduce-scatter
+    """``async_collective`` only on ``gemm_collective`` rows; those rows: a known ``function``, and the decompositions' limits (a reduce-scatter
     of one GEMM, not a batch, whose rows split evenly over the group)."""
     kinds = frame["kind"].to_numpy()
     overlap = kinds == "gemm_collective"
+    bad = ~overlap & frame["async_collective"].to_numpy(dtype=bool)
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise _fail(frame, position, source, "async_collective",
+                    f"must be blank or false on a {kinds[position]} row (only a gemm_collective row's collective "
+                    f"can finish after its stream moves on), got {format_value(frame['async_collective'].iloc[position])}")
     if not overlap.any():
         return
     bad = overlap & ~frame["function"].isin(OVERLAP_FUNCTIONS).to_numpy()
