@@ -27,6 +27,7 @@ OP_NAMES = {
     "gemm_ag": gops.GemmAllGather,
     "gemm_a2a": gops.GemmAllToAll,
     "gemm_rs_decomposed": gops.DecomposedGemmReduceScatter,
+    "ag_gemm_decomposed": gops.DecomposedAllGatherGemm,
     "elementwise": gops.Elementwise,
     "softmax": gops.RowReduce,
     "layernorm": gops.RowReduce,

@@ -382,6 +382,59 @@ class DecomposedGemmReduceScatter(GemmShape):
         return execute_decomposed_gemm_rs(ctx, self)
 
 
+@dataclass
+class DecomposedAllGatherGemm(GemmShape):
+    """The ring all-gather of a GEMM's input and the GEMM, overlapped in software by decomposition.
+
+    The consumer-side mirror of :class:`DecomposedGemmReduceScatter`: a sequence-parallel layer
+    gathers its activations (``a``, cut along M, a chunk per rank) before a column-parallel GEMM, and
+    Transformer Engine's and Wang et al.'s overlap run the GEMM a chunk at a time as the chunks
+    arrive.  Each rank computes its own chunk's rows first and then each chunk as the ring delivers
+    it, one kernel per chunk; beside them a ring all-gather (on ``channels`` CUs of its own, or on
+    the DMA engines) forwards the chunks.  Every rank ends with the gathered ``a`` and the whole
+    ``C[m, n]``, as after :class:`AllGather` then :class:`Gemm`.  T3's tracker has nothing to
+    trigger here (the collective comes first), so T3 has no fused form of it.
+
+    Attributes
+    ----------
+    m, n, k, dtype, trans_a, trans_b, b, out, kernel
+        The whole GEMM on the gathered input, as in :class:`GemmShape` (``m``: the gathered rows;
+        ``batch`` must be 1; a named ``kernel`` runs every chunk and may not split K).
+    a
+        Name of the gathered input (each rank holds its chunk before the op, all of it after).
+    channels
+        CUs of a CU-driven all-gather (default: the node's ``collectives.cus``, fewer for small chunks).
+    driver
+        ``"cu"``: the all-gather is a kernel on ``channels`` CUs and the GEMM kernels get the
+        others; ``"dma"``: the DMA engines forward each chunk, and the GEMM keeps every CU.
+    """
+
+    channels: int | None = None
+    driver: str = "cu"
+    category: ClassVar[str] = "fused"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        one_of("field 'driver'", self.driver, ("cu", "dma"), "DecomposedAllGatherGemm", OpError)
+        if self.batch != 1:
+            raise OpError(f"DecomposedAllGatherGemm: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
+        if self.channels is not None:
+            self.channels = _positive_int("DecomposedAllGatherGemm", "channels", self.channels)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the gathered input, A[m, k]."""
+        return self.m * self.k * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        return f"ag+gemm decomposed {self._shape_text()}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.decomposed import execute_decomposed_ag_gemm
+
+        return execute_decomposed_ag_gemm(ctx, self)
+
+
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "copy": (1, 1, 0.0),
     "cat": (1, 1, 0.0),
@@ -947,6 +1000,7 @@ __all__ = [
     "AllReduce",
     "AllToAll",
     "Collective",
+    "DecomposedAllGatherGemm",
     "DecomposedGemmReduceScatter",
     "Delay",
     "ELEMENTWISE_KINDS",

@@ -61,6 +61,22 @@ def test_simulate_overlaps_the_gemms_with_their_reductions_when_asked(tmp_path, 
     assert per_iteration(printed) < per_iteration(plain)
 
 
+def test_simulate_overlaps_a_sequence_parallel_layers_gathers_when_asked(tmp_path, capsys):
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY_YAML)
+    argv = ["simulate", "--model", str(model), "--phase", "prompt", "--tp", "4", "--sequence-parallel",
+            "--system", "t3-ring8", "--quiet", "--overlap-gathers", "decomposed_dma", "--overlap", "t3",
+            "--policy", "t3-mca", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    # 3 layers' QKV and FC-1; the head's gather is left
+    assert "--overlap-gathers decomposed_dma: 6 of 7 all-gathers overlapped with the GEMM that consumes" in printed
+    assert "1  left as they were: the GEMM after it does not take the gathered tensor" in printed
+    assert "--overlap t3: 6 of 7 " in printed
+    ops = pd.read_parquet(tmp_path / "out" / "ops.parquet")
+    assert (ops.loc[ops["gpu"] == 0, "kind"] == "fused").sum() == 12  # QKV and FC-1 (gathers), OP and FC-2 (T3)
+
+
 def test_a_generated_model_larger_than_the_node_says_so(capsys):
     assert main(["simulate", "--model", "megatron-gpt2", "--tp", "16", "--layers", "1", "--system", "t3-ring8",
                  "--quiet"]) == 2

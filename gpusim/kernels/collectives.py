@@ -227,10 +227,13 @@ class RingKernel:
         a producer every channel takes the first channel's ring: the producer writes the chunks in
         one order, the one their ring steps need, and a channel on another ring would wait for
         chunks produced late in it.
+    one_ring
+        Every channel takes the first channel's ring even without a producer (a consumer that reads
+        the chunks in the order they arrive: :meth:`pieces`).
     """
 
     def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, wire_efficiency=1.0,
-                 local_ready: Callable[[int, int, int], Event] | None = None):
+                 local_ready: Callable[[int, int, int], Event] | None = None, one_ring: bool = False):
         self.ctx = ctx
         self.gpu = ctx.gpu
         self.env = ctx.env
@@ -241,7 +244,7 @@ class RingKernel:
         self.inp, self.out, self.stage = inp, out, stage
         self.flags = flags
         self.tag = tag
-        if local_ready is None:
+        if local_ready is None and not one_ring:
             self.rings = ring_orders(ctx, group, channels)
         else:
             self.rings = ring_orders(ctx, group, 1) * channels
@@ -271,6 +274,11 @@ class RingKernel:
             self.nbytes,
         )
         return start, max(0, stop - start)
+
+    def pieces(self, chunk: int) -> list[tuple[int, int]]:
+        """The pieces ``(channel, slice)`` of ``chunk`` that have bytes; a piece's arrival flag at a
+        rank is ``("data", rank, tag, step, channel, slice)``."""
+        return [(c, s) for c in range(self.channels) for s in range(self.slices) if self._range(chunk, c, s)[1] > 0]
 
     def _stage_addr(self, step_index: int, chunk_offset: int) -> int:
         slot = step_index % 2
@@ -472,6 +480,31 @@ class DirectKernel:
         return arrived
 
 
+class DmaPieces:
+    """How :func:`dma_ring` cuts an array of ``nbytes`` over ``n`` ranks: a chunk per rank, each
+    chunk a part per DMA engine of the GPU, each part slices of at most ``collectives.slice_bytes``.
+    A piece ``(p, s)`` is slice ``s`` of engine ``p``'s part; its arrival flag is ``("data", rank,
+    tag, step, p, s)``."""
+
+    def __init__(self, ctx, n: int, nbytes: int):
+        self.nbytes = nbytes
+        self.chunk = math.ceil(nbytes / n)
+        self.parts = len(ctx.gpu.dma)
+        self.part = math.ceil(self.chunk / self.parts)
+        self.slice_bytes = min(self.part, int(ctx.config.collectives.slice_bytes))
+        self.slices = math.ceil(self.part / self.slice_bytes)
+
+    def range(self, chunk_index: int, p: int, s: int) -> tuple[int, int]:
+        """Offset and length (<= 0: no bytes) of slice ``s`` of engine ``p``'s part of a chunk."""
+        start = chunk_index * self.chunk + p * self.part + s * self.slice_bytes
+        return start, min(self.slice_bytes, self.part - s * self.slice_bytes, self.nbytes - start,
+                          (chunk_index + 1) * self.chunk - start)
+
+    def pieces(self, chunk_index: int) -> list[tuple[int, int]]:
+        """The pieces ``(p, s)`` of a chunk that have bytes."""
+        return [(p, s) for s in range(self.slices) for p in range(self.parts) if self.range(chunk_index, p, s)[1] > 0]
+
+
 def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: Flags, tag: int = 0,
              local_ready: Callable[[int, int, int], Event] | None = None):
     """A DMA-driven ring collective on this rank (a generator).
@@ -493,21 +526,13 @@ def dma_ring(ctx, kind: str, group: list[int], nbytes: int, buf: Buffer, flags: 
         raise OpError(f"{ctx.op.label}: a DMA-driven reduction needs near-memory op-and-store, which "
                       f"{gpu.config.name} lacks (gpu.nmc.enabled); use driver='cu'")
     n = len(group)
-    chunk = math.ceil(nbytes / n)
+    geometry = DmaPieces(ctx, n, nbytes)
+    chunk, slices, parts, piece_range = geometry.chunk, geometry.slices, geometry.parts, geometry.range
     engines = gpu.dma
-    parts = len(engines)
-    part = math.ceil(chunk / parts)
-    slice_bytes = min(part, int(ctx.config.collectives.slice_bytes))
-    slices = math.ceil(part / slice_bytes)
     ring = ring_orders(ctx, group, 1)[0]
     position = ring.index(ctx.rank)
     nxt = ring[(position + 1) % n]
     me = ctx.rank
-
-    def piece_range(chunk_index: int, p: int, s: int) -> tuple[int, int]:
-        """Offset and length (<= 0: no bytes) of slice ``s`` of engine ``p``'s part of a chunk."""
-        start = chunk_index * chunk + p * part + s * slice_bytes
-        return start, min(slice_bytes, part - s * slice_bytes, nbytes - start, (chunk_index + 1) * chunk - start)
 
     # Reduce-scatter: position q updates chunk q - k - 1 on the next rank, so that it ends owning
     # chunk q; all-gather: it then sends chunk q - j (its own first).

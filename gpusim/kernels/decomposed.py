@@ -41,6 +41,7 @@ from gpusim.errors import OpError
 from gpusim.hw.hbm import UPDATE
 from gpusim.hw.request import COMPUTE
 from gpusim.kernels.collectives import (
+    DmaPieces,
     Flags,
     RingKernel,
     channels_for,
@@ -131,17 +132,84 @@ def execute_decomposed_gemm_rs(ctx, op):
                     gemm_cus=len(gemm_cus), workgroups=n * splits * tiles_m * tiles_n)
 
 
-def _split_cus(ctx, op, protocol, chunk_bytes: int) -> tuple[list[int], list[int]]:
-    """The stream's CUs for the GEMM chunks and for the reduce-scatter kernel (none when DMA-driven)."""
+def execute_decomposed_ag_gemm(ctx, op):
+    """Run a :class:`gpusim.ops.DecomposedAllGatherGemm` on ``ctx``'s rank (a generator on the op's stream).
+
+    The rank at ring position ``p`` runs the kernel of chunk ``(p - j) mod n`` in step ``j``: its own
+    chunk first, then each chunk once every piece of it has arrived (the ring's arrival flags)."""
+    group = ctx.group
+    if ctx.rank not in group:
+        return
+    n = len(group)
+    if n == 1:  # nothing to gather: the GEMM alone
+        yield from execute_gemm(ctx, op)
+        return
+    if op.m % n:
+        raise OpError(f"{op.label}: m = {op.m} rows do not split evenly into {n} chunks, one per rank")
+    problem = GemmProblem(op.m // n, op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
+    size = problem.dtype_bytes
+    chunk_bytes = problem.m * op.k * size
+    protocol = simple_protocol(ctx) if op.driver == "dma" else choose_protocol(ctx, op, "ag", group)
+    gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes, reduces=False)
+    spec = whole_tile_spec(ctx, op, problem, len(gemm_cus))
+    tiles_m, tiles_n = tiles(problem, spec)
+    a_chunk = tiles_m * spec.tile_m * padded_k(problem, spec) * size
+    # The ring gathers chunk c at c x chunk_bytes; a kernel reads its padded chunk from there.
+    a = ctx.tensor(op.a, (n - 1) * chunk_bytes + max(a_chunk, chunk_bytes))
+    b = ctx.tensor(op.b, tiles_n * spec.tile_n * padded_k(problem, spec) * size)
+    c_chunk = tiles_m * tiles_n * spec.tile_m * spec.tile_n * size
+    out = ctx.tensor(op.out, n * c_chunk)
+    tag = 0
+    flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
+    if op.driver == "dma":
+        geometry = DmaPieces(ctx, n, op.nbytes)
+        pieces = geometry.pieces
+
+        def gather():
+            yield ctx.env.timeout(ctx.config.collectives.launch_ns)
+            yield from dma_ring(ctx, "ag", group, op.nbytes, a, flags, tag)
+    else:
+        ring = RingKernel(ctx, "ag", group, op.nbytes, a, a, ctx.tensor(None, chunk_bytes * 2), flags,
+                          len(comm_cus), tag, wire_efficiency=protocol.wire_efficiency, one_ring=True)
+        ring.kernel.cu_mask = comm_cus
+        pieces = ring.pieces
+
+        def gather():
+            set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
+            yield from ctx.launch(ring.kernel, latency_ns=set_up, queue=ctx.stream.name + COMM_LANE_SUFFIX)
+
+    gathering = ctx.env.process(gather())
+    position = ring_orders(ctx, group, 1)[0].index(ctx.rank)
+    for step in range(n):
+        chunk = (position - step) % n
+        if step:  # the previous rank's send of this chunk, every piece of it
+            arrivals = [flags.event("data", ctx.rank, tag, step, *piece) for piece in pieces(chunk)]
+            waiting = [event for event in arrivals if not event.processed]
+            if waiting:
+                yield ctx.env.all_of(waiting)
+        kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, chunk * chunk_bytes), b, _at(out, chunk * c_chunk),
+                            cu_mask=gemm_cus, name=f"gemm_chunk{step}_{spec.name}")
+        yield from ctx.launch(kernel.kernel)
+    yield gathering
+    ctx.info.update(impl=f"decomposed_{'dma' if op.driver == 'dma' else 'ring'}_ag_{spec.name}",
+                    flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes, chunks=n, gemm_cus=len(gemm_cus),
+                    workgroups=n * tiles_m * tiles_n)
+    if comm_cus:
+        ctx.info.update(channels=len(comm_cus), protocol=protocol.name)
+
+
+def _split_cus(ctx, op, protocol, chunk_bytes: int, reduces: bool = True) -> tuple[list[int], list[int]]:
+    """The stream's CUs for the GEMM chunks and for the collective's kernel (none when DMA-driven; a
+    DMA-driven collective that ``reduces`` needs near-memory updates, an all-gather only writes)."""
     cus = list(ctx.cu_mask) if ctx.cu_mask is not None else list(range(ctx.gpu.config.num_cus))
     if op.driver == "dma":
-        if not ctx.gpu.config.nmc.enabled:
+        if reduces and not ctx.gpu.config.nmc.enabled:
             raise OpError(f"{op.label}: driver 'dma' reduces with near-memory op-and-store updates, which "
                           f"{ctx.gpu.config.name} lacks (gpu.nmc.enabled); use driver='cu'")
         return cus, []
     channels = channels_for(ctx, op, chunk_bytes, protocol, op.nbytes)
     if channels >= len(cus):
-        raise OpError(f"{op.label}: the reduce-scatter's {channels} CUs leave none of the stream's {len(cus)} "
+        raise OpError(f"{op.label}: the collective's {channels} CUs leave none of the stream's {len(cus)} "
                       f"to the GEMM; give it fewer channels")
     return cus[:-channels], cus[-channels:]
 
@@ -160,4 +228,4 @@ def _at(buffer, offset: int):
     return replace(buffer, addr=buffer.addr + offset, nbytes=max(0, buffer.nbytes - offset))
 
 
-__all__ = ["COMM_LANE_SUFFIX", "execute_decomposed_gemm_rs"]
+__all__ = ["COMM_LANE_SUFFIX", "execute_decomposed_ag_gemm", "execute_decomposed_gemm_rs"]

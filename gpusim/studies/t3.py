@@ -630,18 +630,27 @@ REPLAYED_CONFIGS: dict[str, tuple[str | None, int | None, str | None]] = {
 """Configurations of :func:`simulate_layer_replayed`: how
 :func:`gpusim.trace.fusion.overlap_gemm_collectives` rewrites the layer (function, ring CUs) and the
 memory-controller policy it is replayed with."""
+GATHER_CONFIGS: dict[str, str] = {"sequential+ag": "sequential", "t3-mca+ag": "t3-mca",
+                                  "decomposed-dma+ag": "decomposed-dma"}
+"""Configurations that also overlap each all-gather with the GEMM consuming it
+(:func:`gpusim.trace.fusion.overlap_gather_gemms`, DMA-driven, as Transformer Engine does for
+sequence parallelism; T3 has no hardware for it), each with the :data:`REPLAYED_CONFIGS` entry it
+adds this to.  Only a layout with such all-gathers (``sp``) changes."""
 
 
 def _replay_overlapped(trace, config: str, tp: int, mode: str):
-    """``trace`` rewritten as ``config`` says (:data:`REPLAYED_CONFIGS`) and replayed on :func:`node_for`
-    ``tp``; returns the result and how many GEMM/collective pairs the rewrite overlapped."""
-    from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+    """``trace`` rewritten as ``config`` says (:data:`REPLAYED_CONFIGS`, :data:`GATHER_CONFIGS`) and
+    replayed on :func:`node_for` ``tp``; returns the result and how many collectives the rewrites
+    overlapped with a GEMM."""
+    from gpusim.trace.fusion import overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 
-    function, channels, policy = REPLAYED_CONFIGS[known_name("configuration", config, REPLAYED_CONFIGS)]
-    overlapped = 0
+    known_name("configuration", config, {**REPLAYED_CONFIGS, **GATHER_CONFIGS})
+    if config in GATHER_CONFIGS:
+        trace = overlap_gather_gemms(trace, "decomposed_dma")
+    function, channels, policy = REPLAYED_CONFIGS[GATHER_CONFIGS.get(config, config)]
     if function is not None:
         trace = overlap_gemm_collectives(trace, function, channels)
-        overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
+    overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
     return trace.replay(load_system(node_for(tp)), mode=mode, memory_policy=policy), overlapped
 
 
@@ -736,12 +745,15 @@ def simulate_megatron_layout(model: str, phase: str, layout: str, config: str, t
             "events": result.stats["events"]}
 
 
-def megatron_layout_points(models=MAIN_MODELS, configs=("sequential", "t3-mca", "decomposed-dma")) -> list[dict[str, Any]]:
+def megatron_layout_points(models=MAIN_MODELS, configs=("sequential", "t3-mca", "decomposed-dma"),
+                           gather_configs=tuple(GATHER_CONFIGS)) -> list[dict[str, Any]]:
     """Sweep points of :func:`simulate_megatron_layout`: the prompt phase in the ``tp`` and ``sp``
-    layouts, training in all three, each in every configuration."""
+    layouts, training in all three, each in every configuration of ``configs``; the ``sp`` layout
+    also in every one of ``gather_configs`` (:data:`GATHER_CONFIGS`, its all-gathers overlapped)."""
     layouts = {"prompt": ("tp", "sp"), "train": tuple(MEGATRON_LAYOUTS)}
     return [{"model": m, "phase": phase, "layout": layout, "config": config}
-            for m in models for phase, names in layouts.items() for layout in names for config in configs]
+            for m in models for phase, names in layouts.items() for layout in names
+            for config in (*configs, *(gather_configs if layout == "sp" else ()))]
 
 
 def megatron_layouts(raw: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ Quick use::
 from gpusim.trace.breakdown import breakdown
 from gpusim.trace.chakra import read_chakra
 from gpusim.trace.compare import compare
-from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+from gpusim.trace.fusion import overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 from gpusim.trace.generator import Parallelism, transformer
 from gpusim.trace.kineto import read_kineto
 from gpusim.trace.models import ModelConfig, list_models, load_model
@@ -36,6 +36,7 @@ __all__ = [
     "compare",
     "list_models",
     "load_model",
+    "overlap_gather_gemms",
     "overlap_gemm_collectives",
     "overlap_report",
     "read",

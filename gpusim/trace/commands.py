@@ -11,7 +11,7 @@ from gpusim.arguments import non_negative_float, output_folder, positive_int
 from gpusim.errors import GpusimError, TraceError, UnsupportedTraceError
 from gpusim.hw.memctrl import PICK_POLICIES
 from gpusim.output_files import staged_outputs
-from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+from gpusim.trace.fusion import GATHER_FUNCTIONS, overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 from gpusim.trace.schema import OVERLAP_FUNCTIONS
 
 PATTERN_CHARACTERS = "*?["
@@ -131,13 +131,15 @@ def _report_not_modelled(trace) -> None:
             print(f"  {count:6d}  {reason}")
 
 
-def _report_overlap(trace) -> None:
-    """Print how many reduce-scatters and all-reduces ``--overlap`` overlapped with their GEMMs, and why
-    it left the others."""
+def _report_overlap(trace, flag: str, function: str, gathers: bool) -> None:
+    """Print how many collectives ``--overlap`` (reduce-scatters and all-reduces) or ``--overlap-gathers``
+    (all-gathers) overlapped with their GEMMs, and why it left the others."""
     report = overlap_report(trace)
+    report = report[(report["collective"] == "allgather") == gathers]
     overlapped = int((report["status"] == "overlapped").sum())
-    print(f"--overlap {trace.metadata['overlap']['function']}: {overlapped} of {report['collective_op_id'].nunique()} "
-          "reduce-scatters and all-reduces overlapped with the GEMM that produces their input")
+    what = ("all-gathers overlapped with the GEMM that consumes their output" if gathers else
+            "reduce-scatters and all-reduces overlapped with the GEMM that produces their input")
+    print(f"{flag} {function}: {overlapped} of {report['collective_op_id'].nunique()} {what}")
     for reason, count in report.loc[report["status"] == "skipped", "reason"].value_counts().items():
         print(f"  {count:6d}  left as they were: {reason}")
 
@@ -164,9 +166,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed")
     if args.overlap_splits is not None and args.overlap not in ("decomposed", "decomposed_dma"):
         raise GpusimError("simulate: --overlap-splits applies to --overlap decomposed and decomposed_dma")
+    if args.overlap_gathers:  # first: a GEMM that gathers its A and feeds a reduction keeps the gather's overlap
+        trace = overlap_gather_gemms(trace, args.overlap_gathers)
+        _report_overlap(trace, "--overlap-gathers", args.overlap_gathers, gathers=True)
     if args.overlap:
         trace = overlap_gemm_collectives(trace, args.overlap, args.overlap_channels, args.overlap_splits or 1)
-        _report_overlap(trace)
+        _report_overlap(trace, "--overlap", args.overlap, gathers=False)
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
@@ -331,6 +336,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                              "GEMM and reduce-scatter), decomposed (the GEMM cut into a kernel per rank beside a "
                              "CU-driven ring) or decomposed_dma (beside a DMA ring); an all-reduce becomes the "
                              "overlapped reduce-scatter and an all-gather")
+    parser.add_argument("--overlap-gathers", choices=list(GATHER_FUNCTIONS),
+                        help="overlap every all-gather with the GEMM right after it that consumes the gathered "
+                             "tensor (sequence parallelism): decomposed_dma (a GEMM kernel per chunk as the DMA "
+                             "engines deliver it, as Transformer Engine's overlap) or decomposed (beside a CU-driven "
+                             "ring on the node's collectives.cus CUs)")
     parser.add_argument("--overlap-channels", type=positive_int,
                         help="--overlap decomposed: CUs of its ring (default: the node's collectives.cus)")
     parser.add_argument("--overlap-splits", type=positive_int,

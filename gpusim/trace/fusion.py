@@ -1,4 +1,5 @@
-"""Overlapping a trace's GEMMs with the collectives that reduce their outputs (T3, or decomposition).
+"""Overlapping a trace's GEMMs with the collectives that reduce their outputs (T3, or decomposition),
+or that gather their inputs (decomposition).
 
 :func:`overlap_gemm_collectives` rewrites a trace so that every tensor-parallel GEMM whose output a
 reduce-scatter or an all-reduce sums becomes one ``gemm_collective`` row: T3's fused GEMM and
@@ -23,6 +24,11 @@ all-reduces) did not hold up the GEMM's stream, and every row that needed it nam
 dependencies.  Its overlapped row keeps that: it is ``async_collective``, so its stream moves on
 once the GEMM has ended while the collective's tail finishes, and the rows that depended on the
 collective wait for the whole row.
+
+:func:`overlap_gather_gemms` does the consumer side, which T3 has no hardware for: a sequence-parallel
+layer's all-gather of the activations and the column-parallel GEMM right after it on its stream,
+whose A is the gathered tensor, become one ``collective_gemm`` row (the GEMM run a chunk at a time as
+the ring delivers the chunks, as Transformer Engine's overlap does).
 """
 
 from __future__ import annotations
@@ -49,7 +55,10 @@ from gpusim.trace.trace import Trace
 OVERLAPPED_COLLECTIVES = ("reducescatter", "allreduce")
 """Collectives of a GEMM's output that :func:`overlap_gemm_collectives` overlaps with it."""
 GEMM_FIELDS = SHAPE_FIELDS["gemm"]
-REPORT_COLUMNS = ["collective_op_id", "name", "collective", "gemm_op_id", "overlapped_op_id", "status", "reason"]
+REPORT_COLUMNS = ["collective_op_id", "name", "collective", "function", "gemm_op_id", "overlapped_op_id", "status",
+                  "reason"]
+GATHER_FUNCTIONS = ("decomposed_dma", "decomposed")
+"""How :func:`overlap_gather_gemms` overlaps an all-gather with its GEMM (DMA or CU-driven ring)."""
 
 
 @dataclass
@@ -104,7 +113,8 @@ def _pairs(frame: pd.DataFrame, function: str, splits: int, report: list[dict]) 
     for op_id, rows in candidates.groupby("op_id", sort=False):
         positions = [int(p) for p in rows.index]
         first = frame.loc[positions[0]]
-        entry = {"collective_op_id": int(op_id), "name": first["name"], "collective": first["collective"]}
+        entry = {"collective_op_id": int(op_id), "name": first["name"], "collective": first["collective"],
+                 "function": function}
 
         def skip(reason: str, entry=entry) -> None:
             report.append({**entry, "gemm_op_id": None, "status": "skipped", "reason": reason})
@@ -232,11 +242,17 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
                 dropped.add(position)
                 remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
         next_id += 1
+    return Trace(_rewritten(frame, rows, dropped, remap), f"{trace.source} (overlapped: {function})", metadata)
+
+
+def _rewritten(frame: pd.DataFrame, rows: list[dict], dropped: set[int], remap: dict[tuple[int, int], int]) -> pd.DataFrame:
+    """``rows`` (the table's, some replaced) without the ``dropped`` positions, every dependency on a
+    replaced op_id (``remap``: (gpu, op_id) -> new op_id) pointing at its replacement."""
     out = [row for position, row in enumerate(rows) if position not in dropped]
     for row in out:
         deps = [remap.get((int(row["gpu"]), dep), dep) for dep in parse_ints(row["deps"])]
         row["deps"] = format_ints(dep for dep in dict.fromkeys(deps) if dep != row["op_id"])
-    return Trace(pd.DataFrame(out, columns=frame.columns), f"{trace.source} (overlapped: {function})", metadata)
+    return pd.DataFrame(out, columns=frame.columns)
 
 
 def _gather_name(name: str) -> str:
@@ -247,9 +263,118 @@ def _gather_name(name: str) -> str:
     return name.replace("allreduce", "allgather") if "allreduce" in name else f"{name}.allgather"
 
 
+def _gather_pairs(frame: pd.DataFrame, function: str, report: list[dict]) -> list[_Pair]:
+    """Every all-gather whose gathered tensor the next row on its stream, a GEMM, takes as its A; the
+    others are reported as skipped."""
+    finder = _Finder(frame)
+    following = {before: after for after, before in finder.previous.items()}
+    candidates = frame[(frame["kind"] == "collective") & (frame["collective"] == "allgather")]
+    pairs = []
+    for op_id, rows in candidates.groupby("op_id", sort=False):
+        positions = [int(p) for p in rows.index]
+        first = frame.loc[positions[0]]
+        entry = {"collective_op_id": int(op_id), "name": first["name"], "collective": "allgather", "function": function}
+
+        def skip(reason: str, entry=entry) -> None:
+            report.append({**entry, "gemm_op_id": None, "status": "skipped", "reason": reason})
+
+        if first["algorithm"] not in ("ring", "auto"):
+            skip(f"a {first['algorithm']} all-gather; the decomposition runs a ring")
+            continue
+        gemms = {int(frame.at[p, "gpu"]): following.get(p) for p in positions}
+        if any(g is None or finder.kinds[g] != "gemm" for g in gemms.values()):
+            skip("the next op on its stream is not a GEMM")
+            continue
+        shapes = frame.loc[list(gemms.values()), list(GEMM_FIELDS)].drop_duplicates()
+        if len(shapes) > 1:
+            skip("its GEMMs differ from GPU to GPU")
+            continue
+        gemm = frame.loc[next(iter(gemms.values()))]
+        a_bytes = int(gemm["m"]) * int(gemm["k"]) * int(gemm["batch"]) * DTYPE_BYTES[gemm["dtype"]]
+        if bool(gemm["trans_a"]) or gemm["dtype"] != first["dtype"] or a_bytes != int(first["bytes"]):
+            skip("the GEMM after it does not take the gathered tensor as its untransposed A")
+            continue
+        problem = decomposition_problem(int(gemm["m"]), int(gemm["batch"]), len(parse_ints(first["group"])))
+        if problem:
+            field, message = problem
+            skip(f"{function}: the GEMM's {field} {message}, got {gemm[field]}")
+            continue
+        pairs.append(_Pair(positions, gemms))
+        report.append({**entry, "gemm_op_id": int(gemm["op_id"]), "status": "overlapped", "reason": ""})
+    return pairs
+
+
+def overlap_gather_gemms(trace: Trace, function: str = "decomposed_dma", channels: int | None = None) -> Trace:
+    """``trace`` with each all-gather and the GEMM that consumes the gathered tensor overlapped.
+
+    Parameters
+    ----------
+    trace
+        Any trace; an all-gather is overlapped when the next row on its stream (on every GPU it has a
+        row) is a GEMM whose untransposed A is the gathered tensor (``m * k * batch`` of its dtype
+        equal to the all-gather's ``bytes``) and whose ``m`` splits over the group.
+    function
+        ``"decomposed_dma"`` (the DMA engines forward the chunks, as Transformer Engine's copy-engine
+        ring exchange; the GEMM keeps every CU) or ``"decomposed"`` (a ring kernel on ``channels``
+        CUs of its own).
+    channels
+        CUs of the ``decomposed`` ring (default: the node's ``collectives.cus``, fewer for small
+        chunks).  Only for ``"decomposed"``.
+
+    Returns
+    -------
+    Trace
+        The rewritten trace: a ``collective_gemm`` row (new op_id) in place of each pair's GEMM, the
+        all-gather's rows gone, every dependency on either pointing at the new row.  Its
+        ``metadata["gather_overlap"]`` holds the function and a report, one entry per all-gather
+        (:func:`overlap_report` lists it with the reduce-scatters').
+
+    Raises
+    ------
+    gpusim.errors.ConfigError
+        An unknown ``function``, or ``channels`` that is not a positive integer or is given for
+        ``"decomposed_dma"``.
+    """
+    one_of("function", function, GATHER_FUNCTIONS, "overlap_gather_gemms()")
+    if channels is not None:
+        if (as_int(channels) or 0) <= 0:
+            raise ConfigError(f"overlap_gather_gemms(): 'channels' must be a positive whole number, got {channels!r}")
+        if function != "decomposed":
+            raise ConfigError(f"overlap_gather_gemms(): 'channels' (the CUs of its ring) applies to function "
+                              f"'decomposed' only, not to {function!r}")
+    frame = trace.frame
+    report: list[dict] = []
+    pairs = _gather_pairs(frame, function, report)
+    metadata = {**trace.metadata, "gather_overlap": {"function": function, "report": report}}
+    if not pairs:
+        return Trace(frame, trace.source, metadata)
+    rows = frame.to_dict("records")
+    remap: dict[tuple[int, int], int] = {}
+    dropped: set[int] = set()
+    next_id = int(frame["op_id"].max()) + 1
+    entries = [entry for entry in report if entry["status"] == "overlapped"]
+    for pair, entry in zip(pairs, entries):
+        entry["overlapped_op_id"] = next_id
+        for position in pair.collective:
+            gpu = int(frame.at[position, "gpu"])
+            gather, gemm = frame.loc[position], frame.loc[pair.gemm[gpu]]
+            deps = [d for d in (*parse_ints(gather["deps"]), *parse_ints(gemm["deps"])) if d != gather["op_id"]]
+            names = [name for name in (gather["name"], gemm["name"]) if name]
+            rows[pair.gemm[gpu]] = {
+                **gemm.to_dict(), "op_id": next_id, "kind": "collective_gemm", "collective": "allgather",
+                "group": gather["group"], "algorithm": gather["algorithm"], "function": function, "bytes": pd.NA,
+                "channels": pd.NA if channels is None else channels, "deps": format_ints(dict.fromkeys(deps)),
+                "name": "+".join(names), "measured_s": float("nan"), "kernel_class": "",
+            }  # fmt: skip
+            dropped.add(position)
+            remap[(gpu, int(gather["op_id"]))] = remap[(gpu, int(gemm["op_id"]))] = next_id
+        next_id += 1
+    return Trace(_rewritten(frame, rows, dropped, remap), f"{trace.source} (gathers overlapped: {function})", metadata)
+
+
 def overlap_report(trace: Trace) -> pd.DataFrame:
-    """The report of :func:`overlap_gemm_collectives` on ``trace`` as a table (columns
-    :data:`REPORT_COLUMNS`); empty for a trace it did not rewrite."""
-    overlap = trace.metadata.get("overlap") or {}
-    return pd.DataFrame(overlap.get("report") or [], columns=REPORT_COLUMNS)
+    """The reports of :func:`overlap_gemm_collectives` and :func:`overlap_gather_gemms` on ``trace``
+    as one table (columns :data:`REPORT_COLUMNS`); empty for a trace neither rewrote."""
+    entries = [entry for key in ("overlap", "gather_overlap") for entry in (trace.metadata.get(key) or {}).get("report", [])]
+    return pd.DataFrame(entries, columns=REPORT_COLUMNS)
 

@@ -21,7 +21,8 @@ FUSED_OPS: dict[str, type[ops.FusedGemm]] = {
 }
 """T3's op for each collective a ``gemm_collective`` row may overlap."""
 DECOMPOSED_DRIVERS = {"decomposed": "cu", "decomposed_dma": "dma"}
-"""The :class:`gpusim.ops.DecomposedGemmReduceScatter` driver of each decomposition."""
+"""The :class:`gpusim.ops.DecomposedGemmReduceScatter` (or :class:`gpusim.ops.DecomposedAllGatherGemm`)
+driver of each decomposition."""
 
 
 def _names(text: str) -> list[str]:
@@ -48,13 +49,16 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
     inputs = _names(row.inputs)
     output = row.output or None
     first_input = inputs[0] if inputs else None
-    if kind in ("gemm", "gemm_collective"):
+    if kind in ("gemm", "gemm_collective", "collective_gemm"):
         gemm = dict(dtype=row.dtype, trans_a=bool(row.trans_a), trans_b=bool(row.trans_b), a=first_input,
                     b=inputs[1] if len(inputs) > 1 else None, out=output, kernel=row.kernel or None, name=name)
         shape = (int(row.m), int(row.n), int(row.k))
         if kind == "gemm":
             return ops.Gemm(*shape, batch=int(row.batch), ranks=ranks, **gemm)
         group = parse_ints(row.group) or None
+        if kind == "collective_gemm":
+            return ops.DecomposedAllGatherGemm(*shape, driver=DECOMPOSED_DRIVERS[row.function], channels=_channels(row),
+                                               ranks=group, **gemm)
         if row.function in DECOMPOSED_DRIVERS:
             splits = 1 if pd.isna(row.splits) else int(row.splits)
             return ops.DecomposedGemmReduceScatter(*shape, driver=DECOMPOSED_DRIVERS[row.function],

@@ -14,12 +14,14 @@ gpu             int      rank the row runs on
 stream          str      stream on that GPU (ops on one stream run in order; streams overlap)
 kind            str      ``gemm``, ``elementwise``, ``reduction``, ``attention``, ``collective``,
                          ``sendrecv``, ``optimizer``, ``delay``, ``gemm_collective`` (a GEMM overlapped
-                         with a collective of its output; :mod:`gpusim.trace.fusion` makes them)
+                         with a collective of its output), ``collective_gemm`` (an all-gather overlapped
+                         with the GEMM that consumes it; :mod:`gpusim.trace.fusion` makes both)
 name            str      label in results (optional)
-m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``, ``gemm_collective``: each rank's)
-batch           int      GEMMs in a strided batch (``gemm``, ``gemm_collective``, default 1); sequences
-                         (``attention``)
-trans_a/b       bool     transposed GEMM inputs (``gemm``, ``gemm_collective``)
+m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``, ``gemm_collective``: each rank's;
+                         ``collective_gemm``: each rank's GEMM on the gathered A, ``m`` its gathered rows)
+batch           int      GEMMs in a strided batch (``gemm``, ``gemm_collective``, default 1; 1 for
+                         ``collective_gemm``); sequences (``attention``)
+trans_a/b       bool     transposed GEMM inputs (``gemm``, ``gemm_collective``, ``collective_gemm``)
 kernel          str      force a GEMM kernel of the library; a reduction's kernel library (``pytorch``,
                          ``pytorch-2.0``, ``inductor``; default ``pytorch``) (optional)
 elements        int      elements per tensor (``elementwise``)
@@ -32,19 +34,24 @@ function        str      element-wise function (``gelu``, ``add``...), reduction
                          optimizer algorithm (``adam``, ``lamb``...), attention pass (``forward``,
                          ``backward``) or how a ``gemm_collective`` overlaps (``t3``, the default:
                          T3's track and trigger; ``decomposed``: the GEMM cut into a kernel per rank
-                         beside a CU-driven ring; ``decomposed_dma``: the same with a DMA ring)
+                         beside a CU-driven ring; ``decomposed_dma``: the same with a DMA ring) or a
+                         ``collective_gemm`` (``decomposed_dma``, the default, or ``decomposed``: a GEMM
+                         kernel per gathered chunk as it arrives, beside a DMA or CU-driven ring)
 tensor_sizes    ints     elements of every parameter tensor an ``optimizer`` row updates
 optimizer_impl  str      how the optimizer runs: ``multi_fused`` (default), ``fused``, ``unfused``,
                          ``multi_unfused`` or ``nmc`` (near-memory ALUs)
 collective      str      ``allreduce``, ``reducescatter``, ``allgather``, ``alltoall`` (``collective``);
-                         ``reducescatter``, ``allgather``, ``alltoall`` (``gemm_collective``)
+                         ``reducescatter``, ``allgather``, ``alltoall`` (``gemm_collective``);
+                         ``allgather`` (``collective_gemm``)
 bytes           int      message size: each rank's input (output for all-gather); send size
-group           ints     ranks of a collective or ``gemm_collective``; ``src dst`` of a send/receive (blank:
+group           ints     ranks of a collective, ``gemm_collective`` or ``collective_gemm``; ``src dst`` of a
+                         send/receive (blank:
                          all GPUs)
 algorithm       str      collective algorithm (``ring``, ``direct``, ``hierarchical``, ``auto``; a
-                         ``gemm_collective``: ``ring``, ``direct``, ``auto``)
+                         ``gemm_collective``: ``ring``, ``direct``, ``auto``; a ``collective_gemm``:
+                         ``ring``, ``auto``)
 channels        int      CUs of a CU-driven collective (``collective``, a ``decomposed``
-                         ``gemm_collective``; blank: the node's ``collectives.cus``, fewer for small
+                         ``gemm_collective`` or ``collective_gemm``; blank: the node's ``collectives.cus``, fewer for small
                          messages)
 splits          int      kernels per rank's chunk of a ``decomposed`` or ``decomposed_dma``
                          ``gemm_collective`` (blank: 1)
@@ -97,17 +104,20 @@ from gpusim.ops import (
 )
 
 KINDS = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "delay",
-         "gemm_collective")
+         "gemm_collective", "collective_gemm")
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
 FUSED_COLLECTIVES = ("reducescatter", "allgather", "alltoall")
 """Collectives a ``gemm_collective`` row overlaps with its GEMM (T3's fused ops)."""
 OVERLAP_FUNCTIONS = ("t3", "decomposed", "decomposed_dma")
 """How a ``gemm_collective`` row overlaps: T3's hardware, or software decomposition (CU or DMA ring)."""
-SYNCHRONISING_KINDS = ("collective", "sendrecv", "gemm_collective")
-GROUP_KINDS = ("collective", "gemm_collective")
+GATHER_FUNCTIONS = ("decomposed_dma", "decomposed")
+"""How a ``collective_gemm`` row overlaps its all-gather with the GEMM (DMA or CU-driven ring)."""
+GATHER_ALGORITHMS = ("ring", "auto")
+SYNCHRONISING_KINDS = ("collective", "sendrecv", "gemm_collective", "collective_gemm")
+GROUP_KINDS = ("collective", "gemm_collective", "collective_gemm")
 """Kinds whose ``group`` names the ranks that exchange data."""
 KERNEL_CLASSES = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "memcpy",
-                  "delay", "gemm_collective", "other")
+                  "delay", "gemm_collective", "collective_gemm", "other")
 
 REQUIRED_COLUMNS = ("op_id", "gpu", "stream", "kind")
 INT_COLUMNS = ("m", "n", "k", "batch", "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len",
@@ -133,7 +143,7 @@ COLUMNS = (
 
 DEFAULTS: dict[str, object] = {"batch": 1, "index_dims": 0, "layer": -1, "step": 0, "dtype": "fp16",
                                "algorithm": "auto"}
-FUNCTION_DEFAULTS: dict[str, str] = {"gemm_collective": "t3"}
+FUNCTION_DEFAULTS: dict[str, str] = {"gemm_collective": "t3", "collective_gemm": "decomposed_dma"}
 """A blank ``function`` of these kinds means this one."""
 
 SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -147,6 +157,8 @@ SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "delay": ("delay_s",),
     "gemm_collective": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel", "collective", "group",
                         "algorithm", "channels", "splits", "async_collective", "function"),
+    "collective_gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel", "collective", "group",
+                        "algorithm", "channels", "function"),
 }
 """Fields that define what a row of each kind computes (rows of one op_id must agree on them)."""
 
@@ -330,6 +342,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         "collective": ("bytes",),
         "sendrecv": ("bytes",),
         "gemm_collective": ("m", "n", "k", "batch"),
+        "collective_gemm": ("m", "n", "k", "batch"),
     }
     for kind, fields in positive.items():
         mask = kinds == kind
@@ -343,15 +356,17 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
                 got = format_value(frame[field].iloc[position])
                 raise _fail(frame, position, source, field,
                             f"must be a positive whole number for a {kind} row, got {got}")
-    choices = {
-        "elementwise": ("function", tuple(ELEMENTWISE_KINDS)),
-        "reduction": ("function", tuple(ROW_REDUCE_KINDS)),
-        "attention": ("function", ATTENTION_DIRECTIONS),
-        "collective": ("collective", COLLECTIVES),
-        "optimizer": ("function", OPTIMIZER_ALGORITHMS),
-        "gemm_collective": ("collective", FUSED_COLLECTIVES),
-    }
-    for kind, (field, allowed) in choices.items():
+    choices = (
+        ("elementwise", "function", tuple(ELEMENTWISE_KINDS)),
+        ("reduction", "function", tuple(ROW_REDUCE_KINDS)),
+        ("attention", "function", ATTENTION_DIRECTIONS),
+        ("collective", "collective", COLLECTIVES),
+        ("optimizer", "function", OPTIMIZER_ALGORITHMS),
+        ("gemm_collective", "collective", FUSED_COLLECTIVES),
+        ("collective_gemm", "collective", ("allgather",)),
+        ("collective_gemm", "function", GATHER_FUNCTIONS),
+    )
+    for kind, field, allowed in choices:
         bad = (kinds == kind) & ~frame[field].isin(allowed).to_numpy()
         if bad.any():
             position = int(np.flatnonzero(bad)[0])
@@ -365,7 +380,8 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         raise _fail(frame, position, source, "index_dims",
                     f"must be a whole number from 0 to {MAX_INDEX_DIMS} for an elementwise row, "
                     f"got {format_value(dims.iloc[position])}")
-    for kind, allowed in (("collective", COLLECTIVE_ALGORITHMS), ("gemm_collective", FUSED_ALGORITHMS)):
+    for kind, allowed in (("collective", COLLECTIVE_ALGORITHMS), ("gemm_collective", FUSED_ALGORITHMS),
+                          ("collective_gemm", GATHER_ALGORITHMS)):
         bad = (kinds == kind) & ~frame["algorithm"].isin(allowed).to_numpy()
         if bad.any():
             position = int(np.flatnonzero(bad)[0])
@@ -424,17 +440,20 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
 
 
 def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
-    """``async_collective`` only on ``gemm_collective`` rows; those rows: a known ``function``, and the decompositions' limits (a reduce-scatter
-    of one GEMM, not a batch, whose rows split evenly over the group)."""
+    """Rows that overlap a GEMM and a collective: ``async_collective`` only on ``gemm_collective``
+    rows, ``channels`` only where a CU-driven ring has them, ``splits`` only on a decomposed
+    ``gemm_collective``, and the decompositions' limits (a reduce-scatter of one GEMM's output or an
+    all-gather of one GEMM's untransposed A, not a batch, whose rows split evenly over the group)."""
     kinds = frame["kind"].to_numpy()
     overlap = kinds == "gemm_collective"
+    gather = kinds == "collective_gemm"
     bad = ~overlap & frame["async_collective"].to_numpy(dtype=bool)
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "async_collective",
                     f"must be blank or false on a {kinds[position]} row (only a gemm_collective row's collective "
                     f"can finish after its stream moves on), got {format_value(frame['async_collective'].iloc[position])}")
-    if not overlap.any():
+    if not (overlap.any() or gather.any()):
         return
     bad = overlap & ~frame["function"].isin(OVERLAP_FUNCTIONS).to_numpy()
     if bad.any():
@@ -442,11 +461,11 @@ def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
         raise _fail(frame, position, source, "function",
                     f"must be one of {', '.join(OVERLAP_FUNCTIONS)} for a gemm_collective row, "
                     f"got {format_value(frame['function'].iloc[position])}")
-    bad = overlap & (frame["function"] != "decomposed").to_numpy() & frame["channels"].notna().to_numpy()
+    bad = (overlap | gather) & (frame["function"] != "decomposed").to_numpy() & frame["channels"].notna().to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "channels",
-                    f"must be blank for a {frame['function'].iloc[position]} gemm_collective row (no CU drives its "
+                    f"must be blank for a {frame['function'].iloc[position]} {kinds[position]} row (no CU drives its "
                     f"collective; only a decomposed one has channels), got {format_value(frame['channels'].iloc[position])}")
     decomposed = overlap & frame["function"].str.startswith("decomposed").to_numpy()
     bad = ~decomposed & frame["splits"].notna().to_numpy()
@@ -455,12 +474,16 @@ def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
         raise _fail(frame, position, source, "splits",
                     "must be blank except on a decomposed or decomposed_dma gemm_collective row (the kernels of "
                     f"each rank's chunk), got {format_value(frame['splits'].iloc[position])}")
-    for position in np.flatnonzero(decomposed):
+    bad = gather & frame["trans_a"].to_numpy(dtype=bool)
+    if bad.any():
+        raise _fail(frame, int(np.flatnonzero(bad)[0]), source, "trans_a",
+                    "must be false for a collective_gemm row (the all-gather concatenates whole rows of A), got True")
+    for position in np.flatnonzero(decomposed | gather):
         row = frame.iloc[position]
-        function = row["function"]
-        if row["collective"] != "reducescatter":
+        what = f"{row['function']} {row['kind']}"
+        if row["kind"] == "gemm_collective" and row["collective"] != "reducescatter":
             raise _fail(frame, int(position), source, "collective",
-                        f"must be reducescatter for a {function} gemm_collective row, got {format_value(row['collective'])}")
+                        f"must be reducescatter for a {what} row, got {format_value(row['collective'])}")
         try:
             ranks = len(parse_ints(row["group"]))
         except ValueError:
@@ -469,8 +492,7 @@ def _check_overlaps(frame: pd.DataFrame, source: str) -> None:
         problem = decomposition_problem(int(row["m"]), int(row["batch"]), ranks, splits)
         if problem:
             field, message = problem
-            raise _fail(frame, int(position), source, field, f"{message} for a {function} gemm_collective row, "
-                        f"got {format_value(row[field])}")
+            raise _fail(frame, int(position), source, field, f"{message} for a {what} row, got {format_value(row[field])}")
 
 
 def decomposition_problem(m: int, batch: int, ranks: int, splits: int = 1) -> tuple[str, str] | None:

@@ -89,8 +89,9 @@ class Trace:
         ``gemm_collective`` (a GEMM overlapped with a collective of its output) counts that output,
         each rank's ``m * n * batch`` elements, as a collective's ``bytes`` (for an all-gather, every
         rank's shard: the gathered size; with a blank group the trace does not know the ranks, and
-        one shard is counted)."""
-        frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv", "gemm_collective"])]
+        one shard is counted); a ``collective_gemm`` (an all-gather overlapped with the GEMM that
+        consumes it) counts the gathered A, ``m * k`` elements."""
+        frame = self.frame[self.frame["kind"].isin(["collective", "sendrecv", "gemm_collective", "collective_gemm"])]
         frame = frame.drop_duplicates("op_id").copy()
         overlapped = frame["kind"] == "gemm_collective"
         if overlapped.any():
@@ -98,6 +99,10 @@ class Trace:
             output = rows["m"] * rows["n"] * rows["batch"] * rows["dtype"].map(DTYPE_BYTES)
             ranks = [len(parse_ints(group)) or 1 for group in rows["group"]]
             frame.loc[overlapped, "bytes"] = output.where(rows["collective"] != "allgather", output * ranks)
+        gathered = frame["kind"] == "collective_gemm"
+        if gathered.any():
+            rows = frame[gathered]
+            frame.loc[gathered, "bytes"] = rows["m"] * rows["k"] * rows["dtype"].map(DTYPE_BYTES)
         return frame[["op_id", "name", "kind", "collective", "bytes", "group", "phase", "layer", "step"]].reset_index(
             drop=True
         )
