@@ -61,11 +61,9 @@ COMM_LANE_SUFFIX = ".comm"
 def execute_decomposed_gemm_rs(ctx, op):
     """Run a :class:`gpusim.ops.DecomposedGemmReduceScatter` on ``ctx``'s rank (a generator on the op's stream)."""
     group = ctx.group
-    if ctx.rank not in group:
-        return
     n = len(group)
-    if n == 1:  # nothing to reduce: the GEMM alone
-        yield from execute_gemm(ctx, op)
+    if ctx.rank not in group or n == 1:
+        yield from _without_peers(ctx, op)
         return
     splits = op.splits
     if op.m % (n * splits):
@@ -138,11 +136,9 @@ def execute_decomposed_ag_gemm(ctx, op):
     The rank at ring position ``p`` runs the kernel of chunk ``(p - j) mod n`` in step ``j``: its own
     chunk first, then each chunk once every piece of it has arrived (the ring's arrival flags)."""
     group = ctx.group
-    if ctx.rank not in group:
-        return
     n = len(group)
-    if n == 1:  # nothing to gather: the GEMM alone
-        yield from execute_gemm(ctx, op)
+    if ctx.rank not in group or n == 1:
+        yield from _without_peers(ctx, op)
         return
     if op.m % n:
         raise OpError(f"{op.label}: m = {op.m} rows do not split evenly into {n} chunks, one per rank")
@@ -196,6 +192,13 @@ def execute_decomposed_ag_gemm(ctx, op):
                     workgroups=n * tiles_m * tiles_n)
     if comm_cus:
         ctx.info.update(channels=len(comm_cus), protocol=protocol.name)
+
+
+def _without_peers(ctx, op):
+    """A decomposed op on a rank with nothing to exchange (a generator): no work outside its group, the
+    GEMM alone in a group of one."""
+    if ctx.rank in ctx.group:
+        yield from execute_gemm(ctx, op)
 
 
 def _split_cus(ctx, op, protocol, chunk_bytes: int, reduces: bool = True) -> tuple[list[int], list[int]]:

@@ -33,6 +33,7 @@ the ring delivers the chunks, as Transformer Engine's overlap does).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -216,43 +217,53 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
         if function not in functions:
             raise ConfigError(f"overlap_gemm_collectives(): '{name}' ({what}) applies to function "
                               f"{' or '.join(repr(f) for f in functions)} only, not to {function!r}")
-    frame = trace.frame
     report: list[dict] = []
-    pairs = _pairs(frame, function, splits, report)
-    metadata = {**trace.metadata, "overlap": {"function": function, "report": report}}
+    pairs = _pairs(trace.frame, function, splits, report)
+
+    def replace_pair(frame: pd.DataFrame, pair: _Pair, op_id: int, rows: list[dict], remap: dict[tuple[int, int], int],
+                     dropped: set[int]) -> None:
+        for gpu, position in pair.gemm.items():
+            rows[position] = _overlapped_row(frame, pair, gpu, op_id, function, channels, splits)
+            remap[(gpu, int(frame.at[position, "op_id"]))] = op_id
+        for position in pair.collective:
+            gpu = int(frame.at[position, "gpu"])
+            if frame.at[position, "collective"] == "allreduce":  # the reduce-scatter is overlapped; gather the sums
+                rows[position] = {**rows[position], "collective": "allgather", "deps": str(op_id),
+                                  "name": _gather_name(rows[position]["name"]),
+                                  "measured_s": float("nan")}  # the all-reduce's measured time is not the gather's
+            else:
+                dropped.add(position)
+                remap[(gpu, int(frame.at[position, "op_id"]))] = op_id
+
+    return _rewrite(trace, "overlap", function, pairs, report, replace_pair, "overlapped")
+
+
+def _rewrite(trace: Trace, key: str, function: str, pairs: list[_Pair], report: list[dict],
+             replace_pair: Callable[..., None], label: str) -> Trace:
+    """``trace`` with each of ``pairs`` replaced by one row of a new op_id.
+
+    ``replace_pair(frame, pair, op_id, rows, remap, dropped)`` puts the new rows into ``rows`` (the
+    table's records), adds the positions to drop to ``dropped`` and maps every replaced
+    ``(gpu, op_id)`` to ``op_id`` in ``remap``; every dependency on a replaced op_id then points at
+    its replacement.  The report (``report``'s overlapped entries gain ``overlapped_op_id``) goes to
+    ``metadata[key]`` with the function, and ``label`` into the trace's source."""
+    frame = trace.frame
+    metadata = {**trace.metadata, key: {"function": function, "report": report}}
     if not pairs:
         return Trace(frame, trace.source, metadata)
     rows = frame.to_dict("records")
     remap: dict[tuple[int, int], int] = {}
     dropped: set[int] = set()
-    next_id = int(frame["op_id"].max()) + 1
-    entries = [entry for entry in report if entry["status"] == "overlapped"]
-    for pair, entry in zip(pairs, entries):
-        entry["overlapped_op_id"] = next_id
-        for gpu, position in pair.gemm.items():
-            rows[position] = _overlapped_row(frame, pair, gpu, next_id, function, channels, splits)
-            remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
-        for position in pair.collective:
-            gpu = int(frame.at[position, "gpu"])
-            if frame.at[position, "collective"] == "allreduce":  # the reduce-scatter is overlapped; gather the sums
-                rows[position] = {**rows[position], "collective": "allgather", "deps": str(next_id),
-                                  "name": _gather_name(rows[position]["name"]),
-                                  "measured_s": float("nan")}  # the all-reduce's measured time is not the gather's
-            else:
-                dropped.add(position)
-                remap[(gpu, int(frame.at[position, "op_id"]))] = next_id
-        next_id += 1
-    return Trace(_rewritten(frame, rows, dropped, remap), f"{trace.source} (overlapped: {function})", metadata)
-
-
-def _rewritten(frame: pd.DataFrame, rows: list[dict], dropped: set[int], remap: dict[tuple[int, int], int]) -> pd.DataFrame:
-    """``rows`` (the table's, some replaced) without the ``dropped`` positions, every dependency on a
-    replaced op_id (``remap``: (gpu, op_id) -> new op_id) pointing at its replacement."""
+    op_id = int(frame["op_id"].max()) + 1
+    for pair, entry in zip(pairs, [entry for entry in report if entry["status"] == "overlapped"]):
+        entry["overlapped_op_id"] = op_id
+        replace_pair(frame, pair, op_id, rows, remap, dropped)
+        op_id += 1
     out = [row for position, row in enumerate(rows) if position not in dropped]
     for row in out:
         deps = [remap.get((int(row["gpu"]), dep), dep) for dep in parse_ints(row["deps"])]
         row["deps"] = format_ints(dep for dep in dict.fromkeys(deps) if dep != row["op_id"])
-    return pd.DataFrame(out, columns=frame.columns)
+    return Trace(pd.DataFrame(out, columns=frame.columns), f"{trace.source} ({label}: {function})", metadata)
 
 
 def _gather_name(name: str) -> str:
@@ -342,34 +353,26 @@ def overlap_gather_gemms(trace: Trace, function: str = "decomposed_dma", channel
         if function != "decomposed":
             raise ConfigError(f"overlap_gather_gemms(): 'channels' (the CUs of its ring) applies to function "
                               f"'decomposed' only, not to {function!r}")
-    frame = trace.frame
     report: list[dict] = []
-    pairs = _gather_pairs(frame, function, report)
-    metadata = {**trace.metadata, "gather_overlap": {"function": function, "report": report}}
-    if not pairs:
-        return Trace(frame, trace.source, metadata)
-    rows = frame.to_dict("records")
-    remap: dict[tuple[int, int], int] = {}
-    dropped: set[int] = set()
-    next_id = int(frame["op_id"].max()) + 1
-    entries = [entry for entry in report if entry["status"] == "overlapped"]
-    for pair, entry in zip(pairs, entries):
-        entry["overlapped_op_id"] = next_id
+    pairs = _gather_pairs(trace.frame, function, report)
+
+    def replace_pair(frame: pd.DataFrame, pair: _Pair, op_id: int, rows: list[dict], remap: dict[tuple[int, int], int],
+                     dropped: set[int]) -> None:
         for position in pair.collective:
             gpu = int(frame.at[position, "gpu"])
             gather, gemm = frame.loc[position], frame.loc[pair.gemm[gpu]]
             deps = [d for d in (*parse_ints(gather["deps"]), *parse_ints(gemm["deps"])) if d != gather["op_id"]]
             names = [name for name in (gather["name"], gemm["name"]) if name]
             rows[pair.gemm[gpu]] = {
-                **gemm.to_dict(), "op_id": next_id, "kind": "collective_gemm", "collective": "allgather",
+                **gemm.to_dict(), "op_id": op_id, "kind": "collective_gemm", "collective": "allgather",
                 "group": gather["group"], "algorithm": gather["algorithm"], "function": function, "bytes": pd.NA,
                 "channels": pd.NA if channels is None else channels, "deps": format_ints(dict.fromkeys(deps)),
                 "name": "+".join(names), "measured_s": float("nan"), "kernel_class": "",
             }  # fmt: skip
             dropped.add(position)
-            remap[(gpu, int(gather["op_id"]))] = remap[(gpu, int(gemm["op_id"]))] = next_id
-        next_id += 1
-    return Trace(_rewritten(frame, rows, dropped, remap), f"{trace.source} (gathers overlapped: {function})", metadata)
+            remap[(gpu, int(gather["op_id"]))] = remap[(gpu, int(gemm["op_id"]))] = op_id
+
+    return _rewrite(trace, "gather_overlap", function, pairs, report, replace_pair, "gathers overlapped")
 
 
 def overlap_report(trace: Trace) -> pd.DataFrame:
