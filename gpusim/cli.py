@@ -280,7 +280,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                         help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
                              "(auto: direct for alltoall, ring for the other collectives); ops: "
                              f"{', '.join(OP_NAMES)} (gemm_rs, gemm_ag, gemm_a2a: T3's fused GEMM and collective; "
-                             "gemm_rs_decomposed: the software overlap it competes with)")
+                             "gemm_rs_decomposed: the software overlap it competes with; ag_gemm_decomposed: an "
+                             "all-gather overlapped with the GEMM that consumes it)")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric", "auto"],
                         help="symmetric simulates rank 0 only (every op must run on rank 0); auto takes symmetric "
                              "where it is exact for the ops, else full")

@@ -70,6 +70,13 @@ def test_run_the_decomposed_software_overlap(capsys):
     assert "decomposed_ring_rs" in capsys.readouterr().out
 
 
+def test_run_an_all_gather_overlapped_with_its_gemm(capsys):
+    code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--quiet",
+                 "--op", "ag_gemm_decomposed m=2048 n=1024 k=512 driver=dma"])
+    assert code == 0
+    assert "decomposed_dma_ag" in capsys.readouterr().out
+
+
 def test_unknown_preset_is_reported(capsys):
     assert main(["show-config", "nope"]) == 2
     assert "known presets" in capsys.readouterr().err

@@ -186,7 +186,18 @@ def test_megatron_layout_points_run_async_in_training_only():
     points = pd.DataFrame(t3.megatron_layout_points(("T-NLG",)))
     assert set(points.loc[points["phase"] == "prompt", "layout"]) == {"tp", "sp"}
     assert set(points.loc[points["phase"] == "train", "layout"]) == {"tp", "sp", "async"}
-    assert len(points) == (2 + 3) * 3
+    gathers = points["config"].isin(t3.GATHER_CONFIGS)
+    assert set(points.loc[gathers, "layout"]) == {"sp"}
+    assert len(points) == (2 + 3) * 3 + 2 * len(t3.GATHER_CONFIGS)
+
+
+def test_the_sequence_parallel_layer_gains_from_overlapping_its_gathers_on_top_of_t3():
+    """A 1-layer prompt: the gathers' overlap and T3-MCA's each shorten it, and together more."""
+    times = {config: t3.simulate_megatron_layout("Mega-GPT-2", "prompt", "sp", config, layers=1)
+             for config in ("sequential", "sequential+ag", "t3-mca", "t3-mca+ag")}
+    assert [times[c]["overlapped"] for c in times] == [0, 2, 2, 4]
+    assert times["t3-mca+ag"]["time_s"] < min(times["t3-mca"]["time_s"], times["sequential+ag"]["time_s"])
+    assert max(times["t3-mca"]["time_s"], times["sequential+ag"]["time_s"]) < times["sequential"]["time_s"]
 
 
 def test_a_replayed_layer_overlaps_its_four_sublayers_and_gains():

@@ -379,5 +379,6 @@ def overlap_report(trace: Trace) -> pd.DataFrame:
     """The reports of :func:`overlap_gemm_collectives` and :func:`overlap_gather_gemms` on ``trace``
     as one table (columns :data:`REPORT_COLUMNS`); empty for a trace neither rewrote."""
     entries = [entry for key in ("overlap", "gather_overlap") for entry in (trace.metadata.get(key) or {}).get("report", [])]
-    return pd.DataFrame(entries, columns=REPORT_COLUMNS)
+    table = pd.DataFrame(entries, columns=REPORT_COLUMNS)
+    return table.astype({"gemm_op_id": "Int64", "overlapped_op_id": "Int64"})  # blank where skipped
 
