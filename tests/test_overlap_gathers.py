@@ -40,6 +40,24 @@ def test_every_rank_sends_every_chunk_but_its_neighbours_once():
     assert result.links["bytes"].sum() == 4 * 3 * GATHERED // 4
 
 
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from([2, 3, 4]), st.integers(1, 6), st.sampled_from([64, 200, 512]), st.sampled_from([64, 96, 256]),
+       st.sampled_from(["dma", "cu"]))
+def test_any_shape_gathers_every_byte_once_and_ends(ranks, rows_per_rank, n, k, driver):
+    """No deadlock, whatever the chunk (down to a few rows); each rank forwards ``ranks - 1`` chunks of
+    A to its neighbour (the CU ring's protocol adds its flags to the payload), and the GEMM runs once
+    per chunk on every rank."""
+    system = gpusim.load_system("t3-ring8").with_overrides({"num_gpus": ranks})
+    m = 16 * rows_per_rank * ranks
+    op = ops.DecomposedAllGatherGemm(m, n, k, driver=driver, channels=None if driver == "dma" else 4)
+    result = gpusim.run(system, op, mode="full")
+    sent = result.links["bytes"].sum()
+    payload = ranks * (ranks - 1) * m * k * 2 // ranks
+    assert sent == payload if driver == "dma" else payload <= sent <= 1.25 * payload
+    chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
+    assert len(chunks) == ranks * ranks
+
+
 def test_full_and_symmetric_mode_agree():
     op = ops.DecomposedAllGatherGemm(M, N, K, a="x", driver="dma")
     full = gpusim.run(RING4, op, mode="full").time_s
