@@ -9,7 +9,7 @@ import pytest
 import gpusim
 from gpusim.cli import main
 from gpusim.errors import TraceError
-from gpusim.trace import ModelConfig, Trace, breakdown, compare, read, transformer
+from gpusim.trace import ModelConfig, Trace, breakdown, compare, overlap_gemm_collectives, read, transformer
 from gpusim.trace.replay import choose_mode
 from tests.conftest import REPO
 
@@ -145,6 +145,35 @@ def test_breakdown_times_are_never_negative():
     parts = breakdown(ops).iloc[0]
     assert parts["overlapped_comm_s"] == 0.0
     assert (parts.drop("gpu") >= 0).all()
+
+
+def test_a_fused_ops_reduce_scatter_tail_is_exposed_and_the_rest_overlapped():
+    """Given the kernels, T3's fused op counts its launch and GEMM kernel as compute and its span
+    after the kernel started as communication: the tail after the GEMM is exposed, the rest overlapped.
+    Without them the op is compute, as before."""
+    ops = pd.DataFrame({"gpu": [0, 0], "op_id": [7, 8], "kind": ["fused", "collective"], "chunks": [4, None],
+                        "start_s": [0.0, 10e-6], "end_s": [10e-6, 14e-6]})
+    kernels = pd.DataFrame({"gpu": [0, 0], "op_id": [7, 8], "name": ["gemm_rs_MT128x128x32", "ag_ring_8ch"],
+                            "start_s": [1e-6, 10e-6], "end_s": [7e-6, 14e-6]})
+    parts = breakdown(ops, kernels).iloc[0]
+    assert parts["compute_s"] == pytest.approx(7e-6)  # 1 us launch, 6 us GEMM
+    assert parts["overlapped_comm_s"] == pytest.approx(6e-6)
+    assert parts["exposed_comm_s"] == pytest.approx(3e-6 + 4e-6)  # the tail, then the all-gather
+    assert parts["compute_s"] + parts["exposed_comm_s"] + parts["idle_s"] == pytest.approx(parts["total_s"])
+    plain = breakdown(ops).iloc[0]
+    assert (plain["compute_s"], plain["exposed_comm_s"]) == pytest.approx((10e-6, 4e-6))
+    alone = breakdown(ops.assign(chunks=[1, None]), kernels).iloc[0]  # a group of one exchanged nothing
+    assert alone["compute_s"] == pytest.approx(10e-6)
+
+
+def test_an_overlapped_layers_breakdown_shows_its_hidden_communication():
+    trace = overlap_gemm_collectives(transformer(TINY, tp=4, batch=8, seq_len=256, layers=2, head=False,
+                                                 optimizer=None, phase="prompt"))
+    result = trace.replay(RING8.with_overrides({"num_gpus": 4}), mode="symmetric")
+    with_kernels, without = breakdown(result.ops, result.kernels).iloc[0], breakdown(result.ops).iloc[0]
+    assert with_kernels["overlapped_comm_s"] > without["overlapped_comm_s"]
+    assert with_kernels["compute_s"] < without["compute_s"]
+    assert with_kernels["total_s"] == without["total_s"] and with_kernels["idle_s"] == pytest.approx(without["idle_s"])
 
 
 @pytest.mark.parametrize(("collective", "algorithm", "system", "mode"), [

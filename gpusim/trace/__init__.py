@@ -6,7 +6,7 @@ Quick use::
 
     trace = gpusim.trace.transformer("gpt3", phase="train", tp=8, batch=2, seq_len=1024)
     result = gpusim.run(gpusim.load_system("t3-ring8"), trace, mode="symmetric")
-    print(gpusim.trace.breakdown(result.ops))
+    print(gpusim.trace.breakdown(result.ops, result.kernels))
 
     fused = gpusim.trace.overlap_gemm_collectives(trace, "t3")   # T3: every TP GEMM fused with its reduce-scatter
     result = gpusim.run(gpusim.load_system("t3-ring8"), fused, mode="symmetric", memory_policy="t3-mca")

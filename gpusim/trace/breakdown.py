@@ -5,6 +5,11 @@ doing: *compute* (GEMMs, element-wise, reductions, delays standing for compute),
 (collectives and send/receives).  Communication that runs while the GPU also computes is
 *overlapped*; communication alone is *exposed*; neither is *idle*.  Per GPU,
 ``compute_s + exposed_comm_s + idle_s == total_s`` and ``overlapped_comm_s <= compute_s``.
+
+An op that overlaps a GEMM with a collective inside itself (kind ``fused``: T3's fused GEMMs, the
+decompositions) is both: given the run's kernels, its GEMM kernels are compute and its whole span is
+communication, so a reduce-scatter's tail after the GEMM is exposed and the rest overlapped; without
+them it counts as compute.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import numpy as np
 import pandas as pd
 
 COMMUNICATION_KINDS = ("collective", "sendrecv")
+FUSED_KIND = "fused"
+"""``Result.ops`` kind of an op that overlaps a GEMM with a collective inside itself."""
 BREAKDOWN_COLUMNS = ["gpu", "total_s", "compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s"]
 
 
@@ -41,13 +48,31 @@ def is_communication(ops: pd.DataFrame) -> np.ndarray:
     return communication
 
 
-def breakdown(ops: pd.DataFrame) -> pd.DataFrame:
+def _fused_intervals(ops: pd.DataFrame, fused: np.ndarray, kernels: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Compute and communication intervals (gpu, start_s, end_s) of the ``fused`` rows of ``ops``: the
+    compute is each row's launch (its start to its first GEMM kernel) and its GEMM kernels, matched on
+    (gpu, op_id); the communication runs from its first GEMM kernel to its end."""
+    rows = ops.loc[fused, ["gpu", "op_id", "start_s", "end_s"]]
+    gemms = kernels.loc[kernels["name"].str.startswith("gemm"), ["gpu", "op_id", "start_s", "end_s"]]
+    first = gemms.groupby(["gpu", "op_id"], as_index=False)["start_s"].min().rename(columns={"start_s": "first_s"})
+    rows = rows.merge(first, on=["gpu", "op_id"], how="left")
+    rows["first_s"] = rows["first_s"].fillna(rows["start_s"]).clip(upper=rows["end_s"])
+    launches = rows[["gpu", "start_s"]].assign(end_s=rows["first_s"])
+    compute = pd.concat([launches, gemms.merge(rows[["gpu", "op_id"]], on=["gpu", "op_id"])[["gpu", "start_s", "end_s"]]])
+    return compute, rows[["gpu", "end_s"]].assign(start_s=rows["first_s"])
+
+
+def breakdown(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.DataFrame:
     """Compute, exposed communication, overlapped communication and idle time per GPU.
 
     Parameters
     ----------
     ops
-        ``Result.ops`` (gpu, kind, start_s, end_s; optionally kernel_class).
+        ``Result.ops`` (gpu, kind, start_s, end_s; optionally kernel_class, op_id and chunks).
+    kernels
+        ``Result.kernels`` of the same run (gpu, op_id, name, start_s, end_s): an op of kind
+        ``fused`` that exchanged data (``chunks`` > 1) then counts its GEMM kernels as compute and
+        its span as communication.  ``None``: such ops count as compute.
 
     Returns
     -------
@@ -58,12 +83,24 @@ def breakdown(ops: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
     begin, finish = float(ops["start_s"].min()), float(ops["end_s"].max())
     communication = is_communication(ops)
+    fused = np.zeros(len(ops), dtype=bool)
+    if kernels is not None and "chunks" in ops.columns:
+        fused = ((ops["kind"] == FUSED_KIND) & (pd.to_numeric(ops["chunks"], errors="coerce") > 1)).to_numpy()
+    empty = pd.DataFrame(columns=["gpu", "start_s", "end_s"])
+    inner_compute, inner_comm = _fused_intervals(ops, fused, kernels) if fused.any() else (empty, empty)
+    starts, ends = ops["start_s"].to_numpy(), ops["end_s"].to_numpy()
+
+    def covered(mask: np.ndarray, inner: pd.DataFrame, gpu: int) -> float:
+        """Length of the union of the ``mask`` rows' spans and ``inner``'s intervals on ``gpu``."""
+        inside = inner[inner["gpu"] == gpu]
+        return _union_length(np.concatenate([starts[mask], inside["start_s"].to_numpy(dtype=float)]),
+                             np.concatenate([ends[mask], inside["end_s"].to_numpy(dtype=float)]))
+
     rows = []
     for gpu in sorted(ops["gpu"].unique()):
         mine = (ops["gpu"] == gpu).to_numpy()
-        starts, ends = ops["start_s"].to_numpy(), ops["end_s"].to_numpy()
-        compute = _union_length(starts[mine & ~communication], ends[mine & ~communication])
-        comm = _union_length(starts[mine & communication], ends[mine & communication])
+        compute = covered(mine & ~communication & ~fused, inner_compute, gpu)
+        comm = covered(mine & communication, inner_comm, gpu)
         busy = _union_length(starts[mine], ends[mine])
         total = finish - begin
         # the three unions are summed separately: clamp the rounding of their differences at zero

@@ -177,7 +177,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     with staged_outputs(out) as stage:
         result = trace.replay(system, mode=mode, memory_policy=args.policy, progress=not args.quiet,
                               cache_layers=not args.no_cache)
-        parts = breakdown(result.ops)
+        parts = breakdown(result.ops, result.kernels)
         print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
         print((parts.set_index("gpu") * 1e3).round(3).rename(columns=lambda c: c.replace("_s", "_ms")).to_string())
         stats = result.stats
