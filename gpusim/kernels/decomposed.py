@@ -51,8 +51,8 @@ from gpusim.kernels.collectives import (
     ring_program,
     simple_protocol,
 )
-from gpusim.kernels.fused import whole_tile_spec
-from gpusim.kernels.gemm import GemmKernel, GemmProblem, execute_gemm, padded_k, tiles
+from gpusim.kernels.fused import gemm_spec
+from gpusim.kernels.gemm import GemmKernel, GemmProblem, execute_gemm, launch_gemm, padded_k, tiles
 
 COMM_LANE_SUFFIX = ".comm"
 """The reduce-scatter's hardware queue and timeline lane: the op's stream name with this suffix."""
@@ -75,7 +75,7 @@ def execute_decomposed_gemm_rs(ctx, op):
     gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes)
 
     problem = GemmProblem(op.m // (n * splits), op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
-    spec = whole_tile_spec(ctx, op, problem, len(gemm_cus))
+    spec = gemm_spec(ctx, op, problem, len(gemm_cus))
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
     a_split = tiles_m * spec.tile_m * padded_k(problem, spec) * size
@@ -147,12 +147,13 @@ def execute_decomposed_ag_gemm(ctx, op):
     chunk_bytes = problem.m * op.k * size
     protocol = simple_protocol(ctx) if op.driver == "dma" else choose_protocol(ctx, op, "ag", group)
     gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes, reduces=False)
-    spec = whole_tile_spec(ctx, op, problem, len(gemm_cus))
+    spec = gemm_spec(ctx, op, problem, len(gemm_cus), whole_tiles=False)  # a plain GEMM per chunk: split-K too
     tiles_m, tiles_n = tiles(problem, spec)
-    a_chunk = tiles_m * spec.tile_m * padded_k(problem, spec) * size
+    k_extent = padded_k(problem, spec) * spec.split_k
+    a_chunk = tiles_m * spec.tile_m * k_extent * size
     # The ring gathers chunk c at c x chunk_bytes; a kernel reads its padded chunk from there.
     a = ctx.tensor(op.a, (n - 1) * chunk_bytes + max(a_chunk, chunk_bytes))
-    b = ctx.tensor(op.b, tiles_n * spec.tile_n * padded_k(problem, spec) * size)
+    b = ctx.tensor(op.b, tiles_n * spec.tile_n * k_extent * size)
     c_chunk = tiles_m * tiles_n * spec.tile_m * spec.tile_n * size
     out = ctx.tensor(op.out, n * c_chunk)
     tag = 0
@@ -183,9 +184,8 @@ def execute_decomposed_ag_gemm(ctx, op):
             waiting = [event for event in arrivals if not event.processed]
             if waiting:
                 yield ctx.env.all_of(waiting)
-        kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, chunk * chunk_bytes), b, _at(out, chunk * c_chunk),
-                            cu_mask=gemm_cus, name=f"gemm_chunk{step}_{spec.name}")
-        yield from ctx.launch(kernel.kernel)
+        yield from launch_gemm(ctx, problem, spec, _at(a, chunk * chunk_bytes), b, _at(out, chunk * c_chunk),
+                               cu_mask=gemm_cus, name=f"gemm_chunk{step}_{spec.name}")
     yield gathering
     ctx.info.update(impl=f"decomposed_{'dma' if op.driver == 'dma' else 'ring'}_ag_{spec.name}",
                     flops=2.0 * op.m * op.n * op.k, bytes=op.nbytes, chunks=n, gemm_cus=len(gemm_cus),

@@ -469,16 +469,20 @@ class DmaFeeder:
             self.submit(self.held.popleft())
 
 
-def whole_tile_spec(ctx, op, problem, cus: int | None = None):
-    """The kernel of a GEMM whose output tiles leave the workgroups whole (no split-K): ``op``'s named
-    kernel, else the library heuristic's choice for ``cus`` CUs (default: the stream's) without
-    split-K, as the GPU runs it on the operands (:func:`for_operands`, :func:`pipelined`)."""
+def gemm_spec(ctx, op, problem, cus: int | None = None, whole_tiles: bool = True):
+    """The kernel of one of ``op``'s GEMMs: ``op``'s named kernel, else the library heuristic's choice
+    for ``cus`` CUs (default: the stream's), as the GPU runs it on the operands (:func:`for_operands`,
+    :func:`pipelined`).  ``whole_tiles``: the output tiles must leave the workgroups whole, as a
+    fused GEMM's stores drive its collective (no split-K: the heuristic's choice without it, a named
+    split-K kernel an error)."""
     if op.kernel is not None:
         spec = find_spec(op.kernel)
-        if spec.split_k > 1:
+        if whole_tiles and spec.split_k > 1:
             raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
     else:
-        spec = choose_kernel(problem, ctx.gpu.config, ctx.cus if cus is None else cus).with_split(1)
+        spec = choose_kernel(problem, ctx.gpu.config, ctx.cus if cus is None else cus)
+        if whole_tiles:
+            spec = spec.with_split(1)
     spec = pipelined(for_operands(spec, problem, ctx.gpu.config), ctx.gpu.config, op.dtype)
     check_fits(spec, op.dtype, ctx.gpu.config, op.label, named=op.kernel is not None)
     return spec
@@ -680,7 +684,7 @@ def execute_fused_gemm(ctx, op):
     machine = ctx.machine
     n = len(group)
     problem = problem_of(op)
-    spec = whole_tile_spec(ctx, op, problem)
+    spec = gemm_spec(ctx, op, problem)
     if n == 1:  # nothing to send: the GEMM alone
         yield from execute_gemm(ctx, op, spec)
         return

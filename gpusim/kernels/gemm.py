@@ -831,6 +831,41 @@ def problem_of(op) -> GemmProblem:
     return GemmProblem(op.m, op.n, op.k, op.dtype, op.trans_a, op.trans_b, op.batch)
 
 
+def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store: StoreFn | None = None,
+                cu_mask: list[int] | None = None, name: str | None = None):
+    """Launch ``spec``'s kernels for ``problem`` on the buffers ``a``, ``b`` and ``c`` and return the GEMM
+    kernel (a generator): the GEMM kernel, and with split-K an fp32 workspace for its partial tiles and
+    an element-wise reduction kernel that writes C.  ``cu_mask``: the CUs both may use (default:
+    the stream's); ``name``: the GEMM kernel's (default ``gemm_<spec>``)."""
+    from gpusim.kernels.elementwise import StreamingKernel
+
+    gpu = ctx.gpu
+    tiles_m, tiles_n = tiles(problem, spec)
+    if spec.split_k > 1:
+        workspace = ctx.tensor(None, tiles_m * tiles_n * problem.batch * spec.split_k * spec.tile_m * spec.tile_n * 4)
+        target = workspace
+    else:
+        target = c
+    kernel = GemmKernel(gpu, problem, spec, a, b, target, store=store, cu_mask=cu_mask,
+                        name=name or f"gemm_{spec.name}")
+    yield from ctx.launch(kernel.kernel)
+    if spec.split_k > 1:
+        partial_bytes = problem.m * problem.n * problem.batch * 4
+        reduction = StreamingKernel(
+            gpu,
+            name=f"splitk_reduce_{spec.split_k}",
+            reads=[(workspace, partial_bytes * spec.split_k)],
+            writes=[(c, problem.m * problem.n * problem.batch * problem.dtype_bytes)],
+            flops=float(problem.m * problem.n * problem.batch * spec.split_k),
+            dtype="fp32",
+            cus=ctx.cus if cu_mask is None else len(cu_mask),
+        )
+        if cu_mask is not None:
+            reduction.kernel.cu_mask = cu_mask
+        yield from ctx.launch(reduction.kernel, host_ns=0.0)
+    return kernel
+
+
 def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | None = None):
     """Run a :class:`gpusim.ops.Gemm` on ``ctx``'s rank (a generator for the op's stream).
 
@@ -842,7 +877,6 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     one-row (or one-column) product with neither a ``spec`` nor a named kernel, nor a fused
     ``store``, runs as the BLAS's GEMV kernel where it has them (:mod:`gpusim.kernels.gemv`).
     """
-    from gpusim.kernels.elementwise import StreamingKernel
     from gpusim.kernels.gemv import execute_gemv, runs_as_gemv
 
     problem = problem_of(op)
@@ -863,25 +897,7 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
     b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
     c = ctx.tensor(op.out, tiles_m * tiles_n * problem.batch * spec.tile_m * spec.tile_n * size)
-    if spec.split_k > 1:
-        workspace = ctx.tensor(None, tiles_m * tiles_n * problem.batch * spec.split_k * spec.tile_m * spec.tile_n * 4)
-        target = workspace
-    else:
-        target = c
-    kernel = GemmKernel(gpu, problem, spec, a, b, target, store=store, name=f"gemm_{spec.name}")
-    yield from ctx.launch(kernel.kernel)
-    if spec.split_k > 1:
-        partial_bytes = problem.m * problem.n * problem.batch * 4
-        reduction = StreamingKernel(
-            gpu,
-            name=f"splitk_reduce_{spec.split_k}",
-            reads=[(workspace, partial_bytes * spec.split_k)],
-            writes=[(c, problem.m * problem.n * problem.batch * size)],
-            flops=float(problem.m * problem.n * problem.batch * spec.split_k),
-            dtype="fp32",
-            cus=ctx.cus,
-        )
-        yield from ctx.launch(reduction.kernel, host_ns=0.0)
+    kernel = yield from launch_gemm(ctx, problem, spec, a, b, c, store=store)
     ctx.info.update(
         impl=spec.name,
         flops=problem.flops,
