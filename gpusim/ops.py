@@ -399,7 +399,8 @@ class DecomposedAllGatherGemm(GemmShape):
     ----------
     m, n, k, dtype, trans_a, trans_b, b, out, kernel
         The whole GEMM on the gathered input, as in :class:`GemmShape` (``m``: the gathered rows;
-        ``batch`` must be 1; a named ``kernel`` runs every chunk and may not split K).
+        ``batch`` must be 1; a named ``kernel`` runs every chunk).  Each chunk runs as a plain GEMM,
+        so the library's choice may split its K.
     a
         Name of the gathered input (each rank holds its chunk before the op, all of it after).
     channels

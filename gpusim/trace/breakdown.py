@@ -7,9 +7,9 @@ doing: *compute* (GEMMs, element-wise, reductions, delays standing for compute),
 ``compute_s + exposed_comm_s + idle_s == total_s`` and ``overlapped_comm_s <= compute_s``.
 
 An op that overlaps a GEMM with a collective inside itself (kind ``fused``: T3's fused GEMMs, the
-decompositions) is both: given the run's kernels, its GEMM kernels are compute and its whole span is
-communication, so a reduce-scatter's tail after the GEMM is exposed and the rest overlapped; without
-them it counts as compute.
+decompositions) is both: given the run's kernels, its launch and GEMM kernels are compute and it
+communicates from its first GEMM kernel to its end, so a reduce-scatter's tail after the GEMM is
+exposed and the rest overlapped; without them it counts as compute.
 """
 
 from __future__ import annotations
