@@ -75,6 +75,12 @@ def test_simulate_overlaps_a_sequence_parallel_layers_gathers_when_asked(tmp_pat
     assert "--overlap t3: 6 of 7 " in printed
     ops = pd.read_parquet(tmp_path / "out" / "ops.parquet")
     assert (ops.loc[ops["gpu"] == 0, "kind"] == "fused").sum() == 12  # QKV and FC-1 (gathers), OP and FC-2 (T3)
+    cu_ring = [*argv[:argv.index("--overlap-gathers")], "--overlap-gathers", "decomposed", "--overlap-channels", "8",
+               "--out", str(tmp_path / "cu")]
+    assert main(cu_ring) == 0
+    assert "--overlap-gathers decomposed: 6 of 7 all-gathers" in capsys.readouterr().out
+    impls = pd.read_parquet(tmp_path / "cu" / "ops.parquet")["impl"].dropna()
+    assert impls.str.startswith("decomposed_ring_ag").sum() == 6 * 4  # every GPU's rows, in full mode
 
 
 def test_a_generated_model_larger_than_the_node_says_so(capsys):

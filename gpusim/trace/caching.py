@@ -255,7 +255,7 @@ def reconstruct(
     def moved_on(position: int) -> float:
         """When the next row on ``position``'s stream may start."""
         source = int(plan.representative[position])
-        start, end = times[position]
+        end = times[position][1]
         if source not in released:
             return end
         return end - duration(position) + released[source] - begun(source)

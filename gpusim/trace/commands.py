@@ -162,15 +162,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace = transformer(args.model, **options)
     else:
         trace = load_any(args.trace, unsupported=args.unsupported or "error")
-    if args.overlap_channels is not None and args.overlap != "decomposed":
-        raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed")
+    if args.overlap_channels is not None and "decomposed" not in (args.overlap, args.overlap_gathers):
+        raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed and --overlap-gathers decomposed")
     if args.overlap_splits is not None and args.overlap not in ("decomposed", "decomposed_dma"):
         raise GpusimError("simulate: --overlap-splits applies to --overlap decomposed and decomposed_dma")
     if args.overlap_gathers:  # first: a GEMM that gathers its A and feeds a reduction keeps the gather's overlap
-        trace = overlap_gather_gemms(trace, args.overlap_gathers)
+        channels = args.overlap_channels if args.overlap_gathers == "decomposed" else None
+        trace = overlap_gather_gemms(trace, args.overlap_gathers, channels)
         _report_overlap(trace, "--overlap-gathers", args.overlap_gathers, gathers=True)
     if args.overlap:
-        trace = overlap_gemm_collectives(trace, args.overlap, args.overlap_channels, args.overlap_splits or 1)
+        channels = args.overlap_channels if args.overlap == "decomposed" else None
+        trace = overlap_gemm_collectives(trace, args.overlap, channels, args.overlap_splits or 1)
         _report_overlap(trace, "--overlap", args.overlap, gathers=False)
     mode = _mode(args, trace, system)
     out = output_folder(args.out)
@@ -340,9 +342,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="overlap every all-gather with the GEMM right after it that consumes the gathered "
                              "tensor (sequence parallelism): decomposed_dma (a GEMM kernel per chunk as the DMA "
                              "engines deliver it, as Transformer Engine's overlap) or decomposed (beside a CU-driven "
-                             "ring on the node's collectives.cus CUs)")
+                             "ring on --overlap-channels CUs)")
     parser.add_argument("--overlap-channels", type=positive_int,
-                        help="--overlap decomposed: CUs of its ring (default: the node's collectives.cus)")
+                        help="--overlap decomposed, --overlap-gathers decomposed: CUs of their rings (default: "
+                             "the node's collectives.cus)")
     parser.add_argument("--overlap-splits", type=positive_int,
                         help="--overlap decomposed or decomposed_dma: kernels per rank's chunk (default: 1)")
     parser.add_argument("--policy", choices=list(PICK_POLICIES),
