@@ -335,7 +335,9 @@ class DecomposedGemmReduceScatter(GemmShape):
     ----------
     m, n, k, dtype, trans_a, trans_b, a, b, kernel
         The whole GEMM, as in :class:`GemmShape` (``batch`` must be 1; a named ``kernel`` runs every
-        chunk and may not split K).
+        chunk).  CU-driven, each chunk's kernel is a plain GEMM, which the library may split along K
+        (its reduction kernel then writes the chunk before the ring reads it); DMA-driven, the
+        kernels store whole tiles as near-memory updates, so they may not split K.
     out
         Name of the reduce-scatter's output.
     channels

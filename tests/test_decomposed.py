@@ -164,12 +164,25 @@ def test_splits_that_cannot_run_are_op_errors(fields, message):
     ({"channels": 0}, "channels"),
     ({"splits": 0}, "splits"),
     ({"driver": "nccl"}, "field 'driver'"),
-    ({"kernel": "MT128x128x32_T256_SK2"}, None),
+    ({"kernel": "MT128x128x32_T256_SK2", "driver": "dma", "channels": None}, None),
 ])
 def test_bad_fields_are_named(fields, message):
-    if message is None:  # a split-K kernel is refused when the op runs: its chunks need whole tiles
+    if message is None:  # DMA-driven, a split-K kernel is refused when the op runs: its updates need whole tiles
         with pytest.raises(OpError, match="whole output tiles"):
             gpusim.run(RING8, decomposed(**fields), mode="symmetric")
         return
     with pytest.raises(OpError, match=message):
         decomposed(**fields)
+
+
+def test_a_cu_driven_chunk_may_split_k_and_the_ring_reads_it_after_its_reduction():
+    """CU-driven, each chunk is a plain GEMM: a split-K kernel runs, and each chunk's reduction kernel
+    ends before the ring kernel's step that reads the chunk (the ring still ends last)."""
+    result = gpusim.run(RING8, decomposed(kernel="MT128x128x32_T256_SK2"), mode="symmetric")
+    kernels = result.kernels.sort_values("start_s")
+    reductions = kernels[kernels["name"].str.startswith("splitk_reduce")]
+    chunks = kernels[kernels["name"].str.startswith("gemm_chunk")]
+    assert len(reductions) == len(chunks) == 8
+    assert (reductions["start_s"].to_numpy() >= chunks["end_s"].to_numpy()).all()
+    ring = kernels[kernels["name"].str.startswith("rs_ring")]
+    assert ring["end_s"].max() >= reductions["end_s"].max()

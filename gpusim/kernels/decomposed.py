@@ -52,7 +52,7 @@ from gpusim.kernels.collectives import (
     simple_protocol,
 )
 from gpusim.kernels.fused import gemm_spec
-from gpusim.kernels.gemm import GemmKernel, GemmProblem, execute_gemm, launch_gemm, padded_k, tiles
+from gpusim.kernels.gemm import GemmProblem, execute_gemm, launch_gemm, padded_k, tiles
 
 COMM_LANE_SUFFIX = ".comm"
 """The reduce-scatter's hardware queue and timeline lane: the op's stream name with this suffix."""
@@ -75,12 +75,15 @@ def execute_decomposed_gemm_rs(ctx, op):
     gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes)
 
     problem = GemmProblem(op.m // (n * splits), op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
-    spec = gemm_spec(ctx, op, problem, len(gemm_cus))
+    # DMA-driven, the kernels store their tiles as near-memory updates: whole tiles.  CU-driven, each
+    # kernel is a plain GEMM whose output the ring reads once it has ended: split-K too.
+    spec = gemm_spec(ctx, op, problem, len(gemm_cus), whole_tiles=op.driver == "dma")
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
-    a_split = tiles_m * spec.tile_m * padded_k(problem, spec) * size
+    k_extent = padded_k(problem, spec) * spec.split_k
+    a_split = tiles_m * spec.tile_m * k_extent * size
     a = ctx.tensor(op.a, n * splits * a_split)
-    b = ctx.tensor(op.b, tiles_n * spec.tile_n * padded_k(problem, spec) * size)
+    b = ctx.tensor(op.b, tiles_n * spec.tile_n * k_extent * size)
     # Kernel i of chunk j writes its rows where the reduce-scatter reads them; padded edge tiles
     # (when its rows are not whole tiles) spill into the next kernel's first bytes.  DMA-driven,
     # the partials are the output, uncached, as the near-memory updates that land in them need.
@@ -103,11 +106,9 @@ def execute_decomposed_gemm_rs(ctx, op):
         for step, chunk in enumerate(order):
             for i in range(splits):
                 target = _at(partials, chunk * chunk_bytes + i * split_bytes)
-                kernel = GemmKernel(ctx.gpu, problem, spec, _at(a, (chunk * splits + i) * a_split), b, target,
-                                    store=_updates(ctx, target) if op.driver == "dma" else None,
-                                    cu_mask=gemm_cus, name=f"gemm_chunk{step}" + (f".{i}" if splits > 1 else "")
-                                    + f"_{spec.name}")
-                yield from ctx.launch(kernel.kernel)
+                yield from launch_gemm(ctx, problem, spec, _at(a, (chunk * splits + i) * a_split), b, target,
+                                       store=_updates(ctx, target) if op.driver == "dma" else None, cu_mask=gemm_cus,
+                                       name=f"gemm_chunk{step}" + (f".{i}" if splits > 1 else "") + f"_{spec.name}")
                 produced[(chunk, i)].succeed()
         ctx.release_stream()  # the ring's tail runs on its own lane (or the DMA engines)
 
