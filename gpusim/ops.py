@@ -317,7 +317,26 @@ class GemmAllToAll(FusedGemm):
 
 
 @dataclass
-class DecomposedGemmReduceScatter(GemmShape):
+class _DecomposedGemm(GemmShape):
+    """What a GEMM overlapped with a ring collective by decomposition takes besides the GEMM (the
+    chunks are cut along M, so ``batch`` must be 1): the ring's ``channels`` and its ``driver``."""
+
+    channels: int | None = None
+    driver: str = "cu"
+    category: ClassVar[str] = "fused"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        one_of("field 'driver'", self.driver, ("cu", "dma"), owner, OpError)
+        if self.batch != 1:
+            raise OpError(f"{owner}: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
+        if self.channels is not None:
+            self.channels = _positive_int(owner, "channels", self.channels)
+
+
+@dataclass
+class DecomposedGemmReduceScatter(_DecomposedGemm):
     """A GEMM and the ring reduce-scatter of its output, overlapped in software by decomposition.
 
     What software can do without T3's hardware (Wang et al., ASPLOS 2023, the dissertation's
@@ -356,18 +375,10 @@ class DecomposedGemmReduceScatter(GemmShape):
         ``ranks x splits`` parts.
     """
 
-    channels: int | None = None
-    driver: str = "cu"
     splits: int = 1
-    category: ClassVar[str] = "fused"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        one_of("field 'driver'", self.driver, ("cu", "dma"), "DecomposedGemmReduceScatter", OpError)
-        if self.batch != 1:
-            raise OpError(f"DecomposedGemmReduceScatter: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
-        if self.channels is not None:
-            self.channels = _positive_int("DecomposedGemmReduceScatter", "channels", self.channels)
         self.splits = _positive_int("DecomposedGemmReduceScatter", "splits", self.splits)
 
     @property
@@ -385,7 +396,7 @@ class DecomposedGemmReduceScatter(GemmShape):
 
 
 @dataclass
-class DecomposedAllGatherGemm(GemmShape):
+class DecomposedAllGatherGemm(_DecomposedGemm):
     """The ring all-gather of a GEMM's input and the GEMM, overlapped in software by decomposition.
 
     The consumer-side mirror of :class:`DecomposedGemmReduceScatter`: a sequence-parallel layer
@@ -411,18 +422,6 @@ class DecomposedAllGatherGemm(GemmShape):
         ``"cu"``: the all-gather is a kernel on ``channels`` CUs and the GEMM kernels get the
         others; ``"dma"``: the DMA engines forward each chunk, and the GEMM keeps every CU.
     """
-
-    channels: int | None = None
-    driver: str = "cu"
-    category: ClassVar[str] = "fused"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        one_of("field 'driver'", self.driver, ("cu", "dma"), "DecomposedAllGatherGemm", OpError)
-        if self.batch != 1:
-            raise OpError(f"DecomposedAllGatherGemm: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
-        if self.channels is not None:
-            self.channels = _positive_int("DecomposedAllGatherGemm", "channels", self.channels)
 
     @property
     def nbytes(self) -> int:

@@ -207,16 +207,9 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
         given for a function that has none.
     """
     one_of("function", function, OVERLAP_FUNCTIONS, "overlap_gemm_collectives()")
-    for name, value, default, functions, what in (("channels", channels, None, ("decomposed",), "the CUs of its ring"),
-                                                  ("splits", splits, 1, ("decomposed", "decomposed_dma"),
-                                                   "the kernels of each chunk")):
-        if value == default:
-            continue
-        if (as_int(value) or 0) <= 0:
-            raise ConfigError(f"overlap_gemm_collectives(): '{name}' must be a positive whole number, got {value!r}")
-        if function not in functions:
-            raise ConfigError(f"overlap_gemm_collectives(): '{name}' ({what}) applies to function "
-                              f"{' or '.join(repr(f) for f in functions)} only, not to {function!r}")
+    _check_options("overlap_gemm_collectives()", function,
+                   [("channels", channels, None, ("decomposed",), "the CUs of its ring"),
+                    ("splits", splits, 1, ("decomposed", "decomposed_dma"), "the kernels of each chunk")])
     report: list[dict] = []
     pairs = _pairs(trace.frame, function, splits, report)
 
@@ -236,6 +229,19 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
                 remap[(gpu, int(frame.at[position, "op_id"]))] = op_id
 
     return _rewrite(trace, "overlap", function, pairs, report, replace_pair, "overlapped")
+
+
+def _check_options(caller: str, function: str, options: list[tuple[str, object, object, tuple[str, ...], str]]) -> None:
+    """Each option ``(name, value, default, functions, what)`` left at its default, or a positive whole
+    number given for one of the ``functions`` it applies to; a :class:`ConfigError` naming it otherwise."""
+    for name, value, default, functions, what in options:
+        if value == default:
+            continue
+        if (as_int(value) or 0) <= 0:
+            raise ConfigError(f"{caller}: '{name}' must be a positive whole number, got {value!r}")
+        if function not in functions:
+            raise ConfigError(f"{caller}: '{name}' ({what}) applies to function "
+                              f"{' or '.join(repr(f) for f in functions)} only, not to {function!r}")
 
 
 def _rewrite(trace: Trace, key: str, function: str, pairs: list[_Pair], report: list[dict],
@@ -347,12 +353,8 @@ def overlap_gather_gemms(trace: Trace, function: str = "decomposed_dma", channel
         ``"decomposed_dma"``.
     """
     one_of("function", function, GATHER_FUNCTIONS, "overlap_gather_gemms()")
-    if channels is not None:
-        if (as_int(channels) or 0) <= 0:
-            raise ConfigError(f"overlap_gather_gemms(): 'channels' must be a positive whole number, got {channels!r}")
-        if function != "decomposed":
-            raise ConfigError(f"overlap_gather_gemms(): 'channels' (the CUs of its ring) applies to function "
-                              f"'decomposed' only, not to {function!r}")
+    _check_options("overlap_gather_gemms()", function,
+                   [("channels", channels, None, ("decomposed",), "the CUs of its ring")])
     report: list[dict] = []
     pairs = _gather_pairs(trace.frame, function, report)
 
