@@ -243,7 +243,9 @@ class GemmReduceScatter(FusedGemm):
     Attributes
     ----------
     m, n, k, dtype, trans_a, trans_b, batch, a, b, out, kernel
-        The GEMM, as in :class:`GemmShape`.
+        The GEMM, as in :class:`GemmShape`.  A split-K kernel (named, or the heuristic's choice)
+        stores each split's partial tile as a near-memory update, with no reduction kernel, and the
+        tracker waits for every partial (dissertation section 8.6.7).
     algorithm
         ``ring`` (ring reduce-scatter over the node's ring order), ``direct`` (every GPU updates
         every other's chunk over its own link; fully connected nodes) or ``auto`` (ring).
@@ -278,7 +280,8 @@ class GemmAllGather(FusedGemm):
     Attributes
     ----------
     m, n, k, dtype, trans_a, trans_b, batch, a, b, out, kernel
-        Each rank's GEMM, as in :class:`GemmShape`; ``out`` names the gathered output.
+        Each rank's GEMM, as in :class:`GemmShape` (whole output tiles: plain stores cannot add a
+        split-K kernel's partials); ``out`` names the gathered output.
     algorithm
         ``ring`` (over the node's ring order), ``direct`` (every GPU stores its shard into every
         other over its own link; fully connected nodes) or ``auto`` (ring).
@@ -356,7 +359,8 @@ class DecomposedGemmReduceScatter(_DecomposedGemm):
         The whole GEMM, as in :class:`GemmShape` (``batch`` must be 1; a named ``kernel`` runs every
         chunk).  CU-driven, each chunk's kernel is a plain GEMM, which the library may split along K
         (its reduction kernel then writes the chunk before the ring reads it); DMA-driven, the
-        kernels store whole tiles as near-memory updates, so they may not split K.
+        kernels store their tiles as near-memory updates, and a K split's partial tiles add in
+        place (no reduction kernel).
     out
         Name of the reduce-scatter's output.
     channels

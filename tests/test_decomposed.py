@@ -164,15 +164,27 @@ def test_splits_that_cannot_run_are_op_errors(fields, message):
     ({"channels": 0}, "channels"),
     ({"splits": 0}, "splits"),
     ({"driver": "nccl"}, "field 'driver'"),
-    ({"kernel": "MT128x128x32_T256_SK2", "driver": "dma", "channels": None}, None),
 ])
 def test_bad_fields_are_named(fields, message):
-    if message is None:  # DMA-driven, a split-K kernel is refused when the op runs: its updates need whole tiles
-        with pytest.raises(OpError, match="whole output tiles"):
-            gpusim.run(RING8, decomposed(**fields), mode="symmetric")
-        return
     with pytest.raises(OpError, match=message):
         decomposed(**fields)
+
+
+def test_a_dma_driven_chunk_may_split_k_and_adds_its_partials_in_place():
+    """DMA-driven, each K split's partial tile is a near-memory update of the chunk: no reduction
+    kernel, and the chunks' local updates are the splits' partials."""
+    whole = gpusim.run(RING8, decomposed(kernel="MT128x128x32_T256", driver="dma", channels=None), mode="symmetric")
+    split = gpusim.run(RING8, decomposed(kernel="MT128x128x32_T256_SK2", driver="dma", channels=None), mode="symmetric")
+    assert not split.kernels["name"].str.startswith("splitk_reduce").any()
+    assert split.kernels["name"].str.startswith("gemm_chunk").sum() == 8
+
+    def local_updates(result):
+        totals = result.dram_totals().set_index(["stream", "direction"])["bytes"]
+        return totals[("compute", "update")], totals[("comm", "update")]
+
+    (whole_local, whole_incoming), (split_local, split_incoming) = local_updates(whole), local_updates(split)
+    assert split_local == pytest.approx(2 * whole_local, rel=0.01)
+    assert split_incoming == pytest.approx(whole_incoming, rel=0.01)  # one DMA update per element and step
 
 
 def test_a_cu_driven_chunk_may_split_k_and_the_ring_reads_it_after_its_reduction():

@@ -1,5 +1,7 @@
 """T3's fused GEMM -> reduce-scatter: address-space configuration, staggering, tracking, DMA, MCA."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,25 +46,35 @@ def test_ring_configuration_staggers_and_ends_with_each_rank_owning_its_chunk(n)
     assert owners == ring  # rank p ends with chunk p, as after ops.ReduceScatter
 
 
-def test_direct_configuration_sends_every_other_chunk_to_its_owner():
+@pytest.mark.parametrize("partials", [1, 3])
+def test_direct_configuration_sends_every_other_chunk_to_its_owner(partials):
     group = [0, 1, 2, 3]
     for rank in group:
-        config = direct_reduce_scatter_config(group, rank)
-        assert config.production_order[-1] == rank
+        config = direct_reduce_scatter_config(group, rank, partials)
+        assert config.production_order[-1] == rank and config.partials == partials
         for chunk, mapping in enumerate(config.mappings):
-            if chunk == rank:
-                assert mapping.kind == FINAL and mapping.updates_per_element == 4
+            if chunk == rank:  # every rank's K splits update it
+                assert mapping.kind == FINAL and mapping.updates_per_element == 4 * partials
             else:
                 assert mapping.kind == REMOTE and mapping.dsts == (chunk,)
 
 
+def test_a_ring_chunk_expects_the_local_partials_and_what_arrives():
+    """With K split 3 ways: step 1's chunk gets 3 local and 3 remote partial updates per element,
+    later chunks 3 local ones and one DMA update."""
+    config = ring_reduce_scatter_config(list(range(4)), 0, partials=3)
+    expected = [config.mappings[chunk].updates_per_element for chunk in config.production_order]
+    assert expected == [1, 6, 4, 4]  # the first chunk leaves as remote updates: not tracked here
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 12), st.lists(st.integers(1, 4096), min_size=1, max_size=70))
-def test_thresholds_are_tile_size_times_updates_per_element(n, valid):
-    """Full mode: the dissertation's threshold; symmetric mode: the same wherever the mirror exists."""
+@given(st.integers(2, 12), st.lists(st.integers(1, 4096), min_size=1, max_size=70), st.integers(1, 4))
+def test_thresholds_are_tile_size_times_updates_per_element(n, valid, partials):
+    """Full mode: the dissertation's threshold (with a GEMM's K splits, each a partial update);
+    symmetric mode: the same wherever the mirror exists."""
     layout = ChunkLayout(4096, valid, n)
     ring = list(range(n))
-    configs = [ring_reduce_scatter_config(ring, r) for r in ring]
+    configs = [ring_reduce_scatter_config(ring, r, partials) for r in ring]
     for me in configs:
         full = expected_bytes(me, [c for c in configs if c.rank != me.rank], layout, Frame(me, layout, False))
         for tile, value in enumerate(full[: layout.tiles]):
@@ -113,6 +125,37 @@ def test_each_gpu_sends_its_first_chunk_remotely_and_dmas_the_middle_ones():
     sent = result.links.groupby("link")["bytes"].sum()
     assert sent[[f"gpu{i}->gpu{(i + 1) % 8}" for i in range(8)]].sum() == pytest.approx(8 * OUT * 7 / 8, rel=0.01)
     assert sent.sum() == pytest.approx(sent[[f"gpu{i}->gpu{(i + 1) % 8}" for i in range(8)]].sum())  # one direction
+
+
+@pytest.mark.parametrize("system, algorithm", [(RING8, "ring"), (FC4, "direct")])
+def test_a_split_k_gemm_adds_its_partial_tiles_near_memory(system, algorithm):
+    """T3 with split-K (dissertation section 8.6.7): every K split stores its partial tile as an
+    update, locally or remotely, and the tracker waits for all of them before it triggers a DMA."""
+    split = 4
+    op = ops.GemmReduceScatter(512, 4096, 4096, algorithm=algorithm, kernel=f"MT128x128x32_T256_SK{split}")
+    whole = run(system, replace(op, kernel="MT128x128x32_T256"), "full")
+    results = {mode: run(system, op, mode) for mode in ("full", "symmetric")}
+    assert results["symmetric"].time_s == pytest.approx(results["full"].time_s, rel=0.03)
+    assert results["full"].time_s < 0.9 * whole.time_s  # 32 x 16 whole tiles leave most of the 80 CUs idle
+    for result in results.values():
+        counters = result.counters
+        assert counters["gpu0.tracker_untracked_bytes"] == 0  # no partial arrives after its tile fired
+        assert counters["gpu0.tracker_triggers"] == whole.counters["gpu0.tracker_triggers"]
+        assert counters["gpu0.tracker_tracked_bytes"] > whole.counters["gpu0.tracker_tracked_bytes"]
+        assert counters["gpu0.t3_remote_bytes"] == pytest.approx(split * whole.counters["gpu0.t3_remote_bytes"])
+        assert counters.get("gpu0.t3_dma_bytes", 0) == whole.counters.get("gpu0.t3_dma_bytes", 0)
+        assert set(result.kernels["name"]) == {f"gemm_rs_MT128x128x32_T256_SK{split}"}  # no reduction kernel
+        assert result.ops["workgroups"].iloc[0] == split * whole.ops["workgroups"].iloc[0]
+    totals = results["symmetric"].dram_totals().set_index(["stream", "direction"])["bytes"]
+    whole_totals = run(system, replace(op, kernel="MT128x128x32_T256")).dram_totals().set_index(["stream", "direction"])["bytes"]
+    assert totals[("compute", "update")] == pytest.approx(split * whole_totals[("compute", "update")], rel=0.01)
+
+
+def test_the_heuristics_split_k_choice_is_kept():
+    """A skinny GEMM that the library splits along K keeps its split when fused (it had to drop it
+    until T3 added partial tiles near memory)."""
+    op = ops.GemmReduceScatter(512, 4096, 8192)
+    assert "_SK" in run(RING8, op).ops["impl"].iloc[0]
 
 
 def test_no_cu_reduces_and_reductions_happen_near_memory():
@@ -175,8 +218,6 @@ def test_mca_chooses_a_threshold_from_the_first_stage_and_protects_the_gemm_unde
 def test_bad_uses_are_errors():
     with pytest.raises(gpusim.OpError, match="direct link"):
         run(RING8, ops.GemmReduceScatter(M, N, K, algorithm="direct"))
-    with pytest.raises(gpusim.OpError, match="split-K"):
-        run(RING8, ops.GemmReduceScatter(M, N, K, kernel="MT64x64x32_T256_SK2"))
     with pytest.raises(gpusim.OpError, match="algorithm"):
         ops.GemmReduceScatter(M, N, K, algorithm="tree")
     with pytest.raises(gpusim.OpError, match="field 'k'"):

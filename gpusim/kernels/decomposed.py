@@ -75,9 +75,10 @@ def execute_decomposed_gemm_rs(ctx, op):
     gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes)
 
     problem = GemmProblem(op.m // (n * splits), op.n, op.k, op.dtype, op.trans_a, op.trans_b, 1)
-    # DMA-driven, the kernels store their tiles as near-memory updates: whole tiles.  CU-driven, each
-    # kernel is a plain GEMM whose output the ring reads once it has ended: split-K too.
-    spec = gemm_spec(ctx, op, problem, len(gemm_cus), whole_tiles=op.driver == "dma")
+    # CU-driven, each kernel is a plain GEMM whose output the ring reads once it has ended (with split-K,
+    # after its reduction kernel); DMA-driven, the kernels store their tiles, or their K splits' partial
+    # tiles, as near-memory updates that add in place.
+    spec = gemm_spec(ctx, op, problem, len(gemm_cus))
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
     k_extent = padded_k(problem, spec) * spec.split_k
@@ -108,7 +109,8 @@ def execute_decomposed_gemm_rs(ctx, op):
                 target = _at(partials, chunk * chunk_bytes + i * split_bytes)
                 yield from launch_gemm(ctx, problem, spec, _at(a, (chunk * splits + i) * a_split), b, target,
                                        store=_updates(ctx, target) if op.driver == "dma" else None, cu_mask=gemm_cus,
-                                       name=f"gemm_chunk{step}" + (f".{i}" if splits > 1 else "") + f"_{spec.name}")
+                                       name=f"gemm_chunk{step}" + (f".{i}" if splits > 1 else "") + f"_{spec.name}",
+                                       partials_in_place=op.driver == "dma")
                 produced[(chunk, i)].succeed()
         ctx.release_stream()  # the ring's tail runs on its own lane (or the DMA engines)
 
@@ -148,7 +150,7 @@ def execute_decomposed_ag_gemm(ctx, op):
     chunk_bytes = problem.m * op.k * size
     protocol = simple_protocol(ctx) if op.driver == "dma" else choose_protocol(ctx, op, "ag", group)
     gemm_cus, comm_cus = _split_cus(ctx, op, protocol, chunk_bytes, reduces=False)
-    spec = gemm_spec(ctx, op, problem, len(gemm_cus), whole_tiles=False)  # a plain GEMM per chunk: split-K too
+    spec = gemm_spec(ctx, op, problem, len(gemm_cus))  # a plain GEMM per chunk: split-K too
     tiles_m, tiles_n = tiles(problem, spec)
     k_extent = padded_k(problem, spec) * spec.split_k
     a_chunk = tiles_m * spec.tile_m * k_extent * size

@@ -23,6 +23,10 @@ of two updates per element, and the last one is its final chunk.  Direct reduce-
 connected node (:func:`direct_reduce_scatter_config`): every chunk but its own is
 ``remote_map``-ped to its owner, whose final chunk expects ``n`` updates per element.
 
+A GEMM that splits K (dissertation section 8.6.7) stores each split's partial tile as an update, so
+a reduce-scatter's trigger counts include every partial (:attr:`OutputConfig.partials`); the DMAs
+still send each reduced tile once.
+
 All-gather (:func:`ring_all_gather_config`, :func:`direct_all_gather_config`): the output address space
 holds one chunk per rank, each rank's GEMM produces only its own, and every store is a plain write.  In
 a ring the own chunk is sent to the next GPU as it is stored; a chunk that arrives is counted by the
@@ -152,11 +156,15 @@ class OutputConfig:
         The ranks of the collective in algorithm order (ring order, or the group).
     mappings
         One :class:`ChunkMapping` per chunk, indexed by chunk.
+    partials
+        Stores the GEMM makes to each of its output tiles: its K splits, each a partial tile that
+        near-memory updates add (dissertation section 8.6.7; 1 for whole tiles).
     """
 
     rank: int
     members: tuple[int, ...]
     mappings: tuple[ChunkMapping, ...]
+    partials: int = 1
 
     @property
     def production_order(self) -> list[int]:
@@ -164,7 +172,7 @@ class OutputConfig:
         return [m.chunk for m in sorted(self.mappings, key=lambda m: m.step) if m.produced]
 
 
-def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
+def ring_reduce_scatter_config(ring: list[int], rank: int, partials: int = 1) -> OutputConfig:
     """Ring reduce-scatter: ``rank`` ends with chunk ``ring.index(rank)``, reduced over the ring.
 
     Parameters
@@ -173,6 +181,10 @@ def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
         Ranks in ring order; each sends to the next.
     rank
         The rank to configure.
+    partials
+        The GEMM's stores per output tile (its K splits).  A chunk's elements expect the local
+        partials plus what arrives: the previous rank's remote partials in step 1, one DMA update
+        later (two updates per element with whole tiles).
     """
     n = len(ring)
     position = ring.index(rank)
@@ -180,14 +192,15 @@ def ring_reduce_scatter_config(ring: list[int], rank: int) -> OutputConfig:
     mappings: list[ChunkMapping | None] = [None] * n
     for step in range(n):
         chunk = (position - step - 1) % n
+        expected = partials + (partials if step == 1 else 1)
         if step == 0:
             mapping = ChunkMapping(chunk, step, REMOTE, (nxt,), UPDATE, 1)
         elif step < n - 1:
-            mapping = ChunkMapping(chunk, step, DMA, (nxt,), UPDATE, 2)
+            mapping = ChunkMapping(chunk, step, DMA, (nxt,), UPDATE, expected)
         else:
-            mapping = ChunkMapping(chunk, step, FINAL, (), UPDATE, 2)
+            mapping = ChunkMapping(chunk, step, FINAL, (), UPDATE, expected)
         mappings[chunk] = mapping
-    return OutputConfig(rank, tuple(ring), tuple(mappings))
+    return OutputConfig(rank, tuple(ring), tuple(mappings), partials)
 
 
 def _successor_first(group: list[int], rank: int, own: Callable[[int, int], ChunkMapping],
@@ -204,12 +217,14 @@ def _successor_first(group: list[int], rank: int, own: Callable[[int, int], Chun
     return OutputConfig(rank, tuple(group), tuple(mappings))
 
 
-def direct_reduce_scatter_config(group: list[int], rank: int) -> OutputConfig:
+def direct_reduce_scatter_config(group: list[int], rank: int, partials: int = 1) -> OutputConfig:
     """Direct reduce-scatter (fully connected): every chunk goes straight to its owner, the
-    successor's first (:func:`_successor_first`); the own chunk expects one update per element
-    from every rank."""
-    return _successor_first(group, rank, lambda chunk, step: ChunkMapping(chunk, step, FINAL, (), UPDATE, len(group)),
-                            lambda chunk, step: ChunkMapping(chunk, step, REMOTE, (group[chunk],), UPDATE, 1))
+    successor's first (:func:`_successor_first`); the own chunk expects ``partials`` updates per
+    element (the GEMM's K splits) from every rank."""
+    config = _successor_first(group, rank,
+                              lambda chunk, step: ChunkMapping(chunk, step, FINAL, (), UPDATE, len(group) * partials),
+                              lambda chunk, step: ChunkMapping(chunk, step, REMOTE, (group[chunk],), UPDATE, 1))
+    return replace(config, partials=partials)
 
 
 def ring_all_gather_config(ring: list[int], rank: int) -> OutputConfig:
@@ -360,12 +375,13 @@ def expected_bytes(
 ) -> list[int]:
     """Per tile of the padded address space: the update bytes the tracker of ``me.rank`` must count.
 
-    A tile of a :data:`DMA` or :data:`FINAL` chunk expects its local update (if ``me`` produces the
-    chunk) plus every update or store that a sender's :data:`REMOTE`, :data:`SEND` or :data:`DMA`
-    chunk delivers to it; a tile of a chunk that ``receives`` expects what arrives in it (which may
-    include padding places, when the sender's chunk has more real tiles); other tiles are not
-    tracked (0).  In full mode every tile of a ring reduce-scatter expects twice its bytes: the
-    dissertation's threshold of tile size times two updates per element.
+    A tile of a :data:`DMA` or :data:`FINAL` chunk expects its local updates (if ``me`` produces the
+    chunk: one per K split of the GEMM) plus every update or store that a sender's :data:`REMOTE`
+    (one per K split of the sender's GEMM), :data:`SEND` or :data:`DMA` chunk delivers to it; a tile
+    of a chunk that ``receives`` expects what arrives in it (which may include padding places, when
+    the sender's chunk has more real tiles); other tiles are not tracked (0).  In full mode every
+    tile of a ring reduce-scatter of whole tiles expects twice its bytes: the dissertation's
+    threshold of tile size times two updates per element.
     """
     expected = [0] * layout.padded_tiles
     tracked = [False] * layout.padded_tiles
@@ -376,16 +392,17 @@ def expected_bytes(
             for tile in layout.tiles_of(mapping.chunk):
                 tracked[tile] = True
                 if mapping.produced:
-                    expected[tile] += layout.valid[tile]
+                    expected[tile] += layout.valid[tile] * me.partials
     for sender in senders:
         for mapping in sender.mappings:
+            stores = sender.partials if mapping.kind == REMOTE else 1
             for dst in mapping.dsts:
                 if not (frame.mirrored or dst == me.rank):
                     continue
                 for tile in layout.tiles_of(mapping.chunk):
                     target = frame.destination_tile(tile, sender.rank, dst, mapping.lands_at)
                     if tracked[target] or receiving[layout.chunk_of(target)]:
-                        expected[target] += layout.valid[tile]
+                        expected[target] += layout.valid[tile] * stores
     return expected
 
 
@@ -469,16 +486,18 @@ class DmaFeeder:
             self.submit(self.held.popleft())
 
 
-def gemm_spec(ctx, op, problem, cus: int | None = None, whole_tiles: bool = True):
+def gemm_spec(ctx, op, problem, cus: int | None = None, whole_tiles: bool = False):
     """The kernel of one of ``op``'s GEMMs: ``op``'s named kernel, else the library heuristic's choice
     for ``cus`` CUs (default: the stream's), as the GPU runs it on the operands (:func:`for_operands`,
-    :func:`pipelined`).  ``whole_tiles``: the output tiles must leave the workgroups whole, as a
-    fused GEMM's stores drive its collective (no split-K: the heuristic's choice without it, a named
-    split-K kernel an error)."""
+    :func:`pipelined`).  ``whole_tiles``: the output tiles must leave the workgroups whole, as where
+    a fused GEMM's plain stores drive its collective (an all-gather or all-to-all: the partial tiles
+    of a K split cannot be added there); the heuristic's choice then drops its K split, and a named
+    split-K kernel is an error."""
     if op.kernel is not None:
         spec = find_spec(op.kernel)
         if whole_tiles and spec.split_k > 1:
-            raise OpError(f"{op.label}: field 'kernel': a fused GEMM needs whole output tiles, not split-K ({op.kernel})")
+            raise OpError(f"{op.label}: field 'kernel': its stores are plain writes that cannot add K splits' "
+                          f"partial tiles, so it needs whole output tiles, not split-K ({op.kernel})")
     else:
         spec = choose_kernel(problem, ctx.gpu.config, ctx.cus if cus is None else cus)
         if whole_tiles:
@@ -502,8 +521,11 @@ COLLECTIVE_NAMES = {"reducescatter": "reduce-scatter", "allgather": "all-gather"
 """Each fused collective's name in errors."""
 
 
-def _configure(op, members: list[int], rank: int) -> OutputConfig:
-    return CONFIGURATIONS[(op.collective, op_algorithm(op))](members, rank)
+def _configure(op, members: list[int], rank: int, partials: int) -> OutputConfig:
+    """``rank``'s configuration for ``op``, whose GEMM stores ``partials`` partial tiles per tile (K
+    splits; a reduce-scatter only)."""
+    make = CONFIGURATIONS[(op.collective, op_algorithm(op))]
+    return make(members, rank, partials) if op.collective == "reducescatter" else make(members, rank)
 
 
 def op_algorithm(op) -> str:
@@ -551,7 +573,8 @@ class FusedRank:
         self.outgoing = Join(self.env)  # a part per tile and peer it goes to: done when the peer has accepted it
         self.final = Join(self.env)  # a part per tracked tile of this rank's result: done when it is complete
         for mapping in config.mappings:
-            self.outgoing.add(len(layout.tiles_of(mapping.chunk)) * len(mapping.dsts))
+            stores = config.partials if mapping.kind == REMOTE else 1  # each K split's partial goes out
+            self.outgoing.add(len(layout.tiles_of(mapping.chunk)) * len(mapping.dsts) * stores)
             if mapping.final:
                 self.final.add(sum(1 for tile in layout.places_of(mapping.chunk) if thresholds[tile] > 0))
         self.region = TrackedRegion(f"{op.label}#{op.uid}", c.addr, layout.tile_bytes, thresholds, self.ready,
@@ -684,11 +707,12 @@ def execute_fused_gemm(ctx, op):
     machine = ctx.machine
     n = len(group)
     problem = problem_of(op)
-    spec = gemm_spec(ctx, op, problem)
+    reduces = op.collective == "reducescatter"
+    spec = gemm_spec(ctx, op, problem, whole_tiles=not reduces)  # K splits' partials are reduced as updates
     if n == 1:  # nothing to send: the GEMM alone
         yield from execute_gemm(ctx, op, spec)
         return
-    if op.collective == "reducescatter" and not gpu.config.nmc.enabled:
+    if reduces and not gpu.config.nmc.enabled:
         raise OpError(f"{op.label}: T3 reduces with near-memory op-and-store updates, which {gpu.config.name} "
                       f"lacks (gpu.nmc.enabled); run ops.Gemm and ops.ReduceScatter instead")
     algorithm = op_algorithm(op)
@@ -707,12 +731,12 @@ def execute_fused_gemm(ctx, op):
             f"{op.label}: without staggering the GPUs do different work in their own frames "
             f"(each produces chunk 0 first), so symmetric mode cannot stand for them; use mode='full'"
         )
-    me = _configure(op, members, ctx.rank)
-    senders = [me] if mirrored else [_configure(op, members, r) for r in members if r != ctx.rank]
+    me = _configure(op, members, ctx.rank, spec.split_k)
+    senders = [me] if mirrored else [_configure(op, members, r, spec.split_k) for r in members if r != ctx.rank]
 
     size = problem.dtype_bytes
     tiles_m, tiles_n = tiles(problem, spec)
-    k_extent = padded_k(problem, spec)
+    k_extent = padded_k(problem, spec) * spec.split_k
     a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
     b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
     stride, valid = tile_bytes(problem, spec)
@@ -724,17 +748,18 @@ def execute_fused_gemm(ctx, op):
     else:  # one GEMM output, cut into a chunk per rank
         layout = ChunkLayout(stride, valid, n, order)
         first_tile = 0
-        wg_order = workgroup_order(me, layout, stagger)
+        wg_order = [tile * spec.split_k + split for tile in workgroup_order(me, layout, stagger)
+                    for split in range(spec.split_k)]
     out = replace(ctx.tensor(op.out, layout.padded_tiles * stride), cached=False)
     c = replace(out, addr=out.addr + first_tile * stride, nbytes=len(valid) * stride)
     spill = ctx.tensor(None, layout.padded_tiles * int(gpu.config.tracker.entry_bytes), cached=False)
     rank = FusedRank(ctx, op, me, senders, layout, out, spill, first_tile)
     label = STEP_LABELS[op.collective]
     kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=wg_order,
-                        name=f"gemm_{label}_{spec.name}")
+                        name=f"gemm_{label}_{spec.name}", partials_in_place=True)
     yield from rank.run(kernel)
     ctx.info.update(impl=f"t3_{algorithm}_{label}_{spec.name}", flops=problem.flops, bytes=op.nbytes,
-                    workgroups=len(valid), chunks=n)
+                    workgroups=kernel.kernel.num_wgs, chunks=n)
     if rank.mca is not None and rank.mca.chosen:
         intensity, threshold = rank.mca.chosen[-1]
         ctx.info.update(mca_intensity=intensity, mca_threshold=threshold if threshold is not None else 1.0)

@@ -602,6 +602,10 @@ class GemmKernel:
         workspace and a reduction follows, see :attr:`reduction`).
     store
         Replaces the default tile write (used by T3 to send tiles to remote memory or to update).
+    partials_in_place
+        With split-K, every split stores its partial tile at its tile's place in C through
+        ``store``, whose near-memory updates (op-and-store) add the partials (T3 with split-K,
+        dissertation section 8.6.7), instead of into an fp32 workspace for a reduction kernel.
     c_cached
         Whether C is written through the L2.
     wg_order
@@ -624,12 +628,16 @@ class GemmKernel:
         wg_order: list[int] | None = None,
         cu_mask: list[int] | None = None,
         name: str | None = None,
+        partials_in_place: bool = False,
     ):
+        if partials_in_place and store is None:
+            raise ValueError("partial tiles can only be added in place by a store hook that updates C")
         self.gpu = gpu
         self.problem = problem
         self.spec = spec
         self.a, self.b, self.c = a, b, c
         self.store = store
+        self.partials_in_place = partials_in_place
         self.tiles_m, self.tiles_n = tiles(problem, spec)
         self.k_per_split = math.ceil(problem.k / spec.split_k)
         self.k_step = k_step(problem, spec)
@@ -641,7 +649,8 @@ class GemmKernel:
         self.access_flops_per_step = access_ns * self.flops_per_ns * tile_accesses(problem, spec, self.k_step, output=False)
         self.access_flops_per_tile = access_ns * self.flops_per_ns * tile_accesses(problem, spec, 0, output=True)
         self.wavefronts = spec.shape(problem.dtype).wavefronts(gpu.config.cu.wavefront_size)
-        self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if spec.split_k > 1 else problem.dtype_bytes)
+        workspace = spec.split_k > 1 and not partials_in_place
+        self.tile_bytes = spec.tile_m * spec.tile_n * (ACCUMULATOR_BYTES if workspace else problem.dtype_bytes)
         self.inflight_bytes = spec.inflight_bytes(problem.dtype)
         self.miss_latency_ns = gpu.unloaded_memory_latency_ns
         self.multicast = multicast(problem, spec, gpu.config)
@@ -702,13 +711,13 @@ class GemmKernel:
         return (max(map(longest, rows.values()), default=1), max(map(longest, cols.values()), default=1))
 
     def c_range(self, wg: int) -> tuple[int, int]:
-        """Byte offset and length in C of workgroup ``wg``'s output tile."""
+        """Byte offset and length in C (or in the split-K workspace) of workgroup ``wg``'s output tile."""
         p, s = self.problem, self.spec
         batch, row, col, split = self.tile_of(wg)
         rows = min(s.tile_m, p.m - row * s.tile_m)
         cols = min(s.tile_n, p.n - col * s.tile_n)
         tile_index = (batch * self.tiles_m + row) * self.tiles_n + col
-        if s.split_k > 1:
+        if s.split_k > 1 and not self.partials_in_place:
             tile_index = tile_index * s.split_k + split
         return tile_index * self.tile_bytes, rows * cols * (self.tile_bytes // (s.tile_m * s.tile_n))
 
@@ -832,24 +841,26 @@ def problem_of(op) -> GemmProblem:
 
 
 def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store: StoreFn | None = None,
-                cu_mask: list[int] | None = None, name: str | None = None):
+                cu_mask: list[int] | None = None, name: str | None = None, partials_in_place: bool = False):
     """Launch ``spec``'s kernels for ``problem`` on the buffers ``a``, ``b`` and ``c`` and return the GEMM
     kernel (a generator): the GEMM kernel, and with split-K an fp32 workspace for its partial tiles and
-    an element-wise reduction kernel that writes C.  ``cu_mask``: the CUs both may use (default:
-    the stream's); ``name``: the GEMM kernel's (default ``gemm_<spec>``)."""
+    an element-wise reduction kernel that writes C, unless ``partials_in_place`` (``store`` adds the
+    partials into C: :class:`GemmKernel`).  ``cu_mask``: the CUs both may use (default: the stream's);
+    ``name``: the GEMM kernel's (default ``gemm_<spec>``)."""
     from gpusim.kernels.elementwise import StreamingKernel
 
     gpu = ctx.gpu
     tiles_m, tiles_n = tiles(problem, spec)
-    if spec.split_k > 1:
+    reduced = spec.split_k > 1 and not partials_in_place
+    if reduced:
         workspace = ctx.tensor(None, tiles_m * tiles_n * problem.batch * spec.split_k * spec.tile_m * spec.tile_n * 4)
         target = workspace
     else:
         target = c
     kernel = GemmKernel(gpu, problem, spec, a, b, target, store=store, cu_mask=cu_mask,
-                        name=name or f"gemm_{spec.name}")
+                        name=name or f"gemm_{spec.name}", partials_in_place=partials_in_place)
     yield from ctx.launch(kernel.kernel)
-    if spec.split_k > 1:
+    if reduced:
         partial_bytes = problem.m * problem.n * problem.batch * 4
         reduction = StreamingKernel(
             gpu,
