@@ -10,7 +10,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gpusim.errors import ConfigError, GpusimError
@@ -116,3 +116,39 @@ def run_script(main: Callable[[], int], name: str) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
+
+
+def model_sweep_main(argv: list[str] | None, doc: str, sweep_function: Callable, points: Callable[[list[str]], list],
+                     table: Callable, csv_name: str, models: Iterable[str], default_models: Iterable[str]) -> int:
+    """The ``main`` of a study script that sweeps ``sweep_function`` over the points of the models given.
+
+    It takes ``--out`` (the folder of ``csv_name`` and the sweep's cache), ``--models`` (of
+    ``models``; default ``default_models``) and ``--workers``, runs :func:`gpusim.sweep.sweep` over
+    ``points(models)`` with a progress bar, writes ``table(raw)`` to ``csv_name`` and prints it.
+
+    Parameters
+    ----------
+    argv
+        The script's arguments (``None``: the command line's).
+    doc
+        The script's docstring: its first paragraph describes the script in ``--help``.
+    """
+    import pandas as pd
+
+    from gpusim.sweep import sweep
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help=f"output folder ({csv_name}, sweep cache)")
+    parser.add_argument("--models", nargs="+", default=list(default_models), choices=list(models),
+                        help=f"models to run (default: {' '.join(default_models)})")
+    parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: the CPUs available)")
+    args = parser.parse_args(argv)
+    out = output_folder_or_exit(parser, args.out, "--out")
+    raw = sweep(sweep_function, points(args.models), workers=args.workers, cache=out / "cache",
+                description=csv_name.removesuffix(".csv").replace("_", " "))
+    result = table(raw)
+    result.to_csv(out / csv_name, index=False)
+    with pd.option_context("display.width", 200, "display.max_rows", 200):
+        print(result.to_string(index=False, float_format="{:.4g}".format))
+    print(f"wrote {out}/{csv_name}")
+    return 0

@@ -17,6 +17,7 @@ BENCHMARKS = "benchmarks/run_benchmarks.py"
 T3 = "validation/t3/reproduce.py"
 T3_MODES = "validation/t3/full_vs_symmetric.py"
 T3_LAYOUTS = "validation/t3/megatron_layouts.py"
+T3_GENERATION = "validation/t3/generation.py"
 NMC = "validation/nmc_optimizer/reproduce.py"
 CONCURRENCY = "validation/concurrency/reproduce.py"
 FIT = "validation/calibration/fit.py"
@@ -32,6 +33,8 @@ BAD = {  # name: (script, arguments, a part of the error line)
     "t3 modes --out under a file": (T3_MODES, ["--out", "file/out"], "--out file/out: file is a file, not a folder"),
     "t3 layouts --out an existing file": (T3_LAYOUTS, ["--out", "file"], "--out file: file is a file, not a folder"),
     "t3 layouts --models unknown": (T3_LAYOUTS, ["--out", "out", "--models", "GPT-5"], "argument --models: invalid choice"),
+    "t3 generation --workers 0": (T3_GENERATION, ["--out", "out", "--workers", "0"],
+                                  "argument --workers: expected a positive integer"),
     "nmc --out unwritable": (NMC, ["--out", "/proc/gpusim-out", "--quick"], "--out /proc/gpusim-out: cannot create the folder"),
     "concurrency --set unknown field": (CONCURRENCY, ["--out", "out", "--quick", "--set", "gpu.nonexistent=3"],
                                         "gpu has no field 'nonexistent'"),

@@ -234,3 +234,18 @@ def test_bad_study_arguments_are_config_errors(call, message):
 
 def test_case_points_take_one_model_by_name():
     assert {point["model"] for point in t3.case_points("T-NLG")} == {"T-NLG"}
+
+
+def test_a_generation_step_hides_its_small_reduce_scatters_with_t3():
+    """Section 8.6.3: decoding one token per sequence, T3 fuses both all-reduces of a layer with their
+    GEMMs and shortens the step; the decomposition cannot cut one row into a chunk per rank."""
+    steps = {config: t3.simulate_generation("Mega-GPT-2", 8, 1, config, layers=1)
+             for config in ("sequential", "t3", "decomposed-dma")}
+    assert [steps[c]["overlapped"] for c in steps] == [0, 2, 0]
+    assert steps["decomposed-dma"]["time_s"] == steps["sequential"]["time_s"]
+    assert 1.02 < steps["sequential"]["time_s"] / steps["t3"]["time_s"] < 1.5
+    table = t3.generation(pd.DataFrame([{"model": "Mega-GPT-2", "tp": 8, "batch": 1, "config": c, **steps[c]}
+                                        for c in steps])).set_index("config")
+    assert table.at["sequential", "speedup"] == 1
+    assert table.at["t3", "speedup"] == pytest.approx(steps["sequential"]["time_s"] / steps["t3"]["time_s"])
+    assert len(t3.generation_points()) == 2 * 2 * len(t3.GENERATION_BATCHES) * 4

@@ -768,19 +768,60 @@ def megatron_layouts(raw: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+GENERATION_BATCHES = (1, 8, 64)
+"""Sequences a generation step decodes at once (a token each): :func:`generation_points`' default."""
+
+
+def simulate_generation(model: str, tp: int, batch: int, config: str, layers: int = 2) -> dict[str, Any]:
+    """One generation step of ``model`` (section 8.6.3): ``layers`` generated layers decoding one token for
+    each of ``batch`` sequences against a cache of the model's sequence length (no embedding or
+    output layer), overlapped as ``config`` (:data:`REPLAYED_CONFIGS`) and replayed on
+    :func:`node_for` ``tp`` in symmetric mode (a sweep function).
+
+    Returns
+    -------
+    dict
+        ``time_s`` (the step), ``overlapped`` (rewritten GEMM/collective pairs) and simulator statistics.
+    """
+    from gpusim.trace import transformer
+
+    setup = _model(model)
+    trace = transformer(TRACE_MODELS[model], phase="decode", tp=tp, batch=batch, seq_len=setup.seq_len,
+                        layers=layers, head=False)
+    result, overlapped = _replay_overlapped(trace, config, tp, "symmetric")
+    return {"time_s": result.time_s, "overlapped": overlapped, "wall_s": result.stats["wall_s"],
+            "events": result.stats["events"]}
+
+
+def generation_points(models=MAIN_MODELS, tps=(8, 16), batches=GENERATION_BATCHES,
+                      configs=("sequential", "t3", "t3-mca", "decomposed-dma")) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_generation`: every model, TP degree, batch and configuration."""
+    return [{"model": m, "tp": tp, "batch": batch, "config": config}
+            for m in models for tp in tps for batch in batches for config in configs]
+
+
+def generation(raw: pd.DataFrame) -> pd.DataFrame:
+    """:func:`simulate_generation` rows with ``speedup`` over the same step's sequential run."""
+    keys = ["model", "tp", "batch"]
+    frame = raw[[*keys, "config", "overlapped", "time_s"]].copy()
+    sequential = frame[frame["config"] == "sequential"].set_index(keys)["time_s"]
+    frame["speedup"] = [sequential[tuple(key)] / t for key, t in zip(frame[keys].values, frame["time_s"])]
+    return frame
+
+
 # -- one sweep for everything ------------------------------------------------------------------------
 def run_point(study: str, variant: str = "base", **params: Any):
     """Run one point of any part of the study (a top-level function for :func:`gpusim.sweep.sweep`).
 
     ``study`` is ``case`` (:func:`simulate_case`), ``cu_split`` (:func:`simulate_cu_split`),
     ``layer`` (:func:`simulate_layer_rest`), ``decomposed`` (:func:`simulate_decomposed`),
-    ``replayed`` (:func:`simulate_layer_replayed`), ``layout`` (:func:`simulate_megatron_layout`) or
-    ``timeline`` (:func:`dram_timeline`, many rows);
+    ``replayed`` (:func:`simulate_layer_replayed`), ``layout`` (:func:`simulate_megatron_layout`),
+    ``generation`` (:func:`simulate_generation`) or ``timeline`` (:func:`dram_timeline`, many rows);
     ``variant`` only labels the rows (e.g. ``"2x-cus"``).
     """
     functions = {"case": simulate_case, "cu_split": simulate_cu_split, "layer": simulate_layer_rest,
                  "decomposed": simulate_decomposed, "replayed": simulate_layer_replayed,
-                 "layout": simulate_megatron_layout, "timeline": dram_timeline}
+                 "layout": simulate_megatron_layout, "generation": simulate_generation, "timeline": dram_timeline}
     return functions[known_name("study part", study, functions)](**params)
 
 

@@ -17,34 +17,17 @@ sequential iteration and over its own layout's.  About 5 minutes on 2 cores.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from gpusim.arguments import output_folder_or_exit, positive_int, run_script
+from gpusim.arguments import model_sweep_main, run_script
 from gpusim.studies import t3
-from gpusim.sweep import sweep
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every model, phase, layout and configuration; write and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="output folder (megatron_layouts.csv, sweep cache)")
-    parser.add_argument("--models", nargs="+", default=list(t3.MAIN_MODELS), choices=list(t3.MODELS),
-                        help=f"models to run (default: {' '.join(t3.MAIN_MODELS)})")
-    parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: the CPUs available)")
-    args = parser.parse_args(argv)
-    out = output_folder_or_exit(parser, args.out, "--out")
-    raw = sweep(t3.simulate_megatron_layout, t3.megatron_layout_points(args.models), workers=args.workers,
-                cache=out / "cache", description="Megatron-LM layouts")
-    table = t3.megatron_layouts(raw)
-    table.to_csv(out / "megatron_layouts.csv", index=False)
-    with pd.option_context("display.width", 200, "display.max_rows", 200):
-        print(table.to_string(index=False, float_format="{:.4g}".format))
-    print(f"wrote {out}/megatron_layouts.csv")
-    return 0
+    """Run every point; write and print the table."""
+    return model_sweep_main(argv, __doc__, t3.simulate_megatron_layout, t3.megatron_layout_points, t3.megatron_layouts,
+                            "megatron_layouts.csv", t3.MODELS, t3.MAIN_MODELS)
 
 
 if __name__ == "__main__":
