@@ -244,8 +244,17 @@ def test_a_generation_step_hides_its_small_reduce_scatters_with_t3():
     assert [steps[c]["overlapped"] for c in steps] == [0, 2, 0]
     assert steps["decomposed-dma"]["time_s"] == steps["sequential"]["time_s"]
     assert 1.02 < steps["sequential"]["time_s"] / steps["t3"]["time_s"] < 1.5
-    table = t3.generation(pd.DataFrame([{"model": "Mega-GPT-2", "tp": 8, "batch": 1, "config": c, **steps[c]}
-                                        for c in steps])).set_index("config")
+    table = t3.generation(pd.DataFrame([{"model": "Mega-GPT-2", "tp": 8, "batch": 1, "protocols": "sync", "config": c,
+                                         **steps[c]} for c in steps])).set_index("config")
     assert table.at["sequential", "speedup"] == 1
     assert table.at["t3", "speedup"] == pytest.approx(steps["sequential"]["time_s"] / steps["t3"]["time_s"])
-    assert len(t3.generation_points()) == 2 * 2 * len(t3.GENERATION_BATCHES) * 4
+    assert len(t3.generation_points()) == 2 * 2 * len(t3.GENERATION_BATCHES) * len(t3.GENERATION_PROTOCOLS) * 4
+
+
+def test_nccls_low_latency_protocols_shorten_the_generation_baseline_more_than_t3():
+    """With LL for small messages the sequential step's all-reduces cost less, so T3 gains less."""
+    steps = {(protocols, config): t3.simulate_generation("Mega-GPT-2", 8, 8, config, protocols, layers=1)["time_s"]
+             for protocols in t3.GENERATION_PROTOCOLS for config in ("sequential", "t3")}
+    assert steps[("nccl", "sequential")] < steps[("sync", "sequential")]
+    gain = {protocols: steps[(protocols, "sequential")] / steps[(protocols, "t3")] for protocols in t3.GENERATION_PROTOCOLS}
+    assert 1 < gain["nccl"] < gain["sync"]

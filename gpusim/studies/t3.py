@@ -638,10 +638,10 @@ sequence parallelism; T3 has no hardware for it), each with the :data:`REPLAYED_
 adds this to.  Only a layout with such all-gathers (``sp``) changes."""
 
 
-def _replay_overlapped(trace, config: str, tp: int, mode: str):
+def _replay_overlapped(trace, config: str, tp: int, mode: str, overrides: dict[str, Any] | None = None):
     """``trace`` rewritten as ``config`` says (:data:`REPLAYED_CONFIGS`, :data:`GATHER_CONFIGS`) and
-    replayed on :func:`node_for` ``tp``; returns the result and how many collectives the rewrites
-    overlapped with a GEMM."""
+    replayed on :func:`node_for` ``tp`` (with ``overrides``); returns the result and how many
+    collectives the rewrites overlapped with a GEMM."""
     from gpusim.trace.fusion import overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 
     known_name("configuration", config, {**REPLAYED_CONFIGS, **GATHER_CONFIGS})
@@ -651,7 +651,7 @@ def _replay_overlapped(trace, config: str, tp: int, mode: str):
     if function is not None:
         trace = overlap_gemm_collectives(trace, function, channels)
     overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())
-    return trace.replay(load_system(node_for(tp)), mode=mode, memory_policy=policy), overlapped
+    return trace.replay(load_system(node_for(tp), overrides or {}), mode=mode, memory_policy=policy), overlapped
 
 
 def simulate_layer_replayed(model: str, tp: int, setting: str, config: str, mode: str = "symmetric") -> dict[str, Any]:
@@ -770,13 +770,20 @@ def megatron_layouts(raw: pd.DataFrame) -> pd.DataFrame:
 
 GENERATION_BATCHES = (1, 8, 64)
 """Sequences a generation step decodes at once (a token each): :func:`generation_points`' default."""
+GENERATION_PROTOCOLS = {"sync": None, "nccl": "dgx1-v100"}
+"""The ring collectives' protocols in :func:`simulate_generation`: the T3 nodes' own (``sync``: one
+protocol whose every step costs ``collectives.sync_ns``, as in the rest of the study), or NCCL's LL,
+LL128 and Simple with their ring-on-NVLink latencies from ``tuning.cc`` (``nccl``: those of the preset
+named here), among which the tuner picks per collective, LL for small messages."""
 
 
-def simulate_generation(model: str, tp: int, batch: int, config: str, layers: int = 2) -> dict[str, Any]:
+def simulate_generation(model: str, tp: int, batch: int, config: str, protocols: str = "sync",
+                        layers: int = 2) -> dict[str, Any]:
     """One generation step of ``model`` (section 8.6.3): ``layers`` generated layers decoding one token for
     each of ``batch`` sequences against a cache of the model's sequence length (no embedding or
     output layer), overlapped as ``config`` (:data:`REPLAYED_CONFIGS`) and replayed on
-    :func:`node_for` ``tp`` in symmetric mode (a sweep function).
+    :func:`node_for` ``tp`` in symmetric mode, its ring collectives with ``protocols``
+    (:data:`GENERATION_PROTOCOLS`) (a sweep function).
 
     Returns
     -------
@@ -786,23 +793,28 @@ def simulate_generation(model: str, tp: int, batch: int, config: str, layers: in
     from gpusim.trace import transformer
 
     setup = _model(model)
+    source = GENERATION_PROTOCOLS[known_name("protocols", protocols, GENERATION_PROTOCOLS)]
+    overrides = None if source is None else {
+        "collectives.protocols": [protocol.model_dump() for protocol in load_system(source).config.collectives.protocols]}
     trace = transformer(TRACE_MODELS[model], phase="decode", tp=tp, batch=batch, seq_len=setup.seq_len,
                         layers=layers, head=False)
-    result, overlapped = _replay_overlapped(trace, config, tp, "symmetric")
+    result, overlapped = _replay_overlapped(trace, config, tp, "symmetric", overrides)
     return {"time_s": result.time_s, "overlapped": overlapped, "wall_s": result.stats["wall_s"],
             "events": result.stats["events"]}
 
 
 def generation_points(models=MAIN_MODELS, tps=(8, 16), batches=GENERATION_BATCHES,
-                      configs=("sequential", "t3", "t3-mca", "decomposed-dma")) -> list[dict[str, Any]]:
-    """Sweep points of :func:`simulate_generation`: every model, TP degree, batch and configuration."""
-    return [{"model": m, "tp": tp, "batch": batch, "config": config}
-            for m in models for tp in tps for batch in batches for config in configs]
+                      configs=("sequential", "t3", "t3-mca", "decomposed-dma"),
+                      protocols=tuple(GENERATION_PROTOCOLS)) -> list[dict[str, Any]]:
+    """Sweep points of :func:`simulate_generation`: every model, TP degree, batch, protocol set and configuration."""
+    return [{"model": m, "tp": tp, "batch": batch, "protocols": protocol, "config": config}
+            for m in models for tp in tps for batch in batches for protocol in protocols for config in configs]
 
 
 def generation(raw: pd.DataFrame) -> pd.DataFrame:
-    """:func:`simulate_generation` rows with ``speedup`` over the same step's sequential run."""
-    keys = ["model", "tp", "batch"]
+    """:func:`simulate_generation` rows with ``speedup`` over the same step's sequential run (with
+    the same protocols)."""
+    keys = ["model", "tp", "batch", "protocols"]
     frame = raw[[*keys, "config", "overlapped", "time_s"]].copy()
     sequential = frame[frame["config"] == "sequential"].set_index(keys)["time_s"]
     frame["speedup"] = [sequential[tuple(key)] / t for key, t in zip(frame[keys].values, frame["time_s"])]
