@@ -115,8 +115,8 @@ class ChunkMapping:
         destinations.
     updates_per_element
         The tracker's trigger count for :data:`DMA` and :data:`FINAL` chunks: updates or stores each
-        element receives (the local store, if the rank produces the chunk, plus those arriving from
-        peers).
+        element receives (the local stores, one per K split of the GEMM, if the rank produces the
+        chunk, plus those arriving from peers).
     produced
         Whether this rank's GEMM produces the chunk (an all-gather's other chunks only arrive).
     lands_at
