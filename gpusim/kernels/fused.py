@@ -756,7 +756,7 @@ def execute_fused_gemm(ctx, op):
     rank = FusedRank(ctx, op, me, senders, layout, out, spill, first_tile)
     label = STEP_LABELS[op.collective]
     kernel = GemmKernel(gpu, problem, spec, a, b, c, store=rank.store, wg_order=wg_order,
-                        name=f"gemm_{label}_{spec.name}", partials_in_place=True)
+                        name=f"gemm_{label}_{spec.name}", partials_in_place=reduces)
     yield from rank.run(kernel)
     ctx.info.update(impl=f"t3_{algorithm}_{label}_{spec.name}", flops=problem.flops, bytes=op.nbytes,
                     workgroups=kernel.kernel.num_wgs, chunks=n)
