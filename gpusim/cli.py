@@ -28,6 +28,7 @@ OP_NAMES = {
     "gemm_a2a": gops.GemmAllToAll,
     "gemm_rs_decomposed": gops.DecomposedGemmReduceScatter,
     "ag_gemm_decomposed": gops.DecomposedAllGatherGemm,
+    "ag_gemm": gops.AllGatherGemm,
     "elementwise": gops.Elementwise,
     "softmax": gops.RowReduce,
     "layernorm": gops.RowReduce,

@@ -320,20 +320,29 @@ class GemmAllToAll(FusedGemm):
 
 
 @dataclass
-class _DecomposedGemm(GemmShape):
-    """What a GEMM overlapped with a ring collective by decomposition takes besides the GEMM (the
-    chunks are cut along M, so ``batch`` must be 1): the ring's ``channels`` and its ``driver``."""
+class _RowChunkedGemm(GemmShape):
+    """A GEMM overlapped with a ring collective whose chunks are cut along M, so ``batch`` must be 1."""
+
+    category: ClassVar[str] = "fused"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch != 1:
+            raise OpError(f"{type(self).__name__}: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
+
+
+@dataclass
+class _DecomposedGemm(_RowChunkedGemm):
+    """What a GEMM overlapped with a ring collective by decomposition takes besides the GEMM: the
+    ring's ``channels`` and its ``driver``."""
 
     channels: int | None = None
     driver: str = "cu"
-    category: ClassVar[str] = "fused"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = type(self).__name__
         one_of("field 'driver'", self.driver, ("cu", "dma"), owner, OpError)
-        if self.batch != 1:
-            raise OpError(f"{owner}: field 'batch' must be 1 (chunks are cut along M), got {self.batch}")
         if self.channels is not None:
             self.channels = _positive_int(owner, "channels", self.channels)
 
@@ -409,8 +418,8 @@ class DecomposedAllGatherGemm(_DecomposedGemm):
     arrive.  Each rank computes its own chunk's rows first and then each chunk as the ring delivers
     it, one kernel per chunk; beside them a ring all-gather (on ``channels`` CUs of its own, or on
     the DMA engines) forwards the chunks.  Every rank ends with the gathered ``a`` and the whole
-    ``C[m, n]``, as after :class:`AllGather` then :class:`Gemm`.  T3's tracker has nothing to
-    trigger here (the collective comes first), so T3 has no fused form of it.
+    ``C[m, n]``, as after :class:`AllGather` then :class:`Gemm`.  T3's hardware form of the
+    same overlap is :class:`AllGatherGemm`.
 
     Attributes
     ----------
@@ -439,6 +448,42 @@ class DecomposedAllGatherGemm(_DecomposedGemm):
         from gpusim.kernels.decomposed import execute_decomposed_ag_gemm
 
         return execute_decomposed_ag_gemm(ctx, self)
+
+
+@dataclass
+class AllGatherGemm(_RowChunkedGemm):
+    """The ring all-gather of a GEMM's input, with T3's tracker on the consumer side (dissertation
+    section 8.6.2, "TP with All-gather").
+
+    The tracker counts the gathered input's arrivals and, instead of a DMA, triggers the workgroups of
+    the consumer GEMM whose rows have all arrived: one unchanged GEMM kernel over the gathered rows,
+    its workgroups dispatched in the order their rows arrive (this rank's own chunk first), beside
+    the DMA-driven ring all-gather.  Against :class:`DecomposedAllGatherGemm` there is no kernel per
+    chunk, so no launch per chunk and no idle tail of each chunk's last wave.  Every rank ends with
+    the gathered ``a`` and the whole ``C[m, n]``, as after :class:`AllGather` then :class:`Gemm`.
+
+    Attributes
+    ----------
+    m, n, k, dtype, trans_a, trans_b, b, out, kernel
+        The GEMM on the gathered input, as in :class:`GemmShape` (``m``: the gathered rows, which
+        must split evenly over the ranks; ``batch`` must be 1).  A split-K kernel's partials go to a
+        workspace and its reduction kernel follows, as for :class:`Gemm`.
+    a
+        Name of the gathered input (each rank holds its chunk before the op, all of it after).
+    """
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the gathered input, A[m, k]."""
+        return self.m * self.k * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        return f"ag+gemm t3 {self._shape_text()}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.tracked_gather import execute_tracked_ag_gemm
+
+        return execute_tracked_ag_gemm(ctx, self)
 
 
 ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
@@ -1003,6 +1048,7 @@ class Optimizer(Op):
 
 __all__ = [
     "AllGather",
+    "AllGatherGemm",
     "AllReduce",
     "AllToAll",
     "Collective",

@@ -159,34 +159,11 @@ def execute_decomposed_ag_gemm(ctx, op):
     b = ctx.tensor(op.b, tiles_n * spec.tile_n * k_extent * size)
     c_chunk = tiles_m * tiles_n * spec.tile_m * spec.tile_n * size
     out = ctx.tensor(op.out, n * c_chunk)
-    tag = 0
-    flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
-    if op.driver == "dma":
-        geometry = DmaPieces(ctx, n, op.nbytes)
-        pieces = geometry.pieces
-
-        def gather():
-            yield ctx.env.timeout(ctx.config.collectives.launch_ns)
-            yield from dma_ring(ctx, "ag", group, op.nbytes, a, flags, tag)
-    else:
-        ring = RingKernel(ctx, "ag", group, op.nbytes, a, a, ctx.tensor(None, chunk_bytes * 2), flags,
-                          len(comm_cus), tag, wire_efficiency=protocol.wire_efficiency, one_ring=True)
-        ring.kernel.cu_mask = comm_cus
-        pieces = ring.pieces
-
-        def gather():
-            set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
-            yield from ctx.launch(ring.kernel, latency_ns=set_up, queue=ctx.stream.name + COMM_LANE_SUFFIX)
-
-    gathering = ctx.env.process(gather())
-    position = ring_orders(ctx, group, 1)[0].index(ctx.rank)
-    for step in range(n):
-        chunk = (position - step) % n
-        if step:  # the previous rank's send of this chunk, every piece of it
-            arrivals = [flags.event("data", ctx.rank, tag, step, *piece) for piece in pieces(chunk)]
-            waiting = [event for event in arrivals if not event.processed]
-            if waiting:
-                yield ctx.env.all_of(waiting)
+    gathering, order, pending = start_gather(ctx, op, group, a, protocol, comm_cus)
+    for step, chunk in enumerate(order):
+        waiting = pending(chunk)
+        if waiting:
+            yield ctx.env.all_of(waiting)
         yield from launch_gemm(ctx, problem, spec, _at(a, chunk * chunk_bytes), b, _at(out, chunk * c_chunk),
                                cu_mask=gemm_cus, name=f"gemm_chunk{step}_{spec.name}")
     yield gathering
@@ -195,6 +172,49 @@ def execute_decomposed_ag_gemm(ctx, op):
                     workgroups=n * tiles_m * tiles_n)
     if comm_cus:
         ctx.info.update(channels=len(comm_cus), protocol=protocol.name)
+
+
+def start_gather(ctx, op, group: list[int], a, protocol, comm_cus: list[int]):
+    """Start the ring all-gather of ``op``'s input into ``a`` (chunk ``c`` at ``c`` x its bytes): on the
+    DMA engines, or as a ring kernel on ``comm_cus`` on its own lane when there are any.
+
+    Returns
+    -------
+    tuple
+        The gather's process; the chunks in the order they are complete on this rank (its own first,
+        then the ring's); and ``pending(chunk)``, the arrival events of ``chunk``'s pieces that have not
+        happened yet (none for the own chunk).
+    """
+    n = len(group)
+    tag = 0
+    flags = ctx.shared().setdefault("flags", Flags(ctx, protocol.step_latency_ns))
+    if not comm_cus:
+        pieces = DmaPieces(ctx, n, op.nbytes).pieces
+
+        def gather():
+            yield ctx.env.timeout(ctx.config.collectives.launch_ns)
+            yield from dma_ring(ctx, "ag", group, op.nbytes, a, flags, tag)
+    else:
+        ring = RingKernel(ctx, "ag", group, op.nbytes, a, a, ctx.tensor(None, 2 * op.nbytes // n), flags,
+                          len(comm_cus), tag, wire_efficiency=protocol.wire_efficiency, one_ring=True)
+        ring.kernel.cu_mask = comm_cus
+        pieces = ring.pieces
+
+        def gather():
+            set_up = ctx.config.collectives.launch_ns + protocol.base_latency_ns
+            yield from ctx.launch(ring.kernel, latency_ns=set_up, queue=ctx.stream.name + COMM_LANE_SUFFIX)
+
+    position = ring_orders(ctx, group, 1)[0].index(ctx.rank)
+    order = [(position - step) % n for step in range(n)]
+
+    def pending(chunk: int) -> list[Event]:
+        step = order.index(chunk)
+        if step == 0:
+            return []
+        arrivals = (flags.event("data", ctx.rank, tag, step, *piece) for piece in pieces(chunk))
+        return [event for event in arrivals if not event.processed]
+
+    return ctx.env.process(gather()), order, pending
 
 
 def _without_peers(ctx, op):
@@ -234,4 +254,4 @@ def _at(buffer, offset: int):
     return replace(buffer, addr=buffer.addr + offset, nbytes=max(0, buffer.nbytes - offset))
 
 
-__all__ = ["COMM_LANE_SUFFIX", "execute_decomposed_ag_gemm", "execute_decomposed_gemm_rs"]
+__all__ = ["COMM_LANE_SUFFIX", "execute_decomposed_ag_gemm", "execute_decomposed_gemm_rs", "start_gather"]

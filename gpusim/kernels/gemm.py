@@ -27,6 +27,8 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from simpy.events import Event
+
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
 from gpusim.errors import OpError
@@ -606,6 +608,9 @@ class GemmKernel:
         With split-K, every split stores its partial tile at its tile's place in C through
         ``store``, whose near-memory updates (op-and-store) add the partials (T3 with split-K,
         dissertation section 8.6.7), instead of into an fp32 workspace for a reduction kernel.
+    ready
+        ``ready(wg)``: an event workgroup ``wg`` waits for on its CU before its first load (its
+        input rows arriving, as T3's tracker would trigger it), or ``None`` when it need not wait.
     c_cached
         Whether C is written through the L2.
     wg_order
@@ -629,6 +634,7 @@ class GemmKernel:
         cu_mask: list[int] | None = None,
         name: str | None = None,
         partials_in_place: bool = False,
+        ready: Callable[[int], Event | None] | None = None,
     ):
         if partials_in_place and store is None:
             raise ValueError("partial tiles can only be added in place by a store hook that updates C")
@@ -638,6 +644,7 @@ class GemmKernel:
         self.a, self.b, self.c = a, b, c
         self.store = store
         self.partials_in_place = partials_in_place
+        self.ready = ready
         self.tiles_m, self.tiles_n = tiles(problem, spec)
         self.k_per_split = math.ceil(problem.k / spec.split_k)
         self.k_step = k_step(problem, spec)
@@ -752,6 +759,9 @@ class GemmKernel:
 
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
+        waiting = None if self.ready is None else self.ready(wg)
+        if waiting is not None and not waiting.processed:
+            yield waiting
         batch, row, col, split = self.tile_of(wg)
         step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step + self.access_flops_per_step
         limit = self.inflight_limit(cu, self.inflight_bytes, self.miss_latency_ns)
@@ -841,12 +851,13 @@ def problem_of(op) -> GemmProblem:
 
 
 def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store: StoreFn | None = None,
-                cu_mask: list[int] | None = None, name: str | None = None, partials_in_place: bool = False):
+                cu_mask: list[int] | None = None, name: str | None = None, partials_in_place: bool = False,
+                wg_order: list[int] | None = None, ready: Callable[[int], Event | None] | None = None):
     """Launch ``spec``'s kernels for ``problem`` on the buffers ``a``, ``b`` and ``c`` and return the GEMM
     kernel (a generator): the GEMM kernel, and with split-K an fp32 workspace for its partial tiles and
     an element-wise reduction kernel that writes C, unless ``partials_in_place`` (``store`` adds the
-    partials into C: :class:`GemmKernel`).  ``cu_mask``: the CUs both may use (default: the stream's);
-    ``name``: the GEMM kernel's (default ``gemm_<spec>``)."""
+    partials into C).  ``cu_mask``: the CUs both may use (default: the stream's); ``name``: the GEMM
+    kernel's (default ``gemm_<spec>``); ``wg_order``, ``ready``: as :class:`GemmKernel` takes them."""
     from gpusim.kernels.elementwise import StreamingKernel
 
     gpu = ctx.gpu
@@ -857,8 +868,8 @@ def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store:
         target = workspace
     else:
         target = c
-    kernel = GemmKernel(gpu, problem, spec, a, b, target, store=store, cu_mask=cu_mask,
-                        name=name or f"gemm_{spec.name}", partials_in_place=partials_in_place)
+    kernel = GemmKernel(gpu, problem, spec, a, b, target, store=store, cu_mask=cu_mask, wg_order=wg_order,
+                        name=name or f"gemm_{spec.name}", partials_in_place=partials_in_place, ready=ready)
     yield from ctx.launch(kernel.kernel)
     if reduced:
         partial_bytes = problem.m * problem.n * problem.batch * 4

@@ -630,12 +630,16 @@ REPLAYED_CONFIGS: dict[str, tuple[str | None, int | None, str | None]] = {
 """Configurations of :func:`simulate_layer_replayed`: how
 :func:`gpusim.trace.fusion.overlap_gemm_collectives` rewrites the layer (function, ring CUs) and the
 memory-controller policy it is replayed with."""
-GATHER_CONFIGS: dict[str, str] = {"sequential+ag": "sequential", "t3-mca+ag": "t3-mca",
-                                  "decomposed-dma+ag": "decomposed-dma"}
+GATHER_CONFIGS: dict[str, tuple[str, str]] = {
+    "sequential+ag": ("sequential", "decomposed_dma"), "t3-mca+ag": ("t3-mca", "decomposed_dma"),
+    "decomposed-dma+ag": ("decomposed-dma", "decomposed_dma"), "t3-mca+ag-t3": ("t3-mca", "t3"),
+}
 """Configurations that also overlap each all-gather with the GEMM consuming it
-(:func:`gpusim.trace.fusion.overlap_gather_gemms`, DMA-driven, as Transformer Engine does for
-sequence parallelism; T3 has no hardware for it), each with the :data:`REPLAYED_CONFIGS` entry it
-adds this to.  Only a layout with such all-gathers (``sp``) changes."""
+(:func:`gpusim.trace.fusion.overlap_gather_gemms`), each with the :data:`REPLAYED_CONFIGS` entry it
+adds this to and how: ``decomposed_dma`` (a GEMM kernel per chunk beside a DMA ring, as Transformer
+Engine does for sequence parallelism) or ``t3`` (T3's tracker triggering the GEMM's workgroups as
+their rows arrive, the extension of section 8.6.2).  Only a layout with such all-gathers (``sp``)
+changes."""
 
 
 def _replay_overlapped(trace, config: str, tp: int, mode: str, overrides: dict[str, Any] | None = None):
@@ -645,9 +649,11 @@ def _replay_overlapped(trace, config: str, tp: int, mode: str, overrides: dict[s
     from gpusim.trace.fusion import overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 
     known_name("configuration", config, {**REPLAYED_CONFIGS, **GATHER_CONFIGS})
+    base = config
     if config in GATHER_CONFIGS:
-        trace = overlap_gather_gemms(trace, "decomposed_dma")
-    function, channels, policy = REPLAYED_CONFIGS[GATHER_CONFIGS.get(config, config)]
+        base, gathers = GATHER_CONFIGS[config]
+        trace = overlap_gather_gemms(trace, gathers)
+    function, channels, policy = REPLAYED_CONFIGS[base]
     if function is not None:
         trace = overlap_gemm_collectives(trace, function, channels)
     overlapped = int((overlap_report(trace)["status"] == "overlapped").sum())

@@ -341,8 +341,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-gathers", choices=list(GATHER_FUNCTIONS),
                         help="overlap every all-gather with the GEMM right after it that consumes the gathered "
                              "tensor (sequence parallelism): decomposed_dma (a GEMM kernel per chunk as the DMA "
-                             "engines deliver it, as Transformer Engine's overlap) or decomposed (beside a CU-driven "
-                             "ring on --overlap-channels CUs)")
+                             "engines deliver it, as Transformer Engine's overlap), decomposed (beside a CU-driven "
+                             "ring on --overlap-channels CUs) or t3 (one GEMM kernel whose workgroups T3's tracker "
+                             "triggers as their rows arrive)")
     parser.add_argument("--overlap-channels", type=positive_int,
                         help="--overlap decomposed, --overlap-gathers decomposed: CUs of their rings (default: "
                              "the node's collectives.cus)")

@@ -1,5 +1,5 @@
-"""Overlapping a trace's GEMMs with the collectives that reduce their outputs (T3, or decomposition),
-or that gather their inputs (decomposition).
+"""Overlapping a trace's GEMMs with the collectives that reduce their outputs, or that gather their
+inputs (T3, or decomposition).
 
 :func:`overlap_gemm_collectives` rewrites a trace so that every tensor-parallel GEMM whose output a
 reduce-scatter or an all-reduce sums becomes one ``gemm_collective`` row: T3's fused GEMM and
@@ -25,10 +25,11 @@ dependencies.  Its overlapped row keeps that: it is ``async_collective``, so its
 once the GEMM has ended while the collective's tail finishes, and the rows that depended on the
 collective wait for the whole row.
 
-:func:`overlap_gather_gemms` does the consumer side, which T3 has no hardware for: a sequence-parallel
-layer's all-gather of the activations and the column-parallel GEMM right after it on its stream,
-whose A is the gathered tensor, become one ``collective_gemm`` row (the GEMM run a chunk at a time as
-the ring delivers the chunks, as Transformer Engine's overlap does).
+:func:`overlap_gather_gemms` does the consumer side: a sequence-parallel layer's all-gather of the
+activations and the column-parallel GEMM right after it on its stream, whose A is the gathered tensor,
+become one ``collective_gemm`` row: the GEMM run a chunk at a time as the ring delivers the chunks, as
+Transformer Engine's overlap does, or one GEMM kernel whose workgroups T3's tracker triggers as their
+rows arrive (the extension the dissertation sketches in section 8.6.2).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from gpusim.checks import as_int, one_of
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
 from gpusim.trace.schema import (
+    GATHER_FUNCTIONS,
     OVERLAP_FUNCTIONS,
     SHAPE_FIELDS,
     decomposition_problem,
@@ -58,8 +60,6 @@ OVERLAPPED_COLLECTIVES = ("reducescatter", "allreduce")
 GEMM_FIELDS = SHAPE_FIELDS["gemm"]
 REPORT_COLUMNS = ["collective_op_id", "name", "collective", "function", "gemm_op_id", "overlapped_op_id", "status",
                   "reason"]
-GATHER_FUNCTIONS = ("decomposed_dma", "decomposed")
-"""How :func:`overlap_gather_gemms` overlaps an all-gather with its GEMM (DMA or CU-driven ring)."""
 
 
 @dataclass
@@ -332,8 +332,10 @@ def overlap_gather_gemms(trace: Trace, function: str = "decomposed_dma", channel
         equal to the all-gather's ``bytes``) and whose ``m`` splits over the group.
     function
         ``"decomposed_dma"`` (the DMA engines forward the chunks, as Transformer Engine's copy-engine
-        ring exchange; the GEMM keeps every CU) or ``"decomposed"`` (a ring kernel on ``channels``
-        CUs of its own).
+        ring exchange; the GEMM keeps every CU), ``"decomposed"`` (a ring kernel on ``channels``
+        CUs of its own), each with a GEMM kernel per chunk, or ``"t3"`` (the DMA ring, and T3's
+        tracker triggering one GEMM kernel's workgroups as their rows arrive:
+        :class:`gpusim.ops.AllGatherGemm`).
     channels
         CUs of the ``decomposed`` ring (default: the node's ``collectives.cus``, fewer for small
         chunks).  Only for ``"decomposed"``.

@@ -56,6 +56,8 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
         if kind == "gemm":
             return ops.Gemm(*shape, batch=int(row.batch), ranks=ranks, **gemm)
         group = parse_ints(row.group) or None
+        if kind == "collective_gemm" and row.function == "t3":
+            return ops.AllGatherGemm(*shape, ranks=group, **gemm)
         if kind == "collective_gemm":
             return ops.DecomposedAllGatherGemm(*shape, driver=DECOMPOSED_DRIVERS[row.function], channels=_channels(row),
                                                ranks=group, **gemm)

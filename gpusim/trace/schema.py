@@ -36,7 +36,8 @@ function        str      element-wise function (``gelu``, ``add``...), reduction
                          T3's track and trigger; ``decomposed``: the GEMM cut into a kernel per rank
                          beside a CU-driven ring; ``decomposed_dma``: the same with a DMA ring) or a
                          ``collective_gemm`` (``decomposed_dma``, the default, or ``decomposed``: a GEMM
-                         kernel per gathered chunk as it arrives, beside a DMA or CU-driven ring)
+                         kernel per gathered chunk as it arrives, beside a DMA or CU-driven ring; ``t3``:
+                         one GEMM kernel whose workgroups the tracker triggers as their rows arrive)
 tensor_sizes    ints     elements of every parameter tensor an ``optimizer`` row updates
 optimizer_impl  str      how the optimizer runs: ``multi_fused`` (default), ``fused``, ``unfused``,
                          ``multi_unfused`` or ``nmc`` (near-memory ALUs)
@@ -110,8 +111,9 @@ FUSED_COLLECTIVES = ("reducescatter", "allgather", "alltoall")
 """Collectives a ``gemm_collective`` row overlaps with its GEMM (T3's fused ops)."""
 OVERLAP_FUNCTIONS = ("t3", "decomposed", "decomposed_dma")
 """How a ``gemm_collective`` row overlaps: T3's hardware, or software decomposition (CU or DMA ring)."""
-GATHER_FUNCTIONS = ("decomposed_dma", "decomposed")
-"""How a ``collective_gemm`` row overlaps its all-gather with the GEMM (DMA or CU-driven ring)."""
+GATHER_FUNCTIONS = ("decomposed_dma", "decomposed", "t3")
+"""How a ``collective_gemm`` row overlaps its all-gather with the GEMM: a kernel per chunk beside a DMA or
+CU-driven ring, or T3's tracker triggering one GEMM kernel's workgroups as their rows arrive."""
 GATHER_ALGORITHMS = ("ring", "auto")
 SYNCHRONISING_KINDS = ("collective", "sendrecv", "gemm_collective", "collective_gemm")
 GROUP_KINDS = ("collective", "gemm_collective", "collective_gemm")
