@@ -99,7 +99,7 @@ def test_a_collective_gemm_row_is_dma_driven_unless_it_says_otherwise():
 
 
 @pytest.mark.parametrize(("fields", "field", "expected"), [
-    ({"function": "t3"}, "function", "decomposed_dma, decomposed"),
+    ({"function": "nccl"}, "function", "decomposed_dma, decomposed, t3"),
     ({"collective": "reducescatter"}, "collective", "must be one of allgather"),
     ({"algorithm": "direct"}, "algorithm", "ring, auto"),
     ({"trans_a": True}, "trans_a", "concatenates whole rows of A"),
@@ -182,7 +182,9 @@ def test_an_all_gather_not_followed_by_a_gemm_is_left_alone():
 def test_bad_arguments_are_config_errors():
     trace = gather_then(dict(m=M, n=N, k=K))
     with pytest.raises(ConfigError, match="function"):
-        overlap_gather_gemms(trace, "t3")
+        overlap_gather_gemms(trace, "nccl")
+    with pytest.raises(ConfigError, match="'channels'.*decomposed' only"):
+        overlap_gather_gemms(trace, "t3", channels=8)
     with pytest.raises(ConfigError, match="'channels'.*decomposed' only"):
         overlap_gather_gemms(trace, "decomposed_dma", channels=8)
     with pytest.raises(ConfigError, match="positive whole number"):
