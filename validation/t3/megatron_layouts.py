@@ -9,7 +9,9 @@ runs sequence parallelism (reduce-scatters and all-gathers) and, by default, ove
 all-reduces with the weight gradients (``--async-tensor-model-parallel-allreduce``).  This script
 generates two layers of each model (Table 8.2 batch and sequence length, TP 8, no embedding or output
 layer, training with its Adam step) in each layout, rewrites them with
-:func:`gpusim.trace.overlap_gemm_collectives` (T3-MCA, or the decomposition on the DMA engines) and
+:func:`gpusim.trace.overlap_gemm_collectives` (T3-MCA, or the decomposition on the DMA engines), in the
+sequence-parallel layout also with :func:`gpusim.trace.overlap_gather_gemms` (a GEMM kernel per gathered
+chunk, or T3's tracker triggering one kernel's workgroups: :data:`gpusim.studies.t3.GATHER_CONFIGS`), and
 replays them on ``t3-ring8`` (:func:`gpusim.studies.t3.simulate_megatron_layout`).  It writes
 ``megatron_layouts.csv``: every iteration's time, its speedup over the serialized (``tp``) layout's
 sequential iteration and over its own layout's.  About 5 minutes on 2 cores.
