@@ -696,6 +696,12 @@ def replayed_points(models=MAIN_MODELS) -> list[dict[str, Any]]:
     return [{**point, "config": config} for point in layer_points(models) for config in REPLAYED_CONFIGS]
 
 
+def _over_sequential(frame: pd.DataFrame, keys: list[str], column: str) -> list[float]:
+    """Per row of ``frame``: the ``column`` of the ``sequential`` row with the same ``keys``, over its own."""
+    sequential = frame[frame["config"] == "sequential"].set_index(keys)[column]
+    return [sequential[tuple(key)] / value for key, value in zip(frame[keys].values, frame[column])]
+
+
 def end_to_end_replayed(replayed: pd.DataFrame, substituted: pd.DataFrame | None = None) -> pd.DataFrame:
     """End-to-end speedups from replayed layers, beside :func:`end_to_end`'s where it has the configuration.
 
@@ -712,8 +718,7 @@ def end_to_end_replayed(replayed: pd.DataFrame, substituted: pd.DataFrame | None
     frame = replayed.copy()
     frame["iteration_s"] = frame["layers"] * frame["layer_s"] + frame["iteration_rest_s"]
     keys = ["model", "tp", "setting"]
-    base = frame[frame["config"] == "sequential"].set_index(keys)["iteration_s"]
-    frame["speedup"] = [base[tuple(key)] / time_s for key, time_s in zip(frame[keys].values, frame["iteration_s"])]
+    frame["speedup"] = _over_sequential(frame, keys, "iteration_s")
     columns = [*keys, "config", "overlapped", "iteration_s", "speedup"]
     frame = frame[columns]
     if substituted is None:
@@ -769,8 +774,7 @@ def megatron_layouts(raw: pd.DataFrame) -> pd.DataFrame:
     frame = raw[[*keys, "layout", "config", "overlapped", "time_s"]].copy()
     sequential = frame[frame["config"] == "sequential"].set_index([*keys, "layout"])["time_s"]
     frame["speedup"] = [sequential[(m, p, "tp")] / t for m, p, t in zip(frame["model"], frame["phase"], frame["time_s"])]
-    frame["layout_speedup"] = [sequential[(m, p, layout)] / t
-                               for m, p, layout, t in zip(frame["model"], frame["phase"], frame["layout"], frame["time_s"])]
+    frame["layout_speedup"] = _over_sequential(frame, [*keys, "layout"], "time_s")
     return frame
 
 
@@ -822,8 +826,7 @@ def generation(raw: pd.DataFrame) -> pd.DataFrame:
     the same protocols)."""
     keys = ["model", "tp", "batch", "protocols"]
     frame = raw[[*keys, "config", "overlapped", "time_s"]].copy()
-    sequential = frame[frame["config"] == "sequential"].set_index(keys)["time_s"]
-    frame["speedup"] = [sequential[tuple(key)] / t for key, t in zip(frame[keys].values, frame["time_s"])]
+    frame["speedup"] = _over_sequential(frame, keys, "time_s")
     return frame
 
 
