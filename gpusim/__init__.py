@@ -20,6 +20,7 @@ from gpusim.errors import (
     TraceError,
     UnknownPresetError,
 )
+from gpusim.parameter_sweep import sweep_parameters
 from gpusim.results import Result
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
@@ -43,5 +44,6 @@ __all__ = [
     "load_system",
     "ops",
     "run",
+    "sweep_parameters",
     "trace",
 ]

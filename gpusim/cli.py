@@ -125,6 +125,20 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
     return result
 
 
+def parse_vary(specs: list[str]) -> dict[str, list[object]]:
+    """Turn ``--vary PATH=V1,V2,...`` arguments into a grid (values as typed, ``null`` for no value)."""
+    grid: dict[str, list[object]] = {}
+    for spec in specs:
+        key, _, text = spec.partition("=")
+        values = [value.strip() for value in text.split(",")]
+        if not key.strip() or not text.strip() or not all(values):
+            raise GpusimError(f"--vary expects PATH=VALUE,VALUE,... (e.g. gpu.num_cus=80,160), got {spec!r}")
+        if key in grid:
+            raise GpusimError(f"--vary {key!r} is given more than once; list all its values in one --vary")
+        grid[key] = [None if value.lower() == "null" else value for value in values]
+    return grid
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the known presets."""
     from gpusim.config.loader import list_presets
@@ -196,6 +210,61 @@ def cmd_run(args: argparse.Namespace) -> int:
             write_outputs(result, stage, f"{system.name}")
     if out is not None:
         print(f"wrote {out}/ (ops.csv, summary.csv, timeline.png, timeline.perfetto.json)")
+    return 0
+
+
+def sweep_figure(points, fields: list[str], title: str):
+    """The figure of ``gpusim sweep --out``'s sweep.png: the total simulated time (ms) against the first
+    varied field, one line per combination of the others' values."""
+    import matplotlib.pyplot as plt
+
+    from gpusim import plot
+
+    frame = points.assign(total_ms=points["total_s"] * 1e3)
+    by = None
+    if len(fields) > 1:
+        by = ", ".join(fields[1:])
+        frame[by] = frame[fields[1:]].astype(str).agg(", ".join, axis=1)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    plot.lines(frame, x=fields[0], y="total_ms", by=by, ax=ax, ylabel="simulated time (ms)")
+    ax.set_title(title)
+    return fig
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Simulate ops over a grid of hardware values."""
+    import pandas as pd
+
+    from gpusim import plot
+    from gpusim.parameter_sweep import point_totals, sweep_parameters, varied_fields
+    from gpusim.sweep import check_scheduler
+    from gpusim.system import load_system
+
+    system = load_system(args.system, parse_overrides(args.set))
+    op_list = [parse_op(spec) for spec in args.op]
+    grid = parse_vary(args.vary)
+    if args.scheduler:
+        check_scheduler(args.scheduler)
+    out = output_folder(args.out)
+    with staged_outputs(out) as stage:
+        table = sweep_parameters(system, op_list, grid, mode=args.mode, memory_policy=args.policy,
+                                 workers=args.workers, scheduler=args.scheduler, cache=args.cache,
+                                 progress=not args.quiet)
+        points = point_totals(table)
+        fields = varied_fields(table)
+        times = [column for column in points.columns if column not in ("point", *fields, "mode", "sim_wall_s")]
+        shown = points.drop(columns="sim_wall_s")
+        shown[times] = shown[times] * 1e3
+        shown = shown.rename(columns={column: f"{column} (ms)" for column in times})
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print(shown.to_string(index=False))
+        print(f"{len(points)} points")
+        if stage is not None:
+            table.to_csv(stage / "sweep.csv", index=False)
+            points.to_csv(stage / "points.csv", index=False)
+            plot.save_figure(sweep_figure(points, fields, f"{system.name}: {len(op_list)} op(s)"), stage / "sweep.png")
+    if out is not None:
+        print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
     return 0
 
 
@@ -293,6 +362,27 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _add_sweep(parser: argparse.ArgumentParser) -> None:
+    from gpusim.hw.memctrl import PICK_POLICIES
+
+    parser.add_argument("--system", required=True, help="preset name or YAML file")
+    parser.add_argument("--op", action="append", required=True,
+                        help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; one stream)')
+    parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
+                        help="a field and its values, e.g. links.bandwidth=75GB/s,150GB/s (repeatable: every "
+                             "combination runs, the last --vary fastest)")
+    parser.add_argument("--set", action="append", help="override at every point, e.g. gpu.hbm.channels=16")
+    parser.add_argument("--mode", default="auto", choices=["full", "symmetric", "auto"],
+                        help="auto (default) takes symmetric where it is exact for the ops, else full")
+    parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
+                        help="memory-controller policy (default: each GPU's configured one)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")
+    parser.add_argument("--scheduler", help="address of a Dask scheduler to run the points on (the dist extra)")
+    parser.add_argument("--cache", help="folder of finished points: a rerun simulates only what changed")
+    parser.add_argument("--out", help="folder for sweep.csv (per point and op), points.csv and sweep.png")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def _add_show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="preset name or YAML file")
     parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
@@ -307,6 +397,7 @@ COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], None] | 
     "list": (cmd_list, None, "list hardware presets"),
     "show-config": (cmd_show_config, _add_show, "print a preset's resolved configuration"),
     "run": (cmd_run, _add_run, "simulate ops on a system"),
+    "sweep": (cmd_sweep, _add_sweep, "simulate ops over a grid of hardware values (what-if)"),
     "demo": (cmd_demo, _add_demo, "run the main demo"),
     "simulate": (cmd_simulate, add_simulate_arguments, "replay a trace or a generated transformer iteration"),
     "validate-trace": (cmd_validate_trace, add_validate_trace_arguments,

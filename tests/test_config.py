@@ -8,6 +8,7 @@ import pytest
 
 import gpusim
 from gpusim.config import load_system_config
+from gpusim.config.loader import override_field
 from gpusim.errors import ConfigError, UnknownPresetError
 
 
@@ -30,6 +31,16 @@ def test_overrides_with_aliases():
     assert system.with_overrides({"gpu.num_cus": 40}).gpu.num_cus == 40
     with pytest.raises(ConfigError, match="'gpu.num_cus'.*less than or equal to 16384"):
         system.with_overrides({"gpu.num_cus": 10**9})  # would exhaust the simulator's memory
+
+
+def test_override_field_names_the_field_and_its_resolved_value():
+    overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
+    config = load_system_config("t3-ring8", overrides)
+    fields = dict(override_field(config, path, value) for path, value in overrides.items())
+    assert fields == {"links.bandwidth_bytes_per_s": 300e9, "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock_hz": 1e9}
+    assert override_field(config, "gpu.hbm", None)[1]["stacks"] == config.gpu.hbm.stacks  # a section as data
+    with pytest.raises(ConfigError, match="gpu has no field 'clocks'"):
+        override_field(config, "gpu.clocks", "1 GHz")
 
 
 def test_unknown_preset_lists_known():

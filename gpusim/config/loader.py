@@ -439,6 +439,38 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
         raise ConfigError(_format_validation(exc, system, gpu, overridden, created)) from None
 
 
+def override_field(config: SystemConfig, path: str, value: Any) -> tuple[str, Any]:
+    """The field an override ``path`` set to ``value`` names, and its value in ``config``.
+
+    Parameters
+    ----------
+    config
+        A description the override was applied to (:func:`load_system_config`).
+    path
+        The override's dotted path as the user wrote it (``links.bandwidth``).
+    value
+        The value it was given (a unit-less alias checks that it has a unit).
+
+    Returns
+    -------
+    tuple
+        The field's dotted path (``links.bandwidth_bytes_per_s``) and its value in ``config``, in
+        the field's base unit (``3e11``; a section comes back as plain data).
+
+    Raises
+    ------
+    ConfigError
+        ``path`` names no field.
+    """
+    keys, _, _ = _resolve_path(path, value)
+    node: Any = config
+    for key in keys:
+        node = node[key] if isinstance(node, Mapping) else getattr(node, key)
+    if isinstance(node, BaseModel):
+        node = node.model_dump(mode="json")
+    return ".".join(keys), node
+
+
 def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:
     """Load just a GPU description (a GPU preset, or the GPU of a node preset)."""
     return load_system_config(name_or_path).gpu

@@ -1,0 +1,226 @@
+"""Hardware what-ifs: the same ops on a system over a grid of configuration values.
+
+::
+
+    from gpusim import ops
+    from gpusim.parameter_sweep import sweep_parameters
+
+    table = sweep_parameters("t3-ring8", [ops.GemmReduceScatter(8192, 4256, 2128)],
+                             {"links.bandwidth": ["75 GB/s", "150 GB/s"], "gpu.num_cus": [80, 160]})
+
+simulates the ops once per combination of the values (the grid of :func:`parameter_grid`), each
+point a :func:`gpusim.sweep.sweep` point: parallel processes or a Dask cluster, a progress bar, and
+with a cache folder a resumable sweep whose points are keyed by the whole resolved hardware
+description, so an edited YAML file or preset is simulated again.  Every point's description is
+checked before the first simulation starts: a bad value fails at once, naming the override.
+
+The table has one row per point and op: ``point`` (the grid's index), the resolved value of each
+varied field under its field's name and base unit (``links.bandwidth`` given as ``"150 GB/s"`` is
+``links.bandwidth_bytes_per_s`` = 1.5e11), ``op_index`` (the op's place in the list), the op's row
+of :meth:`gpusim.Result.summary` (but ``op_id``), and the
+point's ``total_s`` (first op start to last op end, s), ``mode`` (the simulation mode that ran)
+and ``sim_wall_s`` (the simulator's own time for the point, s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from gpusim.config.loader import load_system_config, override_field
+from gpusim.config.node import SystemConfig
+from gpusim.errors import ConfigError
+from gpusim.ops import Op
+from gpusim.system import System
+
+MODES = ("full", "symmetric", "auto")
+POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
+"""Columns of :func:`sweep_parameters` that belong to the point rather than to one op."""
+
+
+def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the values of ``vary``, the last parameter varying fastest.
+
+    Parameters
+    ----------
+    vary
+        Override paths (``"gpu.num_cus"``) to the values each takes (``[80, 160]``).
+
+    Returns
+    -------
+    list of dict
+        One override mapping per point.
+
+    Raises
+    ------
+    ConfigError
+        ``vary`` is empty or not a mapping, a path is not a non-empty string, or its values are
+        not a non-empty list of distinct values.
+    """
+    if not isinstance(vary, Mapping) or not vary:
+        raise ConfigError(f"vary must map override paths to lists of values, e.g. {{'gpu.num_cus': [80, 160]}}, "
+                          f"got {vary!r}")
+    values = []
+    for path, options in vary.items():
+        if not isinstance(path, str) or not path.strip():
+            raise ConfigError(f"vary: paths must be dotted strings such as 'gpu.num_cus', got {path!r}")
+        if isinstance(options, str | bytes | Mapping) or not isinstance(options, Sequence) or not options:
+            raise ConfigError(f"vary {path!r}: expected a non-empty list of values, got {options!r}")
+        repeated = [value for index, value in enumerate(options) if value in options[:index]]
+        if repeated:
+            raise ConfigError(f"vary {path!r}: the value {repeated[0]!r} is given more than once")
+        values.append(list(options))
+    return [dict(zip(vary, combination, strict=True)) for combination in itertools.product(*values)]
+
+
+def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op], simulation_mode: str,
+                   memory_policy: str | None) -> pd.DataFrame:
+    """Simulate ``ops`` on one resolved description (a top-level function for :func:`gpusim.sweep.sweep`).
+
+    Parameters
+    ----------
+    point
+        The point's index in the grid (a column of the rows).
+    config
+        The resolved description, as :meth:`gpusim.System.to_dict` gives it.
+    source
+        The preset or file it came from (the system's ``source``).
+    ops, simulation_mode, memory_policy
+        As :func:`gpusim.run` takes ``ops``, ``mode`` and ``memory_policy``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in ``ops``)
+        instead of ``op_id`` (which differs from process to process), and the point's ``total_s``, ``mode`` and
+        ``sim_wall_s`` (``mode`` is the mode that ran: ``"auto"`` resolved).
+    """
+    from gpusim.simulate import run
+
+    system = System(SystemConfig.model_validate(config), source)
+    result = run(system, [op.copy() for op in ops], mode=simulation_mode, memory_policy=memory_policy)
+    summary = result.summary()  # in the list's order: the copies' op ids grow with it
+    summary = summary.drop(columns="op_id").assign(op_index=range(len(summary)))
+    return summary.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
+
+
+def _checked_ops(ops: Op | Sequence[Op]) -> list[Op]:
+    op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Sequence) and not isinstance(ops, str) else None
+    if not op_list or not all(isinstance(op, Op) for op in op_list):
+        raise ConfigError(f"sweep_parameters: ops must be an op or a non-empty list of gpusim.ops ops, got {ops!r}")
+    return op_list
+
+
+def sweep_parameters(
+    system: System | str | os.PathLike,
+    ops: Op | Sequence[Op],
+    vary: Mapping[str, Sequence[Any]],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    mode: str = "auto",
+    memory_policy: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    cache: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Simulate ``ops`` on ``system`` at every point of the grid ``vary`` spans.
+
+    Parameters
+    ----------
+    system
+        A :class:`gpusim.System` (its overrides are kept), a preset name or a YAML path.
+    ops
+        One op or a list of ops, run on one stream as :func:`gpusim.run` runs them.
+    vary
+        Override paths to the values each takes (:func:`parameter_grid`), as :func:`gpusim.load_system`
+        reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``.
+    overrides
+        Overrides applied at every point (none of ``vary``'s paths).
+    mode
+        ``"auto"`` (symmetric where it is exact, else full), ``"full"`` or ``"symmetric"``.
+    memory_policy
+        Memory-controller policy of every GPU (default: each GPU's configured one).
+    workers, scheduler, cache, progress
+        As :func:`gpusim.sweep.sweep` takes them; with ``cache`` a finished point is not simulated
+        again unless the description, the ops or gpusim's code changed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per point and op (see the module's description).
+
+    Raises
+    ------
+    ConfigError
+        A bad grid, op list or mode, a path in both ``vary`` and ``overrides``, or a point whose
+        description is invalid (the message names the point's values and the override).
+    gpusim.errors.UnknownPresetError
+        ``system`` is neither a preset nor a file.
+    gpusim.errors.SweepError
+        A point failed to simulate (the finished points are cached).
+    """
+    from gpusim.sweep import sweep
+
+    points = parameter_grid(vary)
+    op_list = _checked_ops(ops)
+    if mode not in MODES:
+        raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"sweep_parameters: overrides must be a mapping of dotted paths to values, got {overrides!r}")
+    both = [path for path in vary if path in (overrides or {})]
+    if both:
+        raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
+    if isinstance(system, System):
+        source, base = system.source, {**system.overrides, **(overrides or {})}
+    elif isinstance(system, str | os.PathLike):
+        source, base = os.fspath(system), dict(overrides or {})
+    else:
+        raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
+    calls, columns = [], []
+    for index, values in enumerate(points):
+        try:
+            config = load_system_config(source, {**base, **values})
+        except ConfigError as exc:
+            raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
+        fields = dict(override_field(config, path, value) for path, value in values.items())
+        calls.append({"point": index, "config": config.model_dump(mode="json"), "source": source, "ops": op_list,
+                      "simulation_mode": mode, "memory_policy": memory_policy})
+        columns.append({"point": index, **fields})
+    rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
+                 description=f"sweep over {', '.join(vary)}")
+    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy"])
+    table = pd.DataFrame(columns).merge(rows, on="point", how="left")
+    first = [*columns[0], "op_index"]
+    return table[first + [column for column in table.columns if column not in first]]
+
+
+def varied_fields(table: pd.DataFrame) -> list[str]:
+    """The varied fields' columns of a :func:`sweep_parameters` table, in the grid's order."""
+    return list(table.columns[1:table.columns.get_loc("op_index")])
+
+
+def point_totals(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per point of a :func:`sweep_parameters` table: ``point``, the varied fields,
+    ``total_s``, ``mode``, ``sim_wall_s``, and each op's ``duration_s`` as a column named
+    ``"<op_index>: <name>"``.
+
+    Raises
+    ------
+    ConfigError
+        ``table`` is not a :func:`sweep_parameters` table.
+    """
+    needed = {"point", "op_index", "name", "duration_s", *POINT_COLUMNS}
+    if not isinstance(table, pd.DataFrame) or not needed <= set(table.columns):
+        raise ConfigError(f"point_totals: expected a sweep_parameters table (columns {', '.join(sorted(needed))})")
+    fields = varied_fields(table)
+    points = table.drop_duplicates("point")[["point", *fields, *POINT_COLUMNS]].set_index("point")
+    labels = table["op_index"].astype(str) + ": " + table["name"].astype(str)
+    durations = table.assign(op=labels).pivot(index="point", columns="op", values="duration_s")
+    durations = durations[list(dict.fromkeys(labels))]  # in the ops' order
+    durations.columns.name = None
+    return points.join(durations).reset_index()

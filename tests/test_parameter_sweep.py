@@ -1,0 +1,157 @@
+"""Hardware what-ifs over a grid of configuration values (gpusim.parameter_sweep, ``gpusim sweep``)."""
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.cli import main
+from gpusim.errors import ConfigError
+from gpusim.parameter_sweep import parameter_grid, point_totals, sweep_parameters
+
+GEMM = ops.Gemm(1024, 1024, 1024)
+ALLREDUCE = ops.AllReduce(16 * 2**20)
+
+
+def sweep(system, op_list, vary, **kwargs):
+    """A sweep in this process, without a progress bar."""
+    return sweep_parameters(system, op_list, vary, workers=1, progress=False, **kwargs)
+
+
+def test_grid_is_every_combination_last_parameter_fastest():
+    assert parameter_grid({"a": [1, 2], "b": ["x", "y", "z"]}) == [
+        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"},
+        {"a": 2, "b": "x"}, {"a": 2, "b": "y"}, {"a": 2, "b": "z"},
+    ]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.sampled_from(["gpu.num_cus", "links.bandwidth", "gpu.l2.capacity", "gpu.clock"]),
+                       st.lists(st.integers(0, 1000), min_size=1, max_size=4, unique=True), min_size=1))
+def test_grid_points_are_distinct_and_cover_the_product(vary):
+    points = parameter_grid(vary)
+    assert len(points) == math.prod(len(values) for values in vary.values())
+    assert len({tuple(point.items()) for point in points}) == len(points)
+    assert all(point[path] in vary[path] for point in points for path in vary)
+
+
+@pytest.mark.parametrize("vary, message", [
+    ({}, "vary must map"),
+    ([("gpu.num_cus", [1])], "vary must map"),
+    ({"gpu.num_cus": []}, "non-empty list"),
+    ({"gpu.num_cus": "80,160"}, "non-empty list"),
+    ({"gpu.num_cus": 80}, "non-empty list"),
+    ({"gpu.num_cus": [80, 80]}, "80 is given more than once"),
+    ({"": [1]}, "dotted strings"),
+])
+def test_bad_grids_are_refused(vary, message):
+    with pytest.raises(ConfigError, match=message):
+        parameter_grid(vary)
+
+
+def test_one_row_per_point_and_op_with_resolved_fields():
+    table = sweep("t3-ring8", [GEMM, ALLREDUCE], {"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [40, 80]})
+    assert list(table.columns[:4]) == ["point", "links.bandwidth_bytes_per_s", "gpu.num_cus", "op_index"]
+    assert len(table) == 8
+    assert table["links.bandwidth_bytes_per_s"].tolist() == [75e9] * 4 + [300e9] * 4
+    assert table["gpu.num_cus"].tolist() == [40, 40, 80, 80] * 2
+    assert table["op_index"].tolist() == [0, 1] * 4
+    assert set(table["mode"]) == {"symmetric"}  # auto: the ops run alike on every GPU of one ring
+
+
+def test_what_each_field_changes():
+    table = sweep("t3-ring8", [GEMM, ALLREDUCE], {"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [40, 80]})
+    gemm = table[table["op_index"] == 0].set_index(["links.bandwidth_bytes_per_s", "gpu.num_cus"])["duration_s"]
+    ring = table[table["op_index"] == 1].set_index(["links.bandwidth_bytes_per_s", "gpu.num_cus"])["duration_s"]
+    # the GEMM sends nothing over the links, and twice the CUs make it faster
+    assert gemm[(75e9, 40)] == pytest.approx(gemm[(300e9, 40)], rel=1e-9)
+    assert gemm[(75e9, 80)] < 0.8 * gemm[(75e9, 40)]
+    # a 16 MiB all-reduce is bound by the links
+    assert ring[(300e9, 80)] < 0.5 * ring[(75e9, 80)]
+    totals = point_totals(table)
+    assert totals["total_s"].to_numpy() == pytest.approx(totals[["0: " + GEMM.label, "1: " + ALLREDUCE.label]]
+                                                         .sum(axis=1).to_numpy(), rel=1e-9)
+
+
+def test_a_system_keeps_its_overrides_and_overrides_apply_everywhere():
+    narrow = gpusim.load_system("t3-ring8", {"gpu.num_cus": 40})
+    kept = sweep(narrow, GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]})
+    given = sweep("t3-ring8", GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]}, overrides={"gpu.num_cus": 40})
+    pd.testing.assert_series_equal(kept["duration_s"], given["duration_s"])
+    wide = sweep("t3-ring8", GEMM, {"links.bandwidth": ["75 GB/s"]})
+    assert wide["duration_s"].iloc[0] < kept["duration_s"].iloc[0]
+
+
+def test_a_bad_point_fails_before_anything_runs(tmp_path):
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match=r"sweep point 1 \(\{'gpu.num_cus': 'many'\}\): override 'gpu.num_cus'"):
+        sweep("t3-ring8", GEMM, {"gpu.num_cus": [80, "many"]}, cache=cache)
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"overrides": {"gpu.num_cus": 80}}, "both varied and overridden"),
+    ({"mode": "fast"}, "mode must be one of"),
+    ({"overrides": ["gpu.num_cus=80"]}, "overrides must be a mapping"),
+])
+def test_bad_arguments_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        sweep("t3-ring8", GEMM, {"gpu.num_cus": [80]}, **kwargs)
+
+
+@pytest.mark.parametrize("op_list", [[], ["gemm m=1 n=1 k=1"], "gemm", None])
+def test_ops_must_be_ops(op_list):
+    with pytest.raises(ConfigError, match="ops must be an op or a non-empty list"):
+        sweep("t3-ring8", op_list, {"gpu.num_cus": [80]})
+
+
+def test_the_cache_is_keyed_by_the_resolved_description(tmp_path):
+    cache = tmp_path / "cache"
+    what_if = tmp_path / "what_if.yaml"
+    what_if.write_text("base: t3-ring8\ngpu: {num_cus: 40}\n")
+    first = sweep(what_if, GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]}, cache=cache)
+    stored = sorted(cache.iterdir())
+    assert len(stored) == 2
+    again = sweep(what_if, GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]}, cache=cache)
+    assert sorted(cache.iterdir()) == stored
+    pd.testing.assert_frame_equal(first, again)  # the stored rows, wall time included
+    what_if.write_text("base: t3-ring8\ngpu: {num_cus: 80}\n")  # the same path, other hardware
+    edited = sweep(what_if, GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]}, cache=cache)
+    assert len(list(cache.iterdir())) == 4
+    assert (edited["duration_s"] < first["duration_s"]).all()
+
+
+def test_point_totals_refuses_other_tables():
+    with pytest.raises(ConfigError, match="expected a sweep_parameters table"):
+        point_totals(pd.DataFrame({"point": [0]}))
+
+
+def test_cli_sweep_writes_tables_and_plot(tmp_path, capsys):
+    code = main(["sweep", "--system", "t3-ring8", "--op", "gemm m=1024 n=1024 k=1024", "--op", "allreduce nbytes=4MiB",
+                 "--vary", "links.bandwidth=75GB/s,300GB/s", "--vary", "gpu.num_cus=40,80", "--workers", "1",
+                 "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "total_s (ms)" in out and "4 points" in out
+    points = pd.read_csv(tmp_path / "points.csv")
+    assert len(points) == 4 and len(pd.read_csv(tmp_path / "sweep.csv")) == 8
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("vary, message", [
+    (["gpu.num_cus"], "--vary expects PATH=VALUE,VALUE"),
+    (["gpu.num_cus=80,"], "--vary expects PATH=VALUE,VALUE"),
+    (["gpu.num_cus=80", "gpu.num_cus=160"], "given more than once"),
+    (["gpu.num_cus=80,lots"], "sweep point 1"),
+])
+def test_cli_sweep_bad_vary(tmp_path, capsys, vary, message):
+    arguments = ["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--quiet", "--out", str(tmp_path / "out")]
+    for spec in vary:
+        arguments += ["--vary", spec]
+    assert main(arguments) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing half-written
