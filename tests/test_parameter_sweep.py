@@ -77,6 +77,13 @@ def test_what_each_field_changes():
                                                          .sum(axis=1).to_numpy(), rel=1e-9)
 
 
+def test_parallel_processes_give_the_same_rows():
+    vary = {"gpu.num_cus": [40, 80]}
+    alone = sweep("t3-ring8", [GEMM, ALLREDUCE], vary)
+    parallel = sweep_parameters("t3-ring8", [GEMM, ALLREDUCE], vary, workers=2, progress=False)
+    pd.testing.assert_frame_equal(alone.drop(columns="sim_wall_s"), parallel.drop(columns="sim_wall_s"))
+
+
 def test_a_system_keeps_its_overrides_and_overrides_apply_everywhere():
     narrow = gpusim.load_system("t3-ring8", {"gpu.num_cus": 40})
     kept = sweep(narrow, GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]})
