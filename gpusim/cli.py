@@ -213,30 +213,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def sweep_figure(points, fields: list[str], title: str):
-    """The figure of ``gpusim sweep --out``'s sweep.png: the total simulated time (ms) against the first
-    varied field, one line per combination of the others' values."""
-    import matplotlib.pyplot as plt
-
-    from gpusim import plot
-
-    frame = points.assign(total_ms=points["total_s"] * 1e3)
-    by = None
-    if len(fields) > 1:
-        by = ", ".join(fields[1:])
-        frame[by] = frame[fields[1:]].astype(str).agg(", ".join, axis=1)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    plot.lines(frame, x=fields[0], y="total_ms", by=by, ax=ax, ylabel="simulated time (ms)")
-    ax.set_title(title)
-    return fig
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Simulate ops over a grid of hardware values."""
     import pandas as pd
 
     from gpusim import plot
-    from gpusim.parameter_sweep import point_totals, sweep_parameters, varied_fields
+    from gpusim.parameter_sweep import point_totals, points_in_ms, sweep_parameters, varied_fields
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
 
@@ -252,17 +234,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                  progress=not args.quiet)
         points = point_totals(table)
         fields = varied_fields(table)
-        times = [column for column in points.columns if column not in ("point", *fields, "mode", "sim_wall_s")]
-        shown = points.drop(columns="sim_wall_s")
-        shown[times] = shown[times] * 1e3
-        shown = shown.rename(columns={column: f"{column} (ms)" for column in times})
         with pd.option_context("display.width", 200, "display.max_columns", 30):
-            print(shown.to_string(index=False))
+            print(points_in_ms(points).to_string(index=False))
         print(f"{len(points)} points")
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
-            plot.save_figure(sweep_figure(points, fields, f"{system.name}: {len(op_list)} op(s)"), stage / "sweep.png")
+            plot.save_figure(plot.sweep_totals(points, fields, title=f"{system.name}: {len(op_list)} op(s)").figure,
+                             stage / "sweep.png")
     if out is not None:
         print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
     return 0

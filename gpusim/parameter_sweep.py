@@ -1,4 +1,4 @@
-"""Hardware what-ifs: the same ops on a system over a grid of configuration values.
+"""Hardware what-ifs: the same ops or trace on a system over a grid of configuration values.
 
 ::
 
@@ -11,21 +11,26 @@
 simulates the ops once per combination of the values (the grid of :func:`parameter_grid`), each
 point a :func:`gpusim.sweep.sweep` point: parallel processes or a Dask cluster, a progress bar, and
 with a cache folder a resumable sweep whose points are keyed by the whole resolved hardware
-description, so an edited YAML file or preset is simulated again.  Every point's description is
-checked before the first simulation starts: a bad value fails at once, naming the override.
+description (an edited YAML file or preset is simulated again) and by the ops or the trace's
+contents.  Every point's description is checked before the first simulation starts: a bad value
+fails at once, naming the override.
 
-The table has one row per point and op: ``point`` (the grid's index), the resolved value of each
-varied field under its field's name and base unit (``links.bandwidth`` given as ``"150 GB/s"`` is
-``links.bandwidth_bytes_per_s`` = 1.5e11), ``op_index`` (the op's place in the list), the op's row
-of :meth:`gpusim.Result.summary` (but ``op_id``), and the
-point's ``total_s`` (first op start to last op end, s), ``mode`` (the simulation mode that ran)
-and ``sim_wall_s`` (the simulator's own time for the point, s).
+The table starts with ``point`` (the grid's index) and the resolved value of each varied field
+under its field's name and base unit (``links.bandwidth`` given as ``"150 GB/s"`` is
+``links.bandwidth_bytes_per_s`` = 1.5e11).  Then, for a list of ops, one row per point and op:
+``op_index`` (the op's place in the list), the op's row of :meth:`gpusim.Result.summary` (but
+``op_id``); for a :class:`gpusim.trace.Trace`, one row per point and simulated GPU: the iteration's
+:func:`gpusim.trace.breakdown.breakdown` (``gpu``, ``compute_s``, ``exposed_comm_s``,
+``overlapped_comm_s``, ``idle_s``).  Every row also has the point's ``total_s`` (first op start to
+last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
+for the point, s).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,10 +41,14 @@ from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError
 from gpusim.ops import Op
 from gpusim.system import System
+from gpusim.trace.breakdown import BREAKDOWN_COLUMNS, breakdown
+from gpusim.trace.trace import Trace
 
 MODES = ("full", "symmetric", "auto")
 POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
-"""Columns of :func:`sweep_parameters` that belong to the point rather than to one op."""
+"""Columns of :func:`sweep_parameters` that belong to the point rather than to one op or GPU."""
+ROW_KEYS = ("op_index", "gpu")
+"""The column after the varied fields: ``op_index`` in a table of ops, ``gpu`` in one of a trace."""
 
 
 def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -77,7 +86,7 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(vary, combination, strict=True)) for combination in itertools.product(*values)]
 
 
-def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op], simulation_mode: str,
+def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op] | Trace, simulation_mode: str,
                    memory_policy: str | None) -> pd.DataFrame:
     """Simulate ``ops`` on one resolved description (a top-level function for :func:`gpusim.sweep.sweep`).
 
@@ -89,35 +98,44 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         The resolved description, as :meth:`gpusim.System.to_dict` gives it.
     source
         The preset or file it came from (the system's ``source``).
-    ops, simulation_mode, memory_policy
-        As :func:`gpusim.run` takes ``ops``, ``mode`` and ``memory_policy``.
+    ops
+        A list of ops, run on one stream as :func:`gpusim.run` runs them, or a trace, replayed.
+    simulation_mode, memory_policy
+        As :func:`gpusim.run` takes ``mode`` and ``memory_policy``.
 
     Returns
     -------
     pandas.DataFrame
-        The run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in ``ops``)
-        instead of ``op_id`` (which differs from process to process), and the point's ``total_s``, ``mode`` and
-        ``sim_wall_s`` (``mode`` is the mode that ran: ``"auto"`` resolved).
+        For ops, the run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in
+        ``ops``) instead of ``op_id`` (which differs from process to process); for a trace, its
+        breakdown per GPU.  Both with the point's ``total_s``, ``mode`` (the mode that ran:
+        ``"auto"`` resolved) and ``sim_wall_s``.
     """
     from gpusim.simulate import run
 
     system = System(SystemConfig.model_validate(config), source)
-    result = run(system, [op.copy() for op in ops], mode=simulation_mode, memory_policy=memory_policy)
-    summary = result.summary()  # in the list's order: the copies' op ids grow with it
-    summary = summary.drop(columns="op_id").assign(op_index=range(len(summary)))
-    return summary.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
+    if isinstance(ops, Trace):
+        result = ops.replay(system, mode=simulation_mode, memory_policy=memory_policy)
+        rows = breakdown(result.ops, result.kernels).drop(columns="total_s")
+    else:
+        result = run(system, [op.copy() for op in ops], mode=simulation_mode, memory_policy=memory_policy)
+        rows = result.summary()  # in the list's order: the copies' op ids grow with it
+        rows = rows.drop(columns="op_id").assign(op_index=range(len(rows)))
+    return rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
 
 
-def _checked_ops(ops: Op | Sequence[Op]) -> list[Op]:
+def _checked_ops(ops: Op | Sequence[Op] | Trace) -> list[Op] | Trace:
+    if isinstance(ops, Trace):
+        return ops
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Sequence) and not isinstance(ops, str) else None
     if not op_list or not all(isinstance(op, Op) for op in op_list):
-        raise ConfigError(f"sweep_parameters: ops must be an op or a non-empty list of gpusim.ops ops, got {ops!r}")
+        raise ConfigError(f"sweep_parameters: ops must be an op, a non-empty list of gpusim.ops ops or a trace, got {ops!r}")
     return op_list
 
 
 def sweep_parameters(
     system: System | str | os.PathLike,
-    ops: Op | Sequence[Op],
+    ops: Op | Sequence[Op] | Trace,
     vary: Mapping[str, Sequence[Any]],
     *,
     overrides: Mapping[str, Any] | None = None,
@@ -135,7 +153,8 @@ def sweep_parameters(
     system
         A :class:`gpusim.System` (its overrides are kept), a preset name or a YAML path.
     ops
-        One op or a list of ops, run on one stream as :func:`gpusim.run` runs them.
+        One op or a list of ops, run on one stream as :func:`gpusim.run` runs them, or a
+        :class:`gpusim.trace.Trace`, replayed as :meth:`gpusim.trace.Trace.replay` does.
     vary
         Override paths to the values each takes (:func:`parameter_grid`), as :func:`gpusim.load_system`
         reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``.
@@ -152,7 +171,7 @@ def sweep_parameters(
     Returns
     -------
     pandas.DataFrame
-        One row per point and op (see the module's description).
+        One row per point and op, or per point and GPU for a trace (see the module's description).
 
     Raises
     ------
@@ -195,32 +214,54 @@ def sweep_parameters(
                  description=f"sweep over {', '.join(vary)}")
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
-    first = [*columns[0], "op_index"]
+    first = [*columns[0], "gpu" if isinstance(op_list, Trace) else "op_index"]
     return table[first + [column for column in table.columns if column not in first]]
 
 
 def varied_fields(table: pd.DataFrame) -> list[str]:
-    """The varied fields' columns of a :func:`sweep_parameters` table, in the grid's order."""
-    return list(table.columns[1:table.columns.get_loc("op_index")])
-
-
-def point_totals(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per point of a :func:`sweep_parameters` table: ``point``, the varied fields,
-    ``total_s``, ``mode``, ``sim_wall_s``, and each op's ``duration_s`` as a column named
-    ``"<op_index>: <name>"``.
+    """The varied fields' columns of a :func:`sweep_parameters` table, in the grid's order.
 
     Raises
     ------
     ConfigError
         ``table`` is not a :func:`sweep_parameters` table.
     """
-    needed = {"point", "op_index", "name", "duration_s", *POINT_COLUMNS}
-    if not isinstance(table, pd.DataFrame) or not needed <= set(table.columns):
-        raise ConfigError(f"point_totals: expected a sweep_parameters table (columns {', '.join(sorted(needed))})")
+    columns = list(table.columns) if isinstance(table, pd.DataFrame) else []
+    needed = {"point", *POINT_COLUMNS}
+    key = next((column for column in columns if column in ROW_KEYS), None)
+    if not needed <= set(columns) or columns[0] != "point" or key is None:
+        raise ConfigError(f"expected a sweep_parameters table (columns point, the varied fields, op_index or gpu, ..., "
+                          f"{', '.join(POINT_COLUMNS)})")
+    return columns[1:columns.index(key)]
+
+
+def point_totals(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per point of a :func:`sweep_parameters` table: ``point``, the varied fields,
+    ``total_s``, ``mode``, ``sim_wall_s``, and for ops each op's ``duration_s`` as a column named
+    ``"<op_index>: <name>"``, for a trace the breakdown's parts averaged over the simulated GPUs.
+
+    Raises
+    ------
+    ConfigError
+        ``table`` is not a :func:`sweep_parameters` table.
+    """
     fields = varied_fields(table)
     points = table.drop_duplicates("point")[["point", *fields, *POINT_COLUMNS]].set_index("point")
+    if "gpu" in table.columns:
+        parts = [column for column in BREAKDOWN_COLUMNS if column not in ("gpu", "total_s")]
+        return points.join(table.groupby("point")[parts].mean()).reset_index()
     labels = table["op_index"].astype(str) + ": " + table["name"].astype(str)
     durations = table.assign(op=labels).pivot(index="point", columns="op", values="duration_s")
     durations = durations[list(dict.fromkeys(labels))]  # in the ops' order
     durations.columns.name = None
     return points.join(durations).reset_index()
+
+
+def points_in_ms(points: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`point_totals` table to read: its times in milliseconds (rounded to 0.1 ns, each
+    column's name saying ``(ms)``), without ``sim_wall_s``."""
+    parts = [column for column in BREAKDOWN_COLUMNS if column != "gpu"]
+    times = [column for column in points.columns if column in parts or re.match(r"\d+: ", column)]
+    shown = points.drop(columns="sim_wall_s")
+    shown[times] = (shown[times] * 1e3).round(7)
+    return shown.rename(columns={column: f"{column.removesuffix('_s')} (ms)" for column in times})

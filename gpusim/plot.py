@@ -168,6 +168,20 @@ def lines(frame: pd.DataFrame, x: str, y: str, by: str | None = None, ax=None, x
     return ax
 
 
+def sweep_totals(points: pd.DataFrame, fields: list[str], ax=None, title: str | None = None):
+    """A what-if sweep's total simulated time (ms) against its first varied field, one line per
+    combination of the other fields' values (:func:`gpusim.parameter_sweep.point_totals`)."""
+    frame = points.assign(total_ms=points["total_s"] * 1e3)
+    by = None
+    if len(fields) > 1:
+        by = ", ".join(fields[1:])
+        frame[by] = frame[fields[1:]].astype(str).agg(", ".join, axis=1)
+    ax = lines(frame, x=fields[0], y="total_ms", by=by, ax=ax, ylabel="simulated time (ms)")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
 BREAKDOWN_PARTS = (
     ("compute only", "C0"),
     ("overlapped communication", "C2"),

@@ -32,11 +32,15 @@ Row = dict[str, Any]
 
 def _plain(value: Any) -> Any:
     """A JSON stand-in for a value ``json`` cannot write: numpy scalars as Python numbers (the
-    call sees the same number), anything else tagged with its type, so that ``np.int64(1)`` and
-    ``"1"`` do not share a key."""
+    call sees the same number), an object with a ``sweep_key()`` method (a digest of its contents,
+    e.g. :meth:`gpusim.trace.Trace.sweep_key`) by that key, anything else by its ``repr``; both tagged
+    with the type, so that ``np.int64(1)`` and ``"1"`` do not share a key."""
     if isinstance(value, np.generic):
         return value.item()
-    return {"__type__": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if callable(getattr(value, "sweep_key", None)):
+        return {"__type__": kind, "key": value.sweep_key()}
+    return {"__type__": kind, "repr": repr(value)}
 
 
 def code_of(source: str) -> str:

@@ -11,9 +11,11 @@ import gpusim
 from gpusim import ops
 from gpusim.cli import main
 from gpusim.errors import ConfigError
-from gpusim.parameter_sweep import parameter_grid, point_totals, sweep_parameters
+from gpusim.parameter_sweep import parameter_grid, point_totals, points_in_ms, sweep_parameters
+from gpusim.trace import transformer
 
 GEMM = ops.Gemm(1024, 1024, 1024)
+TINY_PROMPT = {"phase": "prompt", "tp": 8, "layers": 1, "batch": 1, "seq_len": 128, "head": False}
 ALLREDUCE = ops.AllReduce(16 * 2**20)
 
 
@@ -112,7 +114,7 @@ def test_bad_arguments_are_refused(kwargs, message):
 
 @pytest.mark.parametrize("op_list", [[], ["gemm m=1 n=1 k=1"], "gemm", None])
 def test_ops_must_be_ops(op_list):
-    with pytest.raises(ConfigError, match="ops must be an op or a non-empty list"):
+    with pytest.raises(ConfigError, match="ops must be an op, a non-empty list of gpusim.ops ops or a trace"):
         sweep("t3-ring8", op_list, {"gpu.num_cus": [80]})
 
 
@@ -135,6 +137,31 @@ def test_the_cache_is_keyed_by_the_resolved_description(tmp_path):
 def test_point_totals_refuses_other_tables():
     with pytest.raises(ConfigError, match="expected a sweep_parameters table"):
         point_totals(pd.DataFrame({"point": [0]}))
+    with pytest.raises(ConfigError, match="expected a sweep_parameters table"):
+        point_totals(pd.DataFrame({"point": [0], "total_s": [1.0], "mode": ["full"], "sim_wall_s": [1.0]}))
+
+
+def test_a_trace_gives_its_breakdown_per_point_and_gpu():
+    trace = transformer("megatron-gpt2", **TINY_PROMPT)
+    table = sweep("t3-ring8", trace, {"links.bandwidth": ["75 GB/s", "300 GB/s"]})
+    assert list(table.columns[:3]) == ["point", "links.bandwidth_bytes_per_s", "gpu"]
+    assert table["gpu"].tolist() == [0, 0] and set(table["mode"]) == {"symmetric"}
+    slow, fast = table.itertuples()
+    assert fast.compute_s == pytest.approx(slow.compute_s, rel=1e-9)  # faster links leave the GEMMs alone
+    assert fast.exposed_comm_s < slow.exposed_comm_s
+    for row in (slow, fast):
+        assert row.compute_s + row.exposed_comm_s + row.idle_s == pytest.approx(row.total_s, rel=1e-9)
+    shown = points_in_ms(point_totals(table))
+    assert list(shown.columns) == ["point", "links.bandwidth_bytes_per_s", "total (ms)", "mode", "compute (ms)",
+                                   "exposed_comm (ms)", "overlapped_comm (ms)", "idle (ms)"]
+    assert shown["total (ms)"].tolist() == pytest.approx((table["total_s"] * 1e3).tolist(), abs=1e-6)
+
+
+def test_a_traces_cache_key_is_its_contents():
+    one, same = transformer("megatron-gpt2", **TINY_PROMPT), transformer("megatron-gpt2", **TINY_PROMPT)
+    longer = transformer("megatron-gpt2", **{**TINY_PROMPT, "seq_len": 256})
+    assert one.sweep_key() == same.sweep_key() != longer.sweep_key()
+    assert one.source == longer.source  # the name alone would have mixed them up
 
 
 def test_cli_sweep_writes_tables_and_plot(tmp_path, capsys):
@@ -143,10 +170,34 @@ def test_cli_sweep_writes_tables_and_plot(tmp_path, capsys):
                  "--quiet", "--out", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
-    assert "total_s (ms)" in out and "4 points" in out
+    assert "total (ms)" in out and "4 points" in out
     points = pd.read_csv(tmp_path / "points.csv")
     assert len(points) == 4 and len(pd.read_csv(tmp_path / "sweep.csv")) == 8
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_cli_simulate_vary_replays_at_every_point(tmp_path, capsys):
+    code = main(["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1", "--batch",
+                 "1", "--seq-len", "128", "--system", "t3-ring8", "--vary", "gpu.num_cus=40,80", "--workers", "1",
+                 "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    assert "exposed_comm (ms)" in capsys.readouterr().out
+    points = pd.read_csv(tmp_path / "points.csv")
+    assert points["gpu.num_cus"].tolist() == [40, 80]
+    assert points["compute_s"].iloc[1] < points["compute_s"].iloc[0]
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workers", "2"], "apply to a sweep (--vary)"),
+    (["--sweep-cache", "c"], "apply to a sweep (--vary)"),
+    (["--vary", "gpu.num_cus=40,80", "--no-cache"], "--no-cache does not apply to a sweep"),
+])
+def test_cli_simulate_sweep_options(capsys, extra, message):
+    arguments = ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1",
+                 "--system", "t3-ring8", "--quiet", *extra]
+    assert main(arguments) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("vary, message", [

@@ -175,6 +175,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace = overlap_gemm_collectives(trace, args.overlap, channels, args.overlap_splits or 1)
         _report_overlap(trace, "--overlap", args.overlap, gathers=False)
     mode = _mode(args, trace, system)
+    if args.vary:
+        return _simulate_sweep(args, trace, system, mode)
+    if args.workers or args.scheduler or args.sweep_cache:
+        raise GpusimError("simulate: --workers, --scheduler and --sweep-cache apply to a sweep (--vary)")
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         result = trace.replay(system, mode=mode, memory_policy=args.policy, progress=not args.quiet,
@@ -200,6 +204,38 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot.save_figure(fig, stage / "breakdown.png")
     if out is not None:
         print(f"wrote {out}/ (ops.parquet, summary.json, timeline.perfetto.json, breakdown.png)")
+    return 0
+
+
+def _simulate_sweep(args: argparse.Namespace, trace, system, mode: str) -> int:
+    """``gpusim simulate --vary``: replay the trace at every combination of the values; print a row per
+    point and write sweep.csv (per point and GPU), points.csv and sweep.png."""
+    from gpusim import plot
+    from gpusim.cli import parse_vary
+    from gpusim.parameter_sweep import point_totals, points_in_ms, sweep_parameters, varied_fields
+    from gpusim.sweep import check_scheduler
+
+    if args.no_cache:
+        raise GpusimError("simulate: --no-cache does not apply to a sweep (--vary), which caches layers")
+    grid = parse_vary(args.vary)
+    if args.scheduler:
+        check_scheduler(args.scheduler)
+    out = output_folder(args.out)
+    with staged_outputs(out) as stage:
+        table = sweep_parameters(system, trace, grid, mode=mode, memory_policy=args.policy, workers=args.workers,
+                                 scheduler=args.scheduler, cache=args.sweep_cache, progress=not args.quiet)
+        points = point_totals(table)
+        fields = varied_fields(table)
+        print(f"{trace.source} on {system.name}, per iteration (the breakdown's mean over the simulated GPUs):")
+        print(points_in_ms(points).to_string(index=False))
+        _report_not_modelled(trace)
+        if stage is not None:
+            table.to_csv(stage / "sweep.csv", index=False)
+            points.to_csv(stage / "points.csv", index=False)
+            ax = plot.sweep_totals(points, fields, title=f"{trace.source} on {system.name}")
+            plot.save_figure(ax.figure, stage / "sweep.png")
+    if out is not None:
+        print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
     return 0
 
 
@@ -351,6 +387,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--overlap decomposed or decomposed_dma: kernels per rank's chunk (default: 1)")
     parser.add_argument("--policy", choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one; t3-mca for T3-MCA)")
+    parser.add_argument("--vary", action="append", metavar="PATH=V1,V2,...",
+                        help="replay at every combination of these values instead (a what-if sweep; repeatable), "
+                             "e.g. links.bandwidth=75GB/s,300GB/s: writes sweep.csv, points.csv and sweep.png")
+    parser.add_argument("--workers", type=positive_int, help="--vary: processes (default: all CPUs)")
+    parser.add_argument("--scheduler", help="--vary: address of a Dask scheduler to run the points on")
+    parser.add_argument("--sweep-cache", help="--vary: folder of finished points; a rerun simulates only what changed")
     _common(parser)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ class Trace:
         self.source = source
         self.frame = validate(frame, source)
         self.metadata = dict(metadata or {})
+        self._key: str | None = None
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -54,6 +57,16 @@ class Trace:
     def gpus(self) -> list[int]:
         """GPUs that have rows."""
         return sorted(int(g) for g in self.frame["gpu"].unique())
+
+    def sweep_key(self) -> str:
+        """A digest of the table's columns and values and of the metadata: two traces with the same
+        key replay alike (the key of a :func:`gpusim.sweep.sweep` point that holds the trace)."""
+        if self._key is None:
+            digest = hashlib.sha256("\x1f".join(map(str, self.frame.columns)).encode())
+            digest.update(pd.util.hash_pandas_object(self.frame, index=False).to_numpy().tobytes())
+            digest.update(json.dumps(self.metadata, sort_keys=True, default=str).encode())
+            self._key = digest.hexdigest()
+        return self._key
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``); returns the path."""
