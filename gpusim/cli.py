@@ -218,18 +218,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from gpusim import plot
-    from gpusim.parameter_sweep import point_totals, points_in_ms, sweep_parameters, varied_fields
+    from gpusim.parameter_sweep import SYSTEM_KEY, point_totals, points_in_ms, sweep_parameters, varied_fields
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
 
-    system = load_system(args.system, parse_overrides(args.set))
-    op_list = [parse_op(spec) for spec in args.op]
     grid = parse_vary(args.vary)
+    system = load_system(args.system, parse_overrides(args.set)) if args.system else None
+    if system is None and SYSTEM_KEY not in grid:
+        raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
+    op_list = [parse_op(spec) for spec in args.op]
     if args.scheduler:
         check_scheduler(args.scheduler)
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        table = sweep_parameters(system, op_list, grid, mode=args.mode, memory_policy=args.policy,
+        table = sweep_parameters(system, op_list, grid, overrides=None if system else parse_overrides(args.set),
+                                 mode=args.mode, memory_policy=args.policy,
                                  workers=args.workers, scheduler=args.scheduler, cache=args.cache,
                                  progress=not args.quiet)
         points = point_totals(table)
@@ -240,8 +243,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
-            plot.save_figure(plot.sweep_totals(points, fields, title=f"{system.name}: {len(op_list)} op(s)").figure,
-                             stage / "sweep.png")
+            title = f"{system.name if system else 'systems'}: {len(op_list)} op(s)"
+            plot.save_figure(plot.sweep_totals(points, fields, title=title).figure, stage / "sweep.png")
     if out is not None:
         print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
     return 0
@@ -344,12 +347,12 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 def _add_sweep(parser: argparse.ArgumentParser) -> None:
     from gpusim.hw.memctrl import PICK_POLICIES
 
-    parser.add_argument("--system", required=True, help="preset name or YAML file")
+    parser.add_argument("--system", help="preset name or YAML file (or the systems to compare: --vary system=A,B)")
     parser.add_argument("--op", action="append", required=True,
                         help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; one stream)')
     parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
-                        help="a field and its values, e.g. links.bandwidth=75GB/s,150GB/s (repeatable: every "
-                             "combination runs, the last --vary fastest)")
+                        help="a field and its values, e.g. links.bandwidth=75GB/s,150GB/s, or system=h100-sxm5,h200-sxm "
+                             "(repeatable: every combination runs, the last --vary fastest)")
     parser.add_argument("--set", action="append", help="override at every point, e.g. gpu.hbm.channels=16")
     parser.add_argument("--mode", default="auto", choices=["full", "symmetric", "auto"],
                         help="auto (default) takes symmetric where it is exact for the ops, else full")

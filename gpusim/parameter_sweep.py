@@ -17,7 +17,8 @@ fails at once, naming the override.
 
 The table starts with ``point`` (the grid's index) and the resolved value of each varied field
 under its field's name and base unit (``links.bandwidth`` given as ``"150 GB/s"`` is
-``links.bandwidth_bytes_per_s`` = 1.5e11).  Then, for a list of ops, one row per point and op:
+``links.bandwidth_bytes_per_s`` = 1.5e11; whole systems varied under ``"system"`` by the preset
+or file as given).  Then, for a list of ops, one row per point and op:
 ``op_index`` (the op's place in the list), the op's row of :meth:`gpusim.Result.summary` (but
 ``op_id``); for a :class:`gpusim.trace.Trace`, one row per point and simulated GPU: the iteration's
 :func:`gpusim.trace.breakdown.breakdown` (``gpu``, ``compute_s``, ``exposed_comm_s``,
@@ -47,6 +48,8 @@ from gpusim.trace.trace import Trace
 MODES = ("full", "symmetric", "auto")
 POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
 """Columns of :func:`sweep_parameters` that belong to the point rather than to one op or GPU."""
+SYSTEM_KEY = "system"
+"""A key of ``vary`` whose values are whole systems (preset names or YAML paths) rather than a field."""
 ROW_KEYS = ("op_index", "gpu")
 """The column after the varied fields: ``op_index`` in a table of ops, ``gpu`` in one of a trace."""
 
@@ -134,7 +137,7 @@ def _checked_ops(ops: Op | Sequence[Op] | Trace) -> list[Op] | Trace:
 
 
 def sweep_parameters(
-    system: System | str | os.PathLike,
+    system: System | str | os.PathLike | None,
     ops: Op | Sequence[Op] | Trace,
     vary: Mapping[str, Sequence[Any]],
     *,
@@ -151,7 +154,9 @@ def sweep_parameters(
     Parameters
     ----------
     system
-        A :class:`gpusim.System` (its overrides are kept), a preset name or a YAML path.
+        A :class:`gpusim.System` (its overrides are kept), a preset name or a YAML path; ``None``
+        when ``vary`` gives the systems under :data:`SYSTEM_KEY` (``{"system": ["a100-sxm4",
+        "h100-sxm5"]}``: the ops on each, with the other values and ``overrides`` applied to each).
     ops
         One op or a list of ops, run on one stream as :func:`gpusim.run` runs them, or a
         :class:`gpusim.trace.Trace`, replayed as :meth:`gpusim.trace.Trace.replay` does.
@@ -176,10 +181,11 @@ def sweep_parameters(
     Raises
     ------
     ConfigError
-        A bad grid, op list or mode, a path in both ``vary`` and ``overrides``, or a point whose
+        A bad grid, op list or mode, a path in both ``vary`` and ``overrides``, a system given both
+        as the argument and in ``vary`` (or in neither), or a point whose
         description is invalid (the message names the point's values and the override).
     gpusim.errors.UnknownPresetError
-        ``system`` is neither a preset nor a file.
+        A system is neither a preset nor a file.
     gpusim.errors.SweepError
         A point failed to simulate (the finished points are cached).
     """
@@ -194,20 +200,29 @@ def sweep_parameters(
     both = [path for path in vary if path in (overrides or {})]
     if both:
         raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
+    if (system is None) == (SYSTEM_KEY not in vary):
+        raise ConfigError("sweep_parameters: give the system either as the argument or as the values of "
+                          f"vary[{SYSTEM_KEY!r}] (presets or YAML paths), not both or neither")
     if isinstance(system, System):
         source, base = system.source, {**system.overrides, **(overrides or {})}
-    elif isinstance(system, str | os.PathLike):
-        source, base = os.fspath(system), dict(overrides or {})
+    elif isinstance(system, str | os.PathLike) or system is None:
+        source, base = system and os.fspath(system), dict(overrides or {})
     else:
         raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
     calls, columns = [], []
     for index, values in enumerate(points):
+        point_source = values.get(SYSTEM_KEY, source)
+        if not isinstance(point_source, str | os.PathLike):
+            raise ConfigError(f"vary {SYSTEM_KEY!r}: expected preset names or YAML paths, got {point_source!r}")
+        point_source = os.fspath(point_source)
+        changes = {path: value for path, value in values.items() if path != SYSTEM_KEY}
         try:
-            config = load_system_config(source, {**base, **values})
+            config = load_system_config(point_source, {**base, **changes})
         except ConfigError as exc:
             raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
-        fields = dict(override_field(config, path, value) for path, value in values.items())
-        calls.append({"point": index, "config": config.model_dump(mode="json"), "source": source, "ops": op_list,
+        fields = {path: point_source for path in values if path == SYSTEM_KEY}
+        fields.update(override_field(config, path, value) for path, value in changes.items())
+        calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": op_list,
                       "simulation_mode": mode, "memory_policy": memory_policy})
         columns.append({"point": index, **fields})
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,

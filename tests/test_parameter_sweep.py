@@ -95,6 +95,24 @@ def test_a_system_keeps_its_overrides_and_overrides_apply_everywhere():
     assert wide["duration_s"].iloc[0] < kept["duration_s"].iloc[0]
 
 
+def test_whole_systems_can_be_varied():
+    table = sweep(None, GEMM, {"system": ["a100-sxm4", "h100-sxm5"], "gpu.clock": ["1 GHz"]})
+    assert list(table.columns[:4]) == ["point", "system", "gpu.clock_hz", "op_index"]
+    assert table["system"].tolist() == ["a100-sxm4", "h100-sxm5"]
+    a100, h100 = table["duration_s"]
+    assert h100 < a100  # more SMs at the same clock
+
+
+@pytest.mark.parametrize("system, vary, message", [
+    ("t3-ring8", {"system": ["t3-ring16"]}, "either as the argument or as the values"),
+    (None, {"gpu.num_cus": [80]}, "either as the argument or as the values"),
+    (None, {"system": [8]}, "expected preset names or YAML paths, got 8"),
+])
+def test_the_system_is_given_once(system, vary, message):
+    with pytest.raises(ConfigError, match=message):
+        sweep(system, GEMM, vary)
+
+
 def test_a_bad_point_fails_before_anything_runs(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(ConfigError, match=r"sweep point 1 \(\{'gpu.num_cus': 'many'\}\): override 'gpu.num_cus'"):
@@ -188,14 +206,25 @@ def test_cli_simulate_vary_replays_at_every_point(tmp_path, capsys):
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_cli_sweep_compares_systems(capsys):
+    assert main(["sweep", "--op", "gemm m=1024 n=1024 k=1024", "--vary", "system=a100-sxm4,h100-sxm5",
+                 "--set", "gpu.clock=1GHz", "--workers", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "a100-sxm4" in out and "h100-sxm5" in out
+    assert main(["sweep", "--op", "gemm m=1024 n=1024 k=1024", "--vary", "gpu.num_cus=40", "--quiet"]) == 2
+    assert "give --system, or the systems to compare as --vary system=" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, message", [
-    (["--workers", "2"], "apply to a sweep (--vary)"),
-    (["--sweep-cache", "c"], "apply to a sweep (--vary)"),
-    (["--vary", "gpu.num_cus=40,80", "--no-cache"], "--no-cache does not apply to a sweep"),
+    (["--system", "t3-ring8", "--workers", "2"], "apply to a sweep (--vary)"),
+    (["--system", "t3-ring8", "--sweep-cache", "c"], "apply to a sweep (--vary)"),
+    (["--system", "t3-ring8", "--vary", "gpu.num_cus=40,80", "--no-cache"], "--no-cache does not apply to a sweep"),
+    (["--system", "t3-ring8", "--vary", "system=t3-ring8"], "either as the argument or as the values"),
+    (["--vary", "gpu.num_cus=40,80"], "give --system (or, with --vary, the systems to compare"),
 ])
 def test_cli_simulate_sweep_options(capsys, extra, message):
-    arguments = ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1",
-                 "--system", "t3-ring8", "--quiet", *extra]
+    arguments = ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1", "--quiet",
+                 *extra]
     assert main(arguments) == 2
     assert message in capsys.readouterr().err
 

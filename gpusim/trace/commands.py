@@ -149,13 +149,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
     from gpusim import plot
+    from gpusim.cli import parse_vary
+    from gpusim.parameter_sweep import SYSTEM_KEY
     from gpusim.trace.breakdown import breakdown
     from gpusim.trace.generator import transformer
 
     if (args.trace is None) == (args.model is None):
         raise GpusimError("simulate: give exactly one of --trace FILE or --model NAME")
     options = _model_options(args)
-    system = _system(args)
+    grid = parse_vary(args.vary) if args.vary else None
+    if args.system is None and SYSTEM_KEY not in (grid or {}):
+        raise GpusimError(f"simulate: give --system (or, with --vary, the systems to compare as --vary {SYSTEM_KEY}=A,B)")
+    system = _system(args) if args.system else None
     if args.model:
         if args.unsupported is not None:
             raise GpusimError("simulate: --unsupported applies to imported traces (--trace), not to --model")
@@ -174,9 +179,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         channels = args.overlap_channels if args.overlap == "decomposed" else None
         trace = overlap_gemm_collectives(trace, args.overlap, channels, args.overlap_splits or 1)
         _report_overlap(trace, "--overlap", args.overlap, gathers=False)
+    if grid:
+        return _simulate_sweep(args, trace, system, grid)
     mode = _mode(args, trace, system)
-    if args.vary:
-        return _simulate_sweep(args, trace, system, mode)
     if args.workers or args.scheduler or args.sweep_cache:
         raise GpusimError("simulate: --workers, --scheduler and --sweep-cache apply to a sweep (--vary)")
     out = output_folder(args.out)
@@ -207,32 +212,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_sweep(args: argparse.Namespace, trace, system, mode: str) -> int:
+def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, list[object]]) -> int:
     """``gpusim simulate --vary``: replay the trace at every combination of the values; print a row per
     point and write sweep.csv (per point and GPU), points.csv and sweep.png."""
     from gpusim import plot
-    from gpusim.cli import parse_vary
-    from gpusim.parameter_sweep import point_totals, points_in_ms, sweep_parameters, varied_fields
+    from gpusim.cli import parse_overrides
+    from gpusim.parameter_sweep import SYSTEM_KEY, point_totals, points_in_ms, sweep_parameters, varied_fields
     from gpusim.sweep import check_scheduler
 
     if args.no_cache:
         raise GpusimError("simulate: --no-cache does not apply to a sweep (--vary), which caches layers")
-    grid = parse_vary(args.vary)
     if args.scheduler:
         check_scheduler(args.scheduler)
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        table = sweep_parameters(system, trace, grid, mode=mode, memory_policy=args.policy, workers=args.workers,
+        table = sweep_parameters(system, trace, grid, overrides=None if system else parse_overrides(args.set),
+                                 mode=args.mode, memory_policy=args.policy, workers=args.workers,
                                  scheduler=args.scheduler, cache=args.sweep_cache, progress=not args.quiet)
         points = point_totals(table)
         fields = varied_fields(table)
-        print(f"{trace.source} on {system.name}, per iteration (the breakdown's mean over the simulated GPUs):")
+        where = system.name if system else ", ".join(map(str, grid[SYSTEM_KEY]))
+        print(f"{trace.source} on {where}, per iteration (the breakdown's mean over the simulated GPUs):")
         print(points_in_ms(points).to_string(index=False))
         _report_not_modelled(trace)
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
-            ax = plot.sweep_totals(points, fields, title=f"{trace.source} on {system.name}")
+            ax = plot.sweep_totals(points, fields, title=f"{trace.source} on {where}")
             plot.save_figure(ax.figure, stage / "sweep.png")
     if out is not None:
         print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
@@ -311,8 +317,10 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--system", required=True, help="preset name or YAML file")
+def _common(parser: argparse.ArgumentParser, system_required: bool = True) -> None:
+    parser.add_argument("--system", required=system_required,
+                        help="preset name or YAML file" + ("" if system_required else
+                                                           " (with --vary, or the systems to compare: --vary system=A,B)"))
     parser.add_argument("--set", action="append", help="override, e.g. links.bandwidth=300GB/s")
     parser.add_argument("--mode", default="auto", choices=["auto", "full", "symmetric"],
                         help="simulation mode (auto: symmetric when every GPU does the same work)")
@@ -389,11 +397,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory-controller policy (default: each GPU's configured one; t3-mca for T3-MCA)")
     parser.add_argument("--vary", action="append", metavar="PATH=V1,V2,...",
                         help="replay at every combination of these values instead (a what-if sweep; repeatable), "
-                             "e.g. links.bandwidth=75GB/s,300GB/s: writes sweep.csv, points.csv and sweep.png")
+                             "e.g. links.bandwidth=75GB/s,300GB/s or system=a100-sxm4,h100-sxm5: writes sweep.csv, "
+                             "points.csv and sweep.png")
     parser.add_argument("--workers", type=positive_int, help="--vary: processes (default: all CPUs)")
     parser.add_argument("--scheduler", help="--vary: address of a Dask scheduler to run the points on")
     parser.add_argument("--sweep-cache", help="--vary: folder of finished points; a rerun simulates only what changed")
-    _common(parser)
+    _common(parser, system_required=False)
 
 
 def add_validate_trace_arguments(parser: argparse.ArgumentParser) -> None:
