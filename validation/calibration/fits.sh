@@ -35,6 +35,13 @@ $FIT --dataset softmax-mi210 --param "gpu.l2.shared_fraction=0.5,0.6,0.7,0.8,0.9
 echo "== H200 (and the H100, the same chip): tensor-core GEMM efficiency on the aligned GEMMs above 100 GFLOP (random half / other half)"
 $FIT --dataset gemm-h200 --query "2*m*n*k > 1e11" \
      --param "gpu.gemm_efficiency.fp16=0.64,0.66,0.68,0.70,0.72,0.74,0.76"
+echo "== H200 (and the H100): the tf32 and fp32 GEMM efficiencies on the H200's squares (tf32 above 100 GFLOP, fp32 from 2048^3); held out: the H100's squares of each type"
+$FIT --dataset gemm-h200 --query "dtype == 'tf32' and 2*m*n*k > 1e11" \
+     --param "gpu.gemm_efficiency.tf32=0.70,0.73,0.76,0.79,0.82,0.85" \
+     --holdout-dataset gemm-h100 --holdout-query "dtype == 'tf32'"
+$FIT --dataset gemm-h200 --query "dtype == 'fp32' and 2*m*n*k > 1e10" \
+     --param "gpu.gemm_efficiency.fp32=0.74,0.77,0.80,0.83,0.86" \
+     --holdout-dataset gemm-h100 --holdout-query "dtype == 'fp32'"
 echo "== H200 (and the H100): the mma.sync path's matrix rate and the fallback kernels' cost per narrow access, on the GEMMs whose rows are not 16-byte aligned and FlashAttention-2's published forward calls (random half / other half of each)"
 $FIT --dataset gemm-h200-unaligned --dataset attention-h100-published \
      --query "attention-h100-published:direction == 'forward'" \
