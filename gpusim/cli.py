@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import math
 import os
+import string
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -139,6 +141,33 @@ def parse_vary(specs: list[str]) -> dict[str, list[object]]:
     return grid
 
 
+class OpTemplates:
+    """Op specs with ``{name}`` placeholders (``"allreduce nbytes={size}"``): called with a value for
+    each name, the ops those values make (a workload function of
+    :func:`gpusim.parameter_sweep.sweep_parameters`, whose parameters are the names).
+
+    Raises
+    ------
+    GpusimError
+        A placeholder that is not a plain name.
+    """
+
+    def __init__(self, specs: list[str]):
+        self.specs = specs
+        names: list[str] = []
+        for spec in specs:
+            for _, name, _, _ in string.Formatter().parse(spec):
+                if name is not None and not name.isidentifier():
+                    raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{name}}}")
+                if name and name not in names:
+                    names.append(name)
+        self.names = names
+        self.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
+
+    def __call__(self, **values: object) -> list[gops.Op]:
+        return [parse_op(spec.format(**values)) for spec in self.specs]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the known presets."""
     from gpusim.config.loader import list_presets
@@ -226,7 +255,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     system = load_system(args.system, parse_overrides(args.set)) if args.system else None
     if system is None and SYSTEM_KEY not in grid:
         raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
-    op_list = [parse_op(spec) for spec in args.op]
+    templates = OpTemplates(args.op)
+    unset = [name for name in templates.names if name not in grid]
+    if unset:
+        raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
+    op_list = templates if templates.names else [parse_op(spec) for spec in args.op]
     if args.scheduler:
         check_scheduler(args.scheduler)
     out = output_folder(args.out)
@@ -243,7 +276,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
-            title = f"{system.name if system else 'systems'}: {len(op_list)} op(s)"
+            title = f"{system.name if system else 'systems'}: {len(args.op)} op(s)"
             plot.save_figure(plot.sweep_totals(points, fields, title=title).figure, stage / "sweep.png")
     if out is not None:
         print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
@@ -349,7 +382,9 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--system", help="preset name or YAML file (or the systems to compare: --vary system=A,B)")
     parser.add_argument("--op", action="append", required=True,
-                        help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; one stream)')
+                        help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; one stream); '
+                             '{name} in it takes the values of --vary name=... (e.g. "allreduce nbytes={size}" '
+                             "--vary size=1MiB,64MiB)")
     parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
                         help="a field and its values, e.g. links.bandwidth=75GB/s,150GB/s, or system=h100-sxm5,h200-sxm "
                              "(repeatable: every combination runs, the last --vary fastest)")

@@ -29,17 +29,18 @@ for the point, s).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
-from gpusim.errors import ConfigError
+from gpusim.errors import ConfigError, GpusimError, OpError, TraceError
 from gpusim.ops import Op
 from gpusim.system import System
 from gpusim.trace.breakdown import BREAKDOWN_COLUMNS, breakdown
@@ -127,18 +128,44 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
     return rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
 
 
-def _checked_ops(ops: Op | Sequence[Op] | Trace) -> list[Op] | Trace:
+def _checked_ops(ops: Op | Sequence[Op] | Trace, where: str = "sweep_parameters: ops") -> list[Op] | Trace:
     if isinstance(ops, Trace):
         return ops
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Sequence) and not isinstance(ops, str) else None
     if not op_list or not all(isinstance(op, Op) for op in op_list):
-        raise ConfigError(f"sweep_parameters: ops must be an op, a non-empty list of gpusim.ops ops or a trace, got {ops!r}")
+        raise ConfigError(f"{where} must be an op, a non-empty list of gpusim.ops ops or a trace, got {ops!r}")
     return op_list
+
+
+def workload_parameters(ops: Any, vary: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The keys of ``vary`` that ``ops`` takes as workload parameters: the named parameters of
+    ``ops`` when it is a function (or other callable) that makes the ops or the trace, else none.
+
+    Raises
+    ------
+    ConfigError
+        ``ops`` is a callable that takes arguments ``vary`` does not give, or none of its keys.
+    """
+    if isinstance(ops, Op | Trace) or not callable(ops):
+        return []
+    try:
+        parameters = inspect.signature(ops).parameters
+    except (TypeError, ValueError):
+        raise ConfigError(f"sweep_parameters: cannot read the parameters of {ops!r}; give a function with named "
+                          "parameters") from None
+    named = [name for name, parameter in parameters.items()
+             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
+    missing = [name for name in named if name not in vary and parameters[name].default is parameters[name].empty]
+    if missing or not any(name in vary for name in named):
+        raise ConfigError(f"sweep_parameters: ops is a function of {', '.join(named) or 'nothing'}; vary must give "
+                          f"{'its ' + repr(missing[0]) if missing else 'at least one of them'} (vary has "
+                          f"{', '.join(vary)})")
+    return [key for key in vary if key in named]
 
 
 def sweep_parameters(
     system: System | str | os.PathLike | None,
-    ops: Op | Sequence[Op] | Trace,
+    ops: Op | Sequence[Op] | Trace | Callable[..., Op | Sequence[Op] | Trace],
     vary: Mapping[str, Sequence[Any]],
     *,
     overrides: Mapping[str, Any] | None = None,
@@ -159,10 +186,14 @@ def sweep_parameters(
         "h100-sxm5"]}``: the ops on each, with the other values and ``overrides`` applied to each).
     ops
         One op or a list of ops, run on one stream as :func:`gpusim.run` runs them, or a
-        :class:`gpusim.trace.Trace`, replayed as :meth:`gpusim.trace.Trace.replay` does.
+        :class:`gpusim.trace.Trace`, replayed as :meth:`gpusim.trace.Trace.replay` does; or a
+        function that makes them from workload parameters that ``vary`` gives under its
+        parameters' names (``lambda nbytes: ops.AllReduce(nbytes)`` with ``{"nbytes": [2**20,
+        2**26]}``), called once per point in this process (the point is keyed by what it makes).
     vary
         Override paths to the values each takes (:func:`parameter_grid`), as :func:`gpusim.load_system`
-        reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``.
+        reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``;
+        the workload parameters of a function ``ops``; and :data:`SYSTEM_KEY`.
     overrides
         Overrides applied at every point (none of ``vary``'s paths).
     mode
@@ -181,7 +212,8 @@ def sweep_parameters(
     Raises
     ------
     ConfigError
-        A bad grid, op list or mode, a path in both ``vary`` and ``overrides``, a system given both
+        A bad grid, op list (also one a function made: the message names the point) or mode, a
+        function ``ops`` whose parameters ``vary`` does not give, a path in both ``vary`` and ``overrides``, a system given both
         as the argument and in ``vary`` (or in neither), or a point whose
         description is invalid (the message names the point's values and the override).
     gpusim.errors.UnknownPresetError
@@ -192,7 +224,8 @@ def sweep_parameters(
     from gpusim.sweep import sweep
 
     points = parameter_grid(vary)
-    op_list = _checked_ops(ops)
+    workload = workload_parameters(ops, vary)
+    op_list = None if workload else _checked_ops(ops)
     if mode not in MODES:
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if overrides is not None and not isinstance(overrides, Mapping):
@@ -215,21 +248,34 @@ def sweep_parameters(
         if not isinstance(point_source, str | os.PathLike):
             raise ConfigError(f"vary {SYSTEM_KEY!r}: expected preset names or YAML paths, got {point_source!r}")
         point_source = os.fspath(point_source)
-        changes = {path: value for path, value in values.items() if path != SYSTEM_KEY}
+        changes = {path: value for path, value in values.items() if path != SYSTEM_KEY and path not in workload}
+        made = op_list
+        if workload:
+            arguments = {key: values[key] for key in workload}
+            try:
+                result = ops(**arguments)
+            except GpusimError as exc:  # e.g. an op that refuses these values
+                error = type(exc) if type(exc) in (ConfigError, OpError, TraceError) else GpusimError
+                raise error(f"sweep point {index} ({arguments}): {exc}") from None
+            made = _checked_ops(result, f"sweep point {index} ({arguments}): what ops made")
+            if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
+                raise ConfigError(f"sweep point {index} ({arguments}): ops made {'a trace' if isinstance(made, Trace) else 'ops'}"
+                                  f", point 0 {'ops' if isinstance(made, Trace) else 'a trace'}; make one kind for all")
         try:
             config = load_system_config(point_source, {**base, **changes})
         except ConfigError as exc:
             raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
-        fields = {path: point_source for path in values if path == SYSTEM_KEY}
+        fields = {path: point_source if path == SYSTEM_KEY else values[path] for path in values
+                  if path == SYSTEM_KEY or path in workload}
         fields.update(override_field(config, path, value) for path, value in changes.items())
-        calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": op_list,
+        calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
                       "simulation_mode": mode, "memory_policy": memory_policy})
         columns.append({"point": index, **fields})
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
                  description=f"sweep over {', '.join(vary)}")
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
-    first = [*columns[0], "gpu" if isinstance(op_list, Trace) else "op_index"]
+    first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]
     return table[first + [column for column in table.columns if column not in first]]
 
 
@@ -253,7 +299,8 @@ def varied_fields(table: pd.DataFrame) -> list[str]:
 def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     """One row per point of a :func:`sweep_parameters` table: ``point``, the varied fields,
     ``total_s``, ``mode``, ``sim_wall_s``, and for ops each op's ``duration_s`` as a column named
-    ``"<op_index>: <name>"``, for a trace the breakdown's parts averaged over the simulated GPUs.
+    ``"<op_index>: <name>"`` (the name's first word where the points name the op differently, as a
+    workload sweep does), for a trace the breakdown's parts averaged over the simulated GPUs.
 
     Raises
     ------
@@ -265,7 +312,9 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     if "gpu" in table.columns:
         parts = [column for column in BREAKDOWN_COLUMNS if column not in ("gpu", "total_s")]
         return points.join(table.groupby("point")[parts].mean()).reset_index()
-    labels = table["op_index"].astype(str) + ": " + table["name"].astype(str)
+    names = table["name"].astype(str)
+    varies = names.groupby(table["op_index"]).transform("nunique") > 1  # a workload sweep renames its ops
+    labels = table["op_index"].astype(str) + ": " + names.where(~varies, names.str.split().str[0])
     durations = table.assign(op=labels).pivot(index="point", columns="op", values="duration_s")
     durations = durations[list(dict.fromkeys(labels))]  # in the ops' order
     durations.columns.name = None

@@ -113,6 +113,37 @@ def test_the_system_is_given_once(system, vary, message):
         sweep(system, GEMM, vary)
 
 
+def test_a_function_of_workload_parameters_makes_each_points_ops():
+    table = sweep("t3-ring8", lambda nbytes, n=1024: [ops.Gemm(n, n, n), ops.AllReduce(nbytes)],
+                  {"nbytes": [2**20, 2**24], "gpu.num_cus": [40, 80]})
+    assert list(table.columns[:4]) == ["point", "nbytes", "gpu.num_cus", "op_index"]
+    ring = table[table["op_index"] == 1]
+    assert ring["bytes"].tolist() == [2**20, 2**20, 2**24, 2**24]
+    assert ring["duration_s"].iloc[2] > 2 * ring["duration_s"].iloc[0]  # 16 times the bytes
+    totals = point_totals(table)
+    assert list(totals.columns[-2:]) == ["0: " + GEMM.label, "1: allreduce"]  # the all-reduce's name changes
+
+
+def test_a_workload_function_makes_traces_too():
+    table = sweep("t3-ring8", lambda seq_len: transformer("megatron-gpt2", **{**TINY_PROMPT, "seq_len": seq_len}),
+                  {"seq_len": [128, 256]})
+    assert list(table.columns[:3]) == ["point", "seq_len", "gpu"]
+    assert table["compute_s"].iloc[1] > table["compute_s"].iloc[0]
+
+
+@pytest.mark.parametrize("make, vary, error, message", [
+    (lambda nbytes: ops.AllReduce(nbytes), {"gpu.num_cus": [80]}, ConfigError, "vary must give its 'nbytes'"),
+    (lambda nbytes: ops.AllReduce(nbytes), {"nbytes": [-1]}, gpusim.OpError,
+     r"sweep point 0 \(\{'nbytes': -1\}\): AllReduce: field 'nbytes' must be a positive integer"),
+    (lambda nbytes: nbytes, {"nbytes": [1]}, ConfigError, r"sweep point 0 \(\{'nbytes': 1\}\): what ops made must be"),
+    (lambda trace: transformer("megatron-gpt2", **TINY_PROMPT) if trace else GEMM, {"trace": [True, False]}, ConfigError,
+     "ops made ops, point 0 a trace"),
+])
+def test_bad_workload_functions_are_refused(make, vary, error, message):
+    with pytest.raises(error, match=message):
+        sweep("t3-ring8", make, vary)
+
+
 def test_a_bad_point_fails_before_anything_runs(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(ConfigError, match=r"sweep point 1 \(\{'gpu.num_cus': 'many'\}\): override 'gpu.num_cus'"):
@@ -227,6 +258,19 @@ def test_cli_simulate_sweep_options(capsys, extra, message):
                  *extra]
     assert main(arguments) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_sweep_workload_placeholders(tmp_path, capsys):
+    assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={size}", "--vary", "size=1MiB,16MiB",
+                 "--workers", "1", "--quiet", "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert table["size"].tolist() == ["1MiB", "16MiB"] and table["bytes"].tolist() == [2**20, 2**24]
+    assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={size}", "--vary", "gpu.num_cus=80",
+                 "--quiet"]) == 2
+    assert "the ops use {size}; give its values with --vary size=" in capsys.readouterr().err
+    assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={0}", "--vary", "gpu.num_cus=80",
+                 "--quiet"]) == 2
+    assert "a placeholder must be a name such as {size}, got {0}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("vary, message", [
