@@ -14,6 +14,7 @@ from gpusim.config.loader import list_presets
 from gpusim.errors import (
     ConfigError,
     GpusimError,
+    NoEffectWarning,
     OpError,
     SimulationError,
     SymmetricModeWarning,
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError",
     "GpusimError",
+    "NoEffectWarning",
     "OpError",
     "Result",
     "SimulationError",

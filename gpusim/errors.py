@@ -87,3 +87,8 @@ class SweepError(GpusimError, RuntimeError):
 
 class SymmetricModeWarning(UserWarning):
     """Symmetric mode only approximates some ops of a run; full mode simulates them exactly (docs/model.md)."""
+
+
+class NoEffectWarning(UserWarning):
+    """A what-if sweep varied a field that changed no point's simulated time (a field the ops do not
+    depend on, or one the system does not use, such as ``links.bandwidth`` on a switch topology)."""

@@ -33,6 +33,7 @@ import inspect
 import itertools
 import os
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ import pandas as pd
 
 from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
-from gpusim.errors import ConfigError, GpusimError, OpError, TraceError
+from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
 from gpusim.ops import Op
 from gpusim.system import System
 from gpusim.trace.breakdown import BREAKDOWN_COLUMNS, breakdown
@@ -243,6 +244,7 @@ def sweep_parameters(
     else:
         raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
     calls, columns = [], []
+    column_of: dict[str, str] = {}  # a varied path -> its column
     for index, values in enumerate(points):
         point_source = values.get(SYSTEM_KEY, source)
         if not isinstance(point_source, str | os.PathLike):
@@ -265,9 +267,12 @@ def sweep_parameters(
             config = load_system_config(point_source, {**base, **changes})
         except ConfigError as exc:
             raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
-        fields = {path: point_source if path == SYSTEM_KEY else values[path] for path in values
-                  if path == SYSTEM_KEY or path in workload}
-        fields.update(override_field(config, path, value) for path, value in changes.items())
+        fields = {}
+        for path, value in values.items():  # in the grid's order
+            column, fields_value = (path, point_source if path == SYSTEM_KEY else value) \
+                if path not in changes else override_field(config, path, value)
+            fields[column] = fields_value
+            column_of[path] = column
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
                       "simulation_mode": mode, "memory_policy": memory_policy})
         columns.append({"point": index, **fields})
@@ -276,7 +281,28 @@ def sweep_parameters(
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
     first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]
-    return table[first + [column for column in table.columns if column not in first]]
+    table = table[first + [column for column in table.columns if column not in first]]
+    _warn_without_effect(table, {path: column_of[path] for path in vary if path != SYSTEM_KEY and path not in workload},
+                         list(column_of.values()))
+    return table
+
+
+def _warn_without_effect(table: pd.DataFrame, overridden: dict[str, str], columns: list[str]) -> None:
+    """Warn (:class:`~gpusim.errors.NoEffectWarning`) for each varied override (path -> its column)
+    whose values give the same simulated time wherever the other varied ``columns`` are the same."""
+    points = table.drop_duplicates("point").assign(_all=0)
+    for path, field in overridden.items():
+        others = [other for other in columns if other != field] or ["_all"]
+        try:
+            if points[field].nunique() < 2:
+                continue
+            spread = points.groupby(others, dropna=False)["total_s"].agg(lambda times: times.max() - times.min())
+        except TypeError:  # values that cannot be compared (a whole section)
+            continue
+        if (spread <= 1e-9 * points["total_s"].abs().max()).all():
+            warnings.warn(f"sweep: {path} ({field}) changed no point's simulated time: the ops do not depend on it, "
+                          "or the system does not use it (e.g. links.* on a switch topology: vary switch.* there)",
+                          NoEffectWarning, stacklevel=3)
 
 
 def varied_fields(table: pd.DataFrame) -> list[str]:

@@ -1,6 +1,7 @@
 """Hardware what-ifs over a grid of configuration values (gpusim.parameter_sweep, ``gpusim sweep``)."""
 
 import math
+import warnings
 
 import pandas as pd
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 import gpusim
 from gpusim import ops
 from gpusim.cli import main
-from gpusim.errors import ConfigError
+from gpusim.errors import ConfigError, NoEffectWarning
 from gpusim.parameter_sweep import parameter_grid, point_totals, points_in_ms, sweep_parameters
 from gpusim.trace import transformer
 
@@ -142,6 +143,15 @@ def test_a_workload_function_makes_traces_too():
 def test_bad_workload_functions_are_refused(make, vary, error, message):
     with pytest.raises(error, match=message):
         sweep("t3-ring8", make, vary)
+
+
+def test_a_field_that_changes_nothing_is_reported():
+    make = {"nbytes": [2**24]}
+    with pytest.warns(NoEffectWarning, match=r"links.bandwidth \(links.bandwidth_bytes_per_s\) changed no point"):
+        sweep("dgx-a100", lambda nbytes: ops.AllReduce(nbytes), {**make, "links.bandwidth": ["100 GB/s", "300 GB/s"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)  # the switch's ports are what a switched node uses
+        sweep("dgx-a100", lambda nbytes: ops.AllReduce(nbytes), {**make, "switch.port_bandwidth": ["100 GB/s", "300 GB/s"]})
 
 
 def test_a_bad_point_fails_before_anything_runs(tmp_path):
