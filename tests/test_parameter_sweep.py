@@ -87,6 +87,16 @@ def test_parallel_processes_give_the_same_rows():
     pd.testing.assert_frame_equal(alone.drop(columns="sim_wall_s"), parallel.drop(columns="sim_wall_s"))
 
 
+def test_a_dask_cluster_gives_the_same_rows():
+    distributed = pytest.importorskip("dask.distributed")
+    vary = {"gpu.num_cus": [40, 80]}
+    alone = sweep("t3-ring8", [GEMM, ALLREDUCE], vary)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        on_dask = sweep_parameters("t3-ring8", [GEMM, ALLREDUCE], vary, scheduler=cluster.scheduler_address,
+                                   progress=False)
+    pd.testing.assert_frame_equal(alone.drop(columns="sim_wall_s"), on_dask.drop(columns="sim_wall_s"))
+
+
 def test_a_system_keeps_its_overrides_and_overrides_apply_everywhere():
     narrow = gpusim.load_system("t3-ring8", {"gpu.num_cus": 40})
     kept = sweep(narrow, GEMM, {"links.bandwidth": ["75 GB/s", "150 GB/s"]})
