@@ -13,6 +13,7 @@ import math
 import os
 import string
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -423,6 +424,16 @@ COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], None] | 
 }
 
 
+def _in_cli_words(text: str) -> str:
+    """The library's advice in the command line's spelling (``mode='full'`` is ``--mode full``)."""
+    return text.replace("mode='full'", "--mode full").replace("mode='symmetric'", "--mode symmetric")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Print a warning as ``gpusim: warning: MESSAGE`` on standard error."""
+    print(f"gpusim: warning: {_in_cli_words(str(message))}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpusim`` command."""
     parser = argparse.ArgumentParser(prog="gpusim", description="Cycle-approximate multi-GPU simulator")
@@ -438,12 +449,13 @@ def main(argv: list[str] | None = None) -> int:
 
         matplotlib.use("Agg")
     try:
-        status = args.handler(args)
+        with warnings.catch_warnings():  # the library's warnings in the command line's words, not its source lines
+            warnings.showwarning = _show_warning
+            status = args.handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
         return status
-    except GpusimError as exc:  # the library's advice, in the command line's spelling
-        message = str(exc).replace("mode='full'", "--mode full").replace("mode='symmetric'", "--mode symmetric")
-        print(f"gpusim: error: {message}", file=sys.stderr)
+    except GpusimError as exc:
+        print(f"gpusim: error: {_in_cli_words(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: outputs are written whole or not at all
         print("gpusim: interrupted", file=sys.stderr)

@@ -296,3 +296,10 @@ def test_validation_sample_takes_count_rows_spread_over_the_groups():
     uneven = pd.DataFrame({"gpus": [2] + [4] * 10 + [8] * 10, "x": range(21)})
     assert validation.sample(uneven, 9, by="gpus")["gpus"].value_counts().to_dict() == {2: 1, 4: 4, 8: 4}
     assert len(validation.sample(uneven, 20, by="gpus")) == 20
+
+
+def test_warnings_read_as_the_command_line_writes(capsys):
+    assert main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--quiet", "--op", "alltoall nbytes=1MiB"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: warning: symmetric mode only approximates") and "use --mode full" in err
+    assert ".py:" not in err  # no source file and line
