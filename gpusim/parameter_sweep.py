@@ -43,6 +43,7 @@ from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
 from gpusim.ops import Op
+from gpusim.simulate import run
 from gpusim.system import System
 from gpusim.trace.breakdown import BREAKDOWN_COLUMNS, breakdown
 from gpusim.trace.trace import Trace
@@ -62,17 +63,18 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     Parameters
     ----------
     vary
-        Override paths (``"gpu.num_cus"``) to the values each takes (``[80, 160]``).
+        Keys (override paths such as ``"gpu.num_cus"``, workload parameters, :data:`SYSTEM_KEY`)
+        to the values each takes (``[80, 160]``).
 
     Returns
     -------
     list of dict
-        One override mapping per point.
+        One mapping of the keys to their values per point.
 
     Raises
     ------
     ConfigError
-        ``vary`` is empty or not a mapping, a path is not a non-empty string, or its values are
+        ``vary`` is empty or not a mapping, a key is not a non-empty string, or its values are
         not a non-empty list of distinct values.
     """
     if not isinstance(vary, Mapping) or not vary:
@@ -81,7 +83,7 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     values = []
     for path, options in vary.items():
         if not isinstance(path, str) or not path.strip():
-            raise ConfigError(f"vary: paths must be dotted strings such as 'gpu.num_cus', got {path!r}")
+            raise ConfigError(f"vary: keys must be override paths such as 'gpu.num_cus' or parameter names, got {path!r}")
         if isinstance(options, str | bytes | Mapping) or not isinstance(options, Sequence) or not options:
             raise ConfigError(f"vary {path!r}: expected a non-empty list of values, got {options!r}")
         repeated = [value for index, value in enumerate(options) if value in options[:index]]
@@ -116,8 +118,6 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         breakdown per GPU.  Both with the point's ``total_s``, ``mode`` (the mode that ran:
         ``"auto"`` resolved) and ``sim_wall_s``.
     """
-    from gpusim.simulate import run
-
     system = System(SystemConfig.model_validate(config), source)
     if isinstance(ops, Trace):
         result = ops.replay(system, mode=simulation_mode, memory_policy=memory_policy)
@@ -162,6 +162,41 @@ def workload_parameters(ops: Any, vary: Mapping[str, Sequence[Any]]) -> list[str
                           f"{'its ' + repr(missing[0]) if missing else 'at least one of them'} (vary has "
                           f"{', '.join(vary)})")
     return [key for key in vary if key in named]
+
+
+def _point_ops(make: Callable[..., Any], workload: list[str], values: dict[str, Any], index: int) -> list[Op] | Trace:
+    """What the workload function ``make`` makes of point ``index``'s ``values``."""
+    arguments = {key: values[key] for key in workload}
+    try:
+        made = make(**arguments)
+    except GpusimError as exc:  # e.g. an op that refuses these values
+        error = type(exc) if type(exc) in (ConfigError, OpError, TraceError) else GpusimError
+        raise error(f"sweep point {index} ({arguments}): {exc}") from None
+    return _checked_ops(made, f"sweep point {index} ({arguments}): what ops made")
+
+
+def _point_system(source: str | None, base: dict[str, Any], values: dict[str, Any], workload: list[str],
+                  index: int) -> tuple[str, SystemConfig, dict[str, tuple[str, Any]]]:
+    """Point ``index``'s system: where it comes from, its resolved description, and each varied key's
+    column and value (a field's under its field path, in base units).
+
+    Raises
+    ------
+    ConfigError
+        A varied system that is not a name or path, or an invalid description (naming the point).
+    """
+    point_source = values.get(SYSTEM_KEY, source)
+    if not isinstance(point_source, str | os.PathLike):
+        raise ConfigError(f"vary {SYSTEM_KEY!r}: expected preset names or YAML paths, got {point_source!r}")
+    point_source = os.fspath(point_source)
+    changes = {key: value for key, value in values.items() if key != SYSTEM_KEY and key not in workload}
+    try:
+        config = load_system_config(point_source, {**base, **changes})
+    except ConfigError as exc:
+        raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
+    fields = {key: override_field(config, key, value) if key in changes else (key, point_source if key == SYSTEM_KEY else value)
+              for key, value in values.items()}
+    return point_source, config, fields
 
 
 def sweep_parameters(
@@ -213,10 +248,10 @@ def sweep_parameters(
     Raises
     ------
     ConfigError
-        A bad grid, op list (also one a function made: the message names the point) or mode, a
-        function ``ops`` whose parameters ``vary`` does not give, a path in both ``vary`` and ``overrides``, a system given both
-        as the argument and in ``vary`` (or in neither), or a point whose
-        description is invalid (the message names the point's values and the override).
+        A bad grid, op list (also one a function made: the message names the point) or mode; a
+        function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
+        ``overrides``; a system given both as the argument and in ``vary`` (or in neither); or a
+        point whose description is invalid (the message names the point's values and the override).
     gpusim.errors.UnknownPresetError
         A system is neither a preset nor a file.
     gpusim.errors.SweepError
@@ -244,38 +279,17 @@ def sweep_parameters(
     else:
         raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
     calls, columns = [], []
-    column_of: dict[str, str] = {}  # a varied path -> its column
+    column_of: dict[str, str] = {}  # a varied key -> its column
     for index, values in enumerate(points):
-        point_source = values.get(SYSTEM_KEY, source)
-        if not isinstance(point_source, str | os.PathLike):
-            raise ConfigError(f"vary {SYSTEM_KEY!r}: expected preset names or YAML paths, got {point_source!r}")
-        point_source = os.fspath(point_source)
-        changes = {path: value for path, value in values.items() if path != SYSTEM_KEY and path not in workload}
-        made = op_list
-        if workload:
-            arguments = {key: values[key] for key in workload}
-            try:
-                result = ops(**arguments)
-            except GpusimError as exc:  # e.g. an op that refuses these values
-                error = type(exc) if type(exc) in (ConfigError, OpError, TraceError) else GpusimError
-                raise error(f"sweep point {index} ({arguments}): {exc}") from None
-            made = _checked_ops(result, f"sweep point {index} ({arguments}): what ops made")
-            if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
-                raise ConfigError(f"sweep point {index} ({arguments}): ops made {'a trace' if isinstance(made, Trace) else 'ops'}"
-                                  f", point 0 {'ops' if isinstance(made, Trace) else 'a trace'}; make one kind for all")
-        try:
-            config = load_system_config(point_source, {**base, **changes})
-        except ConfigError as exc:
-            raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
-        fields = {}
-        for path, value in values.items():  # in the grid's order
-            column, fields_value = (path, point_source if path == SYSTEM_KEY else value) \
-                if path not in changes else override_field(config, path, value)
-            fields[column] = fields_value
-            column_of[path] = column
+        made = _point_ops(ops, workload, values, index) if workload else op_list
+        if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
+            raise ConfigError(f"sweep point {index} ({values}): ops made {'a trace' if isinstance(made, Trace) else 'ops'}, "
+                              f"point 0 {'ops' if isinstance(made, Trace) else 'a trace'}; make one kind for all")
+        point_source, config, fields = _point_system(source, base, values, workload, index)
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
                       "simulation_mode": mode, "memory_policy": memory_policy})
-        columns.append({"point": index, **fields})
+        columns.append({"point": index, **dict(fields.values())})
+        column_of.update((key, column) for key, (column, _) in fields.items())
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
                  description=f"sweep over {', '.join(vary)}")
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy"])

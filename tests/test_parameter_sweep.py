@@ -49,7 +49,7 @@ def test_grid_points_are_distinct_and_cover_the_product(vary):
     ({"gpu.num_cus": "80,160"}, "non-empty list"),
     ({"gpu.num_cus": 80}, "non-empty list"),
     ({"gpu.num_cus": [80, 80]}, "80 is given more than once"),
-    ({"": [1]}, "dotted strings"),
+    ({"": [1]}, "keys must be override paths"),
 ])
 def test_bad_grids_are_refused(vary, message):
     with pytest.raises(ConfigError, match=message):
