@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import math
 import os
 import string
@@ -142,31 +141,32 @@ def parse_vary(specs: list[str]) -> dict[str, list[object]]:
     return grid
 
 
-class OpTemplates:
-    """Op specs with ``{name}`` placeholders (``"allreduce nbytes={size}"``): called with a value for
-    each name, the ops those values make (a workload function of
-    :func:`gpusim.parameter_sweep.sweep_parameters`, whose parameters are the names).
+def _as_number(text: object) -> object:
+    """``text`` as an int or a float where it reads as one (``"1024"``, ``"0.5"``), else as it is."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            continue
+    return text
+
+
+def template_names(specs: list[str]) -> list[str]:
+    """The ``{name}`` placeholders of op specs (``"allreduce nbytes={size}"``), in order.
 
     Raises
     ------
     GpusimError
         A placeholder that is not a plain name.
     """
-
-    def __init__(self, specs: list[str]):
-        self.specs = specs
-        names: list[str] = []
-        for spec in specs:
-            for _, name, _, _ in string.Formatter().parse(spec):
-                if name is not None and not name.isidentifier():
-                    raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{name}}}")
-                if name and name not in names:
-                    names.append(name)
-        self.names = names
-        self.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
-
-    def __call__(self, **values: object) -> list[gops.Op]:
-        return [parse_op(spec.format(**values)) for spec in self.specs]
+    names: list[str] = []
+    for spec in specs:
+        for _, name, _, _ in string.Formatter().parse(spec):
+            if name is not None and not name.isidentifier():
+                raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{name}}}")
+            if name and name not in names:
+                names.append(name)
+    return names
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -248,7 +248,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from gpusim import plot
-    from gpusim.parameter_sweep import SYSTEM_KEY, point_totals, points_in_ms, sweep_parameters, varied_fields
+    from gpusim.parameter_sweep import (
+        SYSTEM_KEY,
+        WorkloadFunction,
+        point_totals,
+        points_in_ms,
+        sweep_parameters,
+        varied_fields,
+    )
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
 
@@ -256,11 +263,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     system = load_system(args.system, parse_overrides(args.set)) if args.system else None
     if system is None and SYSTEM_KEY not in grid:
         raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
-    templates = OpTemplates(args.op)
-    unset = [name for name in templates.names if name not in grid]
+    names = template_names(args.op)
+    unset = [name for name in names if name not in grid]
     if unset:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
-    op_list = templates if templates.names else [parse_op(spec) for spec in args.op]
+    grid.update((name, [_as_number(value) for value in grid[name]]) for name in names)  # columns of numbers
+    op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in args.op], names) \
+        if names else [parse_op(spec) for spec in args.op]
     if args.scheduler:
         check_scheduler(args.scheduler)
     out = output_folder(args.out)

@@ -138,6 +138,27 @@ def _checked_ops(ops: Op | Sequence[Op] | Trace, where: str = "sweep_parameters:
     return op_list
 
 
+class WorkloadFunction:
+    """``make(**values)`` presented as a function of exactly the workload parameters ``names`` (what
+    :func:`workload_parameters` reads), for a ``make`` that takes its values as ``**values``.
+
+    Parameters
+    ----------
+    make
+        Makes the ops or the trace of one point from its values.
+    names
+        The parameters' names.
+    """
+
+    def __init__(self, make: Callable[..., Any], names: Sequence[str]):
+        self.make = make
+        self.names = list(names)
+        self.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
+
+    def __call__(self, **values: Any) -> Any:
+        return self.make(**values)
+
+
 def workload_parameters(ops: Any, vary: Mapping[str, Sequence[Any]]) -> list[str]:
     """The keys of ``vary`` that ``ops`` takes as workload parameters: the named parameters of
     ``ops`` when it is a function (or other callable) that makes the ops or the trace, else none.

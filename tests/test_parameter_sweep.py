@@ -266,6 +266,27 @@ def test_cli_sweep_compares_systems(capsys):
     assert "give --system, or the systems to compare as --vary system=" in capsys.readouterr().err
 
 
+def test_cli_simulate_varies_model_options(tmp_path):
+    code = main(["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--layers", "1", "--batch", "1",
+                 "--system", "t3-ring8", "--vary", "tp=4,8", "--vary", "seq-len=128,256", "--workers", "1", "--quiet",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    points = pd.read_csv(tmp_path / "points.csv").set_index(["tp", "seq_len"])
+    assert list(points.index) == [(4, 128), (4, 256), (8, 128), (8, 256)]
+    assert points.loc[(8, 256), "compute_s"] < points.loc[(4, 256), "compute_s"]  # half the work per GPU
+    assert points.loc[(4, 256), "compute_s"] > points.loc[(4, 128), "compute_s"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model", "megatron-gpt2", "--vary", "tp=2,x"], "--vary tp: expected whole numbers, got 'x'"),
+    (["--model", "megatron-gpt2", "--tp", "2", "--vary", "tp=2,4"], "--tp and --vary tp both give it"),
+    (["--trace", "t.csv", "--vary", "batch=1,2"], "--vary batch varies an option of a generated model; it needs --model"),
+])
+def test_cli_simulate_bad_model_option_sweeps(capsys, extra, message):
+    assert main(["simulate", "--system", "t3-ring8", "--quiet", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--system", "t3-ring8", "--workers", "2"], "apply to a sweep (--vary)"),
     (["--system", "t3-ring8", "--sweep-cache", "c"], "apply to a sweep (--vary)"),

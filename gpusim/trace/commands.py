@@ -109,6 +109,17 @@ def _model_options(args: argparse.Namespace) -> dict[str, object]:
             raise GpusimError(f"simulate: {_option(next(iter(given)))} describes a generated model (--model) "
                               f"and does not apply to --trace")
         return given
+    return _checked_model_options(given)
+
+
+def _checked_model_options(given: dict[str, object]) -> dict[str, object]:
+    """``given`` model options, checked against the phase they describe.
+
+    Raises
+    ------
+    GpusimError
+        An option that the phase ignores (the generator checks the values themselves).
+    """
     phase = given.get("phase", "train")
     for name in ("schedule", "recompute", "async_tp_backward", "distributed_optimizer", "overlap_param_gather"):
         if name in given and phase != "train":
@@ -118,6 +129,33 @@ def _model_options(args: argparse.Namespace) -> dict[str, object]:
     if "sequence_parallel" in given and phase == "decode":
         raise GpusimError("simulate: --sequence-parallel applies to --phase train and prompt, not to --phase decode")
     return given
+
+
+INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "layers", "decode_tokens",
+                     "vocab_divisible_by", "virtual_stages")
+FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather")
+
+
+def _model_option_value(name: str, text: object) -> object:
+    """A ``--vary`` value of model option ``name`` as the option takes it (a number, a flag or a word).
+
+    Raises
+    ------
+    GpusimError
+        Not a whole number for a numeric option, nor true or false for a flag.
+    """
+    from gpusim.cli import FALSE_WORDS, TRUE_WORDS
+
+    word = str(text).strip().lower()
+    if name in INT_MODEL_OPTIONS:
+        if not word.lstrip("-").isdigit():
+            raise GpusimError(f"--vary {name}: expected whole numbers, got {text!r}")
+        return int(word)
+    if name in FLAG_MODEL_OPTIONS:
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            raise GpusimError(f"--vary {name}: expected true or false, got {text!r}")
+        return word in TRUE_WORDS
+    return text
 
 
 def _report_not_modelled(trace) -> None:
@@ -144,6 +182,29 @@ def _report_overlap(trace, flag: str, function: str, gathers: bool) -> None:
         print(f"  {count:6d}  left as they were: {reason}")
 
 
+def _prepared_trace(args: argparse.Namespace, options: dict[str, object], report: bool):
+    """The trace ``simulate`` replays: generated from ``--model`` with ``options`` or read from
+    ``--trace``, with the overlaps of ``--overlap-gathers`` and ``--overlap`` (printing what they
+    overlapped when ``report``)."""
+    from gpusim.trace.generator import transformer
+
+    if args.model:
+        trace = transformer(args.model, **options)
+    else:
+        trace = load_any(args.trace, unsupported=args.unsupported or "error")
+    if args.overlap_gathers:  # first: a GEMM that gathers its A and feeds a reduction keeps the gather's overlap
+        channels = args.overlap_channels if args.overlap_gathers == "decomposed" else None
+        trace = overlap_gather_gemms(trace, args.overlap_gathers, channels)
+        if report:
+            _report_overlap(trace, "--overlap-gathers", args.overlap_gathers, gathers=True)
+    if args.overlap:
+        channels = args.overlap_channels if args.overlap == "decomposed" else None
+        trace = overlap_gemm_collectives(trace, args.overlap, channels, args.overlap_splits or 1)
+        if report:
+            _report_overlap(trace, "--overlap", args.overlap, gathers=False)
+    return trace
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline and a breakdown plot."""
     import matplotlib.pyplot as plt
@@ -152,33 +213,39 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpusim.cli import parse_vary
     from gpusim.parameter_sweep import SYSTEM_KEY
     from gpusim.trace.breakdown import breakdown
-    from gpusim.trace.generator import transformer
 
     if (args.trace is None) == (args.model is None):
         raise GpusimError("simulate: give exactly one of --trace FILE or --model NAME")
     options = _model_options(args)
     grid = parse_vary(args.vary) if args.vary else None
+    if grid:  # a model option as its flag spells it (seq-len) or as the generator does (seq_len)
+        grid = {key.replace("-", "_") if key.replace("-", "_") in MODEL_OPTIONS else key: values
+                for key, values in grid.items()}
     if args.system is None and SYSTEM_KEY not in (grid or {}):
         raise GpusimError(f"simulate: give --system (or, with --vary, the systems to compare as --vary {SYSTEM_KEY}=A,B)")
     system = _system(args) if args.system else None
-    if args.model:
-        if args.unsupported is not None:
-            raise GpusimError("simulate: --unsupported applies to imported traces (--trace), not to --model")
-        trace = transformer(args.model, **options)
-    else:
-        trace = load_any(args.trace, unsupported=args.unsupported or "error")
+    if args.model and args.unsupported is not None:
+        raise GpusimError("simulate: --unsupported applies to imported traces (--trace), not to --model")
     if args.overlap_channels is not None and "decomposed" not in (args.overlap, args.overlap_gathers):
         raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed and --overlap-gathers decomposed")
     if args.overlap_splits is not None and args.overlap not in ("decomposed", "decomposed_dma"):
         raise GpusimError("simulate: --overlap-splits applies to --overlap decomposed and decomposed_dma")
-    if args.overlap_gathers:  # first: a GEMM that gathers its A and feeds a reduction keeps the gather's overlap
-        channels = args.overlap_channels if args.overlap_gathers == "decomposed" else None
-        trace = overlap_gather_gemms(trace, args.overlap_gathers, channels)
-        _report_overlap(trace, "--overlap-gathers", args.overlap_gathers, gathers=True)
-    if args.overlap:
-        channels = args.overlap_channels if args.overlap == "decomposed" else None
-        trace = overlap_gemm_collectives(trace, args.overlap, channels, args.overlap_splits or 1)
-        _report_overlap(trace, "--overlap", args.overlap, gathers=False)
+    varied = [key for key in grid or {} if key in MODEL_OPTIONS]
+    if varied and not args.model:
+        raise GpusimError(f"simulate: --vary {varied[0]} varies an option of a generated model; it needs --model")
+    both = [key for key in varied if key in options]
+    if both:
+        raise GpusimError(f"simulate: {_option(both[0])} and --vary {both[0]} both give it; keep one")
+    if varied:
+        from gpusim.parameter_sweep import WorkloadFunction
+
+        grid.update((key, [_model_option_value(key, value) for value in grid[key]]) for key in varied)
+
+        def make(**values: object):
+            return _prepared_trace(args, _checked_model_options({**options, **values}), report=False)
+
+        return _simulate_sweep(args, WorkloadFunction(make, varied), system, grid)
+    trace = _prepared_trace(args, options, report=True)
     if grid:
         return _simulate_sweep(args, trace, system, grid)
     mode = _mode(args, trace, system)
@@ -213,12 +280,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, list[object]]) -> int:
-    """``gpusim simulate --vary``: replay the trace at every combination of the values; print a row per
-    point and write sweep.csv (per point and GPU), points.csv and sweep.png."""
+    """``gpusim simulate --vary``: replay the trace (or the trace a workload function makes of each
+    point's model options) at every combination of the values; print a row per point and write
+    sweep.csv (per point and GPU), points.csv and sweep.png."""
     from gpusim import plot
     from gpusim.cli import parse_overrides
     from gpusim.parameter_sweep import SYSTEM_KEY, point_totals, points_in_ms, sweep_parameters, varied_fields
     from gpusim.sweep import check_scheduler
+    from gpusim.trace.trace import Trace
 
     if args.no_cache:
         raise GpusimError("simulate: --no-cache does not apply to a sweep (--vary), which caches layers")
@@ -232,13 +301,15 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
         points = point_totals(table)
         fields = varied_fields(table)
         where = system.name if system else ", ".join(map(str, grid[SYSTEM_KEY]))
-        print(f"{trace.source} on {where}, per iteration (the breakdown's mean over the simulated GPUs):")
+        label = trace.source if isinstance(trace, Trace) else args.model
+        print(f"{label} on {where}, per iteration (the breakdown's mean over the simulated GPUs):")
         print(points_in_ms(points).to_string(index=False))
-        _report_not_modelled(trace)
+        if isinstance(trace, Trace):
+            _report_not_modelled(trace)
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
-            ax = plot.sweep_totals(points, fields, title=f"{trace.source} on {where}")
+            ax = plot.sweep_totals(points, fields, title=f"{label} on {where}")
             plot.save_figure(ax.figure, stage / "sweep.png")
     if out is not None:
         print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
