@@ -9,7 +9,9 @@ import gpusim
 from gpusim import ops
 from gpusim.cli import parse_op
 from gpusim.errors import OpError
+from gpusim.hw.compute import WAITING_PREFIX, Kernel, StallClock, WorkgroupShape
 from gpusim.trace import transformer
+from gpusim.trace.breakdown import breakdown
 from gpusim.trace.fusion import overlap_gather_gemms, overlap_report
 
 RING4 = gpusim.load_system("t3-ring8").with_overrides({"num_gpus": 4})
@@ -42,6 +44,63 @@ def test_workgroups_wait_for_their_rows():
     assert gemm < 0.2 * gather  # the ring binds
     assert gather <= tracked.time_s < 1.1 * gather
     assert tracked.kernels["duration_s"].max() > 0.8 * gather
+
+
+def test_the_times_all_workgroups_wait_are_exposed_communication():
+    """On 25 GB/s links the kernel runs out of arrived rows between chunks: those intervals are
+    ``waiting:`` spans inside its span, and the breakdown counts them as exposed communication, not
+    compute; on the preset's 75 GB/s links the rows come in time."""
+    for bandwidth, waits in (("25 GB/s", True), ("75 GB/s", False)):
+        system = gpusim.load_system("t3-ring8", {"links.bandwidth": bandwidth})
+        result = gpusim.run(system, ops.AllGatherGemm(8192, 1596, 4256), mode="symmetric")
+        kernels = result.kernels
+        waiting = kernels[kernels["name"].str.startswith(WAITING_PREFIX)].sort_values("start_s")
+        (gemm,) = kernels[kernels["name"].str.startswith("gemm")].itertuples()
+        assert (len(waiting) > 0) == waits
+        assert (waiting["start_s"] >= gemm.start_s).all() and (waiting["end_s"] <= gemm.end_s).all()
+        assert (waiting["start_s"].iloc[1:].to_numpy() >= waiting["end_s"].iloc[:-1].to_numpy()).all()
+        parts = breakdown(result.ops, result.kernels).iloc[0]
+        assert parts.exposed_comm_s == pytest.approx(waiting["duration_s"].sum(), abs=1e-9)
+        assert parts.compute_s + parts.exposed_comm_s + parts.idle_s == pytest.approx(parts.total_s)
+
+
+def test_stall_clock_intervals():
+    """A kernel stalls while a resident workgroup waits and none works."""
+    kernel = Kernel("k", 4, WorkgroupShape(threads=64), body=lambda wg, cu: iter(()))
+    clock = StallClock(kernel)
+    clock.starts(0.0, waits=True)    # alone, waiting: stalled from 0
+    clock.starts(1.0, waits=False)   # another works: up to 1
+    clock.ends(3.0)                  # it finished, the first still waits: stalled from 3
+    clock.resumes(5.0)               # its rows arrived
+    clock.starts(5.0, waits=True)    # a third waits while the first works
+    clock.ends(6.0)                  # the first finished: stalled from 6
+    clock.resumes(6.0)               # ...for no time
+    clock.ends(7.0)
+    assert kernel.stalls == [(0.0, 1.0), (3.0, 5.0)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["start", "wait", "resume", "end"]), st.floats(0, 10)), max_size=40))
+def test_stalls_are_ordered_disjoint_and_non_empty(events):
+    kernel = Kernel("k", 1, WorkgroupShape(threads=64), body=lambda wg, cu: iter(()))
+    clock = StallClock(kernel)
+    now, waiting, working = 0.0, 0, 0
+    for kind, step in events:
+        now += step
+        if kind == "start" or (kind == "end" and not working) or (kind == "resume" and not waiting):
+            clock.starts(now, waits=False)
+            working += 1
+        elif kind == "wait":
+            clock.starts(now, waits=True)
+            waiting += 1
+        elif kind == "resume":
+            clock.resumes(now)
+            waiting, working = waiting - 1, working + 1
+        else:
+            clock.ends(now)
+            working -= 1
+    assert all(start < end for start, end in kernel.stalls)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(kernel.stalls, kernel.stalls[1:]))
 
 
 @pytest.mark.parametrize("mode", ["full", "symmetric"])

@@ -230,6 +230,9 @@ class Kernel:
         The WG index dispatched ``i``-th (``None``: in index order); used to stagger T3 GEMMs.
     info
         Extra facts for results (FLOPs, bytes, implementation).
+    stalls
+        Intervals (start, end in ns) in which the kernel's resident WGs all waited for their input
+        to arrive, and none worked (:class:`StallClock`); results show them as ``waiting`` spans.
     """
 
     name: str
@@ -239,6 +242,57 @@ class Kernel:
     cu_mask: Sequence[int] | None = None
     wg_order: Sequence[int] | None = None
     info: dict = field(default_factory=dict)
+    stalls: list[tuple[float, float]] = field(default_factory=list)
+
+
+WAITING_PREFIX = "waiting: "
+"""Name prefix of the spans (in ``Result.kernels``) of a kernel's :attr:`Kernel.stalls`."""
+
+
+class StallClock:
+    """Times when a kernel whose workgroups may wait for input (a consumer the tracker triggers) does
+    nothing else: at least one resident WG waits and none works.  The intervals go to
+    :attr:`Kernel.stalls`.
+
+    Parameters
+    ----------
+    kernel
+        The kernel whose WGs report here.
+    """
+
+    def __init__(self, kernel: Kernel):
+        self.stalls = kernel.stalls
+        self.working = 0
+        self.waiting = 0
+        self.since: float | None = None
+
+    def _update(self, now_ns: float) -> None:
+        stalled = self.waiting > 0 and self.working == 0
+        if stalled and self.since is None:
+            self.since = now_ns
+        elif not stalled and self.since is not None:
+            if now_ns > self.since:
+                self.stalls.append((self.since, now_ns))
+            self.since = None
+
+    def starts(self, now_ns: float, waits: bool) -> None:
+        """A WG is resident, and ``waits`` for its input or works."""
+        if waits:
+            self.waiting += 1
+        else:
+            self.working += 1
+        self._update(now_ns)
+
+    def resumes(self, now_ns: float) -> None:
+        """A waiting WG's input arrived: it works."""
+        self.waiting -= 1
+        self.working += 1
+        self._update(now_ns)
+
+    def ends(self, now_ns: float) -> None:
+        """A working WG finished."""
+        self.working -= 1
+        self._update(now_ns)
 
 
 class KernelRun:

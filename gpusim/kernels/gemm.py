@@ -32,7 +32,7 @@ from simpy.events import Event
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.engine.primitives import Join
 from gpusim.errors import OpError
-from gpusim.hw.compute import SIMDS_PER_CU, ComputeUnit, InflightLimit, Kernel, WorkgroupShape, occupancy
+from gpusim.hw.compute import SIMDS_PER_CU, ComputeUnit, InflightLimit, Kernel, StallClock, WorkgroupShape, occupancy
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.request import COMPUTE
 
@@ -611,6 +611,7 @@ class GemmKernel:
     ready
         ``ready(wg)``: an event workgroup ``wg`` waits for on its CU before its first load (its
         input rows arriving, as T3's tracker would trigger it), or ``None`` when it need not wait.
+        The times when all resident workgroups wait go to the kernel's ``stalls``.
     c_cached
         Whether C is written through the L2.
     wg_order
@@ -682,6 +683,7 @@ class GemmKernel:
                 "occupancy": occupancy(shape, gpu.config.cu),
             },
         )
+        self.stall_clock = None if ready is None else StallClock(self.kernel)
 
     # -- geometry -------------------------------------------------------------------------------
     def tile_of(self, wg: int) -> tuple[int, int, int, int]:
@@ -760,8 +762,12 @@ class GemmKernel:
     def _workgroup(self, wg: int, cu: ComputeUnit):
         env = self.gpu.env
         waiting = None if self.ready is None else self.ready(wg)
-        if waiting is not None and not waiting.processed:
+        waits = waiting is not None and not waiting.processed
+        if self.stall_clock is not None:
+            self.stall_clock.starts(env.now, waits)
+        if waits:
             yield waiting
+            self.stall_clock.resumes(env.now)
         batch, row, col, split = self.tile_of(wg)
         step_flops = 2.0 * self.spec.tile_m * self.spec.tile_n * self.k_step + self.access_flops_per_step
         limit = self.inflight_limit(cu, self.inflight_bytes, self.miss_latency_ns)
@@ -791,6 +797,8 @@ class GemmKernel:
         outgoing = limit if isinstance(limit, TmaInflight) else cu
         join.extend_to(outgoing.memory(env.now, nbytes, 0 if self.c.cached and self.store is None else None))
         yield join.close()
+        if self.stall_clock is not None:
+            self.stall_clock.ends(env.now)
 
 
 @functools.cache

@@ -27,7 +27,7 @@ from simpy.events import Event
 
 from gpusim.engine.simulation import Simulation, Span
 from gpusim.errors import OpError
-from gpusim.hw.compute import Kernel, KernelRun
+from gpusim.hw.compute import WAITING_PREFIX, Kernel, KernelRun
 from gpusim.hw.gpu import Buffer, Gpu
 from gpusim.hw.system import Machine
 
@@ -213,6 +213,9 @@ class OpContext:
         self.follows = True
         self.sim.recorder.span(Span(kernel.name, "kernel", self.rank, lane, run.start_ns,
                                     run.end_ns + config.kernel_device_ns, dict(kernel.info)))
+        for start_ns, end_ns in kernel.stalls:  # inside the kernel's span: all its resident workgroups wait
+            self.sim.recorder.span(Span(f"{WAITING_PREFIX}{kernel.name}", "kernel", self.rank, lane, start_ns, end_ns,
+                                        {"op_id": kernel.info.get("op_id"), "waiting": True}))
         return run
 
 

@@ -9,13 +9,17 @@ doing: *compute* (GEMMs, element-wise, reductions, delays standing for compute),
 An op that overlaps a GEMM with a collective inside itself (kind ``fused``: T3's fused GEMMs, the
 decompositions) is both: given the run's kernels, its launch and GEMM kernels are compute and it
 communicates from its first GEMM kernel to its end, so a reduce-scatter's tail after the GEMM is
-exposed and the rest overlapped; without them it counts as compute.
+exposed and the rest overlapped; without them it counts as compute.  A GEMM kernel whose workgroups
+all wait for their gathered input (T3's tracked all-gather) does not compute meanwhile: those times
+are exposed communication.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from gpusim.hw.compute import WAITING_PREFIX
 
 COMMUNICATION_KINDS = ("collective", "sendrecv")
 FUSED_KIND = "fused"
@@ -48,17 +52,43 @@ def is_communication(ops: pd.DataFrame) -> np.ndarray:
     return communication
 
 
+def _without(intervals: pd.DataFrame, holes: pd.DataFrame) -> pd.DataFrame:
+    """The parts of ``intervals`` (gpu, op_id, start_s, end_s) outside the ``holes`` of the same
+    (gpu, op_id)."""
+    if holes.empty:
+        return intervals
+    cut = {key: sorted(zip(part["start_s"], part["end_s"], strict=True))
+           for key, part in holes.groupby(["gpu", "op_id"])}
+    pieces = []
+    for row in intervals.itertuples(index=False):
+        start = row.start_s
+        for hole_start, hole_end in cut.get((row.gpu, row.op_id), []):
+            if hole_end <= start or hole_start >= row.end_s:
+                continue
+            if hole_start > start:
+                pieces.append((row.gpu, row.op_id, start, hole_start))
+            start = max(start, hole_end)
+        if start < row.end_s:
+            pieces.append((row.gpu, row.op_id, start, row.end_s))
+    return pd.DataFrame(pieces, columns=["gpu", "op_id", "start_s", "end_s"])
+
+
 def _fused_intervals(ops: pd.DataFrame, fused: np.ndarray, kernels: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Compute and communication intervals (gpu, start_s, end_s) of the ``fused`` rows of ``ops``: the
     compute is each row's launch (its start to its first GEMM kernel) and its GEMM kernels, matched on
-    (gpu, op_id); the communication runs from its first GEMM kernel to its end."""
+    (gpu, op_id), but for the times all their workgroups wait for input (the kernels' ``waiting:``
+    spans, :attr:`gpusim.hw.compute.Kernel.stalls`); the communication runs from its first GEMM
+    kernel to its end."""
     rows = ops.loc[fused, ["gpu", "op_id", "start_s", "end_s"]]
-    gemms = kernels.loc[kernels["name"].str.startswith("gemm"), ["gpu", "op_id", "start_s", "end_s"]]
+    columns = ["gpu", "op_id", "start_s", "end_s"]
+    gemms = kernels.loc[kernels["name"].str.startswith("gemm"), columns]
+    waits = kernels.loc[kernels["name"].str.startswith(WAITING_PREFIX), columns]
     first = gemms.groupby(["gpu", "op_id"], as_index=False)["start_s"].min().rename(columns={"start_s": "first_s"})
     rows = rows.merge(first, on=["gpu", "op_id"], how="left")
     rows["first_s"] = rows["first_s"].fillna(rows["start_s"]).clip(upper=rows["end_s"])
     launches = rows[["gpu", "start_s"]].assign(end_s=rows["first_s"])
-    compute = pd.concat([launches, gemms.merge(rows[["gpu", "op_id"]], on=["gpu", "op_id"])[["gpu", "start_s", "end_s"]]])
+    working = _without(gemms.merge(rows[["gpu", "op_id"]], on=["gpu", "op_id"]), waits)
+    compute = pd.concat([launches, working[["gpu", "start_s", "end_s"]]])
     return compute, rows[["gpu", "end_s"]].assign(start_s=rows["first_s"])
 
 
