@@ -398,7 +398,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
                         help="a field and its values, e.g. links.bandwidth=75GB/s,150GB/s, or system=h100-sxm5,h200-sxm "
                              "(repeatable: every combination runs, the last --vary fastest)")
-    parser.add_argument("--set", action="append", help="override at every point, e.g. gpu.hbm.channels=16")
+    parser.add_argument("--set", action="append", help="override at every point, e.g. gpu.l2.capacity=32MiB")
     parser.add_argument("--mode", default="auto", choices=["full", "symmetric", "auto"],
                         help="auto (default) takes symmetric where it is exact for the ops, else full")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),

@@ -468,8 +468,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory-controller policy (default: each GPU's configured one; t3-mca for T3-MCA)")
     parser.add_argument("--vary", action="append", metavar="PATH=V1,V2,...",
                         help="replay at every combination of these values instead (a what-if sweep; repeatable), "
-                             "e.g. links.bandwidth=75GB/s,300GB/s or system=a100-sxm4,h100-sxm5: writes sweep.csv, "
-                             "points.csv and sweep.png")
+                             "e.g. links.bandwidth=75GB/s,300GB/s, a --model option such as tp=2,4,8 or seq-len=1024,4096, "
+                             "or system=a100-sxm4,h100-sxm5: writes sweep.csv, points.csv and sweep.png")
     parser.add_argument("--workers", type=positive_int, help="--vary: processes (default: all CPUs)")
     parser.add_argument("--scheduler", help="--vary: address of a Dask scheduler to run the points on")
     parser.add_argument("--sweep-cache", help="--vary: folder of finished points; a rerun simulates only what changed")
