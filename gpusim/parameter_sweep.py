@@ -22,7 +22,9 @@ or file as given).  Then, for a list of ops, one row per point and op:
 ``op_index`` (the op's place in the list), the op's row of :meth:`gpusim.Result.summary` (but
 ``op_id``); for a :class:`gpusim.trace.Trace`, one row per point and simulated GPU: the iteration's
 :func:`gpusim.trace.breakdown.breakdown` (``gpu``, ``compute_s``, ``exposed_comm_s``,
-``overlapped_comm_s``, ``idle_s``).  Every row also has the point's ``total_s`` (first op start to
+``overlapped_comm_s``, ``idle_s``) and the summed durations of the GPU's ops of each kind
+(``busy_gemm_s``, ``busy_collective_s``...; ops on several streams may overlap, so they can add
+up to more than the iteration).  Every row also has the point's ``total_s`` (first op start to
 last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
 for the point, s).
 """
@@ -53,6 +55,8 @@ POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
 """Columns of :func:`sweep_parameters` that belong to the point rather than to one op or GPU."""
 SYSTEM_KEY = "system"
 """A key of ``vary`` whose values are whole systems (preset names or YAML paths) rather than a field."""
+BUSY_PREFIX = "busy_"
+"""A trace's rows have ``busy_<kind>_s``: the summed durations of the GPU's ops of each kind."""
 ROW_KEYS = ("op_index", "gpu")
 """The column after the varied fields: ``op_index`` in a table of ops, ``gpu`` in one of a trace."""
 
@@ -115,13 +119,15 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
     pandas.DataFrame
         For ops, the run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in
         ``ops``) instead of ``op_id`` (which differs from process to process); for a trace, its
-        breakdown per GPU.  Both with the point's ``total_s``, ``mode`` (the mode that ran:
+        breakdown per GPU and the GPU's busy time per kind of op (``busy_gemm_s``...).  Both with the point's ``total_s``, ``mode`` (the mode that ran:
         ``"auto"`` resolved) and ``sim_wall_s``.
     """
     system = System(SystemConfig.model_validate(config), source)
     if isinstance(ops, Trace):
         result = ops.replay(system, mode=simulation_mode, memory_policy=memory_policy)
-        rows = breakdown(result.ops, result.kernels).drop(columns="total_s")
+        busy = result.ops.pivot_table(index="gpu", columns="kind", values="duration_s", aggfunc="sum", fill_value=0.0)
+        busy.columns = [f"{BUSY_PREFIX}{kind}_s" for kind in busy.columns]
+        rows = breakdown(result.ops, result.kernels).drop(columns="total_s").merge(busy.reset_index(), on="gpu")
     else:
         result = run(system, [op.copy() for op in ops], mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
@@ -361,7 +367,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     """One row per point of a :func:`sweep_parameters` table: ``point``, the varied fields,
     ``total_s``, ``mode``, ``sim_wall_s``, and for ops each op's ``duration_s`` as a column named
     ``"<op_index>: <name>"`` (the name's first word where the points name the op differently, as a
-    workload sweep does), for a trace the breakdown's parts averaged over the simulated GPUs.
+    workload sweep does), for a trace the breakdown's parts and the busy times per kind of op
+    averaged over the simulated GPUs (a kind a point does not run counts 0).
 
     Raises
     ------
@@ -372,7 +379,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     points = table.drop_duplicates("point")[["point", *fields, *POINT_COLUMNS]].set_index("point")
     if "gpu" in table.columns:
         parts = [column for column in BREAKDOWN_COLUMNS if column not in ("gpu", "total_s")]
-        return points.join(table.groupby("point")[parts].mean()).reset_index()
+        parts += [column for column in table.columns if column.startswith(BUSY_PREFIX)]
+        return points.join(table.fillna({column: 0.0 for column in parts}).groupby("point")[parts].mean()).reset_index()
     names = table["name"].astype(str)
     varies = names.groupby(table["op_index"]).transform("nunique") > 1  # a workload sweep renames its ops
     labels = table["op_index"].astype(str) + ": " + names.where(~varies, names.str.split().str[0])
@@ -386,7 +394,8 @@ def points_in_ms(points: pd.DataFrame) -> pd.DataFrame:
     """A :func:`point_totals` table to read: its times in milliseconds (rounded to 0.1 ns, each
     column's name saying ``(ms)``), without ``sim_wall_s``."""
     parts = [column for column in BREAKDOWN_COLUMNS if column != "gpu"]
-    times = [column for column in points.columns if column in parts or re.match(r"\d+: ", column)]
+    times = [column for column in points.columns
+             if column in parts or column.startswith(BUSY_PREFIX) or re.match(r"\d+: ", column)]
     shown = points.drop(columns="sim_wall_s")
     shown[times] = (shown[times] * 1e3).round(7)
     return shown.rename(columns={column: f"{column.removesuffix('_s')} (ms)" for column in times})

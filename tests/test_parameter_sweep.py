@@ -220,9 +220,17 @@ def test_a_trace_gives_its_breakdown_per_point_and_gpu():
     assert fast.exposed_comm_s < slow.exposed_comm_s
     for row in (slow, fast):
         assert row.compute_s + row.exposed_comm_s + row.idle_s == pytest.approx(row.total_s, rel=1e-9)
+    # one stream: the compute is the compute ops' busy time, the communication the collectives'
+    busy = table.filter(like="busy_")
+    assert set(busy.columns) == {"busy_gemm_s", "busy_elementwise_s", "busy_reduction_s", "busy_collective_s"}
+    compute = busy.drop(columns="busy_collective_s").sum(axis=1)
+    assert table["compute_s"].to_numpy() == pytest.approx(compute.to_numpy(), rel=1e-9)
+    communication = table["exposed_comm_s"] + table["overlapped_comm_s"]
+    assert communication.to_numpy() == pytest.approx(table["busy_collective_s"].to_numpy(), rel=1e-9)
     shown = points_in_ms(point_totals(table))
-    assert list(shown.columns) == ["point", "links.bandwidth_bytes_per_s", "total (ms)", "mode", "compute (ms)",
-                                   "exposed_comm (ms)", "overlapped_comm (ms)", "idle (ms)"]
+    assert list(shown.columns[:8]) == ["point", "links.bandwidth_bytes_per_s", "total (ms)", "mode", "compute (ms)",
+                                       "exposed_comm (ms)", "overlapped_comm (ms)", "idle (ms)"]
+    assert shown["busy_gemm (ms)"].tolist() == pytest.approx((table["busy_gemm_s"] * 1e3).tolist(), abs=1e-6)
     assert shown["total (ms)"].tolist() == pytest.approx((table["total_s"] * 1e3).tolist(), abs=1e-6)
 
 
