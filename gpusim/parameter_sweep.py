@@ -46,6 +46,7 @@ from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
 from gpusim.ops import Op
 from gpusim.simulate import run
+from gpusim.sweep import sweep
 from gpusim.system import System
 from gpusim.trace.breakdown import BREAKDOWN_COLUMNS, breakdown
 from gpusim.trace.trace import Trace
@@ -284,8 +285,6 @@ def sweep_parameters(
     gpusim.errors.SweepError
         A point failed to simulate (the finished points are cached).
     """
-    from gpusim.sweep import sweep
-
     points = parameter_grid(vary)
     workload = workload_parameters(ops, vary)
     op_list = None if workload else _checked_ops(ops)
