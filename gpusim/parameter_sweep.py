@@ -24,7 +24,7 @@ or file as given).  Then, for a list of ops, one row per point and op:
 :func:`gpusim.trace.breakdown.breakdown` (``gpu``, ``compute_s``, ``exposed_comm_s``,
 ``overlapped_comm_s``, ``idle_s``) and the summed durations of the GPU's ops of each kind
 (``busy_gemm_s``, ``busy_collective_s``...; ops on several streams may overlap, so they can add
-up to more than the iteration).  Every row also has the point's ``total_s`` (first op start to
+up to more than the iteration), and ``simulated_rows``.  Every row also has the point's ``total_s`` (first op start to
 last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
 for the point, s).
 """
@@ -99,7 +99,7 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op] | Trace, simulation_mode: str,
-                   memory_policy: str | None) -> pd.DataFrame:
+                   memory_policy: str | None, cache_layers: bool = True) -> pd.DataFrame:
     """Simulate ``ops`` on one resolved description (a top-level function for :func:`gpusim.sweep.sweep`).
 
     Parameters
@@ -114,21 +114,25 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         A list of ops, run on one stream as :func:`gpusim.run` runs them, or a trace, replayed.
     simulation_mode, memory_policy
         As :func:`gpusim.run` takes ``mode`` and ``memory_policy``.
+    cache_layers
+        A trace's identical layers are simulated once (:meth:`gpusim.trace.Trace.replay`).
 
     Returns
     -------
     pandas.DataFrame
         For ops, the run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in
         ``ops``) instead of ``op_id`` (which differs from process to process); for a trace, its
-        breakdown per GPU and the GPU's busy time per kind of op (``busy_gemm_s``...).  Both with the point's ``total_s``, ``mode`` (the mode that ran:
+        breakdown per GPU, the GPU's busy time per kind of op (``busy_gemm_s``...) and the trace
+        rows simulated (``simulated_rows``; the others timed from identical layers).  Both with the point's ``total_s``, ``mode`` (the mode that ran:
         ``"auto"`` resolved) and ``sim_wall_s``.
     """
     system = System(SystemConfig.model_validate(config), source)
     if isinstance(ops, Trace):
-        result = ops.replay(system, mode=simulation_mode, memory_policy=memory_policy)
+        result = ops.replay(system, mode=simulation_mode, memory_policy=memory_policy, cache_layers=cache_layers)
         busy = result.ops.pivot_table(index="gpu", columns="kind", values="duration_s", aggfunc="sum", fill_value=0.0)
         busy.columns = [f"{BUSY_PREFIX}{kind}_s" for kind in busy.columns]
         rows = breakdown(result.ops, result.kernels).drop(columns="total_s").merge(busy.reset_index(), on="gpu")
+        rows["simulated_rows"] = result.stats["simulated_rows"]  # of the trace's, the rest timed from identical layers
     else:
         result = run(system, [op.copy() for op in ops], mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
@@ -235,6 +239,7 @@ def sweep_parameters(
     overrides: Mapping[str, Any] | None = None,
     mode: str = "auto",
     memory_policy: str | None = None,
+    cache_layers: bool = True,
     workers: int | None = None,
     scheduler: str | None = None,
     cache: str | os.PathLike | None = None,
@@ -264,6 +269,8 @@ def sweep_parameters(
         ``"auto"`` (symmetric where it is exact, else full), ``"full"`` or ``"symmetric"``.
     memory_policy
         Memory-controller policy of every GPU (default: each GPU's configured one).
+    cache_layers
+        A trace's runs of identical layers are simulated once (:meth:`gpusim.trace.Trace.replay`).
     workers, scheduler, cache, progress
         As :func:`gpusim.sweep.sweep` takes them; with ``cache`` a finished point is not simulated
         again unless the description, the ops or gpusim's code changed.
@@ -313,12 +320,12 @@ def sweep_parameters(
                               f"point 0 {'ops' if isinstance(made, Trace) else 'a trace'}; make one kind for all")
         point_source, config, fields = _point_system(source, base, values, workload, index)
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
-                      "simulation_mode": mode, "memory_policy": memory_policy})
+                      "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers})
         columns.append({"point": index, **dict(fields.values())})
         column_of.update((key, column) for key, (column, _) in fields.items())
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
                  description=f"sweep over {', '.join(vary)}")
-    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy"])
+    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
     first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]
     table = table[first + [column for column in table.columns if column not in first]]

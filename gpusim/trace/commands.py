@@ -289,14 +289,13 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
     from gpusim.sweep import check_scheduler
     from gpusim.trace.trace import Trace
 
-    if args.no_cache:
-        raise GpusimError("simulate: --no-cache does not apply to a sweep (--vary), which caches layers")
     if args.scheduler:
         check_scheduler(args.scheduler)
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, trace, grid, overrides=None if system else parse_overrides(args.set),
-                                 mode=args.mode, memory_policy=args.policy, workers=args.workers,
+                                 mode=args.mode, memory_policy=args.policy, cache_layers=not args.no_cache,
+                                 workers=args.workers,
                                  scheduler=args.scheduler, cache=args.sweep_cache, progress=not args.quiet)
         points = point_totals(table)
         fields = varied_fields(table)
