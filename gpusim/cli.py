@@ -42,6 +42,7 @@ OP_NAMES = {
     "allgather": gops.AllGather,
     "alltoall": gops.AllToAll,
     "sendrecv": gops.SendRecv,
+    "optimizer": gops.Optimizer,
 }
 SIZE_FIELDS = {"nbytes"}
 TRUE_WORDS = ("1", "true", "yes", "t")
@@ -66,7 +67,9 @@ def parse_op(spec: str) -> gops.Op:
     The first word names the op (:data:`OP_NAMES`; ``softmax``, ``layernorm`` and ``rmsnorm`` are
     row reductions of that kind, ``rowreduce`` takes ``kind=``); each field may be given once and
     is read as the op's field is typed (an attention's ``k=`` names a tensor, a GEMM's is a
-    number).  ``ranks`` and ``inputs`` are comma-separated lists.
+    number).  ``ranks``, ``inputs`` and an optimizer's ``sizes`` are comma-separated lists; an
+    optimizer's ``model=`` gives the sizes of a model's parameter tensors
+    (:data:`gpusim.studies.nmc_optimizer.MODELS`).
     """
     words = spec.split()
     if not words or words[0].lower() not in OP_NAMES:
@@ -80,10 +83,19 @@ def parse_op(spec: str) -> gops.Op:
             raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}")
         key, value = word.split("=", 1)
         key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
+        if cls is gops.Optimizer and key == "model":  # the parameter tensors of a model definition
+            from gpusim.studies.nmc_optimizer import MODELS, model_parameter_sizes
+
+            key = "sizes"
+            if value not in MODELS:
+                raise GpusimError(f"op {spec!r}: field 'model' expects one of {', '.join(MODELS)}, got {value!r}")
+            value = ",".join(map(str, model_parameter_sizes(value)))
         if key in fields:
             raise GpusimError(f"op {spec!r}: field {key!r} is given more than once")
         typed = types.get(key, "str")
-        if key in SIZE_FIELDS or typed.startswith("int"):
+        if typed.startswith("tuple[int"):
+            fields[key] = tuple(_parse_int(item, key, spec) for item in value.split(","))
+        elif key in SIZE_FIELDS or typed.startswith("int"):
             fields[key] = _parse_int(value, key, spec)
         elif typed == "bool":
             if value.lower() not in TRUE_WORDS + FALSE_WORDS:

@@ -303,3 +303,15 @@ def test_warnings_read_as_the_command_line_writes(capsys):
     err = capsys.readouterr().err
     assert err.startswith("gpusim: warning: symmetric mode only approximates") and "use --mode full" in err
     assert ".py:" not in err  # no source file and line
+
+
+def test_optimizer_ops_take_a_model_or_sizes():
+    from gpusim.studies.nmc_optimizer import model_parameter_sizes
+
+    op = parse_op("optimizer algorithm=lamb model=bert-base impl=nmc")
+    assert (op.algorithm, op.impl) == ("lamb", "nmc") and op.sizes == tuple(model_parameter_sizes("bert-base"))
+    assert parse_op("optimizer algorithm=adam sizes=1024,4096").sizes == (1024, 4096)  # elements, not bytes
+    with pytest.raises(GpusimError, match="field 'model' expects one of bert-base-classifier, .*got 'gpt5'"):
+        parse_op("optimizer algorithm=adam model=gpt5")
+    with pytest.raises(GpusimError, match="field 'sizes' is given more than once"):
+        parse_op("optimizer algorithm=adam model=bert-base sizes=1")
