@@ -93,7 +93,7 @@ def parse_op(spec: str) -> gops.Op:
         if key in fields:
             raise GpusimError(f"op {spec!r}: field {key!r} is given more than once")
         typed = types.get(key, "str")
-        if typed.startswith("tuple[int"):
+        if cls is gops.Optimizer and key == "sizes":
             fields[key] = tuple(_parse_int(item, key, spec) for item in value.split(","))
         elif key in SIZE_FIELDS or typed.startswith("int"):
             fields[key] = _parse_int(value, key, spec)
