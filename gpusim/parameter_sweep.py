@@ -398,10 +398,14 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
 
 def points_in_ms(points: pd.DataFrame) -> pd.DataFrame:
     """A :func:`point_totals` table to read: its times in milliseconds (rounded to 0.1 ns, each
-    column's name saying ``(ms)``), without ``sim_wall_s``."""
+    column's name saying ``(ms)``), its other numbers with at most 6 significant digits (as text),
+    without ``sim_wall_s``."""
     parts = [column for column in BREAKDOWN_COLUMNS if column != "gpu"]
     times = [column for column in points.columns
              if column in parts or column.startswith(BUSY_PREFIX) or re.match(r"\d+: ", column)]
     shown = points.drop(columns="sim_wall_s")
     shown[times] = (shown[times] * 1e3).round(7)
+    for column in shown.columns.difference(times):  # varied fields in base units: 7.5e+10, not 7.500000e+10
+        if pd.api.types.is_float_dtype(shown[column]):
+            shown[column] = shown[column].map(lambda value: f"{value:g}")
     return shown.rename(columns={column: f"{column.removesuffix('_s')} (ms)" for column in times})
