@@ -56,3 +56,30 @@ def test_same_inputs_and_seed_give_identical_results():
     second = gpusim.run(RING4, program, mode="full", seed=3)
     assert first.ops[["start_s", "end_s"]].equals(second.ops[["start_s", "end_s"]])
     assert first.dram.equals(second.dram)
+
+
+WHAT_IF = st.fixed_dictionaries({}, optional={
+    "gpu.num_cus": st.integers(1, 512),
+    "gpu.clock": st.sampled_from(["0.5 GHz", "2.5 GHz"]),
+    "gpu.l2.capacity": st.sampled_from(["1 MiB", "256 MiB"]),
+    "gpu.hbm.clock": st.sampled_from(["0.5 GHz", "4 GHz"]),
+    "links.bandwidth": st.sampled_from(["1 GB/s", "900 GB/s"]),
+    "links.latency": st.sampled_from(["0 ns", "10 us"]),
+    "num_gpus": st.sampled_from([2, 3, 4]),
+    "collectives.cus": st.integers(1, 128),
+    "gpu.cu.max_inflight_bytes": st.sampled_from(["1 KiB", "1 MiB"]),
+    "gpu.memctrl.policy": st.sampled_from(["fcfs", "round-robin", "t3-mca"]),
+    "gpu.tracker.sets": st.sampled_from([1, 256]),
+})
+
+
+@settings(max_examples=8, deadline=None)
+@given(WHAT_IF, st.sampled_from(["full", "symmetric"]))
+def test_what_if_hardware_finishes_every_op(overrides, mode):
+    """Whatever valid values a what-if gives the hardware, plain, fused and tracked ops all finish."""
+    system = gpusim.load_system("t3-ring8", overrides)
+    program = [ops.Gemm(512, 256, 384, out="y"), ops.AllReduce(512 * 256 * 2, input="y"),
+               ops.Elementwise("gelu", 2**16), ops.GemmReduceScatter(768, 256, 384), ops.AllGatherGemm(768, 128, 256)]
+    result = gpusim.run(system, program, mode=mode)
+    assert len(result.ops) == (system.num_gpus if mode == "full" else 1) * len(program)
+    assert (result.ops["end_s"] > result.ops["start_s"]).all()
