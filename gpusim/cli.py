@@ -263,6 +263,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from gpusim.parameter_sweep import (
         SYSTEM_KEY,
         WorkloadFunction,
+        elasticities,
+        elasticity_lines,
         point_totals,
         points_in_ms,
         sweep_parameters,
@@ -295,13 +297,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 200, "display.max_columns", 30):
             print(points_in_ms(points).to_string(index=False))
         print(f"{len(points)} points")
+        print("\n".join(elasticity_lines(table)))
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
+            elasticities(table).to_csv(stage / "elasticities.csv", index=False)
             title = f"{system.name if system else 'systems'}: {len(args.op)} op(s)"
             plot.save_figure(plot.sweep_totals(points, fields, title=title).figure, stage / "sweep.png")
     if out is not None:
-        print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
+        print(f"wrote {out}/ (sweep.csv, points.csv, elasticities.csv, sweep.png)")
     return 0
 
 
@@ -418,7 +422,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")
     parser.add_argument("--scheduler", help="address of a Dask scheduler to run the points on (the dist extra)")
     parser.add_argument("--cache", help="folder of finished points: a rerun simulates only what changed")
-    parser.add_argument("--out", help="folder for sweep.csv (per point and op), points.csv and sweep.png")
+    parser.add_argument("--out", help="folder for sweep.csv (per point and op), points.csv, elasticities.csv and sweep.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -39,6 +39,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpusim.config.loader import load_system_config, override_field
@@ -394,6 +395,60 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     durations = durations[list(dict.fromkeys(labels))]  # in the ops' order
     durations.columns.name = None
     return points.join(durations).reset_index()
+
+
+def elasticities(table: pd.DataFrame) -> pd.DataFrame:
+    """How strongly each numeric varied value moves the total time: the elasticity
+    ``d ln(total_s) / d ln(value)`` between neighbouring values of the field, the other fields held
+    (-1: the time is inversely proportional, as a compute-bound GEMM's to the CUs; 0: no effect).
+
+    Parameters
+    ----------
+    table
+        A :func:`sweep_parameters` table.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per varied field with positive numeric values and at least two of them: ``field``,
+        ``median``, ``min``, ``max`` (of the elasticities between neighbours) and ``pairs`` (how
+        many neighbours).
+
+    Raises
+    ------
+    ConfigError
+        ``table`` is not a :func:`sweep_parameters` table.
+    """
+    points = point_totals(table)
+    fields = varied_fields(table)
+    rows = []
+    for field in fields:
+        values = pd.to_numeric(points[field], errors="coerce")
+        if values.isna().any() or (values <= 0).any() or values.nunique() < 2:
+            continue
+        others = [other for other in fields if other != field]
+        groups = points.assign(_value=values).groupby(others, dropna=False) if others else [(None, points.assign(_value=values))]
+        slopes = []
+        for _, group in groups:
+            ordered = group.sort_values("_value")
+            x, t = np.log(ordered["_value"].to_numpy(float)), np.log(ordered["total_s"].to_numpy(float))
+            slopes.extend(np.diff(t) / np.diff(x))
+        rows.append({"field": field, "median": float(np.median(slopes)), "min": float(np.min(slopes)),
+                     "max": float(np.max(slopes)), "pairs": len(slopes)})
+    return pd.DataFrame(rows, columns=["field", "median", "min", "max", "pairs"])
+
+
+def elasticity_lines(table: pd.DataFrame) -> list[str]:
+    """:func:`elasticities` of a :func:`sweep_parameters` table as lines to print (none when no
+    varied field is numeric)."""
+    frame = elasticities(table)
+    if frame.empty:
+        return []
+    lines = ["elasticity of the total time, d ln(time) / d ln(value) with the other values held "
+             "(-1: inversely proportional, 0: no effect):"]
+    lines += [f"  {row.field}: {row.median:+.2f} (from {row.min:+.2f} to {row.max:+.2f} over {row.pairs} steps)"
+              for row in frame.itertuples()]
+    return lines
 
 
 def points_in_ms(points: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import gpusim
 from gpusim import ops
 from gpusim.cli import main
 from gpusim.errors import ConfigError, NoEffectWarning
-from gpusim.parameter_sweep import parameter_grid, point_totals, points_in_ms, sweep_parameters
+from gpusim.parameter_sweep import elasticities, parameter_grid, point_totals, points_in_ms, sweep_parameters
 from gpusim.trace import transformer
 
 GEMM = ops.Gemm(1024, 1024, 1024)
@@ -95,6 +95,19 @@ def test_a_dask_cluster_gives_the_same_rows():
         on_dask = sweep_parameters("t3-ring8", [GEMM, ALLREDUCE], vary, scheduler=cluster.scheduler_address,
                                    progress=False)
     pd.testing.assert_frame_equal(alone.drop(columns="sim_wall_s"), on_dask.drop(columns="sim_wall_s"))
+
+
+def test_elasticities_say_which_value_moves_the_time():
+    """A large GEMM is compute-bound: its time is about inversely proportional to the CUs, and the
+    links do not touch it; the systems and a field given one value have no elasticity."""
+    with pytest.warns(NoEffectWarning):
+        table = sweep(None, ops.Gemm(4096, 4096, 4096),
+                      {"system": ["t3-ring8"], "gpu.num_cus": [40, 80, 160], "links.bandwidth": ["75 GB/s", "300 GB/s"],
+                       "gpu.clock": ["1.4 GHz"]})
+    frame = elasticities(table).set_index("field")
+    assert list(frame.index) == ["gpu.num_cus", "links.bandwidth_bytes_per_s"]
+    assert -1.1 < frame.loc["gpu.num_cus", "median"] < -0.6 and frame.loc["gpu.num_cus", "pairs"] == 4
+    assert frame.loc["links.bandwidth_bytes_per_s", ["min", "max"]].tolist() == [0.0, 0.0]
 
 
 def test_a_system_keeps_its_overrides_and_overrides_apply_everywhere():
@@ -262,6 +275,8 @@ def test_cli_sweep_writes_tables_and_plot(tmp_path, capsys):
     points = pd.read_csv(tmp_path / "points.csv")
     assert len(points) == 4 and len(pd.read_csv(tmp_path / "sweep.csv")) == 8
     assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert "elasticity of the total time" in out and "  gpu.num_cus: -" in out
+    assert list(pd.read_csv(tmp_path / "elasticities.csv")["field"]) == ["links.bandwidth_bytes_per_s", "gpu.num_cus"]
 
 
 def test_cli_simulate_vary_replays_at_every_point(tmp_path, capsys):

@@ -281,11 +281,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, list[object]]) -> int:
     """``gpusim simulate --vary``: replay the trace (or the trace a workload function makes of each
-    point's model options) at every combination of the values; print a row per point and write
-    sweep.csv (per point and GPU), points.csv and sweep.png."""
+    point's model options) at every combination of the values; print a row per point and the
+    elasticities, and write sweep.csv (per point and GPU), points.csv, elasticities.csv and sweep.png."""
     from gpusim import plot
     from gpusim.cli import parse_overrides
-    from gpusim.parameter_sweep import SYSTEM_KEY, point_totals, points_in_ms, sweep_parameters, varied_fields
+    from gpusim.parameter_sweep import (
+        SYSTEM_KEY,
+        elasticities,
+        elasticity_lines,
+        point_totals,
+        points_in_ms,
+        sweep_parameters,
+        varied_fields,
+    )
     from gpusim.sweep import check_scheduler
     from gpusim.trace.trace import Trace
 
@@ -303,15 +311,17 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
         label = trace.source if isinstance(trace, Trace) else args.model
         print(f"{label} on {where}, per iteration (the breakdown's mean over the simulated GPUs):")
         print(points_in_ms(points).to_string(index=False))
+        print("\n".join(elasticity_lines(table)))
         if isinstance(trace, Trace):
             _report_not_modelled(trace)
         if stage is not None:
             table.to_csv(stage / "sweep.csv", index=False)
             points.to_csv(stage / "points.csv", index=False)
+            elasticities(table).to_csv(stage / "elasticities.csv", index=False)
             ax = plot.sweep_totals(points, fields, title=f"{label} on {where}")
             plot.save_figure(ax.figure, stage / "sweep.png")
     if out is not None:
-        print(f"wrote {out}/ (sweep.csv, points.csv, sweep.png)")
+        print(f"wrote {out}/ (sweep.csv, points.csv, elasticities.csv, sweep.png)")
     return 0
 
 
@@ -468,7 +478,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vary", action="append", metavar="PATH=V1,V2,...",
                         help="replay at every combination of these values instead (a what-if sweep; repeatable), "
                              "e.g. links.bandwidth=75GB/s,300GB/s, a --model option such as tp=2,4,8 or seq-len=1024,4096, "
-                             "or system=a100-sxm4,h100-sxm5: writes sweep.csv, points.csv and sweep.png")
+                             "or system=a100-sxm4,h100-sxm5: writes sweep.csv, points.csv, elasticities.csv and sweep.png")
     parser.add_argument("--workers", type=positive_int, help="--vary: processes (default: all CPUs)")
     parser.add_argument("--scheduler", help="--vary: address of a Dask scheduler to run the points on")
     parser.add_argument("--sweep-cache", help="--vary: folder of finished points; a rerun simulates only what changed")
