@@ -45,6 +45,8 @@ OP_NAMES = {
     "optimizer": gops.Optimizer,
 }
 SIZE_FIELDS = {"nbytes"}
+DEFAULT_STREAM = "default"
+"""The stream of an op spec without ``stream=`` (ops on one stream run in order)."""
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")
 
@@ -124,6 +126,22 @@ def parse_op(spec: str) -> gops.Op:
     if missing:
         raise GpusimError(f"op {spec!r}: missing field {missing[0]!r}; {name} takes {takes}")
     return cls(**fields)
+
+
+def split_stream(spec: str) -> tuple[str, str]:
+    """An op spec without its ``stream=NAME`` word, and that stream (``"default"`` when none is given).
+
+    Raises
+    ------
+    GpusimError
+        ``stream=`` given twice or without a name.
+    """
+    words = spec.split()
+    named = [word for word in words if word.startswith("stream=")]
+    if len(named) > 1 or (named and not named[0].removeprefix("stream=")):
+        raise GpusimError(f"op {spec!r}: give one stream=NAME at most")
+    rest = " ".join(word for word in words if not word.startswith("stream="))
+    return rest, named[0].removeprefix("stream=") if named else DEFAULT_STREAM
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
@@ -239,10 +257,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpusim.system import load_system
 
     system = load_system(args.system, parse_overrides(args.set))
-    op_list = [parse_op(spec) for spec in args.op]
+    specs, streams = zip(*(split_stream(spec) for spec in args.op), strict=True)
+    op_list = [parse_op(spec) for spec in specs]
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        result = run(system, op_list, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
+        result = run(system, op_list, list(streams), mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s",
                                     "gb_per_s"]].to_string(index=False))
@@ -277,19 +296,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     system = load_system(args.system, parse_overrides(args.set)) if args.system else None
     if system is None and SYSTEM_KEY not in grid:
         raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
-    names = template_names(args.op)
+    specs, streams = zip(*(split_stream(spec) for spec in args.op), strict=True)
+    names = template_names(list(specs))
     unset = [name for name in names if name not in grid]
     if unset:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
     grid.update((name, [_as_number(value) for value in grid[name]]) for name in names)  # columns of numbers
-    op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in args.op], names) \
-        if names else [parse_op(spec) for spec in args.op]
+    op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in specs], names) \
+        if names else [parse_op(spec) for spec in specs]
     if args.scheduler:
         check_scheduler(args.scheduler)
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, op_list, grid, overrides=None if system else parse_overrides(args.set),
-                                 mode=args.mode, memory_policy=args.policy,
+                                 streams=list(streams), mode=args.mode, memory_policy=args.policy,
                                  workers=args.workers, scheduler=args.scheduler, cache=args.cache,
                                  progress=not args.quiet)
         points = point_totals(table)
@@ -389,7 +409,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", required=True, help="preset name or YAML file")
     parser.add_argument("--op", action="append", required=True,
                         help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
-                             "(auto: direct for alltoall, ring for the other collectives); ops: "
+                             "(auto: direct for alltoall, ring for the other collectives); stream=NAME puts it on a "
+                             "stream of its own, beside the others (default: all on one stream, in order); ops: "
                              f"{', '.join(OP_NAMES)} (gemm_rs, gemm_ag, gemm_a2a: T3's fused GEMM and collective; "
                              "gemm_rs_decomposed: the software overlap it competes with; ag_gemm_decomposed: an "
                              "all-gather overlapped with the GEMM that consumes it)")
@@ -408,7 +429,8 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--system", help="preset name or YAML file (or the systems to compare: --vary system=A,B)")
     parser.add_argument("--op", action="append", required=True,
-                        help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; one stream); '
+                        help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; stream=NAME '
+                             "as in gpusim run); "
                              '{name} in it takes the values of --vary name=... (e.g. "allreduce nbytes={size}" '
                              "--vary size=1MiB,64MiB)")
     parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",

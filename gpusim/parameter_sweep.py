@@ -100,7 +100,8 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op] | Trace, simulation_mode: str,
-                   memory_policy: str | None, cache_layers: bool = True) -> pd.DataFrame:
+                   memory_policy: str | None, cache_layers: bool = True,
+                   streams: list[str] | None = None) -> pd.DataFrame:
     """Simulate ``ops`` on one resolved description (a top-level function for :func:`gpusim.sweep.sweep`).
 
     Parameters
@@ -117,6 +118,8 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         As :func:`gpusim.run` takes ``mode`` and ``memory_policy``.
     cache_layers
         A trace's identical layers are simulated once (:meth:`gpusim.trace.Trace.replay`).
+    streams
+        The stream of each op (:func:`gpusim.run`; ``None``: all on one).
 
     Returns
     -------
@@ -135,7 +138,7 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         rows = breakdown(result.ops, result.kernels).drop(columns="total_s").merge(busy.reset_index(), on="gpu")
         rows["simulated_rows"] = result.stats["simulated_rows"]  # of the trace's, the rest timed from identical layers
     else:
-        result = run(system, [op.copy() for op in ops], mode=simulation_mode, memory_policy=memory_policy)
+        result = run(system, [op.copy() for op in ops], streams, mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
         rows = rows.drop(columns="op_id").assign(op_index=range(len(rows)))
     return rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
@@ -238,6 +241,7 @@ def sweep_parameters(
     vary: Mapping[str, Sequence[Any]],
     *,
     overrides: Mapping[str, Any] | None = None,
+    streams: Sequence[str] | None = None,
     mode: str = "auto",
     memory_policy: str | None = None,
     cache_layers: bool = True,
@@ -266,6 +270,9 @@ def sweep_parameters(
         the workload parameters of a function ``ops``; and :data:`SYSTEM_KEY`.
     overrides
         Overrides applied at every point (none of ``vary``'s paths).
+    streams
+        For a list of ops, the name of each op's stream: ops on one stream run in order, on
+        different streams concurrently (:func:`gpusim.run`; default: all on one stream).
     mode
         ``"auto"`` (symmetric where it is exact, else full), ``"full"`` or ``"symmetric"``.
     memory_policy
@@ -284,7 +291,8 @@ def sweep_parameters(
     Raises
     ------
     ConfigError
-        A bad grid, op list (also one a function made: the message names the point) or mode; a
+        A bad grid, op list (also one a function made: the message names the point), streams (not
+        one per op) or mode; a
         function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
         ``overrides``; a system given both as the argument and in ``vary`` (or in neither); or a
         point whose description is invalid (the message names the point's values and the override).
@@ -296,6 +304,9 @@ def sweep_parameters(
     points = parameter_grid(vary)
     workload = workload_parameters(ops, vary)
     op_list = None if workload else _checked_ops(ops)
+    if streams is not None and (isinstance(streams, str) or not isinstance(streams, Sequence)
+                                or not all(isinstance(name, str) and name for name in streams)):
+        raise ConfigError(f"sweep_parameters: streams must be a list of stream names, one per op, got {streams!r}")
     if mode not in MODES:
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if overrides is not None and not isinstance(overrides, Mapping):
@@ -319,14 +330,18 @@ def sweep_parameters(
         if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
             raise ConfigError(f"sweep point {index} ({values}): ops made {'a trace' if isinstance(made, Trace) else 'ops'}, "
                               f"point 0 {'ops' if isinstance(made, Trace) else 'a trace'}; make one kind for all")
+        if streams is not None and (isinstance(made, Trace) or len(streams) != len(made)):
+            what = "a trace (whose rows name their streams)" if isinstance(made, Trace) else f"{len(made)} ops"
+            raise ConfigError(f"sweep point {index} ({values}): streams gives {len(streams)} stream name(s) for {what}")
         point_source, config, fields = _point_system(source, base, values, workload, index)
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
-                      "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers})
+                      "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers,
+                      "streams": None if streams is None else list(streams)})
         columns.append({"point": index, **dict(fields.values())})
         column_of.update((key, column) for key, (column, _) in fields.items())
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
                  description=f"sweep over {', '.join(vary)}")
-    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers"])
+    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers", "streams"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
     first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]
     table = table[first + [column for column in table.columns if column not in first]]
@@ -446,8 +461,8 @@ def elasticity_lines(table: pd.DataFrame) -> list[str]:
         return []
     lines = ["elasticity of the total time, d ln(time) / d ln(value) with the other values held "
              "(-1: inversely proportional, 0: no effect):"]
-    lines += [f"  {row.field}: {row.median:+.2f} (from {row.min:+.2f} to {row.max:+.2f} over {row.pairs} steps)"
-              for row in frame.itertuples()]
+    lines += [f"  {row.field}: {row.median:+.2f} (from {row.min:+.2f} to {row.max:+.2f} over {row.pairs} "
+              f"step{'' if row.pairs == 1 else 's'})" for row in frame.itertuples()]
     return lines
 
 

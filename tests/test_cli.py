@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from gpusim import validation
-from gpusim.cli import main, parse_op
+from gpusim.cli import main, parse_op, split_stream
 from gpusim.errors import ConfigError, GpusimError
 
 
@@ -315,3 +315,20 @@ def test_optimizer_ops_take_a_model_or_sizes():
         parse_op("optimizer algorithm=adam model=gpt5")
     with pytest.raises(GpusimError, match="field 'sizes' is given more than once"):
         parse_op("optimizer algorithm=adam model=bert-base sizes=1")
+
+
+def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path):
+    assert split_stream("gemm m=64 n=64 k=64 stream=side") == ("gemm m=64 n=64 k=64", "side")
+    assert split_stream("gemm m=64 n=64 k=64")[1] == "default"
+    for bad in ("gemm m=64 n=64 k=64 stream=a stream=b", "gemm m=64 n=64 k=64 stream="):
+        with pytest.raises(GpusimError, match="give one stream=NAME at most"):
+            split_stream(bad)
+    gemm = "gemm m=1024 n=1024 k=1024"
+    for streams, side_by_side in ((("a", "b"), True), (("a", "a"), False)):
+        out = tmp_path / "".join(streams)
+        arguments = ["run", "--system", "h200-sxm", "--quiet", "--out", str(out)]
+        for stream in streams:
+            arguments += ["--op", f"{gemm} stream={stream}"]
+        assert main(arguments) == 0
+        first, second = pd.read_csv(out / "ops.csv").sort_values("start_s").itertuples()
+        assert (second.start_s < first.end_s) == side_by_side

@@ -194,6 +194,19 @@ def test_bad_arguments_are_refused(kwargs, message):
         sweep("t3-ring8", GEMM, {"gpu.num_cus": [80]}, **kwargs)
 
 
+def test_streams_run_ops_side_by_side_at_every_point():
+    vary = {"gpu.num_cus": [66, 132]}
+    one = sweep("h200-sxm", [GEMM, GEMM], vary)
+    two = sweep("h200-sxm", [GEMM, GEMM], vary, streams=["a", "b"])
+    assert (two.groupby("point")["total_s"].first() < one.groupby("point")["total_s"].first()).all()
+    with pytest.raises(ConfigError, match=r"streams gives 1 stream name\(s\) for 2 ops"):
+        sweep("h200-sxm", [GEMM, GEMM], vary, streams=["a"])
+    with pytest.raises(ConfigError, match="streams must be a list of stream names"):
+        sweep("h200-sxm", [GEMM, GEMM], vary, streams="ab")
+    with pytest.raises(ConfigError, match="for a trace"):
+        sweep("t3-ring8", transformer("megatron-gpt2", **TINY_PROMPT), vary, streams=["a"])
+
+
 @pytest.mark.parametrize("op_list", [[], ["gemm m=1 n=1 k=1"], "gemm", None])
 def test_ops_must_be_ops(op_list):
     with pytest.raises(ConfigError, match="ops must be an op, a non-empty list of gpusim.ops ops or a trace"):
