@@ -274,21 +274,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Simulate ops over a grid of hardware values."""
+def report_sweep(table, stage: Path | None, title: str) -> None:
+    """Print a :func:`~gpusim.parameter_sweep.sweep_parameters` table's points (times in ms) and
+    elasticities, and write sweep.csv, points.csv, elasticities.csv and sweep.png into ``stage``
+    (nothing when it is None)."""
     import pandas as pd
 
     from gpusim import plot
-    from gpusim.parameter_sweep import (
-        SYSTEM_KEY,
-        WorkloadFunction,
-        elasticities,
-        elasticity_lines,
-        point_totals,
-        points_in_ms,
-        sweep_parameters,
-        varied_fields,
-    )
+    from gpusim.parameter_sweep import elasticities, elasticity_lines, point_totals, points_in_ms, varied_fields
+
+    points = point_totals(table)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(points_in_ms(points).to_string(index=False))
+    print("\n".join([f"{len(points)} points", *elasticity_lines(table)]))
+    if stage is not None:
+        table.to_csv(stage / "sweep.csv", index=False)
+        points.to_csv(stage / "points.csv", index=False)
+        elasticities(table).to_csv(stage / "elasticities.csv", index=False)
+        plot.save_figure(plot.sweep_totals(points, varied_fields(table), title=title).figure, stage / "sweep.png")
+
+
+SWEEP_OUTPUTS = "sweep.csv, points.csv, elasticities.csv, sweep.png"
+"""What :func:`report_sweep` writes."""
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Simulate ops over a grid of hardware values."""
+    from gpusim.parameter_sweep import SYSTEM_KEY, WorkloadFunction, sweep_parameters
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
 
@@ -312,20 +324,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                  streams=list(streams), mode=args.mode, memory_policy=args.policy,
                                  workers=args.workers, scheduler=args.scheduler, cache=args.cache,
                                  progress=not args.quiet)
-        points = point_totals(table)
-        fields = varied_fields(table)
-        with pd.option_context("display.width", 200, "display.max_columns", 30):
-            print(points_in_ms(points).to_string(index=False))
-        print(f"{len(points)} points")
-        print("\n".join(elasticity_lines(table)))
-        if stage is not None:
-            table.to_csv(stage / "sweep.csv", index=False)
-            points.to_csv(stage / "points.csv", index=False)
-            elasticities(table).to_csv(stage / "elasticities.csv", index=False)
-            title = f"{system.name if system else 'systems'}: {len(args.op)} op(s)"
-            plot.save_figure(plot.sweep_totals(points, fields, title=title).figure, stage / "sweep.png")
+        report_sweep(table, stage, f"{system.name if system else 'systems'}: {len(args.op)} op(s)")
     if out is not None:
-        print(f"wrote {out}/ (sweep.csv, points.csv, elasticities.csv, sweep.png)")
+        print(f"wrote {out}/ ({SWEEP_OUTPUTS})")
     return 0
 
 

@@ -283,17 +283,8 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
     """``gpusim simulate --vary``: replay the trace (or the trace a workload function makes of each
     point's model options) at every combination of the values; print a row per point and the
     elasticities, and write sweep.csv (per point and GPU), points.csv, elasticities.csv and sweep.png."""
-    from gpusim import plot
-    from gpusim.cli import parse_overrides
-    from gpusim.parameter_sweep import (
-        SYSTEM_KEY,
-        elasticities,
-        elasticity_lines,
-        point_totals,
-        points_in_ms,
-        sweep_parameters,
-        varied_fields,
-    )
+    from gpusim.cli import SWEEP_OUTPUTS, parse_overrides, report_sweep
+    from gpusim.parameter_sweep import SYSTEM_KEY, sweep_parameters
     from gpusim.sweep import check_scheduler
     from gpusim.trace.trace import Trace
 
@@ -303,25 +294,16 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, trace, grid, overrides=None if system else parse_overrides(args.set),
                                  mode=args.mode, memory_policy=args.policy, cache_layers=not args.no_cache,
-                                 workers=args.workers,
-                                 scheduler=args.scheduler, cache=args.sweep_cache, progress=not args.quiet)
-        points = point_totals(table)
-        fields = varied_fields(table)
+                                 workers=args.workers, scheduler=args.scheduler, cache=args.sweep_cache,
+                                 progress=not args.quiet)
         where = system.name if system else ", ".join(map(str, grid[SYSTEM_KEY]))
         label = trace.source if isinstance(trace, Trace) else args.model
         print(f"{label} on {where}, per iteration (the breakdown's mean over the simulated GPUs):")
-        print(points_in_ms(points).to_string(index=False))
-        print("\n".join(elasticity_lines(table)))
+        report_sweep(table, stage, f"{label} on {where}")
         if isinstance(trace, Trace):
             _report_not_modelled(trace)
-        if stage is not None:
-            table.to_csv(stage / "sweep.csv", index=False)
-            points.to_csv(stage / "points.csv", index=False)
-            elasticities(table).to_csv(stage / "elasticities.csv", index=False)
-            ax = plot.sweep_totals(points, fields, title=f"{label} on {where}")
-            plot.save_figure(ax.figure, stage / "sweep.png")
     if out is not None:
-        print(f"wrote {out}/ (sweep.csv, points.csv, elasticities.csv, sweep.png)")
+        print(f"wrote {out}/ ({SWEEP_OUTPUTS})")
     return 0
 
 
