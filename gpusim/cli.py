@@ -20,6 +20,7 @@ from gpusim import ops as gops
 from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
 from gpusim.errors import GpusimError
 from gpusim.output_files import staged_outputs
+from gpusim.sched.executor import Stream
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
 from gpusim.units import QuantityError, parse_quantity
 
@@ -45,8 +46,6 @@ OP_NAMES = {
     "optimizer": gops.Optimizer,
 }
 SIZE_FIELDS = {"nbytes"}
-DEFAULT_STREAM = "default"
-"""The stream of an op spec without ``stream=`` (ops on one stream run in order)."""
 TRUE_WORDS = ("1", "true", "yes", "t")
 FALSE_WORDS = ("0", "false", "no", "f")
 
@@ -128,20 +127,53 @@ def parse_op(spec: str) -> gops.Op:
     return cls(**fields)
 
 
-def split_stream(spec: str) -> tuple[str, str]:
-    """An op spec without its ``stream=NAME`` word, and that stream (``"default"`` when none is given).
+def _cu_ranges(text: str, spec: str) -> tuple[int, ...]:
+    """``"0-65"`` or ``"0-31,64-95"`` as the CU indices they name."""
+    cus: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
+            raise GpusimError(f"op {spec!r}: cus= expects CU ranges such as 0-65 or 0-31,64-95, got {text!r}")
+        cus.extend(range(int(first), int(last or first) + 1))
+    return tuple(dict.fromkeys(cus))
+
+
+def split_stream(spec: str) -> tuple[str, Stream]:
+    """An op spec without its ``stream=NAME`` and ``cus=RANGES`` words, and the stream they name (the
+    API's default stream when neither is given; ``cus=`` masks the stream to those CUs).
 
     Raises
     ------
     GpusimError
-        ``stream=`` given twice or without a name.
+        ``stream=`` or ``cus=`` given twice or without a value, or CU ranges that do not read.
     """
     words = spec.split()
-    named = [word for word in words if word.startswith("stream=")]
-    if len(named) > 1 or (named and not named[0].removeprefix("stream=")):
-        raise GpusimError(f"op {spec!r}: give one stream=NAME at most")
-    rest = " ".join(word for word in words if not word.startswith("stream="))
-    return rest, named[0].removeprefix("stream=") if named else DEFAULT_STREAM
+    given: dict[str, str] = {}
+    for key in ("stream", "cus"):
+        named = [word.removeprefix(f"{key}=") for word in words if word.startswith(f"{key}=")]
+        if len(named) > 1 or (named and not named[0]):
+            raise GpusimError(f"op {spec!r}: give one {key}={'NAME' if key == 'stream' else 'RANGES'} at most")
+        if named:
+            given[key] = named[0]
+    rest = " ".join(word for word in words if not word.startswith(("stream=", "cus=")))
+    mask = _cu_ranges(given["cus"], spec) if "cus" in given else None
+    return rest, Stream(given.get("stream", Stream().name), cu_mask=mask)
+
+
+def _streams_of(specs: list[str]) -> tuple[list[str], list[Stream]]:
+    """The op specs without their stream words, and each op's stream.
+
+    Raises
+    ------
+    GpusimError
+        Two ops naming one stream with different CUs.
+    """
+    specs_only, streams = zip(*(split_stream(spec) for spec in specs), strict=True)
+    masks: dict[str, Stream] = {}
+    for spec, stream in zip(specs, streams, strict=True):
+        if masks.setdefault(stream.name, stream) != stream:
+            raise GpusimError(f"op {spec!r}: stream {stream.name!r} is given other CUs by another op; one stream, one mask")
+    return list(specs_only), list(streams)
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
@@ -257,11 +289,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpusim.system import load_system
 
     system = load_system(args.system, parse_overrides(args.set))
-    specs, streams = zip(*(split_stream(spec) for spec in args.op), strict=True)
+    specs, streams = _streams_of(args.op)
     op_list = [parse_op(spec) for spec in specs]
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        result = run(system, op_list, list(streams), mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
+        result = run(system, op_list, streams, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s",
                                     "gb_per_s"]].to_string(index=False))
@@ -308,8 +340,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     system = load_system(args.system, parse_overrides(args.set)) if args.system else None
     if system is None and SYSTEM_KEY not in grid:
         raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
-    specs, streams = zip(*(split_stream(spec) for spec in args.op), strict=True)
-    names = template_names(list(specs))
+    specs, streams = _streams_of(args.op)
+    names = template_names(specs)
     unset = [name for name in names if name not in grid]
     if unset:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
@@ -321,7 +353,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, op_list, grid, overrides=None if system else parse_overrides(args.set),
-                                 streams=list(streams), mode=args.mode, memory_policy=args.policy,
+                                 streams=streams, mode=args.mode, memory_policy=args.policy,
                                  workers=args.workers, scheduler=args.scheduler, cache=args.cache,
                                  progress=not args.quiet)
         report_sweep(table, stage, f"{system.name if system else 'systems'}: {len(args.op)} op(s)")
@@ -411,7 +443,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", action="append", required=True,
                         help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
                              "(auto: direct for alltoall, ring for the other collectives); stream=NAME puts it on a "
-                             "stream of its own, beside the others (default: all on one stream, in order); ops: "
+                             "stream of its own, beside the others (default: all on one stream, in order), and "
+                             "cus=0-65 masks that stream to those CUs; ops: "
                              f"{', '.join(OP_NAMES)} (gemm_rs, gemm_ag, gemm_a2a: T3's fused GEMM and collective; "
                              "gemm_rs_decomposed: the software overlap it competes with; ag_gemm_decomposed: an "
                              "all-gather overlapped with the GEMM that consumes it)")
@@ -431,7 +464,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", help="preset name or YAML file (or the systems to compare: --vary system=A,B)")
     parser.add_argument("--op", action="append", required=True,
                         help='an op as gpusim run takes it, e.g. "gemm_rs m=8192 n=4256 k=2128" (repeatable; stream=NAME '
-                             "as in gpusim run); "
+                             "and cus=RANGES as in gpusim run); "
                              '{name} in it takes the values of --vary name=... (e.g. "allreduce nbytes={size}" '
                              "--vary size=1MiB,64MiB)")
     parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",

@@ -46,6 +46,7 @@ from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
 from gpusim.ops import Op
+from gpusim.sched.executor import Stream
 from gpusim.simulate import run
 from gpusim.sweep import sweep
 from gpusim.system import System
@@ -101,7 +102,7 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op] | Trace, simulation_mode: str,
                    memory_policy: str | None, cache_layers: bool = True,
-                   streams: list[str] | None = None) -> pd.DataFrame:
+                   streams: list[str | Stream] | None = None) -> pd.DataFrame:
     """Simulate ``ops`` on one resolved description (a top-level function for :func:`gpusim.sweep.sweep`).
 
     Parameters
@@ -119,7 +120,8 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
     cache_layers
         A trace's identical layers are simulated once (:meth:`gpusim.trace.Trace.replay`).
     streams
-        The stream of each op (:func:`gpusim.run`; ``None``: all on one).
+        The stream of each op, a name or a :class:`gpusim.Stream` with a CU mask (:func:`gpusim.run`;
+        ``None``: all on one).
 
     Returns
     -------
@@ -241,7 +243,7 @@ def sweep_parameters(
     vary: Mapping[str, Sequence[Any]],
     *,
     overrides: Mapping[str, Any] | None = None,
-    streams: Sequence[str] | None = None,
+    streams: Sequence[str | Stream] | None = None,
     mode: str = "auto",
     memory_policy: str | None = None,
     cache_layers: bool = True,
@@ -271,8 +273,9 @@ def sweep_parameters(
     overrides
         Overrides applied at every point (none of ``vary``'s paths).
     streams
-        For a list of ops, the name of each op's stream: ops on one stream run in order, on
-        different streams concurrently (:func:`gpusim.run`; default: all on one stream).
+        For a list of ops, each op's stream (a name, or a :class:`gpusim.Stream` with a CU mask):
+        ops on one stream run in order, on different streams concurrently (:func:`gpusim.run`;
+        default: all on one stream).
     mode
         ``"auto"`` (symmetric where it is exact, else full), ``"full"`` or ``"symmetric"``.
     memory_policy
@@ -304,9 +307,10 @@ def sweep_parameters(
     points = parameter_grid(vary)
     workload = workload_parameters(ops, vary)
     op_list = None if workload else _checked_ops(ops)
-    if streams is not None and (isinstance(streams, str) or not isinstance(streams, Sequence)
-                                or not all(isinstance(name, str) and name for name in streams)):
-        raise ConfigError(f"sweep_parameters: streams must be a list of stream names, one per op, got {streams!r}")
+    if streams is not None and (isinstance(streams, str) or not isinstance(streams, Sequence) or not all(
+            isinstance(stream, Stream) or (isinstance(stream, str) and stream) for stream in streams)):
+        raise ConfigError(f"sweep_parameters: streams must be a list of stream names or gpusim.Stream, one per op, "
+                          f"got {streams!r}")
     if mode not in MODES:
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if overrides is not None and not isinstance(overrides, Mapping):

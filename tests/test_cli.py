@@ -5,6 +5,7 @@ import re
 import pandas as pd
 import pytest
 
+import gpusim
 from gpusim import validation
 from gpusim.cli import main, parse_op, split_stream
 from gpusim.errors import ConfigError, GpusimError
@@ -317,11 +318,15 @@ def test_optimizer_ops_take_a_model_or_sizes():
         parse_op("optimizer algorithm=adam model=bert-base sizes=1")
 
 
-def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path):
-    assert split_stream("gemm m=64 n=64 k=64 stream=side") == ("gemm m=64 n=64 k=64", "side")
-    assert split_stream("gemm m=64 n=64 k=64")[1] == "default"
-    for bad in ("gemm m=64 n=64 k=64 stream=a stream=b", "gemm m=64 n=64 k=64 stream="):
-        with pytest.raises(GpusimError, match="give one stream=NAME at most"):
+def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path, capsys):
+    assert split_stream("gemm m=64 n=64 k=64 stream=side") == ("gemm m=64 n=64 k=64", gpusim.Stream("side"))
+    assert split_stream("gemm m=64 n=64 k=64")[1] == gpusim.Stream()  # the API's default stream
+    assert split_stream("gemm m=64 n=64 k=64 stream=s cus=0-3,8-9")[1].cu_mask == (0, 1, 2, 3, 8, 9)
+    for bad, message in (("gemm m=64 n=64 k=64 stream=a stream=b", "give one stream=NAME at most"),
+                         ("gemm m=64 n=64 k=64 stream=", "give one stream=NAME at most"),
+                         ("gemm m=64 n=64 k=64 cus=5-2", "cus= expects CU ranges such as 0-65"),
+                         ("gemm m=64 n=64 k=64 cus=a", "cus= expects CU ranges such as 0-65")):
+        with pytest.raises(GpusimError, match=message):
             split_stream(bad)
     gemm = "gemm m=1024 n=1024 k=1024"
     for streams, side_by_side in ((("a", "b"), True), (("a", "a"), False)):
@@ -332,3 +337,8 @@ def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path):
         assert main(arguments) == 0
         first, second = pd.read_csv(out / "ops.csv").sort_values("start_s").itertuples()
         assert (second.start_s < first.end_s) == side_by_side
+    halves = ["--op", f"{gemm} stream=a cus=0-65", "--op", f"{gemm} stream=b cus=66-131"]
+    assert main(["run", "--system", "h200-sxm", "--quiet", *halves]) == 0
+    assert main(["run", "--system", "h200-sxm", "--quiet", "--op", f"{gemm} stream=a cus=0-65",
+                 "--op", f"{gemm} stream=a"]) == 2
+    assert "stream 'a' is given other CUs by another op" in capsys.readouterr().err

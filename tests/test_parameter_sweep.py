@@ -199,9 +199,12 @@ def test_streams_run_ops_side_by_side_at_every_point():
     one = sweep("h200-sxm", [GEMM, GEMM], vary)
     two = sweep("h200-sxm", [GEMM, GEMM], vary, streams=["a", "b"])
     assert (two.groupby("point")["total_s"].first() < one.groupby("point")["total_s"].first()).all()
+    halves = [gpusim.Stream("a", cu_mask=tuple(range(66))), gpusim.Stream("b", cu_mask=tuple(range(66, 132)))]
+    masked = sweep("h200-sxm", [GEMM, GEMM], {"gpu.clock": ["1.98 GHz"]}, streams=halves)
+    assert masked["start_s"].max() < masked["end_s"].min()  # side by side, each on its half
     with pytest.raises(ConfigError, match=r"streams gives 1 stream name\(s\) for 2 ops"):
         sweep("h200-sxm", [GEMM, GEMM], vary, streams=["a"])
-    with pytest.raises(ConfigError, match="streams must be a list of stream names"):
+    with pytest.raises(ConfigError, match="streams must be a list of stream names or gpusim.Stream"):
         sweep("h200-sxm", [GEMM, GEMM], vary, streams="ab")
     with pytest.raises(ConfigError, match="for a trace"):
         sweep("t3-ring8", transformer("megatron-gpt2", **TINY_PROMPT), vary, streams=["a"])
