@@ -515,8 +515,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"gpusim: warning: {_in_cli_words(str(message))}", file=file or sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``gpusim`` command."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gpusim`` command's argument parser, a subcommand per entry of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(prog="gpusim", description="Cycle-approximate multi-GPU simulator")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (handler, add_arguments, help_text) in COMMANDS.items():
@@ -524,7 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         if add_arguments is not None:
             add_arguments(command)
         command.set_defaults(handler=handler)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gpusim`` command."""
+    args = build_parser().parse_args(argv)
     if "MPLBACKEND" not in os.environ:  # figures go to files, never to windows (and the environment that
         import matplotlib  # child processes inherit stays as it was)
 

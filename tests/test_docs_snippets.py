@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,42 @@ def test_readme_yaml_block_loads_as_it_says(tmp_path: Path, monkeypatch: pytest.
     assert (system.gpu.num_cus, system.gpu.hbm.clock_hz) == (160, 2e9)
     assert system.config.links.bandwidth_bytes_per_s == 150e9
     assert system.num_gpus == gpusim.load_system("t3-ring8").num_gpus
+
+
+def command_lines(path: Path) -> list[str]:
+    """The ``gpusim ...`` command lines of a Markdown file's bash blocks (continuations joined,
+    comments dropped)."""
+    lines = []
+    for block in re.findall(r"^```bash\n(.*?)^```", path.read_text(), flags=re.DOTALL | re.MULTILINE):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["gpusim"]:
+                lines.append(line)
+    return lines
+
+
+COMMAND_DOCS = [README, README.parent / "docs" / "what-if.md"]
+
+
+@pytest.mark.parametrize("path", COMMAND_DOCS, ids=[path.name for path in COMMAND_DOCS])
+def test_documented_commands_parse(path: Path) -> None:
+    """Every documented ``gpusim`` command line is one the command accepts: its options, and the
+    ops, grids, overrides and systems it names (nothing is simulated)."""
+    from gpusim.cli import build_parser, parse_op, parse_overrides, parse_vary, split_stream, template_names
+
+    lines = command_lines(path)
+    assert lines
+    for line in lines:
+        args = build_parser().parse_args(shlex.split(line, comments=True)[1:])
+        grid = parse_vary(args.vary) if getattr(args, "vary", None) else {}
+        for spec in getattr(args, "op", None) or []:
+            spec, _ = split_stream(spec)
+            names = template_names([spec])
+            parse_op(spec.format(**{name: grid[name][0] for name in names}))
+        overrides = parse_overrides(getattr(args, "set", None))
+        systems = grid.get("system") or [getattr(args, "system", None) or getattr(args, "name", None)]
+        for system in filter(None, systems):
+            gpusim.load_system(system, overrides)
+            for key in filter(lambda key: "." in key, grid):  # a field of the description
+                for value in grid[key]:
+                    gpusim.load_system(system, {**overrides, key: value})
