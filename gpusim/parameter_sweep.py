@@ -129,8 +129,8 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         For ops, the run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in
         ``ops``) instead of ``op_id`` (which differs from process to process); for a trace, its
         breakdown per GPU, the GPU's busy time per kind of op (``busy_gemm_s``...) and the trace
-        rows simulated (``simulated_rows``; the others timed from identical layers).  Both with the point's ``total_s``, ``mode`` (the mode that ran:
-        ``"auto"`` resolved) and ``sim_wall_s``.
+        rows simulated (``simulated_rows``; the others timed from identical layers).  Both with the
+        point's ``total_s``, ``mode`` (the mode that ran: ``"auto"`` resolved) and ``sim_wall_s``.
     """
     system = System(SystemConfig.model_validate(config), source)
     if isinstance(ops, Trace):
@@ -169,7 +169,6 @@ class WorkloadFunction:
 
     def __init__(self, make: Callable[..., Any], names: Sequence[str]):
         self.make = make
-        self.names = list(names)
         self.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
 
     def __call__(self, **values: Any) -> Any:
@@ -232,8 +231,8 @@ def _point_system(source: str | None, base: dict[str, Any], values: dict[str, An
         config = load_system_config(point_source, {**base, **changes})
     except ConfigError as exc:
         raise ConfigError(f"sweep point {index} ({values}): {exc}") from None
-    fields = {key: override_field(config, key, value) if key in changes else (key, point_source if key == SYSTEM_KEY else value)
-              for key, value in values.items()}
+    fields = {key: override_field(config, key, value) if key in changes
+              else (key, point_source if key == SYSTEM_KEY else value) for key, value in values.items()}
     return point_source, config, fields
 
 
@@ -328,7 +327,6 @@ def sweep_parameters(
     else:
         raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
     calls, columns = [], []
-    column_of: dict[str, str] = {}  # a varied key -> its column
     for index, values in enumerate(points):
         made = _point_ops(ops, workload, values, index) if workload else op_list
         if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
@@ -342,7 +340,7 @@ def sweep_parameters(
                       "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers,
                       "streams": None if streams is None else list(streams)})
         columns.append({"point": index, **dict(fields.values())})
-        column_of.update((key, column) for key, (column, _) in fields.items())
+    column_of = {key: column for key, (column, _) in fields.items()}  # a varied key -> its column, alike at every point
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
                  description=f"sweep over {', '.join(vary)}")
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers", "streams"])
