@@ -204,13 +204,18 @@ def parse_vary(specs: list[str]) -> dict[str, list[object]]:
 
 
 def _as_number(text: object) -> object:
-    """``text`` as an int or a float where it reads as one (``"1024"``, ``"0.5"``), else as it is."""
+    """``text`` as an int or a float where it reads as one (``"1024"``, ``"0.5"``), a size with a
+    byte unit as its bytes (``"1MiB"``: 1048576, an int where whole), else as it is."""
     for kind in (int, float):
         try:
             return kind(text)
         except (TypeError, ValueError):
             continue
-    return text
+    try:
+        nbytes = parse_quantity(text, "bytes", require_unit=True)
+    except QuantityError:
+        return text
+    return int(nbytes) if nbytes.is_integer() else nbytes
 
 
 def template_names(specs: list[str]) -> list[str]:

@@ -354,7 +354,9 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
     assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={size}", "--vary", "size=1MiB,16MiB",
                  "--workers", "1", "--quiet", "--out", str(tmp_path)]) == 0
     table = pd.read_csv(tmp_path / "sweep.csv")
-    assert table["size"].tolist() == ["1MiB", "16MiB"] and table["bytes"].tolist() == [2**20, 2**24]
+    assert table["size"].tolist() == [2**20, 2**24] and table["bytes"].tolist() == [2**20, 2**24]
+    elasticity = pd.read_csv(tmp_path / "elasticities.csv")
+    assert set(elasticity["field"]) == {"size"}   # a size with a unit is a number, so it has an elasticity
     assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={size}", "--vary", "gpu.num_cus=80",
                  "--quiet"]) == 2
     assert "the ops use {size}; give its values with --vary size=" in capsys.readouterr().err
