@@ -720,15 +720,27 @@ class GemmKernel:
         return (max(map(longest, rows.values()), default=1), max(map(longest, cols.values()), default=1))
 
     def c_range(self, wg: int) -> tuple[int, int]:
-        """Byte offset and length in C (or in the split-K workspace) of workgroup ``wg``'s output tile."""
+        """Byte offset and length in C (or in the split-K workspace) of workgroup ``wg``'s output tile.
+
+        C is dense, tile by tile in row-major tile order: its ``batch x m x n`` values and nothing
+        else, so that an edge tile's bytes are followed by the next tile's and an op that reads C
+        whole reads what the tiles wrote. The workspace holds each tile's ``split_k`` partial tiles
+        one after another, in the same order. A fused ``store`` hook instead addresses C by tile
+        slots of a whole tile each (:func:`gpusim.kernels.fused.tile_bytes`)."""
         p, s = self.problem, self.spec
         batch, row, col, split = self.tile_of(wg)
         rows = min(s.tile_m, p.m - row * s.tile_m)
         cols = min(s.tile_n, p.n - col * s.tile_n)
-        tile_index = (batch * self.tiles_m + row) * self.tiles_n + col
-        if s.split_k > 1 and not self.partials_in_place:
-            tile_index = tile_index * s.split_k + split
-        return tile_index * self.tile_bytes, rows * cols * (self.tile_bytes // (s.tile_m * s.tile_n))
+        value_bytes = self.tile_bytes // (s.tile_m * s.tile_n)
+        if self.store is not None:
+            tile_index = (batch * self.tiles_m + row) * self.tiles_n + col
+            if s.split_k > 1 and not self.partials_in_place:
+                tile_index = tile_index * s.split_k + split
+            return tile_index * self.tile_bytes, rows * cols * value_bytes
+        first = (batch * p.m + row * s.tile_m) * p.n + col * rows * s.tile_n  # values of C before the tile
+        if s.split_k > 1:
+            first = first * s.split_k + split * rows * cols
+        return first * value_bytes, rows * cols * value_bytes
 
     # -- workgroup ------------------------------------------------------------------------------
     def _fetch(self, cu: InflightLimit, batch: int, row: int, col: int, split: int, step: int) -> Join:
@@ -740,10 +752,10 @@ class GemmKernel:
         rows = min(s.tile_m, p.m - row * s.tile_m)
         cols = min(s.tile_n, p.n - col * s.tile_n)
         size = p.dtype_bytes
-        slices_per_row = self.steps * s.split_k
-        slice_index = split * self.steps + step
-        a_offset = ((batch * slices_per_row + slice_index) * self.tiles_m + row) * s.tile_m * self.k_step * size
-        b_offset = ((batch * slices_per_row + slice_index) * self.tiles_n + col) * s.tile_n * self.k_step * size
+        # A and B are dense, K-tile by K-tile (the panels of one K step adjacent, as a matrix's are),
+        # each K-tile row tile by row tile: a partial tile or K-tile takes only its own bytes
+        a_offset = (batch * p.m * p.k + k0 * p.m + row * s.tile_m * depth) * size
+        b_offset = (batch * p.n * p.k + k0 * p.n + col * s.tile_n * depth) * size
         a_bytes = rows * depth * size
         b_bytes = cols * depth * size
         join = Join(env)
@@ -872,7 +884,9 @@ def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store:
     tiles_m, tiles_n = tiles(problem, spec)
     reduced = spec.split_k > 1 and not partials_in_place
     if reduced:
-        workspace = ctx.tensor(None, tiles_m * tiles_n * problem.batch * spec.split_k * spec.tile_m * spec.tile_n * 4)
+        workspace = ctx.tensor(None, problem.batch * problem.m * problem.n * spec.split_k * ACCUMULATOR_BYTES
+                               if store is None else tiles_m * tiles_n * problem.batch * spec.split_k * spec.tile_m
+                               * spec.tile_n * ACCUMULATOR_BYTES)
         target = workspace
     else:
         target = c
@@ -922,11 +936,13 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     spec = pipelined(for_operands(spec, problem, gpu.config), gpu.config, problem.dtype)
     check_fits(spec, problem.dtype, gpu.config, op.label, named=op.kernel is not None)
     size = problem.dtype_bytes
-    tiles_m, tiles_n = tiles(problem, spec)
-    k_extent = padded_k(problem, spec) * spec.split_k
-    a = ctx.tensor(op.a, problem.batch * tiles_m * spec.tile_m * k_extent * size)
-    b = ctx.tensor(op.b, problem.batch * tiles_n * spec.tile_n * k_extent * size)
-    c = ctx.tensor(op.out, tiles_m * tiles_n * problem.batch * spec.tile_m * spec.tile_n * size)
+    a = ctx.tensor(op.a, problem.batch * problem.m * problem.k * size)
+    b = ctx.tensor(op.b, problem.batch * problem.n * problem.k * size)
+    if store is None:
+        c = ctx.tensor(op.out, problem.batch * problem.m * problem.n * size)
+    else:
+        tiles_m, tiles_n = tiles(problem, spec)
+        c = ctx.tensor(op.out, tiles_m * tiles_n * problem.batch * spec.tile_m * spec.tile_n * size)
     kernel = yield from launch_gemm(ctx, problem, spec, a, b, c, store=store)
     ctx.info.update(
         impl=spec.name,
