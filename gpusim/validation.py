@@ -125,6 +125,9 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     params
         The op's parameters; ``warm=True`` has an element-wise add write the op's input (a GEMM's
         A) just before it, as the operation before it in a model's layer does, and times the op alone;
+        with ``producer={"m": M, "n": N, "k": K, "trans_b": bool}`` as well, that operation is the
+        GEMM that writes the input in the layer (its ``M x N`` output; B transposed as
+        ``torch.nn.Linear`` stores it), so the L2 holds what the GEMM left of it;
         ``flush_bytes`` has a fill of that many bytes run just before it (a benchmark's L2 flush) and
         times the op as a lone call (the GPU's per-call cost and the op's kernels).
     """
@@ -145,6 +148,9 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     flush_bytes = int(params.get("flush_bytes", 0))
     if warm and flush_bytes:
         raise ValueError("simulate_point: 'warm' and 'flush_bytes' exclude each other")
+    producer = params.get("producer")
+    if producer is not None and not warm:
+        raise ValueError("simulate_point: 'producer' describes a warm point's producer; give 'warm' too")
     source = WARM_INPUT if warm else None
     if kind == "gemm":
         batch = int(params.get("batch", 1))
@@ -169,7 +175,11 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
                          f"attention, concurrency, reuse, interference")
     if warm or flush_bytes:
         # the op's kernels, from the first one's start (not the gap behind the one before) to the last one's end
-        before = ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT) if warm else l2_flush(flush_bytes)
+        if producer is not None:
+            before = ops.Gemm(producer["m"], producer["n"], producer["k"], dtype, trans_b=bool(producer["trans_b"]),
+                              out=WARM_INPUT)
+        else:
+            before = ops.Elementwise("add", input_elements, dtype, out=WARM_INPUT) if warm else l2_flush(flush_bytes)
         result = gpusim.run(hardware, [before, op], mode=mode)
         kernels = result.kernels[result.kernels["op_id"] == result.ops["op_id"].iloc[-1]]
         span = float(kernels["end_s"].max() - kernels["start_s"].min())
@@ -771,8 +781,11 @@ def _vidur_mlp(model: VidurModel, reader: Callable[[Path], pd.DataFrame]) -> Cal
 def _vidur_mlp_point(model: VidurModel, system: str) -> Callable[[pd.Series], dict[str, Any]]:
     """A row of vidur's per-operation profile of ``model``'s layer: ``num_tokens`` rows through one
     operation, its weights split ``num_tensor_parallel_workers`` ways (``torch.nn.Linear`` stores
-    them ``[out, in]``: B transposed), its input written just before it (``warm``). The profiler's
-    kernel durations: no host cost per call."""
+    them ``[out, in]``: B transposed), its input written just before it (``warm``) by the operation
+    before it in the layer: the GEMM whose output it reads (``producer``: the rotary embedding's
+    query and key projection, the MLP activation's up projection, the post-attention norm's
+    output projection and the residual add's down projection), else an element-wise op. The
+    profiler's kernel durations: no host cost per call."""
 
     def point(row: pd.Series) -> dict[str, Any]:
         tokens, parts = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
@@ -784,20 +797,28 @@ def _vidur_mlp_point(model: VidurModel, system: str) -> Callable[[pd.Series], di
         norm = ({"op": "rmsnorm", "library": "vllm"} if model.post_attention_norm
                 else {"op": "layernorm", "library": "pytorch"})
         op = row["op"]
+
+        def output_of(gemm: str) -> dict[str, Any]:
+            n, k = gemms[gemm]
+            return {"producer": {"m": tokens, "n": n, "k": k, "trans_b": True}, **base}
+
         if op in gemms:
             n, k = gemms[op]
             return {"kind": "gemm", "m": tokens, "n": n, "k": k, "trans_b": True, **base}
-        if op == "input_layernorm" or (op == "post_attention_layernorm" and model.post_attention_norm):
+        if op == "input_layernorm":
             return {"kind": "rowreduce", "rows": tokens, "cols": hidden, **norm, **base}
+        if op == "post_attention_layernorm" and model.post_attention_norm:
+            return {"kind": "rowreduce", "rows": tokens, "cols": hidden, **norm, **output_of("attn_post_proj")}
         if op == "attn_rope":
             return {"kind": "elementwise", "op": "rope", "elements": tokens * (heads + kv_heads) * head,
-                    "rows": tokens, **base}
+                    "rows": tokens, **output_of("attn_pre_proj")}
         if op == "mlp_act" and model.gated:
-            return {"kind": "elementwise", "op": "silu_and_mul", "elements": tokens * mlp, "rows": tokens, **base}
+            return {"kind": "elementwise", "op": "silu_and_mul", "elements": tokens * mlp, "rows": tokens,
+                    **output_of("mlp_up_proj")}
         if op == "mlp_act":
-            return {"kind": "elementwise", "op": "gelu_erf", "elements": tokens * mlp, **base}
+            return {"kind": "elementwise", "op": "gelu_erf", "elements": tokens * mlp, **output_of("mlp_up_proj")}
         if op == "add":
-            return {"kind": "elementwise", "op": "add", "elements": tokens * hidden, **base}
+            return {"kind": "elementwise", "op": "add", "elements": tokens * hidden, **output_of("mlp_down_proj")}
         known = ["input_layernorm", *(["post_attention_layernorm"] if model.post_attention_norm else []), *gemms,
                  "attn_rope", "mlp_act", "add"]
         raise ConfigError(f"vidur's {model.name} profile: field 'op' must be one of {', '.join(known)}; got {op!r}")
