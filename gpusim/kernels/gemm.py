@@ -258,6 +258,44 @@ def tiles(problem: GemmProblem, spec: GemmKernelSpec) -> tuple[int, int]:
     return math.ceil(problem.m / spec.tile_m), math.ceil(problem.n / spec.tile_n)
 
 
+def dense_tile_range(problem: GemmProblem, spec: GemmKernelSpec, batch: int, row: int, col: int, split: int,
+                     value_bytes: int) -> tuple[int, int]:
+    """Byte offset and length of output tile ``(row, col)`` of batch entry ``batch`` in a dense C,
+    stored tile by tile in row-major tile order (every tile before it in its tile row is as wide
+    as a tile, every tile row before it as high), or, with split-K, of its partial tile ``split``
+    in the workspace, which holds each tile's ``split_k`` partials one after another.
+
+    Parameters
+    ----------
+    problem, spec
+        The GEMM and its kernel.
+    batch, row, col, split
+        The tile (:meth:`GemmKernel.tile_of`).
+    value_bytes
+        Bytes per value: the data type's in C, the accumulator's in the workspace.
+
+    Returns
+    -------
+    tuple[int, int]
+        Offset and length, bytes; the tiles of all workgroups cover ``batch x m x n x split_k``
+        values exactly once.
+    """
+    rows = min(spec.tile_m, problem.m - row * spec.tile_m)
+    cols = min(spec.tile_n, problem.n - col * spec.tile_n)
+    first = (batch * problem.m + row * spec.tile_m) * problem.n + col * rows * spec.tile_n  # values before it
+    if spec.split_k > 1:
+        first = first * spec.split_k + split * rows * cols
+    return first * value_bytes, rows * cols * value_bytes
+
+
+def dense_panel_offset(extent: int, k: int, tile: int, batch: int, index: int, k0: int, depth: int) -> int:
+    """Offset, in values, of the slice that tile ``index`` of a dense operand (A: ``extent`` = m, B:
+    ``extent`` = n, ``batch x extent x k`` values) reads at K step ``[k0, k0 + depth)``: the operand
+    is stored K-tile by K-tile (the panels of one K step adjacent, as a matrix's are) and each K-tile
+    tile by tile, so a short last tile or K-tile takes only its own values."""
+    return batch * extent * k + k0 * extent + index * tile * depth
+
+
 def num_workgroups(problem: GemmProblem, spec: GemmKernelSpec) -> int:
     """Workgroups of the grid."""
     tm, tn = tiles(problem, spec)
@@ -737,10 +775,7 @@ class GemmKernel:
             if s.split_k > 1 and not self.partials_in_place:
                 tile_index = tile_index * s.split_k + split
             return tile_index * self.tile_bytes, rows * cols * value_bytes
-        first = (batch * p.m + row * s.tile_m) * p.n + col * rows * s.tile_n  # values of C before the tile
-        if s.split_k > 1:
-            first = first * s.split_k + split * rows * cols
-        return first * value_bytes, rows * cols * value_bytes
+        return dense_tile_range(p, s, batch, row, col, split, value_bytes)
 
     # -- workgroup ------------------------------------------------------------------------------
     def _fetch(self, cu: InflightLimit, batch: int, row: int, col: int, split: int, step: int) -> Join:
@@ -754,8 +789,8 @@ class GemmKernel:
         size = p.dtype_bytes
         # A and B are dense, K-tile by K-tile (the panels of one K step adjacent, as a matrix's are),
         # each K-tile row tile by row tile: a partial tile or K-tile takes only its own bytes
-        a_offset = (batch * p.m * p.k + k0 * p.m + row * s.tile_m * depth) * size
-        b_offset = (batch * p.n * p.k + k0 * p.n + col * s.tile_n * depth) * size
+        a_offset = dense_panel_offset(p.m, p.k, s.tile_m, batch, row, k0, depth) * size
+        b_offset = dense_panel_offset(p.n, p.k, s.tile_n, batch, col, k0, depth) * size
         a_bytes = rows * depth * size
         b_bytes = cols * depth * size
         join = Join(env)
