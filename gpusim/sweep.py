@@ -92,13 +92,21 @@ class ResultCache:
     ----------
     folder
         Where to keep them.
+
+    Raises
+    ------
+    ConfigError
+        ``folder`` is a file, or it cannot be created (the message names it and the reason).
     """
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         if self.folder.exists() and not self.folder.is_dir():
             raise ConfigError(f"sweep cache {self.folder}: is a file, not a folder")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"sweep cache {self.folder}: cannot create the folder: {exc.strerror or exc}") from exc
 
     def _path(self, key: str) -> Path:
         return self.folder / f"{key}.pkl"
@@ -256,8 +264,8 @@ def sweep(
     Raises
     ------
     ConfigError
-        ``workers`` is not a positive integer, ``labels`` is not one per point, ``cache`` is a file,
-        or the scheduler cannot be reached (:func:`dask_client`).
+        ``workers`` is not a positive integer, ``labels`` is not one per point, ``cache`` is a file
+        or cannot be created, or the scheduler cannot be reached (:func:`dask_client`).
     SweepError
         A point failed (its error is the cause); the points that finished are cached.
     """
