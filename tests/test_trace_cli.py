@@ -272,3 +272,13 @@ def test_a_bad_vocabulary_multiple_names_the_flag(value, capsys):
         main(["simulate", "--model", "bert-base", "--vocab-divisible-by", value, "--system", "t3-ring8"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"argument --vocab-divisible-by: expected a positive integer, got '{value}'" in err
+
+
+def test_a_trace_with_a_repeated_column_fails_cleanly_and_writes_nothing(tmp_path, capsys):
+    trace = tmp_path / "dup.csv"
+    trace.write_text("op_id,gpu,stream,kind,m,n,k,m\n1,0,s,gemm,64,64,64,64\n")
+    out = tmp_path / "out"
+    for command in (["simulate", "--trace", str(trace)], ["validate-trace", str(trace)]):
+        assert main([*command, "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"gpusim: error: {trace}: column 'm' appears 2 times; give each column once\n"
+        assert not out.exists()

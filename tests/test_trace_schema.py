@@ -277,3 +277,27 @@ def test_metadata_json_cannot_hold_names_its_key_and_writes_nothing(tmp_path, me
             trace.write(target)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["old.parquet"]
     assert (tmp_path / "old.parquet").read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+    ("header", "values", "message"),
+    [
+        ("op_id,gpu,stream,kind,m,n,k,m", "1,0,s,gemm,8,8,8,8", "column 'm' appears 2 times; give each column once"),
+        ("op_id,gpu,stream,kind,delay_s,", "1,0,s,delay,0,",
+         "column 6 has no name; give it a trace column's name or remove it"),
+    ],
+)
+def test_a_repeated_or_unnamed_column_is_named_in_every_format(tmp_path, header, values, message):
+    """pandas renamed a CSV's repeated 'm' to 'm.1' and a blank name to 'Unnamed: 5' (reported as unknown
+    columns), pyarrow refused a repeated Parquet column with its schema dump, and a DataFrame's crashed."""
+    (tmp_path / "t.csv").write_text(f"{header}\n{values}\n")
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(tmp_path / 't.csv'))}: {re.escape(message)}$"):
+        read(tmp_path / "t.csv")
+    names = header.split(",")
+    frame = pd.DataFrame([values.split(",")], columns=names)
+    with pytest.raises(TraceError, match=rf"^trace: {re.escape(message)}$"):
+        Trace(frame)
+    pq.write_table(pa.Table.from_arrays([pa.array([value]) for value in values.split(",")], names=names),
+                   tmp_path / "t.parquet")
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(tmp_path / 't.parquet'))}: {re.escape(message)}$"):
+        read(tmp_path / "t.parquet")

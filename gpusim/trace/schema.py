@@ -85,6 +85,8 @@ returns a partly valid trace.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -271,17 +273,43 @@ def _texts(frame: pd.DataFrame, column: str) -> pd.Series:
     return series.where(series.notna(), "").astype(str).str.strip()
 
 
+def check_column_names(names: Sequence[object], source: str) -> None:
+    """Raise :class:`TraceError` for a column without a name or a name given to several columns.
+
+    Parameters
+    ----------
+    names
+        The column names in table order (a CSV header's fields, a Parquet schema's or a DataFrame's).
+    source
+        Where the table came from (named in the message).
+
+    Raises
+    ------
+    TraceError
+        A blank name (a trailing comma in a CSV header), naming its place; or a repeated name, naming
+        it and how often it appears.
+    """
+    for position, name in enumerate(names):
+        if name is None or not str(name).strip():
+            raise TraceError(f"{source}: column {position + 1} has no name; give it a trace column's name or remove it")
+    counts = Counter(names)
+    repeated = next((name for name in names if counts[name] > 1), None)
+    if repeated is not None:
+        raise TraceError(f"{source}: column {str(repeated)!r} appears {counts[repeated]} times; give each column once")
+
+
 def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     """Check column names and types and fill defaults; return a new frame in :data:`COLUMNS` order.
 
     Raises
     ------
     TraceError
-        A missing required column, an unknown column, or a value of the wrong type (naming the
-        row and the field).
+        A missing required column, an unknown, repeated or unnamed column
+        (:func:`check_column_names`), or a value of the wrong type (naming the row and the field).
     """
     if not isinstance(frame, pd.DataFrame):
         raise TraceError(f"{source}: a trace is a table (pandas DataFrame), got {type(frame).__name__}")
+    check_column_names(list(frame.columns), source)
     frame = frame.reset_index(drop=True)
     for column in REQUIRED_COLUMNS:
         if column not in frame.columns:
