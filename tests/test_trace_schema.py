@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpusim
+from gpusim.cli import main
 from gpusim.errors import TraceError
 from gpusim.trace import Trace, read
 
@@ -301,3 +302,34 @@ def test_a_repeated_or_unnamed_column_is_named_in_every_format(tmp_path, header,
                    tmp_path / "t.parquet")
     with pytest.raises(TraceError, match=rf"^{re.escape(str(tmp_path / 't.parquet'))}: {re.escape(message)}$"):
         read(tmp_path / "t.parquet")
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda f: f.assign(m=[True, None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' must be a whole number, got True$"),
+        (lambda f: f.assign(op_id=[1, np.bool_(True), 3]), r"row 1 .*field 'op_id' must be a whole number, got True$"),
+        (lambda f: f.assign(delay_s=pd.Series([None, None, True], dtype="boolean")),
+         r"row 2 .*field 'delay_s' must be a finite number, got True$"),
+        (lambda f: f.assign(delay_s=[None, None, pd.Timedelta(1, "ms")]),
+         r"row 2 .*field 'delay_s' must be a finite number, got Timedelta\('0 days 00:00:00.001000'\)$"),
+        (lambda f: f.assign(measured_s=[pd.Timestamp(0), None, None]),
+         r"row 0 .*field 'measured_s' must be a finite number, got Timestamp\('1970-01-01 00:00:00'\)$"),
+    ],
+)
+def test_booleans_dates_and_durations_are_not_numbers(change, pattern):
+    """pandas reads True as 1 and a date or a duration as nanoseconds: a Parquet file's boolean 'm' made a
+    GEMM of one row, and its timestamp 'delay_s' a delay of 1e9 s as nanoseconds since 1970."""
+    with pytest.raises(TraceError, match=pattern):
+        Trace(change(rows()))
+
+
+def test_a_parquet_files_boolean_size_is_refused_by_the_command(tmp_path, capsys):
+    table = pa.table({"op_id": [1], "gpu": [0], "stream": ["s"], "kind": ["gemm"], "m": [True], "n": [64], "k": [64]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    out = tmp_path / "out"
+    status = main(["simulate", "--trace", str(tmp_path / "t.parquet"), "--system", "t3-ring8", "--quiet",
+                   "--out", str(out)])
+    assert status == 2 and not out.exists()
+    assert capsys.readouterr().err == (f"gpusim: error: {tmp_path / 't.parquet'}: row 0 (op_id 1, gpu 0): "
+                                       "field 'm' must be a whole number, got True\n")

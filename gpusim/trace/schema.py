@@ -84,6 +84,7 @@ returns a partly valid trace.
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -220,10 +221,36 @@ def _fail(frame: pd.DataFrame, position: int, source: str, field: str, message: 
     return TraceError(f"{location}: field '{field}' {message}")
 
 
+NUMBER_LOOKALIKES = (bool, np.bool_, datetime.date, datetime.timedelta, np.datetime64, np.timedelta64)
+"""Values that pandas turns into numbers but that are not counts or times: a boolean (``True`` as
+1) and a date or a duration (as nanoseconds)."""
+
+
+def _lookalikes(raw: pd.Series) -> pd.Series:
+    """Where ``raw`` holds one of :data:`NUMBER_LOOKALIKES` (a column of them from a DataFrame or a
+    Parquet file; a CSV's text never is one)."""
+    dtype = raw.dtype
+    if (pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_datetime64_any_dtype(dtype)
+            or pd.api.types.is_timedelta64_dtype(dtype)):
+        return raw.notna()
+    plain = ("string", "integer", "floating", "empty")  # told apart in C, without a Python call per value
+    if not pd.api.types.is_object_dtype(dtype) or pd.api.types.infer_dtype(raw, skipna=True) in plain:
+        return pd.Series(False, index=raw.index)
+    return raw.map(lambda value: isinstance(value, NUMBER_LOOKALIKES)).astype(bool)
+
+
+def _as_numbers(raw: pd.Series, blank: pd.Series) -> pd.Series:
+    """``raw``'s values as numbers, NaN where they are ``blank``, not numbers, or :data:`NUMBER_LOOKALIKES`."""
+    lookalikes = _lookalikes(raw)
+    if lookalikes.any():  # as objects: a date column masked in place would give NaT, which pandas reads as -2**63
+        raw = raw.astype(object)
+    return pd.to_numeric(raw.where(~blank & ~lookalikes), errors="coerce")
+
+
 def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool) -> pd.Series:
     raw = frame[column]
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
-    numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
+    numeric = _as_numbers(raw, blank)
     value = numeric.astype(float)
     bad = ~blank & ~(np.isfinite(value) & (value == np.floor(value)))
     if bad.any():
@@ -243,7 +270,7 @@ def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool
 def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     raw = frame[column]
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
-    numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
+    numeric = _as_numbers(raw, blank)
     bad = ~blank & ~np.isfinite(numeric.astype(float))
     if bad.any():
         position = int(np.flatnonzero(bad.to_numpy())[0])
