@@ -270,7 +270,8 @@ def run(
     streams
         For a list of ops: the stream of each op (a name or a :class:`gpusim.Stream` with a CU
         mask).  Ops on one stream run in order; ops on different streams of a GPU run concurrently
-        and share its CUs, L2 and HBM.  Default: all ops on one stream.
+        and share its CUs, L2 and HBM.  Default: all ops on one stream.  Not for a trace (its rows
+        name their streams).
     mode
         ``"full"`` simulates every GPU; ``"symmetric"`` simulates GPU 0 and mirrors its
         neighbours' traffic into it (for work that every GPU does alike; an op that does not run
@@ -303,12 +304,15 @@ def run(
     Raises
     ------
     OpError
-        For bad ops or streams, including ranks that the system lacks.
+        For bad ops or streams (also streams given with a trace), including ranks that the system lacks.
     ConfigError
         For bad settings (mode, policies, ``bin_s``).
     """
     wall_start = time.perf_counter()
     if hasattr(ops, "replay"):
+        if streams is not None:
+            raise OpError(f"streams applies to a list of ops, not to a trace, whose rows name their streams (its "
+                          f"'stream' column); got {streams!r}")
         return ops.replay(system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy, seed=seed,
                           progress=progress, bin_s=bin_s)
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Iterable) else None

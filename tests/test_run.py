@@ -621,3 +621,11 @@ def test_dram_bandwidth_of_a_gpu_that_was_not_simulated_is_an_error():
         result.dram_bandwidth(1)
     with pytest.raises(gpusim.GpusimError, match="GPU 8 was not simulated; this run simulated GPUs 0..7$"):
         gpusim.run(RING8, ops.Gemm(64, 64, 64, ranks=[0]), mode="full").dram_bandwidth(8)
+
+
+def test_streams_with_a_trace_are_refused_not_ignored():
+    trace = gpusim.trace.Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "compute", "kind": "gemm",
+                                              "m": 64, "n": 64, "k": 64}]))
+    with pytest.raises(gpusim.OpError, match=r"^streams applies to a list of ops, not to a trace, whose rows name their "
+                                             r"streams \(its 'stream' column\); got \['side'\]$"):
+        gpusim.run(ONE, trace, streams=["side"])
