@@ -312,3 +312,17 @@ def test_an_op_waiting_for_its_measured_host_call_leaves_the_gpu_idle(tmp_path):
     assert second["start_s"] >= 1e-3 and second["duration_s"] < 1e-4
     parts = breakdown(result.ops).iloc[0]
     assert parts["idle_s"] > 0.9e-3 and parts["compute_s"] < 1e-4
+
+
+def test_a_send_without_its_receiver_asks_for_both_rows_not_for_symmetric_mode(tmp_path, capsys):
+    """The hint was symmetric mode, which refuses every send/receive."""
+    send = Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "sendrecv", "bytes": 1024, "group": "0 1"}]))
+    with pytest.raises(TraceError, match=r"^trace: row 0 \(op_id 1, gpu 0\): the sendrecv spans GPUs \[0, 1\] but "
+                                         r"GPUs \[1\] have no row for it; give the sender's and the receiver's rows "
+                                         r"\(symmetric mode cannot replay a send/receive\)$"):
+        gpusim.run(RING8, send, mode="full")
+    path = send.write(tmp_path / "send.csv")
+    assert main(["simulate", "--trace", str(path), "--system", "t3-ring8", "--mode", "full", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "give the sender's and the receiver's rows" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -82,10 +82,12 @@ def _check_against_system(trace: Trace, system: System, mode: str) -> None:
                              f"GPUs 0..{system.num_gpus - 1}")
         missing = sorted(set(group) - present[row.op_id])
         if mode == "full" and missing:
-            raise TraceError(
-                f"{where}: the {row.kind} spans GPUs {group} but GPUs {missing} have no row for it; give every "
-                "rank's rows, or replay in symmetric mode (mode='symmetric') if all ranks do the same work"
-            )
+            remedy = ("give the sender's and the receiver's rows (symmetric mode cannot replay a send/receive)"
+                      if row.kind == "sendrecv" else
+                      "give every rank's rows, or replay in symmetric mode (mode='symmetric') if all ranks do the "
+                      "same work")
+            raise TraceError(f"{where}: the {row.kind} spans GPUs {group} but GPUs {missing} have no row for it; "
+                             f"{remedy}")
 
 
 def _check_symmetric(trace: Trace) -> None:
