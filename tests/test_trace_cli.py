@@ -282,3 +282,16 @@ def test_a_trace_with_a_repeated_column_fails_cleanly_and_writes_nothing(tmp_pat
         assert main([*command, "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 2
         assert capsys.readouterr().err == f"gpusim: error: {trace}: column 'm' appears 2 times; give each column once\n"
         assert not out.exists()
+
+
+def test_a_trace_of_an_unknown_format_lists_what_the_commands_read(tmp_path, capsys):
+    """The message listed only the table suffixes and pointed to the Python readers of Kineto and Chakra
+    traces, which the commands read themselves."""
+    trace = tmp_path / "trace.txt"
+    trace.write_text("op_id,gpu,stream,kind\n1,0,s,delay\n")
+    for command in (["simulate", "--trace", str(trace)], ["validate-trace", str(trace)]):
+        assert main([*command, "--system", "t3-ring8", "--quiet", "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == (f"gpusim: error: {trace}: unknown trace format; give a gpusim table (.csv, "
+                                           ".csv.gz, .parquet, .pq), a Kineto trace (.json, .json.gz) or Chakra traces "
+                                           "(.et files, or a folder or pattern of them)\n")
+        assert not (tmp_path / "out").exists()
