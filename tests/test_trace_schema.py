@@ -333,3 +333,11 @@ def test_a_parquet_files_boolean_size_is_refused_by_the_command(tmp_path, capsys
     assert status == 2 and not out.exists()
     assert capsys.readouterr().err == (f"gpusim: error: {tmp_path / 't.parquet'}: row 0 (op_id 1, gpu 0): "
                                        "field 'm' must be a whole number, got True\n")
+
+
+@pytest.mark.parametrize("metadata", [5, "gpt3", [("model", "gpt3")]])
+def test_metadata_that_is_not_a_mapping_is_a_trace_error(metadata):
+    """It was a TypeError ('int' object is not iterable) or, for a list of pairs, taken as a dict."""
+    with pytest.raises(TraceError, match=rf"^trace: metadata must be a mapping of facts about the trace "
+                                         rf"\(e\.g\. \{{'model': 'gpt3'\}}\) or None, got {type(metadata).__name__}$"):
+        Trace(rows(), metadata=metadata)
