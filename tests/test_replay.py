@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 import gpusim
+from gpusim import ops as gpusim_ops
 from gpusim.cli import main
 from gpusim.errors import TraceError
 from gpusim.trace import ModelConfig, Trace, breakdown, compare, overlap_gemm_collectives, read, transformer
@@ -326,3 +327,20 @@ def test_a_send_without_its_receiver_asks_for_both_rows_not_for_symmetric_mode(t
                  "--out", str(tmp_path / "out")]) == 2
     assert "give the sender's and the receiver's rows" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_breakdown_and_compare_given_a_result_instead_of_its_tables_say_which_table():
+    """A whole Result was an AttributeError ('Result' object has no attribute 'empty') or a TypeError
+    (not subscriptable); a table without a column they read, a KeyError naming the column alone."""
+    result = gpusim.run(RING8, gpusim_ops.Gemm(64, 64, 64), mode="symmetric")
+    for call, caller in [(lambda given: breakdown(given), "breakdown"), (lambda given: compare(given), "compare")]:
+        with pytest.raises(gpusim.GpusimError, match=rf"^{caller}\(\): ops must be a result's ops table \(result\.ops\), "
+                                                     r"got Result$"):
+            call(result)
+        with pytest.raises(gpusim.GpusimError, match=rf"^{caller}\(\): ops has no column '.*'; give a result's ops "
+                                                     r"table \(result\.ops\), with columns .*gpu"):
+            call(result.summary().drop(columns=["gpu"], errors="ignore").rename(columns={"kind": "category"}))
+    with pytest.raises(gpusim.GpusimError, match=r"^breakdown\(\): kernels must be a result's kernels table "
+                                                 r"\(result\.kernels\), got Result$"):
+        breakdown(result.ops, result)
+    assert breakdown(result.ops, result.kernels)["compute_s"].iloc[0] == pytest.approx(result.time_s)
