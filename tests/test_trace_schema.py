@@ -341,3 +341,11 @@ def test_metadata_that_is_not_a_mapping_is_a_trace_error(metadata):
     with pytest.raises(TraceError, match=rf"^trace: metadata must be a mapping of facts about the trace "
                                          rf"\(e\.g\. \{{'model': 'gpt3'\}}\) or None, got {type(metadata).__name__}$"):
         Trace(rows(), metadata=metadata)
+
+
+def test_a_folder_named_like_a_trace_file_is_called_a_folder(tmp_path):
+    """It was 'no such trace file', though the path exists (a Parquet dataset folder, say)."""
+    folder = tmp_path / "t.parquet"
+    folder.mkdir()
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(folder))}: is a folder, not a trace file$"):
+        read(folder)

@@ -90,6 +90,8 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     """
     path = Path(path)
     kind = _format_of(path)
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder, not a trace file")
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
     if kind == "csv":
