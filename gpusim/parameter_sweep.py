@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpusim.checks import is_flag
 from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
@@ -295,7 +296,7 @@ def sweep_parameters(
     ------
     ConfigError
         A bad grid, op list (also one a function made: the message names the point), streams (not
-        one per op), mode or memory policy; a
+        one per op), mode, memory policy, ``cache_layers`` or ``progress``; a
         function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
         ``overrides``; a system given both as the argument and in ``vary`` (or in neither); or a
         point whose description is invalid (the message names the point's values and the override).
@@ -313,6 +314,9 @@ def sweep_parameters(
                           f"got {streams!r}")
     if mode not in MODES:
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    for name, value in (("cache_layers", cache_layers), ("progress", progress)):
+        if not is_flag(value):
+            raise ConfigError(f"sweep_parameters: {name} must be True or False, got {value!r}")
     if memory_policy is not None and memory_policy not in PICK_POLICIES:
         raise ConfigError(f"sweep_parameters: memory_policy must be one of {', '.join(PICK_POLICIES)} (or None for "
                           f"each GPU's configured one), got {memory_policy!r}")

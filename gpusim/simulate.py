@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from gpusim.checks import as_int, as_real
+from gpusim.checks import as_int, as_real, is_flag
 from gpusim.engine.simulation import Simulation
 from gpusim.errors import ConfigError, OpError, SimulationError, SymmetricModeWarning
 from gpusim.hw.system import Machine
@@ -306,7 +306,7 @@ def run(
     OpError
         For bad ops or streams (also streams given with a trace), including ranks that the system lacks.
     ConfigError
-        For bad settings (mode, policies, ``bin_s``).
+        For bad settings (mode, policies, ``bin_s``, ``progress``).
     """
     wall_start = time.perf_counter()
     if hasattr(ops, "replay"):
@@ -318,6 +318,8 @@ def run(
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Iterable) else None
     if not op_list or not all(isinstance(op, Op) for op in op_list):
         raise OpError(f"run() takes an op, a non-empty list of ops, or a trace; got {ops!r}")
+    if not is_flag(progress):
+        raise ConfigError(f"progress must be True or False, got {progress!r}")
     if streams is None:
         stream_list = [Stream()] * len(op_list)
     elif isinstance(streams, (str, Stream)):

@@ -1,6 +1,7 @@
 """The public run() API, results, timelines, streams and bad input."""
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -629,3 +630,19 @@ def test_streams_with_a_trace_are_refused_not_ignored():
     with pytest.raises(gpusim.OpError, match=r"^streams applies to a list of ops, not to a trace, whose rows name their "
                                              r"streams \(its 'stream' column\); got \['side'\]$"):
         gpusim.run(ONE, trace, streams=["side"])
+
+
+@pytest.mark.parametrize("word", ["no", "false", 0, None])
+def test_flags_must_be_true_or_false_not_words_that_count_as_true(word):
+    """progress="no" showed a progress bar and cache_layers="no" cached the layers: any word is true."""
+    trace = gpusim.trace.Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "delay", "delay_s": 1e-6}]))
+    with pytest.raises(gpusim.ConfigError, match=rf"^progress must be True or False, got {re.escape(repr(word))}$"):
+        gpusim.run(ONE, ops.Gemm(8, 8, 8), progress=word)
+    for name in ("progress", "cache_layers"):
+        with pytest.raises(gpusim.TraceError, match=rf"^replay\(\): '{name}' must be True or False, got "
+                                                    rf"{re.escape(repr(word))}$"):
+            trace.replay(ONE, **{name: word})
+        with pytest.raises(gpusim.ConfigError, match=rf"^sweep_parameters: {name} must be True or False, got "
+                                                     rf"{re.escape(repr(word))}$"):
+            gpusim.sweep_parameters(ONE, trace, {"gpu.num_cus": [40]}, workers=1, **{name: word})
+    assert gpusim.run(ONE, ops.Gemm(8, 8, 8), progress=np.bool_(False)).time_s > 0

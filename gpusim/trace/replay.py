@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from gpusim.checks import as_int, as_real
+from gpusim.checks import as_int, as_real, is_flag
 from gpusim.engine.simulation import Recorder, Simulation, Span
 from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
@@ -216,7 +216,8 @@ def replay(
     Raises
     ------
     TraceError
-        The trace does not fit the system or the mode, or ``bin_s`` or ``warmup_layers`` is invalid.
+        The trace does not fit the system or the mode, or ``bin_s``, ``warmup_layers``, ``cache_layers``
+        or ``progress`` is invalid.
     ConfigError
         ``mode`` is none of the three (as in :func:`gpusim.run`).
     """
@@ -227,6 +228,9 @@ def replay(
     layers = as_int(warmup_layers)
     if warmup_layers is not None and (layers is None or layers < 0):
         raise TraceError(f"replay(): 'warmup_layers' must be a non-negative integer or None, got {warmup_layers!r}")
+    for name, value in (("cache_layers", cache_layers), ("progress", progress)):
+        if not is_flag(value):
+            raise TraceError(f"replay(): {name!r} must be True or False, got {value!r}")
     if isinstance(system, str):
         system = load_system(system)
     mode = resolve_mode(mode, system, lambda machine: choose_mode(trace, machine))
