@@ -646,3 +646,18 @@ def test_flags_must_be_true_or_false_not_words_that_count_as_true(word):
                                                      rf"{re.escape(repr(word))}$"):
             gpusim.sweep_parameters(ONE, trace, {"gpu.num_cus": [40]}, workers=1, **{name: word})
     assert gpusim.run(ONE, ops.Gemm(8, 8, 8), progress=np.bool_(False)).time_s > 0
+
+
+def test_a_file_where_an_output_folder_should_be_is_named(tmp_path):
+    """The reason given was 'File exists' (from creating the folders), which named neither file."""
+    (tmp_path / "afile").write_text("kept")
+    result = gpusim.run(ONE, ops.Gemm(8, 8, 8))
+    trace = gpusim.trace.Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "delay", "delay_s": 0.0}]))
+    for write, target, what, error in [
+        (result.to_perfetto, tmp_path / "afile" / "t.json", "the Perfetto timeline", gpusim.GpusimError),
+        (trace.write, tmp_path / "afile" / "deeper" / "t.csv", "the trace file", gpusim.TraceError),
+    ]:
+        with pytest.raises(error, match=rf"^{re.escape(str(target))}: cannot write {what}: "
+                                        rf"{re.escape(str(tmp_path / 'afile'))} is a file, not a folder$"):
+            write(target)
+    assert [path.name for path in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "kept"
