@@ -49,6 +49,12 @@ def is_positive_int(value: object) -> bool:
     return number is not None and number >= 1
 
 
+def is_flag(value: object) -> bool:
+    """Whether ``value`` is True or False (Python or NumPy); a word such as ``"no"``, which ``if``
+    would take as true, is not."""
+    return isinstance(value, bool | np.bool_)
+
+
 def is_one_of(value: object, options: Collection[str]) -> bool:
     """Whether ``value`` is a string among ``options`` (an unhashable value is not)."""
     return isinstance(value, str) and value in options

@@ -35,7 +35,8 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
     Raises
     ------
     GpusimError
-        (``error``) naming the path and the reason; nothing is left behind.
+        (``error``) naming the path and the reason (a file where a folder of the path should be
+        names that file); nothing is left behind.
     """
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -43,7 +44,9 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
         write(tmp)
         tmp.replace(path)
     except OSError as exc:
-        raise error(f"{path}: cannot write {what}: {exc.strerror or exc}") from exc
+        blocking = next((folder for folder in path.parents if folder.exists() and not folder.is_dir()), None)
+        reason = f"{blocking} is a file, not a folder" if blocking is not None else exc.strerror or exc
+        raise error(f"{path}: cannot write {what}: {reason}") from exc
     finally:
         if tmp.is_file():
             tmp.unlink()

@@ -42,9 +42,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpusim.checks import is_flag
 from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
+from gpusim.hw.memctrl import PICK_POLICIES
 from gpusim.ops import Op
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
@@ -294,7 +296,7 @@ def sweep_parameters(
     ------
     ConfigError
         A bad grid, op list (also one a function made: the message names the point), streams (not
-        one per op) or mode; a
+        one per op), mode, memory policy, ``cache_layers`` or ``progress``; a
         function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
         ``overrides``; a system given both as the argument and in ``vary`` (or in neither); or a
         point whose description is invalid (the message names the point's values and the override).
@@ -312,6 +314,12 @@ def sweep_parameters(
                           f"got {streams!r}")
     if mode not in MODES:
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    for name, value in (("cache_layers", cache_layers), ("progress", progress)):
+        if not is_flag(value):
+            raise ConfigError(f"sweep_parameters: {name} must be True or False, got {value!r}")
+    if memory_policy is not None and memory_policy not in PICK_POLICIES:
+        raise ConfigError(f"sweep_parameters: memory_policy must be one of {', '.join(PICK_POLICIES)} (or None for "
+                          f"each GPU's configured one), got {memory_policy!r}")
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(f"sweep_parameters: overrides must be a mapping of dotted paths to values, got {overrides!r}")
     both = [path for path in vary if path in (overrides or {})]
@@ -342,7 +350,7 @@ def sweep_parameters(
         columns.append({"point": index, **dict(fields.values())})
     column_of = {key: column for key, (column, _) in fields.items()}  # a varied key -> its column, alike at every point
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
-                 description=f"sweep over {', '.join(vary)}")
+                 description=f"sweep over {', '.join(vary)}", labels=[repr(values) for values in points])
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers", "streams"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
     first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from gpusim.checks import as_int, as_real
+from gpusim.checks import as_int, as_real, is_flag
 from gpusim.engine.simulation import Simulation
 from gpusim.errors import ConfigError, OpError, SimulationError, SymmetricModeWarning
 from gpusim.hw.system import Machine
@@ -270,7 +270,8 @@ def run(
     streams
         For a list of ops: the stream of each op (a name or a :class:`gpusim.Stream` with a CU
         mask).  Ops on one stream run in order; ops on different streams of a GPU run concurrently
-        and share its CUs, L2 and HBM.  Default: all ops on one stream.
+        and share its CUs, L2 and HBM.  Default: all ops on one stream.  Not for a trace (its rows
+        name their streams).
     mode
         ``"full"`` simulates every GPU; ``"symmetric"`` simulates GPU 0 and mirrors its
         neighbours' traffic into it (for work that every GPU does alike; an op that does not run
@@ -303,17 +304,22 @@ def run(
     Raises
     ------
     OpError
-        For bad ops or streams, including ranks that the system lacks.
+        For bad ops or streams (also streams given with a trace), including ranks that the system lacks.
     ConfigError
-        For bad settings (mode, policies, ``bin_s``).
+        For bad settings (mode, policies, ``bin_s``, ``progress``).
     """
     wall_start = time.perf_counter()
     if hasattr(ops, "replay"):
+        if streams is not None:
+            raise OpError(f"streams applies to a list of ops, not to a trace, whose rows name their streams (its "
+                          f"'stream' column); got {streams!r}")
         return ops.replay(system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy, seed=seed,
                           progress=progress, bin_s=bin_s)
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Iterable) else None
     if not op_list or not all(isinstance(op, Op) for op in op_list):
         raise OpError(f"run() takes an op, a non-empty list of ops, or a trace; got {ops!r}")
+    if not is_flag(progress):
+        raise ConfigError(f"progress must be True or False, got {progress!r}")
     if streams is None:
         stream_list = [Stream()] * len(op_list)
     elif isinstance(streams, (str, Stream)):

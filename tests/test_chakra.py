@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gpusim
-from gpusim.errors import TraceError
+from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import protobuf as pb
 from gpusim.trace import read_chakra
 from gpusim.trace.chakra import read_et
@@ -231,3 +231,8 @@ def test_negative_shapes_and_huge_durations_name_the_node_and_field(tmp_path):
     with pytest.raises(TraceError, match=r"cannot be modelled: a matrix product of empty matrices"):
         read_chakra(tmp_path / "x.0.et")
     assert read_chakra(tmp_path / "x.0.et", unsupported="delay").frame["kind"].tolist() == ["delay"]
+
+
+def test_an_unknown_unsupported_option_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"^read_chakra\(\): unsupported must be 'error' or 'delay', got 'skip'$"):
+        read_chakra(tmp_path / "any.et", unsupported="skip")

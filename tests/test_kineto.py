@@ -8,7 +8,7 @@ import re
 import pytest
 
 import gpusim
-from gpusim.errors import TraceError
+from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import compare, read_kineto
 from gpusim.trace.compare import kernel_comparison
 from gpusim.trace.kineto import coalesced_dims, kernel_class, library_kernel_of, short_name
@@ -613,3 +613,19 @@ def test_vllms_kernels_without_shapes_or_with_another_activation_are_unsupported
 
     with pytest.raises(TraceError, match="other than SiLU"):
         read_kineto(_kineto_file(tmp_path, gelu))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"unsupported": "skip"}, "read_kineto(): unsupported must be 'error' or 'delay', got 'skip'"),
+        ({"iteration": "3"}, "read_kineto(): iteration must be the whole number N of a ProfilerStep#N or None, got '3'"),
+        ({"iteration": True}, "read_kineto(): iteration must be the whole number N of a ProfilerStep#N or None, got True"),
+        ({"dataflow": "no"}, "read_kineto(): dataflow must be True or False, got 'no'"),
+    ],
+)
+def test_bad_reading_options_are_config_errors_naming_the_option(tmp_path, kwargs, message):
+    """They were a bare ValueError (unsupported), or looked for a 'ProfilerStep#True' (iteration), or read
+    'no' as true (dataflow)."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        read_kineto(_kineto_file(tmp_path), **kwargs)

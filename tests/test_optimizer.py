@@ -101,3 +101,13 @@ def test_parameter_lists_match_published_counts():
     assert sum(sizes["bert-large"]) == pytest.approx(336e6, rel=0.01)  # BertForPreTraining, ~340M
     assert sum(sizes["gpt3"]) == pytest.approx(175e9, rel=0.01)
     assert len(sizes["bert-large"]) == 5 + 24 * 16 + 2 + 7
+
+
+@pytest.mark.parametrize("impl", ["multi_fused", "unfused", "nmc"])
+def test_a_tensor_larger_than_memory_fails_at_once_naming_it(impl):
+    """A tensor list's launches were planned over every 64 Ki-element chunk first: 2**34 of them for
+    2**50 values (a list that would not fit in memory) before the buffer's allocation could refuse it."""
+    too_large = ops.Optimizer("adam", (1000, 2**50), impl=impl)
+    with pytest.raises(gpusim.OpError, match=r"^buffer 'optimizer\.p1': 4,503,599,627,370,496 bytes do not fit in "
+                                             r"t3-table8\.1's 32 GiB of memory \(gpu\.hbm\.capacity_bytes\)$"):
+        gpusim.run("t3-table8.1", too_large)

@@ -11,7 +11,7 @@ from gpusim import ops
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import Trace, transformer
-from gpusim.trace.fusion import overlap_gemm_collectives, overlap_report
+from gpusim.trace.fusion import overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 from gpusim.trace.models import ModelConfig, load_model
 from gpusim.trace.schema import parse_ints
 
@@ -330,3 +330,15 @@ def test_layer_caching_follows_the_stream_moving_on_after_an_async_overlapped_ro
     every = trace.replay(RING4, mode="symmetric", cache_layers=False)
     assert cached.stats["simulated_rows"] < every.stats["simulated_rows"]
     assert cached.time_s == pytest.approx(every.time_s, rel=0.01)
+
+
+@pytest.mark.parametrize("rewrite", [overlap_gemm_collectives, overlap_gather_gemms, overlap_report])
+def test_a_path_or_a_table_for_the_trace_says_how_to_make_one(rewrite, tmp_path):
+    """A path was an AttributeError ('str' object has no attribute 'frame')."""
+    frame = pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "gemm", "m": 64, "n": 64, "k": 64}])
+    path = Trace(frame).write(tmp_path / "t.csv")
+    for not_a_trace, kind in [(str(path), "str"), (frame, "DataFrame")]:
+        with pytest.raises(TraceError, match=rf"^{rewrite.__name__}\(\): trace must be a gpusim\.trace\.Trace \(a file's: "
+                                             rf"gpusim\.trace\.read\(path\); a table's: gpusim\.trace\.Trace\(frame\)\), "
+                                             rf"got {kind}$"):
+            rewrite(not_a_trace)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import gpusim
 from gpusim import ops
 from gpusim.cli import main
-from gpusim.errors import ConfigError, NoEffectWarning
+from gpusim.errors import ConfigError, NoEffectWarning, SweepError
 from gpusim.parameter_sweep import elasticities, parameter_grid, point_totals, points_in_ms, sweep_parameters
 from gpusim.trace import transformer
 
@@ -378,3 +378,26 @@ def test_cli_sweep_bad_vary(tmp_path, capsys, vary, message):
     assert main(arguments) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_an_unknown_memory_policy_is_refused_before_anything_runs(tmp_path):
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match=r"sweep_parameters: memory_policy must be one of fcfs, fr-fcfs, .*"
+                                          r"got 'nosuch'"):
+        sweep("t3-ring8", GEMM, {"gpu.num_cus": [40]}, memory_policy="nosuch", cache=cache)
+    assert not cache.exists()
+
+
+def test_a_failed_point_is_named_by_its_values_not_its_whole_description(capsys):
+    allreduce = ops.AllReduce(2**20, ranks=list(range(8)))
+    with pytest.raises(SweepError) as info:
+        sweep(None, allreduce, {"system": ["t3-ring8", "a100-4-nvlink"]}, mode="full")
+    message = str(info.value)
+    assert message.startswith("sweep over system: point 1 {'system': 'a100-4-nvlink'} failed: OpError: ")
+    assert "rank 4 does not exist; a100-4-nvlink has ranks 0..3" in message
+    assert "'config'" not in message and len(message) < 300
+    status = main(["sweep", "--op", "allreduce nbytes=1MiB ranks=0,1,2,3,4,5,6,7", "--vary",
+                   "system=t3-ring8,a100-4-nvlink", "--mode", "full", "--workers", "1", "--quiet"])
+    error = capsys.readouterr().err
+    assert status == 2 and error.startswith("gpusim: error: sweep over system: point 1 {'system': 'a100-4-nvlink'} "
+                                            "failed: OpError: ") and len(error) < 300

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 import gpusim
+from gpusim import ops as gpusim_ops
 from gpusim.cli import main
 from gpusim.errors import TraceError
 from gpusim.trace import ModelConfig, Trace, breakdown, compare, overlap_gemm_collectives, read, transformer
@@ -312,3 +313,34 @@ def test_an_op_waiting_for_its_measured_host_call_leaves_the_gpu_idle(tmp_path):
     assert second["start_s"] >= 1e-3 and second["duration_s"] < 1e-4
     parts = breakdown(result.ops).iloc[0]
     assert parts["idle_s"] > 0.9e-3 and parts["compute_s"] < 1e-4
+
+
+def test_a_send_without_its_receiver_asks_for_both_rows_not_for_symmetric_mode(tmp_path, capsys):
+    """The hint was symmetric mode, which refuses every send/receive."""
+    send = Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "sendrecv", "bytes": 1024, "group": "0 1"}]))
+    with pytest.raises(TraceError, match=r"^trace: row 0 \(op_id 1, gpu 0\): the sendrecv spans GPUs \[0, 1\] but "
+                                         r"GPUs \[1\] have no row for it; give the sender's and the receiver's rows "
+                                         r"\(symmetric mode cannot replay a send/receive\)$"):
+        gpusim.run(RING8, send, mode="full")
+    path = send.write(tmp_path / "send.csv")
+    assert main(["simulate", "--trace", str(path), "--system", "t3-ring8", "--mode", "full", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "give the sender's and the receiver's rows" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_breakdown_and_compare_given_a_result_instead_of_its_tables_say_which_table():
+    """A whole Result was an AttributeError ('Result' object has no attribute 'empty') or a TypeError
+    (not subscriptable); a table without a column they read, a KeyError naming the column alone."""
+    result = gpusim.run(RING8, gpusim_ops.Gemm(64, 64, 64), mode="symmetric")
+    for call, caller in [(lambda given: breakdown(given), "breakdown"), (lambda given: compare(given), "compare")]:
+        with pytest.raises(gpusim.GpusimError, match=rf"^{caller}\(\): ops must be a result's ops table \(result\.ops\), "
+                                                     r"got Result$"):
+            call(result)
+        with pytest.raises(gpusim.GpusimError, match=rf"^{caller}\(\): ops has no column '.*'; give a result's ops "
+                                                     r"table \(result\.ops\), with columns .*gpu"):
+            call(result.summary().drop(columns=["gpu"], errors="ignore").rename(columns={"kind": "category"}))
+    with pytest.raises(gpusim.GpusimError, match=r"^breakdown\(\): kernels must be a result's kernels table "
+                                                 r"\(result\.kernels\), got Result$"):
+        breakdown(result.ops, result)
+    assert breakdown(result.ops, result.kernels)["compute_s"].iloc[0] == pytest.approx(result.time_s)

@@ -1,6 +1,7 @@
 """The public run() API, results, timelines, streams and bad input."""
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -621,3 +622,42 @@ def test_dram_bandwidth_of_a_gpu_that_was_not_simulated_is_an_error():
         result.dram_bandwidth(1)
     with pytest.raises(gpusim.GpusimError, match="GPU 8 was not simulated; this run simulated GPUs 0..7$"):
         gpusim.run(RING8, ops.Gemm(64, 64, 64, ranks=[0]), mode="full").dram_bandwidth(8)
+
+
+def test_streams_with_a_trace_are_refused_not_ignored():
+    trace = gpusim.trace.Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "compute", "kind": "gemm",
+                                              "m": 64, "n": 64, "k": 64}]))
+    with pytest.raises(gpusim.OpError, match=r"^streams applies to a list of ops, not to a trace, whose rows name their "
+                                             r"streams \(its 'stream' column\); got \['side'\]$"):
+        gpusim.run(ONE, trace, streams=["side"])
+
+
+@pytest.mark.parametrize("word", ["no", "false", 0, None])
+def test_flags_must_be_true_or_false_not_words_that_count_as_true(word):
+    """progress="no" showed a progress bar and cache_layers="no" cached the layers: any word is true."""
+    trace = gpusim.trace.Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "delay", "delay_s": 1e-6}]))
+    with pytest.raises(gpusim.ConfigError, match=rf"^progress must be True or False, got {re.escape(repr(word))}$"):
+        gpusim.run(ONE, ops.Gemm(8, 8, 8), progress=word)
+    for name in ("progress", "cache_layers"):
+        with pytest.raises(gpusim.TraceError, match=rf"^replay\(\): '{name}' must be True or False, got "
+                                                    rf"{re.escape(repr(word))}$"):
+            trace.replay(ONE, **{name: word})
+        with pytest.raises(gpusim.ConfigError, match=rf"^sweep_parameters: {name} must be True or False, got "
+                                                     rf"{re.escape(repr(word))}$"):
+            gpusim.sweep_parameters(ONE, trace, {"gpu.num_cus": [40]}, workers=1, **{name: word})
+    assert gpusim.run(ONE, ops.Gemm(8, 8, 8), progress=np.bool_(False)).time_s > 0
+
+
+def test_a_file_where_an_output_folder_should_be_is_named(tmp_path):
+    """The reason given was 'File exists' (from creating the folders), which named neither file."""
+    (tmp_path / "afile").write_text("kept")
+    result = gpusim.run(ONE, ops.Gemm(8, 8, 8))
+    trace = gpusim.trace.Trace(pd.DataFrame([{"op_id": 1, "gpu": 0, "stream": "s", "kind": "delay", "delay_s": 0.0}]))
+    for write, target, what, error in [
+        (result.to_perfetto, tmp_path / "afile" / "t.json", "the Perfetto timeline", gpusim.GpusimError),
+        (trace.write, tmp_path / "afile" / "deeper" / "t.csv", "the trace file", gpusim.TraceError),
+    ]:
+        with pytest.raises(error, match=rf"^{re.escape(str(target))}: cannot write {what}: "
+                                        rf"{re.escape(str(tmp_path / 'afile'))} is a file, not a folder$"):
+            write(target)
+    assert [path.name for path in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "kept"

@@ -1,11 +1,13 @@
 """The sweep layer: parallel points, caching and resumption, Dask."""
 
+import re
 import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from gpusim.cli import main
 from gpusim.errors import ConfigError, SweepError
 from gpusim.sweep import point_key, sweep
 
@@ -158,3 +160,17 @@ def test_a_point_given_twice_runs_once(tmp_path):
                   workers=1, progress=False)
     assert list(table["y"]) == [4, 9, 4]
     assert calls.read_text().split() == ["2", "3"]
+
+
+def test_a_cache_folder_that_cannot_be_created_is_a_config_error_naming_it(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match=rf"sweep cache {re.escape(str(afile / 'cache'))}: cannot create the folder: "
+                                          r"Not a directory"):
+        sweep(square, [{"x": 1}], cache=afile / "cache", progress=False)
+    out = tmp_path / "out"
+    status = main(["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--vary", "gpu.num_cus=40",
+                   "--workers", "1", "--quiet", "--cache", str(afile / "cache"), "--out", str(out)])
+    assert status == 2
+    assert capsys.readouterr().err == f"gpusim: error: sweep cache {afile / 'cache'}: cannot create the folder: Not a directory\n"
+    assert not out.exists()

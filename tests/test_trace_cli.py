@@ -272,3 +272,26 @@ def test_a_bad_vocabulary_multiple_names_the_flag(value, capsys):
         main(["simulate", "--model", "bert-base", "--vocab-divisible-by", value, "--system", "t3-ring8"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"argument --vocab-divisible-by: expected a positive integer, got '{value}'" in err
+
+
+def test_a_trace_with_a_repeated_column_fails_cleanly_and_writes_nothing(tmp_path, capsys):
+    trace = tmp_path / "dup.csv"
+    trace.write_text("op_id,gpu,stream,kind,m,n,k,m\n1,0,s,gemm,64,64,64,64\n")
+    out = tmp_path / "out"
+    for command in (["simulate", "--trace", str(trace)], ["validate-trace", str(trace)]):
+        assert main([*command, "--system", "t3-ring8", "--quiet", "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"gpusim: error: {trace}: column 'm' appears 2 times; give each column once\n"
+        assert not out.exists()
+
+
+def test_a_trace_of_an_unknown_format_lists_what_the_commands_read(tmp_path, capsys):
+    """The message listed only the table suffixes and pointed to the Python readers of Kineto and Chakra
+    traces, which the commands read themselves."""
+    trace = tmp_path / "trace.txt"
+    trace.write_text("op_id,gpu,stream,kind\n1,0,s,delay\n")
+    for command in (["simulate", "--trace", str(trace)], ["validate-trace", str(trace)]):
+        assert main([*command, "--system", "t3-ring8", "--quiet", "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == (f"gpusim: error: {trace}: unknown trace format; give a gpusim table (.csv, "
+                                           ".csv.gz, .parquet, .pq), a Kineto trace (.json, .json.gz) or Chakra traces "
+                                           "(.et files, or a folder or pattern of them)\n")
+        assert not (tmp_path / "out").exists()

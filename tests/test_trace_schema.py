@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpusim
+from gpusim.cli import main
 from gpusim.errors import TraceError
 from gpusim.trace import Trace, read
 
@@ -277,3 +278,74 @@ def test_metadata_json_cannot_hold_names_its_key_and_writes_nothing(tmp_path, me
             trace.write(target)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["old.parquet"]
     assert (tmp_path / "old.parquet").read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+    ("header", "values", "message"),
+    [
+        ("op_id,gpu,stream,kind,m,n,k,m", "1,0,s,gemm,8,8,8,8", "column 'm' appears 2 times; give each column once"),
+        ("op_id,gpu,stream,kind,delay_s,", "1,0,s,delay,0,",
+         "column 6 has no name; give it a trace column's name or remove it"),
+    ],
+)
+def test_a_repeated_or_unnamed_column_is_named_in_every_format(tmp_path, header, values, message):
+    """pandas renamed a CSV's repeated 'm' to 'm.1' and a blank name to 'Unnamed: 5' (reported as unknown
+    columns), pyarrow refused a repeated Parquet column with its schema dump, and a DataFrame's crashed."""
+    (tmp_path / "t.csv").write_text(f"{header}\n{values}\n")
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(tmp_path / 't.csv'))}: {re.escape(message)}$"):
+        read(tmp_path / "t.csv")
+    names = header.split(",")
+    frame = pd.DataFrame([values.split(",")], columns=names)
+    with pytest.raises(TraceError, match=rf"^trace: {re.escape(message)}$"):
+        Trace(frame)
+    pq.write_table(pa.Table.from_arrays([pa.array([value]) for value in values.split(",")], names=names),
+                   tmp_path / "t.parquet")
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(tmp_path / 't.parquet'))}: {re.escape(message)}$"):
+        read(tmp_path / "t.parquet")
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda f: f.assign(m=[True, None, None]), r"row 0 \(op_id 1, gpu 0\): field 'm' must be a whole number, got True$"),
+        (lambda f: f.assign(op_id=[1, np.bool_(True), 3]), r"row 1 .*field 'op_id' must be a whole number, got True$"),
+        (lambda f: f.assign(delay_s=pd.Series([None, None, True], dtype="boolean")),
+         r"row 2 .*field 'delay_s' must be a finite number, got True$"),
+        (lambda f: f.assign(delay_s=[None, None, pd.Timedelta(1, "ms")]),
+         r"row 2 .*field 'delay_s' must be a finite number, got Timedelta\('0 days 00:00:00.001000'\)$"),
+        (lambda f: f.assign(measured_s=[pd.Timestamp(0), None, None]),
+         r"row 0 .*field 'measured_s' must be a finite number, got Timestamp\('1970-01-01 00:00:00'\)$"),
+    ],
+)
+def test_booleans_dates_and_durations_are_not_numbers(change, pattern):
+    """pandas reads True as 1 and a date or a duration as nanoseconds: a Parquet file's boolean 'm' made a
+    GEMM of one row, and its timestamp 'delay_s' a delay of 1e9 s as nanoseconds since 1970."""
+    with pytest.raises(TraceError, match=pattern):
+        Trace(change(rows()))
+
+
+def test_a_parquet_files_boolean_size_is_refused_by_the_command(tmp_path, capsys):
+    table = pa.table({"op_id": [1], "gpu": [0], "stream": ["s"], "kind": ["gemm"], "m": [True], "n": [64], "k": [64]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    out = tmp_path / "out"
+    status = main(["simulate", "--trace", str(tmp_path / "t.parquet"), "--system", "t3-ring8", "--quiet",
+                   "--out", str(out)])
+    assert status == 2 and not out.exists()
+    assert capsys.readouterr().err == (f"gpusim: error: {tmp_path / 't.parquet'}: row 0 (op_id 1, gpu 0): "
+                                       "field 'm' must be a whole number, got True\n")
+
+
+@pytest.mark.parametrize("metadata", [5, "gpt3", [("model", "gpt3")]])
+def test_metadata_that_is_not_a_mapping_is_a_trace_error(metadata):
+    """It was a TypeError ('int' object is not iterable) or, for a list of pairs, taken as a dict."""
+    with pytest.raises(TraceError, match=rf"^trace: metadata must be a mapping of facts about the trace "
+                                         rf"\(e\.g\. \{{'model': 'gpt3'\}}\) or None, got {type(metadata).__name__}$"):
+        Trace(rows(), metadata=metadata)
+
+
+def test_a_folder_named_like_a_trace_file_is_called_a_folder(tmp_path):
+    """It was 'no such trace file', though the path exists (a Parquet dataset folder, say)."""
+    folder = tmp_path / "t.parquet"
+    folder.mkdir()
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(folder))}: is a folder, not a trace file$"):
+        read(folder)

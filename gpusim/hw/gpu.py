@@ -119,12 +119,23 @@ class Gpu(Component):
         """
         if nbytes <= 0:
             raise ValueError(f"buffer {name!r}: size must be positive, got {nbytes}")
-        if nbytes > self.config.hbm.capacity_bytes:
-            raise OpError(f"buffer {name!r}: {nbytes:,} bytes do not fit in {self.config.name}'s "
-                          f"{self.config.hbm.capacity_bytes / 2**30:g} GiB of memory (gpu.hbm.capacity_bytes)")
+        self.check_fits(name, nbytes)
         addr = self._next_addr
         self._next_addr += -(-int(nbytes) // self._alignment) * self._alignment
         return Buffer(name, addr, int(nbytes), cached)
+
+    def check_fits(self, name: str, nbytes: int) -> None:
+        """Raise unless a buffer ``name`` of ``nbytes`` fits in the GPU's memory (before a kernel
+        plans its work over a tensor it has not allocated yet).
+
+        Raises
+        ------
+        OpError
+            ``nbytes`` exceeds ``hbm.capacity_bytes``; the message names the buffer and the field.
+        """
+        if nbytes > self.config.hbm.capacity_bytes:
+            raise OpError(f"buffer {name!r}: {nbytes:,} bytes do not fit in {self.config.name}'s "
+                          f"{self.config.hbm.capacity_bytes / 2**30:g} GiB of memory (gpu.hbm.capacity_bytes)")
 
     def matrix_flops_per_ns(self, dtype: str) -> float:
         """Sustained GEMM FLOPs per ns of one CU for ``dtype``: matrix units if it has them for

@@ -673,8 +673,17 @@ class _Run:
 
 
 def execute_optimizer(ctx, op):
-    """Run a :class:`gpusim.ops.Optimizer` on ``ctx``'s rank."""
+    """Run a :class:`gpusim.ops.Optimizer` on ``ctx``'s rank.
+
+    Raises
+    ------
+    OpError
+        A parameter tensor larger than the GPU's memory, before any work over it is planned (a
+        tensor list's launches enumerate its 64 Ki-element chunks: 2**34 of them for 2**50 values).
+    """
     run = _Run(ctx, op)
+    for index, size in enumerate(run.sizes):
+        run.gpu.check_fits(f"{op.prefix}.p{index}", size * run.elem)
     algorithm = run.algorithm
     if op.impl == "unfused":
         yield from run.single(algorithm.eager)

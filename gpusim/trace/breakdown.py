@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpusim.errors import GpusimError
 from gpusim.hw.compute import WAITING_PREFIX
 
 COMMUNICATION_KINDS = ("collective", "sendrecv")
@@ -42,6 +43,35 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
         elif end > current_end:
             current_end = end
     return float(total + current_end - current_start)
+
+
+def check_result_table(caller: str, argument: str, table: object, columns: tuple[str, ...]) -> None:
+    """Raise unless ``table`` is a DataFrame with ``columns``, as a :class:`gpusim.Result`'s tables are.
+
+    Parameters
+    ----------
+    caller
+        The function that takes the table (``"breakdown"``), named in the message.
+    argument
+        Its argument: ``"ops"`` (``Result.ops``) or ``"kernels"`` (``Result.kernels``).
+    table
+        What was given.
+    columns
+        The columns the function reads.
+
+    Raises
+    ------
+    GpusimError
+        ``table`` is not a DataFrame (a whole ``Result``, say) or lacks one of ``columns``; the
+        message names the argument, the attribute of a result to give and the column.
+    """
+    if not isinstance(table, pd.DataFrame):
+        raise GpusimError(f"{caller}(): {argument} must be a result's {argument} table (result.{argument}), "
+                          f"got {type(table).__name__}")
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise GpusimError(f"{caller}(): {argument} has no column {missing[0]!r}; give a result's {argument} table "
+                          f"(result.{argument}), with columns {', '.join(columns)}")
 
 
 def is_communication(ops: pd.DataFrame) -> np.ndarray:
@@ -108,7 +138,15 @@ def breakdown(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.Data
     -------
     pandas.DataFrame
         Columns gpu, total_s, compute_s, exposed_comm_s, overlapped_comm_s, idle_s (seconds).
+
+    Raises
+    ------
+    GpusimError
+        ``ops`` or ``kernels`` is not such a table (:func:`check_result_table`).
     """
+    check_result_table("breakdown", "ops", ops, ("gpu", "kind", "start_s", "end_s"))
+    if kernels is not None:
+        check_result_table("breakdown", "kernels", kernels, ("gpu", "op_id", "name", "start_s", "end_s"))
     if ops.empty:
         return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
     begin, finish = float(ops["start_s"].min()), float(ops["end_s"].max())

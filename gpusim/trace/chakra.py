@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpusim.errors import TraceError, UnsupportedTraceError
+from gpusim.errors import ConfigError, TraceError, UnsupportedTraceError
 from gpusim.trace import protobuf as pb
 from gpusim.trace.schema import MAX_SECONDS, format_ints
 from gpusim.trace.trace import Trace
@@ -373,9 +373,16 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     Returns
     -------
     Trace
+
+    Raises
+    ------
+    gpusim.errors.ConfigError
+        ``unsupported`` is not ``"error"`` or ``"delay"``.
+    gpusim.errors.TraceError
+        No files, or a file that is not a Chakra trace or holds a malformed node (naming it).
     """
     if unsupported not in ("error", "delay"):
-        raise ValueError(f"unsupported must be 'error' or 'delay', got {unsupported!r}")
+        raise ConfigError(f"read_chakra(): unsupported must be 'error' or 'delay', got {unsupported!r}")
     files = _expand(paths)
     ranks = _ranks(files)
     world = sorted(ranks)

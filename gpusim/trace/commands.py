@@ -12,6 +12,7 @@ from gpusim.errors import GpusimError, TraceError, UnsupportedTraceError
 from gpusim.hw.memctrl import PICK_POLICIES
 from gpusim.output_files import staged_outputs
 from gpusim.trace.fusion import GATHER_FUNCTIONS, overlap_gather_gemms, overlap_gemm_collectives, overlap_report
+from gpusim.trace.io import CSV_SUFFIXES, PARQUET_SUFFIXES
 from gpusim.trace.schema import OVERLAP_FUNCTIONS
 
 PATTERN_CHARACTERS = "*?["
@@ -35,7 +36,7 @@ def trace_format(path: str) -> str:
     ------
     gpusim.errors.TraceError
         Nothing at ``path``, a pattern that matches nothing or matches other files than Chakra
-        ``.et`` ones, or a folder without ``.et`` files.
+        ``.et`` ones, a folder without ``.et`` files, or a file of none of these formats (by suffix).
     """
     name = path.lower()
     if not Path(path).exists():
@@ -56,7 +57,10 @@ def trace_format(path: str) -> str:
         return "kineto"
     if name.endswith(".et"):
         return "chakra"
-    return "table"
+    if name.endswith(CSV_SUFFIXES + PARQUET_SUFFIXES):
+        return "table"
+    raise TraceError(f"{path}: unknown trace format; give a gpusim table ({', '.join(CSV_SUFFIXES + PARQUET_SUFFIXES)}), "
+                     "a Kineto trace (.json, .json.gz) or Chakra traces (.et files, or a folder or pattern of them)")
 
 
 def load_any(path: str, unsupported: str = "error", iteration: int | None = None, dataflow: bool = True):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpusim.trace.breakdown import check_result_table
+
 CLASS_ORDER = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "memcpy", "other")
 COMPARISON_COLUMNS = ["kernel_class", "kernels", "measured_s", "simulated_s", "error", "median_kernel_error",
                       "not_simulated", "not_simulated_s"]
@@ -26,7 +28,15 @@ def kernel_comparison(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) ->
     host's launch cost; so an op's simulated duration is the span of its kernels in ``kernels``
     (``Result.kernels``: first start to last end on its GPU) where it ran any, else the op's own
     duration (copies, delays, or when ``kernels`` is not given).
+
+    Raises
+    ------
+    GpusimError
+        ``ops`` or ``kernels`` is not such a table (:func:`~gpusim.trace.breakdown.check_result_table`).
     """
+    check_result_table("kernel_comparison", "ops", ops, ("op_id", "gpu", "name", "kind", "measured_s", "duration_s"))
+    if kernels is not None:
+        check_result_table("kernel_comparison", "kernels", kernels, ("op_id", "gpu", "start_s", "end_s"))
     frame = ops[np.isfinite(pd.to_numeric(ops["measured_s"], errors="coerce"))].copy()
     classes = frame["kernel_class"] if "kernel_class" in frame.columns else frame["kind"]
     frame["kernel_class"] = np.where(classes.astype(str) != "", classes, frame["kind"])
@@ -60,7 +70,14 @@ def compare(ops: pd.DataFrame, measured_span_s: float | None = None, kernels: pd
         Columns kernel_class, kernels (simulated kernels compared), measured_s, simulated_s, error
         (simulated / measured - 1; NaN where no kernel was simulated), median_kernel_error,
         not_simulated (kernels replayed as delays, in no error), not_simulated_s.
+
+    Raises
+    ------
+    GpusimError
+        ``ops`` or ``kernels`` is not such a table (:func:`~gpusim.trace.breakdown.check_result_table`).
     """
+    check_result_table("compare", "ops", ops, ("op_id", "gpu", "name", "kind", "measured_s", "duration_s", "start_s",
+                                               "end_s"))
     compared = kernel_comparison(ops, kernels)
     present = [c for c in CLASS_ORDER if c in set(compared["kernel_class"])]
     present += sorted(set(compared["kernel_class"]) - set(present))

@@ -41,7 +41,7 @@ import pandas as pd
 
 from gpusim.checks import as_int, one_of
 from gpusim.config.gpu import DTYPE_BYTES
-from gpusim.errors import ConfigError
+from gpusim.errors import ConfigError, TraceError
 from gpusim.trace.schema import (
     GATHER_FUNCTIONS,
     OVERLAP_FUNCTIONS,
@@ -202,10 +202,13 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
 
     Raises
     ------
+    gpusim.errors.TraceError
+        ``trace`` is not a :class:`Trace`.
     gpusim.errors.ConfigError
         An unknown ``function``, or ``channels`` or ``splits`` that is not a positive integer or is
         given for a function that has none.
     """
+    _check_trace("overlap_gemm_collectives()", trace)
     one_of("function", function, OVERLAP_FUNCTIONS, "overlap_gemm_collectives()")
     _check_options("overlap_gemm_collectives()", function,
                    [("channels", channels, None, ("decomposed",), "the CUs of its ring"),
@@ -229,6 +232,13 @@ def overlap_gemm_collectives(trace: Trace, function: str = "t3", channels: int |
                 remap[(gpu, int(frame.at[position, "op_id"]))] = op_id
 
     return _rewrite(trace, "overlap", function, pairs, report, replace_pair, "overlapped")
+
+
+def _check_trace(caller: str, trace: object) -> None:
+    """Raise :class:`TraceError` unless ``trace`` is a :class:`Trace` (not a path or a table)."""
+    if not isinstance(trace, Trace):
+        raise TraceError(f"{caller}: trace must be a gpusim.trace.Trace (a file's: gpusim.trace.read(path); a "
+                         f"table's: gpusim.trace.Trace(frame)), got {type(trace).__name__}")
 
 
 def _check_options(caller: str, function: str, options: list[tuple[str, object, object, tuple[str, ...], str]]) -> None:
@@ -350,10 +360,13 @@ def overlap_gather_gemms(trace: Trace, function: str = "decomposed_dma", channel
 
     Raises
     ------
+    gpusim.errors.TraceError
+        ``trace`` is not a :class:`Trace`.
     gpusim.errors.ConfigError
         An unknown ``function``, or ``channels`` that is not a positive integer or is given for
         ``"decomposed_dma"``.
     """
+    _check_trace("overlap_gather_gemms()", trace)
     one_of("function", function, GATHER_FUNCTIONS, "overlap_gather_gemms()")
     _check_options("overlap_gather_gemms()", function,
                    [("channels", channels, None, ("decomposed",), "the CUs of its ring")])
@@ -381,7 +394,14 @@ def overlap_gather_gemms(trace: Trace, function: str = "decomposed_dma", channel
 
 def overlap_report(trace: Trace) -> pd.DataFrame:
     """The reports of :func:`overlap_gemm_collectives` and :func:`overlap_gather_gemms` on ``trace``
-    as one table (columns :data:`REPORT_COLUMNS`); empty for a trace neither rewrote."""
+    as one table (columns :data:`REPORT_COLUMNS`); empty for a trace neither rewrote.
+
+    Raises
+    ------
+    gpusim.errors.TraceError
+        ``trace`` is not a :class:`Trace`.
+    """
+    _check_trace("overlap_report()", trace)
     entries = [entry for key in ("overlap", "gather_overlap") for entry in (trace.metadata.get(key) or {}).get("report", [])]
     table = pd.DataFrame(entries, columns=REPORT_COLUMNS)
     return table.astype({"gemm_op_id": "Int64", "overlapped_op_id": "Int64"})  # blank where skipped

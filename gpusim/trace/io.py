@@ -19,6 +19,7 @@ import pandas as pd
 
 from gpusim.errors import TraceError
 from gpusim.output_files import write_whole
+from gpusim.trace.schema import check_column_names
 
 METADATA_KEY = b"gpusim.trace"
 CSV_SUFFIXES = (".csv", ".csv.gz")
@@ -78,17 +79,29 @@ def _decode_int_keys(obj: dict) -> dict:
 
 
 def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
-    """The raw table and metadata of a trace file (not yet validated)."""
+    """The raw table and metadata of a trace file (not yet validated, but with a name for each column
+    and no name twice).
+
+    Raises
+    ------
+    TraceError
+        No such file, a file that is not a table of its format, a column without a name or a name
+        given twice (:func:`~gpusim.trace.schema.check_column_names`), or unreadable metadata.
+    """
     path = Path(path)
     kind = _format_of(path)
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder, not a trace file")
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
     if kind == "csv":
         try:
+            header = pd.read_csv(path, dtype=str, keep_default_na=False, header=None, nrows=1)
             frame = pd.read_csv(path, dtype=str, keep_default_na=False)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, EOFError,
                 zlib.error) as exc:  # OSError and EOFError: a .csv.gz that is not (or no longer) gzip
             raise TraceError(f"{path}: not a readable CSV table: {exc}") from exc
+        check_column_names(header.iloc[0].tolist(), str(path))  # pandas would rename a repeated 'm' 'm.1'
         if not isinstance(frame.index, pd.RangeIndex):  # pandas took the extra leading fields for an index
             raise TraceError(f"{path}: the first data line has more fields than the header's {len(frame.columns)} "
                              "column names")
@@ -97,6 +110,7 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     import pyarrow.parquet as pq
 
     try:
+        check_column_names(pq.read_schema(path).names, str(path))  # pyarrow cannot read a repeated column
         table = pq.read_table(path)
     except (pyarrow.lib.ArrowException, OSError) as exc:
         raise TraceError(f"{path}: not a readable Parquet table: {exc}") from exc

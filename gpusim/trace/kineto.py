@@ -62,8 +62,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpusim.checks import as_int
 from gpusim.config.gpu import DTYPE_BYTES
-from gpusim.errors import TraceError, UnsupportedTraceError
+from gpusim.errors import ConfigError, TraceError, UnsupportedTraceError
 from gpusim.ops import ELEMENTWISE_INPUT_WIDTH, ELEMENTWISE_KINDS
 from gpusim.trace.schema import MAX_SECONDS, format_ints
 from gpusim.trace.trace import Trace
@@ -1004,9 +1005,23 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     -------
     Trace
         Rows with ``measured_s``; a single-rank trace of a multi-rank job replays in symmetric mode.
+
+    Raises
+    ------
+    gpusim.errors.ConfigError
+        ``unsupported``, ``iteration`` or ``dataflow`` is not one of the values above.
+    gpusim.errors.TraceError
+        A file that is not a Kineto trace, or a malformed event (naming the file, event and field).
+    gpusim.errors.UnsupportedTraceError
+        With ``unsupported="error"``, a kernel that cannot be modelled.
     """
     if unsupported not in ("error", "delay"):
-        raise ValueError(f"unsupported must be 'error' or 'delay', got {unsupported!r}")
+        raise ConfigError(f"read_kineto(): unsupported must be 'error' or 'delay', got {unsupported!r}")
+    if iteration is not None and as_int(iteration) is None:
+        raise ConfigError(f"read_kineto(): iteration must be the whole number N of a ProfilerStep#N or None, "
+                          f"got {iteration!r}")
+    if not isinstance(dataflow, bool):
+        raise ConfigError(f"read_kineto(): dataflow must be True or False, got {dataflow!r}")
     many = isinstance(paths, Sequence) and not isinstance(paths, (str, bytes))
     files = [Path(p) for p in (paths if many else [paths])]
     if not files:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from gpusim.checks import as_int, as_real
+from gpusim.checks import as_int, as_real, is_flag
 from gpusim.engine.simulation import Recorder, Simulation, Span
 from gpusim.errors import TraceError
 from gpusim.hw.system import Machine
@@ -82,10 +82,12 @@ def _check_against_system(trace: Trace, system: System, mode: str) -> None:
                              f"GPUs 0..{system.num_gpus - 1}")
         missing = sorted(set(group) - present[row.op_id])
         if mode == "full" and missing:
-            raise TraceError(
-                f"{where}: the {row.kind} spans GPUs {group} but GPUs {missing} have no row for it; give every "
-                "rank's rows, or replay in symmetric mode (mode='symmetric') if all ranks do the same work"
-            )
+            remedy = ("give the sender's and the receiver's rows (symmetric mode cannot replay a send/receive)"
+                      if row.kind == "sendrecv" else
+                      "give every rank's rows, or replay in symmetric mode (mode='symmetric') if all ranks do the "
+                      "same work")
+            raise TraceError(f"{where}: the {row.kind} spans GPUs {group} but GPUs {missing} have no row for it; "
+                             f"{remedy}")
 
 
 def _check_symmetric(trace: Trace) -> None:
@@ -214,7 +216,8 @@ def replay(
     Raises
     ------
     TraceError
-        The trace does not fit the system or the mode, or ``bin_s`` or ``warmup_layers`` is invalid.
+        The trace does not fit the system or the mode, or ``bin_s``, ``warmup_layers``, ``cache_layers``
+        or ``progress`` is invalid.
     ConfigError
         ``mode`` is none of the three (as in :func:`gpusim.run`).
     """
@@ -225,6 +228,9 @@ def replay(
     layers = as_int(warmup_layers)
     if warmup_layers is not None and (layers is None or layers < 0):
         raise TraceError(f"replay(): 'warmup_layers' must be a non-negative integer or None, got {warmup_layers!r}")
+    for name, value in (("cache_layers", cache_layers), ("progress", progress)):
+        if not is_flag(value):
+            raise TraceError(f"replay(): {name!r} must be True or False, got {value!r}")
     if isinstance(system, str):
         system = load_system(system)
     mode = resolve_mode(mode, system, lambda machine: choose_mode(trace, machine))

@@ -84,7 +84,10 @@ returns a partly valid trace.
 
 from __future__ import annotations
 
+import datetime
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -218,10 +221,36 @@ def _fail(frame: pd.DataFrame, position: int, source: str, field: str, message: 
     return TraceError(f"{location}: field '{field}' {message}")
 
 
+NUMBER_LOOKALIKES = (bool, np.bool_, datetime.date, datetime.timedelta, np.datetime64, np.timedelta64)
+"""Values that pandas turns into numbers but that are not counts or times: a boolean (``True`` as
+1) and a date or a duration (as nanoseconds)."""
+
+
+def _lookalikes(raw: pd.Series) -> pd.Series:
+    """Where ``raw`` holds one of :data:`NUMBER_LOOKALIKES` (a column of them from a DataFrame or a
+    Parquet file; a CSV's text never is one)."""
+    dtype = raw.dtype
+    if (pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_datetime64_any_dtype(dtype)
+            or pd.api.types.is_timedelta64_dtype(dtype)):
+        return raw.notna()
+    plain = ("string", "integer", "floating", "empty")  # told apart in C, without a Python call per value
+    if not pd.api.types.is_object_dtype(dtype) or pd.api.types.infer_dtype(raw, skipna=True) in plain:
+        return pd.Series(False, index=raw.index)
+    return raw.map(lambda value: isinstance(value, NUMBER_LOOKALIKES)).astype(bool)
+
+
+def _as_numbers(raw: pd.Series, blank: pd.Series) -> pd.Series:
+    """``raw``'s values as numbers, NaN where they are ``blank``, not numbers, or :data:`NUMBER_LOOKALIKES`."""
+    lookalikes = _lookalikes(raw)
+    if lookalikes.any():  # as objects: a date column masked in place would give NaT, which pandas reads as -2**63
+        raw = raw.astype(object)
+    return pd.to_numeric(raw.where(~blank & ~lookalikes), errors="coerce")
+
+
 def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool) -> pd.Series:
     raw = frame[column]
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
-    numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
+    numeric = _as_numbers(raw, blank)
     value = numeric.astype(float)
     bad = ~blank & ~(np.isfinite(value) & (value == np.floor(value)))
     if bad.any():
@@ -241,7 +270,7 @@ def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool
 def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     raw = frame[column]
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
-    numeric = pd.to_numeric(raw.where(~blank), errors="coerce")
+    numeric = _as_numbers(raw, blank)
     bad = ~blank & ~np.isfinite(numeric.astype(float))
     if bad.any():
         position = int(np.flatnonzero(bad.to_numpy())[0])
@@ -271,17 +300,43 @@ def _texts(frame: pd.DataFrame, column: str) -> pd.Series:
     return series.where(series.notna(), "").astype(str).str.strip()
 
 
+def check_column_names(names: Sequence[object], source: str) -> None:
+    """Raise :class:`TraceError` for a column without a name or a name given to several columns.
+
+    Parameters
+    ----------
+    names
+        The column names in table order (a CSV header's fields, a Parquet schema's or a DataFrame's).
+    source
+        Where the table came from (named in the message).
+
+    Raises
+    ------
+    TraceError
+        A blank name (a trailing comma in a CSV header), naming its place; or a repeated name, naming
+        it and how often it appears.
+    """
+    for position, name in enumerate(names):
+        if name is None or not str(name).strip():
+            raise TraceError(f"{source}: column {position + 1} has no name; give it a trace column's name or remove it")
+    counts = Counter(names)
+    repeated = next((name for name in names if counts[name] > 1), None)
+    if repeated is not None:
+        raise TraceError(f"{source}: column {str(repeated)!r} appears {counts[repeated]} times; give each column once")
+
+
 def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     """Check column names and types and fill defaults; return a new frame in :data:`COLUMNS` order.
 
     Raises
     ------
     TraceError
-        A missing required column, an unknown column, or a value of the wrong type (naming the
-        row and the field).
+        A missing required column, an unknown, repeated or unnamed column
+        (:func:`check_column_names`), or a value of the wrong type (naming the row and the field).
     """
     if not isinstance(frame, pd.DataFrame):
         raise TraceError(f"{source}: a trace is a table (pandas DataFrame), got {type(frame).__name__}")
+    check_column_names(list(frame.columns), source)
     frame = frame.reset_index(drop=True)
     for column in REQUIRED_COLUMNS:
         if column not in frame.columns:

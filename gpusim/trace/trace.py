@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.errors import TraceError
 from gpusim.trace import io
 from gpusim.trace.schema import parse_ints, validate
 
@@ -37,10 +39,13 @@ class Trace:
     Raises
     ------
     gpusim.errors.TraceError
-        A malformed table (naming the row and the field).
+        A malformed table (naming the row and the field), or metadata that is not a mapping.
     """
 
     def __init__(self, frame: pd.DataFrame, source: str = "trace", metadata: dict[str, Any] | None = None):
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TraceError(f"{source}: metadata must be a mapping of facts about the trace (e.g. {{'model': 'gpt3'}}) "
+                             f"or None, got {type(metadata).__name__}")
         self.source = source
         self.frame = validate(frame, source)
         self.metadata = dict(metadata or {})
