@@ -31,6 +31,15 @@ def test_set_values_are_read_as_their_fields_are_typed(capsys):
     assert "override 'gpu.num_cus'" in capsys.readouterr().err
 
 
+def test_a_system_file_that_is_not_utf8_is_one_error_line(tmp_path, capsys):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"base: a100-sxm4\ndescription: caf\xe9\n")
+    assert main(["show-config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"gpusim: error: {path}: line 2: not UTF-8 text (byte 0xe9); save the file as UTF-8\n"
+    assert captured.out == ""
+
+
 def test_run_writes_outputs(tmp_path, capsys):
     code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--quiet", "--out", str(tmp_path),
                  "--op", "gemm m=512 n=512 k=512 dtype=fp16", "--op", "allreduce nbytes=1MiB"])

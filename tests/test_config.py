@@ -93,6 +93,33 @@ def test_invalid_yaml_names_file(tmp_path):
         load_system_config(path)
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"base: a100-sxm4\nname: caf\xe9\n", r"bad.yaml: line 2: not UTF-8 text \(byte 0xe9\); save the file as UTF-8"),
+    (b"base: a100-sxm4\nname: a\x00b\n", r"bad.yaml: line 2: not valid YAML: character 0x0000: special characters"),
+    (b"base: a100-sxm4\nnum_cus: [1\n", r"bad.yaml: not valid YAML: .*\n  in \".*bad.yaml\", line 2, column 10"),
+    (b"", r"bad.yaml: expected a mapping of fields at the top level, got nothing \(the file is empty\)"),
+    (b"# only a comment\n", r"bad.yaml: expected a mapping of fields at the top level, got nothing"),
+    (b"- a100-sxm4\n", r"bad.yaml: expected a mapping of fields at the top level, got a list"),
+])
+def test_an_unreadable_file_is_an_error_naming_the_file_and_the_line(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_system_config(path)
+    based = tmp_path / "derived.yaml"  # the same when it is the base of another file
+    based.write_text("base: bad.yaml\nnum_cus: 4\n")
+    with pytest.raises(ConfigError, match=message):
+        load_system_config(based)
+
+
+def test_a_folder_is_not_a_description(tmp_path):
+    (tmp_path / "gpu.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"gpu.yaml: is a folder; expected a YAML file"):
+        load_system_config(tmp_path / "gpu.yaml")
+    with pytest.raises(ConfigError, match=r"is a folder; expected a preset name or a YAML file"):
+        load_system_config(tmp_path)
+
+
 def test_gpu_preset_is_a_single_gpu_system():
     system = gpusim.load_system("t3-table8.1")
     assert system.num_gpus == 1

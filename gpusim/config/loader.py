@@ -98,8 +98,26 @@ def _check_unique_keys(node: yaml.Node, path: Path, keys: list[str], seen: set[i
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping of fields that the YAML file ``path`` holds.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file: it cannot be read (a folder, say), is not UTF-8 text (the message gives
+        the line), is not valid YAML (the line and column), gives a key twice, or holds no mapping
+        (an empty file, a list).
+    """
     try:
-        loader = yaml.SafeLoader(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                          f"save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    try:
+        loader = yaml.SafeLoader(text)
+        loader.name = str(path)  # YAML's messages name the file, not "<unicode string>"
         try:
             node = loader.get_single_node()
             if node is not None:
@@ -107,12 +125,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
+    except yaml.reader.ReaderError as exc:  # a control character, found before the loader is named
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path}: line {line}: not valid YAML: character {exc.character:#06x}: {exc.reason}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+        got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level, got {got}")
     return data
 
 
@@ -410,11 +430,15 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
     ref = os.fspath(name_or_path)
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") or path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a folder; expected a YAML file")
         if not path.is_file():
             raise ConfigError(f"{path}: no such file")
         source = path
     else:
         presets = {**_preset_files("gpus"), **_preset_files("nodes")}
+        if ref not in presets and path.is_dir():
+            raise ConfigError(f"{path}: is a folder; expected a preset name or a YAML file")
         if ref not in presets:
             raise UnknownPresetError(ref, list(presets))
         source = presets[ref]
