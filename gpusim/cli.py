@@ -219,13 +219,19 @@ def template_names(specs: list[str]) -> list[str]:
     Raises
     ------
     GpusimError
-        A placeholder that is not a plain name.
+        A placeholder that is not a plain name (a conversion such as ``!r`` or a format such as
+        ``:>8`` included), or a brace without its partner.
     """
     names: list[str] = []
     for spec in specs:
-        for _, name, _, _ in string.Formatter().parse(spec):
-            if name is not None and not name.isidentifier():
-                raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{name}}}")
+        try:
+            parts = list(string.Formatter().parse(spec))
+        except ValueError as exc:  # "{size" or "size}"
+            raise GpusimError(f"op {spec!r}: {exc}; a placeholder is a name in braces, such as {{size}}") from None
+        for _, name, format_spec, conversion in parts:
+            if name is not None and (not name.isidentifier() or format_spec or conversion):
+                written = name + (f"!{conversion}" if conversion else "") + (f":{format_spec}" if format_spec else "")
+                raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{written}}}")
             if name and name not in names:
                 names.append(name)
     return names

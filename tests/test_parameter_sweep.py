@@ -363,6 +363,21 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
     assert "a placeholder must be a name such as {size}, got {0}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("allreduce nbytes={size", "op 'allreduce nbytes={size': expected '}' before end of string; a placeholder is a name"),
+    ("allreduce nbytes=size}", "op 'allreduce nbytes=size}': Single '}' encountered in format string; a placeholder"),
+    ("allreduce nbytes={size!z}", "a placeholder must be a name such as {size}, got {size!z}"),
+    ("allreduce nbytes={size:>9}", "a placeholder must be a name such as {size}, got {size:>9}"),
+])
+def test_cli_sweep_placeholders_that_do_not_read_are_one_error_line(tmp_path, capsys, spec, message):
+    out = tmp_path / "out"
+    assert main(["sweep", "--system", "t3-ring8", "--op", spec, "--vary", "size=1MiB,2MiB", "--quiet",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: error: ") and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("vary, message", [
     (["gpu.num_cus"], "--vary expects PATH=VALUE,VALUE"),
     (["gpu.num_cus=80,"], "--vary expects PATH=VALUE,VALUE"),
