@@ -185,6 +185,8 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
         if "=" not in pair:
             raise GpusimError(f"--set expects PATH=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
+        if key in result:
+            raise GpusimError(f"--set {key!r} is given more than once; give each field one value")
         result[key] = None if value.strip().lower() == "null" else value
     return result
 

@@ -270,7 +270,7 @@ def sweep_parameters(
         reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``;
         the workload parameters of a function ``ops``; and :data:`SYSTEM_KEY`.
     overrides
-        Overrides applied at every point (none of ``vary``'s paths).
+        Overrides applied at every point (none of ``vary``'s paths, nor of a System's overrides).
     streams
         For a list of ops, each op's stream (a name, or a :class:`gpusim.Stream` with a CU mask):
         ops on one stream run in order, on different streams concurrently (:func:`gpusim.run`;
@@ -296,8 +296,10 @@ def sweep_parameters(
         A bad grid, op list (also one a function made: the message names the point), streams (not
         one per op) or mode; a
         function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
-        ``overrides``; a system given both as the argument and in ``vary`` (or in neither); or a
-        point whose description is invalid (the message names the point's values and the override).
+        ``overrides`` (or a System's overrides); a field that two paths name (``links.bandwidth``
+        and ``links.bandwidth_bytes_per_s``); a system given both as the argument and in ``vary``
+        (or in neither); or a point whose description is invalid (the message names the point's
+        values and the override).
     gpusim.errors.UnknownPresetError
         A system is neither a preset nor a file.
     gpusim.errors.SweepError
@@ -314,9 +316,6 @@ def sweep_parameters(
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(f"sweep_parameters: overrides must be a mapping of dotted paths to values, got {overrides!r}")
-    both = [path for path in vary if path in (overrides or {})]
-    if both:
-        raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
     if (system is None) == (SYSTEM_KEY not in vary):
         raise ConfigError("sweep_parameters: give the system either as the argument or as the values of "
                           f"vary[{SYSTEM_KEY!r}] (presets or YAML paths), not both or neither")
@@ -326,6 +325,9 @@ def sweep_parameters(
         source, base = system and os.fspath(system), dict(overrides or {})
     else:
         raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
+    both = [path for path in vary if path in base]  # else the point's value would replace the override unseen
+    if both:
+        raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
     calls, columns = [], []
     for index, values in enumerate(points):
         made = _point_ops(ops, workload, values, index) if workload else op_list

@@ -40,6 +40,13 @@ def test_a_system_file_that_is_not_utf8_is_one_error_line(tmp_path, capsys):
     assert captured.out == ""
 
 
+def test_a_field_set_twice_is_an_error(capsys):
+    assert main(["show-config", "t3-ring8", "--set", "gpu.num_cus=40", "--set", "gpu.num_cus=80"]) == 2
+    assert capsys.readouterr().err == "gpusim: error: --set 'gpu.num_cus' is given more than once; give each field one value\n"
+    assert main(["show-config", "t3-ring8", "--set", "links.bandwidth=75GB/s", "--set", "links.bandwidth_bytes_per_s=1e11"]) == 2
+    assert "field 'links.bandwidth_bytes_per_s' is set by override 'links.bandwidth' too" in capsys.readouterr().err
+
+
 def test_run_writes_outputs(tmp_path, capsys):
     code = main(["run", "--system", "t3-ring8", "--mode", "symmetric", "--quiet", "--out", str(tmp_path),
                  "--op", "gemm m=512 n=512 k=512 dtype=fp16", "--op", "allreduce nbytes=1MiB"])

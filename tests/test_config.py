@@ -33,6 +33,12 @@ def test_overrides_with_aliases():
         system.with_overrides({"gpu.num_cus": 10**9})  # would exhaust the simulator's memory
 
 
+def test_two_overrides_of_one_field_are_an_error_naming_both():
+    with pytest.raises(ConfigError, match=r"override 'links.bandwidth_bytes_per_s': field 'links.bandwidth_bytes_per_s' "
+                                          r"is set by override 'links.bandwidth' too; give it once"):
+        load_system_config("t3-ring8", {"links.bandwidth": "300 GB/s", "links.bandwidth_bytes_per_s": 1e11})
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)

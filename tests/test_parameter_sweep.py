@@ -184,6 +184,14 @@ def test_a_bad_point_fails_before_anything_runs(tmp_path):
     assert not cache.exists() or not any(cache.iterdir())
 
 
+def test_a_field_is_set_once_whether_varied_or_overridden():
+    with pytest.raises(ConfigError, match="'gpu.num_cus' is both varied and overridden"):
+        sweep(gpusim.load_system("t3-ring8", {"gpu.num_cus": 40}), GEMM, {"gpu.num_cus": [80, 160]})
+    with pytest.raises(ConfigError, match=r"sweep point 0 .*: override 'links.bandwidth_bytes_per_s': field "
+                                          r"'links.bandwidth_bytes_per_s' is set by override 'links.bandwidth' too"):
+        sweep("t3-ring8", GEMM, {"links.bandwidth": ["75 GB/s"], "links.bandwidth_bytes_per_s": ["150 GB/s"]})
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"overrides": {"gpu.num_cus": 80}}, "both varied and overridden"),
     ({"mode": "fast"}, "mode must be one of"),
@@ -383,6 +391,7 @@ def test_cli_sweep_placeholders_that_do_not_read_are_one_error_line(tmp_path, ca
     (["gpu.num_cus=80,"], "--vary expects PATH=VALUE,VALUE"),
     (["gpu.num_cus=80", "gpu.num_cus=160"], "given more than once"),
     (["gpu.num_cus=80,lots"], "sweep point 1"),
+    (["links.bandwidth=75GB/s", "links.bandwidth_bytes_per_s=150GB/s"], "is set by override 'links.bandwidth' too"),
 ])
 def test_cli_sweep_bad_vary(tmp_path, capsys, vary, message):
     arguments = ["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--quiet", "--out", str(tmp_path / "out")]
@@ -391,3 +400,16 @@ def test_cli_sweep_bad_vary(tmp_path, capsys, vary, message):
     assert main(arguments) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--op", "gemm m=64 n=64 k=64"],
+    ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1"],
+])
+def test_cli_a_varied_field_may_not_be_set_too(tmp_path, capsys, command):
+    out = tmp_path / "out"
+    assert main([*command, "--system", "t3-ring8", "--set", "gpu.num_cus=40", "--vary", "gpu.num_cus=80,160",
+                 "--quiet", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: sweep_parameters: 'gpu.num_cus' is both varied and overridden; "
+                                       "give it in one of them\n")
+    assert not out.exists()

@@ -351,6 +351,10 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[d
     created: dict[str, list[str]] = {}
     for path, value in overrides.items():
         keys, infos, value = _resolve_path(path, value)
+        field = ".".join(keys)
+        if field in resolved:  # a field and its unit-less alias (links.bandwidth, links.bandwidth_bytes_per_s)
+            raise ConfigError(f"override {path!r}: field {field!r} is set by override {resolved[field]!r} too; "
+                              f"give it once")
         node = data
         for depth, key in enumerate(keys[:-1]):
             child = node.get(key)
@@ -366,7 +370,7 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[d
                 created[section].append(path)
             node = child
         node[keys[-1]] = value
-        resolved[".".join(keys)] = path
+        resolved[field] = path
     return resolved, created
 
 
