@@ -344,7 +344,7 @@ def sweep_parameters(
         columns.append({"point": index, **dict(fields.values())})
     column_of = {key: column for key, (column, _) in fields.items()}  # a varied key -> its column, alike at every point
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
-                 description=f"sweep over {', '.join(vary)}")
+                 description=f"sweep over {', '.join(vary)}", labels=[repr(values) for values in points])
     rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers", "streams"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
     first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]

@@ -221,6 +221,7 @@ def sweep(
     cache: str | os.PathLike | None = None,
     progress: bool = True,
     description: str = "sweep",
+    labels: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Run ``fn(**point)`` for every point and collect the rows.
 
@@ -241,6 +242,9 @@ def sweep(
         Show a progress bar.
     description
         Label of the progress bar.
+    labels
+        How a failure's message names each point, one per point (default: the point's keyword
+        arguments, which may be long).
 
     Returns
     -------
@@ -251,13 +255,15 @@ def sweep(
     Raises
     ------
     ConfigError
-        ``workers`` is not a positive integer, ``cache`` is a file, or the scheduler cannot be
-        reached (:func:`dask_client`).
+        ``workers`` is not a positive integer, ``labels`` are not one per point, ``cache`` is a
+        file, or the scheduler cannot be reached (:func:`dask_client`).
     SweepError
         A point failed (its error is the cause); the points that finished are cached.
     """
     if workers is not None and (as_int(workers) is None or workers < 1):
         raise ConfigError(f"sweep: workers must be a positive integer (or None for every CPU), got {workers!r}")
+    if labels is not None and len(labels) != len(points):
+        raise ConfigError(f"sweep: labels must name each of the {len(points)} points, got {len(labels)} labels")
     store = ResultCache(cache) if cache is not None else None
     keys = [point_key(fn, point) for point in points]
     results: dict[int, list[Row]] = {}
@@ -323,7 +329,8 @@ def sweep(
             bar.close()
     if failed:
         index, exc = failed[0]
-        raise SweepError(f"{description}: point {index} {points[index]!r} failed: {type(exc).__name__}: {exc}"
+        label = labels[index] if labels is not None else repr(points[index])
+        raise SweepError(f"{description}: point {index} {label} failed: {type(exc).__name__}: {exc}"
                          + (f" ({len(failed) - 1} more points failed)" if len(failed) > 1 else "")) from exc
     rows = [row for index in range(len(points)) for row in results[first_of[keys[index]]]]
     return pd.DataFrame(rows)

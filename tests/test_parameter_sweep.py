@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import gpusim
 from gpusim import ops
 from gpusim.cli import main
-from gpusim.errors import ConfigError, NoEffectWarning
+from gpusim.errors import ConfigError, NoEffectWarning, SweepError
 from gpusim.parameter_sweep import elasticities, parameter_grid, point_totals, points_in_ms, sweep_parameters
 from gpusim.trace import transformer
 
@@ -175,6 +175,17 @@ def test_a_field_that_changes_nothing_is_reported():
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoEffectWarning)  # the switch's ports are what a switched node uses
         sweep("dgx-a100", lambda nbytes: ops.AllReduce(nbytes), {**make, "switch.port_bandwidth": ["100 GB/s", "300 GB/s"]})
+
+
+def test_a_point_that_fails_to_simulate_is_named_by_its_values(capsys):
+    with pytest.raises(SweepError, match=r"^sweep over gpu.num_cus: point 0 \{'gpu.num_cus': 40\} failed: OpError: "
+                                         r"allreduce 1.0 MiB: rank 1 does not exist; a100-sxm4 has ranks 0..0$"):
+        sweep("a100-sxm4", ops.AllReduce(2**20, ranks=[0, 1]), {"gpu.num_cus": [40]}, mode="full")
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB ranks=0,1", "--mode", "full",
+                 "--vary", "gpu.num_cus=40", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: error: sweep over gpu.num_cus: point 0 {'gpu.num_cus': '40'} failed: OpError")
+    assert "'config'" not in err and len(err.splitlines()) == 1
 
 
 def test_a_bad_point_fails_before_anything_runs(tmp_path):

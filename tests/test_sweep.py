@@ -88,6 +88,15 @@ def test_a_failing_point_is_named_and_the_finished_ones_are_kept(tmp_path, worke
     assert cached <= {path.stem for path in tmp_path.glob("*.pkl")}  # the points before it need not run again
 
 
+def test_a_failing_point_may_be_named_by_its_label():
+    points = [{"x": x, "config": "a long description"} for x in range(5)]
+    with pytest.raises(SweepError, match=r"^sweep: point 3 x=3 failed: ValueError: boom$"):
+        sweep(lambda x, config: fails_at_three(x), points, workers=1, progress=False,
+              labels=[f"x={point['x']}" for point in points])
+    with pytest.raises(ConfigError, match="labels must name each of the 5 points, got 1 labels"):
+        sweep(fails_at_three, points, workers=1, progress=False, labels=["x"])
+
+
 def test_keys_change_with_the_simulator_and_its_presets(tmp_path, monkeypatch):
     """A cached point of a changed model or preset is simulated again (the T3 study reused stale ones)."""
     from gpusim import sweep as sweep_module
