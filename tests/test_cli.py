@@ -279,6 +279,16 @@ def test_outputs_are_moved_into_out_all_together_or_not_at_all(tmp_path, capsys)
                                                               "timeline.png"]
 
 
+def test_a_failed_command_removes_the_parent_folders_it_made_for_out_but_no_others(tmp_path, capsys):
+    failing = ["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8 ranks=0,9", "--quiet", "--out"]
+    assert main([*failing, str(tmp_path / "new" / "deeper" / "out")]) == 2
+    assert "rank 9 does not exist" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    (tmp_path / "kept").mkdir()
+    assert main([*failing, str(tmp_path / "kept" / "new" / "out")]) == 2
+    assert [path.name for path in tmp_path.rglob("*")] == ["kept"]  # a folder that was there stays
+
+
 def test_simulate_reports_the_kernels_it_replays_as_delays(capsys):
     from tests.conftest import shared_data
 
