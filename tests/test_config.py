@@ -39,6 +39,15 @@ def test_two_overrides_of_one_field_are_an_error_naming_both():
         load_system_config("t3-ring8", {"links.bandwidth": "300 GB/s", "links.bandwidth_bytes_per_s": 1e11})
 
 
+def test_a_system_of_more_gpus_than_can_be_simulated_is_an_error_not_a_memory_error():
+    with pytest.raises(ConfigError, match=r"override 'num_gpus': field 'num_gpus': .*less than or equal to 1024"):
+        load_system_config("a100-4-nvlink", {"num_gpus": 100_000})  # its links alone would fill the memory
+    with pytest.raises(ConfigError, match=r"override 'nodes'.*: 513 nodes of 8 GPUs are 4104 GPUs; at most 4096 are "
+                                          r"simulated \(fields 'nodes' and 'num_gpus'\)"):
+        load_system_config("dgx-a100", {"nodes": 513})
+    assert load_system_config("dgx-a100", {"nodes": 512}).total_gpus == 4096
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)

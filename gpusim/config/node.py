@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from gpusim.config.gpu import GpuConfig
 from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Int, Model, Nanoseconds, PositiveInt
 
 TopologyKind = Literal["ring", "fully_connected", "switch", "hybrid_cube_mesh", "custom"]
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs a node description may have (a fully connected node of n GPUs has n(n-1)/2 links: 1024
+GPUs take about a gigabyte to build, a few thousand more than a machine's memory)."""
+MAX_GPUS = 4096
+"""Most GPUs a system may have over all its nodes (each is simulated: 4096 take about a gigabyte and a
+half to simulate a kernel on, and many more would exhaust the simulator's memory)."""
 
 
 class LinkConfig(Model):
@@ -182,11 +188,12 @@ class SystemConfig(Model):
     gpu
         The GPU of every node.
     num_gpus
-        GPUs per node.
+        GPUs per node, at most :data:`MAX_GPUS_PER_NODE`.
     topology, links, switch
         The intra-node interconnect; ``switch`` is required for a switch topology.
     nodes
-        Number of nodes; more than one needs ``network``.
+        Number of nodes; more than one needs ``network``, and all of them together have at most
+        :data:`MAX_GPUS` GPUs.
     network
         The inter-node network.
     collectives
@@ -197,7 +204,7 @@ class SystemConfig(Model):
     description: str = ""
     sources: list[str] = []
     gpu: GpuConfig
-    num_gpus: PositiveInt = 1
+    num_gpus: Annotated[PositiveInt, Field(le=MAX_GPUS_PER_NODE)] = 1
     topology: TopologyConfig = TopologyConfig(kind="fully_connected")
     links: LinkConfig | None = None
     switch: SwitchConfig | None = None
@@ -221,6 +228,9 @@ class SystemConfig(Model):
                     raise ValueError(f"topology edge {edge} names GPU {gpu}; GPUs are 0..{self.num_gpus - 1}")
         if self.nodes > 1 and self.network is None:
             raise ValueError(f"{self.nodes} nodes need 'network' (NIC bandwidth, latency)")
+        if self.total_gpus > MAX_GPUS:
+            raise ValueError(f"{self.nodes} nodes of {self.num_gpus} GPUs are {self.total_gpus} GPUs; at most "
+                             f"{MAX_GPUS} are simulated (fields 'nodes' and 'num_gpus')")
         return self
 
     @property
