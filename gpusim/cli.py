@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpusim import ops as gops
 from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
-from gpusim.errors import GpusimError
+from gpusim.errors import GpusimError, OpError
 from gpusim.output_files import staged_outputs
 from gpusim.sched.executor import Stream
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
@@ -124,7 +124,10 @@ def parse_op(spec: str) -> gops.Op:
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise GpusimError(f"op {spec!r}: missing field {missing[0]!r}; {name} takes {takes}")
-    return cls(**fields)
+    try:
+        return cls(**fields)
+    except OpError as exc:  # a value the op refuses (m=0, dtype=fp99): say which --op gave it
+        raise OpError(f"op {spec!r}: {exc}") from None
 
 
 def _cu_ranges(text: str, spec: str) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ import pytest
 import gpusim
 from gpusim import validation
 from gpusim.cli import main, parse_op, split_stream
-from gpusim.errors import ConfigError, GpusimError
+from gpusim.errors import ConfigError, GpusimError, OpError
 
 
 def test_list(capsys):
@@ -159,6 +159,17 @@ def test_run_reports_bad_ops_without_a_traceback(extra, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith("gpusim: error: ") and "Traceback" not in err
     assert re.search(message, err)
+
+
+def test_a_value_an_op_refuses_names_the_op_spec_that_gave_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--system", "t3-ring8", "--quiet", "--out", str(out), "--op", "gemm m=64 n=64 k=64",
+                 "--op", "gemm m=0 n=64 k=64"]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: op 'gemm m=0 n=64 k=64': Gemm: field 'm' must be a positive "
+                                       "integer, got 0\n")
+    assert not out.exists()
+    with pytest.raises(OpError, match=r"^op 'allreduce nbytes=1MiB dtype=fp99': AllReduce: field 'dtype' must be one of"):
+        parse_op("allreduce nbytes=1MiB dtype=fp99")
 
 
 def test_run_rejects_an_unknown_policy(capsys):
