@@ -399,26 +399,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
     tables = []
     broken: list[str] = []
     subsets: list[str] = []
-    for dataset in [validation.get(name) for name in names] + extra:
-        name = dataset.name
-        frame, table, violations = validation.report(
-            dataset, out, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
-            progress=not args.quiet,
-        )
-        limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
-        table["tolerance"] = [limits if subset == "all" else "" for subset in table["subset"]]
-        table["verdict"] = ["FAIL" if violations else "ok" if subset == "all" else "" for subset in table["subset"]]
-        tables.append(table)
-        broken += violations
-        subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
-    table = pd.concat(tables, ignore_index=True)
-    shown = table.copy()
-    for column in ("median", "p90", "max"):
-        shown[column] = shown[column].map(lambda value: f"{value:.1%}")
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(shown.to_string(index=False))
+    with staged_outputs(out) as stage:  # a data set that fails leaves none of the others' files behind
+        for dataset in [validation.get(name) for name in names] + extra:
+            name = dataset.name
+            frame, table, violations = validation.report(
+                dataset, stage, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
+                progress=not args.quiet,
+            )
+            limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
+            table["tolerance"] = [limits if subset == "all" else "" for subset in table["subset"]]
+            table["verdict"] = ["FAIL" if violations else "ok" if subset == "all" else "" for subset in table["subset"]]
+            tables.append(table)
+            broken += violations
+            subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
+        table = pd.concat(tables, ignore_index=True)
+        shown = table.copy()
+        for column in ("median", "p90", "max"):
+            shown[column] = shown[column].map(lambda value: f"{value:.1%}")
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(shown.to_string(index=False))
+        if stage is not None:
+            table.to_csv(stage / "summary.csv", index=False)
     if out is not None:
-        table.to_csv(out / "summary.csv", index=False)
         print(f"wrote {out}/ (summary.csv, one CSV and one PNG per data set)")
     if broken:
         print("validation FAILED:\n  " + "\n  ".join(broken), file=sys.stderr)

@@ -204,6 +204,24 @@ def test_validate_reports_bad_profiles_and_presets_before_simulating(arguments, 
     assert re.search(message.replace("EMPTY", ".*empty.csv").replace("BINARY", ".*binary.csv"), err)
 
 
+def test_validate_writes_no_data_set_files_when_a_later_data_set_fails(tmp_path, capsys, monkeypatch):
+    compare = validation.compare
+    compared: list[str] = []
+
+    def second_fails(dataset, *args, **kwargs):
+        compared.append(dataset.name)
+        if len(compared) == 2:
+            raise ConfigError(f"{dataset.name}: cannot be compared")
+        return compare(dataset, *args, **kwargs)
+
+    monkeypatch.setattr(validation, "compare", second_fails)
+    out = tmp_path / "out"
+    assert main(["validate", "--dataset", "gelu-mi210", "--dataset", "softmax-mi210", "--points", "1", "--quiet",
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "gpusim: error: softmax-mi210: cannot be compared\n"
+    assert not out.exists()  # not even gelu-mi210.csv, which was written before the failure
+
+
 @pytest.mark.parametrize("count", [0, -2, 1.5, True])
 def test_validation_sample_needs_a_positive_count(count):
     with pytest.raises(ConfigError, match="points: expected a positive number of rows"):
