@@ -172,6 +172,20 @@ def test_a_value_an_op_refuses_names_the_op_spec_that_gave_it(tmp_path, capsys):
         parse_op("allreduce nbytes=1MiB dtype=fp99")
 
 
+@pytest.mark.parametrize(("op", "message"), [
+    ("sendrecv nbytes=1MiB src=0 dst=3", "GPU 0 cannot reach GPU 3 in its custom topology (field 'topology.edges')"),
+    ("allreduce nbytes=1MiB", "its custom topology of 4 GPUs has no ring through direct links, which a ring collective "
+                              "needs (field 'topology.edges')"),
+])
+def test_ops_a_custom_topology_cannot_carry_are_one_error_line(tmp_path, capsys, op, message):
+    islands = tmp_path / "islands.yaml"  # two pairs of GPUs, not linked to each other
+    islands.write_text("base: a100-4-nvlink\ntopology: {kind: custom, edges: [[0, 1], [2, 3]]}\n")
+    out = tmp_path / "out"
+    assert main(["run", "--system", str(islands), "--mode", "full", "--quiet", "--op", op, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"gpusim: error: islands: {message}\n"
+    assert not out.exists()
+
+
 def test_run_rejects_an_unknown_policy(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--system", "t3-ring8", "--policy", "bogus", "--op", "gemm m=8 n=8 k=8"])

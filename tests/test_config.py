@@ -48,6 +48,20 @@ def test_a_system_of_more_gpus_than_can_be_simulated_is_an_error_not_a_memory_er
     assert load_system_config("dgx-a100", {"nodes": 512}).total_gpus == 4096
 
 
+@pytest.mark.parametrize(("topology", "message"), [
+    ("{kind: custom, edges: [[0, 0]]}", r"edge \[0, 0\] links GPU 0 to itself"),
+    ("{kind: custom, edges: [[0, 1, 0]]}", r"edge \[0, 1, 0\]: its number of links must be at least 1, got 0"),
+    ("{kind: custom, edges: [[0, 1, -2]]}", r"edge \[0, 1, -2\]: its number of links must be at least 1, got -2"),
+    ("{kind: custom, edges: [[0, 1], [1, 0, 2]]}", r"edges \[0, 1\] and \[1, 0, 2\] link the same GPUs; give each pair once"),
+    ("{kind: ring, edges: [[0, 1]]}", r"'edges' describe a custom topology; a ring topology makes its own links"),
+])
+def test_a_custom_topology_links_distinct_pairs_of_gpus(tmp_path, topology, message):
+    path = tmp_path / "node.yaml"
+    path.write_text(f"base: a100-4-nvlink\ntopology: {topology}\n")
+    with pytest.raises(ConfigError, match=rf"node.yaml: field 'topology': {message}"):
+        load_system_config(path)
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)

@@ -66,9 +66,21 @@ class TopologyConfig(Model):
     def _check_edges(self) -> TopologyConfig:
         if self.kind == "custom" and not self.edges:
             raise ValueError("a custom topology needs 'edges'")
+        if self.kind != "custom" and self.edges:
+            raise ValueError(f"'edges' describe a custom topology; a {self.kind} topology makes its own links "
+                             f"(give kind: custom, or leave 'edges' out)")
+        pairs: dict[frozenset[int], list[int]] = {}
         for edge in self.edges:
             if len(edge) not in (2, 3):
                 raise ValueError(f"edge {edge} must be [a, b] or [a, b, links]")
+            if edge[0] == edge[1]:
+                raise ValueError(f"edge {edge} links GPU {edge[0]} to itself; an edge links two GPUs")
+            if len(edge) == 3 and edge[2] < 1:
+                raise ValueError(f"edge {edge}: its number of links must be at least 1, got {edge[2]}")
+            first = pairs.setdefault(frozenset(edge[:2]), edge)
+            if first is not edge:
+                raise ValueError(f"edges {first} and {edge} link the same GPUs; give each pair once "
+                                 f"(with its number of links as a third value)")
         return self
 
 
