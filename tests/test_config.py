@@ -418,6 +418,23 @@ def test_a_file_that_is_neither_or_both_a_gpu_and_a_node_is_an_error(tmp_path):
         load_system_config(neither)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("base: dgx-a100\nnum_cus: 80\n", r"field 'base': 'dgx-a100' is a node's description, but this file gives a "
+                                       r"GPU's fields \(num_cus\); start from a GPU preset \(a100-sxm4, .*\) or a GPU's "
+                                       r"file, or give the node's GPU these fields under 'gpu'"),
+    ("base: a100-sxm4\nnum_gpus: 4\n", r"field 'base': 'a100-sxm4' is a GPU's description, but this file gives a "
+                                        r"node's fields \(num_gpus\); start from a node preset, or name the GPU in "
+                                        r"field 'gpu' \(gpu: a100-sxm4\)"),
+    ("base: a100-4-nvlink\ngpu: {base: dgx-a100}\n", r"field 'gpu.base': 'dgx-a100' is a node's description, but a "
+                                                      r"node's 'gpu' is a GPU's; start from a GPU preset .* or a GPU's file"),
+])
+def test_a_description_starts_from_a_base_of_its_own_kind(tmp_path, text, message):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {message}$"):
+        load_system_config(path)
+
+
 def test_a_node_file_without_its_gpu_says_so(tmp_path):
     path = tmp_path / "node.yaml"
     path.write_text("name: n\nnum_gpus: 2\ntopology: {kind: ring}\nlinks: {bandwidth_bytes_per_s: 1 GB/s}\n")

@@ -226,6 +226,33 @@ def _referenced_file(ref: str, origin: Path, field: str, presets: dict[str, Path
     return presets[ref]
 
 
+def _check_same_kind(own: dict[str, Any], inline: bool, base: _Description, ref: str, origin: Path) -> None:
+    """Raise when a description and its ``base`` (named ``ref`` in ``origin``) are not of one kind: a
+    GPU's fields (``num_cus``) on a node's base, a node's (``num_gpus``) on a GPU's, or a GPU
+    written inline in a node that starts from a node.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, the field ``base`` and the kind of description it expects.
+    """
+    base_kind = "node" if "gpu" in base.data else "GPU"
+    node_fields = sorted(str(key) for key in own if key == "gpu" or key in _NODE_ONLY)
+    gpu_fields = sorted(str(key) for key in own if key in _GPU_ONLY)
+    own_kind, fields = ("GPU", gpu_fields) if inline or not node_fields else ("node", node_fields)
+    if base_kind == own_kind or not (inline or fields):
+        return
+    field = "gpu.base" if inline else "base"
+    given = "a node's 'gpu' is a GPU's" if inline else f"this file gives a {own_kind}'s fields ({', '.join(fields)})"
+    if own_kind == "GPU":
+        known = ", ".join(sorted(_preset_files("gpus")))
+        advice = f"start from a GPU preset ({known}) or a GPU's file" + ("" if inline else ", or give the node's GPU "
+                                                                          "these fields under 'gpu'")
+    else:
+        advice = f"start from a node preset, or name the GPU in field 'gpu' (gpu: {ref})"
+    raise ConfigError(f"{origin}: field '{field}': {ref!r} is a {base_kind}'s description, but {given}; {advice}")
+
+
 def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = (), inline: bool = False) -> _Description:
     """Resolve the ``base`` chain of a description read from ``origin`` (or written ``inline`` in it)."""
     if "base" not in fields:
@@ -240,6 +267,7 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
         cycle = " -> ".join(str(path) for path in (*chain, base_path))
         raise ConfigError(f"{origin}: field 'base': the chain of bases loops ({cycle})")
     base = _description(_read_yaml(base_path), base_path, chain)
+    _check_same_kind(own, inline, base, ref, origin)
     base_gpu = base.data.get("gpu")
     if isinstance(own.get("gpu"), dict) and "base" not in own["gpu"] and isinstance(base_gpu, str):
         # changes to the base's GPU preset: start from that preset (a path is relative to the file naming it)
