@@ -297,7 +297,8 @@ def sweep_parameters(
         one per op) or mode; a
         function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
         ``overrides`` (or a System's overrides); a field that two paths name (``links.bandwidth``
-        and ``links.bandwidth_bytes_per_s``); a system given both as the argument and in ``vary``
+        and ``links.bandwidth_bytes_per_s``), or two of its values that are one (``1 GHz`` and
+        ``1000 MHz``); a system given both as the argument and in ``vary``
         (or in neither); or a point whose description is invalid (the message names the point's
         values and the override).
     gpusim.errors.UnknownPresetError
@@ -329,6 +330,7 @@ def sweep_parameters(
     if both:
         raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
     calls, columns = [], []
+    given_as: dict[str, dict[str, Any]] = {}  # a varied field -> its values as resolved -> as given
     for index, values in enumerate(points):
         made = _point_ops(ops, workload, values, index) if workload else op_list
         if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
@@ -338,6 +340,13 @@ def sweep_parameters(
             what = "a trace (whose rows name their streams)" if isinstance(made, Trace) else f"{len(made)} ops"
             raise ConfigError(f"sweep point {index} ({values}): streams gives {len(streams)} stream name(s) for {what}")
         point_source, config, fields = _point_system(source, base, values, workload, index)
+        for key, (_, value) in fields.items():
+            if key == SYSTEM_KEY or key in workload:
+                continue
+            first = given_as.setdefault(key, {}).setdefault(repr(value), values[key])
+            if first != values[key]:
+                raise ConfigError(f"vary {key!r}: {first!r} and {values[key]!r} are one value ({value!r}); "
+                                  f"give each value once")
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
                       "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers,
                       "streams": None if streams is None else list(streams)})

@@ -203,6 +203,16 @@ def test_a_field_is_set_once_whether_varied_or_overridden():
         sweep("t3-ring8", GEMM, {"links.bandwidth": ["75 GB/s"], "links.bandwidth_bytes_per_s": ["150 GB/s"]})
 
 
+@pytest.mark.parametrize(("vary", "message"), [
+    ({"gpu.clock": ["1 GHz", "1000 MHz"]}, r"vary 'gpu.clock': '1 GHz' and '1000 MHz' are one value \(1000000000.0\)"),
+    ({"gpu.num_cus": [80, "80"]}, r"vary 'gpu.num_cus': 80 and '80' are one value \(80\); give each value once"),
+])
+def test_two_values_of_a_field_that_are_one_are_an_error(tmp_path, vary, message):
+    with pytest.raises(ConfigError, match=message):
+        sweep("t3-ring8", GEMM, vary, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # refused before running
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"overrides": {"gpu.num_cus": 80}}, "both varied and overridden"),
     ({"mode": "fast"}, "mode must be one of"),
