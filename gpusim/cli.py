@@ -349,8 +349,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     grid = parse_vary(args.vary)
     system = load_system(args.system, parse_overrides(args.set)) if args.system else None
-    if system is None and SYSTEM_KEY not in grid:
-        raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
+    if (system is None) == (SYSTEM_KEY not in grid):
+        raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME "
+                          f"(one of the two, not both)")
     specs, streams = _streams_of(args.op)
     names = template_names(specs)
     unset = [name for name in names if name not in grid]

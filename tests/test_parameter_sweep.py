@@ -343,6 +343,10 @@ def test_cli_sweep_compares_systems(capsys):
     assert "a100-sxm4" in out and "h100-sxm5" in out
     assert main(["sweep", "--op", "gemm m=1024 n=1024 k=1024", "--vary", "gpu.num_cus=40", "--quiet"]) == 2
     assert "give --system, or the systems to compare as --vary system=" in capsys.readouterr().err
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "gemm m=1024 n=1024 k=1024", "--vary",
+                 "system=a100-sxm4,h100-sxm5", "--quiet"]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: sweep: give --system, or the systems to compare as --vary "
+                                       "system=NAME,NAME (one of the two, not both)\n")
 
 
 def test_cli_simulate_varies_model_options(tmp_path):
