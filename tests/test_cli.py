@@ -40,6 +40,12 @@ def test_a_system_file_that_is_not_utf8_is_one_error_line(tmp_path, capsys):
     assert captured.out == ""
 
 
+def test_set_gives_a_list_field_as_yaml_writes_a_list(capsys):
+    assert main(["show-config", "a100-4-nvlink", "--set", "topology.kind=custom", "--set",
+                 "topology.edges=[[0, 1], [1, 2], [2, 3], [3, 0, 2]]"]) == 0
+    assert "  edges:\n  - - 0\n    - 1\n" in capsys.readouterr().out
+
+
 def test_a_field_set_twice_is_an_error(capsys):
     assert main(["show-config", "t3-ring8", "--set", "gpu.num_cus=40", "--set", "gpu.num_cus=80"]) == 2
     assert capsys.readouterr().err == "gpusim: error: --set 'gpu.num_cus' is given more than once; give each field one value\n"

@@ -490,6 +490,20 @@ def _leaves(data, path=()):
         yield ".".join(path), data
 
 
+def test_a_list_field_takes_a_yaml_list_as_text():
+    config = load_system_config("a100-4-nvlink", {"topology.kind": "custom", "topology.edges": "[[0, 1], [1, 2, 2]]",
+                                                  "sources": "[measured, guessed]",
+                                                  "gpu.memctrl.mca.thresholds": "[0.1, 0.2, 0.5, 1.0]"})
+    assert config.topology.edges == [[0, 1], [1, 2, 2]] and config.sources == ["measured", "guessed"]
+    assert config.gpu.memctrl.mca.thresholds == (0.1, 0.2, 0.5, 1.0)
+    for text in ("[[0, 1", "0, 1"):
+        with pytest.raises(ConfigError, match=rf"override 'topology.edges': field 'edges' takes a list, written as YAML "
+                                              rf"writes one \(such as .*\), got '{re.escape(text)}'"):
+            load_system_config("a100-4-nvlink", {"topology.kind": "custom", "topology.edges": text})
+    with pytest.raises(ConfigError, match=r"override 'topology.edges': field 'topology.edges.0.1': .*valid integer"):
+        load_system_config("a100-4-nvlink", {"topology.kind": "custom", "topology.edges": "[[0, a]]"})
+
+
 @pytest.mark.parametrize("name", ["t3-ring8", "dgx-a100", "h200-sxm"])
 def test_every_field_takes_the_text_a_command_line_would_pass(name):
     config = load_system_config(name)

@@ -8,7 +8,8 @@ other values replace the base's, and its ``sources`` come before the base's.  Ov
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
 value must then say its unit.  A value may also be the text a user typed (``"160"``, ``"true"``,
-``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``).
+``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``)
+and a list field reads it as a YAML list (``topology.edges="[[0, 1], [1, 2]]"``).
 
 An override changes one field and keeps the rest of its section.  Where the description leaves a
 section out, the override starts from the section's defaults (``gpu.nmc.op_cycles.div=2`` keeps
@@ -308,6 +309,25 @@ def _is_mapping(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict
 
 
+def _list_from_text(path: str, name: str, text: str) -> list[Any]:
+    """The value of the list field ``name`` that the override ``path`` gives as text, written as YAML
+    writes a list (``[[0, 1], [1, 2, 2]]``, ``[0.1, 0.5]``).
+
+    Raises
+    ------
+    ConfigError
+        The text is not such a list.
+    """
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, list):
+        raise ConfigError(f"override {path!r}: field {name!r} takes a list, written as YAML writes one "
+                          f"(such as [0.1, 0.5] or [[0, 1], [1, 2]]), got {text!r}")
+    return value
+
+
 def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | None], Any]:
     """Map an override path onto field names; check values given to unit-less aliases.
 
@@ -347,6 +367,8 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
             # a text field given what a command line read as a number or a boolean (``name=123``,
             # ``description=true``); text as typed (``007``) is kept as it is
             value = str(value).lower() if isinstance(value, bool) else str(value)
+        if typing.get_origin(annotation) in (list, tuple) and index == len(parts) - 1 and isinstance(value, str):
+            value = _list_from_text(path, name, value)  # a list as a command line gives it
         model = _model_of(annotation)
         if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
             raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
