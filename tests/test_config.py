@@ -147,6 +147,8 @@ def test_a_folder_is_not_a_description(tmp_path):
         load_system_config(tmp_path / "gpu.yaml")
     with pytest.raises(ConfigError, match=r"is a folder; expected a preset name or a YAML file"):
         load_system_config(tmp_path)
+    with pytest.raises(UnknownPresetError, match=r"unknown hardware preset ''; known presets: a100-4-nvlink"):
+        load_system_config("")  # not the current folder
 
 
 def test_gpu_preset_is_a_single_gpu_system():

@@ -491,7 +491,7 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
         source = path
     else:
         presets = {**_preset_files("gpus"), **_preset_files("nodes")}
-        if ref not in presets and path.is_dir():
+        if ref not in presets and ref and path.is_dir():  # Path("") is the current folder
             raise ConfigError(f"{path}: is a folder; expected a preset name or a YAML file")
         if ref not in presets:
             raise UnknownPresetError(ref, list(presets))
