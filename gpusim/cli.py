@@ -362,11 +362,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if names else [parse_op(spec) for spec in specs]
     if args.scheduler:
         check_scheduler(args.scheduler)
+    cache = output_folder(args.cache, "--cache")
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, op_list, grid, overrides=None if system else parse_overrides(args.set),
                                  streams=streams, mode=args.mode, memory_policy=args.policy,
-                                 workers=args.workers, scheduler=args.scheduler, cache=args.cache,
+                                 workers=args.workers, scheduler=args.scheduler, cache=cache,
                                  progress=not args.quiet)
         report_sweep(table, stage, f"{system.name if system else 'systems'}: {len(args.op)} op(s)")
     if out is not None:

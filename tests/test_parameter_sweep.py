@@ -427,6 +427,20 @@ def test_cli_sweep_bad_vary(tmp_path, capsys, vary, message):
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize(("cache", "message"), [
+    ("", "--cache: expected a folder, got an empty path"),  # not the current folder
+    ("afile", "--cache afile: afile is a file, not a folder"),
+    ("afile/sub", "--cache afile/sub: afile is a file, not a folder"),
+])
+def test_cli_sweep_a_bad_cache_is_one_error_line_before_anything_runs(tmp_path, capsys, monkeypatch, cache, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    assert main(["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--vary", "gpu.num_cus=40",
+                 "--quiet", "--cache", cache, "--out", "out"]) == 2
+    assert capsys.readouterr() == ("", f"gpusim: error: {message}\n")
+    assert [path.name for path in tmp_path.iterdir()] == ["afile"]
+
+
 @pytest.mark.parametrize("command", [
     ["sweep", "--op", "gemm m=64 n=64 k=64"],
     ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1"],
