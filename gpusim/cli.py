@@ -79,9 +79,10 @@ def parse_op(spec: str) -> gops.Op:
     cls = OP_NAMES[name]
     types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.init}
     fields: dict[str, object] = {}
-    for word in words[1:]:
+    for previous, word in zip(words, words[1:]):
         if "=" not in word:
-            raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}")
+            spaced = f" (a value has no spaces: write {previous}{word})" if "=" in previous else ""
+            raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}{spaced}")
         key, value = word.split("=", 1)
         key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
         if cls is gops.Optimizer and key == "model":  # the parameter tensors of a model definition
