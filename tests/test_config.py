@@ -62,6 +62,21 @@ def test_a_custom_topology_links_distinct_pairs_of_gpus(tmp_path, topology, mess
         load_system_config(path)
 
 
+@pytest.mark.parametrize("path", ["name", "gpu.name", "collectives.protocols"])
+def test_a_name_may_not_be_blank(path):
+    value = "[{name: ' ', step_latency_ns: 1 us}]" if path == "collectives.protocols" else " "
+    with pytest.raises(ConfigError, match=rf"override '{path}': field '{path}(.0.name)?': expected a name, got ' '$"):
+        load_system_config("dgx-a100", {path: value})
+
+
+def test_a_blank_name_in_a_gpu_file_is_one_error(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("base: a100-sxm4\nname: ''\n")
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    assert str(info.value) == f"{path}: field 'name': expected a name, got ''"  # not once for the GPU, once for its system
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)

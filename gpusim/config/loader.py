@@ -457,7 +457,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
         lines.append(f"{origin}: field '{field}': {message}{got}{note}")
-    return "\n".join(lines)
+    return "\n".join(dict.fromkeys(lines))  # a GPU's file names the system too: its errors would come twice
 
 
 def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> SystemConfig:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from gpusim.config.gpu import GpuConfig
-from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Int, Model, Nanoseconds, PositiveInt
+from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Int, Model, Name, Nanoseconds, PositiveInt
 
 TopologyKind = Literal["ring", "fully_connected", "switch", "hybrid_cube_mesh", "custom"]
 MAX_GPUS_PER_NODE = 1024
@@ -151,7 +151,7 @@ class ProtocolConfig(Model):
         rank's chunk.
     """
 
-    name: str
+    name: Name
     step_latency_ns: Nanoseconds
     base_latency_ns: Nanoseconds = 0.0
     wire_efficiency: Fraction = 1.0
@@ -212,7 +212,7 @@ class SystemConfig(Model):
         Collective-library behaviour.
     """
 
-    name: str
+    name: Name
     description: str = ""
     sources: list[str] = []
     gpu: GpuConfig
