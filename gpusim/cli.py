@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpusim import ops as gops
 from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
+from gpusim.config.gpu import MAX_CUS
 from gpusim.errors import GpusimError, OpError
 from gpusim.output_files import staged_outputs
 from gpusim.sched.executor import Stream
@@ -138,6 +139,8 @@ def _cu_ranges(text: str, spec: str) -> tuple[int, ...]:
         first, _, last = part.partition("-")
         if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
             raise GpusimError(f"op {spec!r}: cus= expects CU ranges such as 0-65 or 0-31,64-95, got {text!r}")
+        if int(last or first) >= MAX_CUS:  # before listing a range that could fill the memory
+            raise GpusimError(f"op {spec!r}: cus= names CU {int(last or first)}, but a GPU has at most {MAX_CUS} CUs")
         cus.extend(range(int(first), int(last or first) + 1))
     return tuple(dict.fromkeys(cus))
 

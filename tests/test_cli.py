@@ -395,6 +395,14 @@ def test_optimizer_ops_take_a_model_or_sizes():
         parse_op("optimizer algorithm=adam model=bert-base sizes=1")
 
 
+@pytest.mark.parametrize("cus", ["0-999999999999", "16384", "0-3,16384-16390"])
+def test_cu_ranges_beyond_any_gpu_are_refused_before_they_are_listed(cus, capsys):
+    assert main(["run", "--system", "a100-sxm4", "--quiet", "--op", f"gemm m=8 n=8 k=8 cus={cus}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpusim: error: op 'gemm m=8 n=8 k=8 cus={cus}': cus= names CU ")
+    assert err.endswith(", but a GPU has at most 16384 CUs\n")
+
+
 def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path, capsys):
     assert split_stream("gemm m=64 n=64 k=64 stream=side") == ("gemm m=64 n=64 k=64", gpusim.Stream("side"))
     assert split_stream("gemm m=64 n=64 k=64")[1] == gpusim.Stream()  # the API's default stream
