@@ -77,6 +77,15 @@ def test_a_blank_name_in_a_gpu_file_is_one_error(tmp_path):
     assert str(info.value) == f"{path}: field 'name': expected a name, got ''"  # not once for the GPU, once for its system
 
 
+def test_with_overrides_replaces_a_field_however_it_was_spelled():
+    system = gpusim.load_system("t3-ring8", {"links.bandwidth": "75 GB/s", "gpu.num_cus": 40})
+    changed = system.with_overrides({"links.bandwidth_bytes_per_s": 3e11})
+    assert changed.config.links.bandwidth_bytes_per_s == 3e11 and changed.gpu.num_cus == 40
+    assert changed.overrides == {"gpu.num_cus": 40, "links.bandwidth_bytes_per_s": 3e11}
+    with pytest.raises(ConfigError, match=r"override 5: paths must be dotted strings such as 'gpu.num_cus'"):
+        system.with_overrides({5: 1})
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)

@@ -334,6 +334,8 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
     Returns the field names, the field each names (``None`` for a key of a mapping such as a dtype
     table) and the value to write.
     """
+    if not isinstance(path, str):
+        raise ConfigError(f"override {path!r}: paths must be dotted strings such as 'gpu.num_cus'")
     model: type[BaseModel] | None = SystemConfig
     keys: list[str] = []
     infos: list[FieldInfo | None] = []
@@ -507,9 +509,6 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
     data["gpu"] = copy.deepcopy(gpu.data)
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(f"overrides must be a mapping of dotted paths to values, got {type(overrides).__name__}")
-    for key in overrides or {}:
-        if not isinstance(key, str):
-            raise ConfigError(f"override {key!r}: paths must be dotted strings such as 'gpu.num_cus'")
     overridden, created = _apply_overrides(data, overrides or {})
     try:
         return SystemConfig.model_validate(data)
@@ -547,6 +546,20 @@ def override_field(config: SystemConfig, path: str, value: Any) -> tuple[str, An
     if isinstance(node, BaseModel):
         node = node.model_dump(mode="json")
     return ".".join(keys), node
+
+
+def overridden_field(path: str, value: Any) -> str:
+    """The dotted field path (``links.bandwidth_bytes_per_s``) that an override ``path``
+    (``links.bandwidth``) given ``value`` sets.
+
+    Raises
+    ------
+    ConfigError
+        ``path`` names no field, or a path without its field's unit suffix is given a value
+        without a unit.
+    """
+    keys, _, _ = _resolve_path(path, value)
+    return ".".join(keys)
 
 
 def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:
