@@ -86,6 +86,23 @@ def test_with_overrides_replaces_a_field_however_it_was_spelled():
         system.with_overrides({5: 1})
 
 
+@pytest.mark.parametrize(("text", "line"), [
+    ("base: a100-sxm4\nl2: {capcity_bytes: 32 MiB}\n", "field 'l2.capcity_bytes': unknown field (did you mean 'capacity_bytes'?)"),
+    ("base: a100-4-nvlink\nlinks: {bandwidth: 50 GB/s}\n", "field 'links.bandwidth': unknown field (did you mean "
+                                                          "'bandwidth_bytes_per_s'?)"),
+    ("base: a100-4-nvlink\ncollectives: {protocols: [{name: ll, step_latency_ns: 1 us, wire_eff: 0.5}]}\n",
+     "field 'collectives.protocols.0.wire_eff': unknown field (did you mean 'wire_efficiency'?)"),
+    ("base: a100-4-nvlink\nlinks: {zzz: 1}\n", "field 'links.zzz': unknown field; known fields: bandwidth_bytes_per_s, "
+                                               "credit_bytes, latency_ns, packet_bytes"),
+])
+def test_an_unknown_field_in_a_file_says_what_was_meant_or_what_is_known(tmp_path, text, line):
+    path = tmp_path / "what-if.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    assert f"{path}: {line}" in str(info.value).splitlines()
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)
@@ -423,7 +440,7 @@ def test_a_gpu_file_with_num_cus_misspelled_or_missing_is_still_read_as_a_gpu(tm
     with pytest.raises(ConfigError) as info:
         load_system_config(misspelled)
     lines = str(info.value).splitlines()
-    assert f"{misspelled}: field 'num_cu': unknown field (misspelled?)" in lines, lines
+    assert f"{misspelled}: field 'num_cu': unknown field (did you mean 'num_cus'?)" in lines, lines
     assert f"{misspelled}: field 'num_cus': Field required" in lines, lines
     missing = tmp_path / "missing.yaml"
     missing.write_text(_gpu_file_text("num_cus: 80", ""))

@@ -25,6 +25,7 @@ and ``network.nic_bandwidth_bytes_per_s``).
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import types
 import typing
@@ -426,6 +427,35 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[d
     return resolved, created
 
 
+def _section_fields(parts: list[str]) -> list[str]:
+    """The fields of the section at ``parts`` of a system's description (``["gpu", "l2"]``); none
+    where ``parts`` is not a section."""
+    model: type[BaseModel] | None = SystemConfig
+    for part in parts:
+        if part.isdigit():  # an item of a list of sections (collectives.protocols.0)
+            continue
+        info = model.model_fields.get(part)
+        if info is None:
+            return []
+        annotation = info.annotation
+        if typing.get_origin(annotation) in (list, tuple):
+            annotation = typing.get_args(annotation)[0]
+        model = _model_of(annotation)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _unknown_field(parts: list[str]) -> str:
+    """What to say of the unknown field at ``parts``: the known field it was likely meant to be,
+    else the fields its section has."""
+    known = _section_fields(parts[:-1])
+    likely = difflib.get_close_matches(parts[-1], known, n=1)
+    if likely:
+        return f"unknown field (did you mean '{likely[0]}'?)"
+    return f"unknown field; known fields: {', '.join(sorted(known))}" if known else "unknown field"
+
+
 def _format_validation(exc: ValidationError, system: _Description, gpu: _Description,
                        overridden: dict[str, str], created: dict[str, list[str]]) -> str:
     lines = []
@@ -455,7 +485,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
                 origin += f" with override {', '.join(repr(path) for path in inside)}"
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field (misspelled?)"
+            message = _unknown_field(parts)
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
         lines.append(f"{origin}: field '{field}': {message}{got}{note}")
