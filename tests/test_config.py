@@ -131,8 +131,11 @@ def test_negative_bandwidth_is_an_error():
 
 
 def test_misspelled_override_names_field():
-    with pytest.raises(ConfigError, match="no field 'num_cu'.*num_cus"):
+    with pytest.raises(ConfigError, match=r"override 'gpu.num_cu': gpu has no field 'num_cu' \(did you mean "
+                                          r"'num_cus'\?\); known fields: clock_hz, cu, "):
         gpusim.load_system("t3-ring8", {"gpu.num_cu": 3})
+    with pytest.raises(ConfigError, match=r"links has no field 'zzz'; known fields: bandwidth_bytes_per_s, "):
+        gpusim.load_system("t3-ring8", {"links.zzz": 3})
 
 
 def test_misspelled_key_in_file_names_file_and_field(tmp_path):

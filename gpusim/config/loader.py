@@ -353,8 +353,10 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
             aliases = [f for f in fields for suffix in UNIT_SUFFIXES if f == part + suffix]
             if not aliases:
                 where = ".".join(parts[:index]) or "the system"
+                likely = difflib.get_close_matches(part, fields, n=1)
+                meant = f" (did you mean {likely[0]!r}?)" if likely else ""
                 raise ConfigError(
-                    f"override {path!r}: {where} has no field {part!r}; known fields: {', '.join(sorted(fields))}"
+                    f"override {path!r}: {where} has no field {part!r}{meant}; known fields: {', '.join(sorted(fields))}"
                 )
             name = aliases[0]
             if index == len(parts) - 1:
