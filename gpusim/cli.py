@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import string
@@ -121,7 +122,9 @@ def parse_op(spec: str) -> gops.Op:
     takes = ", ".join(names)
     unknown = [key for key in fields if key not in names]
     if unknown:
-        raise GpusimError(f"op {spec!r}: unknown field {unknown[0]!r}; {name} takes {takes}")
+        likely = difflib.get_close_matches(unknown[0], names, n=1)
+        meant = f" (did you mean {likely[0]!r}?)" if likely else ""
+        raise GpusimError(f"op {spec!r}: unknown field {unknown[0]!r}{meant}; {name} takes {takes}")
     missing = [f.name for f in known if f.name not in fields
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
