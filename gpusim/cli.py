@@ -76,7 +76,9 @@ def parse_op(spec: str) -> gops.Op:
     """
     words = spec.split()
     if not words or words[0].lower() not in OP_NAMES:
-        raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}")
+        likely = difflib.get_close_matches(words[0].lower(), OP_NAMES, n=1) if words else []
+        meant = f" (did you mean {likely[0]!r}?)" if likely else ""
+        raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}{meant}")
     name = words[0].lower()
     cls = OP_NAMES[name]
     types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.init}

@@ -126,6 +126,7 @@ def test_parse_op():
     ("gemm m=nan n=8 k=8", "field 'm' expects a whole number, got 'nan'"),
     ("gemm m=inf n=8 k=8", "field 'm' expects a whole number, got 'inf'"),
     ("gemm m=8 n=8 k=128 k=256", "field 'k' is given more than once"),
+    ("all_reduce nbytes=1MiB", r"must start with one of gemm, .*, optimizer \(did you mean 'allreduce'\?\)$"),
     ("attention batch=1 heads=8 q_len=128 kv_len=128 head_dims=64", r"unknown field 'head_dims' \(did you mean "
                                                                    r"'head_dim'\?\); attention takes name, ranks, batch"),
     ("allreduce nbytes=1 MiB", r"expected key=value, got 'MiB' \(a value has no spaces: write nbytes=1MiB\)"),
