@@ -352,6 +352,7 @@ SWEEP_OUTPUTS = "sweep.csv, points.csv, elasticities.csv, sweep.png"
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Simulate ops over a grid of hardware values."""
+    from gpusim.config.node import SystemConfig
     from gpusim.parameter_sweep import SYSTEM_KEY, WorkloadFunction, sweep_parameters
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
@@ -366,6 +367,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     unset = [name for name in names if name not in grid]
     if unset:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
+    unused = [key for key in grid if "." not in key and key not in (SYSTEM_KEY, *names, *SystemConfig.model_fields)]
+    if unused:
+        raise GpusimError(f"sweep: --vary {unused[0]} is neither a field (such as gpu.num_cus) nor a placeholder "
+                          f"{{{unused[0]}}} of the ops")
     grid.update((name, [_as_number(value) for value in grid[name]]) for name in names)  # columns of numbers
     op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in specs], names) \
         if names else [parse_op(spec) for spec in specs]

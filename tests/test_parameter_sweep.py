@@ -394,6 +394,10 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
     assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={0}", "--vary", "gpu.num_cus=80",
                  "--quiet"]) == 2
     assert "a placeholder must be a name such as {size}, got {0}" in capsys.readouterr().err
+    assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes=1MiB", "--vary", "size=1MiB,2MiB",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: sweep: --vary size is neither a field (such as gpu.num_cus) "
+                                       "nor a placeholder {size} of the ops\n")
 
 
 @pytest.mark.parametrize("spec, message", [
