@@ -398,6 +398,9 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
                  "--quiet"]) == 2
     assert capsys.readouterr().err == ("gpusim: error: sweep: --vary size is neither a field (such as gpu.num_cus) "
                                        "nor a placeholder {size} of the ops\n")
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB", "--vary", "clock=1GHz,2GHz",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith("nor a placeholder {clock} of the ops; the GPU's field is gpu.clock\n")
 
 
 @pytest.mark.parametrize("spec, message", [
