@@ -354,6 +354,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Simulate ops over a grid of hardware values."""
     from gpusim.config.gpu import GpuConfig
     from gpusim.config.node import SystemConfig
+    from gpusim.config.quantities import UNIT_SUFFIXES
     from gpusim.parameter_sweep import SYSTEM_KEY, WorkloadFunction, sweep_parameters
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
@@ -370,9 +371,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
     unused = [key for key in grid if "." not in key and key not in (SYSTEM_KEY, *names, *SystemConfig.model_fields)]
     if unused:
-        gpu_field = any(field.startswith(unused[0]) for field in GpuConfig.model_fields)  # num_cus, clock (clock_hz)
-        raise GpusimError(f"sweep: --vary {unused[0]} is neither a field (such as gpu.num_cus) nor a placeholder "
-                          f"{{{unused[0]}}} of the ops" + (f"; the GPU's field is gpu.{unused[0]}" if gpu_field else ""))
+        key = unused[0]
+        spellings = [key, *(key + suffix for suffix in UNIT_SUFFIXES)]  # clock for clock_hz
+        hint = f"; the GPU's field is gpu.{key}" if any(name in GpuConfig.model_fields for name in spellings) else ""
+        raise GpusimError(f"sweep: --vary {key} is neither a field (such as gpu.num_cus) nor a placeholder {{{key}}} "
+                          f"of the ops{hint}")
     grid.update((name, [_as_number(value) for value in grid[name]]) for name in names)  # columns of numbers
     op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in specs], names) \
         if names else [parse_op(spec) for spec in specs]

@@ -401,6 +401,8 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
     assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB", "--vary", "clock=1GHz,2GHz",
                  "--quiet"]) == 2
     assert capsys.readouterr().err.endswith("nor a placeholder {clock} of the ops; the GPU's field is gpu.clock\n")
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB", "--vary", "n=1,2", "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith("nor a placeholder {n} of the ops\n")  # no GPU field is n
 
 
 @pytest.mark.parametrize("spec, message", [
