@@ -350,11 +350,31 @@ SWEEP_OUTPUTS = "sweep.csv, points.csv, elasticities.csv, sweep.png"
 """What :func:`report_sweep` writes."""
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Simulate ops over a grid of hardware values."""
+def _check_varied_keys(grid: dict[str, list[object]], names: list[str]) -> None:
+    """Refuse a key of ``gpusim sweep``'s grid that is neither a field nor one of the ops' placeholder
+    ``names`` (nor ``system``).
+
+    Raises
+    ------
+    GpusimError
+        Naming the key, and the field it names under ``gpu.`` where it is a GPU's (``clock``).
+    """
     from gpusim.config.gpu import GpuConfig
     from gpusim.config.node import SystemConfig
     from gpusim.config.quantities import UNIT_SUFFIXES
+    from gpusim.parameter_sweep import SYSTEM_KEY
+
+    unused = [key for key in grid if "." not in key and key not in (SYSTEM_KEY, *names, *SystemConfig.model_fields)]
+    if unused:
+        key = unused[0]
+        spellings = [key, *(key + suffix for suffix in UNIT_SUFFIXES)]  # clock for clock_hz
+        hint = f"; the GPU's field is gpu.{key}" if any(name in GpuConfig.model_fields for name in spellings) else ""
+        raise GpusimError(f"sweep: --vary {key} is neither a field (such as gpu.num_cus) nor a placeholder {{{key}}} "
+                          f"of the ops{hint}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Simulate ops over a grid of hardware values."""
     from gpusim.parameter_sweep import SYSTEM_KEY, WorkloadFunction, sweep_parameters
     from gpusim.sweep import check_scheduler
     from gpusim.system import load_system
@@ -369,13 +389,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     unset = [name for name in names if name not in grid]
     if unset:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
-    unused = [key for key in grid if "." not in key and key not in (SYSTEM_KEY, *names, *SystemConfig.model_fields)]
-    if unused:
-        key = unused[0]
-        spellings = [key, *(key + suffix for suffix in UNIT_SUFFIXES)]  # clock for clock_hz
-        hint = f"; the GPU's field is gpu.{key}" if any(name in GpuConfig.model_fields for name in spellings) else ""
-        raise GpusimError(f"sweep: --vary {key} is neither a field (such as gpu.num_cus) nor a placeholder {{{key}}} "
-                          f"of the ops{hint}")
+    _check_varied_keys(grid, names)
     grid.update((name, [_as_number(value) for value in grid[name]]) for name in names)  # columns of numbers
     op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in specs], names) \
         if names else [parse_op(spec) for spec in specs]
