@@ -103,6 +103,18 @@ def test_an_unknown_field_in_a_file_says_what_was_meant_or_what_is_known(tmp_pat
     assert f"{path}: {line}" in str(info.value).splitlines()
 
 
+@pytest.mark.parametrize(("line", "got"), [("name: 1234", "1234"), ("description: yes", "True")])
+def test_text_that_yaml_reads_as_a_number_or_a_boolean_is_to_be_quoted(tmp_path, line, got):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(f"base: a100-sxm4\n{line}\n")
+    field = line.split(":")[0]
+    with pytest.raises(ConfigError, match=rf"gpu.yaml: field '{field}': Input should be a valid string \(got {got}\); "
+                                          r"YAML reads it as a number or a boolean: quote the text$"):
+        load_system_config(path)
+    with pytest.raises(ConfigError, match=r"field 'sources.0': Input should be a valid string \(got 5\)$"):
+        load_system_config("a100-sxm4", {"sources": [5]})  # no YAML involved: no advice about it
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)

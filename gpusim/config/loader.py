@@ -470,6 +470,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
         field = loc or "(the description as a whole)"
         section = next((c for c in created if loc == c or loc.startswith(c + ".")), None)
+        written_in_a_file = origin is None and section is None
         note = ""
         if origin is None and section is not None:  # in a section that overrides created
             paths = created[section]
@@ -490,6 +491,8 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
             message = _unknown_field(parts)
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
+        if written_in_a_file and err["type"] == "string_type" and isinstance(err["input"], bool | int | float):
+            note += "; YAML reads it as a number or a boolean: quote the text"  # name: 1234, description: yes
         lines.append(f"{origin}: field '{field}': {message}{got}{note}")
     return "\n".join(dict.fromkeys(lines))  # a GPU's file names the system too: its errors would come twice
 
