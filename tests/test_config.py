@@ -493,6 +493,26 @@ def test_a_description_starts_from_a_base_of_its_own_kind(tmp_path, text, messag
         load_system_config(path)
 
 
+@pytest.mark.parametrize("node_text", ["base: a100-4-nvlink\nnum_gpus: 2\n", "gpu: a100-sxm4\nnum_gpus: 1\n"])
+def test_a_node_file_is_not_a_gpu(tmp_path, node_text):
+    (tmp_path / "node.yaml").write_text(node_text)
+    path = tmp_path / "outer.yaml"
+    path.write_text("base: a100-4-nvlink\ngpu: node.yaml\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: field 'gpu': {re.escape(str(tmp_path))}/node.yaml "
+                                          r"is a node's description \(it has a 'gpu' of its own\); a node's 'gpu' is a "
+                                          r"GPU preset, a GPU's file or the GPU's fields$"):
+        load_system_config(path)
+
+
+def test_unknown_fields_of_one_section_list_its_fields_once(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("base: a100-sxm4\nzzz: 1\nyyy: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    assert str(info.value).splitlines()[1:] == [f"{path}: field 'yyy': unknown field"]
+    assert str(info.value).startswith(f"{path}: field 'zzz': unknown field; known fields: clock_hz, cu, ")
+
+
 def test_a_node_file_without_its_gpu_says_so(tmp_path):
     path = tmp_path / "node.yaml"
     path.write_text("name: n\nnum_gpus: 2\ntopology: {kind: ring}\nlinks: {bandwidth_bytes_per_s: 1 GB/s}\n")

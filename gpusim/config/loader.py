@@ -291,7 +291,11 @@ def _gpu_description(ref: Any, origin: Path) -> _Description:
     if not isinstance(ref, str):
         raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
     path = _referenced_file(ref, origin, "gpu", _preset_files("gpus"), "GPU preset")
-    return _description(_read_yaml(path), path)
+    gpu = _description(_read_yaml(path), path)
+    if "gpu" in gpu.data:  # itself, or its base, names a GPU
+        raise ConfigError(f"{origin}: field 'gpu': {path} is a node's description (it has a 'gpu' of its own); "
+                          f"a node's 'gpu' is a GPU preset, a GPU's file or the GPU's fields")
+    return gpu
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -448,19 +452,25 @@ def _section_fields(parts: list[str]) -> list[str]:
     return list(model.model_fields)
 
 
-def _unknown_field(parts: list[str]) -> str:
+def _unknown_field(parts: list[str], listed: set[str]) -> str:
     """What to say of the unknown field at ``parts``: the known field it was likely meant to be,
-    else the fields its section has."""
+    else the fields its section has, unless an earlier message listed them (its section is in
+    ``listed``, to which it is added)."""
     known = _section_fields(parts[:-1])
     likely = difflib.get_close_matches(parts[-1], known, n=1)
     if likely:
         return f"unknown field (did you mean '{likely[0]}'?)"
-    return f"unknown field; known fields: {', '.join(sorted(known))}" if known else "unknown field"
+    section = ".".join(parts[:-1])
+    if not known or section in listed:
+        return "unknown field"
+    listed.add(section)
+    return f"unknown field; known fields: {', '.join(sorted(known))}"
 
 
 def _format_validation(exc: ValidationError, system: _Description, gpu: _Description,
                        overridden: dict[str, str], created: dict[str, list[str]]) -> str:
     lines = []
+    listed: set[str] = set()  # sections whose known fields a line lists
     for err in exc.errors():
         parts = [str(p) for p in err["loc"]]
         bad_key = parts[-1:] == ["[key]"]  # a table's key (a dtype, an NMC operation) that is not known
@@ -488,7 +498,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
                 origin += f" with override {', '.join(repr(path) for path in inside)}"
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = _unknown_field(parts)
+            message = _unknown_field(parts, listed)
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
         if written_in_a_file and err["type"] == "string_type" and isinstance(err["input"], bool | int | float):
