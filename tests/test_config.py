@@ -272,6 +272,9 @@ def test_a_whole_system_check_names_the_file_and_the_override():
     with pytest.raises(ConfigError, match=r"with override 'topology.kind': .*needs 'switch'") as info:
         gpusim.load_system("t3-ring8", {"topology.kind": "switch"})
     assert "{" not in str(info.value)  # the section is not dumped
+    with pytest.raises(ConfigError, match=r"^\S*a100-sxm4.yaml with override 'gpu.hbm.interleave_bytes': field 'hbm': "
+                                          r"interleave_bytes \(1\) must be a multiple of burst_bytes \(32\)$"):
+        gpusim.load_system("a100-4-nvlink", {"gpu.hbm.interleave_bytes": "1 B"})  # a check of a GPU's section
 
 
 def test_overrides_must_be_a_mapping_of_dotted_paths():

@@ -488,11 +488,12 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
             creates = "the override creates" if len(paths) == 1 else "the overrides create"
             needs = f"; a new '{section}' needs this field too" if err["type"] == "missing" else ""
             note = f" (the description leaves '{section}' empty, so {creates} it{needs})"
-        elif origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
-            origin = str(gpu.origin(parts[1:]))
-            field = ".".join(parts[1:]) if gpu.own_file else loc
         elif origin is None:
-            origin = str(system.origin(parts))
+            if parts[:1] == ["gpu"] and len(parts) > 1:
+                origin = str(gpu.origin(parts[1:]))
+                field = ".".join(parts[1:]) if gpu.own_file else loc
+            else:
+                origin = str(system.origin(parts))
             inside = [overridden[p] for p in overridden if not loc or p.startswith(loc + ".")]
             if inside:  # a check of a whole section failed on a value an override put into it
                 origin += f" with override {', '.join(repr(path) for path in inside)}"
