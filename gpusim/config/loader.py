@@ -247,9 +247,9 @@ def _check_same_kind(own: dict[str, Any], inline: bool, base: _Description, ref:
     field = "gpu.base" if inline else "base"
     given = "a node's 'gpu' is a GPU's" if inline else f"this file gives a {own_kind}'s fields ({', '.join(fields)})"
     if own_kind == "GPU":
-        known = ", ".join(sorted(_preset_files("gpus")))
-        advice = f"start from a GPU preset ({known}) or a GPU's file" + ("" if inline else ", or give the node's GPU "
-                                                                          "these fields under 'gpu'")
+        advice = f"start from a GPU preset ({', '.join(sorted(_preset_files('gpus')))}) or a GPU's file"
+        if not inline:
+            advice += ", or give the node's GPU these fields under 'gpu'"
     else:
         advice = f"start from a node preset, or name the GPU in field 'gpu' (gpu: {ref})"
     raise ConfigError(f"{origin}: field '{field}': {ref!r} is a {base_kind}'s description, but {given}; {advice}")
