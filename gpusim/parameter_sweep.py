@@ -270,7 +270,8 @@ def sweep_parameters(
         reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``;
         the workload parameters of a function ``ops``; and :data:`SYSTEM_KEY`.
     overrides
-        Overrides applied at every point (none of ``vary``'s paths, nor of a System's overrides).
+        Overrides applied at every point; ``vary``'s paths may not be among them, nor among a
+        System's own overrides.
     streams
         For a list of ops, each op's stream (a name, or a :class:`gpusim.Stream` with a CU mask):
         ops on one stream run in order, on different streams concurrently (:func:`gpusim.run`;
@@ -294,12 +295,11 @@ def sweep_parameters(
     ------
     ConfigError
         A bad grid, op list (also one a function made: the message names the point), streams (not
-        one per op) or mode; a
-        function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
-        ``overrides`` (or a System's overrides); a field that two paths name (``links.bandwidth``
-        and ``links.bandwidth_bytes_per_s``), or two of its values that are one (``1 GHz`` and
-        ``1000 MHz``); a system given both as the argument and in ``vary``
-        (or in neither); or a point whose description is invalid (the message names the point's
+        one per op) or mode; a function ``ops`` whose parameters ``vary`` does not give; a path in
+        both ``vary`` and ``overrides`` (or a System's overrides); a field that two paths name
+        (``links.bandwidth`` and ``links.bandwidth_bytes_per_s``), or two of its values that are
+        one (``1 GHz`` and ``1000 MHz``); a system given both as the argument and in ``vary`` (or
+        in neither); or a point whose description is invalid (the message names the point's
         values and the override).
     gpusim.errors.UnknownPresetError
         A system is neither a preset nor a file.
