@@ -47,8 +47,9 @@ def random_seed(text: str) -> int:
 
 
 CREATED_FOLDERS: set[Path] = set()
-"""Output folders :func:`output_folder` created in this process (removed again, while still empty,
-when the command that asked for them fails: :func:`gpusim.output_files.staged_outputs`)."""
+"""Output folders :func:`output_folder` created in this process, with the parents it created for them
+(removed again, while still empty, when the command that asked for them fails:
+:func:`gpusim.output_files.staged_outputs`)."""
 
 
 def output_folder(text: str | None, option: str = "--out") -> Path | None:
@@ -80,15 +81,14 @@ def output_folder(text: str | None, option: str = "--out") -> Path | None:
     blocking = next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
     if blocking is not None:
         raise GpusimError(f"{option} {text}: {blocking} is a file, not a folder")
-    existed = folder.is_dir()
+    missing = [path.resolve() for path in (folder, *folder.parents) if not path.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise GpusimError(f"{option} {text}: cannot create the folder: {exc.strerror or exc}") from None
+    CREATED_FOLDERS.update(missing)
     if not os.access(folder, os.W_OK | os.X_OK):
         raise GpusimError(f"{option} {text}: the folder is not writable")
-    if not existed:
-        CREATED_FOLDERS.add(folder.resolve())
     return folder
 
 

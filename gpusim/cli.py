@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import string
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from gpusim import ops as gops
 from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
-from gpusim.errors import GpusimError
+from gpusim.config.gpu import MAX_CUS
+from gpusim.errors import GpusimError, OpError
 from gpusim.output_files import staged_outputs
 from gpusim.sched.executor import Stream
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
@@ -74,14 +76,17 @@ def parse_op(spec: str) -> gops.Op:
     """
     words = spec.split()
     if not words or words[0].lower() not in OP_NAMES:
-        raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}")
+        likely = difflib.get_close_matches(words[0].lower(), OP_NAMES, n=1) if words else []
+        meant = f" (did you mean {likely[0]!r}?)" if likely else ""
+        raise GpusimError(f"op {spec!r}: must start with one of {', '.join(OP_NAMES)}{meant}")
     name = words[0].lower()
     cls = OP_NAMES[name]
     types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.init}
     fields: dict[str, object] = {}
-    for word in words[1:]:
+    for previous, word in zip(words, words[1:]):
         if "=" not in word:
-            raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}")
+            spaced = f" (a value has no spaces: write {previous}{word})" if "=" in previous else ""
+            raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}{spaced}")
         key, value = word.split("=", 1)
         key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
         if cls is gops.Optimizer and key == "model":  # the parameter tensors of a model definition
@@ -119,12 +124,17 @@ def parse_op(spec: str) -> gops.Op:
     takes = ", ".join(names)
     unknown = [key for key in fields if key not in names]
     if unknown:
-        raise GpusimError(f"op {spec!r}: unknown field {unknown[0]!r}; {name} takes {takes}")
+        likely = difflib.get_close_matches(unknown[0], names, n=1)
+        meant = f" (did you mean {likely[0]!r}?)" if likely else ""
+        raise GpusimError(f"op {spec!r}: unknown field {unknown[0]!r}{meant}; {name} takes {takes}")
     missing = [f.name for f in known if f.name not in fields
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise GpusimError(f"op {spec!r}: missing field {missing[0]!r}; {name} takes {takes}")
-    return cls(**fields)
+    try:
+        return cls(**fields)
+    except OpError as exc:  # a value the op refuses (m=0, dtype=fp99): say which --op gave it
+        raise OpError(f"op {spec!r}: {exc}") from None
 
 
 def _cu_ranges(text: str, spec: str) -> tuple[int, ...]:
@@ -134,6 +144,8 @@ def _cu_ranges(text: str, spec: str) -> tuple[int, ...]:
         first, _, last = part.partition("-")
         if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
             raise GpusimError(f"op {spec!r}: cus= expects CU ranges such as 0-65 or 0-31,64-95, got {text!r}")
+        if int(last or first) >= MAX_CUS:  # before listing a range that could fill the memory
+            raise GpusimError(f"op {spec!r}: cus= names CU {int(last or first)}, but a GPU has at most {MAX_CUS} CUs")
         cus.extend(range(int(first), int(last or first) + 1))
     return tuple(dict.fromkeys(cus))
 
@@ -185,6 +197,8 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, object]:
         if "=" not in pair:
             raise GpusimError(f"--set expects PATH=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
+        if key in result:
+            raise GpusimError(f"--set {key!r} is given more than once; give each field one value")
         result[key] = None if value.strip().lower() == "null" else value
     return result
 
@@ -224,13 +238,19 @@ def template_names(specs: list[str]) -> list[str]:
     Raises
     ------
     GpusimError
-        A placeholder that is not a plain name.
+        A placeholder that is not a plain name (a conversion such as ``!r`` or a format such as
+        ``:>8`` included), or a brace without its partner.
     """
     names: list[str] = []
     for spec in specs:
-        for _, name, _, _ in string.Formatter().parse(spec):
-            if name is not None and not name.isidentifier():
-                raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{name}}}")
+        try:
+            parts = list(string.Formatter().parse(spec))
+        except ValueError as exc:  # "{size" or "size}"
+            raise GpusimError(f"op {spec!r}: {exc}; a placeholder is a name in braces, such as {{size}}") from None
+        for _, name, format_spec, conversion in parts:
+            if name is not None and (not name.isidentifier() or format_spec or conversion):
+                written = name + (f"!{conversion}" if conversion else "") + (f":{format_spec}" if format_spec else "")
+                raise GpusimError(f"op {spec!r}: a placeholder must be a name such as {{size}}, got {{{written}}}")
             if name and name not in names:
                 names.append(name)
     return names
@@ -335,6 +355,29 @@ SWEEP_OUTPUTS = "sweep.csv, points.csv, elasticities.csv, sweep.png"
 """What :func:`report_sweep` writes."""
 
 
+def _check_varied_keys(grid: dict[str, list[object]], names: list[str]) -> None:
+    """Refuse a key of ``gpusim sweep``'s grid that is neither a field nor one of the ops' placeholder
+    ``names`` (nor ``system``).
+
+    Raises
+    ------
+    GpusimError
+        Naming the key, and the field it names under ``gpu.`` where it is a GPU's (``clock``).
+    """
+    from gpusim.config.gpu import GpuConfig
+    from gpusim.config.node import SystemConfig
+    from gpusim.config.quantities import UNIT_SUFFIXES
+    from gpusim.parameter_sweep import SYSTEM_KEY
+
+    unused = [key for key in grid if "." not in key and key not in (SYSTEM_KEY, *names, *SystemConfig.model_fields)]
+    if unused:
+        key = unused[0]
+        spellings = [key, *(key + suffix for suffix in UNIT_SUFFIXES)]  # clock for clock_hz
+        hint = f"; the GPU's field is gpu.{key}" if any(name in GpuConfig.model_fields for name in spellings) else ""
+        raise GpusimError(f"sweep: --vary {key} is neither a field (such as gpu.num_cus) nor a placeholder {{{key}}} "
+                          f"of the ops{hint}")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Simulate ops over a grid of hardware values."""
     from gpusim.parameter_sweep import SYSTEM_KEY, WorkloadFunction, sweep_parameters
@@ -343,23 +386,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     grid = parse_vary(args.vary)
     system = load_system(args.system, parse_overrides(args.set)) if args.system else None
-    if system is None and SYSTEM_KEY not in grid:
-        raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME")
+    if (system is None) == (SYSTEM_KEY not in grid):
+        raise GpusimError(f"sweep: give --system, or the systems to compare as --vary {SYSTEM_KEY}=NAME,NAME "
+                          f"(one of the two, not both)")
     specs, streams = _streams_of(args.op)
     names = template_names(specs)
     unset = [name for name in names if name not in grid]
     if unset:
         raise GpusimError(f"sweep: the ops use {{{unset[0]}}}; give its values with --vary {unset[0]}=VALUE,VALUE")
+    _check_varied_keys(grid, names)
     grid.update((name, [_as_number(value) for value in grid[name]]) for name in names)  # columns of numbers
     op_list = WorkloadFunction(lambda **values: [parse_op(spec.format(**values)) for spec in specs], names) \
         if names else [parse_op(spec) for spec in specs]
     if args.scheduler:
         check_scheduler(args.scheduler)
+    cache = output_folder(args.cache, "--cache")
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, op_list, grid, overrides=None if system else parse_overrides(args.set),
                                  streams=streams, mode=args.mode, memory_policy=args.policy,
-                                 workers=args.workers, scheduler=args.scheduler, cache=args.cache,
+                                 workers=args.workers, scheduler=args.scheduler, cache=cache,
                                  progress=not args.quiet)
         report_sweep(table, stage, f"{system.name if system else 'systems'}: {len(args.op)} op(s)")
     if out is not None:
@@ -393,26 +439,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
     tables = []
     broken: list[str] = []
     subsets: list[str] = []
-    for dataset in [validation.get(name) for name in names] + extra:
-        name = dataset.name
-        frame, table, violations = validation.report(
-            dataset, out, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
-            progress=not args.quiet,
-        )
-        limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
-        table["tolerance"] = [limits if subset == "all" else "" for subset in table["subset"]]
-        table["verdict"] = ["FAIL" if violations else "ok" if subset == "all" else "" for subset in table["subset"]]
-        tables.append(table)
-        broken += violations
-        subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
-    table = pd.concat(tables, ignore_index=True)
-    shown = table.copy()
-    for column in ("median", "p90", "max"):
-        shown[column] = shown[column].map(lambda value: f"{value:.1%}")
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(shown.to_string(index=False))
+    with staged_outputs(out) as stage:  # a data set that fails leaves none of the others' files behind
+        for dataset in [validation.get(name) for name in names] + extra:
+            name = dataset.name
+            frame, table, violations = validation.report(
+                dataset, stage, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
+                progress=not args.quiet,
+            )
+            limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
+            table["tolerance"] = [limits if subset == "all" else "" for subset in table["subset"]]
+            table["verdict"] = ["FAIL" if violations else "ok" if subset == "all" else "" for subset in table["subset"]]
+            tables.append(table)
+            broken += violations
+            subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
+        table = pd.concat(tables, ignore_index=True)
+        shown = table.copy()
+        for column in ("median", "p90", "max"):
+            shown[column] = shown[column].map(lambda value: f"{value:.1%}")
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(shown.to_string(index=False))
+        if stage is not None:
+            table.to_csv(stage / "summary.csv", index=False)
     if out is not None:
-        table.to_csv(out / "summary.csv", index=False)
         print(f"wrote {out}/ (summary.csv, one CSV and one PNG per data set)")
     if broken:
         print("validation FAILED:\n  " + "\n  ".join(broken), file=sys.stderr)

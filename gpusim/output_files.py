@@ -59,8 +59,8 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
 
     The files are written into a hidden folder inside ``out``; when the ``with`` block ends without
     an error they replace their namesakes in ``out``, and otherwise they are removed, so ``out``
-    holds either the whole new set or what it held before (and a folder that
-    :func:`gpusim.arguments.output_folder` created for the command is removed again while empty).
+    holds either the whole new set or what it held before (and the folders that
+    :func:`gpusim.arguments.output_folder` created for the command are removed again while empty).
 
     Parameters
     ----------
@@ -93,5 +93,14 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
         moved = True
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        if not moved and out.resolve() in CREATED_FOLDERS and not any(out.iterdir()):
-            out.rmdir()
+        if not moved:
+            _remove_created_folders(out)
+
+
+def _remove_created_folders(out: Path) -> None:
+    """Remove ``out`` and the parents that :func:`gpusim.arguments.output_folder` created for it, the
+    innermost first, as long as each is empty."""
+    for folder in (out.resolve(), *out.resolve().parents):
+        if folder not in CREATED_FOLDERS or any(folder.iterdir()):
+            return
+        folder.rmdir()

@@ -272,7 +272,8 @@ def sweep_parameters(
         reads overrides: ``{"links.bandwidth": ["75 GB/s", "300 GB/s"], "gpu.num_cus": [80, 160]}``;
         the workload parameters of a function ``ops``; and :data:`SYSTEM_KEY`.
     overrides
-        Overrides applied at every point (none of ``vary``'s paths).
+        Overrides applied at every point; ``vary``'s paths may not be among them, nor among a
+        System's own overrides.
     streams
         For a list of ops, each op's stream (a name, or a :class:`gpusim.Stream` with a CU mask):
         ops on one stream run in order, on different streams concurrently (:func:`gpusim.run`;
@@ -296,9 +297,11 @@ def sweep_parameters(
     ------
     ConfigError
         A bad grid, op list (also one a function made: the message names the point), streams (not
-        one per op), mode, memory policy, ``cache_layers`` or ``progress``; a
-        function ``ops`` whose parameters ``vary`` does not give; a path in both ``vary`` and
-        ``overrides``; a system given both as the argument and in ``vary`` (or in neither); or a
+        one per op), mode, memory policy, ``cache_layers`` or ``progress``; a function ``ops`` whose
+        parameters ``vary`` does not give; a path in both ``vary`` and ``overrides`` (or a System's
+        overrides); a field that two paths name (``links.bandwidth`` and
+        ``links.bandwidth_bytes_per_s``), or two of its values that are one (``1 GHz`` and
+        ``1000 MHz``); a system given both as the argument and in ``vary`` (or in neither); or a
         point whose description is invalid (the message names the point's values and the override).
     gpusim.errors.UnknownPresetError
         A system is neither a preset nor a file.
@@ -322,9 +325,6 @@ def sweep_parameters(
                           f"each GPU's configured one), got {memory_policy!r}")
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(f"sweep_parameters: overrides must be a mapping of dotted paths to values, got {overrides!r}")
-    both = [path for path in vary if path in (overrides or {})]
-    if both:
-        raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
     if (system is None) == (SYSTEM_KEY not in vary):
         raise ConfigError("sweep_parameters: give the system either as the argument or as the values of "
                           f"vary[{SYSTEM_KEY!r}] (presets or YAML paths), not both or neither")
@@ -334,7 +334,11 @@ def sweep_parameters(
         source, base = system and os.fspath(system), dict(overrides or {})
     else:
         raise ConfigError(f"sweep_parameters: system must be a System, a preset name or a YAML path, got {system!r}")
+    both = [path for path in vary if path in base]  # else the point's value would replace the override unseen
+    if both:
+        raise ConfigError(f"sweep_parameters: {both[0]!r} is both varied and overridden; give it in one of them")
     calls, columns = [], []
+    given_as: dict[str, dict[str, Any]] = {}  # a varied field -> its values as resolved -> as given
     for index, values in enumerate(points):
         made = _point_ops(ops, workload, values, index) if workload else op_list
         if calls and isinstance(made, Trace) != isinstance(calls[0]["ops"], Trace):
@@ -344,6 +348,13 @@ def sweep_parameters(
             what = "a trace (whose rows name their streams)" if isinstance(made, Trace) else f"{len(made)} ops"
             raise ConfigError(f"sweep point {index} ({values}): streams gives {len(streams)} stream name(s) for {what}")
         point_source, config, fields = _point_system(source, base, values, workload, index)
+        for key, (_, value) in fields.items():
+            if key == SYSTEM_KEY or key in workload:
+                continue
+            first = given_as.setdefault(key, {}).setdefault(repr(value), values[key])
+            if first != values[key]:
+                raise ConfigError(f"vary {key!r}: {first!r} and {values[key]!r} are one value ({value!r}); "
+                                  f"give each value once")
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
                       "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers,
                       "streams": None if streams is None else list(streams)})

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gpusim.config.loader import load_system_config
+from gpusim.config.loader import load_system_config, overridden_field
 from gpusim.config.node import SystemConfig
 from gpusim.errors import ConfigError
 from gpusim.hw.topology import Topology
@@ -57,11 +57,14 @@ class System:
         return Topology(self.config)
 
     def with_overrides(self, overrides: dict[str, Any]) -> System:
-        """A copy with more overrides applied (e.g. ``{"gpu.num_cus": 160}``)."""
+        """A copy with more overrides applied (e.g. ``{"gpu.num_cus": 160}``); each replaces an earlier
+        override of its field, however that one spelled it (``links.bandwidth_bytes_per_s`` for
+        ``links.bandwidth``)."""
         if not isinstance(overrides, Mapping):
             raise ConfigError(f"{self.name}: overrides must be a mapping of dotted fields to values, got {overrides!r}")
-        merged = {**self.overrides, **overrides}
-        return load_system(self.source, merged)
+        replaced = {overridden_field(path, value) for path, value in overrides.items()}
+        kept = {path: value for path, value in self.overrides.items() if overridden_field(path, value) not in replaced}
+        return load_system(self.source, {**kept, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved description as plain data (units in field names)."""

@@ -845,9 +845,12 @@ def read_vidur_profile(path: str | Path) -> pd.DataFrame:
     Raises
     ------
     ConfigError
-        The file is missing or lacks a column, naming the file and the column.
+        The path is a folder, or the file is missing or lacks a column, naming the file and the
+        column.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; a vidur profile is a file (data/profiling/compute/<gpu>/<model>/mlp.csv)")
     if not path.is_file():
         raise ConfigError(f"{path}: vidur profile not found")
     try:
@@ -887,7 +890,15 @@ def vidur_model(frame: pd.DataFrame, name: str = "the profile's model") -> Vidur
 def vidur_dataset(path: str | Path, system: str, tolerance: float = 0.20) -> DataSet:
     """A :class:`DataSet` of any vidur MLP profile as vidur writes it (:func:`read_vidur_profile`),
     simulated on the preset ``system`` the way the repository's phi-2 and Llama-2-7B data sets are
-    (:func:`_vidur_mlp_point`); ``gpusim validate --vidur PATH --system PRESET``."""
+    (:func:`_vidur_mlp_point`); ``gpusim validate --vidur PATH --system PRESET``.
+
+    Raises
+    ------
+    ConfigError
+        An empty path, or a profile that :func:`read_vidur_profile` refuses.
+    """
+    if not str(path).strip():  # else the current folder
+        raise ConfigError("vidur profile: expected the path of an mlp.csv, got an empty path")
     path = Path(path).resolve()
     model = vidur_model(read_vidur_profile(path), path.parent.name or path.name)
     return _vidur_profile_dataset(model, f"vidur-{path.parent.name or path.stem}-{system}",

@@ -106,3 +106,8 @@ def test_a_bad_vidur_profile_is_an_error_naming_the_file_and_field(tmp_path, cap
     assert "--system" in capsys.readouterr().err
     assert main(["validate", "--vidur", str(tmp_path / "none.csv"), "--system", "h100-sxm5"]) == 2
     assert "vidur profile not found" in capsys.readouterr().err
+    assert main(["validate", "--vidur", str(tmp_path / "m"), "--system", "h100-sxm5"]) == 2
+    assert capsys.readouterr().err == (f"gpusim: error: {tmp_path / 'm'}: is a folder; a vidur profile is a file "
+                                       f"(data/profiling/compute/<gpu>/<model>/mlp.csv)\n")
+    assert main(["validate", "--vidur", "", "--system", "h100-sxm5"]) == 2  # not the current folder
+    assert capsys.readouterr().err == "gpusim: error: vidur profile: expected the path of an mlp.csv, got an empty path\n"

@@ -8,7 +8,7 @@ import pytest
 import gpusim
 from gpusim import validation
 from gpusim.cli import main, parse_op, split_stream
-from gpusim.errors import ConfigError, GpusimError
+from gpusim.errors import ConfigError, GpusimError, OpError
 
 
 def test_list(capsys):
@@ -29,6 +29,28 @@ def test_set_values_are_read_as_their_fields_are_typed(capsys):
     assert "name: '007'" in out and "node_bandwidth_bytes_per_s: null" in out
     assert main(["show-config", "dgx-a100", "--set", "gpu.num_cus=true"]) == 2
     assert "override 'gpu.num_cus'" in capsys.readouterr().err
+
+
+def test_a_system_file_that_is_not_utf8_is_one_error_line(tmp_path, capsys):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"base: a100-sxm4\ndescription: caf\xe9\n")
+    assert main(["show-config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"gpusim: error: {path}: line 2: not UTF-8 text (byte 0xe9); save the file as UTF-8\n"
+    assert captured.out == ""
+
+
+def test_set_gives_a_list_field_as_yaml_writes_a_list(capsys):
+    assert main(["show-config", "a100-4-nvlink", "--set", "topology.kind=custom", "--set",
+                 "topology.edges=[[0, 1], [1, 2], [2, 3], [3, 0, 2]]"]) == 0
+    assert "  edges:\n  - - 0\n    - 1\n" in capsys.readouterr().out
+
+
+def test_a_field_set_twice_is_an_error(capsys):
+    assert main(["show-config", "t3-ring8", "--set", "gpu.num_cus=40", "--set", "gpu.num_cus=80"]) == 2
+    assert capsys.readouterr().err == "gpusim: error: --set 'gpu.num_cus' is given more than once; give each field one value\n"
+    assert main(["show-config", "t3-ring8", "--set", "links.bandwidth=75GB/s", "--set", "links.bandwidth_bytes_per_s=1e11"]) == 2
+    assert "field 'links.bandwidth_bytes_per_s' is set by override 'links.bandwidth' too" in capsys.readouterr().err
 
 
 def test_run_writes_outputs(tmp_path, capsys):
@@ -104,6 +126,11 @@ def test_parse_op():
     ("gemm m=nan n=8 k=8", "field 'm' expects a whole number, got 'nan'"),
     ("gemm m=inf n=8 k=8", "field 'm' expects a whole number, got 'inf'"),
     ("gemm m=8 n=8 k=128 k=256", "field 'k' is given more than once"),
+    ("all_reduce nbytes=1MiB", r"must start with one of gemm, .*, optimizer \(did you mean 'allreduce'\?\)$"),
+    ("attention batch=1 heads=8 q_len=128 kv_len=128 head_dims=64", r"unknown field 'head_dims' \(did you mean "
+                                                                   r"'head_dim'\?\); attention takes name, ranks, batch"),
+    ("allreduce nbytes=1 MiB", r"expected key=value, got 'MiB' \(a value has no spaces: write nbytes=1MiB\)"),
+    ("gemm 8 n=8 k=8", r"expected key=value, got '8'$"),
     ("allreduce size=1KiB nbytes=2KiB", "field 'nbytes' is given more than once"),
     ("layernorm rows=4 cols=4 kind=softmax", "layernorm is the row reduction of kind 'layernorm', but kind='softmax'"),
     ("gemm m=8 n=8 k=8 kernel=MT999", "Gemm: field 'kernel': unknown GEMM kernel 'MT999'"),
@@ -145,6 +172,31 @@ def test_run_reports_bad_ops_without_a_traceback(extra, message, capsys):
     assert re.search(message, err)
 
 
+def test_a_value_an_op_refuses_names_the_op_spec_that_gave_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--system", "t3-ring8", "--quiet", "--out", str(out), "--op", "gemm m=64 n=64 k=64",
+                 "--op", "gemm m=0 n=64 k=64"]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: op 'gemm m=0 n=64 k=64': Gemm: field 'm' must be a positive "
+                                       "integer, got 0\n")
+    assert not out.exists()
+    with pytest.raises(OpError, match=r"^op 'allreduce nbytes=1MiB dtype=fp99': AllReduce: field 'dtype' must be one of"):
+        parse_op("allreduce nbytes=1MiB dtype=fp99")
+
+
+@pytest.mark.parametrize(("op", "message"), [
+    ("sendrecv nbytes=1MiB src=0 dst=3", "GPU 0 cannot reach GPU 3 in its custom topology (field 'topology.edges')"),
+    ("allreduce nbytes=1MiB", "its custom topology of 4 GPUs has no ring through direct links, which a ring collective "
+                              "needs (field 'topology.edges')"),
+])
+def test_ops_a_custom_topology_cannot_carry_are_one_error_line(tmp_path, capsys, op, message):
+    islands = tmp_path / "islands.yaml"  # two pairs of GPUs, not linked to each other
+    islands.write_text("base: a100-4-nvlink\ntopology: {kind: custom, edges: [[0, 1], [2, 3]]}\n")
+    out = tmp_path / "out"
+    assert main(["run", "--system", str(islands), "--mode", "full", "--quiet", "--op", op, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"gpusim: error: islands: {message}\n"
+    assert not out.exists()
+
+
 def test_run_rejects_an_unknown_policy(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--system", "t3-ring8", "--policy", "bogus", "--op", "gemm m=8 n=8 k=8"])
@@ -175,6 +227,24 @@ def test_validate_reports_bad_profiles_and_presets_before_simulating(arguments, 
     err = capsys.readouterr().err
     assert err.startswith("gpusim: error: ") and "Traceback" not in err
     assert re.search(message.replace("EMPTY", ".*empty.csv").replace("BINARY", ".*binary.csv"), err)
+
+
+def test_validate_writes_no_data_set_files_when_a_later_data_set_fails(tmp_path, capsys, monkeypatch):
+    compare = validation.compare
+    compared: list[str] = []
+
+    def second_fails(dataset, *args, **kwargs):
+        compared.append(dataset.name)
+        if len(compared) == 2:
+            raise ConfigError(f"{dataset.name}: cannot be compared")
+        return compare(dataset, *args, **kwargs)
+
+    monkeypatch.setattr(validation, "compare", second_fails)
+    out = tmp_path / "out"
+    assert main(["validate", "--dataset", "gelu-mi210", "--dataset", "softmax-mi210", "--points", "1", "--quiet",
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "gpusim: error: softmax-mi210: cannot be compared\n"
+    assert not out.exists()  # not even gelu-mi210.csv, which was written before the failure
 
 
 @pytest.mark.parametrize("count", [0, -2, 1.5, True])
@@ -263,6 +333,16 @@ def test_outputs_are_moved_into_out_all_together_or_not_at_all(tmp_path, capsys)
                                                               "timeline.png"]
 
 
+def test_a_failed_command_removes_the_parent_folders_it_made_for_out_but_no_others(tmp_path, capsys):
+    failing = ["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8 ranks=0,9", "--quiet", "--out"]
+    assert main([*failing, str(tmp_path / "new" / "deeper" / "out")]) == 2
+    assert "rank 9 does not exist" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    (tmp_path / "kept").mkdir()
+    assert main([*failing, str(tmp_path / "kept" / "new" / "out")]) == 2
+    assert [path.name for path in tmp_path.rglob("*")] == ["kept"]  # a folder that was there stays
+
+
 def test_simulate_reports_the_kernels_it_replays_as_delays(capsys):
     from tests.conftest import shared_data
 
@@ -316,6 +396,14 @@ def test_optimizer_ops_take_a_model_or_sizes():
         parse_op("optimizer algorithm=adam model=gpt5")
     with pytest.raises(GpusimError, match="field 'sizes' is given more than once"):
         parse_op("optimizer algorithm=adam model=bert-base sizes=1")
+
+
+@pytest.mark.parametrize("cus", ["0-999999999999", "16384", "0-3,16384-16390"])
+def test_cu_ranges_beyond_any_gpu_are_refused_before_they_are_listed(cus, capsys):
+    assert main(["run", "--system", "a100-sxm4", "--quiet", "--op", f"gemm m=8 n=8 k=8 cus={cus}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpusim: error: op 'gemm m=8 n=8 k=8 cus={cus}': cus= names CU ")
+    assert err.endswith(", but a GPU has at most 16384 CUs\n")
 
 
 def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path, capsys):

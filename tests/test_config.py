@@ -33,6 +33,88 @@ def test_overrides_with_aliases():
         system.with_overrides({"gpu.num_cus": 10**9})  # would exhaust the simulator's memory
 
 
+def test_two_overrides_of_one_field_are_an_error_naming_both():
+    with pytest.raises(ConfigError, match=r"override 'links.bandwidth_bytes_per_s': field 'links.bandwidth_bytes_per_s' "
+                                          r"is set by override 'links.bandwidth' too; give it once"):
+        load_system_config("t3-ring8", {"links.bandwidth": "300 GB/s", "links.bandwidth_bytes_per_s": 1e11})
+
+
+def test_a_system_of_more_gpus_than_can_be_simulated_is_an_error_not_a_memory_error():
+    with pytest.raises(ConfigError, match=r"override 'num_gpus': field 'num_gpus': .*less than or equal to 1024"):
+        load_system_config("a100-4-nvlink", {"num_gpus": 100_000})  # its links alone would fill the memory
+    with pytest.raises(ConfigError, match=r"override 'nodes'.*: 513 nodes of 8 GPUs are 4104 GPUs; at most 4096 are "
+                                          r"simulated \(fields 'nodes' and 'num_gpus'\)"):
+        load_system_config("dgx-a100", {"nodes": 513})
+    assert load_system_config("dgx-a100", {"nodes": 512}).total_gpus == 4096
+
+
+@pytest.mark.parametrize(("topology", "message"), [
+    ("{kind: custom, edges: [[0, 0]]}", r"edge \[0, 0\] links GPU 0 to itself"),
+    ("{kind: custom, edges: [[0, 1, 0]]}", r"edge \[0, 1, 0\]: its number of links must be at least 1, got 0"),
+    ("{kind: custom, edges: [[0, 1, -2]]}", r"edge \[0, 1, -2\]: its number of links must be at least 1, got -2"),
+    ("{kind: custom, edges: [[0, 1], [1, 0, 2]]}", r"edges \[0, 1\] and \[1, 0, 2\] link the same GPUs; give each pair once"),
+    ("{kind: ring, edges: [[0, 1]]}", r"'edges' describe a custom topology; a ring topology makes its own links"),
+])
+def test_a_custom_topology_links_distinct_pairs_of_gpus(tmp_path, topology, message):
+    path = tmp_path / "node.yaml"
+    path.write_text(f"base: a100-4-nvlink\ntopology: {topology}\n")
+    with pytest.raises(ConfigError, match=rf"node.yaml: field 'topology': {message}"):
+        load_system_config(path)
+
+
+@pytest.mark.parametrize("path", ["name", "gpu.name", "collectives.protocols"])
+def test_a_name_may_not_be_blank(path):
+    value = "[{name: ' ', step_latency_ns: 1 us}]" if path == "collectives.protocols" else " "
+    with pytest.raises(ConfigError, match=rf"override '{path}': field '{path}(.0.name)?': expected a name, got ' '$"):
+        load_system_config("dgx-a100", {path: value})
+
+
+def test_a_blank_name_in_a_gpu_file_is_one_error(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("base: a100-sxm4\nname: ''\n")
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    assert str(info.value) == f"{path}: field 'name': expected a name, got ''"  # not once for the GPU, once for its system
+
+
+def test_with_overrides_replaces_a_field_however_it_was_spelled():
+    system = gpusim.load_system("t3-ring8", {"links.bandwidth": "75 GB/s", "gpu.num_cus": 40})
+    changed = system.with_overrides({"links.bandwidth_bytes_per_s": 3e11})
+    assert changed.config.links.bandwidth_bytes_per_s == 3e11 and changed.gpu.num_cus == 40
+    assert changed.overrides == {"gpu.num_cus": 40, "links.bandwidth_bytes_per_s": 3e11}
+    with pytest.raises(ConfigError, match=r"override 5: paths must be dotted strings such as 'gpu.num_cus'"):
+        system.with_overrides({5: 1})
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("base: a100-sxm4\nl2: {capcity_bytes: 32 MiB}\n", "field 'l2.capcity_bytes': unknown field (did you mean 'capacity_bytes'?)"),
+    ("base: a100-4-nvlink\nlinks: {bandwidth: 50 GB/s}\n", "field 'links.bandwidth': unknown field (did you mean "
+                                                          "'bandwidth_bytes_per_s'?)"),
+    ("base: a100-4-nvlink\ncollectives: {protocols: [{name: ll, step_latency_ns: 1 us, wire_eff: 0.5}]}\n",
+     "field 'collectives.protocols.0.wire_eff': unknown field (did you mean 'wire_efficiency'?)"),
+    ("base: a100-4-nvlink\nlinks: {zzz: 1}\n", "field 'links.zzz': unknown field; known fields: bandwidth_bytes_per_s, "
+                                               "credit_bytes, latency_ns, packet_bytes"),
+])
+def test_an_unknown_field_in_a_file_says_what_was_meant_or_what_is_known(tmp_path, text, line):
+    path = tmp_path / "what-if.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    assert f"{path}: {line}" in str(info.value).splitlines()
+
+
+@pytest.mark.parametrize(("line", "got"), [("name: 1234", "1234"), ("description: yes", "True")])
+def test_text_that_yaml_reads_as_a_number_or_a_boolean_is_to_be_quoted(tmp_path, line, got):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(f"base: a100-sxm4\n{line}\n")
+    field = line.split(":")[0]
+    with pytest.raises(ConfigError, match=rf"gpu.yaml: field '{field}': Input should be a valid string \(got {got}\); "
+                                          r"YAML reads it as a number or a boolean: quote the text$"):
+        load_system_config(path)
+    with pytest.raises(ConfigError, match=r"field 'sources.0': Input should be a valid string \(got 5\)$"):
+        load_system_config("a100-sxm4", {"sources": [5]})  # no YAML involved: no advice about it
+
+
 def test_override_field_names_the_field_and_its_resolved_value():
     overrides = {"links.bandwidth": "300 GB/s", "gpu.gemm_efficiency.fp16": 0.5, "gpu.clock": "1 GHz"}
     config = load_system_config("t3-ring8", overrides)
@@ -61,8 +143,11 @@ def test_negative_bandwidth_is_an_error():
 
 
 def test_misspelled_override_names_field():
-    with pytest.raises(ConfigError, match="no field 'num_cu'.*num_cus"):
+    with pytest.raises(ConfigError, match=r"override 'gpu.num_cu': gpu has no field 'num_cu' \(did you mean "
+                                          r"'num_cus'\?\); known fields: clock_hz, cu, "):
         gpusim.load_system("t3-ring8", {"gpu.num_cu": 3})
+    with pytest.raises(ConfigError, match=r"links has no field 'zzz'; known fields: bandwidth_bytes_per_s, "):
+        gpusim.load_system("t3-ring8", {"links.zzz": 3})
 
 
 def test_misspelled_key_in_file_names_file_and_field(tmp_path):
@@ -91,6 +176,35 @@ def test_invalid_yaml_names_file(tmp_path):
     path.write_text("name: [unclosed")
     with pytest.raises(ConfigError, match="broken.yaml.*not valid YAML"):
         load_system_config(path)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"base: a100-sxm4\nname: caf\xe9\n", r"bad.yaml: line 2: not UTF-8 text \(byte 0xe9\); save the file as UTF-8"),
+    (b"base: a100-sxm4\nname: a\x00b\n", r"bad.yaml: line 2: not valid YAML: character 0x0000: special characters"),
+    (b"base: a100-sxm4\nnum_cus: [1\n", r"bad.yaml: not valid YAML: .*\n  in \".*bad.yaml\", line 2, column 10"),
+    (b"", r"bad.yaml: expected a mapping of fields at the top level, got nothing \(the file is empty\)"),
+    (b"# only a comment\n", r"bad.yaml: expected a mapping of fields at the top level, got nothing"),
+    (b"- a100-sxm4\n", r"bad.yaml: expected a mapping of fields at the top level, got a list"),
+])
+def test_an_unreadable_file_is_an_error_naming_the_file_and_the_line(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_system_config(path)
+    based = tmp_path / "derived.yaml"  # the same when it is the base of another file
+    based.write_text("base: bad.yaml\nnum_cus: 4\n")
+    with pytest.raises(ConfigError, match=message):
+        load_system_config(based)
+
+
+def test_a_folder_is_not_a_description(tmp_path):
+    (tmp_path / "gpu.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"gpu.yaml: is a folder; expected a YAML file"):
+        load_system_config(tmp_path / "gpu.yaml")
+    with pytest.raises(ConfigError, match=r"is a folder; expected a preset name or a YAML file"):
+        load_system_config(tmp_path)
+    with pytest.raises(UnknownPresetError, match=r"unknown hardware preset ''; known presets: a100-4-nvlink"):
+        load_system_config("")  # not the current folder
 
 
 def test_gpu_preset_is_a_single_gpu_system():
@@ -158,6 +272,9 @@ def test_a_whole_system_check_names_the_file_and_the_override():
     with pytest.raises(ConfigError, match=r"with override 'topology.kind': .*needs 'switch'") as info:
         gpusim.load_system("t3-ring8", {"topology.kind": "switch"})
     assert "{" not in str(info.value)  # the section is not dumped
+    with pytest.raises(ConfigError, match=r"^\S*a100-sxm4.yaml with override 'gpu.hbm.interleave_bytes': field 'hbm': "
+                                          r"interleave_bytes \(1\) must be a multiple of burst_bytes \(32\)$"):
+        gpusim.load_system("a100-4-nvlink", {"gpu.hbm.interleave_bytes": "1 B"})  # a check of a GPU's section
 
 
 def test_overrides_must_be_a_mapping_of_dotted_paths():
@@ -341,7 +458,7 @@ def test_a_gpu_file_with_num_cus_misspelled_or_missing_is_still_read_as_a_gpu(tm
     with pytest.raises(ConfigError) as info:
         load_system_config(misspelled)
     lines = str(info.value).splitlines()
-    assert f"{misspelled}: field 'num_cu': unknown field (misspelled?)" in lines, lines
+    assert f"{misspelled}: field 'num_cu': unknown field (did you mean 'num_cus'?)" in lines, lines
     assert f"{misspelled}: field 'num_cus': Field required" in lines, lines
     missing = tmp_path / "missing.yaml"
     missing.write_text(_gpu_file_text("num_cus: 80", ""))
@@ -360,6 +477,43 @@ def test_a_file_that_is_neither_or_both_a_gpu_and_a_node_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match=r"neither.yaml: neither a GPU's description \(which needs fields num_cus, "
                                           r"clock_hz, cu, l2, hbm\) nor a node's .*; unknown fields: num_cu"):
         load_system_config(neither)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("base: dgx-a100\nnum_cus: 80\n", r"field 'base': 'dgx-a100' is a node's description, but this file gives a "
+                                       r"GPU's fields \(num_cus\); start from a GPU preset \(a100-sxm4, .*\) or a GPU's "
+                                       r"file, or give the node's GPU these fields under 'gpu'"),
+    ("base: a100-sxm4\nnum_gpus: 4\n", r"field 'base': 'a100-sxm4' is a GPU's description, but this file gives a "
+                                        r"node's fields \(num_gpus\); start from a node preset, or name the GPU in "
+                                        r"field 'gpu' \(gpu: a100-sxm4\)"),
+    ("base: a100-4-nvlink\ngpu: {base: dgx-a100}\n", r"field 'gpu.base': 'dgx-a100' is a node's description, but a "
+                                                      r"node's 'gpu' is a GPU's; start from a GPU preset .* or a GPU's file"),
+])
+def test_a_description_starts_from_a_base_of_its_own_kind(tmp_path, text, message):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {message}$"):
+        load_system_config(path)
+
+
+@pytest.mark.parametrize("node_text", ["base: a100-4-nvlink\nnum_gpus: 2\n", "gpu: a100-sxm4\nnum_gpus: 1\n"])
+def test_a_node_file_is_not_a_gpu(tmp_path, node_text):
+    (tmp_path / "node.yaml").write_text(node_text)
+    path = tmp_path / "outer.yaml"
+    path.write_text("base: a100-4-nvlink\ngpu: node.yaml\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: field 'gpu': {re.escape(str(tmp_path))}/node.yaml "
+                                          r"is a node's description \(it has a 'gpu' of its own\); a node's 'gpu' is a "
+                                          r"GPU preset, a GPU's file or the GPU's fields$"):
+        load_system_config(path)
+
+
+def test_unknown_fields_of_one_section_list_its_fields_once(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("base: a100-sxm4\nzzz: 1\nyyy: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_system_config(path)
+    assert str(info.value).splitlines()[1:] == [f"{path}: field 'yyy': unknown field"]
+    assert str(info.value).startswith(f"{path}: field 'zzz': unknown field; known fields: clock_hz, cu, ")
 
 
 def test_a_node_file_without_its_gpu_says_so(tmp_path):
@@ -415,6 +569,20 @@ def _leaves(data, path=()):
             yield from _leaves(value, (*path, key))
     elif not isinstance(data, list | tuple) and data is not None:
         yield ".".join(path), data
+
+
+def test_a_list_field_takes_a_yaml_list_as_text():
+    config = load_system_config("a100-4-nvlink", {"topology.kind": "custom", "topology.edges": "[[0, 1], [1, 2, 2]]",
+                                                  "sources": "[measured, guessed]",
+                                                  "gpu.memctrl.mca.thresholds": "[0.1, 0.2, 0.5, 1.0]"})
+    assert config.topology.edges == [[0, 1], [1, 2, 2]] and config.sources == ["measured", "guessed"]
+    assert config.gpu.memctrl.mca.thresholds == (0.1, 0.2, 0.5, 1.0)
+    for text in ("[[0, 1", "0, 1"):
+        with pytest.raises(ConfigError, match=rf"override 'topology.edges': field 'edges' takes a list, written as YAML "
+                                              rf"writes one \(such as .*\), got '{re.escape(text)}'"):
+            load_system_config("a100-4-nvlink", {"topology.kind": "custom", "topology.edges": text})
+    with pytest.raises(ConfigError, match=r"override 'topology.edges': field 'topology.edges.0.1': .*valid integer"):
+        load_system_config("a100-4-nvlink", {"topology.kind": "custom", "topology.edges": "[[0, a]]"})
 
 
 @pytest.mark.parametrize("name", ["t3-ring8", "dgx-a100", "h200-sxm"])

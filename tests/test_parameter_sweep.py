@@ -177,11 +177,40 @@ def test_a_field_that_changes_nothing_is_reported():
         sweep("dgx-a100", lambda nbytes: ops.AllReduce(nbytes), {**make, "switch.port_bandwidth": ["100 GB/s", "300 GB/s"]})
 
 
+def test_a_point_that_fails_to_simulate_is_named_by_its_values(capsys):
+    with pytest.raises(SweepError, match=r"^sweep over gpu.num_cus: point 0 \{'gpu.num_cus': 40\} failed: OpError: "
+                                         r"allreduce 1.0 MiB: rank 1 does not exist; a100-sxm4 has ranks 0..0$"):
+        sweep("a100-sxm4", ops.AllReduce(2**20, ranks=[0, 1]), {"gpu.num_cus": [40]}, mode="full")
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB ranks=0,1", "--mode", "full",
+                 "--vary", "gpu.num_cus=40", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: error: sweep over gpu.num_cus: point 0 {'gpu.num_cus': '40'} failed: OpError")
+    assert "'config'" not in err and len(err.splitlines()) == 1
+
+
 def test_a_bad_point_fails_before_anything_runs(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(ConfigError, match=r"sweep point 1 \(\{'gpu.num_cus': 'many'\}\): override 'gpu.num_cus'"):
         sweep("t3-ring8", GEMM, {"gpu.num_cus": [80, "many"]}, cache=cache)
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_a_field_is_set_once_whether_varied_or_overridden():
+    with pytest.raises(ConfigError, match="'gpu.num_cus' is both varied and overridden"):
+        sweep(gpusim.load_system("t3-ring8", {"gpu.num_cus": 40}), GEMM, {"gpu.num_cus": [80, 160]})
+    with pytest.raises(ConfigError, match=r"sweep point 0 .*: override 'links.bandwidth_bytes_per_s': field "
+                                          r"'links.bandwidth_bytes_per_s' is set by override 'links.bandwidth' too"):
+        sweep("t3-ring8", GEMM, {"links.bandwidth": ["75 GB/s"], "links.bandwidth_bytes_per_s": ["150 GB/s"]})
+
+
+@pytest.mark.parametrize(("vary", "message"), [
+    ({"gpu.clock": ["1 GHz", "1000 MHz"]}, r"vary 'gpu.clock': '1 GHz' and '1000 MHz' are one value \(1000000000.0\)"),
+    ({"gpu.num_cus": [80, "80"]}, r"vary 'gpu.num_cus': 80 and '80' are one value \(80\); give each value once"),
+])
+def test_two_values_of_a_field_that_are_one_are_an_error(tmp_path, vary, message):
+    with pytest.raises(ConfigError, match=message):
+        sweep("t3-ring8", GEMM, vary, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # refused before running
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -314,6 +343,10 @@ def test_cli_sweep_compares_systems(capsys):
     assert "a100-sxm4" in out and "h100-sxm5" in out
     assert main(["sweep", "--op", "gemm m=1024 n=1024 k=1024", "--vary", "gpu.num_cus=40", "--quiet"]) == 2
     assert "give --system, or the systems to compare as --vary system=" in capsys.readouterr().err
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "gemm m=1024 n=1024 k=1024", "--vary",
+                 "system=a100-sxm4,h100-sxm5", "--quiet"]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: sweep: give --system, or the systems to compare as --vary "
+                                       "system=NAME,NAME (one of the two, not both)\n")
 
 
 def test_cli_simulate_varies_model_options(tmp_path):
@@ -363,6 +396,30 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
     assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes={0}", "--vary", "gpu.num_cus=80",
                  "--quiet"]) == 2
     assert "a placeholder must be a name such as {size}, got {0}" in capsys.readouterr().err
+    assert main(["sweep", "--system", "t3-ring8", "--op", "allreduce nbytes=1MiB", "--vary", "size=1MiB,2MiB",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: sweep: --vary size is neither a field (such as gpu.num_cus) "
+                                       "nor a placeholder {size} of the ops\n")
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB", "--vary", "clock=1GHz,2GHz",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith("nor a placeholder {clock} of the ops; the GPU's field is gpu.clock\n")
+    assert main(["sweep", "--system", "a100-sxm4", "--op", "allreduce nbytes=1MiB", "--vary", "n=1,2", "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith("nor a placeholder {n} of the ops\n")  # no GPU field is n
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("allreduce nbytes={size", "op 'allreduce nbytes={size': expected '}' before end of string; a placeholder is a name"),
+    ("allreduce nbytes=size}", "op 'allreduce nbytes=size}': Single '}' encountered in format string; a placeholder"),
+    ("allreduce nbytes={size!z}", "a placeholder must be a name such as {size}, got {size!z}"),
+    ("allreduce nbytes={size:>9}", "a placeholder must be a name such as {size}, got {size:>9}"),
+])
+def test_cli_sweep_placeholders_that_do_not_read_are_one_error_line(tmp_path, capsys, spec, message):
+    out = tmp_path / "out"
+    assert main(["sweep", "--system", "t3-ring8", "--op", spec, "--vary", "size=1MiB,2MiB", "--quiet",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: error: ") and message in err and "Traceback" not in err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("vary, message", [
@@ -370,6 +427,7 @@ def test_cli_sweep_workload_placeholders(tmp_path, capsys):
     (["gpu.num_cus=80,"], "--vary expects PATH=VALUE,VALUE"),
     (["gpu.num_cus=80", "gpu.num_cus=160"], "given more than once"),
     (["gpu.num_cus=80,lots"], "sweep point 1"),
+    (["links.bandwidth=75GB/s", "links.bandwidth_bytes_per_s=150GB/s"], "is set by override 'links.bandwidth' too"),
 ])
 def test_cli_sweep_bad_vary(tmp_path, capsys, vary, message):
     arguments = ["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--quiet", "--out", str(tmp_path / "out")]
@@ -401,3 +459,30 @@ def test_a_failed_point_is_named_by_its_values_not_its_whole_description(capsys)
     error = capsys.readouterr().err
     assert status == 2 and error.startswith("gpusim: error: sweep over system: point 1 {'system': 'a100-4-nvlink'} "
                                             "failed: OpError: ") and len(error) < 300
+
+
+@pytest.mark.parametrize(("cache", "message"), [
+    ("", "--cache: expected a folder, got an empty path"),  # not the current folder
+    ("afile", "--cache afile: afile is a file, not a folder"),
+    ("afile/sub", "--cache afile/sub: afile is a file, not a folder"),
+])
+def test_cli_sweep_a_bad_cache_is_one_error_line_before_anything_runs(tmp_path, capsys, monkeypatch, cache, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    assert main(["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--vary", "gpu.num_cus=40",
+                 "--quiet", "--cache", cache, "--out", "out"]) == 2
+    assert capsys.readouterr() == ("", f"gpusim: error: {message}\n")
+    assert [path.name for path in tmp_path.iterdir()] == ["afile"]
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--op", "gemm m=64 n=64 k=64"],
+    ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1"],
+])
+def test_cli_a_varied_field_may_not_be_set_too(tmp_path, capsys, command):
+    out = tmp_path / "out"
+    assert main([*command, "--system", "t3-ring8", "--set", "gpu.num_cus=40", "--vary", "gpu.num_cus=80,160",
+                 "--quiet", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("gpusim: error: sweep_parameters: 'gpu.num_cus' is both varied and overridden; "
+                                       "give it in one of them\n")
+    assert not out.exists()

@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpusim.cli import main
 from gpusim.errors import ConfigError, SweepError
 from gpusim.sweep import point_key, sweep
 
@@ -90,6 +89,15 @@ def test_a_failing_point_is_named_and_the_finished_ones_are_kept(tmp_path, worke
     assert cached <= {path.stem for path in tmp_path.glob("*.pkl")}  # the points before it need not run again
 
 
+def test_a_failing_point_may_be_named_by_its_label():
+    points = [{"x": x, "config": "a long description"} for x in range(5)]
+    with pytest.raises(SweepError, match=r"^sweep: point 3 x=3 failed: ValueError: boom$"):
+        sweep(lambda x, config: fails_at_three(x), points, workers=1, progress=False,
+              labels=[f"x={point['x']}" for point in points])
+    with pytest.raises(ConfigError, match="labels must name each of the 5 points, got 1 labels"):
+        sweep(fails_at_three, points, workers=1, progress=False, labels=["x"])
+
+
 def test_keys_change_with_the_simulator_and_its_presets(tmp_path, monkeypatch):
     """A cached point of a changed model or preset is simulated again (the T3 study reused stale ones)."""
     from gpusim import sweep as sweep_module
@@ -162,15 +170,10 @@ def test_a_point_given_twice_runs_once(tmp_path):
     assert calls.read_text().split() == ["2", "3"]
 
 
-def test_a_cache_folder_that_cannot_be_created_is_a_config_error_naming_it(tmp_path, capsys):
+def test_a_cache_folder_that_cannot_be_created_is_a_config_error_naming_it(tmp_path):
+    """(gpusim sweep checks --cache as it checks --out: tests/test_parameter_sweep.py.)"""
     afile = tmp_path / "afile"
     afile.write_text("")
     with pytest.raises(ConfigError, match=rf"sweep cache {re.escape(str(afile / 'cache'))}: cannot create the folder: "
                                           r"Not a directory"):
         sweep(square, [{"x": 1}], cache=afile / "cache", progress=False)
-    out = tmp_path / "out"
-    status = main(["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--vary", "gpu.num_cus=40",
-                   "--workers", "1", "--quiet", "--cache", str(afile / "cache"), "--out", str(out)])
-    assert status == 2
-    assert capsys.readouterr().err == f"gpusim: error: sweep cache {afile / 'cache'}: cannot create the folder: Not a directory\n"
-    assert not out.exists()

@@ -19,6 +19,7 @@ from gpusim.config.quantities import (
     Hertz,
     Int,
     Model,
+    Name,
     Nanoseconds,
     PositiveFloat,
     PositiveInt,
@@ -730,7 +731,7 @@ class GpuConfig(Model):
         the other presets take it without a fit of their own.
     """
 
-    name: str
+    name: Name
     description: str = ""
     vendor: Literal["nvidia", "amd", "other"] = "other"
     sources: list[str] = []

@@ -8,7 +8,8 @@ other values replace the base's, and its ``sources`` come before the base's.  Ov
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
 value must then say its unit.  A value may also be the text a user typed (``"160"``, ``"true"``,
-``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``).
+``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``)
+and a list field reads it as a YAML list (``topology.edges="[[0, 1], [1, 2]]"``).
 
 An override changes one field and keeps the rest of its section.  Where the description leaves a
 section out, the override starts from the section's defaults (``gpu.nmc.op_cycles.div=2`` keeps
@@ -24,6 +25,7 @@ and ``network.nic_bandwidth_bytes_per_s``).
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import types
 import typing
@@ -98,8 +100,26 @@ def _check_unique_keys(node: yaml.Node, path: Path, keys: list[str], seen: set[i
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping of fields that the YAML file ``path`` holds.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file: it cannot be read (a folder, say), is not UTF-8 text (the message gives
+        the line), is not valid YAML (the line and column), gives a key twice, or holds no mapping
+        (an empty file, a list).
+    """
     try:
-        loader = yaml.SafeLoader(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                          f"save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    try:
+        loader = yaml.SafeLoader(text)
+        loader.name = str(path)  # YAML's messages name the file, not "<unicode string>"
         try:
             node = loader.get_single_node()
             if node is not None:
@@ -107,12 +127,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
+    except yaml.reader.ReaderError as exc:  # a control character, found before the loader is named
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path}: line {line}: not valid YAML: character {exc.character:#06x}: {exc.reason}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+        got = "nothing (the file is empty)" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level, got {got}")
     return data
 
 
@@ -206,6 +228,33 @@ def _referenced_file(ref: str, origin: Path, field: str, presets: dict[str, Path
     return presets[ref]
 
 
+def _check_same_kind(own: dict[str, Any], inline: bool, base: _Description, ref: str, origin: Path) -> None:
+    """Raise when a description and its ``base`` (named ``ref`` in ``origin``) are not of one kind: a
+    GPU's fields (``num_cus``) on a node's base, a node's (``num_gpus``) on a GPU's, or a GPU
+    written inline in a node that starts from a node.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, the field ``base`` and the kind of description it expects.
+    """
+    base_kind = "node" if "gpu" in base.data else "GPU"
+    node_fields = sorted(str(key) for key in own if key == "gpu" or key in _NODE_ONLY)
+    gpu_fields = sorted(str(key) for key in own if key in _GPU_ONLY)
+    own_kind, fields = ("GPU", gpu_fields) if inline or not node_fields else ("node", node_fields)
+    if base_kind == own_kind or not (inline or fields):
+        return
+    field = "gpu.base" if inline else "base"
+    given = "a node's 'gpu' is a GPU's" if inline else f"this file gives a {own_kind}'s fields ({', '.join(fields)})"
+    if own_kind == "GPU":
+        advice = f"start from a GPU preset ({', '.join(sorted(_preset_files('gpus')))}) or a GPU's file"
+        if not inline:
+            advice += ", or give the node's GPU these fields under 'gpu'"
+    else:
+        advice = f"start from a node preset, or name the GPU in field 'gpu' (gpu: {ref})"
+    raise ConfigError(f"{origin}: field '{field}': {ref!r} is a {base_kind}'s description, but {given}; {advice}")
+
+
 def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = (), inline: bool = False) -> _Description:
     """Resolve the ``base`` chain of a description read from ``origin`` (or written ``inline`` in it)."""
     if "base" not in fields:
@@ -220,6 +269,7 @@ def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = 
         cycle = " -> ".join(str(path) for path in (*chain, base_path))
         raise ConfigError(f"{origin}: field 'base': the chain of bases loops ({cycle})")
     base = _description(_read_yaml(base_path), base_path, chain)
+    _check_same_kind(own, inline, base, ref, origin)
     base_gpu = base.data.get("gpu")
     if isinstance(own.get("gpu"), dict) and "base" not in own["gpu"] and isinstance(base_gpu, str):
         # changes to the base's GPU preset: start from that preset (a path is relative to the file naming it)
@@ -241,7 +291,11 @@ def _gpu_description(ref: Any, origin: Path) -> _Description:
     if not isinstance(ref, str):
         raise ConfigError(f"{origin}: field 'gpu': expected a GPU preset name or a mapping, got {ref!r}")
     path = _referenced_file(ref, origin, "gpu", _preset_files("gpus"), "GPU preset")
-    return _description(_read_yaml(path), path)
+    gpu = _description(_read_yaml(path), path)
+    if "gpu" in gpu.data:  # itself, or its base, names a GPU
+        raise ConfigError(f"{origin}: field 'gpu': {path} is a node's description (it has a 'gpu' of its own); "
+                          f"a node's 'gpu' is a GPU preset, a GPU's file or the GPU's fields")
+    return gpu
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -260,12 +314,33 @@ def _is_mapping(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict
 
 
+def _list_from_text(path: str, name: str, text: str) -> list[Any]:
+    """The value of the list field ``name`` that the override ``path`` gives as text, written as YAML
+    writes a list (``[[0, 1], [1, 2, 2]]``, ``[0.1, 0.5]``).
+
+    Raises
+    ------
+    ConfigError
+        The text is not such a list.
+    """
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, list):
+        raise ConfigError(f"override {path!r}: field {name!r} takes a list, written as YAML writes one "
+                          f"(such as [0.1, 0.5] or [[0, 1], [1, 2]]), got {text!r}")
+    return value
+
+
 def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | None], Any]:
     """Map an override path onto field names; check values given to unit-less aliases.
 
     Returns the field names, the field each names (``None`` for a key of a mapping such as a dtype
     table) and the value to write.
     """
+    if not isinstance(path, str):
+        raise ConfigError(f"override {path!r}: paths must be dotted strings such as 'gpu.num_cus'")
     model: type[BaseModel] | None = SystemConfig
     keys: list[str] = []
     infos: list[FieldInfo | None] = []
@@ -282,8 +357,10 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
             aliases = [f for f in fields for suffix in UNIT_SUFFIXES if f == part + suffix]
             if not aliases:
                 where = ".".join(parts[:index]) or "the system"
+                likely = difflib.get_close_matches(part, fields, n=1)
+                meant = f" (did you mean {likely[0]!r}?)" if likely else ""
                 raise ConfigError(
-                    f"override {path!r}: {where} has no field {part!r}; known fields: {', '.join(sorted(fields))}"
+                    f"override {path!r}: {where} has no field {part!r}{meant}; known fields: {', '.join(sorted(fields))}"
                 )
             name = aliases[0]
             if index == len(parts) - 1:
@@ -299,6 +376,8 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
             # a text field given what a command line read as a number or a boolean (``name=123``,
             # ``description=true``); text as typed (``007``) is kept as it is
             value = str(value).lower() if isinstance(value, bool) else str(value)
+        if typing.get_origin(annotation) in (list, tuple) and index == len(parts) - 1 and isinstance(value, str):
+            value = _list_from_text(path, name, value)  # a list as a command line gives it
         model = _model_of(annotation)
         if model is None and index < len(parts) - 1 and not _is_mapping(annotation):
             raise ConfigError(f"override {path!r}: field {name!r} has no sub-fields")
@@ -331,6 +410,10 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[d
     created: dict[str, list[str]] = {}
     for path, value in overrides.items():
         keys, infos, value = _resolve_path(path, value)
+        field = ".".join(keys)
+        if field in resolved:  # a field and its unit-less alias (links.bandwidth, links.bandwidth_bytes_per_s)
+            raise ConfigError(f"override {path!r}: field {field!r} is set by override {resolved[field]!r} too; "
+                              f"give it once")
         node = data
         for depth, key in enumerate(keys[:-1]):
             child = node.get(key)
@@ -346,13 +429,48 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[d
                 created[section].append(path)
             node = child
         node[keys[-1]] = value
-        resolved[".".join(keys)] = path
+        resolved[field] = path
     return resolved, created
+
+
+def _section_fields(parts: list[str]) -> list[str]:
+    """The fields of the section at ``parts`` of a system's description (``["gpu", "l2"]``); none
+    where ``parts`` is not a section."""
+    model: type[BaseModel] | None = SystemConfig
+    for part in parts:
+        if part.isdigit():  # an item of a list of sections (collectives.protocols.0)
+            continue
+        info = model.model_fields.get(part)
+        if info is None:
+            return []
+        annotation = info.annotation
+        if typing.get_origin(annotation) in (list, tuple):
+            annotation = typing.get_args(annotation)[0]
+        model = _model_of(annotation)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _unknown_field(parts: list[str], listed: set[str]) -> str:
+    """What to say of the unknown field at ``parts``: the known field it was likely meant to be,
+    else the fields its section has, unless an earlier message listed them (its section is in
+    ``listed``, to which it is added)."""
+    known = _section_fields(parts[:-1])
+    likely = difflib.get_close_matches(parts[-1], known, n=1)
+    if likely:
+        return f"unknown field (did you mean '{likely[0]}'?)"
+    section = ".".join(parts[:-1])
+    if not known or section in listed:
+        return "unknown field"
+    listed.add(section)
+    return f"unknown field; known fields: {', '.join(sorted(known))}"
 
 
 def _format_validation(exc: ValidationError, system: _Description, gpu: _Description,
                        overridden: dict[str, str], created: dict[str, list[str]]) -> str:
     lines = []
+    listed: set[str] = set()  # sections whose known fields a line lists
     for err in exc.errors():
         parts = [str(p) for p in err["loc"]]
         bad_key = parts[-1:] == ["[key]"]  # a table's key (a dtype, an NMC operation) that is not known
@@ -362,6 +480,7 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         origin = next((f"override {overridden[p]!r}" for p in overridden if loc == p or loc.startswith(p + ".")), None)
         field = loc or "(the description as a whole)"
         section = next((c for c in created if loc == c or loc.startswith(c + ".")), None)
+        written_in_a_file = origin is None and section is None
         note = ""
         if origin is None and section is not None:  # in a section that overrides created
             paths = created[section]
@@ -369,21 +488,24 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
             creates = "the override creates" if len(paths) == 1 else "the overrides create"
             needs = f"; a new '{section}' needs this field too" if err["type"] == "missing" else ""
             note = f" (the description leaves '{section}' empty, so {creates} it{needs})"
-        elif origin is None and parts[:1] == ["gpu"] and len(parts) > 1:
-            origin = str(gpu.origin(parts[1:]))
-            field = ".".join(parts[1:]) if gpu.own_file else loc
         elif origin is None:
-            origin = str(system.origin(parts))
+            if parts[:1] == ["gpu"] and len(parts) > 1:
+                origin = str(gpu.origin(parts[1:]))
+                field = ".".join(parts[1:]) if gpu.own_file else loc
+            else:
+                origin = str(system.origin(parts))
             inside = [overridden[p] for p in overridden if not loc or p.startswith(loc + ".")]
             if inside:  # a check of a whole section failed on a value an override put into it
                 origin += f" with override {', '.join(repr(path) for path in inside)}"
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field (misspelled?)"
+            message = _unknown_field(parts, listed)
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
         got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
+        if written_in_a_file and err["type"] == "string_type" and isinstance(err["input"], bool | int | float):
+            note += "; YAML reads it as a number or a boolean: quote the text"  # name: 1234, description: yes
         lines.append(f"{origin}: field '{field}': {message}{got}{note}")
-    return "\n".join(lines)
+    return "\n".join(dict.fromkeys(lines))  # a GPU's file names the system too: its errors would come twice
 
 
 def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> SystemConfig:
@@ -410,11 +532,15 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
     ref = os.fspath(name_or_path)
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") or path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a folder; expected a YAML file")
         if not path.is_file():
             raise ConfigError(f"{path}: no such file")
         source = path
     else:
         presets = {**_preset_files("gpus"), **_preset_files("nodes")}
+        if ref not in presets and ref and path.is_dir():  # Path("") is the current folder
+            raise ConfigError(f"{path}: is a folder; expected a preset name or a YAML file")
         if ref not in presets:
             raise UnknownPresetError(ref, list(presets))
         source = presets[ref]
@@ -429,9 +555,6 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
     data["gpu"] = copy.deepcopy(gpu.data)
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(f"overrides must be a mapping of dotted paths to values, got {type(overrides).__name__}")
-    for key in overrides or {}:
-        if not isinstance(key, str):
-            raise ConfigError(f"override {key!r}: paths must be dotted strings such as 'gpu.num_cus'")
     overridden, created = _apply_overrides(data, overrides or {})
     try:
         return SystemConfig.model_validate(data)
@@ -469,6 +592,20 @@ def override_field(config: SystemConfig, path: str, value: Any) -> tuple[str, An
     if isinstance(node, BaseModel):
         node = node.model_dump(mode="json")
     return ".".join(keys), node
+
+
+def overridden_field(path: str, value: Any) -> str:
+    """The dotted field path (``links.bandwidth_bytes_per_s``) that an override ``path``
+    (``links.bandwidth``) given ``value`` sets.
+
+    Raises
+    ------
+    ConfigError
+        ``path`` names no field, or a path without its field's unit suffix is given a value
+        without a unit.
+    """
+    keys, _, _ = _resolve_path(path, value)
+    return ".".join(keys)
 
 
 def load_gpu_config(name_or_path: str | os.PathLike) -> GpuConfig:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from gpusim.config.gpu import GpuConfig
-from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Int, Model, Nanoseconds, PositiveInt
+from gpusim.config.quantities import Bandwidth, Bytes, Fraction, Int, Model, Name, Nanoseconds, PositiveInt
 
 TopologyKind = Literal["ring", "fully_connected", "switch", "hybrid_cube_mesh", "custom"]
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs a node description may have (a fully connected node of n GPUs has n(n-1)/2 links: 1024
+GPUs take about a gigabyte to build, a few thousand more than a machine's memory)."""
+MAX_GPUS = 4096
+"""Most GPUs a system may have over all its nodes (each is simulated: 4096 take about a gigabyte and a
+half to simulate a kernel on, and many more would exhaust the simulator's memory)."""
 
 
 class LinkConfig(Model):
@@ -60,9 +66,21 @@ class TopologyConfig(Model):
     def _check_edges(self) -> TopologyConfig:
         if self.kind == "custom" and not self.edges:
             raise ValueError("a custom topology needs 'edges'")
+        if self.kind != "custom" and self.edges:
+            raise ValueError(f"'edges' describe a custom topology; a {self.kind} topology makes its own links "
+                             f"(give kind: custom, or leave 'edges' out)")
+        pairs: dict[frozenset[int], list[int]] = {}
         for edge in self.edges:
             if len(edge) not in (2, 3):
                 raise ValueError(f"edge {edge} must be [a, b] or [a, b, links]")
+            if edge[0] == edge[1]:
+                raise ValueError(f"edge {edge} links GPU {edge[0]} to itself; an edge links two GPUs")
+            if len(edge) == 3 and edge[2] < 1:
+                raise ValueError(f"edge {edge}: its number of links must be at least 1, got {edge[2]}")
+            first = pairs.setdefault(frozenset(edge[:2]), edge)
+            if first is not edge:
+                raise ValueError(f"edges {first} and {edge} link the same GPUs; give each pair once "
+                                 f"(with its number of links as a third value)")
         return self
 
 
@@ -133,7 +151,7 @@ class ProtocolConfig(Model):
         rank's chunk.
     """
 
-    name: str
+    name: Name
     step_latency_ns: Nanoseconds
     base_latency_ns: Nanoseconds = 0.0
     wire_efficiency: Fraction = 1.0
@@ -182,22 +200,23 @@ class SystemConfig(Model):
     gpu
         The GPU of every node.
     num_gpus
-        GPUs per node.
+        GPUs per node, at most :data:`MAX_GPUS_PER_NODE`.
     topology, links, switch
         The intra-node interconnect; ``switch`` is required for a switch topology.
     nodes
-        Number of nodes; more than one needs ``network``.
+        Number of nodes; more than one needs ``network``, and all of them together have at most
+        :data:`MAX_GPUS` GPUs.
     network
         The inter-node network.
     collectives
         Collective-library behaviour.
     """
 
-    name: str
+    name: Name
     description: str = ""
     sources: list[str] = []
     gpu: GpuConfig
-    num_gpus: PositiveInt = 1
+    num_gpus: Annotated[PositiveInt, Field(le=MAX_GPUS_PER_NODE)] = 1
     topology: TopologyConfig = TopologyConfig(kind="fully_connected")
     links: LinkConfig | None = None
     switch: SwitchConfig | None = None
@@ -221,6 +240,9 @@ class SystemConfig(Model):
                     raise ValueError(f"topology edge {edge} names GPU {gpu}; GPUs are 0..{self.num_gpus - 1}")
         if self.nodes > 1 and self.network is None:
             raise ValueError(f"{self.nodes} nodes need 'network' (NIC bandwidth, latency)")
+        if self.total_gpus > MAX_GPUS:
+            raise ValueError(f"{self.nodes} nodes of {self.num_gpus} GPUs are {self.total_gpus} GPUs; at most "
+                             f"{MAX_GPUS} are simulated (fields 'nodes' and 'num_gpus')")
         return self
 
     @property

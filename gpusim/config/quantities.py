@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpusim.units import parse_quantity
 
@@ -31,6 +31,17 @@ def _not_bool(value: object) -> object:
 
 
 _NOT_BOOL = BeforeValidator(_not_bool)
+
+
+def _not_blank(text: str) -> str:
+    """``text``, unless it is empty or only spaces."""
+    if not text.strip():
+        raise ValueError(f"expected a name, got {text!r}")
+    return text
+
+
+Name = Annotated[str, AfterValidator(_not_blank)]
+"""A name: text that is not empty or only spaces."""
 
 Int = Annotated[int, _NOT_BOOL]
 """A whole number (a float with no fraction, or numeric text, is taken; a boolean is not)."""

@@ -16,6 +16,7 @@ import networkx as nx
 import numpy as np
 
 from gpusim.config.node import SystemConfig
+from gpusim.errors import ConfigError
 
 DGX1_HYBRID_CUBE_MESH = [
     (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2),
@@ -186,7 +187,8 @@ class Topology:
             try:
                 path = nx.shortest_path(self.graph, gpu_node(src), gpu_node(dst), weight="weight")
             except nx.NetworkXNoPath as exc:
-                raise ValueError(f"GPU {src} cannot reach GPU {dst} in topology {self.config.topology.kind}") from exc
+                raise ConfigError(f"{self.config.name}: GPU {src} cannot reach GPU {dst} in its "
+                                  f"{self.config.topology.kind} topology (field 'topology.edges')") from exc
             self._routes[key] = list(zip(path[:-1], path[1:]))
         return self._routes[key]
 
@@ -218,7 +220,8 @@ class Topology:
 
         cycle = extend([0])
         if cycle is None:
-            raise ValueError(f"topology {self.config.topology.kind} of {n} GPUs has no ring through direct links")
+            raise ConfigError(f"{self.config.name}: its {self.config.topology.kind} topology of {n} GPUs has no ring "
+                              f"through direct links, which a ring collective needs (field 'topology.edges')")
         return cycle
 
     def link_capacity(self, src: int, dst: int) -> float:
