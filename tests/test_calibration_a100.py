@@ -120,6 +120,7 @@ def test_a_warm_point_reads_its_input_from_the_l2_and_times_its_op_alone():
         validation.simulate_point("allreduce", "dgx-a100", nbytes=2**20, warm=True)
 
 
+
 def test_vidur_llama2_7b_layer_on_the_a100_within_tolerance():
     """vidur's profile of Llama-2-7B's layer on an A100 (held out: nothing was fitted on it): its
     GEMMs, vLLM's RMS norms, rotary embedding and SwiGLU activation (estimated instruction counts,
