@@ -127,7 +127,9 @@ def test_pseudo_channels_open_rows_in_their_own_activate_windows():
 
     one, opened_one = run(1, True)
     two, opened_two = run(2, True)
-    assert opened_one == opened_two > 10 * 2560 * 10240 * 2 / 2048  # far more rows than 2 KiB rows of data
+    # the same rows, but for a few of A's 10 KiB, which stay open or not as the timing falls (4 of 825,777)
+    assert opened_one == pytest.approx(opened_two, rel=1e-4)
+    assert opened_two > 10 * 2560 * 10240 * 2 / 2048  # far more rows than 2 KiB rows of data
     assert two < 0.75 * one
     long_one, _ = run(1, False)
     long_two, _ = run(2, False)
