@@ -767,15 +767,14 @@ class GemmKernel:
         slots of a whole tile each (:func:`gpusim.kernels.fused.tile_bytes`)."""
         p, s = self.problem, self.spec
         batch, row, col, split = self.tile_of(wg)
-        rows = min(s.tile_m, p.m - row * s.tile_m)
-        cols = min(s.tile_n, p.n - col * s.tile_n)
         value_bytes = self.tile_bytes // (s.tile_m * s.tile_n)
-        if self.store is not None:
-            tile_index = (batch * self.tiles_m + row) * self.tiles_n + col
-            if s.split_k > 1 and not self.partials_in_place:
-                tile_index = tile_index * s.split_k + split
-            return tile_index * self.tile_bytes, rows * cols * value_bytes
-        return dense_tile_range(p, s, batch, row, col, split, value_bytes)
+        if self.store is None:
+            return dense_tile_range(p, s, batch, row, col, split, value_bytes)
+        tile_index = (batch * self.tiles_m + row) * self.tiles_n + col
+        if s.split_k > 1 and not self.partials_in_place:
+            tile_index = tile_index * s.split_k + split
+        _, length = dense_tile_range(p, s, batch, row, col, 0, value_bytes)  # the tile's own bytes
+        return tile_index * self.tile_bytes, length
 
     # -- workgroup ------------------------------------------------------------------------------
     def _fetch(self, cu: InflightLimit, batch: int, row: int, col: int, split: int, step: int) -> Join:
