@@ -26,6 +26,7 @@ import pandas as pd
 
 from gpusim.errors import ConfigError, SweepError
 from gpusim.ops import as_int
+from gpusim.output_files import write_whole
 
 Row = dict[str, Any]
 
@@ -122,11 +123,16 @@ class ResultCache:
             return None
 
     def put(self, key: str, rows: list[Row]) -> None:
-        """Store the rows of ``key``."""
-        path = self._path(key)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(rows))
-        tmp.replace(path)
+        """Store the rows of ``key``.
+
+        Raises
+        ------
+        ConfigError
+            The entry cannot be written (a full disk, the folder removed); the message names the
+            file and the reason, and no partial file is left.
+        """
+        write_whole(self._path(key), lambda tmp: tmp.write_bytes(pickle.dumps(rows)), "a sweep point's cached rows",
+                    ConfigError)
 
 
 def _as_rows(value: Any, point: dict[str, Any]) -> list[Row]:
@@ -303,7 +309,11 @@ def sweep(
             return
         results[index] = rows
         if store is not None:
-            store.put(keys[index], rows)
+            try:
+                store.put(keys[index], rows)
+            except ConfigError as exc:  # the cache cannot keep it: stop as after a failed point
+                failed.append((index, exc))
+                return
         if bar is not None:
             bar.update()
 

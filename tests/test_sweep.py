@@ -1,7 +1,9 @@
 """The sweep layer: parallel points, caching and resumption, Dask."""
 
 import re
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -177,3 +179,19 @@ def test_a_cache_folder_that_cannot_be_created_is_a_config_error_naming_it(tmp_p
     with pytest.raises(ConfigError, match=rf"sweep cache {re.escape(str(afile / 'cache'))}: cannot create the folder: "
                                           r"Not a directory"):
         sweep(square, [{"x": 1}], cache=afile / "cache", progress=False)
+
+
+def replace_folder_by_file(folder: str) -> dict[str, int]:
+    """A point that removes the sweep's cache folder and leaves a file in its place (as if the disk
+    under the cache had gone away), then returns its row."""
+    shutil.rmtree(folder)
+    Path(folder).write_text("")
+    return {"value": 1}
+
+
+def test_a_cache_entry_that_cannot_be_written_stops_the_sweep_naming_the_file(tmp_path):
+    cache = tmp_path / "cache"
+    with pytest.raises(SweepError, match=rf"point 0 .* failed: ConfigError: {re.escape(str(cache))}/\w+\.pkl: cannot "
+                                         rf"write a sweep point's cached rows: {re.escape(str(cache))} is a file"):
+        sweep(replace_folder_by_file, [{"folder": str(cache)}], cache=cache, workers=1, progress=False)
+    assert [path.name for path in tmp_path.iterdir()] == ["cache"] and cache.is_file()  # no partial entry
