@@ -461,17 +461,21 @@ def test_a_failed_point_is_named_by_its_values_not_its_whole_description(capsys)
                                             "failed: OpError: ") and len(error) < 300
 
 
-@pytest.mark.parametrize(("cache", "message"), [
-    ("", "--cache: expected a folder, got an empty path"),  # not the current folder
-    ("afile", "--cache afile: afile is a file, not a folder"),
-    ("afile/sub", "--cache afile/sub: afile is a file, not a folder"),
+@pytest.mark.parametrize("command", [
+    ["sweep", "--op", "gemm m=64 n=64 k=64", "--cache"],
+    ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "1", "--sweep-cache"],
 ])
-def test_cli_sweep_a_bad_cache_is_one_error_line_before_anything_runs(tmp_path, capsys, monkeypatch, cache, message):
+@pytest.mark.parametrize(("cache", "message"), [
+    ("", "{option}: expected a folder, got an empty path"),  # not the current folder
+    ("afile", "{option} afile: afile is a file, not a folder"),
+    ("afile/sub", "{option} afile/sub: afile is a file, not a folder"),
+])
+def test_cli_sweep_a_bad_cache_is_one_error_line_before_anything_runs(tmp_path, capsys, monkeypatch, command, cache,
+                                                                       message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
-    assert main(["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--vary", "gpu.num_cus=40",
-                 "--quiet", "--cache", cache, "--out", "out"]) == 2
-    assert capsys.readouterr() == ("", f"gpusim: error: {message}\n")
+    assert main([*command, cache, "--system", "t3-ring8", "--vary", "gpu.num_cus=40", "--quiet", "--out", "out"]) == 2
+    assert capsys.readouterr() == ("", f"gpusim: error: {message.format(option=command[-1])}\n")
     assert [path.name for path in tmp_path.iterdir()] == ["afile"]
 
 

@@ -253,7 +253,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if grid:
         return _simulate_sweep(args, trace, system, grid)
     mode = _mode(args, trace, system)
-    if args.workers or args.scheduler or args.sweep_cache:
+    if args.workers or args.scheduler or args.sweep_cache is not None:
         raise GpusimError("simulate: --workers, --scheduler and --sweep-cache apply to a sweep (--vary)")
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
@@ -294,11 +294,12 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
 
     if args.scheduler:
         check_scheduler(args.scheduler)
+    cache = output_folder(args.sweep_cache, "--sweep-cache")
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, trace, grid, overrides=None if system else parse_overrides(args.set),
                                  mode=args.mode, memory_policy=args.policy, cache_layers=not args.no_cache,
-                                 workers=args.workers, scheduler=args.scheduler, cache=args.sweep_cache,
+                                 workers=args.workers, scheduler=args.scheduler, cache=cache,
                                  progress=not args.quiet)
         where = system.name if system else ", ".join(map(str, grid[SYSTEM_KEY]))
         label = trace.source if isinstance(trace, Trace) else args.model
