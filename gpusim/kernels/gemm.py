@@ -944,7 +944,7 @@ def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store:
     return kernel
 
 
-def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | None = None):
+def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None):
     """Run a :class:`gpusim.ops.Gemm` on ``ctx``'s rank (a generator for the op's stream).
 
     The kernel is ``spec``, else the op's named kernel, else the library heuristic's choice for
@@ -952,14 +952,15 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     a named tile becomes its fallback variant where the rows are not aligned) and with the GPU's
     pipeline stages (:func:`pipelined`).  With split-K,
     fp32 partial tiles go to a workspace and an element-wise reduction kernel writes C.  A
-    one-row (or one-column) product with neither a ``spec`` nor a named kernel, nor a fused
-    ``store``, runs as the BLAS's GEMV kernel where it has them (:mod:`gpusim.kernels.gemv`).
+    one-row (or one-column) product with neither a ``spec`` nor a named kernel runs as the BLAS's
+    GEMV kernel where it has them (:mod:`gpusim.kernels.gemv`).  (Fused kernels launch their GEMM
+    with a store hook through :func:`launch_gemm` or :class:`GemmKernel`.)
     """
     from gpusim.kernels.gemv import execute_gemv, runs_as_gemv
 
     problem = problem_of(op)
     gpu = ctx.gpu
-    if spec is None and op.kernel is None and store is None and runs_as_gemv(problem, gpu.config):
+    if spec is None and op.kernel is None and runs_as_gemv(problem, gpu.config):
         yield from execute_gemv(ctx, op, problem)
         return
     if spec is None:
@@ -972,12 +973,8 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None, store: StoreFn | N
     size = problem.dtype_bytes
     a = ctx.tensor(op.a, problem.batch * problem.m * problem.k * size)
     b = ctx.tensor(op.b, problem.batch * problem.n * problem.k * size)
-    if store is None:
-        c = ctx.tensor(op.out, problem.batch * problem.m * problem.n * size)
-    else:
-        tiles_m, tiles_n = tiles(problem, spec)
-        c = ctx.tensor(op.out, tiles_m * tiles_n * problem.batch * spec.tile_m * spec.tile_n * size)
-    kernel = yield from launch_gemm(ctx, problem, spec, a, b, c, store=store)
+    c = ctx.tensor(op.out, problem.batch * problem.m * problem.n * size)
+    kernel = yield from launch_gemm(ctx, problem, spec, a, b, c)
     ctx.info.update(
         impl=spec.name,
         flops=problem.flops,
