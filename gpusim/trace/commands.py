@@ -20,7 +20,8 @@ PATTERN_CHARACTERS = "*?["
 
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
-                 "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages")
+                 "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages", "ep",
+                 "expert_capacity_factor")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -136,7 +137,8 @@ def _checked_model_options(given: dict[str, object]) -> dict[str, object]:
 
 
 INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "layers", "decode_tokens",
-                     "vocab_divisible_by", "virtual_stages")
+                     "vocab_divisible_by", "virtual_stages", "ep")
+FLOAT_MODEL_OPTIONS = ("expert_capacity_factor",)
 FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather")
 
 
@@ -146,7 +148,8 @@ def _model_option_value(name: str, text: object) -> object:
     Raises
     ------
     GpusimError
-        Not a whole number for a numeric option, nor true or false for a flag.
+        Not a whole number for a whole-number option, not a number for a numeric one, nor true or
+        false for a flag.
     """
     from gpusim.cli import FALSE_WORDS, TRUE_WORDS
 
@@ -155,6 +158,11 @@ def _model_option_value(name: str, text: object) -> object:
         if not word.lstrip("-").isdigit():
             raise GpusimError(f"--vary {name}: expected whole numbers, got {text!r}")
         return int(word)
+    if name in FLOAT_MODEL_OPTIONS:
+        try:
+            return float(word)
+        except ValueError:
+            raise GpusimError(f"--vary {name}: expected numbers, got {text!r}") from None
     if name in FLAG_MODEL_OPTIONS:
         if word not in TRUE_WORDS + FALSE_WORDS:
             raise GpusimError(f"--vary {name}: expected true or false, got {text!r}")
@@ -408,6 +416,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, help="--model: tensor-parallel degree (default: 1)")
     parser.add_argument("--dp", type=int, help="--model: data-parallel degree (default: 1)")
     parser.add_argument("--pp", type=int, help="--model: pipeline-parallel degree (default: 1)")
+    parser.add_argument("--ep", type=int, help="--model with experts: expert-parallel degree, a divisor of --dp "
+                        "(default: 1)")
+    parser.add_argument("--expert-capacity-factor", type=float,
+                        help="--model with experts: tokens each expert processes and the all-to-all moves, as a "
+                             "multiple of the balanced share (default: 1)")
     parser.add_argument("--batch", type=int, help="--model: global batch in sequences (default: the model's)")
     parser.add_argument("--seq-len", type=int, help="--model: sequence length (default: the model's)")
     parser.add_argument("--microbatches", type=int, help="--model: microbatches (default: pp)")

@@ -35,6 +35,16 @@ gradients move by send/receive on ``send_fwd``/``recv_fwd``/``send_bwd``/``recv_
 a tied embedding's two copies all-reduce their gradients.  In the decode phase the microbatches
 pass through the stages one generated token at a time.
 
+A mixture-of-experts model (``experts`` in its file, e.g. Mixtral) replaces each layer's MLP by
+a router, whose scores' softmax picks ``experts_per_token`` experts per token, and the experts:
+the routed copies of the tokens are gathered by expert, sent to the ranks that hold their experts
+by an all-to-all over the expert-parallel group (``ep`` data-parallel replicas, GShard's and
+Megatron-LM's expert parallelism), run through the rank's experts as batched GEMMs, sent back and
+summed with their weights; the experts' gradients are reduced over the ``dp / ep`` replicas that
+hold the same experts.  Routing is balanced: every expert gets the same share of the tokens, padded
+to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
+expert's load under imbalance.
+
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
 (:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
 on fp32 master weights, one op per layer over that layer's parameter tensors.  Activation
@@ -75,12 +85,15 @@ class Parallelism:
 
     Ranks are numbered with tensor parallelism innermost, then data, then pipeline stage
     (``rank = stage * dp * tp + replica * tp + tp_index``), so a tensor-parallel group sits on
-    neighbouring GPUs of a node.
+    neighbouring GPUs of a node.  Expert parallelism (ep) divides the data-parallel replicas: each
+    ``ep`` neighbouring replicas share a mixture of experts's experts out (:meth:`expert_groups`),
+    and the replicas holding the same experts reduce their gradients (:meth:`expert_dp_groups`).
     """
 
     tp: int = 1
     dp: int = 1
     pp: int = 1
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -102,6 +115,18 @@ class Parallelism:
     def dp_groups(self, stage: int) -> list[list[int]]:
         """Data-parallel groups of a stage (one per tensor-parallel index)."""
         return [[self.rank(stage, r, t) for r in range(self.dp)] for t in range(self.tp)]
+
+    def expert_groups(self, stage: int) -> list[list[int]]:
+        """Expert-parallel groups of a stage: ``ep`` neighbouring replicas at each tensor-parallel
+        index, among which the tokens go to their experts and back (all-to-all)."""
+        return [[self.rank(stage, first + r, t) for r in range(self.ep)]
+                for first in range(0, self.dp, self.ep) for t in range(self.tp)]
+
+    def expert_dp_groups(self, stage: int) -> list[list[int]]:
+        """Groups of a stage's ranks that hold the same experts (the same place in their
+        expert-parallel groups), ``dp / ep`` each, which reduce the experts' gradients."""
+        return [[self.rank(stage, r, t) for r in range(place, self.dp, self.ep)]
+                for place in range(self.ep) for t in range(self.tp)]
 
     def embedding_groups(self) -> list[list[int]]:
         """The first and the last stage's ranks at each data- and tensor-parallel position (the
@@ -177,7 +202,8 @@ class _Transformer:
                  microbatches: int, schedule: str, dtype: str, recompute: bool | str, bucket_bytes: int,
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
-                 distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool):
+                 distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
+                 expert_capacity_factor: float):
         self.model = model
         self.phase = phase
         self.par = par
@@ -211,6 +237,10 @@ class _Transformer:
         self.q_width = self.heads_t * self.hd
         self.qkv_out = self.q_width + 2 * self.kv_t * self.hd
         self.ff_t = math.ceil(model.intermediate / tp)
+        self.capacity_factor = expert_capacity_factor
+        self.local_experts = (model.experts or 0) // par.ep
+        self.expert_gradients: dict[tuple[int, int], Handle] = {}
+        """(stage, layer) -> the reduction of its experts' gradients over the replicas that hold them."""
         multiple = vocab_divisible_by * tp
         self.vocab_t = math.ceil(model.vocab / multiple) * multiple // tp  # Megatron's padded vocabulary, sliced
         layers = model.layers
@@ -347,6 +377,97 @@ class _Transformer:
         sequence parallelism (the busiest rank's where tp does not divide them), else all."""
         return math.ceil(tokens / self.par.tp) if self.sp else tokens
 
+    # -- mixture of experts ---------------------------------------------------------------------
+    @property
+    def _ff_in(self) -> int:
+        """Output features of this rank's slice of FC-1 (of one expert's): a gated MLP's gate and up
+        projections together."""
+        return self.ff_t * (2 if self.model.activation == "swiglu" else 1)
+
+    def _activation(self, gpus, at, prefix: str, elements: int) -> None:
+        """The MLP's activation (``{prefix}swiglu`` or ``{prefix}gelu``) over ``elements`` values."""
+        swiglu = self.model.activation == "swiglu"
+        self._elementwise(gpus, [], at(f"{prefix}{'swiglu' if swiglu else 'gelu'}"), "mul" if swiglu else "gelu",
+                          elements)
+
+    def _activation_backward(self, gpus, at, prefix: str, elements: int) -> None:
+        """The gradient of :meth:`_activation`: two products for a gated MLP, GeLU's derivative otherwise."""
+        if self.model.activation == "swiglu":
+            self._elementwise(gpus, [], at(f"{prefix}swiglu_bwd_gate"), "mul", elements)
+            self._elementwise(gpus, [], at(f"{prefix}swiglu_bwd_up"), "mul", elements)
+        else:
+            self._elementwise(gpus, [], at(f"{prefix}gelu_bwd"), "bias_gelu", elements)
+
+    def _expert_slots(self, tokens: int) -> int:
+        """Places each rank's buffer keeps for one expert's tokens: the balanced share of the
+        ``tokens * experts_per_token`` routed copies, times the capacity factor, rounded up."""
+        model = self.model
+        return math.ceil(self.capacity_factor * tokens * model.experts_per_token / model.experts)
+
+    def _expert_all_to_all(self, stage: int, labels: dict, tokens: int) -> Handle | None:
+        """The exchange of every rank's expert buffer (``experts x slots`` rows of H values) over
+        its expert-parallel group on the compute stream (none when ``ep`` is 1)."""
+        if self.par.ep == 1:
+            return None
+        nbytes = self.model.experts * self._expert_slots(tokens) * self.model.hidden * self.size
+        return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
+                                   bytes=nbytes, dtype=self.dtype)
+
+    def _experts_forward(self, stage: int, at: Callable[[str], dict], tokens: int) -> Handle:
+        """The mixture of experts in place of the MLP, on ``tokens`` tokens: the router's scores and
+        their softmax (the top-k choice), the routed copies gathered into the expert buffer
+        (``moe_permute``), sent to the ranks of their experts (``moe_dispatch``), each local
+        expert's MLP on its ``ep x slots`` tokens (batched GEMMs over the local experts), sent back
+        (``moe_combine``) and summed with their weights (``moe_unpermute``); returns the last op."""
+        model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
+        slots, local = self._expert_slots(tokens), self.local_experts
+        buffer = model.experts * slots * h
+        per_expert = self.par.ep * slots
+        self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
+        self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
+        self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
+        self._expert_all_to_all(stage, at("moe_dispatch"), tokens)
+        self._gemm(gpus, [], at("expert_fc1"), self._ff_in, per_expert, h, batch=local, trans_a=True)
+        self._activation(gpus, at, "expert_", local * per_expert * self.ff_t)
+        self._gemm(gpus, [], at("expert_fc2"), h, per_expert, self.ff_t, batch=local, trans_a=True)
+        self._expert_all_to_all(stage, at("moe_combine"), tokens)
+        return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
+
+    def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> Handle:
+        """The backward pass of :meth:`_experts_forward`: the buffer's gradient back to the experts,
+        their activation and weight gradients (the weight gradients' reduction over the replicas
+        holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
+        router's; returns the last op."""
+        model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
+        slots, local = self._expert_slots(tokens), self.local_experts
+        buffer = model.experts * slots * h
+        per_expert = self.par.ep * slots
+        self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
+        self._expert_all_to_all(stage, at("moe_combine_bwd"), tokens)
+        self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=local)
+        self._gemm(gpus, [], at("expert_fc2_wgrad"), self.ff_t, h, per_expert, batch=local, trans_b=True)
+        self._activation_backward(gpus, at, "expert_", local * per_expert * self.ff_t)
+        self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self._ff_in, batch=local)
+        wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self._ff_in, per_expert, batch=local, trans_b=True)
+        self._expert_gradients(stage, layer, wgrad, at)
+        self._expert_all_to_all(stage, at("moe_dispatch_bwd"), tokens)
+        self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)
+        self._reduction(gpus, [], at("router_softmax_bwd"), "softmax_backward", tokens, model.experts)
+        self._gemm(gpus, [], at("router_dgrad"), h, tokens, model.experts)
+        return self._gemm(gpus, [], at("router_wgrad"), h, model.experts, tokens, trans_b=True)
+
+    def _expert_gradients(self, stage: int, layer: int, producer: Handle, at: Callable[[str], dict]) -> None:
+        """In the microbatch that reduces gradients, the reduction of the layer's expert weight
+        gradients over the ranks that hold the same experts (``expert_grad_allreduce``, or with the
+        distributed optimizer ``expert_grad_reducescatter``) on the ``comm`` stream; none when each
+        expert has one holder (``ep == dp``)."""
+        if not self._reduce_now or self.par.dp == self.par.ep:
+            return
+        collective = "reducescatter" if self.sharded else "allreduce"
+        self.expert_gradients[(stage, layer)] = self.out.collective(
+            self.par.expert_dp_groups(stage), "comm", [producer], at(f"expert_grad_{collective}"),
+            collective=collective, bytes=sum(self.expert_tensors()) * self.size, dtype=self.dtype)
+
     # -- transformer layer --------------------------------------------------------------------
     def layer_forward(self, stage: int, layer: int, step: int, phase: str, after: list, prefix: str = "",
                       tokens: int | None = None, context: int | None = None) -> Handle:
@@ -382,10 +503,12 @@ class _Transformer:
         self._elementwise(gpus, [], at("attn_residual"), residual, t_rank * h)
         self._reduction(gpus, [], at("ln2"), model.norm, t_rank, h)
         self._tp_gather(stage, at("ln2_allgather"), nbytes)
-        swiglu = model.activation == "swiglu"
-        self._gemm(gpus, [], at("fc1"), self.ff_t * (2 if swiglu else 1), t, h, trans_a=True)
-        self._elementwise(gpus, [], at("swiglu" if swiglu else "gelu"), "mul" if swiglu else "gelu", t * self.ff_t)
-        last = self._gemm(gpus, [], at("fc2"), h, t, self.ff_t, trans_a=True)
+        if model.experts:
+            last = self._experts_forward(stage, at, t)
+        else:
+            self._gemm(gpus, [], at("fc1"), self._ff_in, t, h, trans_a=True)
+            self._activation(gpus, at, "", t * self.ff_t)
+            last = self._gemm(gpus, [], at("fc2"), h, t, self.ff_t, trans_a=True)
         last = self._tp_reduce(stage, at, "mlp_{}", nbytes) or last
         return self._elementwise(gpus, [], at("mlp_residual"), residual, t_rank * h)
 
@@ -413,8 +536,6 @@ class _Transformer:
         bh = self.b * heads
         size = self.size
         nbytes = t * h * size
-        swiglu = model.activation == "swiglu"
-        ff_in = self.ff_t * (2 if swiglu else 1)
         self._reduce_now = reduce_gradients
         self._bucket = 0
 
@@ -425,16 +546,19 @@ class _Transformer:
             after = [self.layer_forward(stage, layer, step, "bwd", after, prefix="recompute.")]
         last = self._elementwise(gpus, after, at("mlp_residual_bwd"), "mul", t_rank * h)
         self._tp_gather(stage, at("mlp_allgather_bwd"), nbytes)
-        self._gemm(gpus, [], at("fc2_dgrad"), self.ff_t, t, h)
-        wgrad = self._gemm(gpus, [], at("fc2_wgrad"), self.ff_t, h, t, trans_b=True)
-        self._gradient(stage, layer, self.ff_t * h * size, wgrad, at, False)
-        if swiglu:
-            self._elementwise(gpus, [], at("swiglu_bwd_gate"), "mul", t * self.ff_t)
-            self._elementwise(gpus, [], at("swiglu_bwd_up"), "mul", t * self.ff_t)
+        if model.experts:
+            self._experts_backward(stage, layer, at, t)
+            summed = None
+            self._tp_reduce(stage, at, "mlp_{}_bwd", nbytes)
+            mlp_reduced = sum(self.expert_tensors())  # reduced apart, over the replicas holding the experts
         else:
-            self._elementwise(gpus, [], at("gelu_bwd"), "bias_gelu", t * self.ff_t)
-        summed, _ = self._column_parallel_backward(stage, at, "ln2_allgather_wgrad", [("fc1", h, ff_in)], "mlp_{}_bwd",
-                                                   (layer, h * ff_in * size))
+            self._gemm(gpus, [], at("fc2_dgrad"), self.ff_t, t, h)
+            wgrad = self._gemm(gpus, [], at("fc2_wgrad"), self.ff_t, h, t, trans_b=True)
+            self._gradient(stage, layer, self.ff_t * h * size, wgrad, at, False)
+            self._activation_backward(gpus, at, "", t * self.ff_t)
+            summed, _ = self._column_parallel_backward(stage, at, "ln2_allgather_wgrad", [("fc1", h, self._ff_in)],
+                                                       "mlp_{}_bwd", (layer, h * self._ff_in * size))
+            mlp_reduced = self.ff_t * h + h * self._ff_in
         self._reduction(gpus, [summed], at("ln2_bwd"), f"{model.norm}_backward", t_rank, h)
         self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t_rank * h)
         self._tp_gather(stage, at("attn_allgather_bwd"), nbytes)
@@ -462,7 +586,7 @@ class _Transformer:
         summed, _ = self._column_parallel_backward(stage, at, "ln1_allgather_wgrad", parts, "attn_{}_bwd")
         self._reduction(gpus, [summed], at("ln1_bwd"), f"{model.norm}_backward", t_rank, h)
         last = self._elementwise(gpus, [], at("residual_bwd"), "add", t_rank * h)
-        rest = sum(self.layer_tensors()) - (self.ff_t * h + h * ff_in + self.q_width * h)  # QKV, biases, norms
+        rest = sum(self.layer_tensors()) - mlp_reduced - self.q_width * h  # QKV, biases, norms (and a router)
         self._gradient(stage, layer, rest * size, last, at, True)
         return last
 
@@ -532,18 +656,27 @@ class _Transformer:
             self.embedding_gradients += [last, self.gradient_buckets.get((0, -1))]
         return last
 
-    def layer_tensors(self) -> list[int]:
-        """Elements of every parameter tensor of one layer on one tensor-parallel rank (column-parallel
-        biases sliced, row-parallel biases and norms replicated)."""
+    def _linear(self, weights: int, bias: int) -> list[int]:
+        """Elements of a linear layer's weight tensor and, where the model has biases, its bias."""
+        return [weights, bias] if self.model.bias else [weights]
+
+    def _mlp_tensors(self) -> list[int]:
+        """Elements of this rank's slice of one MLP's (or one expert's) tensors."""
         h = self.model.hidden
-        ff_in = self.ff_t * (2 if self.model.activation == "swiglu" else 1)
+        return [*self._linear(h * self._ff_in, self._ff_in), *self._linear(self.ff_t * h, h)]
+
+    def expert_tensors(self) -> list[int]:
+        """Elements of the tensors of this rank's experts (none for a dense MLP)."""
+        return self._mlp_tensors() * self.local_experts
+
+    def layer_tensors(self) -> list[int]:
+        """Elements of every parameter tensor of one layer on one rank (column-parallel biases sliced,
+        row-parallel biases and norms replicated; a mixture's router replicated and ``experts / ep``
+        experts)."""
+        h = self.model.hidden
         norm = self.model.norm_tensors()
-
-        def linear(weights: int, bias: int) -> list[int]:
-            return [weights, bias] if self.model.bias else [weights]
-
-        return [*norm, *linear(h * self.qkv_out, self.qkv_out), *linear(self.q_width * h, h), *norm,
-                *linear(h * ff_in, ff_in), *linear(self.ff_t * h, h)]
+        mlp = [h * self.model.experts, *self.expert_tensors()] if self.model.experts else self._mlp_tensors()
+        return [*norm, *self._linear(h * self.qkv_out, self.qkv_out), *self._linear(self.q_width * h, h), *norm, *mlp]
 
     def embedding_tensors(self, stage: int) -> list[int]:
         """Elements of the embedding, output layer and final norm tensors on one rank of ``stage``
@@ -596,7 +729,8 @@ class _Transformer:
             gpus = self.par.stage_ranks(stage)
             # the layers before the embedding's group, whose gradients the backward pass reduces last
             for layer, sizes in sorted(self._parameter_groups(stage), key=lambda group: group[0] < 0):
-                after = [self.gradient_buckets.get((stage, layer)), self.tied_sync if layer < 0 else None]
+                after = [self.gradient_buckets.get((stage, layer)), self.expert_gradients.get((stage, layer)),
+                         self.tied_sync if layer < 0 else None]
                 shard = [math.ceil(size / self.par.dp) for size in sizes] if self.sharded else sizes
                 labels = self._labels(f"{self._group_prefix(layer)}.{self.optimizer}", "opt", layer, 0)
                 step = self.out.compute(gpus, "optimizer", after, labels,
@@ -764,6 +898,37 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _check_experts(model: ModelConfig, par: Parallelism, capacity_factor: object, sequence_parallel: bool,
+                   distributed_optimizer: bool) -> None:
+    """Check the expert-parallel options against the model and the other parallelism.
+
+    Raises
+    ------
+    TraceError
+        Expert options for a dense model, an ``ep`` that divides neither ``dp`` nor the experts, a
+        capacity factor that is not a positive number, or a combination not modelled.
+    """
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, int | float) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise TraceError(f"transformer(): 'expert_capacity_factor' must be a positive number, got {capacity_factor!r}")
+    if model.experts is None:
+        if par.ep > 1 or capacity_factor != 1:
+            option = f"ep={par.ep}" if par.ep > 1 else f"expert_capacity_factor={capacity_factor}"
+            raise TraceError(f"transformer(): {option} applies to a mixture-of-experts model ('experts' in its "
+                             f"file); {model.name} has a dense MLP")
+        return
+    if par.dp % par.ep:
+        raise TraceError(f"transformer(): ep={par.ep} must divide dp={par.dp} (expert parallelism splits the "
+                         f"data-parallel replicas)")
+    if model.experts % par.ep:
+        raise TraceError(f"transformer(): ep={par.ep} must divide the {model.experts} experts of {model.name}")
+    if sequence_parallel and par.tp > 1:
+        raise TraceError("transformer(): 'sequence_parallel' with a mixture of experts is not modelled")
+    if distributed_optimizer and par.ep > 1:
+        raise TraceError("transformer(): 'distributed_optimizer' with ep > 1 is not modelled (the experts' state "
+                         "would be sharded over dp / ep replicas, the rest over dp)")
+
+
 def transformer(
     model: str | ModelConfig,
     phase: str = "train",
@@ -789,6 +954,8 @@ def transformer(
     distributed_optimizer: bool = False,
     virtual_stages: int = 1,
     overlap_param_gather: bool = False,
+    ep: int = 1,
+    expert_capacity_factor: float = 1.0,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -802,6 +969,17 @@ def transformer(
         ``decode_tokens`` tokens after a prompt of ``seq_len``).
     tp, dp, pp
         Tensor-, data- and pipeline-parallel degrees; the trace has ``tp * dp * pp`` ranks.
+    ep
+        Expert-parallel degree of a mixture-of-experts model: each ``ep`` neighbouring
+        data-parallel replicas split the experts of every layer between them (``experts / ep``
+        each) and exchange the routed tokens by all-to-all.  Must divide ``dp`` and the experts;
+        above 1 it needs a mixture-of-experts model and excludes ``sequence_parallel`` and the
+        distributed optimizer (not modelled with experts).
+    expert_capacity_factor
+        A mixture of experts's expert capacity (GShard, Switch Transformer): every expert processes,
+        and the all-to-all moves, this many times the balanced share of the routed tokens (1: the
+        balanced share; 1.25: Switch Transformer's padding, or the busiest expert's load when
+        routing is uneven).  Positive; only for mixture-of-experts models.
     batch
         Global batch in sequences (default: the model's); split over ``dp`` replicas and
         ``microbatches``.
@@ -850,7 +1028,7 @@ def transformer(
         the dissertation's models run; ``"flash"``: one fused attention op per layer and pass
         (:class:`gpusim.ops.Attention`, FlashAttention-2; ``fp16`` or ``bf16``).
     sequence_parallel
-        Megatron-LM's sequence parallelism (Korthikanti et al. 2022) in the ``train`` and ``prompt``
+        Megatron-LM's sequence parallelism (not with a mixture of experts) (Korthikanti et al. 2022) in the ``train`` and ``prompt``
         phases: the norms, dropouts and residual additions run on ``ceil(tokens / tp)`` tokens per
         rank, the forward pass's tensor-parallel all-reduces become reduce-scatters (of the same
         bytes) with an all-gather before QKV and FC-1 (and the output layer), and the backward pass
@@ -892,8 +1070,9 @@ def transformer(
     Raises
     ------
     TraceError
-        Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``...), or
-        ``sequence_parallel`` in the ``decode`` phase.
+        Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``, ``dp`` or
+        the experts by ``ep``...), ``sequence_parallel`` in the ``decode`` phase, or expert options
+        for a dense model.
     """
     config = load_model(model)
     if layers is not None:
@@ -919,7 +1098,8 @@ def transformer(
     if optimizer_impl not in OPTIMIZER_IMPLS:
         raise TraceError(f"transformer(): 'optimizer_impl' must be one of {', '.join(OPTIMIZER_IMPLS)}, "
                          f"got {optimizer_impl!r}")
-    par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp))
+    par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp), _positive("ep", ep))
+    _check_experts(config, par, expert_capacity_factor, sequence_parallel, distributed_optimizer)
     batch = _positive("batch", batch if batch is not None else config.batch)
     seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
     microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
@@ -959,7 +1139,7 @@ def transformer(
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                            vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
-                           overlap_param_gather)
+                           overlap_param_gather, float(expert_capacity_factor))
     frame = pd.DataFrame(builder.build())
     metadata = {
         "generator": "gpusim.trace.transformer",
@@ -971,6 +1151,7 @@ def transformer(
         "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
+        "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
     }  # fmt: skip
-    name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}"
+    name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")
     return Trace(frame, source=name, metadata=metadata)

@@ -68,6 +68,13 @@ class ModelConfig(BaseModel):
     tied_embeddings
         Whether the output layer reuses the input embedding's table (BERT, GPT, PaLM) or has its
         own (Llama).
+    experts
+        Routed experts of every layer's mixture-of-experts MLP (Mixtral, Switch, GShard): each
+        expert is an MLP of ``ffn_hidden`` features, and a router (a linear layer of ``experts``
+        outputs, without bias) sends each token to ``experts_per_token`` of them.  ``None`` (the
+        default): one dense MLP.
+    experts_per_token
+        Experts each token is routed to (top-k); at most ``experts``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -91,8 +98,11 @@ class ModelConfig(BaseModel):
     causal: bool = True
     bias: bool = True
     tied_embeddings: bool = True
+    experts: int | None = Field(default=None, ge=2)
+    experts_per_token: int = Field(default=2, gt=0)
 
-    @field_validator("hidden", "layers", "heads", "kv_heads", "d_head", "ffn_hidden", "vocab", "seq_len", "batch", mode="before")
+    @field_validator("hidden", "layers", "heads", "kv_heads", "d_head", "ffn_hidden", "vocab", "seq_len", "batch",
+                     "experts", "experts_per_token", mode="before")
     @classmethod
     def _not_a_boolean(cls, value: object) -> object:
         """Reject ``true``/``false`` for a count (pydantic would read them as 1 and 0)."""
@@ -107,6 +117,8 @@ class ModelConfig(BaseModel):
                              f"or d_head must give the values per head")
         if self.heads % self.key_value_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.key_value_heads})")
+        if self.experts is not None and self.experts_per_token > self.experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds experts ({self.experts})")
         return self
 
     @property
@@ -137,20 +149,37 @@ class ModelConfig(BaseModel):
         """Parameters of one norm (:meth:`norm_tensors`)."""
         return sum(self.norm_tensors())
 
-    def layer_parameters(self) -> int:
-        """Parameters of one transformer layer (weights, biases where the model has them, two norms)."""
-        h, f, q = self.hidden, self.intermediate, self.attention_width
-        kv = self.key_value_heads * self.head_dim
+    def mlp_parameters(self) -> int:
+        """Parameters of one dense MLP, or of one expert of a mixture of experts (weights and biases)."""
+        h, f = self.hidden, self.intermediate
         up = 2 * f if self.activation == "swiglu" else f  # a gated MLP's gate and up projections
-        weights = h * (q + 2 * kv) + q * h + h * up + f * h
-        biases = (q + 2 * kv) + h + up + h if self.bias else 0
-        return weights + biases + 2 * self.norm_parameters()
+        return h * up + f * h + (up + h if self.bias else 0)
+
+    def layer_parameters(self) -> int:
+        """Parameters of one transformer layer: attention, the MLP (every expert of a mixture, and its
+        router), two norms; biases where the model has them."""
+        h, q = self.hidden, self.attention_width
+        kv = self.key_value_heads * self.head_dim
+        attention = h * (q + 2 * kv) + q * h + ((q + 2 * kv) + h if self.bias else 0)
+        if self.experts is None:
+            mlp = self.mlp_parameters()
+        else:
+            mlp = self.experts * self.mlp_parameters() + h * self.experts
+        return attention + mlp + 2 * self.norm_parameters()
 
     def parameters(self) -> int:
         """Parameters of the whole model: the layers, the token embedding, the output layer where it
         is not tied to the embedding, and the final norm (learned position embeddings left out)."""
         tables = 1 if self.tied_embeddings else 2
         return self.layers * self.layer_parameters() + tables * self.vocab * self.hidden + self.norm_parameters()
+
+    def active_parameters(self) -> int:
+        """Parameters one token's forward pass uses: :meth:`parameters` with only ``experts_per_token``
+        experts of each mixture (all of them for a dense model)."""
+        if self.experts is None:
+            return self.parameters()
+        unused = self.layers * (self.experts - self.experts_per_token) * self.mlp_parameters()
+        return self.parameters() - unused
 
 
 def model_dirs() -> list[Path]:
