@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import os
 import re
 import warnings
@@ -66,6 +67,28 @@ ROW_KEYS = ("op_index", "gpu")
 """The column after the varied fields: ``op_index`` in a table of ops, ``gpu`` in one of a trace."""
 
 
+MAX_POINTS = 1_000_000
+"""Most points a sweep's grid may have: checked before the grid is listed, which would otherwise fill
+the memory (a mapping per point) long before the first simulation."""
+
+
+def _first_repeat(options: Sequence[Any]) -> tuple[Any] | tuple[()]:
+    """The first value of ``options`` equal to one before it, as a 1-tuple, or ``()`` if none is
+    (in one pass over hashable values, so that long lists check quickly)."""
+    hashable: set[Any] = set()
+    others: list[Any] = []
+    for value in options:
+        try:
+            if value in hashable:
+                return (value,)
+            hashable.add(value)
+        except TypeError:  # a list or a mapping
+            if value in others:
+                return (value,)
+            others.append(value)
+    return ()
+
+
 def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """Every combination of the values of ``vary``, the last parameter varying fastest.
 
@@ -83,8 +106,8 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     Raises
     ------
     ConfigError
-        ``vary`` is empty or not a mapping, a key is not a non-empty string, or its values are
-        not a non-empty list of distinct values.
+        ``vary`` is empty or not a mapping, a key is not a non-empty string, its values are not a
+        non-empty list of distinct values, or the grid has more than :data:`MAX_POINTS` points.
     """
     if not isinstance(vary, Mapping) or not vary:
         raise ConfigError(f"vary must map override paths to lists of values, e.g. {{'gpu.num_cus': [80, 160]}}, "
@@ -95,11 +118,19 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
             raise ConfigError(f"vary: keys must be override paths such as 'gpu.num_cus' or parameter names, got {path!r}")
         if isinstance(options, str | bytes | Mapping) or not isinstance(options, Sequence) or not options:
             raise ConfigError(f"vary {path!r}: expected a non-empty list of values, got {options!r}")
-        repeated = [value for index, value in enumerate(options) if value in options[:index]]
+        values.append(options)
+    points = math.prod(len(options) for options in values)
+    if points > MAX_POINTS:
+        sizes = " x ".join(f"{len(options)} ({path})" for path, options in zip(vary, values, strict=True))
+        raise ConfigError(f"vary: the grid has {points:,} points ({sizes}); at most {MAX_POINTS:,} are allowed, "
+                          f"so split the sweep or vary fewer values")
+    checked = []
+    for path, options in zip(vary, values, strict=True):
+        repeated = _first_repeat(options)
         if repeated:
             raise ConfigError(f"vary {path!r}: the value {repeated[0]!r} is given more than once")
-        values.append(list(options))
-    return [dict(zip(vary, combination, strict=True)) for combination in itertools.product(*values)]
+        checked.append(list(options))
+    return [dict(zip(vary, combination, strict=True)) for combination in itertools.product(*checked)]
 
 
 def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op] | Trace, simulation_mode: str,

@@ -49,11 +49,20 @@ def test_grid_points_are_distinct_and_cover_the_product(vary):
     ({"gpu.num_cus": "80,160"}, "non-empty list"),
     ({"gpu.num_cus": 80}, "non-empty list"),
     ({"gpu.num_cus": [80, 80]}, "80 is given more than once"),
+    ({"topology.edges": [[[0, 1]], [[0, 1]]]}, r"\[\[0, 1\]\] is given more than once"),
     ({"": [1]}, "keys must be override paths"),
 ])
 def test_bad_grids_are_refused(vary, message):
     with pytest.raises(ConfigError, match=message):
         parameter_grid(vary)
+
+
+def test_a_grid_too_large_to_list_is_refused_before_it_is_listed():
+    huge = {"gpu.num_cus": range(1, 2001), "gpu.clock": range(1, 2001)}  # 4 million points
+    with pytest.raises(ConfigError, match=r"the grid has 4,000,000 points \(2000 \(gpu.num_cus\) x 2000 \(gpu.clock\)\); "
+                                          r"at most 1,000,000"):
+        parameter_grid(huge)
+    assert len(parameter_grid({"gpu.num_cus": list(range(100_000)), "gpu.clock": [1, 2]})) == 200_000
 
 
 def test_one_row_per_point_and_op_with_resolved_fields():
