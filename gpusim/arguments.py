@@ -52,6 +52,12 @@ CREATED_FOLDERS: set[Path] = set()
 :func:`gpusim.output_files.staged_outputs`)."""
 
 
+def blocking_file(folder: Path) -> Path | None:
+    """The first of ``folder`` and its parents that exists and is not a folder (a file where a
+    folder should be), or None."""
+    return next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
+
+
 def output_folder(text: str | None, option: str = "--out") -> Path | None:
     """Check and create the folder an output option names.
 
@@ -78,7 +84,7 @@ def output_folder(text: str | None, option: str = "--out") -> Path | None:
     if not text.strip():
         raise GpusimError(f"{option}: expected a folder, got an empty path")
     folder = Path(text)
-    blocking = next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
+    blocking = blocking_file(folder)
     if blocking is not None:
         raise GpusimError(f"{option} {text}: {blocking} is a file, not a folder")
     missing = [path.resolve() for path in (folder, *folder.parents) if not path.exists()]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpusim.arguments import CREATED_FOLDERS
+from gpusim.arguments import CREATED_FOLDERS, blocking_file
 from gpusim.errors import GpusimError
 
 
@@ -44,7 +44,7 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
         write(tmp)
         tmp.replace(path)
     except OSError as exc:
-        blocking = next((folder for folder in path.parents if folder.exists() and not folder.is_dir()), None)
+        blocking = blocking_file(path.parent)
         reason = f"{blocking} is a file, not a folder" if blocking is not None else exc.strerror or exc
         raise error(f"{path}: cannot write {what}: {reason}") from exc
     finally:
