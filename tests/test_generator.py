@@ -290,10 +290,13 @@ def test_a_decoding_step_of_three_sequences_keeps_the_linear_layers_rows_aligned
 
 
 def test_models_have_their_published_parameter_counts():
-    """Llama-2's checkpoints (no biases, RMSNorm scales, an untied output layer) to the parameter, and
-    PaLM 540B's 540.35B (Chowdhery et al. 2022, Table 1), which needs its heads of 256 values."""
+    """Llama-2's and Llama 3's checkpoints (no biases, RMSNorm scales, an untied output layer) to the
+    parameter, and PaLM 540B's 540.35B (Chowdhery et al. 2022, Table 1), which needs its heads of 256
+    values."""
     assert load_model("llama2-7b").parameters() == 6_738_415_616
     assert load_model("llama2-70b").parameters() == 68_976_648_192
+    assert load_model("llama3-8b").parameters() == 8_030_261_248
+    assert load_model("llama3-70b").parameters() == 70_553_706_496
     assert load_model("palm").parameters() == pytest.approx(540.35e9, rel=1e-4)
 
 

@@ -11,7 +11,7 @@ from gpusim.cli import main
 from gpusim.errors import ConfigError, TraceError
 from gpusim.trace import ModelConfig, load_model, transformer
 from gpusim.trace.generator import Parallelism
-from gpusim.trace.schema import parse_ints
+from gpusim.trace.schema import parse_ints, validate
 
 MOE = ModelConfig(name="tiny-moe", hidden=256, layers=2, heads=4, vocab=1024, seq_len=64, batch=4, experts=4,
                   experts_per_token=2, activation="swiglu", norm="rmsnorm", position="rope", bias=False,
@@ -183,3 +183,27 @@ def test_cli_simulates_and_sweeps_expert_options(tmp_path, capsys):
     assert points["compute_s"].iloc[1] > points["compute_s"].iloc[0]
     assert main([*common, "--vary", "expert_capacity_factor=1,x"]) == 2
     assert "--vary expert_capacity_factor: expected numbers, got 'x'" in capsys.readouterr().err
+
+
+@settings(max_examples=20, deadline=None)
+@given(tp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2, 4]), ep_share=st.sampled_from([1, 2, 4]),
+       pp=st.sampled_from([1, 2]), microbatches=st.integers(1, 2), phase=st.sampled_from(["train", "prompt", "decode"]),
+       recompute=st.booleans(), async_tp=st.booleans())
+def test_expert_traces_are_acyclic_and_every_group_queues_its_exchanges_alike(tp, dp, ep_share, pp, microbatches, phase,
+                                                                               recompute, async_tp):
+    """Whatever the parallelism: a valid trace whose dependencies have no cycle, in which every rank of
+    an expert-parallel group queues the same all-to-alls in the same order (so none waits for a rank
+    that waits for it), and every rank holds ``experts / ep`` experts."""
+    ep = min(ep_share, dp)
+    train = phase == "train"
+    frame = transformer(MOE, phase=phase, tp=tp, dp=dp, ep=ep, pp=pp, microbatches=microbatches,
+                        batch=dp * microbatches, seq_len=16, recompute=recompute and train,
+                        async_tp_backward=async_tp and train).frame
+    validate(frame)
+    exchanges = frame[frame["collective"] == "alltoall"]
+    assert exchanges.empty == (ep == 1)
+    for group, rows in exchanges.groupby("group"):
+        sequences = {tuple(ranks["op_id"]) for _, ranks in rows.groupby("gpu")}
+        assert len(group.split()) == ep and len(sequences) == 1
+    fc1 = frame[frame["name"].str.endswith("expert_fc1")]
+    assert set(fc1["batch"]) == {MOE.experts // ep}
