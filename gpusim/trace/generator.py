@@ -433,11 +433,11 @@ class _Transformer:
         self._expert_all_to_all(stage, at("moe_combine"), tokens)
         return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
 
-    def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> Handle:
+    def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> None:
         """The backward pass of :meth:`_experts_forward`: the buffer's gradient back to the experts,
         their activation and weight gradients (the weight gradients' reduction over the replicas
         holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
-        router's; returns the last op."""
+        router's."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
         slots, local = self._expert_slots(tokens), self.local_experts
         buffer = model.experts * slots * h
@@ -454,7 +454,7 @@ class _Transformer:
         self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)
         self._reduction(gpus, [], at("router_softmax_bwd"), "softmax_backward", tokens, model.experts)
         self._gemm(gpus, [], at("router_dgrad"), h, tokens, model.experts)
-        return self._gemm(gpus, [], at("router_wgrad"), h, model.experts, tokens, trans_b=True)
+        self._gemm(gpus, [], at("router_wgrad"), h, model.experts, tokens, trans_b=True)
 
     def _expert_gradients(self, stage: int, layer: int, producer: Handle, at: Callable[[str], dict]) -> None:
         """In the microbatch that reduces gradients, the reduction of the layer's expert weight
