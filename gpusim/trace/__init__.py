@@ -14,6 +14,8 @@ Quick use::
     measured = gpusim.trace.read_kineto("rank0.json.gz", unsupported="delay")
     result = gpusim.run(gpusim.load_system("dgx-a100"), measured, mode="symmetric")
     print(gpusim.trace.compare(result.ops, kernels=result.kernels))
+
+    print(gpusim.trace.memory_footprint(trace, gpusim.load_system("t3-ring8")))   # does it fit?
 """
 
 from gpusim.trace.breakdown import breakdown
@@ -22,6 +24,7 @@ from gpusim.trace.compare import compare
 from gpusim.trace.fusion import overlap_gather_gemms, overlap_gemm_collectives, overlap_report
 from gpusim.trace.generator import Parallelism, transformer
 from gpusim.trace.kineto import read_kineto
+from gpusim.trace.memory import memory_footprint
 from gpusim.trace.models import ModelConfig, list_models, load_model
 from gpusim.trace.schema import COLUMNS, KINDS, validate
 from gpusim.trace.trace import Trace, read
@@ -36,6 +39,7 @@ __all__ = [
     "compare",
     "list_models",
     "load_model",
+    "memory_footprint",
     "overlap_gather_gemms",
     "overlap_gemm_collectives",
     "overlap_report",

@@ -274,8 +274,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"{stats['simulated_rows']} of {stats['trace_rows']} rows simulated; {stats['events']} events in "
               f"{stats['wall_s']:.1f} s ({stats['events_per_s']:.0f} events/s)")
         _report_not_modelled(trace)
+        memory = _report_memory(trace, system) if args.model else None
         if stage is not None:
             result.ops.to_parquet(stage / "ops.parquet", index=False)
+            if memory is not None:
+                memory.to_csv(stage / "memory.csv", index=False)
             summary = {
                 "trace": trace.source, "system": system.name, "mode": mode, "time_s": result.time_s,
                 "breakdown": parts.to_dict("records"), "stats": {k: v for k, v in stats.items() if k != "layer_runs"},
@@ -287,8 +290,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
             plot.save_figure(fig, stage / "breakdown.png")
     if out is not None:
-        print(f"wrote {out}/ (ops.parquet, summary.json, timeline.perfetto.json, breakdown.png)")
+        extra = ", memory.csv" if args.model else ""
+        print(f"wrote {out}/ (ops.parquet{extra}, summary.json, timeline.perfetto.json, breakdown.png)")
     return 0
+
+
+def _report_memory(trace, system):
+    """Print what one GPU of the busiest pipeline stage holds at the iteration's peak, and which
+    stages do not fit in a GPU's memory; return :func:`~gpusim.trace.memory.memory_footprint`'s table."""
+    from gpusim.trace.memory import memory_footprint
+
+    table = memory_footprint(trace, system)
+    peak = table.loc[table["total_bytes"].idxmax()]
+    parts = {"weights": "weights_bytes", "gradients": "gradients_bytes", "optimizer": "optimizer_bytes",
+             "activations": "activations_bytes", "KV cache": "kv_cache_bytes"}
+    shown = ", ".join(f"{name} {peak[column] / 2**30:.1f}" for name, column in parts.items() if peak[column])
+    print(f"memory per GPU at the peak: {peak['total_bytes'] / 2**30:.1f} GiB of {peak['capacity_bytes'] / 2**30:.0f} "
+          f"GiB (stage {peak['stage']}: {shown})")
+    over = table.loc[~table["fits"], "stage"].tolist()
+    if over:
+        print(f"  does not fit: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} need more than "
+              f"gpu.hbm.capacity_bytes; the simulated times assume the memory is there")
+    return table
 
 
 def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, list[object]]) -> int:

@@ -63,6 +63,7 @@ from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError
 from gpusim.kernels.attention import ATTENTION_DTYPES
 from gpusim.ops import OPTIMIZER_ALGORITHMS, OPTIMIZER_IMPLS
+from gpusim.trace.memory import stage_memory
 from gpusim.trace.models import ModelConfig, load_model
 from gpusim.trace.schedules import SCHEDULES, interleaved_order, stage_order
 from gpusim.trace.schema import format_ints
@@ -1142,6 +1143,7 @@ def transformer(
                            overlap_param_gather, float(expert_capacity_factor))
     frame = pd.DataFrame(builder.build())
     metadata = {
+        "memory": stage_memory(builder),
         "generator": "gpusim.trace.transformer",
         "model": config.model_dump(),
         "phase": phase, "tp": tp, "dp": dp, "pp": pp, "batch": batch, "micro_batch": micro_batch,
