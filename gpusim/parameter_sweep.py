@@ -24,7 +24,8 @@ or file as given).  Then, for a list of ops, one row per point and op:
 :func:`gpusim.trace.breakdown.breakdown` (``gpu``, ``compute_s``, ``exposed_comm_s``,
 ``overlapped_comm_s``, ``idle_s``) and the summed durations of the GPU's ops of each kind
 (``busy_gemm_s``, ``busy_collective_s``...; ops on several streams may overlap, so they can add
-up to more than the iteration), and ``simulated_rows``.  Every row also has the point's ``total_s`` (first op start to
+up to more than the iteration), ``simulated_rows``, and for a generated transformer the GPU's
+``memory_bytes`` and whether it ``fits``.  Every row also has the point's ``total_s`` (first op start to
 last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
 for the point, s).
 """
@@ -54,6 +55,7 @@ from gpusim.simulate import run
 from gpusim.sweep import sweep
 from gpusim.system import System
 from gpusim.trace.breakdown import BREAKDOWN_COLUMNS, breakdown
+from gpusim.trace.memory import memory_per_gpu
 from gpusim.trace.trace import Trace
 
 MODES = ("full", "symmetric", "auto")
@@ -161,8 +163,10 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
     pandas.DataFrame
         For ops, the run's :meth:`~gpusim.Result.summary`, with ``op_index`` (the op's place in
         ``ops``) instead of ``op_id`` (which differs from process to process); for a trace, its
-        breakdown per GPU, the GPU's busy time per kind of op (``busy_gemm_s``...) and the trace
-        rows simulated (``simulated_rows``; the others timed from identical layers).  Both with the
+        breakdown per GPU, the GPU's busy time per kind of op (``busy_gemm_s``...), the trace
+        rows simulated (``simulated_rows``; the others timed from identical layers), and for a
+        generated transformer each GPU's ``memory_bytes`` and whether it ``fits``
+        (:func:`gpusim.trace.memory.memory_footprint`).  Both with the
         point's ``total_s``, ``mode`` (the mode that ran: ``"auto"`` resolved) and ``sim_wall_s``.
     """
     system = System(SystemConfig.model_validate(config), source)
@@ -172,6 +176,9 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         busy.columns = [f"{BUSY_PREFIX}{kind}_s" for kind in busy.columns]
         rows = breakdown(result.ops, result.kernels).drop(columns="total_s").merge(busy.reset_index(), on="gpu")
         rows["simulated_rows"] = result.stats["simulated_rows"]  # of the trace's, the rest timed from identical layers
+        memory = memory_per_gpu(ops, system)
+        if memory is not None:
+            rows = rows.merge(memory, on="gpu", how="left")
     else:
         result = run(system, [op.copy() for op in ops], streams, mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
@@ -442,7 +449,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     ``total_s``, ``mode``, ``sim_wall_s``, and for ops each op's ``duration_s`` as a column named
     ``"<op_index>: <name>"`` (the name's first word where the points name the op differently, as a
     workload sweep does), for a trace the breakdown's parts and the busy times per kind of op
-    averaged over the simulated GPUs (a kind a point does not run counts 0).
+    averaged over the simulated GPUs (a kind a point does not run counts 0), and for a generated
+    transformer the busiest GPU's ``memory_bytes`` and whether every GPU ``fits``.
 
     Raises
     ------
@@ -454,7 +462,10 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     if "gpu" in table.columns:
         parts = [column for column in BREAKDOWN_COLUMNS if column not in ("gpu", "total_s")]
         parts += [column for column in table.columns if column.startswith(BUSY_PREFIX)]
-        return points.join(table.fillna({column: 0.0 for column in parts}).groupby("point")[parts].mean()).reset_index()
+        points = points.join(table.fillna({column: 0.0 for column in parts}).groupby("point")[parts].mean())
+        if "memory_bytes" in table.columns:  # the busiest GPU's, and whether every GPU's fits
+            points = points.join(table.groupby("point").agg(memory_bytes=("memory_bytes", "max"), fits=("fits", "all")))
+        return points.reset_index()
     names = table["name"].astype(str)
     varies = names.groupby(table["op_index"]).transform("nunique") > 1  # a workload sweep renames its ops
     labels = table["op_index"].astype(str) + ": " + names.where(~varies, names.str.split().str[0])
@@ -520,13 +531,16 @@ def elasticity_lines(table: pd.DataFrame) -> list[str]:
 
 def points_in_ms(points: pd.DataFrame) -> pd.DataFrame:
     """A :func:`point_totals` table to read: its times in milliseconds (rounded to 0.1 ns, each
-    column's name saying ``(ms)``), its other numbers with at most 6 significant digits (as text),
-    without ``sim_wall_s``."""
+    column's name saying ``(ms)``), a generated transformer's memory in GiB, its other numbers with
+    at most 6 significant digits (as text), without ``sim_wall_s``."""
     parts = [column for column in BREAKDOWN_COLUMNS if column != "gpu"]
     times = [column for column in points.columns
              if column in parts or column.startswith(BUSY_PREFIX) or re.match(r"\d+: ", column)]
     shown = points.drop(columns="sim_wall_s")
     shown[times] = (shown[times] * 1e3).round(7)
+    if "memory_bytes" in shown.columns:
+        shown["memory_bytes"] = (shown["memory_bytes"] / 2**30).round(2)
+        shown = shown.rename(columns={"memory_bytes": "memory (GiB)"})
     for column in shown.columns.difference(times):  # varied fields in base units: 7.5e+10, not 7.500000e+10
         if pd.api.types.is_float_dtype(shown[column]):
             shown[column] = shown[column].map(lambda value: f"{value:g}")

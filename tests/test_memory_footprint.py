@@ -117,3 +117,15 @@ def test_cli_prints_and_writes_the_footprint(tmp_path, capsys):
     assert main(["simulate", "--model", "llama2-70b", "--layers", "60", "--batch", "1", "--seq-len", "16",
                  "--phase", "prompt", "--system", "a100-sxm4", "--quiet"]) == 0
     assert "does not fit: stage 0 need more than gpu.hbm.capacity_bytes" in capsys.readouterr().out
+
+
+def test_a_sweep_says_which_points_fit(tmp_path, capsys):
+    assert main(["simulate", "--model", "llama2-70b", "--phase", "prompt", "--layers", "10", "--batch", "1",
+                 "--seq-len", "64", "--system", "hgx-h100", "--set", "gpu.hbm.capacity=16GiB", "--vary", "tp=1,2",
+                 "--workers", "1", "--quiet", "--out", str(tmp_path)]) == 0
+    points = pd.read_csv(tmp_path / "points.csv")
+    assert points["fits"].tolist() == [False, True]
+    assert points["memory_bytes"].iloc[0] == pytest.approx(2 * points["memory_bytes"].iloc[1], rel=0.1)
+    assert "memory (GiB)" in capsys.readouterr().out
+    rows = pd.read_csv(tmp_path / "sweep.csv")
+    assert {"memory_bytes", "fits"} <= set(rows.columns)

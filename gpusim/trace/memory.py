@@ -172,3 +172,16 @@ def memory_footprint(trace: Trace, system: System | None = None) -> pd.DataFrame
         table["capacity_bytes"] = int(system.config.gpu.hbm.capacity_bytes)
         table["fits"] = table["total_bytes"] <= table["capacity_bytes"]
     return table
+
+
+def memory_per_gpu(trace: Trace, system: System) -> pd.DataFrame | None:
+    """``gpu``, ``memory_bytes`` (its stage's ``total_bytes``) and ``fits`` for every GPU of a trace
+    from :func:`gpusim.trace.transformer` (ranks ``stage * dp * tp`` to ``(stage + 1) * dp * tp - 1``
+    are a stage's); None for another trace."""
+    if trace.metadata.get("generator") != "gpusim.trace.transformer" or "memory" not in trace.metadata:
+        return None
+    table = memory_footprint(trace, system).set_index("stage")
+    gpus = pd.Series(trace.gpus, name="gpu")
+    stages = gpus // (trace.metadata["tp"] * trace.metadata["dp"])
+    return pd.DataFrame({"gpu": gpus, "memory_bytes": table.loc[stages, "total_bytes"].to_numpy(),
+                         "fits": table.loc[stages, "fits"].to_numpy()})
