@@ -21,7 +21,7 @@ PATTERN_CHARACTERS = "*?["
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
                  "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages", "ep",
-                 "expert_capacity_factor")
+                 "expert_capacity_factor", "prefill_tokens", "prefill_context")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -129,15 +129,16 @@ def _checked_model_options(given: dict[str, object]) -> dict[str, object]:
     for name in ("schedule", "recompute", "async_tp_backward", "distributed_optimizer", "overlap_param_gather"):
         if name in given and phase != "train":
             raise GpusimError(f"simulate: {_option(name)} applies to --phase train only, not to --phase {phase}")
-    if "decode_tokens" in given and phase != "decode":
-        raise GpusimError(f"simulate: --decode-tokens applies to --phase decode only, not to --phase {phase}")
+    for name in ("decode_tokens", "prefill_tokens", "prefill_context"):
+        if name in given and phase != "decode":
+            raise GpusimError(f"simulate: {_option(name)} applies to --phase decode only, not to --phase {phase}")
     if "sequence_parallel" in given and phase == "decode":
         raise GpusimError("simulate: --sequence-parallel applies to --phase train and prompt, not to --phase decode")
     return given
 
 
 INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "layers", "decode_tokens",
-                     "vocab_divisible_by", "virtual_stages", "ep")
+                     "vocab_divisible_by", "virtual_stages", "ep", "prefill_tokens", "prefill_context")
 FLOAT_MODEL_OPTIONS = ("expert_capacity_factor",)
 FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather")
 
@@ -459,6 +460,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, help="--model: use only this many of the model's layers")
     parser.add_argument("--decode-tokens", type=int,
                         help="--model, --phase decode: tokens generated (default: 1)")
+    parser.add_argument("--prefill-tokens", type=int,
+                        help="--model, --phase decode: a new prompt's chunk that every decoding step also processes "
+                             "(chunked prefill, as Sarathi-Serve; default: 0)")
+    parser.add_argument("--prefill-context", type=int,
+                        help="--model, --phase decode, with --prefill-tokens: tokens of that prompt processed before "
+                             "the first chunk (default: 0)")
     parser.add_argument("--attention", choices=["unfused", "flash"],
                         help="--model: attention as batched GEMMs and a softmax, or fused (FlashAttention-2) "
                              "(default: unfused)")

@@ -204,7 +204,7 @@ class _Transformer:
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
-                 expert_capacity_factor: float):
+                 expert_capacity_factor: float, prefill_tokens: int, prefill_context: int):
         self.model = model
         self.phase = phase
         self.par = par
@@ -219,6 +219,8 @@ class _Transformer:
         self.optimizer = optimizer
         self.optimizer_impl = optimizer_impl
         self.decode_tokens = decode_tokens
+        self.prefill_tokens = prefill_tokens
+        self.prefill_context = prefill_context
         self.head = head
         self.flash = attention == "flash"
         self.recompute_attention = recompute == "selective" and not self.flash  # FlashAttention recomputes inside
@@ -285,17 +287,19 @@ class _Transformer:
         return self.out.compute(gpus, "reduction", after, labels, function=function, rows=rows, cols=cols,
                                 dtype=self.dtype)
 
-    def _attention(self, gpus, labels, direction, queries, keys) -> Handle:
-        """Fused attention of this rank's heads (FlashAttention-2; dropout, where training has it, inside)."""
-        return self.out.compute(gpus, "attention", [], labels, batch=self.b, heads=self.heads_t, kv_heads=self.kv_t,
+    def _attention(self, gpus, labels, direction, queries, keys, batch: int | None = None) -> Handle:
+        """Fused attention of this rank's heads over ``batch`` sequences (default: the microbatch's)
+        (FlashAttention-2; dropout, where training has it, inside)."""
+        return self.out.compute(gpus, "attention", [], labels, batch=batch or self.b, heads=self.heads_t,
+                                kv_heads=self.kv_t,
                                 q_len=queries, kv_len=keys, head_dim=self.hd, causal=self.model.causal,
                                 function=direction, dtype=self.dtype)
 
-    def _core_attention(self, gpus, labels, queries: int, keys: int) -> None:
-        """Unfused attention of this rank's heads between the projections: the scores, their
-        scaling and mask, the softmax, (training) its dropout, and the context; ``labels`` makes an
-        op's labels from its name."""
-        bh, hd = self.b * self.heads_t, self.hd
+    def _core_attention(self, gpus, labels, queries: int, keys: int, batch: int | None = None) -> None:
+        """Unfused attention of this rank's heads between the projections, over ``batch`` sequences
+        (default: the microbatch's): the scores, their scaling and mask, the softmax, (training) its
+        dropout, and the context; ``labels`` makes an op's labels from its name."""
+        bh, hd = (batch or self.b) * self.heads_t, self.hd
         # PyTorch's Q K^T, which cuBLAS sees as keys x queries (a decoding step's rows are the keys)
         self._gemm(gpus, [], labels("attn_score"), keys, queries, hd, batch=bh, trans_a=True)
         self._elementwise(gpus, [], labels("attn_scale_mask"), "scale", bh * queries * keys)
@@ -471,12 +475,16 @@ class _Transformer:
 
     # -- transformer layer --------------------------------------------------------------------
     def layer_forward(self, stage: int, layer: int, step: int, phase: str, after: list, prefix: str = "",
-                      tokens: int | None = None, context: int | None = None) -> Handle:
-        """The forward ops of one layer on a stage; returns the handle of the last op."""
+                      tokens: int | None = None, context: int | None = None,
+                      prefill: tuple[int, int] | None = None) -> Handle:
+        """The forward ops of one layer on a stage; returns the handle of the last op.  A decoding
+        step gives its ``tokens`` (one a sequence) and their ``context``; ``prefill`` (chunk tokens,
+        tokens of its prompt before it) adds a chunk of a new prompt to the step's tokens, with an
+        attention of its own (``prefill_`` ops)."""
         model, gpus = self.model, self.par.stage_ranks(stage)
         s = context or self.s
         queries = 1 if context else self.s
-        t = tokens or self.b * self.s
+        t = (tokens or self.b * self.s) + (prefill[0] if prefill else 0)
         t_rank = self._tokens_per_rank(t)
         h, hd = model.hidden, self.hd
         nbytes = t * h * self.size
@@ -498,6 +506,12 @@ class _Transformer:
             self._attention(gpus, at("attention"), "forward", queries, s)
         else:
             self._core_attention(gpus, at, queries, s)
+        if prefill:
+            chunk, before = prefill
+            if self.flash:
+                self._attention(gpus, at("prefill_attention"), "forward", chunk, before + chunk, batch=1)
+            else:
+                self._core_attention(gpus, lambda op: at(f"prefill_{op}"), chunk, before + chunk, batch=1)
         last = self._gemm(gpus, [], at("attn_out"), h, t, self.q_width, trans_a=True)
         last = self._tp_reduce(stage, at, "attn_{}", nbytes) or last
         residual = "residual_dropout" if self.train else "add"
@@ -601,16 +615,18 @@ class _Transformer:
         return self._tp_reduce(0, lambda name: self._labels(name, phase, -1, step), "embedding_{}",
                                tokens * self.model.hidden * self.size) or last
 
-    def head_forward(self, step: int, phase: str, tokens: int, after: list | None = None) -> Handle:
+    def head_forward(self, step: int, phase: str, tokens: int, after: list | None = None,
+                     logits: int | None = None) -> Handle:
         """Final norm (and with sequence parallelism the all-gather of its tokens), output projection
-        and (training) cross-entropy on the last stage; the norm also waits for ``after``."""
+        of ``logits`` rows (default: every token in training, a row a sequence in inference) and
+        (training) cross-entropy on the last stage; the norm also waits for ``after``."""
         stage = self.par.pp - 1
         gpus = self.par.stage_ranks(stage)
         h = self.model.hidden
         self._reduction(gpus, after or [], self._labels("final_norm", phase, -1, step), self.model.norm,
                         self._tokens_per_rank(tokens), h)
         self._tp_gather(stage, self._labels("final_norm_allgather", phase, -1, step), tokens * h * self.size)
-        logits = tokens if self.train else self.b
+        logits = logits or (tokens if self.train else self.b)
         last = self._gemm(gpus, [], self._labels("lm_head", phase, -1, step), self.vocab_t, logits, h, trans_a=True)
         if self.train:
             last = self._reduction(gpus, [], self._labels("cross_entropy", phase, -1, step), "softmax", tokens,
@@ -865,6 +881,11 @@ class _Transformer:
     def _build_decode(self) -> None:
         """Generated tokens one after another; each is a forward pass of every microbatch with a growing KV cache.
 
+        With ``prefill_tokens``, every step of every microbatch also carries the next chunk of a new
+        prompt (Sarathi-Serve's chunked prefill): its tokens join the step's GEMMs and element-wise
+        ops, and it attends causally to its prompt's tokens so far; the output layer computes one more
+        row, the chunk's last token's.
+
         Microbatches flow through the stages token by token (the forward-only order of both schedules):
         a stage runs token ``t`` of every microbatch before token ``t + 1``, and a microbatch's next
         token starts on the first stage once the last stage has sent back its sampled token.  The
@@ -872,21 +893,25 @@ class _Transformer:
         """
         par, last_stage = self.par, self.par.pp - 1
         token_ready: dict[tuple[int, int], Handle] = {}
+        chunk = self.prefill_tokens
+        tokens = self.b + chunk  # the step's own token of each sequence, and a prompt's chunk
         for token in range(self.decode_tokens):
             context = self.s + token + 1  # the prompt, the tokens generated before, and this step's own
+            prefill = (chunk, self.prefill_context + token * chunk) if chunk else None
             for mb in range(self.m):
                 step = token * self.m + mb
                 after: list[Handle | None] = [token_ready.get((token, mb))]
                 for stage in range(par.pp):
                     if stage == 0 and self.head:
-                        after = [self.embedding_forward(step, "decode", after, self.b)]
+                        after = [self.embedding_forward(step, "decode", after, tokens)]
                     for layer in self.stage_layers[stage]:
-                        after = [self.layer_forward(stage, layer, step, "decode", after, tokens=self.b, context=context)]
+                        after = [self.layer_forward(stage, layer, step, "decode", after, tokens=self.b, context=context,
+                                                    prefill=prefill)]
                     if stage < last_stage:
                         labels = self._labels("send_activations", "decode", -1, step)
                         after = [self.out.sendrecv(self._pairs(stage, stage + 1), "fwd", after, labels,
-                                                   self.b * self.model.hidden * self.size)]
-                last = self.head_forward(step, "decode", self.b) if self.head else after[0]
+                                                   tokens * self.model.hidden * self.size)]
+                last = self.head_forward(step, "decode", tokens, logits=self.b + bool(chunk)) if self.head else after[0]
                 if par.pp > 1 and token + 1 < self.decode_tokens:
                     labels = self._labels("send_token", "decode", -1, step)
                     token_ready[(token + 1, mb)] = self.out.sendrecv(self._pairs(last_stage, 0), "fwd", [last], labels,
@@ -897,6 +922,26 @@ def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise TraceError(f"transformer(): '{name}' must be a positive integer, got {value!r}")
     return value
+
+
+def _check_prefill(phase: str, prefill_tokens: object, prefill_context: object) -> None:
+    """Check the chunked-prefill options.
+
+    Raises
+    ------
+    TraceError
+        Not whole numbers of at least 0, a context without a chunk, or a chunk outside the
+        ``decode`` phase.
+    """
+    for name, value in (("prefill_tokens", prefill_tokens), ("prefill_context", prefill_context)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TraceError(f"transformer(): '{name}' must be a whole number of tokens, at least 0, got {value!r}")
+    if prefill_context and not prefill_tokens:
+        raise TraceError("transformer(): 'prefill_context' is the tokens of a chunked prompt before its first chunk; "
+                         "it needs prefill_tokens")
+    if prefill_tokens and phase != "decode":
+        raise TraceError(f"transformer(): 'prefill_tokens' adds a prompt's chunk to each decoding step; it applies to "
+                         f"phase='decode', not {phase!r} (phase='prompt' prefills a whole prompt)")
 
 
 def _check_experts(model: ModelConfig, par: Parallelism, capacity_factor: object, sequence_parallel: bool,
@@ -957,6 +1002,8 @@ def transformer(
     overlap_param_gather: bool = False,
     ep: int = 1,
     expert_capacity_factor: float = 1.0,
+    prefill_tokens: int = 0,
+    prefill_context: int = 0,
 ) -> Trace:
     """The operator trace of one iteration of a transformer.
 
@@ -1017,6 +1064,13 @@ def transformer(
         kernels), ``"fused"``, ``"unfused"``, ``"multi_unfused"``, or ``"nmc"`` (near-memory ALUs).
     decode_tokens
         Tokens generated in the ``decode`` phase.
+    prefill_tokens, prefill_context
+        Chunked prefill in the ``decode`` phase (Sarathi-Serve, Agrawal et al. 2024): every decoding
+        step also processes ``prefill_tokens`` tokens of a new prompt (one per microbatch), of which
+        ``prefill_context`` tokens were processed before the first step (each step's chunk follows
+        the last).  The chunk's tokens go through the step's GEMMs, norms and element-wise ops with
+        the decoding tokens, it attends causally to its prompt's keys so far, and it adds a row to
+        the output layer.  0 (the default): decoding only.
     layers
         Use only this many layers (a shorter model with the same layer shape).
     head
@@ -1076,6 +1130,7 @@ def transformer(
         for a dense model.
     """
     config = load_model(model)
+    _check_prefill(phase, prefill_tokens, prefill_context)
     if layers is not None:
         if _positive("layers", layers) > config.layers:
             raise TraceError(f"transformer(): 'layers' ({layers}) exceeds the {config.layers} layers of {config.name}")
@@ -1140,7 +1195,7 @@ def transformer(
     builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                            vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
-                           overlap_param_gather, float(expert_capacity_factor))
+                           overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "memory": stage_memory(builder),
@@ -1154,6 +1209,7 @@ def transformer(
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
+        "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")
     return Trace(frame, source=name, metadata=metadata)

@@ -22,7 +22,7 @@ that the cross-entropy reads back.
 
 Inference (``prompt``, ``decode``) keeps the weights and the key/value cache of every sequence of
 the rank (``2 x layers x kv heads x d_head`` values per token; ``seq_len + decode_tokens`` tokens when
-decoding).
+decoding, and a chunked prompt's tokens up to its last chunk).
 
 Not counted: temporary buffers of single ops (a GEMM's workspace, the logits of inference), the
 framework's and the communication library's own buffers, the CUDA context, and the allocator's
@@ -133,9 +133,11 @@ def stage_memory(builder: _Transformer) -> list[dict[str, int]]:
                 activations += chunks * (head + FP32_BYTES * tokens * builder.vocab_t)
             row["activations_bytes"] = activations
         else:
-            context = builder.s + (builder.decode_tokens if builder.phase == "decode" else 0)
-            sequences = builder.b * builder.m
-            row["kv_cache_bytes"] = 2 * layers * builder.kv_t * builder.hd * size * context * sequences
+            decoding = builder.phase == "decode"
+            cached = builder.b * builder.m * (builder.s + (builder.decode_tokens if decoding else 0))
+            if decoding and builder.prefill_tokens:  # each microbatch's chunked prompt, as far as its last chunk
+                cached += builder.m * (builder.prefill_context + builder.decode_tokens * builder.prefill_tokens)
+            row["kv_cache_bytes"] = 2 * layers * builder.kv_t * builder.hd * size * cached
         row["total_bytes"] = sum(row[key] for key in MEMORY_COLUMNS[3:8])
         rows.append(row)
     return rows
