@@ -377,14 +377,14 @@ class _Transformer:
             self._gradient(stage, *gradient, last_wgrad, labels, False)
         return summed, last_wgrad
 
-    def _tokens_per_rank(self, tokens: int) -> int:
+    def tokens_per_rank(self, tokens: int) -> int:
         """Tokens a rank's norms, dropouts and residual additions see: ``ceil(tokens / tp)`` with
         sequence parallelism (the busiest rank's where tp does not divide them), else all."""
         return math.ceil(tokens / self.par.tp) if self.sp else tokens
 
     # -- mixture of experts ---------------------------------------------------------------------
     @property
-    def _ff_in(self) -> int:
+    def ff_in(self) -> int:
         """Output features of this rank's slice of FC-1 (of one expert's): a gated MLP's gate and up
         projections together."""
         return self.ff_t * (2 if self.model.activation == "swiglu" else 1)
@@ -403,7 +403,7 @@ class _Transformer:
         else:
             self._elementwise(gpus, [], at(f"{prefix}gelu_bwd"), "bias_gelu", elements)
 
-    def _expert_slots(self, tokens: int) -> int:
+    def expert_slots(self, tokens: int) -> int:
         """Places each rank's buffer keeps for one expert's tokens: the balanced share of the
         ``tokens * experts_per_token`` routed copies, times the capacity factor, rounded up."""
         model = self.model
@@ -414,7 +414,7 @@ class _Transformer:
         its expert-parallel group on the compute stream (none when ``ep`` is 1)."""
         if self.par.ep == 1:
             return None
-        nbytes = self.model.experts * self._expert_slots(tokens) * self.model.hidden * self.size
+        nbytes = self.model.experts * self.expert_slots(tokens) * self.model.hidden * self.size
         return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
                                    bytes=nbytes, dtype=self.dtype)
 
@@ -425,14 +425,14 @@ class _Transformer:
         expert's MLP on its ``ep x slots`` tokens (batched GEMMs over the local experts), sent back
         (``moe_combine``) and summed with their weights (``moe_unpermute``); returns the last op."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        slots, local = self._expert_slots(tokens), self.local_experts
+        slots, local = self.expert_slots(tokens), self.local_experts
         buffer = model.experts * slots * h
         per_expert = self.par.ep * slots
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
         self._expert_all_to_all(stage, at("moe_dispatch"), tokens)
-        self._gemm(gpus, [], at("expert_fc1"), self._ff_in, per_expert, h, batch=local, trans_a=True)
+        self._gemm(gpus, [], at("expert_fc1"), self.ff_in, per_expert, h, batch=local, trans_a=True)
         self._activation(gpus, at, "expert_", local * per_expert * self.ff_t)
         self._gemm(gpus, [], at("expert_fc2"), h, per_expert, self.ff_t, batch=local, trans_a=True)
         self._expert_all_to_all(stage, at("moe_combine"), tokens)
@@ -444,7 +444,7 @@ class _Transformer:
         holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
         router's."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        slots, local = self._expert_slots(tokens), self.local_experts
+        slots, local = self.expert_slots(tokens), self.local_experts
         buffer = model.experts * slots * h
         per_expert = self.par.ep * slots
         self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
@@ -452,8 +452,8 @@ class _Transformer:
         self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=local)
         self._gemm(gpus, [], at("expert_fc2_wgrad"), self.ff_t, h, per_expert, batch=local, trans_b=True)
         self._activation_backward(gpus, at, "expert_", local * per_expert * self.ff_t)
-        self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self._ff_in, batch=local)
-        wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self._ff_in, per_expert, batch=local, trans_b=True)
+        self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self.ff_in, batch=local)
+        wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self.ff_in, per_expert, batch=local, trans_b=True)
         self._expert_gradients(stage, layer, wgrad, at)
         self._expert_all_to_all(stage, at("moe_dispatch_bwd"), tokens)
         self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)
@@ -485,7 +485,7 @@ class _Transformer:
         s = context or self.s
         queries = 1 if context else self.s
         t = (tokens or self.b * self.s) + (prefill[0] if prefill else 0)
-        t_rank = self._tokens_per_rank(t)
+        t_rank = self.tokens_per_rank(t)
         h, hd = model.hidden, self.hd
         nbytes = t * h * self.size
 
@@ -521,7 +521,7 @@ class _Transformer:
         if model.experts:
             last = self._experts_forward(stage, at, t)
         else:
-            self._gemm(gpus, [], at("fc1"), self._ff_in, t, h, trans_a=True)
+            self._gemm(gpus, [], at("fc1"), self.ff_in, t, h, trans_a=True)
             self._activation(gpus, at, "", t * self.ff_t)
             last = self._gemm(gpus, [], at("fc2"), h, t, self.ff_t, trans_a=True)
         last = self._tp_reduce(stage, at, "mlp_{}", nbytes) or last
@@ -546,7 +546,7 @@ class _Transformer:
         """The backward ops of one layer (recomputing its forward pass first when asked)."""
         model, gpus = self.model, self.par.stage_ranks(stage)
         t = self.b * self.s
-        t_rank = self._tokens_per_rank(t)
+        t_rank = self.tokens_per_rank(t)
         h, hd, heads, s = model.hidden, self.hd, self.heads_t, self.s
         bh = self.b * heads
         size = self.size
@@ -571,9 +571,9 @@ class _Transformer:
             wgrad = self._gemm(gpus, [], at("fc2_wgrad"), self.ff_t, h, t, trans_b=True)
             self._gradient(stage, layer, self.ff_t * h * size, wgrad, at, False)
             self._activation_backward(gpus, at, "", t * self.ff_t)
-            summed, _ = self._column_parallel_backward(stage, at, "ln2_allgather_wgrad", [("fc1", h, self._ff_in)],
-                                                       "mlp_{}_bwd", (layer, h * self._ff_in * size))
-            mlp_reduced = self.ff_t * h + h * self._ff_in
+            summed, _ = self._column_parallel_backward(stage, at, "ln2_allgather_wgrad", [("fc1", h, self.ff_in)],
+                                                       "mlp_{}_bwd", (layer, h * self.ff_in * size))
+            mlp_reduced = self.ff_t * h + h * self.ff_in
         self._reduction(gpus, [summed], at("ln2_bwd"), f"{model.norm}_backward", t_rank, h)
         self._elementwise(gpus, [], at("attn_residual_bwd"), "add", t_rank * h)
         self._tp_gather(stage, at("attn_allgather_bwd"), nbytes)
@@ -624,7 +624,7 @@ class _Transformer:
         gpus = self.par.stage_ranks(stage)
         h = self.model.hidden
         self._reduction(gpus, after or [], self._labels("final_norm", phase, -1, step), self.model.norm,
-                        self._tokens_per_rank(tokens), h)
+                        self.tokens_per_rank(tokens), h)
         self._tp_gather(stage, self._labels("final_norm_allgather", phase, -1, step), tokens * h * self.size)
         logits = logits or (tokens if self.train else self.b)
         last = self._gemm(gpus, [], self._labels("lm_head", phase, -1, step), self.vocab_t, logits, h, trans_a=True)
@@ -647,7 +647,7 @@ class _Transformer:
         summed, wgrad = self._column_parallel_backward(stage, at, "final_norm_allgather_wgrad",
                                                        [("lm_head", h, self.vocab_t)], "lm_head_{}_bwd")
         last = self._reduction(gpus, [summed], at("final_norm_bwd"), f"{self.model.norm}_backward",
-                               self._tokens_per_rank(t), h)
+                               self.tokens_per_rank(t), h)
         if reduce_gradients and (self.par.pp > 1 or not self.model.tied_embeddings):
             self._reduce_now, self._bucket = True, 0
             nbytes = (self.vocab_t * h + self.model.norm_parameters()) * size  # its own table or the tied copy
@@ -680,7 +680,7 @@ class _Transformer:
     def _mlp_tensors(self) -> list[int]:
         """Elements of this rank's slice of one MLP's (or one expert's) tensors."""
         h = self.model.hidden
-        return [*self._linear(h * self._ff_in, self._ff_in), *self._linear(self.ff_t * h, h)]
+        return [*self._linear(h * self.ff_in, self.ff_in), *self._linear(self.ff_t * h, h)]
 
     def expert_tensors(self) -> list[int]:
         """Elements of the tensors of this rank's experts (none for a dense MLP)."""
@@ -707,7 +707,7 @@ class _Transformer:
             sizes += self.model.norm_tensors()
         return sizes
 
-    def _parameter_groups(self, stage: int) -> list[tuple[int, list[int]]]:
+    def parameter_groups(self, stage: int) -> list[tuple[int, list[int]]]:
         """``(layer, tensor sizes)`` of every parameter group a stage's optimizer steps, in the order
         of the forward pass (layer -1: the embedding's and output layer's tensors)."""
         groups = [(layer, self.layer_tensors()) for layer in self.stage_layers[stage]]
@@ -733,7 +733,7 @@ class _Transformer:
         iteration's optimizer step run at the start of this one, in the order of the forward pass
         on the ``comm`` stream, and each layer's first forward pass waits for its own."""
         for stage in range(self.par.pp):
-            for layer, sizes in self._parameter_groups(stage):
+            for layer, sizes in self.parameter_groups(stage):
                 self.parameter_gathers[(stage, layer)] = self._gather_parameters(stage, layer, sizes, [])
 
     def optimizer_step(self) -> None:
@@ -745,7 +745,7 @@ class _Transformer:
         for stage in range(self.par.pp):
             gpus = self.par.stage_ranks(stage)
             # the layers before the embedding's group, whose gradients the backward pass reduces last
-            for layer, sizes in sorted(self._parameter_groups(stage), key=lambda group: group[0] < 0):
+            for layer, sizes in sorted(self.parameter_groups(stage), key=lambda group: group[0] < 0):
                 after = [self.gradient_buckets.get((stage, layer)), self.expert_gradients.get((stage, layer)),
                          self.tied_sync if layer < 0 else None]
                 shard = [math.ceil(size / self.par.dp) for size in sizes] if self.sharded else sizes
@@ -827,7 +827,7 @@ class _Transformer:
         """Emit one forward or backward pass of microbatch ``mb`` through model chunk ``chunk`` of ``stage``."""
         first, last = self._at_end("F", stage, chunk), self._at_end("B", stage, chunk)
         tokens = self.b * self.s
-        nbytes = self._tokens_per_rank(tokens) * self.model.hidden * self.size  # each rank's slice with SP
+        nbytes = self.tokens_per_rank(tokens) * self.model.hidden * self.size  # each rank's slice with SP
         after = [received.get((action, chunk, stage, mb))]
         layers = self.chunk_layers[stage][chunk]
         if action == "F":

@@ -14,7 +14,10 @@ term by term, with the widths of the model's attention and MLP instead of ``h`` 
 tensor parallelism, ``s b h / t (34 + 5 a s / h)`` with sequence parallelism; selective
 recomputation drops the ``5 a s^2 b`` of the attention scores, FlashAttention keeps its output and
 log-sum-exp instead of them, and full recomputation keeps each layer's input plus one layer's
-activations while that layer's backward pass runs.  A stage holds them for the microbatches its
+activations while that layer's backward pass runs.  A mixture of experts keeps the router's fp32
+scores, its expert buffers (the permuted tokens, those received for the rank's experts, the
+combined results) and its experts' activations in place of the MLP's (an estimate: Korthikanti et
+al. count dense layers only).  A stage holds them for the microbatches its
 schedule has in flight at once (the schedule's own order: ``pp - stage`` for 1F1B, all of them for
 GPipe, ``1 + (pp - 1) / (pp v)`` of a stage's layers per microbatch on the first stage of the
 interleaved schedule).  The last stage also keeps the output layer's input and the fp32 logits
@@ -77,12 +80,12 @@ def in_flight(builder: _Transformer, stage: int) -> int:
 
 
 def layer_activations(builder: _Transformer, full: bool = False) -> int:
-    """Bytes one layer saves for its backward pass, for one microbatch on one rank; with ``full``
-    recomputation only its input (``full=True`` counts what it saves without recomputation,
-    which a recomputed layer holds while its backward pass runs)."""
+    """Bytes one layer saves for its backward pass, for one microbatch on one rank.  Under full
+    recomputation that is only its input, unless ``full``: then what it saves without
+    recomputation, which a recomputed layer holds while its own backward pass runs."""
     model, size = builder.model, builder.size
     h, tokens = model.hidden, builder.b * builder.s
-    sliced = builder._tokens_per_rank(tokens)  # the norms' and dropouts' tokens (a slice with SP)
+    sliced = builder.tokens_per_rank(tokens)  # the norms' and dropouts' tokens (a slice with SP)
     if builder.recompute and not full:
         return size * sliced * h
     heads, q, kv = builder.heads_t, builder.q_width, builder.kv_t * builder.hd
@@ -96,13 +99,13 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
     elif not builder.recompute_attention:
         attention += (2 * size + MASK_BYTES) * scores  # softmax output, dropout mask, dropout output
     if model.experts:
-        slots = builder._expert_slots(tokens)
+        slots = builder.expert_slots(tokens)
         buffer = model.experts * slots  # rows of the rank's expert buffer
         received = 2 if builder.par.ep > 1 else 1  # the permuted buffer, and the tokens received for the experts
         mlp = (FP32_BYTES * tokens * model.experts + size * buffer * h * (received + 1)  # router; buffers; combined
-               + size * buffer * (builder._ff_in + builder.ff_t))
+               + size * buffer * (builder.ff_in + builder.ff_t))
     else:
-        mlp = size * tokens * (builder._ff_in + builder.ff_t)  # the activation's input and output
+        mlp = size * tokens * (builder.ff_in + builder.ff_t)  # the activation's input and output
     return norms + inputs + masks + attention + mlp
 
 
@@ -111,7 +114,7 @@ def stage_memory(builder: _Transformer) -> list[dict[str, int]]:
     par, model, size = builder.par, builder.model, builder.size
     rows = []
     for stage in range(par.pp):
-        parameters = sum(sum(sizes) for _, sizes in builder._parameter_groups(stage))
+        parameters = sum(sum(sizes) for _, sizes in builder.parameter_groups(stage))
         row = {"stage": stage, "gpus": len(par.stage_ranks(stage)), "parameters": parameters,
                "weights_bytes": size * parameters, "gradients_bytes": 0, "optimizer_bytes": 0,
                "activations_bytes": 0, "kv_cache_bytes": 0}
@@ -129,7 +132,7 @@ def stage_memory(builder: _Transformer) -> list[dict[str, int]]:
                 activations += layer_activations(builder, full=True)
             if stage == par.pp - 1 and builder.head:
                 tokens = builder.b * builder.s
-                head = size * builder._tokens_per_rank(tokens) * model.hidden + size * tokens * model.hidden
+                head = size * builder.tokens_per_rank(tokens) * model.hidden + size * tokens * model.hidden
                 activations += chunks * (head + FP32_BYTES * tokens * builder.vocab_t)
             row["activations_bytes"] = activations
         else:
