@@ -33,10 +33,23 @@ def test_activations_follow_korthikanti_et_al_table_2(t):
         assert activations(tp=t, sequence_parallel=True, recompute="full") == L * 2 * S * B * H / t + sequence_parallel
 
 
-def test_flash_attention_keeps_its_output_instead_of_the_scores():
+def test_flash_attention_keeps_its_log_sum_exp_instead_of_the_scores():
     scores = 5 * A * S * S * B
-    kept = 2 * S * B * H + 4 * B * A * S  # the output (fp16) and the log-sum-exp (fp32)
+    kept = 4 * B * A * S  # the fp32 log-sum-exp; its output is the output projection's input, counted already
     assert activations(attention="flash") == activations() - L * (scores - kept)
+
+
+def test_the_output_layer_is_held_for_the_last_chunks_passes_only():
+    """With the interleaved schedule the output layer follows the last stage's last chunk, whose
+    passes are in flight one at a time: with or without it, the activations differ by one
+    microbatch's output-layer input and fp32 logits."""
+    tokens = S * B
+    head = 2 * tokens * H + 2 * tokens * H + 4 * tokens * GPT.vocab
+    for virtual_stages in (1, 2):
+        options = dict(pp=2, microbatches=4, batch=4, virtual_stages=virtual_stages, optimizer=None)
+        with_head = memory_footprint(transformer(GPT, **options)).loc[1, "activations_bytes"]
+        without = memory_footprint(transformer(GPT, head=False, **options)).loc[1, "activations_bytes"]
+        assert with_head - without == head
 
 
 def test_a_pipeline_stage_holds_the_microbatches_its_schedule_has_in_flight():

@@ -114,12 +114,15 @@ def test_the_optimizer_updates_each_expert_on_its_holders(ep):
         == MOE.parameters()
 
 
-def test_decoding_routes_each_new_token():
+def test_decoding_routes_each_new_token_to_its_experts_only():
     frame = transformer(MOE, phase="decode", dp=2, ep=2, batch=2, decode_tokens=2).frame
     fc1 = rows(frame, phase="decode")
     fc1 = fc1[fc1["name"] == "L0.expert_fc1"]
-    assert list(fc1["m"]) == [2, 2]  # one token per replica, 2 copies over 4 experts: 1 slot, 2 ranks
+    assert fc1[["m", "batch"]].values.tolist() == [[1, 2], [1, 2]]  # 2 copies a replica, one to each of 2 experts
     assert (frame["collective"] == "alltoall").any()
+    step = transformer("mixtral-8x7b", phase="decode", batch=1, layers=1, seq_len=128, head=False).frame
+    experts = step[step["name"] == "L0.expert_fc1"]
+    assert experts[["m", "batch"]].values.tolist() == [[1, 2]]  # one token reads 2 of the 8 experts' weights
 
 
 def test_a_slower_network_slows_the_exchanges_and_padding_slows_the_experts():
@@ -169,6 +172,9 @@ def test_a_model_file_with_more_routed_experts_than_experts_is_refused(tmp_path)
         load_model(path)
     with pytest.raises(ConfigError, match=r"field 'experts': .*greater than or equal to 2"):
         load_model(path, experts=1, experts_per_token=1)
+    with pytest.raises(ConfigError, match="experts_per_token routes tokens in a mixture of experts; it needs experts"):
+        load_model(path, experts=None, experts_per_token=2)
+    assert load_model(path, experts_per_token=None).top_k == 2
 
 
 def test_cli_simulates_and_sweeps_expert_options(tmp_path, capsys):

@@ -41,8 +41,9 @@ the routed copies of the tokens are gathered by expert, sent to the ranks that h
 by an all-to-all over the expert-parallel group (``ep`` data-parallel replicas, GShard's and
 Megatron-LM's expert parallelism), run through the rank's experts as batched GEMMs, sent back and
 summed with their weights; the experts' gradients are reduced over the ``dp / ep`` replicas that
-hold the same experts.  Routing is balanced: every expert gets the same share of the tokens, padded
-to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
+hold the same experts.  Routing is balanced: every expert gets the same share of the tokens (when
+there are fewer routed copies than experts, as in decoding, only as many experts as copies run),
+padded to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
 expert's load under imbalance.
 
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
@@ -403,18 +404,24 @@ class _Transformer:
         else:
             self._elementwise(gpus, [], at(f"{prefix}gelu_bwd"), "bias_gelu", elements)
 
-    def expert_slots(self, tokens: int) -> int:
-        """Places each rank's buffer keeps for one expert's tokens: the balanced share of the
-        ``tokens * experts_per_token`` routed copies, times the capacity factor, rounded up."""
-        model = self.model
-        return math.ceil(self.capacity_factor * tokens * model.experts_per_token / model.experts)
+    def expert_rows(self, tokens: int) -> tuple[int, int, int]:
+        """How a rank's ``tokens`` meet the experts under balanced routing: the rows of its expert
+        buffer (the ``tokens x experts_per_token`` routed copies, times the capacity factor, rounded
+        up); how many of the rank's experts receive tokens (each rank of the expert-parallel group
+        receives as many copies as it sends, so all of its experts when the copies outnumber them,
+        else one copy each: a decoding step reads only the experts its tokens chose); and the rows
+        each of those processes (the capacity factor's share, rounded up)."""
+        copies = tokens * self.model.top_k
+        active = min(self.local_experts, copies)
+        return (math.ceil(self.capacity_factor * copies), active,
+                math.ceil(self.capacity_factor * copies / active))
 
     def _expert_all_to_all(self, stage: int, labels: dict, tokens: int) -> Handle | None:
-        """The exchange of every rank's expert buffer (``experts x slots`` rows of H values) over
+        """The exchange of every rank's expert buffer (:meth:`expert_rows` rows of H values) over
         its expert-parallel group on the compute stream (none when ``ep`` is 1)."""
         if self.par.ep == 1:
             return None
-        nbytes = self.model.experts * self.expert_slots(tokens) * self.model.hidden * self.size
+        nbytes = self.expert_rows(tokens)[0] * self.model.hidden * self.size
         return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
                                    bytes=nbytes, dtype=self.dtype)
 
@@ -422,12 +429,12 @@ class _Transformer:
         """The mixture of experts in place of the MLP, on ``tokens`` tokens: the router's scores and
         their softmax (the top-k choice), the routed copies gathered into the expert buffer
         (``moe_permute``), sent to the ranks of their experts (``moe_dispatch``), each local
-        expert's MLP on its ``ep x slots`` tokens (batched GEMMs over the local experts), sent back
-        (``moe_combine``) and summed with their weights (``moe_unpermute``); returns the last op."""
+        expert that receives tokens running its MLP on them (batched GEMMs over those experts:
+        :meth:`expert_rows`), sent back (``moe_combine``) and summed with their weights
+        (``moe_unpermute``); returns the last op."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        slots, local = self.expert_slots(tokens), self.local_experts
-        buffer = model.experts * slots * h
-        per_expert = self.par.ep * slots
+        rows, local, per_expert = self.expert_rows(tokens)
+        buffer = rows * h
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
@@ -444,9 +451,8 @@ class _Transformer:
         holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
         router's."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        slots, local = self.expert_slots(tokens), self.local_experts
-        buffer = model.experts * slots * h
-        per_expert = self.par.ep * slots
+        rows, local, per_expert = self.expert_rows(tokens)
+        buffer = rows * h
         self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
         self._expert_all_to_all(stage, at("moe_combine_bwd"), tokens)
         self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=local)
@@ -1021,8 +1027,10 @@ def transformer(
         Expert-parallel degree of a mixture-of-experts model: each ``ep`` neighbouring
         data-parallel replicas split the experts of every layer between them (``experts / ep``
         each) and exchange the routed tokens by all-to-all.  Must divide ``dp`` and the experts;
-        above 1 it needs a mixture-of-experts model and excludes ``sequence_parallel`` and the
-        distributed optimizer (not modelled with experts).
+        above 1 it needs a mixture-of-experts model and excludes the distributed optimizer (not
+        modelled: the experts' state would be sharded differently).  A mixture-of-experts model
+        excludes ``sequence_parallel`` with ``tp > 1`` whatever ``ep`` is, and
+        ``async_tp_backward`` overlaps only its attention's communication.
     expert_capacity_factor
         A mixture of experts's expert capacity (GShard, Switch Transformer): every expert processes,
         and the all-to-all moves, this many times the balanced share of the routed tokens (1: the

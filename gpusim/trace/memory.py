@@ -12,8 +12,8 @@ The activations a layer saves for its backward pass follow Korthikanti et al. 20
 term by term, with the widths of the model's attention and MLP instead of ``h`` and ``4h``:
 ``s b h (34 + 5 a s / h)`` bytes for a GPT layer in fp16, ``s b h (10 + 24 / t + 5 a s / (h t))`` with
 tensor parallelism, ``s b h / t (34 + 5 a s / h)`` with sequence parallelism; selective
-recomputation drops the ``5 a s^2 b`` of the attention scores, FlashAttention keeps its output and
-log-sum-exp instead of them, and full recomputation keeps each layer's input plus one layer's
+recomputation drops the ``5 a s^2 b`` of the attention scores, FlashAttention keeps its fp32
+log-sum-exp instead of them (its output is the output projection's input, counted already), and full recomputation keeps each layer's input plus one layer's
 activations while that layer's backward pass runs.  A mixture of experts keeps the router's fp32
 scores, its expert buffers (the permuted tokens, those received for the rank's experts, the
 combined results) and its experts' activations in place of the MLP's (an estimate: Korthikanti et
@@ -63,13 +63,14 @@ def optimizer_state_arrays(algorithm: str) -> int:
     return len(arrays - {"p", "g"})
 
 
-def in_flight(builder: _Transformer, stage: int) -> int:
-    """Most forward passes (of a microbatch through one of the stage's model chunks) whose
-    activations the stage holds at once: forwards run minus backwards run, at its peak, in the order
-    its schedule gives it."""
+def in_flight(builder: _Transformer, stage: int, chunk: int | None = None) -> int:
+    """Most forward passes (of a microbatch through one of the stage's model chunks, or through
+    ``chunk`` only) whose activations the stage holds at once: forwards run minus backwards run, at
+    its peak, in the order its schedule gives it."""
     par = builder.par
     if builder.v > 1:
-        order = [action for action, _, _ in interleaved_order(stage, par.pp, builder.m, builder.v, backward=True)]
+        order = [action for action, at, _ in interleaved_order(stage, par.pp, builder.m, builder.v, backward=True)
+                 if chunk is None or at == chunk]
     else:
         order = [action for action, _ in stage_order(builder.schedule, stage, par.pp, builder.m, backward=True)]
     held = peak = 0
@@ -95,15 +96,14 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
     attention = size * tokens * (q + kv) + size * tokens * kv + size * tokens * q  # Q and K; V; the projection's input
     scores = builder.b * heads * builder.s * builder.s
     if builder.flash:
-        attention += size * tokens * q + FP32_BYTES * builder.b * heads * builder.s  # the output and log-sum-exp
+        attention += FP32_BYTES * builder.b * heads * builder.s  # the log-sum-exp (its output is the projection's input)
     elif not builder.recompute_attention:
         attention += (2 * size + MASK_BYTES) * scores  # softmax output, dropout mask, dropout output
     if model.experts:
-        slots = builder.expert_slots(tokens)
-        buffer = model.experts * slots  # rows of the rank's expert buffer
+        buffer, active, rows = builder.expert_rows(tokens)
         received = 2 if builder.par.ep > 1 else 1  # the permuted buffer, and the tokens received for the experts
         mlp = (FP32_BYTES * tokens * model.experts + size * buffer * h * (received + 1)  # router; buffers; combined
-               + size * buffer * (builder.ff_in + builder.ff_t))
+               + size * active * rows * (builder.ff_in + builder.ff_t))
     else:
         mlp = size * tokens * (builder.ff_in + builder.ff_t)  # the activation's input and output
     return norms + inputs + masks + attention + mlp
@@ -130,10 +130,10 @@ def stage_memory(builder: _Transformer) -> list[dict[str, int]]:
             activations = chunks * chunk_layers * layer_activations(builder)
             if builder.recompute:
                 activations += layer_activations(builder, full=True)
-            if stage == par.pp - 1 and builder.head:
+            if stage == par.pp - 1 and builder.head:  # the output layer follows the stage's last chunk
                 tokens = builder.b * builder.s
                 head = size * builder.tokens_per_rank(tokens) * model.hidden + size * tokens * model.hidden
-                activations += chunks * (head + FP32_BYTES * tokens * builder.vocab_t)
+                activations += in_flight(builder, stage, builder.v - 1) * (head + FP32_BYTES * tokens * builder.vocab_t)
             row["activations_bytes"] = activations
         else:
             decoding = builder.phase == "decode"

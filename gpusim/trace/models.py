@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpusim.errors import ConfigError
 
 MODELS_ENV = "GPUSIM_MODELS"
+DEFAULT_EXPERTS_PER_TOKEN = 2
+"""Top-k of a mixture of experts whose file does not say (GShard's and Mixtral's 2)."""
 
 
 class ModelConfig(BaseModel):
@@ -74,7 +76,8 @@ class ModelConfig(BaseModel):
         outputs, without bias) sends each token to ``experts_per_token`` of them.  ``None`` (the
         default): one dense MLP.
     experts_per_token
-        Experts each token is routed to (top-k); at most ``experts``.
+        Experts each token is routed to (top-k); at most ``experts``; only with ``experts``
+        (default: :data:`DEFAULT_EXPERTS_PER_TOKEN`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -99,7 +102,7 @@ class ModelConfig(BaseModel):
     bias: bool = True
     tied_embeddings: bool = True
     experts: int | None = Field(default=None, ge=2)
-    experts_per_token: int = Field(default=2, gt=0)
+    experts_per_token: int | None = Field(default=None, gt=0)
 
     @field_validator("hidden", "layers", "heads", "kv_heads", "d_head", "ffn_hidden", "vocab", "seq_len", "batch",
                      "experts", "experts_per_token", mode="before")
@@ -117,14 +120,21 @@ class ModelConfig(BaseModel):
                              f"or d_head must give the values per head")
         if self.heads % self.key_value_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.key_value_heads})")
-        if self.experts is not None and self.experts_per_token > self.experts:
-            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds experts ({self.experts})")
+        if self.experts is None and self.experts_per_token is not None:
+            raise ValueError("experts_per_token routes tokens in a mixture of experts; it needs experts")
+        if self.experts is not None and self.top_k > self.experts:
+            raise ValueError(f"experts_per_token ({self.top_k}) exceeds experts ({self.experts})")
         return self
 
     @property
     def key_value_heads(self) -> int:
         """Key/value heads."""
         return self.kv_heads or self.heads
+
+    @property
+    def top_k(self) -> int:
+        """Experts each token of a mixture of experts is routed to (``experts_per_token``)."""
+        return self.experts_per_token or DEFAULT_EXPERTS_PER_TOKEN
 
     @property
     def intermediate(self) -> int:
@@ -178,7 +188,7 @@ class ModelConfig(BaseModel):
         experts of each mixture (all of them for a dense model)."""
         if self.experts is None:
             return self.parameters()
-        unused = self.layers * (self.experts - self.experts_per_token) * self.mlp_parameters()
+        unused = self.layers * (self.experts - self.top_k) * self.mlp_parameters()
         return self.parameters() - unused
 
 
