@@ -433,15 +433,15 @@ class _Transformer:
         :meth:`expert_rows`), sent back (``moe_combine``) and summed with their weights
         (``moe_unpermute``); returns the last op."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        rows, local, per_expert = self.expert_rows(tokens)
-        buffer = rows * h
+        buffer_rows, active, per_expert = self.expert_rows(tokens)
+        buffer = buffer_rows * h
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
         self._expert_all_to_all(stage, at("moe_dispatch"), tokens)
-        self._gemm(gpus, [], at("expert_fc1"), self.ff_in, per_expert, h, batch=local, trans_a=True)
-        self._activation(gpus, at, "expert_", local * per_expert * self.ff_t)
-        self._gemm(gpus, [], at("expert_fc2"), h, per_expert, self.ff_t, batch=local, trans_a=True)
+        self._gemm(gpus, [], at("expert_fc1"), self.ff_in, per_expert, h, batch=active, trans_a=True)
+        self._activation(gpus, at, "expert_", active * per_expert * self.ff_t)
+        self._gemm(gpus, [], at("expert_fc2"), h, per_expert, self.ff_t, batch=active, trans_a=True)
         self._expert_all_to_all(stage, at("moe_combine"), tokens)
         return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
 
@@ -451,15 +451,15 @@ class _Transformer:
         holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
         router's."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        rows, local, per_expert = self.expert_rows(tokens)
-        buffer = rows * h
+        buffer_rows, active, per_expert = self.expert_rows(tokens)
+        buffer = buffer_rows * h
         self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
         self._expert_all_to_all(stage, at("moe_combine_bwd"), tokens)
-        self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=local)
-        self._gemm(gpus, [], at("expert_fc2_wgrad"), self.ff_t, h, per_expert, batch=local, trans_b=True)
-        self._activation_backward(gpus, at, "expert_", local * per_expert * self.ff_t)
-        self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self.ff_in, batch=local)
-        wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self.ff_in, per_expert, batch=local, trans_b=True)
+        self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=active)
+        self._gemm(gpus, [], at("expert_fc2_wgrad"), self.ff_t, h, per_expert, batch=active, trans_b=True)
+        self._activation_backward(gpus, at, "expert_", active * per_expert * self.ff_t)
+        self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self.ff_in, batch=active)
+        wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self.ff_in, per_expert, batch=active, trans_b=True)
         self._expert_gradients(stage, layer, wgrad, at)
         self._expert_all_to_all(stage, at("moe_dispatch_bwd"), tokens)
         self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)

@@ -13,8 +13,9 @@ term by term, with the widths of the model's attention and MLP instead of ``h`` 
 ``s b h (34 + 5 a s / h)`` bytes for a GPT layer in fp16, ``s b h (10 + 24 / t + 5 a s / (h t))`` with
 tensor parallelism, ``s b h / t (34 + 5 a s / h)`` with sequence parallelism; selective
 recomputation drops the ``5 a s^2 b`` of the attention scores, FlashAttention keeps its fp32
-log-sum-exp instead of them (its output is the output projection's input, counted already), and full recomputation keeps each layer's input plus one layer's
-activations while that layer's backward pass runs.  A mixture of experts keeps the router's fp32
+log-sum-exp instead of them (its output is the output projection's input, counted already), and
+full recomputation keeps each layer's input plus one layer's activations while that layer's
+backward pass runs.  A mixture of experts keeps the router's fp32
 scores, its expert buffers (the permuted tokens, those received for the rank's experts, the
 combined results) and its experts' activations in place of the MLP's (an estimate: Korthikanti et
 al. count dense layers only).  A stage holds them for the microbatches its
