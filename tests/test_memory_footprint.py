@@ -2,6 +2,8 @@
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gpusim
 from gpusim.cli import main
@@ -142,3 +144,28 @@ def test_a_sweep_says_which_points_fit(tmp_path, capsys):
     assert "memory (GiB)" in capsys.readouterr().out
     rows = pd.read_csv(tmp_path / "sweep.csv")
     assert {"memory_bytes", "fits"} <= set(rows.columns)
+
+
+@settings(max_examples=20, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2]),
+       microbatches=st.integers(1, 4), flash=st.booleans(), sequence_parallel=st.booleans(),
+       dtype=st.sampled_from(["fp16", "bf16", "fp32"]), optimizer=st.sampled_from(["adam", "lamb", "sgd", None]))
+def test_memory_never_grows_with_more_sharing(tp, pp, dp, microbatches, flash, sequence_parallel, dtype, optimizer):
+    """Invariants over random layouts: each stage's parts add up to its total; recomputing more never
+    keeps more; the distributed optimizer never keeps more; twice the tensor parallelism never
+    keeps more on any GPU."""
+    options = dict(pp=pp, dp=dp, microbatches=microbatches, batch=dp * microbatches, seq_len=64, dtype=dtype,
+                   optimizer=optimizer, attention="flash" if flash and dtype != "fp32" else "unfused")
+
+    def table(**more):
+        return memory_footprint(transformer(GPT, **{**options, "tp": tp, "sequence_parallel": sequence_parallel,
+                                                    **more}))
+
+    plain = table()
+    parts = ["weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes"]
+    assert (plain[parts].sum(axis=1) == plain["total_bytes"]).all()
+    selective = table(recompute="selective")["activations_bytes"]
+    full = table(recompute="full")["activations_bytes"]
+    assert (full <= selective).all() and (selective <= plain["activations_bytes"]).all()
+    assert (table(distributed_optimizer=True)["total_bytes"] <= plain["total_bytes"]).all()
+    assert (table(tp=2 * tp)["total_bytes"] <= plain["total_bytes"]).all()
