@@ -292,9 +292,8 @@ class _Transformer:
         """Fused attention of this rank's heads over ``batch`` sequences (default: the microbatch's)
         (FlashAttention-2; dropout, where training has it, inside)."""
         return self.out.compute(gpus, "attention", [], labels, batch=batch or self.b, heads=self.heads_t,
-                                kv_heads=self.kv_t,
-                                q_len=queries, kv_len=keys, head_dim=self.hd, causal=self.model.causal,
-                                function=direction, dtype=self.dtype)
+                                kv_heads=self.kv_t, q_len=queries, kv_len=keys, head_dim=self.hd,
+                                causal=self.model.causal, function=direction, dtype=self.dtype)
 
     def _core_attention(self, gpus, labels, queries: int, keys: int, batch: int | None = None) -> None:
         """Unfused attention of this rank's heads between the projections, over ``batch`` sequences
@@ -308,6 +307,15 @@ class _Transformer:
         if self.train:
             self._elementwise(gpus, [], labels("attn_dropout"), "dropout", bh * queries * keys)
         self._gemm(gpus, [], labels("attn_context"), hd, queries, keys, batch=bh)
+
+    def _forward_attention(self, gpus, at: Callable[[str], dict], queries: int, keys: int, batch: int | None = None,
+                           prefix: str = "") -> None:
+        """A layer's forward attention, fused or unfused as the trace runs it, with ``prefix`` before
+        its ops' names (``at`` makes an op's labels from its name)."""
+        if self.flash:
+            self._attention(gpus, at(f"{prefix}attention"), "forward", queries, keys, batch)
+        else:
+            self._core_attention(gpus, lambda op: at(f"{prefix}{op}"), queries, keys, batch)
 
     def _tp_collective(self, stage, after, labels, nbytes, collective="allreduce", dtype=None,
                        stream="compute") -> Handle | None:
@@ -383,7 +391,7 @@ class _Transformer:
         sequence parallelism (the busiest rank's where tp does not divide them), else all."""
         return math.ceil(tokens / self.par.tp) if self.sp else tokens
 
-    # -- mixture of experts ---------------------------------------------------------------------
+    # -- the MLP and the mixture of experts --------------------------------------------------------
     @property
     def ff_in(self) -> int:
         """Output features of this rank's slice of FC-1 (of one expert's): a gated MLP's gate and up
@@ -508,16 +516,10 @@ class _Transformer:
         self._rotary(gpus, at("rope"), t)
         if not self.train:
             self._elementwise(gpus, [], at("kv_cache_write"), "copy", 2 * self.kv_t * hd * t)
-        if self.flash:
-            self._attention(gpus, at("attention"), "forward", queries, s)
-        else:
-            self._core_attention(gpus, at, queries, s)
+        self._forward_attention(gpus, at, queries, s)
         if prefill:
             chunk, before = prefill
-            if self.flash:
-                self._attention(gpus, at("prefill_attention"), "forward", chunk, before + chunk, batch=1)
-            else:
-                self._core_attention(gpus, lambda op: at(f"prefill_{op}"), chunk, before + chunk, batch=1)
+            self._forward_attention(gpus, at, chunk, before + chunk, batch=1, prefix="prefill_")
         last = self._gemm(gpus, [], at("attn_out"), h, t, self.q_width, trans_a=True)
         last = self._tp_reduce(stage, at, "attn_{}", nbytes) or last
         residual = "residual_dropout" if self.train else "add"
