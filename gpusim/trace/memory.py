@@ -110,13 +110,15 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
     return norms + inputs + masks + attention + mlp
 
 
-def stage_memory(builder: _Transformer) -> list[dict[str, int]]:
-    """The memory of one rank of each pipeline stage of the builder's iteration (see the module)."""
+def stage_memory(builder: _Transformer) -> list[dict[str, object]]:
+    """The memory of one rank of each pipeline stage of the builder's iteration (see the module),
+    with the stage's ``ranks``."""
     par, model, size = builder.par, builder.model, builder.size
     rows = []
     for stage in range(par.pp):
         parameters = sum(sum(sizes) for _, sizes in builder.parameter_groups(stage))
-        row = {"stage": stage, "gpus": len(par.stage_ranks(stage)), "parameters": parameters,
+        ranks = par.stage_ranks(stage)
+        row = {"stage": stage, "ranks": ranks, "gpus": len(ranks), "parameters": parameters,
                "weights_bytes": size * parameters, "gradients_bytes": 0, "optimizer_bytes": 0,
                "activations_bytes": 0, "kv_cache_bytes": 0}
         layers = len(builder.stage_layers[stage])
@@ -142,7 +144,7 @@ def stage_memory(builder: _Transformer) -> list[dict[str, int]]:
             if decoding and builder.prefill_tokens:  # each microbatch's chunked prompt, as far as its last chunk
                 cached += builder.m * (builder.prefill_context + builder.decode_tokens * builder.prefill_tokens)
             row["kv_cache_bytes"] = 2 * layers * builder.kv_t * builder.hd * size * cached
-        row["total_bytes"] = sum(row[key] for key in MEMORY_COLUMNS[3:8])
+        row["total_bytes"] = sum(row[key] for key in MEMORY_COLUMNS[3:8])  # the five parts
         rows.append(row)
     return rows
 
@@ -182,12 +184,11 @@ def memory_footprint(trace: Trace, system: System | None = None) -> pd.DataFrame
 
 def memory_per_gpu(trace: Trace, system: System) -> pd.DataFrame | None:
     """``gpu``, ``memory_bytes`` (its stage's ``total_bytes``) and ``fits`` for every GPU of a trace
-    from :func:`gpusim.trace.transformer` (ranks ``stage * dp * tp`` to ``(stage + 1) * dp * tp - 1``
-    are a stage's); None for another trace."""
+    from :func:`gpusim.trace.transformer`; None for another trace."""
     if trace.metadata.get("generator") != "gpusim.trace.transformer" or "memory" not in trace.metadata:
         return None
-    table = memory_footprint(trace, system).set_index("stage")
-    gpus = pd.Series(trace.gpus, name="gpu")
-    stages = gpus // (trace.metadata["tp"] * trace.metadata["dp"])
-    return pd.DataFrame({"gpu": gpus, "memory_bytes": table.loc[stages, "total_bytes"].to_numpy(),
-                         "fits": table.loc[stages, "fits"].to_numpy()})
+    table = memory_footprint(trace, system)
+    stage_of = {gpu: row["stage"] for row in trace.metadata["memory"] for gpu in row["ranks"]}
+    rows = table.set_index("stage").loc[[stage_of[gpu] for gpu in trace.gpus]]
+    return pd.DataFrame({"gpu": trace.gpus, "memory_bytes": rows["total_bytes"].to_numpy(),
+                         "fits": rows["fits"].to_numpy()})
