@@ -76,18 +76,19 @@ the memory (a mapping per point) long before the first simulation."""
 
 def _first_repeat(options: Sequence[Any]) -> tuple[Any] | tuple[()]:
     """The first value of ``options`` equal to one before it, as a 1-tuple, or ``()`` if none is
-    (in one pass over hashable values, so that long lists check quickly)."""
+    (hashable values by a set, so that long lists of numbers check in one pass; a list or a
+    mapping against every value before it)."""
     hashable: set[Any] = set()
     others: list[Any] = []
     for value in options:
         try:
-            if value in hashable:
-                return (value,)
+            seen = value in hashable or value in others
             hashable.add(value)
         except TypeError:  # a list or a mapping
-            if value in others:
-                return (value,)
+            seen = value in others or any(value == before for before in hashable)
             others.append(value)
+        if seen:
+            return (value,)
     return ()
 
 

@@ -50,6 +50,8 @@ def test_grid_points_are_distinct_and_cover_the_product(vary):
     ({"gpu.num_cus": 80}, "non-empty list"),
     ({"gpu.num_cus": [80, 80]}, "80 is given more than once"),
     ({"topology.edges": [[[0, 1]], [[0, 1]]]}, r"\[\[0, 1\]\] is given more than once"),
+    ({"x": [frozenset({1}), {1}]}, r"\{1\} is given more than once"),
+    ({"x": [{1}, frozenset({1})]}, r"frozenset\(\{1\}\) is given more than once"),
     ({"": [1]}, "keys must be override paths"),
 ])
 def test_bad_grids_are_refused(vary, message):
