@@ -169,3 +169,18 @@ def test_memory_never_grows_with_more_sharing(tp, pp, dp, microbatches, flash, s
     assert (full <= selective).all() and (selective <= plain["activations_bytes"]).all()
     assert (table(distributed_optimizer=True)["total_bytes"] <= plain["total_bytes"]).all()
     assert (table(tp=2 * tp)["total_bytes"] <= plain["total_bytes"]).all()
+
+
+def test_a_shortened_trace_also_says_what_the_whole_model_needs(capsys):
+    """Simulating two of a model's layers is the quick way to time it; its memory is the whole
+    model's, in the same layout, exactly as the full trace's."""
+    options = dict(tp=8, pp=2, batch=4, microbatches=4, seq_len=512, attention="flash")
+    short = transformer("llama2-70b", layers=4, **options)
+    whole = transformer("llama2-70b", **options)
+    pd.testing.assert_frame_equal(memory_footprint(short, whole_model=True), memory_footprint(whole))
+    assert memory_footprint(short)["total_bytes"].max() < memory_footprint(whole)["total_bytes"].max() / 4
+    pd.testing.assert_frame_equal(memory_footprint(whole, whole_model=True), memory_footprint(whole))
+    assert main(["simulate", "--model", "llama2-70b", "--layers", "2", "--tp", "8", "--batch", "1", "--seq-len", "64",
+                 "--phase", "prompt", "--system", "hgx-h100", "--quiet"]) == 0
+    assert "the whole model, in this layout: 16.1 GiB per GPU at the peak (fits; 2 layers simulated)" in \
+        capsys.readouterr().out

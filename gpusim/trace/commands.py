@@ -312,6 +312,11 @@ def _report_memory(trace, system):
     if over:
         print(f"  does not fit: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} need more than "
               f"gpu.hbm.capacity_bytes; the simulated times assume the memory is there")
+    if trace.metadata.get("memory_whole_model"):
+        whole = memory_footprint(trace, system, whole_model=True)
+        layers = trace.metadata["model"]["layers"]
+        print(f"  the whole model, in this layout: {whole['total_bytes'].max() / 2**30:.1f} GiB per GPU at the peak "
+              f"({'fits' if whole['fits'].all() else 'does not fit'}; {layers} layers simulated)")
     return table
 
 

@@ -1130,7 +1130,8 @@ def transformer(
     -------
     Trace
         With ``layer``, ``phase`` and ``step`` labels that layer caching uses, and metadata
-        describing the setup.
+        describing the setup and each GPU's memory (:func:`gpusim.trace.memory_footprint`; with
+        ``layers``, also the whole model's).
 
     Raises
     ------
@@ -1139,7 +1140,7 @@ def transformer(
         the experts by ``ep``...), ``sequence_parallel`` in the ``decode`` phase, or expert options
         for a dense model.
     """
-    config = load_model(model)
+    config = whole = load_model(model)
     _check_prefill(phase, prefill_tokens, prefill_context)
     if layers is not None:
         if _positive("layers", layers) > config.layers:
@@ -1202,13 +1203,18 @@ def transformer(
     if batch % (dp * microbatches):
         raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
     micro_batch = batch // (dp * microbatches)
-    builder = _Transformer(config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
-                           bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
-                           vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
-                           overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context)
+
+    def builder_of(model_config: ModelConfig) -> _Transformer:
+        return _Transformer(model_config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
+                            bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
+                            vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
+                            overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context)
+
+    builder = builder_of(config)
     frame = pd.DataFrame(builder.build())
     metadata = {
         "memory": stage_memory(builder),
+        "memory_whole_model": stage_memory(builder_of(whole)) if whole.layers != config.layers else None,
         "generator": "gpusim.trace.transformer",
         "model": config.model_dump(),
         "phase": phase, "tp": tp, "dp": dp, "pp": pp, "batch": batch, "micro_batch": micro_batch,

@@ -149,7 +149,7 @@ def stage_memory(builder: _Transformer) -> list[dict[str, object]]:
     return rows
 
 
-def memory_footprint(trace: Trace, system: System | None = None) -> pd.DataFrame:
+def memory_footprint(trace: Trace, system: System | None = None, whole_model: bool = False) -> pd.DataFrame:
     """Per pipeline stage, the memory one of its GPUs holds at the iteration's peak (see the module).
 
     Parameters
@@ -159,6 +159,9 @@ def memory_footprint(trace: Trace, system: System | None = None) -> pd.DataFrame
     system
         With a system, the table also has each GPU's ``capacity_bytes`` (``gpu.hbm.capacity_bytes``)
         and whether the stage ``fits`` in it.
+    whole_model
+        For a trace generated with ``layers`` (fewer layers than the model has, to simulate
+        quickly), the footprint of the whole model in the same layout instead of the trace's.
 
     Returns
     -------
@@ -172,6 +175,8 @@ def memory_footprint(trace: Trace, system: System | None = None) -> pd.DataFrame
         not say what it keeps in memory).
     """
     stages = trace.metadata.get("memory")
+    if whole_model and trace.metadata.get("memory_whole_model"):
+        stages = trace.metadata["memory_whole_model"]
     if trace.metadata.get("generator") != "gpusim.trace.transformer" or stages is None:
         raise TraceError(f"{trace.source}: memory_footprint needs a trace from gpusim.trace.transformer(), which "
                          f"records what each GPU keeps in memory; this trace does not say")
