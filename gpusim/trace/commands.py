@@ -291,7 +291,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
             plot.save_figure(fig, stage / "breakdown.png")
     if out is not None:
-        extra = ", memory.csv" if args.model else ""
+        extra = ", memory.csv" if memory is not None else ""
         print(f"wrote {out}/ (ops.parquet{extra}, summary.json, timeline.perfetto.json, breakdown.png)")
     return 0
 

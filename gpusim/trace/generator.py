@@ -424,12 +424,12 @@ class _Transformer:
         return (math.ceil(self.capacity_factor * copies), active,
                 math.ceil(self.capacity_factor * copies / active))
 
-    def _expert_all_to_all(self, stage: int, labels: dict, tokens: int) -> Handle | None:
-        """The exchange of every rank's expert buffer (:meth:`expert_rows` rows of H values) over
-        its expert-parallel group on the compute stream (none when ``ep`` is 1)."""
+    def _expert_all_to_all(self, stage: int, labels: dict, buffer: int) -> Handle | None:
+        """The exchange of every rank's expert buffer of ``buffer`` values over its expert-parallel
+        group on the compute stream (none when ``ep`` is 1)."""
         if self.par.ep == 1:
             return None
-        nbytes = self.expert_rows(tokens)[0] * self.model.hidden * self.size
+        nbytes = buffer * self.size
         return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
                                    bytes=nbytes, dtype=self.dtype)
 
@@ -446,11 +446,11 @@ class _Transformer:
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
-        self._expert_all_to_all(stage, at("moe_dispatch"), tokens)
+        self._expert_all_to_all(stage, at("moe_dispatch"), buffer)
         self._gemm(gpus, [], at("expert_fc1"), self.ff_in, per_expert, h, batch=active, trans_a=True)
         self._activation(gpus, at, "expert_", active * per_expert * self.ff_t)
         self._gemm(gpus, [], at("expert_fc2"), h, per_expert, self.ff_t, batch=active, trans_a=True)
-        self._expert_all_to_all(stage, at("moe_combine"), tokens)
+        self._expert_all_to_all(stage, at("moe_combine"), buffer)
         return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
 
     def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> None:
@@ -462,14 +462,14 @@ class _Transformer:
         buffer_rows, active, per_expert = self.expert_rows(tokens)
         buffer = buffer_rows * h
         self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
-        self._expert_all_to_all(stage, at("moe_combine_bwd"), tokens)
+        self._expert_all_to_all(stage, at("moe_combine_bwd"), buffer)
         self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=active)
         self._gemm(gpus, [], at("expert_fc2_wgrad"), self.ff_t, h, per_expert, batch=active, trans_b=True)
         self._activation_backward(gpus, at, "expert_", active * per_expert * self.ff_t)
         self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self.ff_in, batch=active)
         wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self.ff_in, per_expert, batch=active, trans_b=True)
         self._expert_gradients(stage, layer, wgrad, at)
-        self._expert_all_to_all(stage, at("moe_dispatch_bwd"), tokens)
+        self._expert_all_to_all(stage, at("moe_dispatch_bwd"), buffer)
         self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)
         self._reduction(gpus, [], at("router_softmax_bwd"), "softmax_backward", tokens, model.experts)
         self._gemm(gpus, [], at("router_dgrad"), h, tokens, model.experts)
