@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from gpusim.trace.generator import _Transformer
     from gpusim.trace.trace import Trace
 
-MEMORY_COLUMNS = ["stage", "gpus", "parameters", "weights_bytes", "gradients_bytes", "optimizer_bytes",
-                  "activations_bytes", "kv_cache_bytes", "total_bytes"]
+MEMORY_PARTS = ["weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "kv_cache_bytes"]
+"""The parts of a GPU's memory that :func:`memory_footprint` counts; ``total_bytes`` is their sum."""
+MEMORY_COLUMNS = ["stage", "gpus", "parameters", *MEMORY_PARTS, "total_bytes"]
 """Columns of :func:`memory_footprint` (with a system, also ``capacity_bytes`` and ``fits``)."""
 FP32_BYTES = 4
 MASK_BYTES = 1
@@ -144,7 +145,7 @@ def stage_memory(builder: _Transformer) -> list[dict[str, object]]:
             if decoding and builder.prefill_tokens:  # each microbatch's chunked prompt, as far as its last chunk
                 cached += builder.m * (builder.prefill_context + builder.decode_tokens * builder.prefill_tokens)
             row["kv_cache_bytes"] = 2 * layers * builder.kv_t * builder.hd * size * cached
-        row["total_bytes"] = sum(row[key] for key in MEMORY_COLUMNS[3:8])  # the five parts
+        row["total_bytes"] = sum(row[part] for part in MEMORY_PARTS)
         rows.append(row)
     return rows
 
