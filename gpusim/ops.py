@@ -892,11 +892,58 @@ class AllGather(Collective):
 
 @dataclass
 class AllToAll(Collective):
-    """Rank i sends chunk j of its ``nbytes`` array to rank j (``direct`` algorithm, on CUs)."""
+    """Rank i sends chunk j of its ``nbytes`` array to rank j (``direct`` algorithm, on CUs).
 
+    Attributes
+    ----------
+    send_bytes
+        Uneven exchange (all-to-allv, as ``torch.distributed.all_to_all_single`` with split sizes):
+        ``send_bytes[i][j]`` bytes go from the ``i``-th rank of ``ranks`` to the ``j``-th, each
+        sender's pieces packed in its input in rank order, each receiver's in its output in sender
+        order; the diagonal stays in place (not sent).  Every rank's sends and receives must fit in
+        ``nbytes``.  ``None``: ``nbytes / n`` to every rank.  An uneven exchange runs in full mode
+        only (its ranks do different work); ``ranks`` must be given, one row and column each.
+    """
+
+    send_bytes: tuple[tuple[int, ...], ...] | None = None
     collective: ClassVar[str] = "alltoall"
     algorithms: ClassVar[tuple[str, ...]] = ("direct", "auto")
     dma: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.send_bytes is None:
+            return
+        rows = as_sequence(self.send_bytes)
+        if rows is None or self.ranks is None or len(rows) != len(self.ranks):
+            ranks = "no ranks" if self.ranks is None else f"{len(self.ranks)} ranks"
+            raise OpError(f"AllToAll: field 'send_bytes' must be a square matrix with a row and a column per rank "
+                          f"of 'ranks' ({ranks}), got {self.send_bytes!r}")
+        matrix = []
+        for i, row in enumerate(rows):
+            values = as_sequence(row)
+            if values is None or len(values) != len(rows) or any(as_int(v) is None or v < 0 for v in values):
+                raise OpError(f"AllToAll: row {i} of field 'send_bytes' must be {len(rows)} non-negative integers "
+                              f"(bytes to each rank), got {row!r}")
+            matrix.append(tuple(int(v) for v in values))
+        self.send_bytes = tuple(matrix)
+        sent = max(sum(row) for row in matrix)
+        received = max(sum(column) for column in zip(*matrix))
+        if max(sent, received) > self.nbytes:
+            raise OpError(f"AllToAll: every rank's sends and receives must fit in field 'nbytes' ({self.nbytes}), "
+                          f"but one rank sends {sent} and one receives {received} bytes of 'send_bytes'")
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether symmetric mode can simulate it: an even exchange."""
+        return self.send_bytes is None
+
+    def describe(self) -> str:
+        if self.send_bytes is None:
+            return super().describe()
+        from gpusim.units import format_bytes
+
+        return f"alltoallv {format_bytes(max(sum(row) for row in self.send_bytes))} most sent"
 
 
 @dataclass

@@ -364,12 +364,13 @@ class DirectKernel:
     """A CU-driven direct collective: every rank writes to every other rank over its own links.
 
     ``kind`` is ``"rs"`` (chunk j goes to rank j's staging slot, then rank j reduces all copies),
-    ``"ag"`` (rank i's chunk goes to every rank's output), ``"a2a"`` (chunk j to rank j) or ``"ar"``
-    (``rs`` then ``ag``).
+    ``"ag"`` (rank i's chunk goes to every rank's output), ``"a2a"`` (chunk j to rank j; with
+    ``send_bytes``, the uneven pieces of :class:`gpusim.ops.AllToAll`) or ``"ar"`` (``rs`` then ``ag``).
     """
 
-    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0):
+    def __init__(self, ctx, kind, group, nbytes, inp, out, stage, flags, channels, tag=0, send_bytes=None):
         self.ctx = ctx
+        self.send_bytes = send_bytes
         self.gpu = ctx.gpu
         self.env = ctx.env
         self.kind = kind
@@ -397,12 +398,11 @@ class DirectKernel:
         stop = min(chunk * self.chunk + min((channel + 1) * self.piece, self.chunk), self.nbytes)
         return start, max(0, stop - start)
 
-    def _scatter(self, cu, channel, phase, source: Buffer, chunks: Callable[[int, int], tuple[int, int, bool]]):
+    def _scatter(self, cu, channel, phase, source: Buffer, place: Callable[[int, int], tuple[int, int, int]]):
         """Send a piece to every other rank.
 
-        ``chunks(dst_index, my_index)`` gives the chunk read here, the chunk position written
-        there, and whether it lands in the destination's staging area (slot = distance between
-        the ranks, so mirrored traffic in symmetric mode lands in distinct slots).
+        ``place(dst_index, distance)`` gives this channel's piece for that rank: its offset in
+        ``source``, its size (0: nothing is sent) and the address it lands at there.
         """
         env = self.env
         me = self.ctx.rank
@@ -413,8 +413,7 @@ class DirectKernel:
             distance = 1 + (channel + step) % (self.n - 1)
             j = (my_index + distance) % self.n
             dst = self.group[j]
-            src_chunk, dst_chunk, staged = chunks(j, my_index)
-            offset, size = self._piece(src_chunk, channel)
+            offset, size, target = place(j, distance)
             if size == 0:
                 self.flags.raise_for_empty("data", dst, self.tag, phase, distance, channel)
                 continue
@@ -422,23 +421,56 @@ class DirectKernel:
             self.gpu.memory.read(source.addr + offset, size, reads, COMM, source.cached)
             reads.extend_to(cu.memory(env.now, 2 * size))
             yield reads.close()
-            within = offset - src_chunk * self.chunk
-            if staged:
-                target = self.stage.addr + distance * self.chunk + within
-            else:
-                landing = self.flags.arrival_chunk(dst_chunk, distance, self.n, self.chunk, self.nbytes)
-                target = self.out.addr + landing * self.chunk + within
             delivered = Countdown(self._arrival(dst, phase, distance, channel))
             yield from interconnect.transfer(me, dst, target, size, WRITE, delivered)
             delivered.close(env.now)
 
-    def _gather_wait(self, phase: int, channel: int, sent_chunk: Callable[[int], int]):
-        """Wait for this channel's piece from every other rank; ``sent_chunk(sender_index)`` is the
-        chunk that rank sent here (a piece with no bytes is never sent)."""
+    def _chunk_place(self, channel: int, chunks: Callable[[int, int], tuple[int, int, bool]]
+                     ) -> Callable[[int, int], tuple[int, int, int]]:
+        """:meth:`_scatter`'s placement of even chunks: ``chunks(dst_index, my_index)`` gives the
+        chunk read here, the chunk position written there, and whether it lands in the
+        destination's staging area (slot = distance between the ranks, so mirrored traffic in
+        symmetric mode lands in distinct slots)."""
+        my_index = self.group.index(self.ctx.rank)
+
+        def place(j: int, distance: int) -> tuple[int, int, int]:
+            src_chunk, dst_chunk, staged = chunks(j, my_index)
+            offset, size = self._piece(src_chunk, channel)
+            within = offset - src_chunk * self.chunk
+            if staged:
+                return offset, size, self.stage.addr + distance * self.chunk + within
+            landing = self.flags.arrival_chunk(dst_chunk, distance, self.n, self.chunk, self.nbytes)
+            return offset, size, self.out.addr + landing * self.chunk + within
+
+        return place
+
+    def _uneven_piece(self, nbytes: int, channel: int) -> tuple[int, int]:
+        """This channel's slice (start, size) of an uneven all-to-all's ``nbytes`` piece."""
+        piece = math.ceil(nbytes / self.channels)
+        start = channel * piece
+        return start, max(0, min(nbytes, start + piece) - start)
+
+    def _uneven_place(self, channel: int) -> Callable[[int, int], tuple[int, int, int]]:
+        """:meth:`_scatter`'s placement of an uneven all-to-all (``send_bytes``): the piece for rank
+        ``j`` follows this rank's pieces for the ranks before it, and lands after what the ranks
+        before this one send to ``j``."""
+        me = self.group.index(self.ctx.rank)
+        sends = self.send_bytes[me]
+
+        def place(j: int, distance: int) -> tuple[int, int, int]:
+            start, size = self._uneven_piece(sends[j], channel)
+            landing = sum(self.send_bytes[i][j] for i in range(me))
+            return sum(sends[:j]) + start, size, self.out.addr + landing + start
+
+        return place
+
+    def _gather_wait(self, phase: int, channel: int, sent_bytes: Callable[[int], int]):
+        """Wait for this channel's piece from every other rank; ``sent_bytes(sender_index)`` is the
+        size of the piece that rank sent here (a piece with no bytes is never sent)."""
         me = self.ctx.rank
         my_index = self.group.index(me)
         for distance in range(1, self.n):
-            if self._piece(sent_chunk((my_index - distance) % self.n), channel)[1] == 0:
+            if sent_bytes((my_index - distance) % self.n) == 0:
                 continue
             arrived = self.flags.event("data", me, self.tag, phase, distance, channel)
             if not arrived.processed:
@@ -447,9 +479,12 @@ class DirectKernel:
     def _workgroup(self, channel: int, cu: ComputeUnit):
         env = self.env
         me_index = self.group.index(self.ctx.rank)
+        def piece_of(chunk: int) -> int:
+            return self._piece(chunk, channel)[1]
+
         if self.kind in ("rs", "ar"):
-            yield from self._scatter(cu, channel, 0, self.inp, lambda j, me: (j, j, True))
-            yield from self._gather_wait(0, channel, lambda sender: me_index)
+            yield from self._scatter(cu, channel, 0, self.inp, self._chunk_place(channel, lambda j, me: (j, j, True)))
+            yield from self._gather_wait(0, channel, lambda sender: piece_of(me_index))
             offset, size = self._piece(me_index, channel)
             if size:
                 within = offset - me_index * self.chunk
@@ -466,12 +501,15 @@ class DirectKernel:
                 self.gpu.memory.write(self.out.addr + offset, size, written, COMM, self.out.cached)
                 yield written.close()
         if self.kind in ("ag", "ar"):
-            source = self.out
-            yield from self._scatter(cu, channel, 1, source, lambda j, me: (me, me, False))
-            yield from self._gather_wait(1, channel, lambda sender: sender)
-        if self.kind == "a2a":
-            yield from self._scatter(cu, channel, 0, self.inp, lambda j, me: (j, me, False))
-            yield from self._gather_wait(0, channel, lambda sender: me_index)
+            yield from self._scatter(cu, channel, 1, self.out, self._chunk_place(channel, lambda j, me: (me, me, False)))
+            yield from self._gather_wait(1, channel, piece_of)
+        if self.kind == "a2a" and self.send_bytes is not None:
+            yield from self._scatter(cu, channel, 0, self.inp, self._uneven_place(channel))
+            yield from self._gather_wait(0, channel, lambda sender: self._uneven_piece(
+                self.send_bytes[sender][me_index], channel)[1])
+        elif self.kind == "a2a":
+            yield from self._scatter(cu, channel, 0, self.inp, self._chunk_place(channel, lambda j, me: (j, me, False)))
+            yield from self._gather_wait(0, channel, lambda sender: piece_of(me_index))
 
     def _arrival(self, rank: int, phase: int, distance: int, channel: int) -> Callable[[float], None]:
         def arrived(time_ns: float) -> None:
@@ -664,14 +702,15 @@ def execute_collective(ctx, op):
     if ctx.rank not in group:
         return
     n = len(group)
-    ctx.info.update(bytes=op.nbytes)
+    send_bytes = getattr(op, "send_bytes", None)
+    ctx.info.update(bytes=op.nbytes if send_bytes is None else sum(send_bytes[group.index(ctx.rank)]))
     if n == 1:  # nothing to exchange
         ctx.info.update(impl="none_single_rank")
         return
     kind = {"allreduce": "ar", "reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}[op.collective]
     algorithm = _algorithm(ctx, op, group)
     shared = ctx.shared()
-    chunk = math.ceil(op.nbytes / n)
+    chunk = math.ceil(op.nbytes / n) if send_bytes is None else max(max(row) for row in send_bytes)
     ring_on_cus = algorithm == "ring" and op.driver == "cu" and kind != "a2a"
     protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else simple_protocol(ctx)
     channels = channels_for(ctx, op, chunk, protocol, op.nbytes)
@@ -695,7 +734,7 @@ def execute_collective(ctx, op):
         kernel = RingKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels,
                             wire_efficiency=protocol.wire_efficiency)
     else:
-        kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels)
+        kernel = DirectKernel(ctx, kind, group, op.nbytes, inp, out, stage, flags, channels, send_bytes=send_bytes)
     yield from ctx.launch(kernel.kernel, latency_ns=set_up)
     ctx.info.update(impl=kernel.kernel.info["impl"], channels=channels, protocol=protocol.name)
 

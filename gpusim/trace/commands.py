@@ -21,8 +21,25 @@ PATTERN_CHARACTERS = "*?["
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
                  "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages", "ep",
-                 "expert_capacity_factor", "prefill_tokens", "prefill_context")
+                 "expert_capacity_factor", "expert_load", "prefill_tokens", "prefill_context")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
+
+
+def expert_shares(text: str) -> tuple[float, ...]:
+    """``--expert-load``'s shares, separated by commas or colons (``4,1,1,1`` or ``4:1:1:1``; a
+    ``--vary expert_load=`` value takes colons), as floats (the generator checks their count and
+    signs).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        A part that is not a number.
+    """
+    try:
+        return tuple(float(part) for part in str(text).replace(":", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected the experts' shares as numbers separated by commas or "
+                                         f"colons (4,1,1,1), got {text!r}") from None
 
 
 def _option(name: str) -> str:
@@ -164,6 +181,12 @@ def _model_option_value(name: str, text: object) -> object:
             return float(word)
         except ValueError:
             raise GpusimError(f"--vary {name}: expected numbers, got {text!r}") from None
+    if name == "expert_load":  # kept as its text in the table; the generator gets the shares (_prepared_trace)
+        try:
+            expert_shares(word)
+        except argparse.ArgumentTypeError as exc:
+            raise GpusimError(f"--vary expert_load: {exc}") from None
+        return word
     if name in FLAG_MODEL_OPTIONS:
         if word not in TRUE_WORDS + FALSE_WORDS:
             raise GpusimError(f"--vary {name}: expected true or false, got {text!r}")
@@ -202,7 +225,9 @@ def _prepared_trace(args: argparse.Namespace, options: dict[str, object], report
     from gpusim.trace.generator import transformer
 
     if args.model:
-        trace = transformer(args.model, **options)
+        load = options.get("expert_load")
+        shares = {"expert_load": expert_shares(load)} if isinstance(load, str) else {}  # a --vary value
+        trace = transformer(args.model, **{**options, **shares})
     else:
         trace = load_any(args.trace, unsupported=args.unsupported or "error")
     if args.overlap_gathers:  # first: a GEMM that gathers its A and feeds a reduction keeps the gather's overlap
@@ -450,6 +475,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-capacity-factor", type=float,
                         help="--model with experts: tokens each expert processes and the all-to-all moves, as a "
                              "multiple of the balanced share (default: 1)")
+    parser.add_argument("--expert-load", type=expert_shares,
+                        help="--model with experts: uneven, dropless routing, each expert's share of the routed "
+                             "tokens, e.g. 4,1,1,1,1,1,1,1 (--vary expert_load=1:1:1:1,4:1:1:1; default: balanced)")
     parser.add_argument("--batch", type=int, help="--model: global batch in sequences (default: the model's)")
     parser.add_argument("--seq-len", type=int, help="--model: sequence length (default: the model's)")
     parser.add_argument("--microbatches", type=int, help="--model: microbatches (default: pp)")

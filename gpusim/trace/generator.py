@@ -44,7 +44,10 @@ summed with their weights; the experts' gradients are reduced over the ``dp / ep
 hold the same experts.  Routing is balanced: every expert gets the same share of the tokens (when
 there are fewer routed copies than experts, as in decoding, only as many experts as copies run),
 padded to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
-expert's load under imbalance.
+expert's load under imbalance.  Or routing is uneven and dropless (``expert_load``: each expert's share
+of the routed copies, alike on every rank, as MegaBlocks and Megatron-LM's dropless experts run it):
+the all-to-alls carry each rank's own sizes (all-to-allv), every expert runs its own GEMMs on its
+rows (Megatron-LM's sequential experts), and the ranks holding the busiest experts hold up the rest.
 
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
 (:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
@@ -55,11 +58,12 @@ recomputation re-runs a layer's forward pass (with its collectives) before its b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
+from gpusim.checks import as_real, as_sequence
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import TraceError
 from gpusim.kernels.attention import ATTENTION_DTYPES
@@ -140,6 +144,48 @@ Handle = dict[int, int]
 """gpu -> op_id of one logical op (an op may have a different op_id per group)."""
 
 
+@dataclass(frozen=True)
+class ExpertPlan:
+    """Where one rank's routed tokens go and what every rank's experts process, in rows of
+    ``hidden`` values (:meth:`_Transformer.expert_plan`).
+
+    Attributes
+    ----------
+    sent
+        Rows of every rank's expert buffer (its routed copies, padded to the capacity).
+    to_place
+        Rows every rank sends to the rank at each place of its expert-parallel group (its own
+        place's stay); ``None``: an even split of the buffer (balanced routing).
+    rows
+        For each place, the rows of each of its experts that receive tokens.
+    """
+
+    sent: int
+    to_place: tuple[int, ...] | None
+    rows: tuple[tuple[int, ...], ...]
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every place's experts process the same rows (one batched GEMM everywhere)."""
+        return self.to_place is None
+
+    def received(self, place: int) -> int:
+        """Rows the experts at ``place`` process."""
+        return sum(self.rows[place])
+
+
+def apportion(total: int, shares: Sequence[float]) -> list[int]:
+    """``total`` whole items split in proportion to ``shares`` (largest remainders; ties to the
+    first)."""
+    weight = sum(shares)
+    exact = [total * share / weight for share in shares]
+    counts = [math.floor(value) for value in exact]
+    by_remainder = sorted(range(len(shares)), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[:total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
 class _Builder:
     """Accumulates trace rows."""
 
@@ -171,14 +217,17 @@ class _Builder:
         return dict.fromkeys(gpus, op_id)
 
     def collective(self, groups: list[list[int]], stream: str, after: list[Handle | None], labels: dict,
-                   **fields) -> Handle:
-        """One collective per group (each with its own op_id)."""
+                   per_place: list[dict] | None = None, **fields) -> Handle:
+        """One collective per group (each with its own op_id); ``per_place`` adds fields to the row of
+        the rank at each place of its group."""
         handle: Handle = {}
         for group in groups:
             op_id = self._new_id()
-            for gpu in group:
+            for place, gpu in enumerate(group):
+                own = per_place[place] if per_place else {}
                 self.rows.append({"op_id": op_id, "gpu": gpu, "stream": stream, "kind": "collective",
-                                  "group": format_ints(group), "deps": self._deps(after, gpu), **labels, **fields})
+                                  "group": format_ints(group), "deps": self._deps(after, gpu), **labels, **fields,
+                                  **own})
                 handle[gpu] = op_id
                 if stream == "compute":
                     self.last_compute[gpu] = op_id
@@ -205,7 +254,8 @@ class _Transformer:
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
-                 expert_capacity_factor: float, prefill_tokens: int, prefill_context: int):
+                 expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
+                 expert_load: tuple[float, ...] | None):
         self.model = model
         self.phase = phase
         self.par = par
@@ -242,6 +292,7 @@ class _Transformer:
         self.qkv_out = self.q_width + 2 * self.kv_t * self.hd
         self.ff_t = math.ceil(model.intermediate / tp)
         self.capacity_factor = expert_capacity_factor
+        self.expert_load = expert_load
         self.local_experts = (model.experts or 0) // par.ep
         self.expert_gradients: dict[tuple[int, int], Handle] = {}
         """(stage, layer) -> the reduction of its experts' gradients over the replicas that hold them."""
@@ -412,45 +463,97 @@ class _Transformer:
         else:
             self._elementwise(gpus, [], at(f"{prefix}gelu_bwd"), "bias_gelu", elements)
 
-    def expert_rows(self, tokens: int) -> tuple[int, int, int]:
-        """How a rank's ``tokens`` meet the experts under balanced routing: the rows of its expert
-        buffer (the ``tokens x experts_per_token`` routed copies, times the capacity factor, rounded
-        up); how many of the rank's experts receive tokens (each rank of the expert-parallel group
-        receives as many copies as it sends, so all of its experts when the copies outnumber them,
-        else one copy each: a decoding step reads only the experts its tokens chose); and the rows
-        each of those processes (the capacity factor's share, rounded up)."""
-        copies = tokens * self.model.top_k
-        active = min(self.local_experts, copies)
-        return (math.ceil(self.capacity_factor * copies), active,
-                math.ceil(self.capacity_factor * copies / active))
+    def expert_plan(self, tokens: int) -> ExpertPlan:
+        """How a rank's ``tokens`` meet the experts.
 
-    def _expert_all_to_all(self, stage: int, labels: dict, buffer: int) -> Handle | None:
-        """The exchange of every rank's expert buffer of ``buffer`` values over its expert-parallel
-        group on the compute stream (none when ``ep`` is 1)."""
+        Balanced routing: the expert buffer holds the ``tokens x experts_per_token`` routed copies
+        times the capacity factor (rounded up), split evenly over the expert-parallel group; every
+        rank receives as many copies as it sends, so all of its experts receive tokens when the
+        copies outnumber them, else one copy each (a decoding step reads only the experts its
+        tokens chose), each the capacity factor's share (rounded up).
+
+        Uneven routing (``expert_load``): every rank gives each expert its share of its copies
+        (:func:`apportion`), with no padding and no drops; the expert at a place processes what all
+        ``ep`` ranks of the group send it.
+        """
+        copies = tokens * self.model.top_k
+        ep, local = self.par.ep, self.local_experts
+        if self.expert_load is None:
+            active = min(local, copies)
+            per_expert = math.ceil(self.capacity_factor * copies / active)
+            return ExpertPlan(math.ceil(self.capacity_factor * copies), None, ((per_expert,) * active,) * ep)
+        routed = apportion(copies, self.expert_load)
+        experts = [routed[place * local:(place + 1) * local] for place in range(ep)]
+        return ExpertPlan(copies, tuple(sum(rows) for rows in experts),
+                          tuple(tuple(ep * rows for rows in place if rows) for place in experts))
+
+    def _expert_all_to_all(self, stage: int, labels: dict, plan: ExpertPlan, back: bool = False) -> Handle | None:
+        """The exchange of every rank's expert buffer over its expert-parallel group on the compute
+        stream, to the experts or (``back``) from them (none when ``ep`` is 1); uneven routing sends
+        each rank's own sizes (``send_bytes``)."""
         if self.par.ep == 1:
             return None
-        nbytes = buffer * self.size
-        return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
-                                   bytes=nbytes, dtype=self.dtype)
+        row = self.model.hidden * self.size
+        if plan.to_place is None:
+            return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
+                                       bytes=plan.sent * row, dtype=self.dtype)
+        ep = self.par.ep
+        sends = [[rows * row for rows in plan.to_place]] * ep  # every rank routes alike
+        if back:  # each place returns to every rank what that rank sent it
+            sends = [[plan.to_place[place] * row] * ep for place in range(ep)]
+        nbytes = max(plan.sent, ep * max(plan.to_place)) * row
+        per_place = [{"send_bytes": format_ints(sent)} for sent in sends]
+        return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, per_place,
+                                   collective="alltoall", bytes=nbytes, dtype=self.dtype)
+
+    def _place_ranks(self, stage: int) -> list[list[int]]:
+        """A stage's ranks by their place in their expert-parallel groups."""
+        groups = self.par.expert_groups(stage)
+        return [[group[place] for group in groups] for place in range(self.par.ep)]
+
+    def _expert_gemms(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], name: str,
+                      shape: Callable[[int], tuple[int, int, int]], **transposes) -> Handle:
+        """One GEMM per expert that receives tokens, ``shape(rows)`` its ``(M, N, K)`` (as
+        :meth:`_gemm`'s): batched over the experts when routing is balanced, else one after another
+        on each place's ranks (``expert{i}_`` ops)."""
+        if plan.uniform:
+            rows = plan.rows[0]
+            return self._gemm(self.par.stage_ranks(stage), [], at(name), *shape(rows[0]), batch=len(rows),
+                              **transposes)
+        handle: Handle = {}
+        for gpus, rows in zip(self._place_ranks(stage), plan.rows):
+            for expert, count in enumerate(rows):
+                handle.update(self._gemm(gpus, [], at(name.replace("expert_", f"expert{expert}_")), *shape(count),
+                                         **transposes))
+        return handle
+
+    def _expert_activation(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], backward: bool) -> None:
+        """The experts' activation (or its backward) on every place's rows."""
+        act = self._activation_backward if backward else self._activation
+        if plan.uniform:
+            act(self.par.stage_ranks(stage), at, "expert_", plan.received(0) * self.ff_t)
+            return
+        for place, gpus in enumerate(self._place_ranks(stage)):
+            if plan.received(place):
+                act(gpus, at, "expert_", plan.received(place) * self.ff_t)
 
     def _experts_forward(self, stage: int, at: Callable[[str], dict], tokens: int) -> Handle:
         """The mixture of experts in place of the MLP, on ``tokens`` tokens: the router's scores and
         their softmax (the top-k choice), the routed copies gathered into the expert buffer
         (``moe_permute``), sent to the ranks of their experts (``moe_dispatch``), each local
-        expert that receives tokens running its MLP on them (batched GEMMs over those experts:
-        :meth:`expert_rows`), sent back (``moe_combine``) and summed with their weights
-        (``moe_unpermute``); returns the last op."""
+        expert that receives tokens running its MLP on them (:meth:`expert_plan`), sent back
+        (``moe_combine``) and summed with their weights (``moe_unpermute``); returns the last op."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        buffer_rows, active, per_expert = self.expert_rows(tokens)
-        buffer = buffer_rows * h
+        plan = self.expert_plan(tokens)
+        buffer = plan.sent * h
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
-        self._expert_all_to_all(stage, at("moe_dispatch"), buffer)
-        self._gemm(gpus, [], at("expert_fc1"), self.ff_in, per_expert, h, batch=active, trans_a=True)
-        self._activation(gpus, at, "expert_", active * per_expert * self.ff_t)
-        self._gemm(gpus, [], at("expert_fc2"), h, per_expert, self.ff_t, batch=active, trans_a=True)
-        self._expert_all_to_all(stage, at("moe_combine"), buffer)
+        self._expert_all_to_all(stage, at("moe_dispatch"), plan)
+        self._expert_gemms(stage, plan, at, "expert_fc1", lambda rows: (self.ff_in, rows, h), trans_a=True)
+        self._expert_activation(stage, plan, at, backward=False)
+        self._expert_gemms(stage, plan, at, "expert_fc2", lambda rows: (h, rows, self.ff_t), trans_a=True)
+        self._expert_all_to_all(stage, at("moe_combine"), plan, back=True)
         return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
 
     def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> None:
@@ -459,17 +562,18 @@ class _Transformer:
         holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
         router's."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        buffer_rows, active, per_expert = self.expert_rows(tokens)
-        buffer = buffer_rows * h
+        plan = self.expert_plan(tokens)
+        buffer = plan.sent * h
         self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
-        self._expert_all_to_all(stage, at("moe_combine_bwd"), buffer)
-        self._gemm(gpus, [], at("expert_fc2_dgrad"), self.ff_t, per_expert, h, batch=active)
-        self._gemm(gpus, [], at("expert_fc2_wgrad"), self.ff_t, h, per_expert, batch=active, trans_b=True)
-        self._activation_backward(gpus, at, "expert_", active * per_expert * self.ff_t)
-        self._gemm(gpus, [], at("expert_fc1_dgrad"), h, per_expert, self.ff_in, batch=active)
-        wgrad = self._gemm(gpus, [], at("expert_fc1_wgrad"), h, self.ff_in, per_expert, batch=active, trans_b=True)
+        self._expert_all_to_all(stage, at("moe_combine_bwd"), plan)
+        self._expert_gemms(stage, plan, at, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h))
+        self._expert_gemms(stage, plan, at, "expert_fc2_wgrad", lambda rows: (self.ff_t, h, rows), trans_b=True)
+        self._expert_activation(stage, plan, at, backward=True)
+        self._expert_gemms(stage, plan, at, "expert_fc1_dgrad", lambda rows: (h, rows, self.ff_in))
+        wgrad = self._expert_gemms(stage, plan, at, "expert_fc1_wgrad", lambda rows: (h, self.ff_in, rows),
+                                   trans_b=True)
         self._expert_gradients(stage, layer, wgrad, at)
-        self._expert_all_to_all(stage, at("moe_dispatch_bwd"), buffer)
+        self._expert_all_to_all(stage, at("moe_dispatch_bwd"), plan, back=True)
         self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)
         self._reduction(gpus, [], at("router_softmax_bwd"), "softmax_backward", tokens, model.experts)
         self._gemm(gpus, [], at("router_dgrad"), h, tokens, model.experts)
@@ -983,6 +1087,31 @@ def _check_experts(model: ModelConfig, par: Parallelism, capacity_factor: object
                          "would be sharded over dp / ep replicas, the rest over dp)")
 
 
+def _expert_load(model: ModelConfig, expert_load: object, capacity_factor: float) -> tuple[float, ...] | None:
+    """``expert_load`` checked against the model (one non-negative share per expert, not all zero)
+    and the capacity factor (1), as a tuple of floats; ``None`` for balanced routing.
+
+    Raises
+    ------
+    TraceError
+        Shares for a dense model, of the wrong length or value, or with a capacity factor.
+    """
+    if expert_load is None:
+        return None
+    if model.experts is None:
+        raise TraceError(f"transformer(): 'expert_load' applies to a mixture-of-experts model ('experts' in its "
+                         f"file); {model.name} has a dense MLP")
+    shares = as_sequence(expert_load)
+    if shares is None or len(shares) != model.experts or any(as_real(share) is None or share < 0 for share in shares) \
+            or not any(shares):
+        raise TraceError(f"transformer(): 'expert_load' must give {model.experts} non-negative shares, one per expert "
+                         f"of {model.name}, not all zero, got {expert_load!r}")
+    if capacity_factor != 1:
+        raise TraceError(f"transformer(): 'expert_load' models dropless routing; expert_capacity_factor="
+                         f"{capacity_factor} pads every expert to the same rows (leave it at 1)")
+    return tuple(float(share) for share in shares)
+
+
 def transformer(
     model: str | ModelConfig,
     phase: str = "train",
@@ -1010,6 +1139,7 @@ def transformer(
     overlap_param_gather: bool = False,
     ep: int = 1,
     expert_capacity_factor: float = 1.0,
+    expert_load: Sequence[float] | None = None,
     prefill_tokens: int = 0,
     prefill_context: int = 0,
 ) -> Trace:
@@ -1038,6 +1168,13 @@ def transformer(
         and the all-to-all moves, this many times the balanced share of the routed tokens (1: the
         balanced share; 1.25: Switch Transformer's padding, or the busiest expert's load when
         routing is uneven).  Positive; only for mixture-of-experts models.
+    expert_load
+        Uneven, dropless routing: each expert's relative share of the routed copies (one
+        non-negative number per expert, not all zero; normalised), the same on every rank and in
+        every layer.  The all-to-alls then carry each rank's own sizes, each expert runs its own
+        GEMMs on its rows, and the rank holding the busiest experts sets the pace.  ``None``
+        (default): balanced routing.  Excludes a capacity factor other than 1 (capacity pads every
+        expert to the same rows).
     batch
         Global batch in sequences (default: the model's); split over ``dp`` replicas and
         ``microbatches``.
@@ -1167,6 +1304,7 @@ def transformer(
                          f"got {optimizer_impl!r}")
     par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp), _positive("ep", ep))
     _check_experts(config, par, expert_capacity_factor, sequence_parallel, distributed_optimizer)
+    load = _expert_load(config, expert_load, expert_capacity_factor)
     batch = _positive("batch", batch if batch is not None else config.batch)
     seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
     microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
@@ -1208,7 +1346,8 @@ def transformer(
         return _Transformer(model_config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                             bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                             vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
-                            overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context)
+                            overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context,
+                            load)
 
     builder = builder_of(config)
     frame = pd.DataFrame(builder.build())
@@ -1225,6 +1364,7 @@ def transformer(
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
+        "expert_load": None if load is None else list(load),
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")

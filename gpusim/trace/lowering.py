@@ -34,7 +34,7 @@ def _channels(row) -> int | None:
     return None if pd.isna(row.channels) else int(row.channels)
 
 
-def op_of_row(row, ranks: list[int]) -> ops.Op:
+def op_of_row(row, ranks: list[int], send_bytes: list[list[int]] | None = None) -> ops.Op:
     """The op a row describes; ``ranks`` are the GPUs that have rows of its op_id.
 
     Parameters
@@ -43,6 +43,8 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
         A row of a validated trace table (a namedtuple from ``itertuples``).
     ranks
         GPUs with rows of the same op_id (the op's ranks for compute ops).
+    send_bytes
+        An uneven all-to-all's sends, every rank's row in group order (:func:`build_ops`).
     """
     kind = row.kind
     name = row.name or None
@@ -82,9 +84,10 @@ def op_of_row(row, ranks: list[int]) -> ops.Op:
                              **{**tensors, **outputs}, name=name, ranks=ranks)
     if kind == "collective":
         group = parse_ints(row.group) or None
+        uneven = {} if send_bytes is None else {"send_bytes": send_bytes}
         return COLLECTIVE_OPS[row.collective](int(row.bytes), dtype=row.dtype, algorithm=row.algorithm,
                                               channels=_channels(row), input=first_input, out=output, name=name,
-                                              ranks=group)
+                                              ranks=group, **uneven)
     if kind == "sendrecv":
         src, dst = parse_ints(row.group)
         return ops.SendRecv(int(row.bytes), src=src, dst=dst, input=first_input, out=output, name=name)
@@ -103,11 +106,15 @@ def build_ops(frame: pd.DataFrame, source: str) -> dict[int, ops.Op]:
         A row the op model rejects, naming the row.
     """
     ranks_of = frame.groupby("op_id")["gpu"].apply(lambda gpus: sorted(int(g) for g in gpus)).to_dict()
+    uneven = frame[frame["send_bytes"] != ""]
+    sends_of = {op_id: dict(zip(rows["gpu"], rows["send_bytes"])) for op_id, rows in uneven.groupby("op_id")}
     built: dict[int, ops.Op] = {}
     first_rows = frame.drop_duplicates("op_id")
     for position, row in zip(first_rows.index, first_rows.itertuples(index=False)):
         try:
-            built[int(row.op_id)] = op_of_row(row, ranks_of[row.op_id])
+            sends = sends_of.get(row.op_id)
+            matrix = None if sends is None else [parse_ints(sends[gpu]) for gpu in parse_ints(row.group)]
+            built[int(row.op_id)] = op_of_row(row, ranks_of[row.op_id], matrix)
         except OpError as exc:
             raise TraceError(f"{RowLocation(source, int(position), row.op_id, row.gpu)}: {exc}") from None
     return built

@@ -18,7 +18,7 @@ full recomputation keeps each layer's input plus one layer's activations while t
 backward pass runs.  A mixture of experts keeps the router's fp32
 scores, its expert buffers (the permuted tokens, those received for the rank's experts, the
 combined results) and its experts' activations in place of the MLP's (an estimate: Korthikanti et
-al. count dense layers only).  A stage holds them for the microbatches its
+al. count dense layers only; under uneven routing, those of the rank whose experts receive the most).  A stage holds them for the microbatches its
 schedule has in flight at once (the schedule's own order: ``pp - stage`` for 1F1B, all of them for
 GPipe, ``1 + (pp - 1) / (pp v)`` of a stage's layers per microbatch on the first stage of the
 interleaved schedule).  The last stage also keeps the output layer's input and the fp32 logits
@@ -102,10 +102,11 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
     elif not builder.recompute_attention:
         attention += (2 * size + MASK_BYTES) * scores  # softmax output, dropout mask, dropout output
     if model.experts:
-        buffer, active, rows = builder.expert_rows(tokens)
-        received = 2 if builder.par.ep > 1 else 1  # the permuted buffer, and the tokens received for the experts
-        mlp = (FP32_BYTES * tokens * model.experts + size * buffer * h * (received + 1)  # router; buffers; combined
-               + size * active * rows * (builder.ff_in + builder.ff_t))
+        plan = builder.expert_plan(tokens)
+        busiest = max(plan.received(place) for place in range(builder.par.ep))  # the busiest rank's experts' rows
+        received = 0 if builder.par.ep == 1 else plan.sent if plan.uniform else busiest  # the tokens received
+        mlp = (FP32_BYTES * tokens * model.experts + size * h * (2 * plan.sent + received)  # router; buffers; combined
+               + size * busiest * (builder.ff_in + builder.ff_t))
     else:
         mlp = size * tokens * (builder.ff_in + builder.ff_t)  # the activation's input and output
     return norms + inputs + masks + attention + mlp

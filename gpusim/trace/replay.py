@@ -96,6 +96,12 @@ def _check_symmetric(trace: Trace) -> None:
         position = int(np.flatnonzero((frame["kind"] == "sendrecv").to_numpy())[0])
         raise TraceError(f"{RowLocation(trace.source, position, frame['op_id'].iloc[position])}: symmetric mode "
                          "cannot replay a send/receive (its two ranks do different work); use mode='full'")
+    uneven = (frame["send_bytes"] != "").to_numpy()
+    if uneven.any():
+        position = int(np.flatnonzero(uneven)[0])
+        raise TraceError(f"{RowLocation(trace.source, position, frame['op_id'].iloc[position])}: symmetric mode "
+                         "cannot replay an uneven all-to-all (field 'send_bytes': its ranks do different work); "
+                         "use mode='full'")
     fields = ["stream", "kind", *sorted({f for fs in SHAPE_FIELDS.values() for f in fs if f != "group"})]
     reference = frame[frame["gpu"] == 0][fields].reset_index(drop=True)
     for gpu in trace.gpus:

@@ -45,6 +45,10 @@ collective      str      ``allreduce``, ``reducescatter``, ``allgather``, ``allt
                          ``reducescatter``, ``allgather``, ``alltoall`` (``gemm_collective``);
                          ``allgather`` (``collective_gemm``)
 bytes           int      message size: each rank's input (output for all-gather); send size
+send_bytes      ints     an uneven ``alltoall`` (all-to-allv): the bytes this row's rank sends to each
+                         rank of ``group``, in group order (its own entry stays in place); on every row
+                         of the op or on none; each rank's sends and receives at most ``bytes``
+                         (blank: ``bytes`` / ranks to each)
 group           ints     ranks of a collective, ``gemm_collective`` or ``collective_gemm``; ``src dst`` of a
                          send/receive (blank:
                          all GPUs)
@@ -134,14 +138,14 @@ simulation's float nanoseconds (1e15 ns) still resolve 0.125 ns; a larger time i
 overflow to inf that would leave the results NaN and their JSON invalid."""
 BOOL_COLUMNS = ("trans_a", "trans_b", "causal", "async_collective")
 TEXT_COLUMNS = (
-    "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "group", "algorithm", "dtype",
-    "deps", "inputs", "output", "phase", "kernel_class",
+    "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "send_bytes", "group", "algorithm",
+    "dtype", "deps", "inputs", "output", "phase", "kernel_class",
 )  # fmt: skip
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
     "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
-    "tensor_sizes", "optimizer_impl", "collective", "bytes", "group", "algorithm", "channels", "splits",
-    "async_collective", "dtype", "deps", "delay_s",
+    "tensor_sizes", "optimizer_impl", "collective", "bytes", "send_bytes", "group", "algorithm", "channels",
+    "splits", "async_collective", "dtype", "deps", "delay_s",
     "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
 )  # fmt: skip
 """Every column, in the order traces are written."""
@@ -453,6 +457,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
             raise _fail(frame, position, source, column,
                         f"must be blank or a positive whole number of {what}, got {format_value(values.iloc[position])}")
     _check_overlaps(frame, source)
+    _check_send_bytes(frame, source)
     bad = (kinds == "optimizer") & ~frame["optimizer_impl"].isin(("", *OPTIMIZER_IMPLS)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
@@ -494,6 +499,46 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
         position = int(np.flatnonzero(bad)[0])
         raise _fail(frame, position, source, "kernel_class",
                     f"must be blank or one of {', '.join(KERNEL_CLASSES)}, got {format_value(classes.iloc[position])}")
+
+
+def _check_send_bytes(frame: pd.DataFrame, source: str) -> None:
+    """``send_bytes`` only on ``alltoall`` collective rows with a group, as many non-negative sizes as
+    the group has ranks, adding up to at most ``bytes``, and on every row of its op_id or on none
+    (the receives' limit is the op's own check, :class:`gpusim.ops.AllToAll`)."""
+    given = (frame["send_bytes"] != "").to_numpy()
+    if not given.any():
+        return
+    alltoall = ((frame["kind"] == "collective") & (frame["collective"] == "alltoall")).to_numpy()
+    for position in np.flatnonzero(given):
+        text = frame["send_bytes"].iloc[position]
+        if not alltoall[position]:
+            raise _fail(frame, int(position), source, "send_bytes",
+                        f"must be blank except on an alltoall collective row, got {format_value(text)}")
+        try:
+            sizes = parse_ints(text)
+            ranks = len(parse_ints(frame["group"].iloc[position]))
+        except ValueError:
+            sizes, ranks = [-1], 0  # _parse_lists names a bad group
+        if not ranks or len(sizes) != ranks or min(sizes) < 0:
+            raise _fail(frame, int(position), source, "send_bytes",
+                        f"must list the non-negative bytes sent to each of the {ranks or 'listed'} ranks of the "
+                        f"row's group, got {format_value(text)}")
+        if sum(sizes) > frame["bytes"].iloc[position]:
+            raise _fail(frame, int(position), source, "send_bytes",
+                        f"must add up to at most the row's bytes ({frame['bytes'].iloc[position]}), got "
+                        f"{format_value(text)} ({sum(sizes)})")
+    partial = frame.groupby("op_id")["send_bytes"].transform(lambda texts: (texts == "").any() and (texts != "").any())
+    if partial.any():
+        position = int(np.flatnonzero(partial.to_numpy() & ~given)[0])
+        raise _fail(frame, position, source, "send_bytes",
+                    "is blank, but other rows of the same op_id give it (an uneven all-to-all needs every rank's sends)")
+    uneven = frame[given]
+    for op_id, rows in uneven.groupby("op_id"):
+        group = parse_ints(rows["group"].iloc[0])
+        if sorted(rows["gpu"]) != sorted(group):
+            raise _fail(frame, int(rows.index[0]), source, "send_bytes",
+                        f"needs a row on every rank of the group {format_value(rows['group'].iloc[0])} "
+                        f"(op_id {op_id} has rows on GPUs {format_ints(sorted(rows['gpu']))})")
 
 
 def _check_overlaps(frame: pd.DataFrame, source: str) -> None:

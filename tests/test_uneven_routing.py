@@ -1,0 +1,207 @@
+"""Uneven (dropless) expert routing: all-to-allv, its trace rows, the generator's plan, the footprint."""
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.cli import main
+from gpusim.errors import OpError, TraceError
+from gpusim.trace import ModelConfig, Trace, memory_footprint, transformer
+from gpusim.trace.generator import apportion
+from gpusim.trace.schema import parse_ints
+
+MIB = 2**20
+MOE = ModelConfig(name="tiny-moe", hidden=256, layers=2, heads=4, vocab=1024, seq_len=64, batch=4, experts=4,
+                  experts_per_token=2, activation="swiglu", norm="rmsnorm", position="rope", bias=False,
+                  tied_embeddings=False)
+SWITCH4 = {"num_gpus": 4}
+
+
+@settings(max_examples=60, deadline=None)
+@given(total=st.integers(0, 10_000), shares=st.lists(st.floats(0, 100), min_size=1, max_size=16).filter(any))
+def test_apportion_hands_out_every_item_within_one_of_its_exact_share(total, shares):
+    counts = apportion(total, shares)
+    assert sum(counts) == total
+    for count, share in zip(counts, shares):
+        assert abs(count - total * share / sum(shares)) < 1
+
+
+def _link_bytes(result) -> dict[tuple[int, int], float]:
+    """Bytes that left each GPU for each other GPU (the links out of the GPUs)."""
+    out = result.links[result.links["link"].str.startswith("gpu")]
+    return out.groupby(["src", "dst"])["bytes"].sum().to_dict()
+
+
+def test_an_uneven_all_to_all_sends_exactly_each_pair_s_bytes():
+    send = [[0, 3 * MIB, 100, 0], [5 * MIB, 0, 7, MIB], [0, 0, 4096, 0], [2 * MIB, 1, MIB, 0]]
+    system = gpusim.load_system("hgx-h100", overrides=SWITCH4)
+    result = gpusim.run(system, [ops.AllToAll(8 * MIB, send_bytes=send, ranks=[0, 1, 2, 3])], mode="full")
+    expected = {(i, j): float(send[i][j]) for i in range(4) for j in range(4) if i != j and send[i][j]}
+    assert _link_bytes(result) == expected  # the diagonal stays in place; empty pieces are not sent
+    assert result.ops.set_index("gpu")["bytes"].to_dict() == {i: sum(row) for i, row in enumerate(send)}
+
+
+def test_an_even_matrix_is_the_even_all_to_all_and_a_hot_receiver_slows_it():
+    system = gpusim.load_system("hgx-h100", overrides=SWITCH4)
+    ranks = [0, 1, 2, 3]
+
+    def duration(op) -> float:
+        return gpusim.run(system, [op], mode="full").ops["duration_s"].max()
+
+    even = duration(ops.AllToAll(64 * MIB, ranks=ranks))
+    assert duration(ops.AllToAll(64 * MIB, send_bytes=[[16 * MIB] * 4] * 4, ranks=ranks)) == pytest.approx(even,
+                                                                                                         rel=1e-9)
+    hot = [[48 * MIB if j == 0 else 16 * MIB // 3 for j in range(4)] for _ in range(4)]
+    assert sum(hot[1]) == pytest.approx(64 * MIB, rel=0.01)  # each rank sends as much as before
+    assert duration(ops.AllToAll(192 * MIB, send_bytes=hot, ranks=ranks)) > 2 * even  # rank 0 takes 144 MiB, not 48
+
+
+@pytest.mark.parametrize("send, ranks, message", [
+    ([[0, 1], [1, 0]], None, "square matrix with a row and a column per rank of 'ranks' \\(no ranks\\)"),
+    ([[0, 1], [1, 0]], [0, 1, 2], "\\(3 ranks\\)"),
+    ([[0, 1], [1]], [0, 1], "row 1 of field 'send_bytes' must be 2 non-negative integers"),
+    ([[0, -1], [1, 0]], [0, 1], "row 0 of field 'send_bytes'"),
+    ([[0, 1.5], [1, 0]], [0, 1], "row 0 of field 'send_bytes'"),
+    ([[0, 600], [0, 0]], [0, 1], "must fit in field 'nbytes' \\(512\\), but one rank sends 600"),
+    ([[0, 300], [0, 300]], [0, 1], "one receives 600 bytes"),
+])
+def test_bad_send_bytes_are_refused(send, ranks, message):
+    with pytest.raises(OpError, match=message):
+        ops.AllToAll(512, send_bytes=send, ranks=ranks)
+
+
+def test_symmetric_mode_refuses_an_uneven_all_to_all():
+    system = gpusim.load_system("hgx-h100", overrides=SWITCH4)
+    op = ops.AllToAll(4 * MIB, send_bytes=[[MIB] * 4] * 4, ranks=[0, 1, 2, 3])
+    with pytest.raises(OpError, match="needs mode='full'"):
+        gpusim.run(system, [op], mode="symmetric")
+    assert gpusim.run(system, [op], mode="auto").stats["mode"] == "full"
+
+
+def _exchange_rows(sends: list[str], nbytes: int = 4 * MIB, group: str = "0 1 2 3") -> pd.DataFrame:
+    return pd.DataFrame([{"op_id": 1, "gpu": gpu, "stream": "compute", "kind": "collective", "collective": "alltoall",
+                          "bytes": nbytes, "group": group, "send_bytes": text} for gpu, text in enumerate(sends)])
+
+
+def test_a_trace_s_uneven_all_to_all_replays_each_rank_s_sends():
+    sends = [f"0 {MIB} 0 0", f"{2 * MIB} 0 0 0", "0 0 0 0", f"0 {MIB} {MIB} 0"]
+    trace = Trace(_exchange_rows(sends))
+    result = trace.replay(gpusim.load_system("hgx-h100", overrides=SWITCH4), mode="auto")
+    assert result.stats["mode"] == "full"
+    assert _link_bytes(result) == {(0, 1): MIB, (1, 0): 2 * MIB, (3, 1): MIB, (3, 2): MIB}
+    with pytest.raises(TraceError, match="symmetric mode cannot replay an uneven all-to-all"):
+        trace.replay(gpusim.load_system("hgx-h100", overrides=SWITCH4), mode="symmetric")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f.assign(collective="allgather"), "must be blank except on an alltoall collective row"),
+    (lambda f: f.assign(send_bytes=["1 2 3"] * 4), "must list the non-negative bytes sent to each of the 4 ranks"),
+    (lambda f: f.assign(send_bytes=["1 2 3 x"] * 4), "must list the non-negative bytes"),
+    (lambda f: f.assign(send_bytes=["0 -1 0 0"] * 4), "must list the non-negative bytes"),
+    (lambda f: f.assign(send_bytes=[f"0 {4 * MIB} 1 0"] * 4), "must add up to at most the row's bytes"),
+    (lambda f: f.assign(send_bytes=["0 1 1 1", "", "1 0 1 1", "1 1 0 1"]), "is blank, but other rows"),
+    (lambda f: f.assign(group="0 1 2 3 4"), "needs a row on every rank of the group '0 1 2 3 4'"),
+])
+def test_bad_send_bytes_rows_are_refused_naming_the_row(change, message):
+    frame = change(_exchange_rows(["0 1 1 1", "1 0 1 1", "1 1 0 1", "1 1 1 0"]))
+    if "group" in message:
+        frame["send_bytes"] = "0 1 1 1 1"
+    with pytest.raises(TraceError, match=f"trace: row .*field 'send_bytes'.*{message}"):
+        Trace(frame)
+
+
+def _place_of(frame: pd.DataFrame, group_rows: pd.DataFrame) -> dict[int, int]:
+    return {gpu: parse_ints(group).index(gpu) for gpu, group in zip(group_rows["gpu"], group_rows["group"])}
+
+
+@settings(max_examples=25, deadline=None)
+@given(load=st.lists(st.integers(0, 9), min_size=4, max_size=4).filter(any), ep=st.sampled_from([1, 2, 4]),
+       phase=st.sampled_from(["train", "prompt", "decode"]), tp=st.sampled_from([1, 2]))
+def test_dropless_routing_runs_every_routed_copy_through_one_expert_once(load, ep, phase, tp):
+    """Summed over the ranks, the experts' rows are every replica's routed copies, no more (no
+    padding) and no fewer (no drops); each rank's dispatch sends what the ranks of its place receive
+    and the combine sends it back."""
+    trace = transformer(MOE, phase=phase, dp=4, ep=ep, tp=tp, batch=4, seq_len=32, optimizer=None, head=False,
+                        expert_load=load)
+    frame = trace.frame[trace.frame["layer"] == 0]
+    forward = frame[frame["phase"] != "bwd"]
+    fc1 = forward[forward["name"].str.contains(r"L0\.expert\d+_fc1$")]
+    tokens = 1 if phase == "decode" else 32
+    replicas = 4
+    assert (fc1["batch"] == 1).all()
+    assert fc1["m"].sum() == tp * replicas * tokens * MOE.top_k  # each tp rank runs its slice of every row
+    dispatch = forward[forward["name"] == "L0.moe_dispatch"]
+    combine = forward[forward["name"] == "L0.moe_combine"]
+    assert dispatch.empty == (ep == 1)
+    row_bytes = MOE.hidden * 2
+    for (_, sent), (_, back) in zip(dispatch.groupby("op_id"), combine.groupby("op_id")):
+        matrix = [parse_ints(text) for text in sent.sort_values("gpu")["send_bytes"]]
+        returned = [parse_ints(text) for text in back.sort_values("gpu")["send_bytes"]]
+        assert returned == [list(column) for column in zip(*matrix)]
+        for place, gpu in enumerate(parse_ints(sent["group"].iloc[0])):
+            received = sum(matrix[sender][place] for sender in range(ep))
+            assert received == fc1[fc1["gpu"] == gpu]["m"].sum() * row_bytes
+
+
+def test_a_hot_expert_slows_the_layer_on_every_rank():
+    system = gpusim.load_system("hgx-h100", overrides=SWITCH4)
+    wide = MOE.model_copy(update={"hidden": 1024, "heads": 8, "intermediate": 4096})
+
+    def layer(load) -> pd.Series:
+        trace = transformer(wide, phase="prompt", dp=4, ep=4, batch=4, seq_len=512, layers=1, head=False,
+                            attention="flash", expert_load=load)
+        result = trace.replay(system, mode="auto", progress=False)
+        assert result.stats["mode"] == ("symmetric" if load is None else "full")
+        return result.ops.groupby("gpu")["end_s"].max()
+
+    balanced = layer(None)  # GPU 0 stands for all
+    even = layer([1, 1, 1, 1])
+    assert even.to_numpy() == pytest.approx([balanced[0]] * 4, rel=0.02)
+    hot = layer([5, 1, 1, 1])  # expert 0 (rank 0) takes 5/8 of the copies, 2.5x its balanced share
+    assert (hot > 1.1 * even).all()  # every rank waits for rank 0 in the combine
+
+
+def test_the_footprint_counts_the_busiest_rank_s_experts():
+    balanced = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None))
+    hot = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None,
+                                       expert_load=[5, 1, 1, 1]))
+    even = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None,
+                                        expert_load=[1, 1, 1, 1]))
+    assert even["activations_bytes"].tolist() == balanced["activations_bytes"].tolist()
+    assert (hot["activations_bytes"] > balanced["activations_bytes"]).all()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"model": "llama2-7b", "expert_load": [1, 1]}, "'expert_load' applies to a mixture-of-experts model"),
+    ({"expert_load": [1, 1, 1]}, "'expert_load' must give 4 non-negative shares, one per expert"),
+    ({"expert_load": [1, -1, 1, 1]}, "must give 4 non-negative shares"),
+    ({"expert_load": [0, 0, 0, 0]}, "not all zero"),
+    ({"expert_load": [1, 1, 1, math.inf]}, "must give 4 non-negative shares"),
+    ({"expert_load": "1111"}, "must give 4 non-negative shares"),
+    ({"expert_load": [2, 1, 1, 1], "expert_capacity_factor": 1.25}, "models dropless routing"),
+])
+def test_bad_expert_loads_are_refused(options, message):
+    options = {"model": MOE, "batch": 8, **options}
+    with pytest.raises(TraceError, match=message):
+        transformer(options.pop("model"), **options)
+
+
+def test_cli_takes_and_varies_the_expert_load(tmp_path, capsys):
+    common = ["simulate", "--model", "mixtral-8x7b", "--phase", "prompt", "--layers", "1", "--batch", "4",
+              "--seq-len", "32", "--dp", "4", "--ep", "4", "--system", "hgx-h100", "--quiet"]
+    assert main([*common, "--expert-load", "1,1,1,1,1,1,1,1", "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    assert main([*common, "--vary", "expert_load=1:1:1:1:1:1:1:1,8:1:1:1:1:1:1:1", "--workers", "1",
+                 "--out", str(tmp_path / "sweep")]) == 0
+    points = pd.read_csv(tmp_path / "sweep" / "points.csv")
+    assert points["total_s"].iloc[1] > points["total_s"].iloc[0]
+    with pytest.raises(SystemExit):
+        main([*common, "--expert-load", "4,x"])
+    assert "--expert-load: expected the experts' shares as numbers" in capsys.readouterr().err
+    assert main([*common, "--vary", "expert_load=1:y"]) == 2
+    assert "--vary expert_load: expected the experts' shares" in capsys.readouterr().err
