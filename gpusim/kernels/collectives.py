@@ -479,6 +479,7 @@ class DirectKernel:
     def _workgroup(self, channel: int, cu: ComputeUnit):
         env = self.env
         me_index = self.group.index(self.ctx.rank)
+
         def piece_of(chunk: int) -> int:
             return self._piece(chunk, channel)[1]
 

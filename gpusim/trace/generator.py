@@ -60,6 +60,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import pandas as pd
 
@@ -176,9 +177,9 @@ class ExpertPlan:
 
 def apportion(total: int, shares: Sequence[float]) -> list[int]:
     """``total`` whole items split in proportion to ``shares`` (largest remainders; ties to the
-    first)."""
-    weight = sum(shares)
-    exact = [total * share / weight for share in shares]
+    first), in exact arithmetic."""
+    weight = sum(Fraction(share) for share in shares)
+    exact = [total * Fraction(share) / weight for share in shares]
     counts = [math.floor(value) for value in exact]
     by_remainder = sorted(range(len(shares)), key=lambda i: (counts[i] - exact[i], i))
     for i in by_remainder[:total - sum(counts)]:
