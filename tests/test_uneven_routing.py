@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -119,13 +120,17 @@ def _place_of(frame: pd.DataFrame, group_rows: pd.DataFrame) -> dict[int, int]:
     return {gpu: parse_ints(group).index(gpu) for gpu, group in zip(group_rows["gpu"], group_rows["group"])}
 
 
+SHARES = st.lists(st.integers(0, 9), min_size=4, max_size=4).filter(any)
+
+
 @settings(max_examples=25, deadline=None)
-@given(load=st.lists(st.integers(0, 9), min_size=4, max_size=4).filter(any), ep=st.sampled_from([1, 2, 4]),
-       phase=st.sampled_from(["train", "prompt", "decode"]), tp=st.sampled_from([1, 2]))
-def test_dropless_routing_runs_every_routed_copy_through_one_expert_once(load, ep, phase, tp):
+@given(data=st.data(), ep=st.sampled_from([1, 2, 4]), phase=st.sampled_from(["train", "prompt", "decode"]),
+       tp=st.sampled_from([1, 2]), per_place=st.booleans())
+def test_dropless_routing_runs_every_routed_copy_through_one_expert_once(data, ep, phase, tp, per_place):
     """Summed over the ranks, the experts' rows are every replica's routed copies, no more (no
     padding) and no fewer (no drops); each rank's dispatch sends what the ranks of its place receive
-    and the combine sends it back."""
+    and the combine sends it back; whether every rank routes alike or each place its own way."""
+    load = data.draw(st.lists(SHARES, min_size=ep, max_size=ep) if per_place else SHARES)
     trace = transformer(MOE, phase=phase, dp=4, ep=ep, tp=tp, batch=4, seq_len=32, optimizer=None, head=False,
                         expert_load=load)
     frame = trace.frame[trace.frame["layer"] == 0]
@@ -166,6 +171,26 @@ def test_a_hot_expert_slows_the_layer_on_every_rank():
     assert (hot > 1.1 * even).all()  # every rank waits for rank 0 in the combine
 
 
+def test_each_place_may_route_its_own_way():
+    """Rank 0 sends all its copies to expert 2 (rank 1's), rank 1 keeps all of its own on expert 3
+    (its own copies stay in place): an exchange in one direction only, and back."""
+    trace = transformer(MOE, phase="prompt", dp=2, ep=2, batch=2, seq_len=32, optimizer=None, head=False,
+                        layers=1, expert_load=[[0, 0, 1, 0], [0, 0, 0, 1]])
+    frame = trace.frame
+    copies_bytes = 32 * MOE.top_k * MOE.hidden * 2
+    sends = {name: frame[frame["name"] == name].sort_values("gpu")["send_bytes"].tolist()
+             for name in ("L0.moe_dispatch", "L0.moe_combine")}
+    assert sends == {"L0.moe_dispatch": [f"0 {copies_bytes}", f"0 {copies_bytes}"],
+                     "L0.moe_combine": ["0 0", f"{copies_bytes} {copies_bytes}"]}
+    fc1 = frame[frame["name"].str.endswith("_fc1")]
+    assert fc1[["gpu", "name", "m"]].values.tolist() == [[1, "L0.expert2_fc1", 32 * MOE.top_k],
+                                                         [1, "L0.expert3_fc1", 32 * MOE.top_k]]
+    assert trace.metadata["expert_load"] == [[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+    same = transformer(MOE, phase="prompt", dp=2, ep=2, batch=2, seq_len=32, optimizer=None, head=False, layers=1,
+                       expert_load=np.array([[0, 0, 1, 0], [0, 0, 0, 1]]))
+    assert same.frame.equals(frame)
+
+
 def test_the_footprint_counts_the_busiest_rank_s_experts():
     balanced = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None))
     hot = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None,
@@ -184,6 +209,10 @@ def test_the_footprint_counts_the_busiest_rank_s_experts():
     ({"expert_load": [1, 1, 1, math.inf]}, "must give 4 non-negative shares"),
     ({"expert_load": "1111"}, "must give 4 non-negative shares"),
     ({"expert_load": [2, 1, 1, 1], "expert_capacity_factor": 1.25}, "models dropless routing"),
+    ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1]]}, "one row of shares per place of an expert-parallel group, "
+                                                        "ep=2, got 1 rows"),
+    ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1], [1, 1, 1]]}, "must give 4 non-negative shares.*got \\[1, 1, 1\\]"),
+    ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1], [0, 0, 0, 0]]}, "not all zero"),
 ])
 def test_bad_expert_loads_are_refused(options, message):
     options = {"model": MOE, "batch": 8, **options}

@@ -45,7 +45,8 @@ hold the same experts.  Routing is balanced: every expert gets the same share of
 there are fewer routed copies than experts, as in decoding, only as many experts as copies run),
 padded to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
 expert's load under imbalance.  Or routing is uneven and dropless (``expert_load``: each expert's share
-of the routed copies, alike on every rank, as MegaBlocks and Megatron-LM's dropless experts run it):
+of the routed copies, alike on every rank or given for each place of an expert-parallel group, as
+MegaBlocks and Megatron-LM's dropless experts run it):
 the all-to-alls carry each rank's own sizes (all-to-allv), every expert runs its own GEMMs on its
 rows (Megatron-LM's sequential experts), and the ranks holding the busiest experts hold up the rest.
 
@@ -62,6 +63,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
 import pandas as pd
 
 from gpusim.checks import as_real, as_sequence
@@ -154,21 +156,23 @@ class ExpertPlan:
     ----------
     sent
         Rows of every rank's expert buffer (its routed copies, padded to the capacity).
-    to_place
-        Rows every rank sends to the rank at each place of its expert-parallel group (its own
-        place's stay); ``None``: an even split of the buffer (balanced routing).
+    sends
+        ``sends[i][j]``: rows the rank at place ``i`` of an expert-parallel group sends to the rank
+        at place ``j`` (the diagonal stays); ``None``: an even split of the buffer (balanced
+        routing).
     rows
-        For each place, the rows of each of its experts that receive tokens.
+        For each place, the rows of each of its experts: those that receive tokens under balanced
+        routing, every one of them (some perhaps none) under uneven routing.
     """
 
     sent: int
-    to_place: tuple[int, ...] | None
+    sends: tuple[tuple[int, ...], ...] | None
     rows: tuple[tuple[int, ...], ...]
 
     @property
     def uniform(self) -> bool:
         """Whether every place's experts process the same rows (one batched GEMM everywhere)."""
-        return self.to_place is None
+        return self.sends is None
 
     def received(self, place: int) -> int:
         """Rows the experts at ``place`` process."""
@@ -256,7 +260,7 @@ class _Transformer:
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
                  expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
-                 expert_load: tuple[float, ...] | None):
+                 expert_load: tuple[tuple[float, ...], ...] | None):
         self.model = model
         self.phase = phase
         self.par = par
@@ -473,8 +477,9 @@ class _Transformer:
         copies outnumber them, else one copy each (a decoding step reads only the experts its
         tokens chose), each the capacity factor's share (rounded up).
 
-        Uneven routing (``expert_load``): every rank gives each expert its share of its copies
-        (:func:`apportion`), with no padding and no drops; the expert at a place processes what all
+        Uneven routing (``expert_load``): the rank at each place of an expert-parallel group gives
+        each expert its share of its copies (:func:`apportion`; the place's own shares, or every
+        place's alike), with no padding and no drops; the expert at a place processes what all
         ``ep`` ranks of the group send it.
         """
         copies = tokens * self.model.top_k
@@ -483,10 +488,10 @@ class _Transformer:
             active = min(local, copies)
             per_expert = math.ceil(self.capacity_factor * copies / active)
             return ExpertPlan(math.ceil(self.capacity_factor * copies), None, ((per_expert,) * active,) * ep)
-        routed = apportion(copies, self.expert_load)
-        experts = [routed[place * local:(place + 1) * local] for place in range(ep)]
-        return ExpertPlan(copies, tuple(sum(rows) for rows in experts),
-                          tuple(tuple(ep * rows for rows in place if rows) for place in experts))
+        routed = [apportion(copies, shares) for shares in self.expert_load]  # by sending place
+        received = [sum(rows) for rows in zip(*routed)]  # by expert
+        sends = tuple(tuple(sum(rows[place * local:(place + 1) * local]) for place in range(ep)) for rows in routed)
+        return ExpertPlan(copies, sends, tuple(tuple(received[place * local:(place + 1) * local]) for place in range(ep)))
 
     def _expert_all_to_all(self, stage: int, labels: dict, plan: ExpertPlan, back: bool = False) -> Handle | None:
         """The exchange of every rank's expert buffer over its expert-parallel group on the compute
@@ -495,15 +500,12 @@ class _Transformer:
         if self.par.ep == 1:
             return None
         row = self.model.hidden * self.size
-        if plan.to_place is None:
+        if plan.sends is None:
             return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
                                        bytes=plan.sent * row, dtype=self.dtype)
-        ep = self.par.ep
-        sends = [[rows * row for rows in plan.to_place]] * ep  # every rank routes alike
-        if back:  # each place returns to every rank what that rank sent it
-            sends = [[plan.to_place[place] * row] * ep for place in range(ep)]
-        nbytes = max(plan.sent, ep * max(plan.to_place)) * row
-        per_place = [{"send_bytes": format_ints(sent)} for sent in sends]
+        sends = list(zip(*plan.sends)) if back else plan.sends  # back: each place returns what it was sent
+        nbytes = max(plan.sent, *map(sum, zip(*plan.sends))) * row
+        per_place = [{"send_bytes": format_ints(rows * row for rows in sent)} for sent in sends]
         return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, per_place,
                                    collective="alltoall", bytes=nbytes, dtype=self.dtype)
 
@@ -516,16 +518,18 @@ class _Transformer:
                       shape: Callable[[int], tuple[int, int, int]], **transposes) -> Handle:
         """One GEMM per expert that receives tokens, ``shape(rows)`` its ``(M, N, K)`` (as
         :meth:`_gemm`'s): batched over the experts when routing is balanced, else one after another
-        on each place's ranks (``expert{i}_`` ops)."""
+        on each place's ranks (``expert{i}_`` ops, ``i`` the expert's index in the layer)."""
         if plan.uniform:
             rows = plan.rows[0]
             return self._gemm(self.par.stage_ranks(stage), [], at(name), *shape(rows[0]), batch=len(rows),
                               **transposes)
         handle: Handle = {}
-        for gpus, rows in zip(self._place_ranks(stage), plan.rows):
-            for expert, count in enumerate(rows):
-                handle.update(self._gemm(gpus, [], at(name.replace("expert_", f"expert{expert}_")), *shape(count),
-                                         **transposes))
+        for place, (gpus, rows) in enumerate(zip(self._place_ranks(stage), plan.rows)):
+            for index, count in enumerate(rows):
+                if count:
+                    expert = f"expert{place * self.local_experts + index}_"
+                    handle.update(self._gemm(gpus, [], at(name.replace("expert_", expert)), *shape(count),
+                                             **transposes))
         return handle
 
     def _expert_activation(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], backward: bool) -> None:
@@ -1088,29 +1092,41 @@ def _check_experts(model: ModelConfig, par: Parallelism, capacity_factor: object
                          "would be sharded over dp / ep replicas, the rest over dp)")
 
 
-def _expert_load(model: ModelConfig, expert_load: object, capacity_factor: float) -> tuple[float, ...] | None:
-    """``expert_load`` checked against the model (one non-negative share per expert, not all zero)
-    and the capacity factor (1), as a tuple of floats; ``None`` for balanced routing.
+def _expert_load(model: ModelConfig, ep: int, expert_load: object,
+                 capacity_factor: float) -> tuple[tuple[float, ...], ...] | None:
+    """``expert_load`` checked against the model and ``ep`` (one non-negative share per expert, not
+    all zero; or ``ep`` such rows, one per place of an expert-parallel group) and the capacity
+    factor (1), as one tuple of floats per place; ``None`` for balanced routing.
 
     Raises
     ------
     TraceError
-        Shares for a dense model, of the wrong length or value, or with a capacity factor.
+        Shares for a dense model, of the wrong shape or value, or with a capacity factor.
     """
     if expert_load is None:
         return None
     if model.experts is None:
         raise TraceError(f"transformer(): 'expert_load' applies to a mixture-of-experts model ('experts' in its "
                          f"file); {model.name} has a dense MLP")
-    shares = as_sequence(expert_load)
-    if shares is None or len(shares) != model.experts or any(as_real(share) is None or share < 0 for share in shares) \
-            or not any(shares):
-        raise TraceError(f"transformer(): 'expert_load' must give {model.experts} non-negative shares, one per expert "
-                         f"of {model.name}, not all zero, got {expert_load!r}")
+    if isinstance(expert_load, np.ndarray) and expert_load.ndim == 2:
+        expert_load = expert_load.tolist()
+    rows = as_sequence(expert_load)
+    if rows and all(as_sequence(row) is not None for row in rows):
+        if len(rows) != ep:
+            raise TraceError(f"transformer(): 'expert_load' as rows must give one row of shares per place of an "
+                             f"expert-parallel group, ep={ep}, got {len(rows)} rows")
+    else:
+        rows = [expert_load] * ep
+    for row in rows:
+        shares = as_sequence(row)
+        if shares is None or len(shares) != model.experts or any(as_real(share) is None or share < 0
+                                                                 for share in shares) or not any(shares):
+            raise TraceError(f"transformer(): 'expert_load' must give {model.experts} non-negative shares, one per "
+                             f"expert of {model.name}, not all zero (or ep such rows), got {row!r}")
     if capacity_factor != 1:
         raise TraceError(f"transformer(): 'expert_load' models dropless routing; expert_capacity_factor="
                          f"{capacity_factor} pads every expert to the same rows (leave it at 1)")
-    return tuple(float(share) for share in shares)
+    return tuple(tuple(float(share) for share in as_sequence(row)) for row in rows)
 
 
 def transformer(
@@ -1140,7 +1156,7 @@ def transformer(
     overlap_param_gather: bool = False,
     ep: int = 1,
     expert_capacity_factor: float = 1.0,
-    expert_load: Sequence[float] | None = None,
+    expert_load: Sequence[float] | Sequence[Sequence[float]] | None = None,
     prefill_tokens: int = 0,
     prefill_context: int = 0,
 ) -> Trace:
@@ -1172,8 +1188,10 @@ def transformer(
     expert_load
         Uneven, dropless routing: each expert's relative share of the routed copies (one
         non-negative number per expert, not all zero; normalised), the same on every rank and in
-        every layer.  The all-to-alls then carry each rank's own sizes, each expert runs its own
-        GEMMs on its rows, and the rank holding the busiest experts sets the pace.  ``None``
+        every layer; or ``ep`` such rows, the shares of the rank at each place of an
+        expert-parallel group (the same in every group and layer).  The all-to-alls then carry each
+        rank's own sizes, each expert runs its own GEMMs on its rows, and the rank holding the
+        busiest experts sets the pace.  ``None``
         (default): balanced routing.  Excludes a capacity factor other than 1 (capacity pads every
         expert to the same rows).
     batch
@@ -1305,7 +1323,7 @@ def transformer(
                          f"got {optimizer_impl!r}")
     par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp), _positive("ep", ep))
     _check_experts(config, par, expert_capacity_factor, sequence_parallel, distributed_optimizer)
-    load = _expert_load(config, expert_load, expert_capacity_factor)
+    load = _expert_load(config, ep, expert_load, expert_capacity_factor)
     batch = _positive("batch", batch if batch is not None else config.batch)
     seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
     microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
@@ -1365,7 +1383,7 @@ def transformer(
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
-        "expert_load": None if load is None else list(load),
+        "expert_load": None if load is None else [list(shares) for shares in load],
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")
