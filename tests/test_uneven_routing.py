@@ -47,6 +47,22 @@ def test_an_uneven_all_to_all_sends_exactly_each_pair_s_bytes():
     assert result.ops.set_index("gpu")["bytes"].to_dict() == {i: sum(row) for i, row in enumerate(send)}
 
 
+@settings(max_examples=15, deadline=None)
+@given(send=st.lists(st.lists(st.sampled_from([0, 1, 100, 4096, 65537, MIB]), min_size=3, max_size=3),
+                     min_size=3, max_size=3),
+       channels=st.sampled_from([None, 1, 2, 5]))
+def test_any_uneven_exchange_finishes_and_conserves_bytes(send, channels):
+    """Whatever the sizes (empty pieces, odd sizes, fewer bytes than channels) and channels, every
+    rank finishes and the links carry each pair's bytes exactly."""
+    system = gpusim.load_system("hgx-h100", overrides={"num_gpus": 3})
+    nbytes = max(1, *map(sum, send), *map(sum, zip(*send)))
+    result = gpusim.run(system, [ops.AllToAll(nbytes, send_bytes=send, channels=channels, ranks=[0, 1, 2])],
+                        mode="full")
+    assert sorted(result.ops["gpu"]) == [0, 1, 2]
+    expected = {(i, j): float(send[i][j]) for i in range(3) for j in range(3) if i != j and send[i][j]}
+    assert _link_bytes(result) == expected
+
+
 def test_an_even_matrix_is_the_even_all_to_all_and_a_hot_receiver_slows_it():
     system = gpusim.load_system("hgx-h100", overrides=SWITCH4)
     ranks = [0, 1, 2, 3]

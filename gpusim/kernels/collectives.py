@@ -711,7 +711,7 @@ def execute_collective(ctx, op):
     kind = {"allreduce": "ar", "reducescatter": "rs", "allgather": "ag", "alltoall": "a2a"}[op.collective]
     algorithm = _algorithm(ctx, op, group)
     shared = ctx.shared()
-    chunk = math.ceil(op.nbytes / n) if send_bytes is None else max(max(row) for row in send_bytes)
+    chunk = math.ceil(op.nbytes / n) if send_bytes is None else max(1, *(max(row) for row in send_bytes))
     ring_on_cus = algorithm == "ring" and op.driver == "cu" and kind != "a2a"
     protocol = choose_protocol(ctx, op, kind, group) if ring_on_cus else simple_protocol(ctx)
     channels = channels_for(ctx, op, chunk, protocol, op.nbytes)
