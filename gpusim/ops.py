@@ -190,6 +190,78 @@ class Gemm(GemmShape):
         return execute_gemm(ctx, self)
 
 
+@dataclass
+class GroupedGemm(Op):
+    """Several GEMMs of different shapes in one kernel (CUTLASS's grouped GEMM, as mixture-of-experts
+    layers run their experts): problem ``i`` is ``C_i[m, n] = A_i[m, k] @ B_i[k, n]`` for the
+    ``i``-th ``(m, n, k)`` of ``shapes``, each with its own operands, packed one after another in
+    ``a``, ``b`` and ``out``.  The kernel's workgroups cover every problem's tiles, problem after
+    problem, with one tile shape and no K split.
+
+    Attributes
+    ----------
+    shapes
+        ``(m, n, k)`` of every problem (positive integers; at least one problem).
+    dtype, trans_a, trans_b, a, b, out
+        As :class:`GemmShape`'s, for every problem.
+    kernel
+        Force the tile by name, as :class:`GemmShape`'s (without a split-K suffix); default: the
+        library heuristic's choice for the problems' mean shape, unsplit.
+    """
+
+    shapes: tuple[tuple[int, int, int], ...]
+    dtype: str = "fp16"
+    trans_a: bool = False
+    trans_b: bool = False
+    a: str | None = None
+    b: str | None = None
+    out: str | None = None
+    kernel: str | None = None
+    category: ClassVar[str] = "gemm"
+
+    def __post_init__(self) -> None:
+        problems = as_sequence(self.shapes)
+        if not problems:
+            raise OpError(f"GroupedGemm: field 'shapes' must list the (m, n, k) of at least one problem, "
+                          f"got {self.shapes!r}")
+        shapes = []
+        for i, shape in enumerate(problems):
+            dims = as_sequence(shape)
+            if dims is None or len(dims) != 3 or any(as_int(dim) is None or dim < 1 for dim in dims):
+                raise OpError(f"GroupedGemm: problem {i} of field 'shapes' must be three positive integers "
+                              f"(m, n, k), got {shape!r}")
+            shapes.append(tuple(int(dim) for dim in dims))
+        self.shapes = tuple(shapes)
+        _check_dtype("GroupedGemm", self.dtype)
+        self.trans_a = _bool("GroupedGemm", "trans_a", self.trans_a)
+        self.trans_b = _bool("GroupedGemm", "trans_b", self.trans_b)
+        if self.kernel is not None:
+            from gpusim.kernels.gemm import find_spec
+
+            try:
+                spec = find_spec(self.kernel)
+            except OpError as exc:
+                raise OpError(f"GroupedGemm: field 'kernel': {exc}") from None
+            if spec.split_k > 1:
+                raise OpError(f"GroupedGemm: field 'kernel' must not split K (a grouped GEMM does not), "
+                              f"got {self.kernel!r}")
+        super().__post_init__()
+
+    @property
+    def flops(self) -> float:
+        """2 m n k of every problem."""
+        return sum(2.0 * m * n * k for m, n, k in self.shapes)
+
+    def describe(self) -> str:
+        rows = sum(m for m, _, _ in self.shapes)
+        return f"grouped gemm {len(self.shapes)} problems, {rows} rows, {self.dtype}"
+
+    def run_on(self, ctx: OpContext):
+        from gpusim.kernels.gemm import execute_grouped_gemm
+
+        return execute_grouped_gemm(ctx, self)
+
+
 FUSED_ALGORITHMS = ("ring", "direct", "auto")
 """Algorithms of T3's fused collectives (``auto`` is ring, or direct for an all-to-all)."""
 
@@ -1109,6 +1181,7 @@ __all__ = [
     "GemmAllGather",
     "GemmAllToAll",
     "GemmReduceScatter",
+    "GroupedGemm",
     "OPTIMIZER_ALGORITHMS",
     "OPTIMIZER_IMPLS",
     "Op",

@@ -151,11 +151,12 @@ def test_dropless_routing_runs_every_routed_copy_through_one_expert_once(data, e
                         expert_load=load)
     frame = trace.frame[trace.frame["layer"] == 0]
     forward = frame[frame["phase"] != "bwd"]
-    fc1 = forward[forward["name"].str.contains(r"L0\.expert\d+_fc1$")]
+    fc1 = forward[forward["name"] == "L0.expert_fc1"]
+    rows = {gpu: sum(parse_ints(shapes)[::3]) for gpu, shapes in zip(fc1["gpu"], fc1["shapes"])}  # each problem's m
     tokens = 1 if phase == "decode" else 32
     replicas = 4
-    assert (fc1["batch"] == 1).all()
-    assert fc1["m"].sum() == tp * replicas * tokens * MOE.top_k  # each tp rank runs its slice of every row
+    assert set(fc1["kind"]) == {"grouped_gemm"}
+    assert sum(rows.values()) == tp * replicas * tokens * MOE.top_k  # each tp rank runs its slice of every row
     dispatch = forward[forward["name"] == "L0.moe_dispatch"]
     combine = forward[forward["name"] == "L0.moe_combine"]
     assert dispatch.empty == (ep == 1)
@@ -166,7 +167,7 @@ def test_dropless_routing_runs_every_routed_copy_through_one_expert_once(data, e
         assert returned == [list(column) for column in zip(*matrix)]
         for place, gpu in enumerate(parse_ints(sent["group"].iloc[0])):
             received = sum(matrix[sender][place] for sender in range(ep))
-            assert received == fc1[fc1["gpu"] == gpu]["m"].sum() * row_bytes
+            assert received == rows.get(gpu, 0) * row_bytes
 
 
 def test_a_hot_expert_slows_the_layer_on_every_rank():
@@ -198,9 +199,9 @@ def test_each_place_may_route_its_own_way():
              for name in ("L0.moe_dispatch", "L0.moe_combine")}
     assert sends == {"L0.moe_dispatch": [f"0 {copies_bytes}", f"0 {copies_bytes}"],
                      "L0.moe_combine": ["0 0", f"{copies_bytes} {copies_bytes}"]}
-    fc1 = frame[frame["name"].str.endswith("_fc1")]
-    assert fc1[["gpu", "name", "m"]].values.tolist() == [[1, "L0.expert2_fc1", 32 * MOE.top_k],
-                                                         [1, "L0.expert3_fc1", 32 * MOE.top_k]]
+    fc1 = frame[frame["name"] == "L0.expert_fc1"]
+    copies, h, f = 32 * MOE.top_k, MOE.hidden, 2 * MOE.intermediate  # the gated MLP's two projections in one
+    assert fc1[["gpu", "kind", "shapes"]].values.tolist() == [[1, "grouped_gemm", f"{copies} {f} {h} {copies} {f} {h}"]]
     assert trace.metadata["expert_load"] == [[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
     same = transformer(MOE, phase="prompt", dp=2, ep=2, batch=2, seq_len=32, optimizer=None, head=False, layers=1,
                        expert_load=np.array([[0, 0, 1, 0], [0, 0, 0, 1]]))
@@ -250,3 +251,49 @@ def test_cli_takes_and_varies_the_expert_load(tmp_path, capsys):
     assert "--expert-load: expected the experts' shares as numbers" in capsys.readouterr().err
     assert main([*common, "--vary", "expert_load=1:y"]) == 2
     assert "--vary expert_load: expected the experts' shares" in capsys.readouterr().err
+
+
+def _duration(system, op_list) -> float:
+    return float(gpusim.run(system, op_list).ops["duration_s"].sum())
+
+
+def test_a_grouped_gemm_of_equal_problems_is_the_batched_gemm():
+    system = gpusim.load_system("h100-sxm5")
+    grouped = gpusim.run(system, [ops.GroupedGemm([(512, 2048, 1024)] * 4, dtype="bf16")]).ops.iloc[0]
+    batched = gpusim.run(system, [ops.Gemm(512, 2048, 1024, dtype="bf16", batch=4)]).ops.iloc[0]
+    assert grouped["duration_s"] == pytest.approx(batched["duration_s"], rel=1e-9)
+    assert grouped["flops"] == pytest.approx(2 * 4 * 512 * 2048 * 1024)
+
+
+@pytest.mark.parametrize("shapes", [[(2048, 4096, 1024), (128, 4096, 1024), (16, 4096, 1024)],
+                                    [(1024, 1024, 4096), (1024, 1024, 256), (1024, 1024, 64)]])
+def test_a_grouped_gemm_costs_at_least_its_largest_problem_and_at_most_the_problems_one_by_one(shapes):
+    """Rows (or depths) that differ per problem, as experts' do: one kernel fills the GPU with every
+    problem's tiles, so it is no faster than its largest problem alone and, without a launch per
+    problem and a tail per kernel, not much slower than running them one after another."""
+    system = gpusim.load_system("h100-sxm5")
+    grouped = _duration(system, [ops.GroupedGemm(shapes, dtype="bf16")])
+    alone = [_duration(system, [ops.Gemm(*shape, dtype="bf16")]) for shape in shapes]
+    assert max(alone) < grouped < 1.05 * sum(alone)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"shapes": []}, "field 'shapes' must list the \\(m, n, k\\) of at least one problem"),
+    ({"shapes": [(1, 2)]}, "problem 0 of field 'shapes' must be three positive integers"),
+    ({"shapes": [(1, 2, 3), (4, 0, 6)]}, "problem 1 of field 'shapes'"),
+    ({"shapes": [(1, 2, 3)], "kernel": "MT128x128x32_T256_SK2"}, "field 'kernel' must not split K"),
+    ({"shapes": [(1, 2, 3)], "dtype": "fp8x"}, "dtype"),
+])
+def test_bad_grouped_gemms_are_refused(options, message):
+    with pytest.raises(OpError, match=message):
+        ops.GroupedGemm(**options)
+
+
+def test_a_trace_s_grouped_gemm_row_replays_and_bad_shapes_are_refused():
+    row = {"op_id": 1, "gpu": 0, "stream": "compute", "kind": "grouped_gemm", "shapes": "512 2048 1024 64 2048 1024",
+           "dtype": "bf16"}
+    result = Trace(pd.DataFrame([row])).replay("h100-sxm5")
+    assert result.ops["flops"].iloc[0] == pytest.approx(2 * (512 + 64) * 2048 * 1024)
+    for shapes in ("512 2048", "512 2048 0", "", "a b c"):
+        with pytest.raises(TraceError, match="row 0 .*field 'shapes'.*must list the positive m n k of every problem"):
+            Trace(pd.DataFrame([{**row, "shapes": shapes}]))

@@ -20,6 +20,7 @@ that a stage's output is a contiguous address range).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import re
@@ -578,11 +579,33 @@ def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) 
     allows (:func:`library_for`).
     """
     library = library_for(gpu, problem.dtype, problem.row_alignment)
-    estimates = [(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)]
+    return _preferred([(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)],
+                      problem)
+
+
+def _preferred(estimates: list[tuple[float, GemmKernelSpec]], problem: GemmProblem) -> GemmKernelSpec:
+    """:func:`choose_kernel`'s pick among ``(estimated ns, kernel)`` pairs, its output ``problem``'s."""
     fastest = min(estimate for estimate, _ in estimates)
     near = [spec for estimate, spec in estimates if estimate <= fastest * (1 + HEURISTIC_TOLERANCE)]
     return max(near, key=lambda spec: (min(spec.tile_m, problem.m) * min(spec.tile_n, problem.n),
                                        spec.tile_m * spec.tile_n, -spec.split_k, -spec.tile_k))
+
+
+def choose_grouped_kernel(problems: list[GemmProblem], gpu: GpuConfig, cus: int | None = None) -> GemmKernelSpec:
+    """The unsplit kernel for a grouped GEMM of ``problems``, as :func:`choose_kernel` picks one
+    among the library kernels the least aligned problem's rows allow, by an estimate of the grouped
+    kernel: the larger of :func:`estimate_ns` for a batch of the problems' mean shape (all their
+    tiles at once; exact for equal problems, which then get the batched GEMM's unsplit kernel) and
+    for the slowest problem alone (its longest tiles, where the problems' depths or sizes differ)."""
+    least_aligned = min(problems, key=lambda problem: problem.row_alignment)
+    library = library_for(gpu, least_aligned.dtype, least_aligned.row_alignment)
+    mean = GemmProblem(*(math.ceil(sum(dims) / len(problems)) for dims in zip(*((p.m, p.n, p.k) for p in problems))),
+                       least_aligned.dtype, least_aligned.trans_a, least_aligned.trans_b, len(problems))
+
+    def grouped_ns(spec: GemmKernelSpec) -> float:
+        return max(estimate_ns(mean, spec, gpu, cus), *(estimate_ns(problem, spec, gpu, cus) for problem in problems))
+
+    return _preferred([(grouped_ns(spec), spec) for spec in library], mean)
 
 
 def k_step(problem: GemmProblem, spec: GemmKernelSpec) -> int:
@@ -942,6 +965,83 @@ def launch_gemm(ctx, problem: GemmProblem, spec: GemmKernelSpec, a, b, c, store:
             reduction.kernel.cu_mask = cu_mask
         yield from ctx.launch(reduction.kernel, host_ns=0.0)
     return kernel
+
+
+class GroupedGemmKernel:
+    """One kernel over several GEMM problems (CUTLASS's grouped GEMM): the workgroups of every
+    problem's tiles, problem after problem, each as :class:`GemmKernel` runs it on that problem's
+    own slices of A, B and C (packed one after another), with one tile shape and no K split.
+
+    Parameters
+    ----------
+    gpu
+        The GPU it runs on.
+    problems
+        The GEMMs (each ``batch`` 1).
+    spec
+        The kernel implementation (unsplit).
+    a, b, c
+        Buffers holding every problem's A, B and C.
+    cu_mask, name
+        As :class:`GemmKernel` takes them.
+    """
+
+    def __init__(self, gpu: Gpu, problems: list[GemmProblem], spec: GemmKernelSpec, a: Buffer, b: Buffer, c: Buffer,
+                 cu_mask: list[int] | None = None, name: str | None = None):
+        if spec.split_k != 1:
+            raise ValueError("a grouped GEMM does not split K")
+        self.parts: list[GemmKernel] = []
+        self.first: list[int] = []
+        """The first workgroup of each problem."""
+        offsets = {"a": 0, "b": 0, "c": 0}
+        order: list[int] = []
+        for index, problem in enumerate(problems):
+            size = problem.dtype_bytes
+            sizes = {"a": problem.m * problem.k * size, "b": problem.k * problem.n * size,
+                     "c": problem.m * problem.n * size}
+            a_i, b_i, c_i = (Buffer(f"{whole.name}[{index}]", whole.addr + offsets[key], sizes[key], whole.cached)
+                             for key, whole in (("a", a), ("b", b), ("c", c)))
+            for key in offsets:
+                offsets[key] += sizes[key]
+            part = GemmKernel(gpu, problem, spec, a_i, b_i, c_i, cu_mask=cu_mask)
+            first = len(order)
+            self.first.append(first)
+            order.extend(first + wg for wg in part.kernel.wg_order)
+            self.parts.append(part)
+        self.kernel = Kernel(
+            name=name or f"gemm_grouped_{spec.name}",
+            num_wgs=len(order),
+            shape=self.parts[0].kernel.shape,
+            body=self._workgroup,
+            cu_mask=cu_mask,
+            wg_order=order,
+            info={"impl": f"grouped_{spec.name}", "flops": sum(problem.flops for problem in problems),
+                  "workgroups": len(order), "occupancy": self.parts[0].kernel.info["occupancy"]},
+        )
+
+    def _workgroup(self, wg: int, cu: ComputeUnit):
+        index = bisect.bisect_right(self.first, wg) - 1
+        return self.parts[index]._workgroup(wg - self.first[index], cu)
+
+
+def execute_grouped_gemm(ctx, op):
+    """Run a :class:`gpusim.ops.GroupedGemm` on ``ctx``'s rank (a generator for the op's stream): the
+    op's named kernel, else :func:`choose_grouped_kernel`'s, as the GPU runs it on the least aligned
+    problem's rows (:func:`for_operands`) and with its pipeline stages (:func:`pipelined`)."""
+    gpu = ctx.gpu
+    problems = [GemmProblem(m, n, k, op.dtype, op.trans_a, op.trans_b) for m, n, k in op.shapes]
+    spec = find_spec(op.kernel) if op.kernel is not None else choose_grouped_kernel(problems, gpu.config, ctx.cus)
+    least_aligned = min(problems, key=lambda problem: problem.row_alignment)
+    spec = pipelined(for_operands(spec, least_aligned, gpu.config), gpu.config, op.dtype)
+    check_fits(spec, op.dtype, gpu.config, op.label, named=op.kernel is not None)
+    size = DTYPE_BYTES[op.dtype]
+    a = ctx.tensor(op.a, sum(m * k for m, _, k in op.shapes) * size)
+    b = ctx.tensor(op.b, sum(k * n for _, n, k in op.shapes) * size)
+    c = ctx.tensor(op.out, sum(m * n for m, n, _ in op.shapes) * size)
+    kernel = GroupedGemmKernel(gpu, problems, spec, a, b, c)
+    yield from ctx.launch(kernel.kernel)
+    ctx.info.update(impl=kernel.kernel.info["impl"], flops=op.flops, workgroups=kernel.kernel.num_wgs,
+                    bytes=sum(problem.min_bytes for problem in problems))
 
 
 def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None):

@@ -47,8 +47,9 @@ padded to ``expert_capacity_factor`` times it (GShard's capacity), which also st
 expert's load under imbalance.  Or routing is uneven and dropless (``expert_load``: each expert's share
 of the routed copies, alike on every rank or given for each place of an expert-parallel group, as
 MegaBlocks and Megatron-LM's dropless experts run it):
-the all-to-alls carry each rank's own sizes (all-to-allv), every expert runs its own GEMMs on its
-rows (Megatron-LM's sequential experts), and the ranks holding the busiest experts hold up the rest.
+the all-to-alls carry each rank's own sizes (all-to-allv), each rank's experts run as grouped GEMMs
+on their rows (one kernel over experts of different rows), and the ranks holding the busiest experts
+hold up the rest.
 
 Mixed precision: forward and backward in ``dtype`` (fp16 or bf16), the optimizer step
 (:class:`gpusim.ops.Optimizer`: Adam by default, multi-tensor fused kernels, or near-memory ALUs)
@@ -516,20 +517,22 @@ class _Transformer:
 
     def _expert_gemms(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], name: str,
                       shape: Callable[[int], tuple[int, int, int]], **transposes) -> Handle:
-        """One GEMM per expert that receives tokens, ``shape(rows)`` its ``(M, N, K)`` (as
-        :meth:`_gemm`'s): batched over the experts when routing is balanced, else one after another
-        on each place's ranks (``expert{i}_`` ops, ``i`` the expert's index in the layer)."""
+        """A GEMM for every expert that receives tokens, ``shape(rows)`` its ``(M, N, K)`` (as
+        :meth:`_gemm`'s) in one kernel: batched over the experts when routing is balanced, else a
+        grouped GEMM of each place's experts on its ranks (CUTLASS's grouped GEMM, as Megatron-LM's
+        grouped experts and MegaBlocks run them)."""
         if plan.uniform:
             rows = plan.rows[0]
             return self._gemm(self.par.stage_ranks(stage), [], at(name), *shape(rows[0]), batch=len(rows),
                               **transposes)
+        trans_a, trans_b = transposes.get("trans_a", False), transposes.get("trans_b", False)
         handle: Handle = {}
-        for place, (gpus, rows) in enumerate(zip(self._place_ranks(stage), plan.rows)):
-            for index, count in enumerate(rows):
-                if count:
-                    expert = f"expert{place * self.local_experts + index}_"
-                    handle.update(self._gemm(gpus, [], at(name.replace("expert_", expert)), *shape(count),
-                                             **transposes))
+        for gpus, rows in zip(self._place_ranks(stage), plan.rows):
+            shapes = [shape(count) for count in rows if count]
+            if shapes:  # row-major, as _gemm turns them: (N, M, K), the transposes swapped
+                handle.update(self.out.compute(gpus, "grouped_gemm", [], at(name), dtype=self.dtype,
+                                               shapes=format_ints(dim for m, n, k in shapes for dim in (n, m, k)),
+                                               trans_a=trans_b, trans_b=trans_a))
         return handle
 
     def _expert_activation(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], backward: bool) -> None:
@@ -1190,8 +1193,8 @@ def transformer(
         non-negative number per expert, not all zero; normalised), the same on every rank and in
         every layer; or ``ep`` such rows, the shares of the rank at each place of an
         expert-parallel group (the same in every group and layer).  The all-to-alls then carry each
-        rank's own sizes, each expert runs its own GEMMs on its rows, and the rank holding the
-        busiest experts sets the pace.  ``None``
+        rank's own sizes, each rank's experts run as grouped GEMMs on their rows, and the rank
+        holding the busiest experts sets the pace.  ``None``
         (default): balanced routing.  Excludes a capacity factor other than 1 (capacity pads every
         expert to the same rows).
     batch

@@ -68,6 +68,12 @@ def op_of_row(row, ranks: list[int], send_bytes: list[list[int]] | None = None) 
             return ops.DecomposedGemmReduceScatter(*shape, driver=DECOMPOSED_DRIVERS[row.function],
                                                    channels=_channels(row), splits=splits, ranks=group, **gemm)
         return FUSED_OPS[row.collective](*shape, batch=int(row.batch), algorithm=row.algorithm, ranks=group, **gemm)
+    if kind == "grouped_gemm":
+        dims = parse_ints(row.shapes)
+        return ops.GroupedGemm(tuple(zip(dims[::3], dims[1::3], dims[2::3])), dtype=row.dtype,
+                               trans_a=bool(row.trans_a), trans_b=bool(row.trans_b), a=first_input,
+                               b=inputs[1] if len(inputs) > 1 else None, out=output, kernel=row.kernel or None,
+                               name=name, ranks=ranks)
     if kind == "elementwise":
         rows = None if pd.isna(row.rows) or not row.rows else int(row.rows)
         return ops.Elementwise(row.function, int(row.elements), dtype=row.dtype, inputs=tuple(inputs) or None,

@@ -12,8 +12,8 @@ column          type     meaning
 op_id           int      identifier of the op (shared by its rows on several GPUs)
 gpu             int      rank the row runs on
 stream          str      stream on that GPU (ops on one stream run in order; streams overlap)
-kind            str      ``gemm``, ``elementwise``, ``reduction``, ``attention``, ``collective``,
-                         ``sendrecv``, ``optimizer``, ``delay``, ``gemm_collective`` (a GEMM overlapped
+kind            str      ``gemm``, ``grouped_gemm``, ``elementwise``, ``reduction``, ``attention``,
+                         ``collective``, ``sendrecv``, ``optimizer``, ``delay``, ``gemm_collective`` (a GEMM overlapped
                          with a collective of its output), ``collective_gemm`` (an all-gather overlapped
                          with the GEMM that consumes it; :mod:`gpusim.trace.fusion` makes both)
 name            str      label in results (optional)
@@ -21,7 +21,10 @@ m, n, k         int      GEMM C[m, n] = A[m, k] B[k, n] (``gemm``, ``gemm_collec
                          ``collective_gemm``: each rank's GEMM on the gathered A, ``m`` its gathered rows)
 batch           int      GEMMs in a strided batch (``gemm``, ``gemm_collective``, default 1; 1 for
                          ``collective_gemm``); sequences (``attention``)
-trans_a/b       bool     transposed GEMM inputs (``gemm``, ``gemm_collective``, ``collective_gemm``)
+trans_a/b       bool     transposed GEMM inputs (``gemm``, ``grouped_gemm``, ``gemm_collective``,
+                         ``collective_gemm``)
+shapes          ints     a ``grouped_gemm``'s problems, ``m n k`` of each one after another (one kernel
+                         over all of them, :class:`gpusim.ops.GroupedGemm`)
 kernel          str      force a GEMM kernel of the library; a reduction's kernel library (``pytorch``,
                          ``pytorch-2.0``, ``inductor``; default ``pytorch``) (optional)
 elements        int      elements per tensor (``elementwise``)
@@ -111,8 +114,8 @@ from gpusim.ops import (
     ROW_REDUCE_KINDS,
 )
 
-KINDS = ("gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer", "delay",
-         "gemm_collective", "collective_gemm")
+KINDS = ("gemm", "grouped_gemm", "elementwise", "reduction", "attention", "collective", "sendrecv", "optimizer",
+         "delay", "gemm_collective", "collective_gemm")
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
 FUSED_COLLECTIVES = ("reducescatter", "allgather", "alltoall")
 """Collectives a ``gemm_collective`` row overlaps with its GEMM (T3's fused ops)."""
@@ -138,11 +141,12 @@ simulation's float nanoseconds (1e15 ns) still resolve 0.125 ns; a larger time i
 overflow to inf that would leave the results NaN and their JSON invalid."""
 BOOL_COLUMNS = ("trans_a", "trans_b", "causal", "async_collective")
 TEXT_COLUMNS = (
-    "name", "kernel", "function", "tensor_sizes", "optimizer_impl", "collective", "send_bytes", "group", "algorithm",
-    "dtype", "deps", "inputs", "output", "phase", "kernel_class",
+    "name", "kernel", "shapes", "function", "tensor_sizes", "optimizer_impl", "collective", "send_bytes", "group",
+    "algorithm", "dtype", "deps", "inputs", "output", "phase", "kernel_class",
 )  # fmt: skip
 COLUMNS = (
-    "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "elements",
+    "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "shapes",
+    "elements",
     "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
     "tensor_sizes", "optimizer_impl", "collective", "bytes", "send_bytes", "group", "algorithm", "channels",
     "splits", "async_collective", "dtype", "deps", "delay_s",
@@ -157,6 +161,7 @@ FUNCTION_DEFAULTS: dict[str, str] = {"gemm_collective": "t3", "collective_gemm":
 
 SHAPE_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "batch", "trans_a", "trans_b", "dtype", "kernel"),
+    "grouped_gemm": ("shapes", "trans_a", "trans_b", "dtype", "kernel"),
     "elementwise": ("elements", "function", "dtype", "index_dims", "rows"),
     "reduction": ("rows", "cols", "function", "dtype", "kernel"),
     "attention": ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function", "dtype"),
@@ -458,6 +463,16 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
                         f"must be blank or a positive whole number of {what}, got {format_value(values.iloc[position])}")
     _check_overlaps(frame, source)
     _check_send_bytes(frame, source)
+    for position in np.flatnonzero(kinds == "grouped_gemm"):
+        text = frame["shapes"].iloc[position]
+        try:
+            dims = parse_ints(text)
+        except ValueError:
+            dims = []
+        if not dims or len(dims) % 3 or min(dims) <= 0:
+            raise _fail(frame, int(position), source, "shapes",
+                        f"must list the positive m n k of every problem of a grouped_gemm row, one after another, "
+                        f"got {format_value(text)}")
     bad = (kinds == "optimizer") & ~frame["optimizer_impl"].isin(("", *OPTIMIZER_IMPLS)).to_numpy()
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
