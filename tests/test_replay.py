@@ -290,6 +290,7 @@ def test_a_replay_of_delays_alone_compares_nothing():
 @pytest.mark.parametrize(("columns", "rows"), [
     ("kind,function,batch,heads,q_len,kv_len,head_dim,causal", ["attention,forward,1,8,64,{v},64,false"]),
     ("kind,m,n,k,issue_s", ["gemm,512,512,512,{t}"]),
+    ("kind,shapes", ["grouped_gemm,{v} 256 256 64 256 256"]),
 ])
 def test_layers_that_differ_in_any_field_that_shapes_them_are_all_simulated(tmp_path, columns, rows):
     """Four layers alike but for one field (the attention's cached keys, the measured issue time)."""

@@ -297,3 +297,19 @@ def test_a_trace_s_grouped_gemm_row_replays_and_bad_shapes_are_refused():
     for shapes in ("512 2048", "512 2048 0", "", "a b c"):
         with pytest.raises(TraceError, match="row 0 .*field 'shapes'.*must list the positive m n k of every problem"):
             Trace(pd.DataFrame([{**row, "shapes": shapes}]))
+
+
+def test_layers_whose_exchanges_differ_only_in_their_sends_are_all_simulated():
+    """Layer caching reuses a layer only where every row is alike, an uneven all-to-all's sends too."""
+    rows = []
+    for layer in range(4):
+        hot = MIB * 4**layer
+        for gpu, sends in enumerate((f"0 {hot}", f"{MIB} 0")):
+            rows.append({"op_id": layer, "gpu": gpu, "stream": "s", "layer": layer, "kind": "collective",
+                         "collective": "alltoall", "bytes": 64 * MIB, "group": "0 1", "send_bytes": sends})
+    trace = Trace(pd.DataFrame(rows))
+    system = gpusim.load_system("hgx-h100", overrides={"num_gpus": 2})
+    cached = trace.replay(system, mode="full")
+    every = trace.replay(system, mode="full", cache_layers=False)
+    assert cached.time_s == pytest.approx(every.time_s, rel=1e-9)
+    assert every.ops.groupby("op_id")["duration_s"].max().is_monotonic_increasing

@@ -40,10 +40,11 @@ from gpusim.trace.schema import (
 )
 
 SIGNATURE_FIELDS = ("gpu", "stream", "kind", *dict.fromkeys(f for fields in SHAPE_FIELDS.values() for f in fields),
-                    "issue_s")
+                    "send_bytes", "issue_s")
 """Fields two rows must share to be alike: placement, every kind's shape fields
-(:data:`gpusim.trace.schema.SHAPE_FIELDS`) and the measured host issue time, which the list
-scheduling of :func:`reconstruct` does not replay (rows issued at different moments are simulated)."""
+(:data:`gpusim.trace.schema.SHAPE_FIELDS`), an uneven all-to-all's own sends (which differ between
+the rows of one op) and the measured host issue time, which the list scheduling of
+:func:`reconstruct` does not replay (rows issued at different moments are simulated)."""
 
 
 @dataclass
