@@ -20,6 +20,7 @@ from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import OpError
 
 if TYPE_CHECKING:
+    from gpusim.kernels.gemm import GemmKernelSpec
     from gpusim.sched.executor import OpContext
 
 _ids = itertools.count()
@@ -107,6 +108,23 @@ class Op:
         raise NotImplementedError
 
 
+def _check_gemm_options(gemm: GemmShape | GroupedGemm) -> GemmKernelSpec | None:
+    """Check a GEMM op's dtype, transposes (made bools) and named kernel; return that kernel's spec
+    (``None`` when it names none)."""
+    op = type(gemm).__name__
+    _check_dtype(op, gemm.dtype)
+    gemm.trans_a = _bool(op, "trans_a", gemm.trans_a)
+    gemm.trans_b = _bool(op, "trans_b", gemm.trans_b)
+    if gemm.kernel is None:
+        return None
+    from gpusim.kernels.gemm import find_spec
+
+    try:
+        return find_spec(gemm.kernel)
+    except OpError as exc:
+        raise OpError(f"{op}: field 'kernel': {exc}") from None
+
+
 @dataclass
 class GemmShape(Op):
     """The operands of a GEMM, C[m, n] = A[m, k] @ B[k, n] (``batch`` times, strided batched):
@@ -153,16 +171,7 @@ class GemmShape(Op):
         op = type(self).__name__
         for name in ("m", "n", "k", "batch"):
             setattr(self, name, _positive_int(op, name, getattr(self, name)))
-        _check_dtype(op, self.dtype)
-        self.trans_a = _bool(op, "trans_a", self.trans_a)
-        self.trans_b = _bool(op, "trans_b", self.trans_b)
-        if self.kernel is not None:
-            from gpusim.kernels.gemm import find_spec
-
-            try:
-                find_spec(self.kernel)
-            except OpError as exc:
-                raise OpError(f"{op}: field 'kernel': {exc}") from None
+        _check_gemm_options(self)
         super().__post_init__()
 
     @property
@@ -232,19 +241,10 @@ class GroupedGemm(Op):
                               f"(m, n, k), got {shape!r}")
             shapes.append(tuple(int(dim) for dim in dims))
         self.shapes = tuple(shapes)
-        _check_dtype("GroupedGemm", self.dtype)
-        self.trans_a = _bool("GroupedGemm", "trans_a", self.trans_a)
-        self.trans_b = _bool("GroupedGemm", "trans_b", self.trans_b)
-        if self.kernel is not None:
-            from gpusim.kernels.gemm import find_spec
-
-            try:
-                spec = find_spec(self.kernel)
-            except OpError as exc:
-                raise OpError(f"GroupedGemm: field 'kernel': {exc}") from None
-            if spec.split_k > 1:
-                raise OpError(f"GroupedGemm: field 'kernel' must not split K (a grouped GEMM does not), "
-                              f"got {self.kernel!r}")
+        spec = _check_gemm_options(self)
+        if spec is not None and spec.split_k > 1:
+            raise OpError(f"GroupedGemm: field 'kernel' must not split K (a grouped GEMM does not), "
+                          f"got {self.kernel!r}")
         super().__post_init__()
 
     @property

@@ -184,6 +184,16 @@ def parse_ints(text: str) -> list[int]:
     return [int(part) for part in text.replace(",", " ").split()]
 
 
+def _positive_ints(text: str) -> list[int]:
+    """The numbers of a list column's ``text`` (:func:`parse_ints`), or ``[]`` when it is blank, not
+    whole numbers, or not all positive."""
+    try:
+        values = parse_ints(text)
+    except ValueError:
+        return []
+    return values if values and min(values) > 0 else []
+
+
 def format_ints(values) -> str:
     """``[3, 4, 5]`` to ``"3 4 5"``."""
     return " ".join(str(int(value)) for value in values)
@@ -465,11 +475,8 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
     _check_send_bytes(frame, source)
     for position in np.flatnonzero(kinds == "grouped_gemm"):
         text = frame["shapes"].iloc[position]
-        try:
-            dims = parse_ints(text)
-        except ValueError:
-            dims = []
-        if not dims or len(dims) % 3 or min(dims) <= 0:
+        dims = _positive_ints(text)
+        if not dims or len(dims) % 3:
             raise _fail(frame, int(position), source, "shapes",
                         f"must list the positive m n k of every problem of a grouped_gemm row, one after another, "
                         f"got {format_value(text)}")
@@ -481,11 +488,7 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
                     f"got {format_value(frame['optimizer_impl'].iloc[position])}")
     for position in np.flatnonzero(kinds == "optimizer"):
         text = frame["tensor_sizes"].iloc[position]
-        try:
-            sizes = parse_ints(text)
-        except ValueError:
-            sizes = []
-        if not sizes or min(sizes) <= 0:
+        if not _positive_ints(text):
             raise _fail(frame, int(position), source, "tensor_sizes",
                         f"must list the positive sizes of the parameter tensors, got {format_value(text)}")
     delays = frame["delay_s"].to_numpy()
