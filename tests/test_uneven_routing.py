@@ -208,6 +208,32 @@ def test_each_place_may_route_its_own_way():
     assert same.frame.equals(frame)
 
 
+def _expert_flops(frame: pd.DataFrame) -> float:
+    """FLOPs of the expert GEMM rows, grouped or not."""
+    experts = frame[frame["name"].str.contains(r"\.expert\d*_fc")]
+    plain = experts[experts["kind"] == "gemm"]
+    flops = float((2 * plain["m"] * plain["n"] * plain["k"] * plain["batch"]).sum())
+    for shapes in experts.loc[experts["kind"] == "grouped_gemm", "shapes"]:
+        dims = parse_ints(shapes)
+        flops += sum(2 * m * n * k for m, n, k in zip(dims[::3], dims[1::3], dims[2::3]))
+    return flops
+
+
+@pytest.mark.parametrize("load", [None, [5, 1, 0, 2]])
+def test_sequential_experts_run_a_gemm_per_expert_and_the_same_work(load):
+    options = dict(dp=2, ep=2, batch=2, seq_len=32, optimizer=None, head=False, layers=1, expert_load=load)
+    grouped = transformer(MOE, **options).frame
+    sequential = transformer(MOE, expert_gemm="sequential", **options).frame
+    assert _expert_flops(grouped) > 0
+    assert _expert_flops(sequential) == pytest.approx(_expert_flops(grouped))
+    forward = sequential[(sequential["phase"] == "fwd") & sequential["name"].str.endswith("_fc1")]
+    assert set(forward["kind"]) == {"gemm"} and (forward["batch"] == 1).all()
+    names = sorted(set(forward["name"]))
+    assert names == (["L0.expert0_fc1", "L0.expert1_fc1"] if load is None else  # the rank's two experts
+                     ["L0.expert0_fc1", "L0.expert1_fc1", "L0.expert3_fc1"])  # expert 2 receives no rows
+    assert ("grouped_gemm" in set(grouped["kind"])) == (load is not None)
+
+
 def test_the_footprint_counts_the_busiest_rank_s_experts():
     balanced = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None))
     hot = memory_footprint(transformer(MOE, dp=4, ep=4, batch=4, seq_len=64, optimizer=None,
@@ -230,6 +256,8 @@ def test_the_footprint_counts_the_busiest_rank_s_experts():
                                                         "ep=2, got 1 rows"),
     ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1], [1, 1, 1]]}, "must give 4 non-negative shares.*got \\[1, 1, 1\\]"),
     ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1], [0, 0, 0, 0]]}, "not all zero"),
+    ({"expert_gemm": "fused"}, "'expert_gemm' must be one of grouped, sequential, got 'fused'"),
+    ({"model": "llama2-7b", "expert_gemm": "sequential"}, "expert_gemm='sequential' applies to a mixture-of-experts"),
 ])
 def test_bad_expert_loads_are_refused(options, message):
     options = {"model": MOE, "batch": 8, **options}
@@ -240,7 +268,8 @@ def test_bad_expert_loads_are_refused(options, message):
 def test_cli_takes_and_varies_the_expert_load(tmp_path, capsys):
     common = ["simulate", "--model", "mixtral-8x7b", "--phase", "prompt", "--layers", "1", "--batch", "4",
               "--seq-len", "32", "--dp", "4", "--ep", "4", "--system", "hgx-h100", "--quiet"]
-    assert main([*common, "--expert-load", "1,1,1,1,1,1,1,1", "--out", str(tmp_path / "one")]) == 0
+    assert main([*common, "--expert-load", "1,1,1,1,1,1,1,1", "--expert-gemm", "sequential",
+                 "--out", str(tmp_path / "one")]) == 0
     capsys.readouterr()
     assert main([*common, "--vary", "expert_load=1:1:1:1:1:1:1:1,8:1:1:1:1:1:1:1", "--workers", "1",
                  "--out", str(tmp_path / "sweep")]) == 0

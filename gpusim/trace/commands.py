@@ -21,7 +21,7 @@ PATTERN_CHARACTERS = "*?["
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
                  "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages", "ep",
-                 "expert_capacity_factor", "expert_load", "prefill_tokens", "prefill_context")
+                 "expert_capacity_factor", "expert_load", "expert_gemm", "prefill_tokens", "prefill_context")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -478,6 +478,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-load", type=expert_shares,
                         help="--model with experts: uneven, dropless routing, each expert's share of the routed "
                              "tokens, e.g. 4,1,1,1,1,1,1,1 (--vary expert_load=1:1:1:1,4:1:1:1; default: balanced)")
+    parser.add_argument("--expert-gemm", choices=["grouped", "sequential"],
+                        help="--model with experts: each rank's experts' GEMMs in one kernel (batched, or grouped "
+                             "under --expert-load; default) or one kernel per expert")
     parser.add_argument("--batch", type=int, help="--model: global batch in sequences (default: the model's)")
     parser.add_argument("--seq-len", type=int, help="--model: sequence length (default: the model's)")
     parser.add_argument("--microbatches", type=int, help="--model: microbatches (default: pp)")

@@ -83,6 +83,8 @@ DTYPES = ("fp16", "bf16", "fp32")
 """Data types of a generated trace's activations and weights."""
 ATTENTION_IMPLS = ("unfused", "flash")
 """How generated layers compute attention (see :func:`transformer`)."""
+EXPERT_GEMMS = ("grouped", "sequential")
+"""How a mixture of experts runs its experts' GEMMs (see :func:`transformer`)."""
 RECOMPUTE = (False, True, "full", "selective")
 """Activation recomputation choices (see :func:`transformer`)."""
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -261,7 +263,7 @@ class _Transformer:
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
                  expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
-                 expert_load: tuple[tuple[float, ...], ...] | None):
+                 expert_load: tuple[tuple[float, ...], ...] | None, expert_gemm: str):
         self.model = model
         self.phase = phase
         self.par = par
@@ -299,6 +301,7 @@ class _Transformer:
         self.ff_t = math.ceil(model.intermediate / tp)
         self.capacity_factor = expert_capacity_factor
         self.expert_load = expert_load
+        self.expert_gemm = expert_gemm
         self.local_experts = (model.experts or 0) // par.ep
         self.expert_gradients: dict[tuple[int, int], Handle] = {}
         """(stage, layer) -> the reduction of its experts' gradients over the replicas that hold them."""
@@ -518,15 +521,30 @@ class _Transformer:
     def _expert_gemms(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], name: str,
                       shape: Callable[[int], tuple[int, int, int]], **transposes) -> Handle:
         """A GEMM for every expert that receives tokens, ``shape(rows)`` its ``(M, N, K)`` (as
-        :meth:`_gemm`'s) in one kernel: batched over the experts when routing is balanced, else a
-        grouped GEMM of each place's experts on its ranks (CUTLASS's grouped GEMM, as Megatron-LM's
-        grouped experts and MegaBlocks run them)."""
+        :meth:`_gemm`'s): with ``expert_gemm="grouped"`` in one kernel, batched over the experts
+        when routing is balanced, else a grouped GEMM of each place's experts on its ranks
+        (CUTLASS's grouped GEMM, as Megatron-LM's grouped experts and MegaBlocks run them); with
+        ``"sequential"`` one kernel per expert, one after another (Megatron-LM's sequential
+        experts; ``expert{i}_`` ops, ``i`` the expert's index in the layer, or under balanced
+        routing among the rank's experts, whose ops all ranks share)."""
+        if self.expert_gemm == "sequential":
+            places = ([(self.par.stage_ranks(stage), 0, plan.rows[0])] if plan.uniform else
+                      [(gpus, place * self.local_experts, rows)
+                       for place, (gpus, rows) in enumerate(zip(self._place_ranks(stage), plan.rows))])
+            handle: Handle = {}
+            for gpus, first, rows in places:
+                for index, count in enumerate(rows):
+                    if count:
+                        expert = f"expert{first + index}_"
+                        handle.update(self._gemm(gpus, [], at(name.replace("expert_", expert)), *shape(count),
+                                                 **transposes))
+            return handle
         if plan.uniform:
             rows = plan.rows[0]
             return self._gemm(self.par.stage_ranks(stage), [], at(name), *shape(rows[0]), batch=len(rows),
                               **transposes)
         trans_a, trans_b = transposes.get("trans_a", False), transposes.get("trans_b", False)
-        handle: Handle = {}
+        handle = {}
         for gpus, rows in zip(self._place_ranks(stage), plan.rows):
             shapes = [shape(count) for count in rows if count]
             if shapes:  # row-major, as _gemm turns them: (N, M, K), the transposes swapped
@@ -1160,6 +1178,7 @@ def transformer(
     ep: int = 1,
     expert_capacity_factor: float = 1.0,
     expert_load: Sequence[float] | Sequence[Sequence[float]] | None = None,
+    expert_gemm: str = "grouped",
     prefill_tokens: int = 0,
     prefill_context: int = 0,
 ) -> Trace:
@@ -1197,6 +1216,11 @@ def transformer(
         holding the busiest experts sets the pace.  ``None``
         (default): balanced routing.  Excludes a capacity factor other than 1 (capacity pads every
         expert to the same rows).
+    expert_gemm
+        How each rank runs its experts' GEMMs: ``"grouped"`` (default), one kernel for all of them
+        (a batched GEMM under balanced routing, a grouped GEMM under uneven routing: Megatron-LM's
+        grouped experts, MegaBlocks), or ``"sequential"``, a GEMM per expert one after another
+        (Megatron-LM's sequential experts).  Only for mixture-of-experts models.
     batch
         Global batch in sequences (default: the model's); split over ``dp`` replicas and
         ``microbatches``.
@@ -1327,6 +1351,11 @@ def transformer(
     par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp), _positive("ep", ep))
     _check_experts(config, par, expert_capacity_factor, sequence_parallel, distributed_optimizer)
     load = _expert_load(config, ep, expert_load, expert_capacity_factor)
+    if expert_gemm not in EXPERT_GEMMS:
+        raise TraceError(f"transformer(): 'expert_gemm' must be one of {', '.join(EXPERT_GEMMS)}, got {expert_gemm!r}")
+    if expert_gemm != "grouped" and config.experts is None:
+        raise TraceError(f"transformer(): expert_gemm={expert_gemm!r} applies to a mixture-of-experts model "
+                         f"('experts' in its file); {config.name} has a dense MLP")
     batch = _positive("batch", batch if batch is not None else config.batch)
     seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
     microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
@@ -1369,7 +1398,7 @@ def transformer(
                             bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                             vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
                             overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context,
-                            load)
+                            load, expert_gemm)
 
     builder = builder_of(config)
     frame = pd.DataFrame(builder.build())
@@ -1386,7 +1415,7 @@ def transformer(
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
-        "expert_load": None if load is None else [list(shares) for shares in load],
+        "expert_load": None if load is None else [list(shares) for shares in load], "expert_gemm": expert_gemm,
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")
