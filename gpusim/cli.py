@@ -28,6 +28,7 @@ from gpusim.units import QuantityError, parse_quantity
 
 OP_NAMES = {
     "gemm": gops.Gemm,
+    "grouped_gemm": gops.GroupedGemm,
     "gemm_rs": gops.GemmReduceScatter,
     "gemm_ag": gops.GemmAllGather,
     "gemm_a2a": gops.GemmAllToAll,
@@ -72,7 +73,8 @@ def parse_op(spec: str) -> gops.Op:
     is read as the op's field is typed (an attention's ``k=`` names a tensor, a GEMM's is a
     number).  ``ranks``, ``inputs`` and an optimizer's ``sizes`` are comma-separated lists; an
     optimizer's ``model=`` gives the sizes of a model's parameter tensors
-    (:data:`gpusim.studies.nmc_optimizer.MODELS`).
+    (:data:`gpusim.studies.nmc_optimizer.MODELS`); a grouped GEMM's ``shapes`` are its problems'
+    ``MxNxK``, comma-separated.
     """
     words = spec.split()
     if not words or words[0].lower() not in OP_NAMES:
@@ -101,6 +103,9 @@ def parse_op(spec: str) -> gops.Op:
         typed = types.get(key, "str")
         if cls is gops.Optimizer and key == "sizes":
             fields[key] = tuple(_parse_int(item, key, spec) for item in value.split(","))
+        elif cls is gops.GroupedGemm and key == "shapes":  # 512x4096x1024,64x4096x1024
+            fields[key] = tuple(tuple(_parse_int(dim, key, spec) for dim in item.lower().split("x"))
+                                for item in value.split(","))
         elif key in SIZE_FIELDS or typed.startswith("int"):
             fields[key] = _parse_int(value, key, spec)
         elif typed == "bool":

@@ -342,3 +342,19 @@ def test_layers_whose_exchanges_differ_only_in_their_sends_are_all_simulated():
     every = trace.replay(system, mode="full", cache_layers=False)
     assert cached.time_s == pytest.approx(every.time_s, rel=1e-9)
     assert every.ops.groupby("op_id")["duration_s"].max().is_monotonic_increasing
+
+
+def test_the_command_line_takes_a_grouped_gemm(tmp_path):
+    from gpusim.cli import parse_op
+    from gpusim.errors import GpusimError
+
+    op = parse_op("grouped_gemm shapes=512x4096x1024,64X4096x1024 dtype=bf16")
+    assert op.shapes == ((512, 4096, 1024), (64, 4096, 1024)) and op.dtype == "bf16"
+    with pytest.raises(OpError, match="problem 1 of field 'shapes' must be three positive integers"):
+        parse_op("grouped_gemm shapes=512x4096x1024,64x4096")
+    with pytest.raises(GpusimError, match="field 'shapes' expects a whole number"):
+        parse_op("grouped_gemm shapes=axbxc")
+    assert main(["sweep", "--system", "h100-sxm5", "--op", "grouped_gemm shapes=512x4096x1024,64x4096x1024",
+                 "--vary", "gpu.num_cus=66,132", "--workers", "1", "--quiet", "--out", str(tmp_path / "s")]) == 0
+    points = pd.read_csv(tmp_path / "s" / "points.csv")
+    assert points["total_s"].iloc[0] > points["total_s"].iloc[1]
