@@ -215,7 +215,8 @@ class GroupedGemm(Op):
         As :class:`GemmShape`'s, for every problem.
     kernel
         Force the tile by name, as :class:`GemmShape`'s (without a split-K suffix); default: the
-        library heuristic's choice for the problems' mean shape, unsplit.
+        library heuristic's unsplit choice for the group
+        (:func:`gpusim.kernels.gemm.choose_grouped_kernel`).
     """
 
     shapes: tuple[tuple[int, int, int], ...]

@@ -146,8 +146,7 @@ TEXT_COLUMNS = (
 )  # fmt: skip
 COLUMNS = (
     "op_id", "gpu", "stream", "kind", "name", "m", "n", "k", "batch", "trans_a", "trans_b", "kernel", "shapes",
-    "elements",
-    "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
+    "elements", "index_dims", "rows", "cols", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "function",
     "tensor_sizes", "optimizer_impl", "collective", "bytes", "send_bytes", "group", "algorithm", "channels",
     "splits", "async_collective", "dtype", "deps", "delay_s",
     "measured_s", "issue_s", "inputs", "output", "layer", "phase", "step", "kernel_class",
