@@ -211,6 +211,13 @@ def test_ranks_whose_collectives_disagree_name_the_files_and_nodes(tmp_path):
     with pytest.raises(TraceError, match=r"job.1.et: node 9 \('ar'\): field 'comm_size': this rank's collective 1 has "
                                          r"2048 bytes, but collective 1 of .*job.0.et \(node 4, 'ar'\) has 1024"):
         read_chakra(tmp_path)
+    et_file(tmp_path / "job.0.et", [_all_reduce(4, comm_type=6)])  # ALL_TO_ALL
+    et_file(tmp_path / "job.1.et", [_all_reduce(9, size=2048, comm_type=6)])
+    with pytest.raises(TraceError, match=r"has 1024; every rank runs the same collectives, of the same sizes, in the "
+                                         r"same order; an uneven all-to-all \(all-to-allv\) cannot be modelled from "
+                                         r"Chakra nodes, which record no split sizes"):
+        read_chakra(tmp_path)
+    et_file(tmp_path / "job.0.et", [_all_reduce(4)])
     et_file(tmp_path / "job.1.et", [_all_reduce(9), node(10, "ar2", 7, deps=[9], attrs=[
         attribute("comm_type", int64=0), attribute("comm_size", int64=1024)])])
     with pytest.raises(TraceError, match=r"the ranks run different numbers of modelled collectives \(COMM_COLL_NODE "

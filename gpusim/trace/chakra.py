@@ -352,8 +352,10 @@ def _check_same_collective(node: Node, path: Path, collective: str, size: int,
         raise TraceError(f"{where}: field 'comm_type': this rank's collective {position + 1} is {collective}, but "
                          f"{theirs} is {first_collective}; {rule}")
     if size != first_size:
+        uneven = ("; an uneven all-to-all (all-to-allv) cannot be modelled from Chakra nodes, which record no split "
+                  "sizes (the ranks' Kineto traces do)") if collective == "ALL_TO_ALL" else ""
         raise TraceError(f"{where}: field 'comm_size': this rank's collective {position + 1} has {size} bytes, but "
-                         f"{theirs} has {first_size}; {rule}")
+                         f"{theirs} has {first_size}; {rule}{uneven}")
 
 
 def read_chakra(paths, *, unsupported: str = "error") -> Trace:

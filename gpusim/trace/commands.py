@@ -195,7 +195,8 @@ def _model_option_value(name: str, text: object) -> object:
 
 
 def _report_not_modelled(trace) -> None:
-    """Print how many imported kernels replay as delays of their measured duration, by reason."""
+    """Print how many imported kernels replay as delays of their measured duration, by reason, and
+    how many uneven all-to-alls replay as even ones (one rank's Kineto file)."""
     import pandas as pd
 
     not_modelled = pd.DataFrame(trace.metadata.get("not_modelled") or [], columns=["reason"])
@@ -203,6 +204,10 @@ def _report_not_modelled(trace) -> None:
         print(f"{len(not_modelled)} kernels replayed as delays of their measured duration (not modelled):")
         for reason, count in not_modelled["reason"].value_counts().items():
             print(f"  {count:6d}  {reason}")
+    even = trace.metadata.get("even_all_to_alls") or []
+    if even:
+        print(f"{len(even)} uneven all-to-alls replayed as even exchanges of this rank's total (read every rank's "
+              "file to replay their split sizes)")
 
 
 def _report_overlap(trace, flag: str, function: str, gathers: bool) -> None:

@@ -20,7 +20,9 @@ How a kernel becomes an op:
   copies and memsets are byte copies/fills.
 * Reductions: softmax, layer norm, RMS norm and ``reduce_kernel`` over the op's input shape.
 * NCCL/RCCL kernels: the collective, message size, dtype and process group from the kernel's
-  ``Collective name``, ``In/Out msg nelems``, ``dtype`` and ``Process Group Ranks`` arguments.
+  ``Collective name``, ``In/Out msg nelems``, ``dtype`` and ``Process Group Ranks`` arguments; an
+  all-to-all whose ranks' ``In split size`` differ gets their ``send_bytes``
+  (:func:`_resolve_all_to_alls`).
 
 Anything else (host copies, convolutions without shapes, broadcasts...) cannot be modelled: with
 ``unsupported="error"`` (the default) that is an error naming the event; with
@@ -653,7 +655,44 @@ def _collective_fields(event: dict, kernel_name: str, ranks: FileRanks, grid: li
               "algorithm": "ring" if "ring" in kernel_name.lower() else "auto"}
     if grid:  # an NCCL/RCCL kernel runs one block per channel
         fields["channels"] = int(grid[0])
+    if collective == "alltoall":
+        sizes = DTYPE_BYTES[dtype]
+        fields["_sends"] = _split_bytes(event, "In split size", elements, len(group), sizes)
+        received = _arg(event, "Out msg nelems", lambda value: _is_whole(value) and value >= 0,
+                        "a whole number of elements >= 0", 0)
+        fields["_receives"] = _split_bytes(event, "Out split size", received, len(group), sizes) if received else None
     return fields
+
+
+def _split_bytes(event: dict, field: str, elements: int, ranks: int, element_bytes: int) -> list[int] | None:
+    """The bytes of each piece of an all-to-all's ``In split size`` or ``Out split size`` (JSON text
+    such as ``"[3, 1]"``: ``all_to_all_single``'s split sizes, in rows of its tensor of ``elements``
+    elements, one per rank of the group); ``None`` when not recorded (an even exchange).
+
+    Raises
+    ------
+    UnsupportedEvent
+        The profiler cut the list short (it keeps 30 sizes), so the pieces are unknown.
+    MalformedEvent
+        Sizes that are not whole numbers >= 0, not one per rank, or that do not divide the tensor
+        into rows.
+    """
+    raw = event.get("args", {}).get(field)
+    if raw in (None, "", "[]", []):
+        return None
+    if isinstance(raw, str) and "..." in raw:
+        raise UnsupportedEvent(f"an all-to-all whose '{field}' the profiler cut short ({raw}): its pieces are unknown")
+    splits = raw
+    if isinstance(raw, str):
+        try:
+            splits = json.loads(raw)
+        except json.JSONDecodeError:
+            splits = None
+    if not _is_sizes(splits) or len(splits) != ranks or not sum(splits) or elements % sum(splits):
+        raise MalformedEvent(event, field, f"must list one whole number >= 0 of rows per rank of the group ({ranks}), "
+                             f"adding up to a divisor of the {elements} elements exchanged, got {_shown(raw)}")
+    row = elements // sum(splits)
+    return [split * row * element_bytes for split in splits]
 
 
 def _memcpy_fields(event: dict) -> dict:
@@ -965,6 +1004,8 @@ def _check_same_collective(path: Path, row: dict, first_path: Path, first: dict,
     """Raise :class:`TraceError` unless a collective ``row`` of ``path`` has the fields of the same
     collective (the ``count``-th of its group) in the first file that ran it, ``first_path``."""
     for column, source in COLLECTIVE_SOURCES.items():
+        if column == "bytes" and (row.get("_sends") or first.get("_sends")):
+            continue  # an all-to-all's ranks may send different amounts: _resolve_all_to_alls checks them
         if row[column] != first[column]:
             if column == "bytes" and row["collective"] == "allgather":
                 source = "Out msg nelems"
@@ -974,6 +1015,60 @@ def _check_same_collective(path: Path, row: dict, first_path: Path, first: dict,
                 f"{first[column]!r} in {first_path} (event {first['_event']}); every rank runs the same collectives, "
                 "of the same sizes, in the same order"
             )
+
+
+def _resolve_all_to_alls(all_to_alls: dict[int, list[tuple[Path, dict]]], alone: bool) -> list[dict]:
+    """Give the all-to-alls whose ranks' split sizes differ (all-to-allv) their ``send_bytes``,
+    taking each rank's ``In split size`` in the group's order, and as ``bytes`` the most any rank
+    sends or receives; an exchange whose every rank sends equal pieces stays an even one.  Pops
+    the rows' private ``_sends`` and ``_receives``.
+
+    Returns
+    -------
+    list of dict
+        The uneven all-to-alls replayed as even exchanges of their rank's total because only one
+        rank's file was read (``op_id``, ``gpu``, ``name``, ``send_bytes``): every rank then does
+        what the file's rank did, as in symmetric replay.
+
+    Raises
+    ------
+    TraceError
+        An uneven exchange with a rank whose split sizes were not recorded, or whose received pieces
+        (``Out split size``) are not what the others sent it, naming the file, event and field.
+    """
+    even = []
+    for op_id, members in all_to_alls.items():
+        sends = {row["gpu"]: row.pop("_sends") for _, row in members}
+        receives = {row["gpu"]: row.pop("_receives") for _, row in members}
+        if len({piece for sent in sends.values() if sent is not None for piece in sent}) < 2:
+            continue  # every recorded piece alike: an even exchange
+        if alone:
+            row = members[0][1]
+            even.append({"op_id": op_id, "gpu": row["gpu"], "name": row["name"], "send_bytes": sends[row["gpu"]]})
+            continue
+        group = [int(rank) for rank in members[0][1]["group"].split()]
+        for path, row in members:
+            if sends[row["gpu"]] is None:
+                raise TraceError(f"{path}: event {row['_event']} ('{row['name']}'): field 'In split size' is not "
+                                 f"recorded, but other ranks of this all-to-all send uneven pieces; every rank's are needed")
+        missing = sorted(set(group) - set(sends))
+        if missing:
+            path, row = members[0]
+            raise TraceError(f"{path}: event {row['_event']} ('{row['name']}'): field 'Process Group Ranks': an uneven "
+                             f"all-to-all needs every rank's file, but ranks {format_ints(missing)} of its group were not read")
+        matrix = [sends[rank] for rank in group]
+        for path, row in members:
+            column = [sent[group.index(row["gpu"])] for sent in matrix]
+            received = receives[row["gpu"]]
+            if received is not None and received != column:
+                raise TraceError(f"{path}: event {row['_event']} ('{row['name']}'): field 'Out split size': this rank "
+                                 f"receives {format_ints(received)} bytes from the ranks {format_ints(group)}, but they "
+                                 f"send it {format_ints(column)} (their 'In split size')")
+        largest = max(max(sum(sent) for sent in matrix), max(sum(column) for column in zip(*matrix)))
+        for _, row in members:
+            row["send_bytes"] = format_ints(sends[row["gpu"]])
+            row["bytes"] = largest
+    return even
 
 
 def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsupported: str = "error",
@@ -1028,6 +1123,7 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
         raise TraceError("read_kineto(): no trace files given")
     rows: list[dict] = []
     collectives: dict[tuple[str, int], tuple[Path, dict]] = {}  # (group, count): the first file's row
+    all_to_alls: dict[int, list[tuple[Path, dict]]] = {}  # op_id: each file's row
     next_id = 0
     for order, path in enumerate(files):
         file_rows, rank = _rows_of_file(path, order, len(files) == 1, unsupported, iteration)
@@ -1049,6 +1145,8 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
                     next_id += 1
                     row["op_id"] = next_id
                     collectives[key] = (path, row)
+                if row["collective"] == "alltoall":
+                    all_to_alls.setdefault(row["op_id"], []).append((path, row))
             else:
                 next_id += 1
                 row["op_id"] = next_id
@@ -1056,6 +1154,7 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
         if dataflow:
             _infer_dataflow(file_rows)
         rows.extend(file_rows)
+    even_all_to_alls = _resolve_all_to_alls(all_to_alls, alone=len(files) == 1)
     not_modelled = [{"op_id": row["op_id"], "gpu": row["gpu"], "name": row["name"], "kernel_class": row["kernel_class"],
                      "reason": row.pop("_reason")} for row in rows if "_reason" in row]
     frame = pd.DataFrame(rows)
@@ -1066,5 +1165,6 @@ def read_kineto(paths: str | os.PathLike | Sequence[str | os.PathLike], *, unsup
     frame = frame.drop(columns=["_start_us", "_end_us", "_launch_us", "_return_us", "_event"])
     source = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} ranks)"
     metadata = {"importer": "kineto", "files": [str(f) for f in files], "unsupported": unsupported,
-                "iteration": iteration, "dataflow": dataflow, "measured_span_s": measured_span_s, "not_modelled": not_modelled}
+                "iteration": iteration, "dataflow": dataflow, "measured_span_s": measured_span_s, "not_modelled": not_modelled,
+                "even_all_to_alls": even_all_to_alls}
     return Trace(frame, source=source, metadata=metadata)
