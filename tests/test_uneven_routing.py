@@ -208,6 +208,26 @@ def test_each_place_may_route_its_own_way():
     assert same.frame.equals(frame)
 
 
+def test_each_layer_may_route_its_own_way():
+    """Layer 0 sends every copy to expert 0, layer 1 spreads them; a layer given one row of shares
+    routes alike from every place, and layers alike are one set in the metadata."""
+    options = dict(phase="prompt", dp=2, ep=2, batch=2, seq_len=32, optimizer=None, head=False)
+    trace = transformer(MOE, expert_load=[[[1, 0, 0, 0]], [[1, 1, 1, 1], [0, 0, 1, 1]]], **options)
+    frame = trace.frame
+    copies_bytes = 32 * MOE.top_k * MOE.hidden * 2
+    dispatch = {layer: frame[frame["name"] == f"L{layer}.moe_dispatch"].sort_values("gpu")["send_bytes"].tolist()
+                for layer in (0, 1)}
+    assert dispatch == {0: [f"{copies_bytes} 0", f"{copies_bytes} 0"],
+                        1: [f"{copies_bytes // 2} {copies_bytes // 2}", f"0 {copies_bytes}"]}
+    assert trace.metadata["expert_load"] == [[[1.0, 0.0, 0.0, 0.0]] * 2,
+                                             [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]]
+    alike = transformer(MOE, expert_load=np.array([[[3, 1, 1, 1]]] * 2), **options)
+    assert alike.frame.equals(transformer(MOE, expert_load=[3, 1, 1, 1], **options).frame)
+    assert alike.metadata["expert_load"] == [[3.0, 1.0, 1.0, 1.0]] * 2
+    footprint = memory_footprint(trace)["activations_bytes"]
+    assert (footprint == memory_footprint(transformer(MOE, expert_load=[1, 0, 0, 0], **options))["activations_bytes"]).all()
+
+
 def _expert_flops(frame: pd.DataFrame) -> float:
     """FLOPs of the expert GEMM rows, grouped or not."""
     experts = frame[frame["name"].str.contains(r"\.expert\d*_fc")]
@@ -252,8 +272,11 @@ def test_the_footprint_counts_the_busiest_rank_s_experts():
     ({"expert_load": [1, 1, 1, math.inf]}, "must give 4 non-negative shares"),
     ({"expert_load": "1111"}, "must give 4 non-negative shares"),
     ({"expert_load": [2, 1, 1, 1], "expert_capacity_factor": 1.25}, "models dropless routing"),
-    ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1]]}, "one row of shares per place of an expert-parallel group, "
-                                                        "ep=2, got 1 rows"),
+    ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1]] * 3}, "one row of shares, or one per place of an "
+                                                            "expert-parallel group, ep=2, got 3 rows"),
+    ({"expert_load": [[[1, 1, 1, 1]]] * 3}, "'expert_load' by layer must give one set of rows for each of the 2 "
+                                           "layers generated, got 3"),
+    ({"expert_load": [[[1, 1, 1, 1]], [[1, 1, 1]]]}, "'expert_load' of layer 1 must give 4 non-negative shares"),
     ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1], [1, 1, 1]]}, "must give 4 non-negative shares.*got \\[1, 1, 1\\]"),
     ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1], [0, 0, 0, 0]]}, "not all zero"),
     ({"expert_gemm": "fused"}, "'expert_gemm' must be one of grouped, sequential, got 'fused'"),
@@ -275,6 +298,14 @@ def test_cli_takes_and_varies_the_expert_load(tmp_path, capsys):
                  "--out", str(tmp_path / "sweep")]) == 0
     points = pd.read_csv(tmp_path / "sweep" / "points.csv")
     assert points["total_s"].iloc[1] > points["total_s"].iloc[0]
+    assert main([*common, "--layers", "2", "--expert-load", "8,1,1,1,1,1,1,1/1,1,1,1,1,1,1,8", "--out",
+                 str(tmp_path / "by_layer")]) == 0
+    by_layer = pd.read_parquet(tmp_path / "by_layer" / "ops.parquet")
+    hot = by_layer[by_layer["name"].str.endswith("expert_fc1")].set_index(["name", "gpu"])["duration_s"]
+    # rank 0 holds experts 0 and 1, rank 3 experts 6 and 7: 9 / 15 of the copies against 2 / 15 (weight-bound)
+    assert hot["L0.expert_fc1", 0] > 1.1 * hot["L0.expert_fc1", 3]
+    assert hot["L1.expert_fc1", 3] > 1.1 * hot["L1.expert_fc1", 0]
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         main([*common, "--expert-load", "4,x"])
     assert "--expert-load: expected the experts' shares as numbers" in capsys.readouterr().err

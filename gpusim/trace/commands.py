@@ -25,10 +25,11 @@ MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", 
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
-def expert_shares(text: str) -> tuple[float, ...]:
+def expert_shares(text: str) -> tuple[float, ...] | tuple[tuple[tuple[float, ...]], ...]:
     """``--expert-load``'s shares, separated by commas or colons (``4,1,1,1`` or ``4:1:1:1``; a
-    ``--vary expert_load=`` value takes colons), as floats (the generator checks their count and
-    signs).
+    ``--vary expert_load=`` value takes colons), as floats; with slashes between layers
+    (``4,1,1,1/1,4,1,1``), one set per layer, each routed alike from every place (the generator
+    checks their counts and signs).
 
     Raises
     ------
@@ -36,10 +37,12 @@ def expert_shares(text: str) -> tuple[float, ...]:
         A part that is not a number.
     """
     try:
-        return tuple(float(part) for part in str(text).replace(":", ",").split(","))
+        layers = [tuple(float(part) for part in layer.replace(":", ",").split(",")) for layer in str(text).split("/")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected the experts' shares as numbers separated by commas or "
-                                         f"colons (4,1,1,1), got {text!r}") from None
+                                         f"colons (4,1,1,1), and layers by slashes (4,1,1,1/1,4,1,1), "
+                                         f"got {text!r}") from None
+    return layers[0] if len(layers) == 1 else tuple((shares,) for shares in layers)
 
 
 def _option(name: str) -> str:
@@ -482,7 +485,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                              "multiple of the balanced share (default: 1)")
     parser.add_argument("--expert-load", type=expert_shares,
                         help="--model with experts: uneven, dropless routing, each expert's share of the routed "
-                             "tokens, e.g. 4,1,1,1,1,1,1,1 (--vary expert_load=1:1:1:1,4:1:1:1; default: balanced)")
+                             "tokens, e.g. 4,1,1,1,1,1,1,1, or one set per layer, 4,1,1,1/1,4,1,1 "
+                             "(--vary expert_load=1:1:1:1,4:1:1:1; default: balanced)")
     parser.add_argument("--expert-gemm", choices=["grouped", "sequential"],
                         help="--model with experts: each rank's experts' GEMMs in one kernel (batched, or grouped "
                              "under --expert-load; default) or one kernel per expert")

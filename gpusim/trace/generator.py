@@ -45,8 +45,8 @@ hold the same experts.  Routing is balanced: every expert gets the same share of
 there are fewer routed copies than experts, as in decoding, only as many experts as copies run),
 padded to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
 expert's load under imbalance.  Or routing is uneven and dropless (``expert_load``: each expert's share
-of the routed copies, alike on every rank or given for each place of an expert-parallel group, as
-MegaBlocks and Megatron-LM's dropless experts run it):
+of the routed copies, alike on every rank or given for each place of an expert-parallel group, in
+every layer or for each layer, as MegaBlocks and Megatron-LM's dropless experts run it):
 the all-to-alls carry each rank's own sizes (all-to-allv), each rank's experts run as grouped GEMMs
 on their rows (one kernel over experts of different rows), and the ranks holding the busiest experts
 hold up the rest.
@@ -263,7 +263,7 @@ class _Transformer:
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
                  expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
-                 expert_load: tuple[tuple[float, ...], ...] | None, expert_gemm: str):
+                 expert_load: tuple[tuple[tuple[float, ...], ...], ...] | None, expert_gemm: str):
         self.model = model
         self.phase = phase
         self.par = par
@@ -472,8 +472,8 @@ class _Transformer:
         else:
             self._elementwise(gpus, [], at(f"{prefix}gelu_bwd"), "bias_gelu", elements)
 
-    def expert_plan(self, tokens: int) -> ExpertPlan:
-        """How a rank's ``tokens`` meet the experts.
+    def expert_plan(self, tokens: int, layer: int) -> ExpertPlan:
+        """How a rank's ``tokens`` meet the experts of ``layer``.
 
         Balanced routing: the expert buffer holds the ``tokens x experts_per_token`` routed copies
         times the capacity factor (rounded up), split evenly over the expert-parallel group; every
@@ -482,9 +482,9 @@ class _Transformer:
         tokens chose), each the capacity factor's share (rounded up).
 
         Uneven routing (``expert_load``): the rank at each place of an expert-parallel group gives
-        each expert its share of its copies (:func:`apportion`; the place's own shares, or every
-        place's alike), with no padding and no drops; the expert at a place processes what all
-        ``ep`` ranks of the group send it.
+        each expert its share of its copies (:func:`apportion`; the layer's shares for the place,
+        or for every place alike), with no padding and no drops; the expert at a place processes
+        what all ``ep`` ranks of the group send it.
         """
         copies = tokens * self.model.top_k
         ep, local = self.par.ep, self.local_experts
@@ -492,7 +492,7 @@ class _Transformer:
             active = min(local, copies)
             per_expert = math.ceil(self.capacity_factor * copies / active)
             return ExpertPlan(math.ceil(self.capacity_factor * copies), None, ((per_expert,) * active,) * ep)
-        routed = [apportion(copies, shares) for shares in self.expert_load]  # by sending place
+        routed = [apportion(copies, shares) for shares in self.expert_load[layer]]  # by sending place
         received = [sum(rows) for rows in zip(*routed)]  # by expert
         sends = tuple(tuple(sum(rows[place * local:(place + 1) * local]) for place in range(ep)) for rows in routed)
         return ExpertPlan(copies, sends, tuple(tuple(received[place * local:(place + 1) * local]) for place in range(ep)))
@@ -563,14 +563,14 @@ class _Transformer:
             if plan.received(place):
                 act(gpus, at, "expert_", plan.received(place) * self.ff_t)
 
-    def _experts_forward(self, stage: int, at: Callable[[str], dict], tokens: int) -> Handle:
+    def _experts_forward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> Handle:
         """The mixture of experts in place of the MLP, on ``tokens`` tokens: the router's scores and
         their softmax (the top-k choice), the routed copies gathered into the expert buffer
         (``moe_permute``), sent to the ranks of their experts (``moe_dispatch``), each local
         expert that receives tokens running its MLP on them (:meth:`expert_plan`), sent back
         (``moe_combine``) and summed with their weights (``moe_unpermute``); returns the last op."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        plan = self.expert_plan(tokens)
+        plan = self.expert_plan(tokens, layer)
         buffer = plan.sent * h
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
@@ -588,7 +588,7 @@ class _Transformer:
         holding the same experts, :meth:`_expert_gradients`), the tokens' gradients back, the
         router's."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
-        plan = self.expert_plan(tokens)
+        plan = self.expert_plan(tokens, layer)
         buffer = plan.sent * h
         self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
         self._expert_all_to_all(stage, at("moe_combine_bwd"), plan)
@@ -657,7 +657,7 @@ class _Transformer:
         self._reduction(gpus, [], at("ln2"), model.norm, t_rank, h)
         self._tp_gather(stage, at("ln2_allgather"), nbytes)
         if model.experts:
-            last = self._experts_forward(stage, at, t)
+            last = self._experts_forward(stage, layer, at, t)
         else:
             self._gemm(gpus, [], at("fc1"), self.ff_in, t, h, trans_a=True)
             self._activation(gpus, at, "", t * self.ff_t)
@@ -1113,41 +1113,77 @@ def _check_experts(model: ModelConfig, par: Parallelism, capacity_factor: object
                          "would be sharded over dp / ep replicas, the rest over dp)")
 
 
-def _expert_load(model: ModelConfig, ep: int, expert_load: object,
-                 capacity_factor: float) -> tuple[tuple[float, ...], ...] | None:
-    """``expert_load`` checked against the model and ``ep`` (one non-negative share per expert, not
-    all zero; or ``ep`` such rows, one per place of an expert-parallel group) and the capacity
-    factor (1), as one tuple of floats per place; ``None`` for balanced routing.
+def _place_shares(model: ModelConfig, ep: int, load: object, where: str) -> tuple[tuple[float, ...], ...]:
+    """One layer's ``expert_load`` (one non-negative share per expert, not all zero; or one such row,
+    or ``ep``, one per place of an expert-parallel group) as one tuple of floats per place
+    (``where`` names it in errors).
 
     Raises
     ------
     TraceError
-        Shares for a dense model, of the wrong shape or value, or with a capacity factor.
+        Shares of the wrong shape or value.
+    """
+    rows = as_sequence(load)
+    if rows and all(as_sequence(row) is not None for row in rows):
+        if len(rows) not in (1, ep):
+            raise TraceError(f"transformer(): 'expert_load'{where} as rows must give one row of shares, or one per "
+                             f"place of an expert-parallel group, ep={ep}, got {len(rows)} rows")
+        rows = rows * (ep // len(rows))
+    else:
+        rows = [load] * ep
+    for row in rows:
+        shares = as_sequence(row)
+        if shares is None or len(shares) != model.experts or any(as_real(share) is None or share < 0
+                                                                 for share in shares) or not any(shares):
+            raise TraceError(f"transformer(): 'expert_load'{where} must give {model.experts} non-negative shares, one "
+                             f"per expert of {model.name}, not all zero (or ep such rows), got {row!r}")
+    return tuple(tuple(float(share) for share in as_sequence(row)) for row in rows)
+
+
+def _nesting(value: object) -> int:
+    """How deeply ``value``'s first items are lists (0: not a list; a list of numbers: 1)."""
+    items = as_sequence(value)
+    return 0 if items is None else 1 + (_nesting(items[0]) if items else 0)
+
+
+def _expert_load(model: ModelConfig, ep: int, expert_load: object,
+                 capacity_factor: float) -> tuple[tuple[tuple[float, ...], ...], ...] | None:
+    """``expert_load`` checked against the model, ``ep`` (:func:`_place_shares`) and the capacity
+    factor (1), as each layer's shares of each place; ``None`` for balanced routing.  One layer's
+    shares apply to every layer; a list of them (three levels deep: layer, place, expert) gives
+    each of the model's layers its own.
+
+    Raises
+    ------
+    TraceError
+        Shares for a dense model, of the wrong shape or value, not one set per layer, or with a
+        capacity factor.
     """
     if expert_load is None:
         return None
     if model.experts is None:
         raise TraceError(f"transformer(): 'expert_load' applies to a mixture-of-experts model ('experts' in its "
                          f"file); {model.name} has a dense MLP")
-    if isinstance(expert_load, np.ndarray) and expert_load.ndim == 2:
+    if isinstance(expert_load, np.ndarray):
         expert_load = expert_load.tolist()
-    rows = as_sequence(expert_load)
-    if rows and all(as_sequence(row) is not None for row in rows):
-        if len(rows) != ep:
-            raise TraceError(f"transformer(): 'expert_load' as rows must give one row of shares per place of an "
-                             f"expert-parallel group, ep={ep}, got {len(rows)} rows")
-    else:
-        rows = [expert_load] * ep
-    for row in rows:
-        shares = as_sequence(row)
-        if shares is None or len(shares) != model.experts or any(as_real(share) is None or share < 0
-                                                                 for share in shares) or not any(shares):
-            raise TraceError(f"transformer(): 'expert_load' must give {model.experts} non-negative shares, one per "
-                             f"expert of {model.name}, not all zero (or ep such rows), got {row!r}")
     if capacity_factor != 1:
         raise TraceError(f"transformer(): 'expert_load' models dropless routing; expert_capacity_factor="
                          f"{capacity_factor} pads every expert to the same rows (leave it at 1)")
-    return tuple(tuple(float(share) for share in as_sequence(row)) for row in rows)
+    if _nesting(expert_load) < 3:
+        return (_place_shares(model, ep, expert_load, ""),) * model.layers
+    layers = as_sequence(expert_load)
+    if len(layers) != model.layers:
+        raise TraceError(f"transformer(): 'expert_load' by layer must give one set of rows for each of the "
+                         f"{model.layers} layers generated, got {len(layers)}")
+    return tuple(_place_shares(model, ep, layer, f" of layer {index}") for index, layer in enumerate(layers))
+
+
+def _load_metadata(load: tuple[tuple[tuple[float, ...], ...], ...] | None) -> list | None:
+    """``expert_load`` in a trace's metadata: each place's shares, or each layer's where layers differ."""
+    if load is None:
+        return None
+    layers = [[list(shares) for shares in places] for places in load]
+    return layers[0] if all(places == layers[0] for places in layers) else layers
 
 
 def transformer(
@@ -1211,9 +1247,12 @@ def transformer(
         Uneven, dropless routing: each expert's relative share of the routed copies (one
         non-negative number per expert, not all zero; normalised), the same on every rank and in
         every layer; or ``ep`` such rows, the shares of the rank at each place of an
-        expert-parallel group (the same in every group and layer).  The all-to-alls then carry each
-        rank's own sizes, each rank's experts run as grouped GEMMs on their rows, and the rank
-        holding the busiest experts sets the pace.  ``None``
+        expert-parallel group (the same in every group); or, three levels deep, one of these (one
+        row or ``ep``) for each generated layer, in order (a NumPy array of shape
+        ``(layers, 1 or ep, experts)`` too).  The all-to-alls then carry each rank's own sizes,
+        each rank's experts run as grouped GEMMs on their rows, and the rank holding the busiest
+        experts sets the pace.  Layers that route differently are each simulated (layer caching
+        reuses only alike layers).  ``None``
         (default): balanced routing.  Excludes a capacity factor other than 1 (capacity pads every
         expert to the same rows).
     expert_gemm
@@ -1415,7 +1454,7 @@ def transformer(
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
-        "expert_load": None if load is None else [list(shares) for shares in load], "expert_gemm": expert_gemm,
+        "expert_load": _load_metadata(load), "expert_gemm": expert_gemm,
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")

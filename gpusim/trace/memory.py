@@ -102,8 +102,11 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
     elif not builder.recompute_attention:
         attention += (2 * size + MASK_BYTES) * scores  # softmax output, dropout mask, dropout output
     if model.experts:
-        plan = builder.expert_plan(tokens)
-        busiest = max(plan.received(place) for place in range(builder.par.ep))  # the busiest rank's experts' rows
+        ep = builder.par.ep
+        layers = range(len(builder.expert_load)) if builder.expert_load else [0]
+        plan = max((builder.expert_plan(tokens, layer) for layer in layers),  # the busiest layer's
+                   key=lambda plan: max(plan.received(place) for place in range(ep)))
+        busiest = max(plan.received(place) for place in range(ep))  # the busiest rank's experts' rows
         received = 0 if builder.par.ep == 1 else plan.sent if plan.uniform else busiest  # the tokens received
         mlp = (FP32_BYTES * tokens * model.experts + size * h * (2 * plan.sent + received)  # router; buffers; combined
                + size * busiest * (builder.ff_in + builder.ff_t))
