@@ -174,9 +174,9 @@ def test_a_hot_expert_slows_the_layer_on_every_rank():
     system = gpusim.load_system("hgx-h100", overrides=SWITCH4)
     wide = MOE.model_copy(update={"hidden": 1024, "heads": 8, "intermediate": 4096})
 
-    def layer(load) -> pd.Series:
+    def layer(load, capacity: float = 1.0) -> pd.Series:
         trace = transformer(wide, phase="prompt", dp=4, ep=4, batch=4, seq_len=512, layers=1, head=False,
-                            attention="flash", expert_load=load)
+                            attention="flash", expert_load=load, expert_capacity_factor=capacity)
         result = trace.replay(system, mode="auto", progress=False)
         assert result.stats["mode"] == ("symmetric" if load is None else "full")
         return result.ops.groupby("gpu")["end_s"].max()
@@ -186,6 +186,40 @@ def test_a_hot_expert_slows_the_layer_on_every_rank():
     assert even.to_numpy() == pytest.approx([balanced[0]] * 4, rel=0.02)
     hot = layer([5, 1, 1, 1])  # expert 0 (rank 0) takes 5/8 of the copies, 2.5x its balanced share
     assert (hot > 1.1 * even).all()  # every rank waits for rank 0 in the combine
+    capped = layer([5, 1, 1, 1], capacity=1.25)  # rank 0's expert takes 1.25 x its balanced share, no more
+    assert (capped < hot).all() and (capped > even).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(shares=SHARES, capacity=st.sampled_from([0.5, 0.9, 1.25, 2.0]), ep=st.sampled_from([2, 4]))
+def test_a_capacity_bounds_every_expert_and_every_copy_is_kept_or_dropped(shares, capacity, ep):
+    trace = transformer(MOE, phase="prompt", dp=4, ep=ep, batch=4, seq_len=32, optimizer=None, head=False,
+                        layers=1, expert_load=shares, expert_capacity_factor=capacity)
+    frame = trace.frame
+    copies = 32 * MOE.top_k  # a rank's
+    limit = math.ceil(capacity * copies / MOE.experts)  # of one rank's copies, for one expert
+    fc1 = frame[frame["name"] == "L0.expert_fc1"]
+    rows = [m for shapes in fc1["shapes"] for m in parse_ints(shapes)[::3]]
+    assert max(rows) <= ep * limit
+    assert sum(rows) + round(trace.metadata["expert_dropped"][0] * 4 * copies) == 4 * copies
+
+
+def test_a_capacity_drops_the_copies_beyond_it_without_padding():
+    """64 copies a rank, shares 5:1:1:1 give expert 0 40 of each rank's copies; at capacity factor
+    1.25 it keeps ceil(1.25 x 64 / 4) = 20 of them, and the other experts their 8."""
+    options = dict(phase="prompt", dp=4, ep=4, batch=4, seq_len=32, optimizer=None, head=False)
+    trace = transformer(MOE, expert_load=[5, 1, 1, 1], expert_capacity_factor=1.25, **options)
+    frame = trace.frame
+    row_bytes = MOE.hidden * 2
+    dispatch = frame[frame["name"] == "L0.moe_dispatch"].sort_values("gpu")["send_bytes"]
+    assert dispatch.tolist() == [" ".join(str(rows * row_bytes) for rows in (20, 8, 8, 8))] * 4
+    fc1 = frame[frame["name"] == "L0.expert_fc1"].set_index("gpu")["shapes"]
+    assert [parse_ints(fc1[gpu])[0] for gpu in range(4)] == [80, 32, 32, 32]
+    assert trace.metadata["expert_dropped"] == [80 / 256] * 2
+    roomy = transformer(MOE, expert_load=[1, 1, 1, 1], expert_capacity_factor=1.25, **options)
+    assert roomy.metadata["expert_dropped"] == [0.0, 0.0]  # nothing beyond the capacity, and nothing padded:
+    assert roomy.frame.equals(transformer(MOE, expert_load=[1, 1, 1, 1], **options).frame)
+    assert transformer(MOE, expert_load=[5, 1, 1, 1], **options).metadata["expert_dropped"] is None
 
 
 def test_each_place_may_route_its_own_way():
@@ -271,7 +305,6 @@ def test_the_footprint_counts_the_busiest_rank_s_experts():
     ({"expert_load": [0, 0, 0, 0]}, "not all zero"),
     ({"expert_load": [1, 1, 1, math.inf]}, "must give 4 non-negative shares"),
     ({"expert_load": "1111"}, "must give 4 non-negative shares"),
-    ({"expert_load": [2, 1, 1, 1], "expert_capacity_factor": 1.25}, "models dropless routing"),
     ({"dp": 2, "ep": 2, "expert_load": [[1, 1, 1, 1]] * 3}, "one row of shares, or one per place of an "
                                                             "expert-parallel group, ep=2, got 3 rows"),
     ({"expert_load": [[[1, 1, 1, 1]]] * 3}, "'expert_load' by layer must give one set of rows for each of the 2 "

@@ -44,9 +44,10 @@ summed with their weights; the experts' gradients are reduced over the ``dp / ep
 hold the same experts.  Routing is balanced: every expert gets the same share of the tokens (when
 there are fewer routed copies than experts, as in decoding, only as many experts as copies run),
 padded to ``expert_capacity_factor`` times it (GShard's capacity), which also stands for the busiest
-expert's load under imbalance.  Or routing is uneven and dropless (``expert_load``: each expert's share
+expert's load under imbalance.  Or routing is uneven (``expert_load``: each expert's share
 of the routed copies, alike on every rank or given for each place of an expert-parallel group, in
-every layer or for each layer, as MegaBlocks and Megatron-LM's dropless experts run it):
+every layer or for each layer, as MegaBlocks and Megatron-LM's dropless experts run it; with a
+capacity factor, the copies beyond an expert's capacity are dropped):
 the all-to-alls carry each rank's own sizes (all-to-allv), each rank's experts run as grouped GEMMs
 on their rows (one kernel over experts of different rows), and the ranks holding the busiest experts
 hold up the rest.
@@ -166,11 +167,15 @@ class ExpertPlan:
     rows
         For each place, the rows of each of its experts: those that receive tokens under balanced
         routing, every one of them (some perhaps none) under uneven routing.
+    dropped
+        Routed copies the ranks of an expert-parallel group drop, all together, because an expert
+        already has its capacity of a rank's copies (uneven routing with a capacity factor).
     """
 
     sent: int
     sends: tuple[tuple[int, ...], ...] | None
     rows: tuple[tuple[int, ...], ...]
+    dropped: int = 0
 
     @property
     def uniform(self) -> bool:
@@ -303,6 +308,8 @@ class _Transformer:
         self.expert_load = expert_load
         self.expert_gemm = expert_gemm
         self.local_experts = (model.experts or 0) // par.ep
+        self.expert_drops: dict[int, float] = {}
+        """layer -> the share of the routed copies its forward pass drops at the experts' capacity."""
         self.expert_gradients: dict[tuple[int, int], Handle] = {}
         """(stage, layer) -> the reduction of its experts' gradients over the replicas that hold them."""
         multiple = vocab_divisible_by * tp
@@ -483,8 +490,11 @@ class _Transformer:
 
         Uneven routing (``expert_load``): the rank at each place of an expert-parallel group gives
         each expert its share of its copies (:func:`apportion`; the layer's shares for the place,
-        or for every place alike), with no padding and no drops; the expert at a place processes
-        what all ``ep`` ranks of the group send it.
+        or for every place alike), with no padding; the expert at a place processes what all
+        ``ep`` ranks of the group send it.  With a capacity factor ``c`` other than 1 each rank
+        sends an expert at most ``ceil(c x copies / experts)`` of its copies and drops the rest
+        (Megatron-LM's ``--moe-expert-capacity-factor`` without padding); the buffer keeps room
+        for all copies.
         """
         copies = tokens * self.model.top_k
         ep, local = self.par.ep, self.local_experts
@@ -493,9 +503,13 @@ class _Transformer:
             per_expert = math.ceil(self.capacity_factor * copies / active)
             return ExpertPlan(math.ceil(self.capacity_factor * copies), None, ((per_expert,) * active,) * ep)
         routed = [apportion(copies, shares) for shares in self.expert_load[layer]]  # by sending place
+        if self.capacity_factor != 1:
+            capacity = math.ceil(self.capacity_factor * copies / self.model.experts)
+            routed = [[min(rows, capacity) for rows in place] for place in routed]
         received = [sum(rows) for rows in zip(*routed)]  # by expert
         sends = tuple(tuple(sum(rows[place * local:(place + 1) * local]) for place in range(ep)) for rows in routed)
-        return ExpertPlan(copies, sends, tuple(tuple(received[place * local:(place + 1) * local]) for place in range(ep)))
+        return ExpertPlan(copies, sends, tuple(tuple(received[place * local:(place + 1) * local]) for place in range(ep)),
+                          ep * copies - sum(received))
 
     def _expert_all_to_all(self, stage: int, labels: dict, plan: ExpertPlan, back: bool = False) -> Handle | None:
         """The exchange of every rank's expert buffer over its expert-parallel group on the compute
@@ -571,6 +585,7 @@ class _Transformer:
         (``moe_combine``) and summed with their weights (``moe_unpermute``); returns the last op."""
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
         plan = self.expert_plan(tokens, layer)
+        self.expert_drops[layer] = plan.dropped / (self.par.ep * plan.sent)
         buffer = plan.sent * h
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
@@ -1146,18 +1161,16 @@ def _nesting(value: object) -> int:
     return 0 if items is None else 1 + (_nesting(items[0]) if items else 0)
 
 
-def _expert_load(model: ModelConfig, ep: int, expert_load: object,
-                 capacity_factor: float) -> tuple[tuple[tuple[float, ...], ...], ...] | None:
-    """``expert_load`` checked against the model, ``ep`` (:func:`_place_shares`) and the capacity
-    factor (1), as each layer's shares of each place; ``None`` for balanced routing.  One layer's
+def _expert_load(model: ModelConfig, ep: int, expert_load: object) -> tuple[tuple[tuple[float, ...], ...], ...] | None:
+    """``expert_load`` checked against the model and ``ep`` (:func:`_place_shares`), as each
+    layer's shares of each place; ``None`` for balanced routing.  One layer's
     shares apply to every layer; a list of them (three levels deep: layer, place, expert) gives
     each of the model's layers its own.
 
     Raises
     ------
     TraceError
-        Shares for a dense model, of the wrong shape or value, not one set per layer, or with a
-        capacity factor.
+        Shares for a dense model, of the wrong shape or value, or not one set per layer.
     """
     if expert_load is None:
         return None
@@ -1166,9 +1179,6 @@ def _expert_load(model: ModelConfig, ep: int, expert_load: object,
                          f"file); {model.name} has a dense MLP")
     if isinstance(expert_load, np.ndarray):
         expert_load = expert_load.tolist()
-    if capacity_factor != 1:
-        raise TraceError(f"transformer(): 'expert_load' models dropless routing; expert_capacity_factor="
-                         f"{capacity_factor} pads every expert to the same rows (leave it at 1)")
     if _nesting(expert_load) < 3:
         return (_place_shares(model, ep, expert_load, ""),) * model.layers
     layers = as_sequence(expert_load)
@@ -1239,10 +1249,14 @@ def transformer(
         excludes ``sequence_parallel`` with ``tp > 1`` whatever ``ep`` is, and
         ``async_tp_backward`` overlaps only its attention's communication.
     expert_capacity_factor
-        A mixture of experts's expert capacity (GShard, Switch Transformer): every expert processes,
-        and the all-to-all moves, this many times the balanced share of the routed tokens (1: the
-        balanced share; 1.25: Switch Transformer's padding, or the busiest expert's load when
-        routing is uneven).  Positive; only for mixture-of-experts models.
+        A mixture of experts's expert capacity (GShard, Switch Transformer): under balanced routing
+        every expert processes, and the all-to-all moves, this many times the balanced share of the
+        routed tokens (1: the balanced share; 1.25: Switch Transformer's padding, or the busiest
+        expert's load under imbalance).  With ``expert_load``, each rank sends an expert at most
+        this many times its balanced share of the rank's copies and drops the rest, without
+        padding (Megatron-LM's ``--moe-expert-capacity-factor``); the trace's
+        ``metadata["expert_dropped"]`` gives the share dropped in each layer.  Positive; only for
+        mixture-of-experts models.
     expert_load
         Uneven, dropless routing: each expert's relative share of the routed copies (one
         non-negative number per expert, not all zero; normalised), the same on every rank and in
@@ -1252,9 +1266,8 @@ def transformer(
         ``(layers, 1 or ep, experts)`` too).  The all-to-alls then carry each rank's own sizes,
         each rank's experts run as grouped GEMMs on their rows, and the rank holding the busiest
         experts sets the pace.  Layers that route differently are each simulated (layer caching
-        reuses only alike layers).  ``None``
-        (default): balanced routing.  Excludes a capacity factor other than 1 (capacity pads every
-        expert to the same rows).
+        reuses only alike layers).  ``None`` (default): balanced routing.  Dropless unless
+        ``expert_capacity_factor`` is not 1.
     expert_gemm
         How each rank runs its experts' GEMMs: ``"grouped"`` (default), one kernel for all of them
         (a batched GEMM under balanced routing, a grouped GEMM under uneven routing: Megatron-LM's
@@ -1389,7 +1402,7 @@ def transformer(
                          f"got {optimizer_impl!r}")
     par = Parallelism(_positive("tp", tp), _positive("dp", dp), _positive("pp", pp), _positive("ep", ep))
     _check_experts(config, par, expert_capacity_factor, sequence_parallel, distributed_optimizer)
-    load = _expert_load(config, ep, expert_load, expert_capacity_factor)
+    load = _expert_load(config, ep, expert_load)
     if expert_gemm not in EXPERT_GEMMS:
         raise TraceError(f"transformer(): 'expert_gemm' must be one of {', '.join(EXPERT_GEMMS)}, got {expert_gemm!r}")
     if expert_gemm != "grouped" and config.experts is None:
@@ -1455,6 +1468,8 @@ def transformer(
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
         "expert_load": _load_metadata(load), "expert_gemm": expert_gemm,
+        "expert_dropped": None if load is None or expert_capacity_factor == 1 else
+        [builder.expert_drops[layer] for layer in sorted(builder.expert_drops)],
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")
