@@ -167,7 +167,9 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         breakdown per GPU, the GPU's busy time per kind of op (``busy_gemm_s``...), the trace
         rows simulated (``simulated_rows``; the others timed from identical layers), and for a
         generated transformer each GPU's ``memory_bytes`` and whether it ``fits``
-        (:func:`gpusim.trace.memory.memory_footprint`).  Both with the
+        (:func:`gpusim.trace.memory.memory_footprint`) and, for a mixture of experts under uneven
+        routing, the share of the routed copies its layers drop at the experts' capacity, on
+        average (``expert_dropped``).  Both with the
         point's ``total_s``, ``mode`` (the mode that ran: ``"auto"`` resolved) and ``sim_wall_s``.
     """
     system = System(SystemConfig.model_validate(config), source)
@@ -180,6 +182,9 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         memory = memory_per_gpu(ops, system)
         if memory is not None:
             rows = rows.merge(memory, on="gpu", how="left")
+        dropped = ops.metadata.get("expert_dropped")
+        if dropped is not None:  # a generated mixture of experts under uneven routing: the copies dropped, on average
+            rows["expert_dropped"] = sum(dropped) / len(dropped)
     else:
         result = run(system, [op.copy() for op in ops], streams, mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
@@ -451,7 +456,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     ``"<op_index>: <name>"`` (the name's first word where the points name the op differently, as a
     workload sweep does), for a trace the breakdown's parts and the busy times per kind of op
     averaged over the simulated GPUs (a kind a point does not run counts 0), and for a generated
-    transformer the busiest GPU's ``memory_bytes`` and whether every GPU ``fits``.
+    transformer the busiest GPU's ``memory_bytes`` and whether every GPU ``fits`` (and
+    ``expert_dropped`` where the rows have it).
 
     Raises
     ------
@@ -466,6 +472,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
         points = points.join(table.fillna({column: 0.0 for column in parts}).groupby("point")[parts].mean())
         if "memory_bytes" in table.columns:  # the busiest GPU's, and whether every GPU's fits
             points = points.join(table.groupby("point").agg(memory_bytes=("memory_bytes", "max"), fits=("fits", "all")))
+        if "expert_dropped" in table.columns:
+            points = points.join(table.groupby("point")["expert_dropped"].first())
         return points.reset_index()
     names = table["name"].astype(str)
     varies = names.groupby(table["op_index"]).transform("nunique") > 1  # a workload sweep renames its ops

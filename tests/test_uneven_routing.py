@@ -219,7 +219,8 @@ def test_a_capacity_drops_the_copies_beyond_it_without_padding():
     roomy = transformer(MOE, expert_load=[1, 1, 1, 1], expert_capacity_factor=1.25, **options)
     assert roomy.metadata["expert_dropped"] == [0.0, 0.0]  # nothing beyond the capacity, and nothing padded:
     assert roomy.frame.equals(transformer(MOE, expert_load=[1, 1, 1, 1], **options).frame)
-    assert transformer(MOE, expert_load=[5, 1, 1, 1], **options).metadata["expert_dropped"] is None
+    assert transformer(MOE, expert_load=[5, 1, 1, 1], **options).metadata["expert_dropped"] == [0.0, 0.0]
+    assert transformer(MOE, **options).metadata["expert_dropped"] is None  # balanced routing
 
 
 def test_each_place_may_route_its_own_way():
@@ -339,6 +340,12 @@ def test_cli_takes_and_varies_the_expert_load(tmp_path, capsys):
     assert hot["L0.expert_fc1", 0] > 1.1 * hot["L0.expert_fc1", 3]
     assert hot["L1.expert_fc1", 3] > 1.1 * hot["L1.expert_fc1", 0]
     capsys.readouterr()
+    assert main([*common, "--expert-load", "8,1,1,1,1,1,1,1", "--vary", "expert_capacity_factor=1,1.25",
+                 "--workers", "1", "--out", str(tmp_path / "capacity")]) == 0
+    capped = pd.read_csv(tmp_path / "capacity" / "points.csv")
+    assert capped["expert_dropped"].iloc[0] == 0 and capped["expert_dropped"].iloc[1] > 0.3
+    assert capped["total_s"].iloc[1] < capped["total_s"].iloc[0]
+    assert "expert_dropped" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*common, "--expert-load", "4,x"])
     assert "--expert-load: expected the experts' shares as numbers" in capsys.readouterr().err

@@ -1468,8 +1468,7 @@ def transformer(
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
         "expert_load": _load_metadata(load), "expert_gemm": expert_gemm,
-        "expert_dropped": None if load is None or expert_capacity_factor == 1 else
-        [builder.expert_drops[layer] for layer in sorted(builder.expert_drops)],
+        "expert_dropped": None if load is None else [builder.expert_drops[layer] for layer in sorted(builder.expert_drops)],
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
     name = f"{config.name}-{phase}-tp{tp}-dp{dp}-pp{pp}" + (f"-ep{ep}" if ep > 1 else "")
