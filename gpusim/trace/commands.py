@@ -21,7 +21,8 @@ PATTERN_CHARACTERS = "*?["
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
                  "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages", "ep",
-                 "expert_capacity_factor", "expert_load", "expert_gemm", "prefill_tokens", "prefill_context")
+                 "expert_capacity_factor", "expert_load", "expert_gemm", "expert_overlap_chunks", "prefill_tokens",
+                 "prefill_context")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -158,7 +159,8 @@ def _checked_model_options(given: dict[str, object]) -> dict[str, object]:
 
 
 INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "layers", "decode_tokens",
-                     "vocab_divisible_by", "virtual_stages", "ep", "prefill_tokens", "prefill_context")
+                     "vocab_divisible_by", "virtual_stages", "ep", "expert_overlap_chunks", "prefill_tokens",
+                     "prefill_context")
 FLOAT_MODEL_OPTIONS = ("expert_capacity_factor",)
 FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather")
 
@@ -487,6 +489,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model with experts: uneven, dropless routing, each expert's share of the routed "
                              "tokens, e.g. 4,1,1,1,1,1,1,1, or one set per layer, 4,1,1,1/1,4,1,1 "
                              "(--vary expert_load=1:1:1:1,4:1:1:1; default: balanced)")
+    parser.add_argument("--expert-overlap-chunks", type=int,
+                        help="--model with experts and --ep above 1: overlap the all-to-alls with the experts' GEMMs "
+                             "in this many chunks of the tokens (default: 1, in turn)")
     parser.add_argument("--expert-gemm", choices=["grouped", "sequential"],
                         help="--model with experts: each rank's experts' GEMMs in one kernel (batched, or grouped "
                              "under --expert-load; default) or one kernel per expert")

@@ -151,6 +151,11 @@ Handle = dict[int, int]
 """gpu -> op_id of one logical op (an op may have a different op_id per group)."""
 
 
+EP_STREAM = "ep_comm"
+"""The stream of a mixture of experts' all-to-alls when they overlap the experts' GEMMs
+(``expert_overlap_chunks``)."""
+
+
 @dataclass(frozen=True)
 class ExpertPlan:
     """Where one rank's routed tokens go and what every rank's experts process, in rows of
@@ -170,12 +175,16 @@ class ExpertPlan:
     dropped
         Routed copies the ranks of an expert-parallel group drop, all together, because an expert
         already has its capacity of a rank's copies (uneven routing with a capacity factor).
+    routed
+        Under uneven routing, the copies the rank at each place sends each expert of the layer
+        (what the other fields are made of); ``None`` under balanced routing.
     """
 
     sent: int
     sends: tuple[tuple[int, ...], ...] | None
     rows: tuple[tuple[int, ...], ...]
     dropped: int = 0
+    routed: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def uniform(self) -> bool:
@@ -185,6 +194,32 @@ class ExpertPlan:
     def received(self, place: int) -> int:
         """Rows the experts at ``place`` process."""
         return sum(self.rows[place])
+
+    def chunks(self, count: int) -> list[ExpertPlan]:
+        """The plan split into ``count`` chunks of the tokens (fewer where there are too few rows
+        for them): every count of rows split as evenly as whole rows allow (:func:`apportion`),
+        so that the chunks add up to the plan."""
+        if self.routed is None:
+            active = len(self.rows[0])
+            count = max(1, min(count, self.rows[0][0]))
+            return [ExpertPlan(sent, None, ((rows,) * active,) * len(self.rows))
+                    for sent, rows in zip(apportion(self.sent, [1] * count), apportion(self.rows[0][0], [1] * count))]
+        count = max(1, min(count, max(max(place) for place in self.routed)))
+        parts = [[apportion(rows, [1] * count) for rows in place] for place in self.routed]
+        plans = [routed_plan(sent, [[split[chunk] for split in place] for place in parts], len(self.rows[0]))
+                 for chunk, sent in enumerate(apportion(self.sent, [1] * count))]
+        return [plan for plan in plans if any(map(any, plan.rows))]
+
+
+def routed_plan(sent: int, routed: Sequence[Sequence[int]], local: int) -> ExpertPlan:
+    """The :class:`ExpertPlan` of uneven routing in which the rank at each place of an
+    expert-parallel group sends each expert ``routed[place][expert]`` copies, from a buffer of
+    ``sent`` rows (``local`` experts a place)."""
+    ep = len(routed)
+    received = [sum(rows) for rows in zip(*routed)]  # by expert
+    sends = tuple(tuple(sum(rows[place * local:(place + 1) * local]) for place in range(ep)) for rows in routed)
+    return ExpertPlan(sent, sends, tuple(tuple(received[place * local:(place + 1) * local]) for place in range(ep)),
+                      ep * sent - sum(received), tuple(map(tuple, routed)))
 
 
 def apportion(total: int, shares: Sequence[float]) -> list[int]:
@@ -268,7 +303,8 @@ class _Transformer:
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
                  expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
-                 expert_load: tuple[tuple[tuple[float, ...], ...], ...] | None, expert_gemm: str):
+                 expert_load: tuple[tuple[tuple[float, ...], ...], ...] | None, expert_gemm: str,
+                 expert_overlap_chunks: int):
         self.model = model
         self.phase = phase
         self.par = par
@@ -307,6 +343,7 @@ class _Transformer:
         self.capacity_factor = expert_capacity_factor
         self.expert_load = expert_load
         self.expert_gemm = expert_gemm
+        self.expert_chunks = expert_overlap_chunks
         self.local_experts = (model.experts or 0) // par.ep
         self.expert_drops: dict[int, float] = {}
         """layer -> the share of the routed copies its forward pass drops at the experts' capacity."""
@@ -506,25 +543,23 @@ class _Transformer:
         if self.capacity_factor != 1:
             capacity = math.ceil(self.capacity_factor * copies / self.model.experts)
             routed = [[min(rows, capacity) for rows in place] for place in routed]
-        received = [sum(rows) for rows in zip(*routed)]  # by expert
-        sends = tuple(tuple(sum(rows[place * local:(place + 1) * local]) for place in range(ep)) for rows in routed)
-        return ExpertPlan(copies, sends, tuple(tuple(received[place * local:(place + 1) * local]) for place in range(ep)),
-                          ep * copies - sum(received))
+        return routed_plan(copies, routed, local)
 
-    def _expert_all_to_all(self, stage: int, labels: dict, plan: ExpertPlan, back: bool = False) -> Handle | None:
-        """The exchange of every rank's expert buffer over its expert-parallel group on the compute
-        stream, to the experts or (``back``) from them (none when ``ep`` is 1); uneven routing sends
-        each rank's own sizes (``send_bytes``)."""
+    def _expert_all_to_all(self, stage: int, labels: dict, plan: ExpertPlan, back: bool = False,
+                           after: list[Handle | None] | None = None, stream: str = "compute") -> Handle | None:
+        """The exchange of every rank's expert buffer over its expert-parallel group (on ``stream``,
+        after ``after``), to the experts or (``back``) from them (none when ``ep`` is 1); uneven
+        routing sends each rank's own sizes (``send_bytes``)."""
         if self.par.ep == 1:
             return None
         row = self.model.hidden * self.size
         if plan.sends is None:
-            return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, collective="alltoall",
-                                       bytes=plan.sent * row, dtype=self.dtype)
+            return self.out.collective(self.par.expert_groups(stage), stream, after or [], labels,
+                                       collective="alltoall", bytes=plan.sent * row, dtype=self.dtype)
         sends = list(zip(*plan.sends)) if back else plan.sends  # back: each place returns what it was sent
         nbytes = max(plan.sent, *map(sum, zip(*plan.sends))) * row
         per_place = [{"send_bytes": format_ints(rows * row for rows in sent)} for sent in sends]
-        return self.out.collective(self.par.expert_groups(stage), "compute", [], labels, per_place,
+        return self.out.collective(self.par.expert_groups(stage), stream, after or [], labels, per_place,
                                    collective="alltoall", bytes=nbytes, dtype=self.dtype)
 
     def _place_ranks(self, stage: int) -> list[list[int]]:
@@ -533,14 +568,17 @@ class _Transformer:
         return [[group[place] for group in groups] for place in range(self.par.ep)]
 
     def _expert_gemms(self, stage: int, plan: ExpertPlan, at: Callable[[str], dict], name: str,
-                      shape: Callable[[int], tuple[int, int, int]], **transposes) -> Handle:
+                      shape: Callable[[int], tuple[int, int, int]], after: list[Handle | None] | None = None,
+                      **transposes) -> Handle:
         """A GEMM for every expert that receives tokens, ``shape(rows)`` its ``(M, N, K)`` (as
         :meth:`_gemm`'s): with ``expert_gemm="grouped"`` in one kernel, batched over the experts
         when routing is balanced, else a grouped GEMM of each place's experts on its ranks
         (CUTLASS's grouped GEMM, as Megatron-LM's grouped experts and MegaBlocks run them); with
         ``"sequential"`` one kernel per expert, one after another (Megatron-LM's sequential
         experts; ``expert{i}_`` ops, ``i`` the expert's index in the layer, or under balanced
-        routing among the rank's experts, whose ops all ranks share)."""
+        routing among the rank's experts, whose ops all ranks share).  The first kernel on each rank
+        runs after ``after``."""
+        after = after or []
         if self.expert_gemm == "sequential":
             places = ([(self.par.stage_ranks(stage), 0, plan.rows[0])] if plan.uniform else
                       [(gpus, place * self.local_experts, rows)
@@ -550,19 +588,19 @@ class _Transformer:
                 for index, count in enumerate(rows):
                     if count:
                         expert = f"expert{first + index}_"
-                        handle.update(self._gemm(gpus, [], at(name.replace("expert_", expert)), *shape(count),
-                                                 **transposes))
+                        handle.update(self._gemm(gpus, after if not handle.keys() & set(gpus) else [],
+                                                 at(name.replace("expert_", expert)), *shape(count), **transposes))
             return handle
         if plan.uniform:
             rows = plan.rows[0]
-            return self._gemm(self.par.stage_ranks(stage), [], at(name), *shape(rows[0]), batch=len(rows),
+            return self._gemm(self.par.stage_ranks(stage), after, at(name), *shape(rows[0]), batch=len(rows),
                               **transposes)
         trans_a, trans_b = transposes.get("trans_a", False), transposes.get("trans_b", False)
         handle = {}
         for gpus, rows in zip(self._place_ranks(stage), plan.rows):
             shapes = [shape(count) for count in rows if count]
             if shapes:  # row-major, as _gemm turns them: (N, M, K), the transposes swapped
-                handle.update(self.out.compute(gpus, "grouped_gemm", [], at(name), dtype=self.dtype,
+                handle.update(self.out.compute(gpus, "grouped_gemm", after, at(name), dtype=self.dtype,
                                                shapes=format_ints(dim for m, n, k in shapes for dim in (n, m, k)),
                                                trans_a=trans_b, trans_b=trans_a))
         return handle
@@ -589,13 +627,32 @@ class _Transformer:
         buffer = plan.sent * h
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
-        self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
-        self._expert_all_to_all(stage, at("moe_dispatch"), plan)
-        self._expert_gemms(stage, plan, at, "expert_fc1", lambda rows: (self.ff_in, rows, h), trans_a=True)
-        self._expert_activation(stage, plan, at, backward=False)
-        self._expert_gemms(stage, plan, at, "expert_fc2", lambda rows: (h, rows, self.ff_t), trans_a=True)
-        self._expert_all_to_all(stage, at("moe_combine"), plan, back=True)
-        return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
+        permute = self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
+        chunks = plan.chunks(self.expert_chunks) if self.par.ep > 1 else [plan]
+        if len(chunks) == 1:
+            self._expert_all_to_all(stage, at("moe_dispatch"), plan)
+            self._expert_gemms(stage, plan, at, "expert_fc1", lambda rows: (self.ff_in, rows, h), trans_a=True)
+            self._expert_activation(stage, plan, at, backward=False)
+            self._expert_gemms(stage, plan, at, "expert_fc2", lambda rows: (h, rows, self.ff_t), trans_a=True)
+            self._expert_all_to_all(stage, at("moe_combine"), plan, back=True)
+            return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
+        labels = [self._chunk_labels(at, chunk) for chunk in range(len(chunks))]
+        dispatches = [self._expert_all_to_all(stage, label("moe_dispatch"), part, after=[permute], stream=EP_STREAM)
+                      for part, label in zip(chunks, labels)]
+        combines = []
+        for part, label, dispatch in zip(chunks, labels, dispatches):
+            self._expert_gemms(stage, part, label, "expert_fc1", lambda rows: (self.ff_in, rows, h), after=[dispatch],
+                               trans_a=True)
+            self._expert_activation(stage, part, label, backward=False)
+            fc2 = self._expert_gemms(stage, part, label, "expert_fc2", lambda rows: (h, rows, self.ff_t), trans_a=True)
+            combines.append(self._expert_all_to_all(stage, label("moe_combine"), part, back=True, after=[fc2],
+                                                    stream=EP_STREAM))
+        return self._elementwise(gpus, combines, at("moe_unpermute"), "mul", buffer)
+
+    @staticmethod
+    def _chunk_labels(at: Callable[[str], dict], chunk: int) -> Callable[[str], dict]:
+        """``at`` for the ops of one chunk of an overlapped mixture of experts (``name.chunk``)."""
+        return lambda op: at(f"{op}.{chunk}")
 
     def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> None:
         """The backward pass of :meth:`_experts_forward`: the buffer's gradient back to the experts,
@@ -605,17 +662,36 @@ class _Transformer:
         model, gpus, h = self.model, self.par.stage_ranks(stage), self.model.hidden
         plan = self.expert_plan(tokens, layer)
         buffer = plan.sent * h
-        self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
-        self._expert_all_to_all(stage, at("moe_combine_bwd"), plan)
-        self._expert_gemms(stage, plan, at, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h))
-        self._expert_gemms(stage, plan, at, "expert_fc2_wgrad", lambda rows: (self.ff_t, h, rows), trans_b=True)
-        self._expert_activation(stage, plan, at, backward=True)
-        self._expert_gemms(stage, plan, at, "expert_fc1_dgrad", lambda rows: (h, rows, self.ff_in))
-        wgrad = self._expert_gemms(stage, plan, at, "expert_fc1_wgrad", lambda rows: (h, self.ff_in, rows),
-                                   trans_b=True)
-        self._expert_gradients(stage, layer, wgrad, at)
-        self._expert_all_to_all(stage, at("moe_dispatch_bwd"), plan, back=True)
-        self._elementwise(gpus, [], at("moe_permute_bwd"), "add", buffer)
+        unpermute = self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
+        chunks = plan.chunks(self.expert_chunks) if self.par.ep > 1 else [plan]
+        if len(chunks) == 1:
+            self._expert_all_to_all(stage, at("moe_combine_bwd"), plan)
+            self._expert_gemms(stage, plan, at, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h))
+            self._expert_gemms(stage, plan, at, "expert_fc2_wgrad", lambda rows: (self.ff_t, h, rows), trans_b=True)
+            self._expert_activation(stage, plan, at, backward=True)
+            self._expert_gemms(stage, plan, at, "expert_fc1_dgrad", lambda rows: (h, rows, self.ff_in))
+            wgrad = self._expert_gemms(stage, plan, at, "expert_fc1_wgrad", lambda rows: (h, self.ff_in, rows),
+                                       trans_b=True)
+            self._expert_gradients(stage, layer, wgrad, at)
+            self._expert_all_to_all(stage, at("moe_dispatch_bwd"), plan, back=True)
+            dispatches = []  # on the compute stream, before the permutation's gradient
+        else:  # each chunk's data gradients between its exchanges, then the weight gradients of all rows
+            labels = [self._chunk_labels(at, chunk) for chunk in range(len(chunks))]
+            combines = [self._expert_all_to_all(stage, label("moe_combine_bwd"), part, after=[unpermute],
+                                                stream=EP_STREAM) for part, label in zip(chunks, labels)]
+            dispatches = []
+            for part, label, combine in zip(chunks, labels, combines):
+                self._expert_gemms(stage, part, label, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h),
+                                   after=[combine])
+                self._expert_activation(stage, part, label, backward=True)
+                dgrad = self._expert_gemms(stage, part, label, "expert_fc1_dgrad", lambda rows: (h, rows, self.ff_in))
+                dispatches.append(self._expert_all_to_all(stage, label("moe_dispatch_bwd"), part, back=True,
+                                                          after=[dgrad], stream=EP_STREAM))
+            self._expert_gemms(stage, plan, at, "expert_fc2_wgrad", lambda rows: (self.ff_t, h, rows), trans_b=True)
+            wgrad = self._expert_gemms(stage, plan, at, "expert_fc1_wgrad", lambda rows: (h, self.ff_in, rows),
+                                       trans_b=True)
+            self._expert_gradients(stage, layer, wgrad, at)
+        self._elementwise(gpus, dispatches, at("moe_permute_bwd"), "add", buffer)
         self._reduction(gpus, [], at("router_softmax_bwd"), "softmax_backward", tokens, model.experts)
         self._gemm(gpus, [], at("router_dgrad"), h, tokens, model.experts)
         self._gemm(gpus, [], at("router_wgrad"), h, model.experts, tokens, trans_b=True)
@@ -1225,6 +1301,7 @@ def transformer(
     expert_capacity_factor: float = 1.0,
     expert_load: Sequence[float] | Sequence[Sequence[float]] | None = None,
     expert_gemm: str = "grouped",
+    expert_overlap_chunks: int = 1,
     prefill_tokens: int = 0,
     prefill_context: int = 0,
 ) -> Trace:
@@ -1273,6 +1350,14 @@ def transformer(
         (a batched GEMM under balanced routing, a grouped GEMM under uneven routing: Megatron-LM's
         grouped experts, MegaBlocks), or ``"sequential"``, a GEMM per expert one after another
         (Megatron-LM's sequential experts).  Only for mixture-of-experts models.
+    expert_overlap_chunks
+        Overlap a mixture of experts' all-to-alls with its experts' GEMMs by splitting each rank's
+        routed copies into this many chunks (Tutel's pipelining of the all-to-all and the experts):
+        every chunk's dispatch is issued at once on an ``ep_comm`` stream, each chunk's GEMMs wait
+        for its dispatch and its combine for them; the backward pass likewise for the data
+        gradients, then the weight gradients of all rows.  Fewer chunks where there are fewer
+        rows.  1 (default): the exchanges on the compute stream, in turn with the GEMMs.  Above 1
+        it needs ``ep > 1``.
     batch
         Global batch in sequences (default: the model's); split over ``dp`` replicas and
         ``microbatches``.
@@ -1408,6 +1493,9 @@ def transformer(
     if expert_gemm != "grouped" and config.experts is None:
         raise TraceError(f"transformer(): expert_gemm={expert_gemm!r} applies to a mixture-of-experts model "
                          f"('experts' in its file); {config.name} has a dense MLP")
+    if _positive("expert_overlap_chunks", expert_overlap_chunks) > 1 and ep == 1:
+        raise TraceError(f"transformer(): expert_overlap_chunks={expert_overlap_chunks} overlaps the all-to-alls "
+                         f"of expert parallelism with the experts' GEMMs; it needs ep > 1")
     batch = _positive("batch", batch if batch is not None else config.batch)
     seq_len = _positive("seq_len", seq_len if seq_len is not None else config.seq_len)
     microbatches = _positive("microbatches", microbatches if microbatches is not None else pp)
@@ -1450,7 +1538,7 @@ def transformer(
                             bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                             vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
                             overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context,
-                            load, expert_gemm)
+                            load, expert_gemm, expert_overlap_chunks)
 
     builder = builder_of(config)
     frame = pd.DataFrame(builder.build())
@@ -1467,7 +1555,7 @@ def transformer(
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
-        "expert_load": _load_metadata(load), "expert_gemm": expert_gemm,
+        "expert_load": _load_metadata(load), "expert_gemm": expert_gemm, "expert_overlap_chunks": expert_overlap_chunks,
         "expert_dropped": None if load is None else [builder.expert_drops[layer] for layer in sorted(builder.expert_drops)],
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip
