@@ -606,16 +606,22 @@ def _attention_fields(cpu_op: dict | None, kernel_name: str) -> dict:
             "dtype": dtype}
 
 
+def _json_value(raw: object) -> object:
+    """An argument the profiler may write as JSON text (``"[0, 1]"``) or as the value itself: the
+    value; ``None`` for text that is not JSON."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+
+
 def _process_group(event: dict) -> list[int]:
     """The ranks of a collective's ``Process Group Ranks`` (JSON text such as ``"[0, 1]"``, or a list);
     ``[]`` when they are not recorded."""
     raw = event.get("args", {}).get("Process Group Ranks", "[]")
-    ranks = raw
-    if isinstance(raw, str):
-        try:
-            ranks = json.loads(raw)
-        except json.JSONDecodeError:
-            ranks = None
+    ranks = _json_value(raw)
     if not _is_sizes(ranks) or len(set(ranks)) != len(ranks):
         raise MalformedEvent(event, "Process Group Ranks",
                              f"must list distinct ranks >= 0 (JSON text such as \"[0, 1]\"), got {_shown(raw)}")
@@ -682,12 +688,7 @@ def _split_bytes(event: dict, field: str, elements: int, ranks: int, element_byt
         return None
     if isinstance(raw, str) and "..." in raw:
         raise UnsupportedEvent(f"an all-to-all whose '{field}' the profiler cut short ({raw}): its pieces are unknown")
-    splits = raw
-    if isinstance(raw, str):
-        try:
-            splits = json.loads(raw)
-        except json.JSONDecodeError:
-            splits = None
+    splits = _json_value(raw)
     if not _is_sizes(splits) or len(splits) != ranks or not sum(splits) or elements % sum(splits):
         raise MalformedEvent(event, field, f"must list one whole number >= 0 of rows per rank of the group ({ranks}), "
                              f"adding up to a divisor of the {elements} elements exchanged, got {_shown(raw)}")
