@@ -82,6 +82,16 @@ def test_overlapping_hides_a_slow_exchange_behind_the_experts():
     assert layer(4) < 0.9 * layer(1)
 
 
+def test_symmetric_and_full_mode_agree_on_an_overlapped_layer():
+    """Balanced routing, the exchanges beside the GEMMs on a 4-GPU NVSwitch node: GPU 0 stands for all."""
+    model = MOE.model_copy(update={"hidden": 1024, "heads": 8, "ffn_hidden": 4096, "layers": 1})
+    trace = transformer(model, phase="prompt", dp=4, ep=4, batch=4, seq_len=512, head=False, attention="flash",
+                        expert_overlap_chunks=3)
+    system = gpusim.load_system("hgx-h100", overrides={"num_gpus": 4})
+    symmetric = trace.replay(system, mode="symmetric").time_s
+    assert symmetric == pytest.approx(trace.replay(system, mode="full").time_s, rel=0.01)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"expert_overlap_chunks": 2}, "expert_overlap_chunks=2 overlaps the all-to-alls .* it needs ep > 1"),
     ({"expert_overlap_chunks": 0, "dp": 2, "ep": 2}, "'expert_overlap_chunks' must be a positive integer, got 0"),
