@@ -628,7 +628,7 @@ class _Transformer:
         self._gemm(gpus, [], at("router"), model.experts, tokens, h, trans_a=True)
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         permute = self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
-        chunks = plan.chunks(self.expert_chunks) if self.par.ep > 1 else [plan]
+        chunks = plan.chunks(self.expert_chunks) if self.expert_chunks > 1 else [plan]
         if len(chunks) == 1:
             self._expert_all_to_all(stage, at("moe_dispatch"), plan)
             self._expert_gemms(stage, plan, at, "expert_fc1", lambda rows: (self.ff_in, rows, h), trans_a=True)
@@ -663,7 +663,7 @@ class _Transformer:
         plan = self.expert_plan(tokens, layer)
         buffer = plan.sent * h
         unpermute = self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
-        chunks = plan.chunks(self.expert_chunks) if self.par.ep > 1 else [plan]
+        chunks = plan.chunks(self.expert_chunks) if self.expert_chunks > 1 else [plan]
         if len(chunks) == 1:
             self._expert_all_to_all(stage, at("moe_combine_bwd"), plan)
             self._expert_gemms(stage, plan, at, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h))

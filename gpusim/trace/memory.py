@@ -104,9 +104,9 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
     if model.experts:
         ep = builder.par.ep
         layers = range(len(builder.expert_load)) if builder.expert_load else [0]
-        plan = max((builder.expert_plan(tokens, layer) for layer in layers),  # the busiest layer's
-                   key=lambda plan: max(plan.received(place) for place in range(ep)))
-        busiest = max(plan.received(place) for place in range(ep))  # the busiest rank's experts' rows
+        # the busiest layer's plan, and the rows of its busiest rank's experts
+        busiest, plan = max(((max(plan.received(place) for place in range(ep)), plan)
+                             for plan in (builder.expert_plan(tokens, layer) for layer in layers)), key=lambda item: item[0])
         received = 0 if builder.par.ep == 1 else plan.sent if plan.uniform else busiest  # the tokens received
         mlp = (FP32_BYTES * tokens * model.experts + size * h * (2 * plan.sent + received)  # router; buffers; combined
                + size * busiest * (builder.ff_in + builder.ff_t))
