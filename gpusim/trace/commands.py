@@ -21,8 +21,8 @@ PATTERN_CHARACTERS = "*?["
 MODEL_OPTIONS = ("phase", "tp", "dp", "pp", "batch", "seq_len", "microbatches", "schedule", "recompute", "layers",
                  "decode_tokens", "attention", "dtype", "sequence_parallel", "vocab_divisible_by",
                  "async_tp_backward", "distributed_optimizer", "overlap_param_gather", "virtual_stages", "ep",
-                 "expert_capacity_factor", "expert_load", "expert_gemm", "expert_overlap_chunks", "prefill_tokens",
-                 "prefill_context")
+                 "expert_capacity_factor", "expert_load", "expert_gemm", "expert_overlap_chunks", "shared_expert_overlap",
+                 "prefill_tokens", "prefill_context")
 """The ``simulate`` options that describe a generated model (``--model``), by argparse name."""
 
 
@@ -162,7 +162,8 @@ INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "laye
                      "vocab_divisible_by", "virtual_stages", "ep", "expert_overlap_chunks", "prefill_tokens",
                      "prefill_context")
 FLOAT_MODEL_OPTIONS = ("expert_capacity_factor",)
-FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather")
+FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather",
+                      "shared_expert_overlap")
 
 
 def _model_option_value(name: str, text: object) -> object:
@@ -492,6 +493,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-overlap-chunks", type=int,
                         help="--model with experts and --ep above 1: overlap the all-to-alls with the experts' GEMMs "
                              "in this many chunks of the tokens (default: 1, in turn)")
+    parser.add_argument("--shared-expert-overlap", action="store_true", default=None,
+                        help="--model with a shared expert and --ep above 1: run the shared expert beside the "
+                             "all-to-alls, as Megatron-LM's --moe-shared-expert-overlap does")
     parser.add_argument("--expert-gemm", choices=["grouped", "sequential"],
                         help="--model with experts: each rank's experts' GEMMs in one kernel (batched, or grouped "
                              "under --expert-load; default) or one kernel per expert")

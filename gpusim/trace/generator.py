@@ -304,7 +304,7 @@ class _Transformer:
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
                  expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
                  expert_load: tuple[tuple[tuple[float, ...], ...], ...] | None, expert_gemm: str,
-                 expert_overlap_chunks: int):
+                 expert_overlap_chunks: int, shared_expert_overlap: bool):
         self.model = model
         self.phase = phase
         self.par = par
@@ -344,6 +344,10 @@ class _Transformer:
         self.expert_load = expert_load
         self.expert_gemm = expert_gemm
         self.expert_chunks = expert_overlap_chunks
+        self.shared_overlap = shared_expert_overlap
+        self.shared_t = math.ceil((model.shared_expert_ffn or 0) / tp)
+        """This rank's slice of the shared expert's intermediate features (0: none)."""
+        self.shared_in = self.shared_t * (2 if model.activation == "swiglu" else 1)
         self.local_experts = (model.experts or 0) // par.ep
         self.expert_drops: dict[int, float] = {}
         """layer -> the share of the routed copies its forward pass drops at the experts' capacity."""
@@ -629,16 +633,18 @@ class _Transformer:
         self._reduction(gpus, [], at("router_softmax"), "softmax", tokens, model.experts)
         permute = self._elementwise(gpus, [], at("moe_permute"), "copy", buffer)
         chunks = plan.chunks(self.expert_chunks) if self.expert_chunks > 1 else [plan]
-        if len(chunks) == 1:
+        if len(chunks) == 1 and not self.shared_overlap:
             self._expert_all_to_all(stage, at("moe_dispatch"), plan)
             self._expert_gemms(stage, plan, at, "expert_fc1", lambda rows: (self.ff_in, rows, h), trans_a=True)
             self._expert_activation(stage, plan, at, backward=False)
             self._expert_gemms(stage, plan, at, "expert_fc2", lambda rows: (h, rows, self.ff_t), trans_a=True)
             self._expert_all_to_all(stage, at("moe_combine"), plan, back=True)
-            return self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
-        labels = [self._chunk_labels(at, chunk) for chunk in range(len(chunks))]
+            unpermute = self._elementwise(gpus, [], at("moe_unpermute"), "mul", buffer)
+            return self._shared_expert_forward(gpus, at, tokens) or unpermute
+        labels = self._chunk_labels(at, len(chunks))
         dispatches = [self._expert_all_to_all(stage, label("moe_dispatch"), part, after=[permute], stream=EP_STREAM)
                       for part, label in zip(chunks, labels)]
+        shared = self._shared_expert_forward(gpus, at, tokens, add=False)  # beside the dispatches
         combines = []
         for part, label, dispatch in zip(chunks, labels, dispatches):
             self._expert_gemms(stage, part, label, "expert_fc1", lambda rows: (self.ff_in, rows, h), after=[dispatch],
@@ -647,12 +653,43 @@ class _Transformer:
             fc2 = self._expert_gemms(stage, part, label, "expert_fc2", lambda rows: (h, rows, self.ff_t), trans_a=True)
             combines.append(self._expert_all_to_all(stage, label("moe_combine"), part, back=True, after=[fc2],
                                                     stream=EP_STREAM))
-        return self._elementwise(gpus, combines, at("moe_unpermute"), "mul", buffer)
+        unpermute = self._elementwise(gpus, combines, at("moe_unpermute"), "mul", buffer)
+        if shared is None:
+            return unpermute
+        return self._elementwise(gpus, [], at("shared_expert_add"), "add", tokens * h)
+
+    def _shared_expert_forward(self, gpus: list[int], at: Callable[[str], dict], tokens: int,
+                               add: bool = True) -> Handle | None:
+        """The shared expert's MLP on all ``tokens`` (``shared_fc1``, its activation, ``shared_fc2``,
+        tensor-parallel as a dense MLP) and, with ``add``, its output added to the routed experts'
+        (``shared_expert_add``); returns the last op, ``None`` when the model has no shared expert."""
+        if not self.shared_t:
+            return None
+        h = self.model.hidden
+        self._gemm(gpus, [], at("shared_fc1"), self.shared_in, tokens, h, trans_a=True)
+        self._activation(gpus, at, "shared_", tokens * self.shared_t)
+        last = self._gemm(gpus, [], at("shared_fc2"), h, tokens, self.shared_t, trans_a=True)
+        return self._elementwise(gpus, [], at("shared_expert_add"), "add", tokens * h) if add else last
+
+    def _shared_expert_backward(self, gpus: list[int], at: Callable[[str], dict], tokens: int) -> None:
+        """The backward pass of :meth:`_shared_expert_forward`'s MLP (none without a shared expert);
+        its weight gradients are reduced with the layer's data-parallel ones."""
+        if not self.shared_t:
+            return
+        h = self.model.hidden
+        self._gemm(gpus, [], at("shared_fc2_dgrad"), self.shared_t, tokens, h)
+        self._gemm(gpus, [], at("shared_fc2_wgrad"), self.shared_t, h, tokens, trans_b=True)
+        self._activation_backward(gpus, at, "shared_", tokens * self.shared_t)
+        self._gemm(gpus, [], at("shared_fc1_dgrad"), h, tokens, self.shared_in)
+        self._gemm(gpus, [], at("shared_fc1_wgrad"), h, self.shared_in, tokens, trans_b=True)
 
     @staticmethod
-    def _chunk_labels(at: Callable[[str], dict], chunk: int) -> Callable[[str], dict]:
-        """``at`` for the ops of one chunk of an overlapped mixture of experts (``name.chunk``)."""
-        return lambda op: at(f"{op}.{chunk}")
+    def _chunk_labels(at: Callable[[str], dict], count: int) -> list[Callable[[str], dict]]:
+        """``at`` for the ops of each of ``count`` chunks of an overlapped mixture of experts
+        (``name.chunk``; ``at`` itself for a single one)."""
+        if count == 1:
+            return [at]
+        return [lambda op, chunk=chunk: at(f"{op}.{chunk}") for chunk in range(count)]
 
     def _experts_backward(self, stage: int, layer: int, at: Callable[[str], dict], tokens: int) -> None:
         """The backward pass of :meth:`_experts_forward`: the buffer's gradient back to the experts,
@@ -664,7 +701,8 @@ class _Transformer:
         buffer = plan.sent * h
         unpermute = self._elementwise(gpus, [], at("moe_unpermute_bwd"), "mul", buffer)
         chunks = plan.chunks(self.expert_chunks) if self.expert_chunks > 1 else [plan]
-        if len(chunks) == 1:
+        if len(chunks) == 1 and not self.shared_overlap:
+            self._shared_expert_backward(gpus, at, tokens)
             self._expert_all_to_all(stage, at("moe_combine_bwd"), plan)
             self._expert_gemms(stage, plan, at, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h))
             self._expert_gemms(stage, plan, at, "expert_fc2_wgrad", lambda rows: (self.ff_t, h, rows), trans_b=True)
@@ -676,9 +714,10 @@ class _Transformer:
             self._expert_all_to_all(stage, at("moe_dispatch_bwd"), plan, back=True)
             dispatches = []  # on the compute stream, before the permutation's gradient
         else:  # each chunk's data gradients between its exchanges, then the weight gradients of all rows
-            labels = [self._chunk_labels(at, chunk) for chunk in range(len(chunks))]
+            labels = self._chunk_labels(at, len(chunks))
             combines = [self._expert_all_to_all(stage, label("moe_combine_bwd"), part, after=[unpermute],
                                                 stream=EP_STREAM) for part, label in zip(chunks, labels)]
+            self._shared_expert_backward(gpus, at, tokens)  # beside the exchanges
             dispatches = []
             for part, label, combine in zip(chunks, labels, combines):
                 self._expert_gemms(stage, part, label, "expert_fc2_dgrad", lambda rows: (self.ff_t, rows, h),
@@ -692,6 +731,8 @@ class _Transformer:
                                        trans_b=True)
             self._expert_gradients(stage, layer, wgrad, at)
         self._elementwise(gpus, dispatches, at("moe_permute_bwd"), "add", buffer)
+        if self.shared_t:  # the input's gradients through the shared expert and the routed ones, summed
+            self._elementwise(gpus, [], at("shared_expert_add_bwd"), "add", tokens * h)
         self._reduction(gpus, [], at("router_softmax_bwd"), "softmax_backward", tokens, model.experts)
         self._gemm(gpus, [], at("router_dgrad"), h, tokens, model.experts)
         self._gemm(gpus, [], at("router_wgrad"), h, model.experts, tokens, trans_b=True)
@@ -917,11 +958,13 @@ class _Transformer:
 
     def layer_tensors(self) -> list[int]:
         """Elements of every parameter tensor of one layer on one rank (column-parallel biases sliced,
-        row-parallel biases and norms replicated; a mixture's router replicated and ``experts / ep``
-        experts)."""
+        row-parallel biases and norms replicated; a mixture's router replicated, ``experts / ep``
+        experts and its shared expert sliced as a dense MLP)."""
         h = self.model.hidden
         norm = self.model.norm_tensors()
         mlp = [h * self.model.experts, *self.expert_tensors()] if self.model.experts else self._mlp_tensors()
+        if self.shared_t:
+            mlp += [*self._linear(h * self.shared_in, self.shared_in), *self._linear(self.shared_t * h, h)]
         return [*norm, *self._linear(h * self.qkv_out, self.qkv_out), *self._linear(self.q_width * h, h), *norm, *mlp]
 
     def embedding_tensors(self, stage: int) -> list[int]:
@@ -1302,6 +1345,7 @@ def transformer(
     expert_load: Sequence[float] | Sequence[Sequence[float]] | None = None,
     expert_gemm: str = "grouped",
     expert_overlap_chunks: int = 1,
+    shared_expert_overlap: bool = False,
     prefill_tokens: int = 0,
     prefill_context: int = 0,
 ) -> Trace:
@@ -1358,6 +1402,12 @@ def transformer(
         gradients, then the weight gradients of all rows.  Fewer chunks where there are fewer
         rows.  1 (default): the exchanges on the compute stream, in turn with the GEMMs.  Above 1
         it needs ``ep > 1``.
+    shared_expert_overlap
+        Run a mixture of experts' shared expert (``shared_expert_ffn`` in the model) beside the
+        all-to-alls, as Megatron-LM's ``--moe-shared-expert-overlap`` does: the exchanges go to
+        the ``ep_comm`` stream and the shared expert's MLP runs while the dispatches (backward:
+        the combines' gradients) travel.  ``False`` (default): the shared expert after the routed
+        experts, in turn (backward: before them).  Needs a shared expert and ``ep > 1``.
     batch
         Global batch in sequences (default: the model's); split over ``dp`` replicas and
         ``microbatches``.
@@ -1493,6 +1543,12 @@ def transformer(
     if expert_gemm != "grouped" and config.experts is None:
         raise TraceError(f"transformer(): expert_gemm={expert_gemm!r} applies to a mixture-of-experts model "
                          f"('experts' in its file); {config.name} has a dense MLP")
+    if not isinstance(shared_expert_overlap, bool):
+        raise TraceError(f"transformer(): 'shared_expert_overlap' must be True or False, got {shared_expert_overlap!r}")
+    if shared_expert_overlap and (not config.shared_expert_ffn or ep == 1):
+        raise TraceError(f"transformer(): shared_expert_overlap runs a shared expert beside the all-to-alls of expert "
+                         f"parallelism; it needs a model with a shared expert ('shared_expert_ffn'; {config.name} "
+                         f"has {config.shared_expert_ffn or 'none'}) and ep > 1 (got {ep})")
     if _positive("expert_overlap_chunks", expert_overlap_chunks) > 1 and ep == 1:
         raise TraceError(f"transformer(): expert_overlap_chunks={expert_overlap_chunks} overlaps the all-to-alls "
                          f"of expert parallelism with the experts' GEMMs; it needs ep > 1")
@@ -1538,7 +1594,7 @@ def transformer(
                             bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                             vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
                             overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context,
-                            load, expert_gemm, expert_overlap_chunks)
+                            load, expert_gemm, expert_overlap_chunks, shared_expert_overlap)
 
     builder = builder_of(config)
     frame = pd.DataFrame(builder.build())
@@ -1556,6 +1612,7 @@ def transformer(
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
         "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
         "expert_load": _load_metadata(load), "expert_gemm": expert_gemm, "expert_overlap_chunks": expert_overlap_chunks,
+        "shared_expert_overlap": shared_expert_overlap,
         "expert_dropped": None if load is None else [builder.expert_drops[layer] for layer in sorted(builder.expert_drops)],
         "prefill_tokens": prefill_tokens, "prefill_context": prefill_context,
     }  # fmt: skip

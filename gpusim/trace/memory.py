@@ -109,7 +109,8 @@ def layer_activations(builder: _Transformer, full: bool = False) -> int:
                              for plan in (builder.expert_plan(tokens, layer) for layer in layers)), key=lambda item: item[0])
         received = 0 if builder.par.ep == 1 else plan.sent if plan.uniform else busiest  # the tokens received
         mlp = (FP32_BYTES * tokens * model.experts + size * h * (2 * plan.sent + received)  # router; buffers; combined
-               + size * busiest * (builder.ff_in + builder.ff_t))
+               + size * busiest * (builder.ff_in + builder.ff_t)
+               + size * tokens * (builder.shared_in + builder.shared_t))  # the shared expert's, if any
     else:
         mlp = size * tokens * (builder.ff_in + builder.ff_t)  # the activation's input and output
     return norms + inputs + masks + attention + mlp

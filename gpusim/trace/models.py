@@ -78,6 +78,10 @@ class ModelConfig(BaseModel):
     experts_per_token
         Experts each token is routed to (top-k); at most ``experts``; only with ``experts``
         (default: :data:`DEFAULT_EXPERTS_PER_TOKEN`).
+    shared_expert_ffn
+        Features of the shared expert that every token of a mixture of experts passes through
+        beside its routed ones, an MLP like theirs (DeepSeek-MoE, Qwen-MoE; several shared experts
+        are one of their summed width); only with ``experts``.  ``None`` (the default): none.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -103,9 +107,10 @@ class ModelConfig(BaseModel):
     tied_embeddings: bool = True
     experts: int | None = Field(default=None, ge=2)
     experts_per_token: int | None = Field(default=None, gt=0)
+    shared_expert_ffn: int | None = Field(default=None, gt=0)
 
     @field_validator("hidden", "layers", "heads", "kv_heads", "d_head", "ffn_hidden", "vocab", "seq_len", "batch",
-                     "experts", "experts_per_token", mode="before")
+                     "experts", "experts_per_token", "shared_expert_ffn", mode="before")
     @classmethod
     def _not_a_boolean(cls, value: object) -> object:
         """Reject ``true``/``false`` for a count (pydantic would read them as 1 and 0)."""
@@ -122,6 +127,8 @@ class ModelConfig(BaseModel):
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.key_value_heads})")
         if self.experts is None and self.experts_per_token is not None:
             raise ValueError("experts_per_token routes tokens in a mixture of experts; it needs experts")
+        if self.experts is None and self.shared_expert_ffn is not None:
+            raise ValueError("shared_expert_ffn is a mixture of experts' shared expert; it needs experts")
         if self.experts is not None and self.top_k > self.experts:
             raise ValueError(f"experts_per_token ({self.top_k}) exceeds experts ({self.experts})")
         return self
@@ -159,15 +166,16 @@ class ModelConfig(BaseModel):
         """Parameters of one norm (:meth:`norm_tensors`)."""
         return sum(self.norm_tensors())
 
-    def mlp_parameters(self) -> int:
-        """Parameters of one dense MLP, or of one expert of a mixture of experts (weights and biases)."""
-        h, f = self.hidden, self.intermediate
+    def mlp_parameters(self, features: int | None = None) -> int:
+        """Parameters of one dense MLP, or of one expert of a mixture of experts (weights and biases);
+        of ``features`` intermediate features where given (the shared expert's)."""
+        h, f = self.hidden, features or self.intermediate
         up = 2 * f if self.activation == "swiglu" else f  # a gated MLP's gate and up projections
         return h * up + f * h + (up + h if self.bias else 0)
 
     def layer_parameters(self) -> int:
-        """Parameters of one transformer layer: attention, the MLP (every expert of a mixture, and its
-        router), two norms; biases where the model has them."""
+        """Parameters of one transformer layer: attention, the MLP (every expert of a mixture, its
+        router and its shared expert), two norms; biases where the model has them."""
         h, q = self.hidden, self.attention_width
         kv = self.key_value_heads * self.head_dim
         attention = h * (q + 2 * kv) + q * h + ((q + 2 * kv) + h if self.bias else 0)
@@ -175,6 +183,8 @@ class ModelConfig(BaseModel):
             mlp = self.mlp_parameters()
         else:
             mlp = self.experts * self.mlp_parameters() + h * self.experts
+            if self.shared_expert_ffn:
+                mlp += self.mlp_parameters(self.shared_expert_ffn)
         return attention + mlp + 2 * self.norm_parameters()
 
     def parameters(self) -> int:
