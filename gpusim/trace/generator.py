@@ -665,11 +665,17 @@ class _Transformer:
         (``shared_expert_add``); returns the last op, ``None`` when the model has no shared expert."""
         if not self.shared_t:
             return None
+        last = self._mlp_forward(gpus, at, "shared_", tokens, self.shared_in, self.shared_t)
+        return self._elementwise(gpus, [], at("shared_expert_add"), "add", tokens * self.model.hidden) if add else last
+
+    def _mlp_forward(self, gpus: list[int], at: Callable[[str], dict], prefix: str, tokens: int, inner: int,
+                     width: int) -> Handle:
+        """A dense MLP's forward GEMMs on ``tokens`` (``{prefix}fc1`` of ``inner`` outputs, the
+        activation over ``width`` features, ``{prefix}fc2``); returns the second GEMM."""
         h = self.model.hidden
-        self._gemm(gpus, [], at("shared_fc1"), self.shared_in, tokens, h, trans_a=True)
-        self._activation(gpus, at, "shared_", tokens * self.shared_t)
-        last = self._gemm(gpus, [], at("shared_fc2"), h, tokens, self.shared_t, trans_a=True)
-        return self._elementwise(gpus, [], at("shared_expert_add"), "add", tokens * h) if add else last
+        self._gemm(gpus, [], at(f"{prefix}fc1"), inner, tokens, h, trans_a=True)
+        self._activation(gpus, at, prefix, tokens * width)
+        return self._gemm(gpus, [], at(f"{prefix}fc2"), h, tokens, width, trans_a=True)
 
     def _shared_expert_backward(self, gpus: list[int], at: Callable[[str], dict], tokens: int) -> None:
         """The backward pass of :meth:`_shared_expert_forward`'s MLP (none without a shared expert);
@@ -791,9 +797,7 @@ class _Transformer:
         if model.experts:
             last = self._experts_forward(stage, layer, at, t)
         else:
-            self._gemm(gpus, [], at("fc1"), self.ff_in, t, h, trans_a=True)
-            self._activation(gpus, at, "", t * self.ff_t)
-            last = self._gemm(gpus, [], at("fc2"), h, t, self.ff_t, trans_a=True)
+            last = self._mlp_forward(gpus, at, "", t, self.ff_in, self.ff_t)
         last = self._tp_reduce(stage, at, "mlp_{}", nbytes) or last
         return self._elementwise(gpus, [], at("mlp_residual"), residual, t_rank * h)
 
@@ -947,10 +951,11 @@ class _Transformer:
         """Elements of a linear layer's weight tensor and, where the model has biases, its bias."""
         return [weights, bias] if self.model.bias else [weights]
 
-    def _mlp_tensors(self) -> list[int]:
-        """Elements of this rank's slice of one MLP's (or one expert's) tensors."""
-        h = self.model.hidden
-        return [*self._linear(h * self.ff_in, self.ff_in), *self._linear(self.ff_t * h, h)]
+    def _mlp_tensors(self, inner: int | None = None, width: int | None = None) -> list[int]:
+        """Elements of this rank's slice of one MLP's (or one expert's) tensors: FC-1 of ``inner``
+        outputs and FC-2 of ``width`` inputs (default: the model's MLP)."""
+        h, inner, width = self.model.hidden, inner or self.ff_in, width or self.ff_t
+        return [*self._linear(h * inner, inner), *self._linear(width * h, h)]
 
     def expert_tensors(self) -> list[int]:
         """Elements of the tensors of this rank's experts (none for a dense MLP)."""
@@ -964,7 +969,7 @@ class _Transformer:
         norm = self.model.norm_tensors()
         mlp = [h * self.model.experts, *self.expert_tensors()] if self.model.experts else self._mlp_tensors()
         if self.shared_t:
-            mlp += [*self._linear(h * self.shared_in, self.shared_in), *self._linear(self.shared_t * h, h)]
+            mlp += self._mlp_tensors(self.shared_in, self.shared_t)
         return [*norm, *self._linear(h * self.qkv_out, self.qkv_out), *self._linear(self.q_width * h, h), *norm, *mlp]
 
     def embedding_tensors(self, stage: int) -> list[int]:
