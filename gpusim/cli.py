@@ -304,9 +304,12 @@ def timeline_figure(result, title: str):
 def write_outputs(result, out: Path, title: str) -> None:
     """Write a result's tables, a timeline plot and a Perfetto trace into the existing folder ``out``."""
     from gpusim import plot
+    from gpusim.energy import has_energy
 
     result.ops.to_csv(out / "ops.csv", index=False)
     result.summary().to_csv(out / "summary.csv", index=False)
+    if has_energy(result):
+        result.energy().to_csv(out / "energy.csv", index=False)
     plot.save_figure(timeline_figure(result, title), out / "timeline.png")
     result.to_perfetto(out / "timeline.perfetto.json")
 
@@ -315,6 +318,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Simulate ops given on the command line."""
     import pandas as pd
 
+    from gpusim.energy import describe, has_energy
     from gpusim.simulate import run
     from gpusim.system import load_system
 
@@ -329,10 +333,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                                     "gb_per_s"]].to_string(index=False))
         print(f"total {result.time_s * 1e3:.3f} ms simulated ({result.stats['mode']} mode); "
               f"{result.stats['events']} events in {result.stats['wall_s']:.2f} s")
+        energy_line = describe(result)
+        if energy_line is not None:
+            print(energy_line)
         if stage is not None:
             write_outputs(result, stage, f"{system.name}")
     if out is not None:
-        print(f"wrote {out}/ (ops.csv, summary.csv, timeline.png, timeline.perfetto.json)")
+        print(f"wrote {out}/ (ops.csv, summary.csv{', energy.csv' if has_energy(result) else ''}, timeline.png, "
+              "timeline.perfetto.json)")
     return 0
 
 

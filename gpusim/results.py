@@ -182,6 +182,19 @@ class Result:
         table["gb_per_s"] = table["bytes"] / took / 1e9
         return table.reset_index()[SUMMARY_COLUMNS]
 
+    def energy(self) -> pd.DataFrame:
+        """Energy per simulated GPU and component, J (:func:`gpusim.energy.energy`; needs the GPU's
+        ``power`` section)."""
+        from gpusim.energy import energy
+
+        return energy(self)
+
+    def power(self) -> pd.DataFrame:
+        """Energy, average power and power limit per simulated GPU (:func:`gpusim.energy.power`)."""
+        from gpusim.energy import power
+
+        return power(self)
+
     def dram_totals(self) -> pd.DataFrame:
         """DRAM bytes per GPU, stream and direction."""
         if self.dram.empty:

@@ -646,6 +646,68 @@ class GemmTmaConfig(Model):
     cluster_size: PositiveInt = 1
 
 
+class PowerConfig(Model):
+    """What the GPU's activity costs in energy (:mod:`gpusim.energy`).
+
+    The model is activity-based: every quantity the simulation counts (full-rate work of the matrix
+    and vector units, L2 traffic, DRAM row activations, bytes moved inside and out of the DRAM dies,
+    near-bank ALU work, link bytes) costs a fixed energy, and the GPU draws ``idle_watts`` for as
+    long as the run lasts.  The clock does not react to power: a run whose average exceeds
+    ``tdp_watts`` is flagged, where real hardware would lower its clock.
+
+    Attributes
+    ----------
+    tdp_watts
+        The board's power limit, W.
+    idle_watts
+        Drawn with the clocks up and no kernel running, W (leakage, clocks, fans' share, the
+        memory's refresh and background power).
+    matrix_watts
+        Power above idle of the matrix units (and the operand traffic that feeds them: register
+        file, shared memory) when all of them run at their peak rate, W.  A FLOP costs this divided
+        by the GPU's peak for the units it runs on, so a type with twice the peak costs half the
+        energy per FLOP.
+    vector_watts
+        The same for the vector (CUDA-core, SIMD) units at their peak rate, W.
+    l2_pj_per_byte
+        Energy of a byte read from or written to the L2, including the on-chip network, pJ.
+    dram_activate_nj
+        Energy of one row activation (and its precharge) as the model counts them, nJ.
+    dram_array_pj_per_byte
+        Energy of a byte read or written in a bank and carried across the DRAM die to its I/O
+        (column access and on-die data movement), pJ.  An op-and-store reads and writes the bank:
+        it costs this twice.
+    dram_io_pj_per_byte
+        Energy of a byte crossing between the DRAM stack and the GPU (through-silicon vias, the
+        interposer and both ends' PHYs), pJ.
+    nmc_bank_pj_per_byte
+        Energy of a byte that a near-bank ALU reads or writes in its own bank: the column access
+        without the trip across the die, pJ.
+    nmc_alu_pj_per_byte
+        Energy of a near-bank ALU's arithmetic per byte of operands it reads, pJ.
+    link_pj_per_byte
+        Energy of a byte this GPU sends over its links or the switch (SerDes at both ends), pJ.
+    """
+
+    tdp_watts: PositiveFloat
+    idle_watts: PositiveFloat
+    matrix_watts: Float = Field(ge=0)
+    vector_watts: Float = Field(ge=0)
+    l2_pj_per_byte: Float = Field(ge=0)
+    dram_activate_nj: Float = Field(ge=0)
+    dram_array_pj_per_byte: Float = Field(ge=0)
+    dram_io_pj_per_byte: Float = Field(ge=0)
+    nmc_bank_pj_per_byte: Float = Field(ge=0)
+    nmc_alu_pj_per_byte: Float = Field(ge=0)
+    link_pj_per_byte: Float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _idle_below_limit(self) -> PowerConfig:
+        if self.idle_watts >= self.tdp_watts:
+            raise ValueError(f"idle_watts ({self.idle_watts:g}) must be below tdp_watts ({self.tdp_watts:g})")
+        return self
+
+
 class GpuConfig(Model):
     """One GPU.
 
@@ -729,6 +791,9 @@ class GpuConfig(Model):
         :mod:`gpusim.kernels.rowreduce`.)  The default, 16 (one 16-byte vector per thread), was the
         core's fixed value before this field existed; the MI210's fit chose it too (stop 19), and
         the other presets take it without a fit of their own.
+    power
+        Energy per unit of activity and the power limit (:class:`PowerConfig`), or ``None`` where
+        the preset has no power model (:func:`gpusim.energy.energy` then says so).
     """
 
     name: Name
@@ -757,6 +822,7 @@ class GpuConfig(Model):
     nmc: NmcConfig = NmcConfig()
     dma: DmaConfig = DmaConfig()
     tracker: TrackerConfig = TrackerConfig()
+    power: PowerConfig | None = None
 
     @property
     def unloaded_miss_latency_ns(self) -> float:
@@ -773,3 +839,14 @@ class GpuConfig(Model):
     def vector_flops_per_s(self, dtype: str) -> float:
         """Peak vector FLOP/s of the whole GPU for ``dtype``."""
         return self.num_cus * self.cu.vector_flops_per_cycle.get(dtype, 0.0) * self.clock_hz
+
+    def gemm_math(self, dtype: str) -> tuple[Literal["matrix", "vector"], float]:
+        """The units a GEMM (or attention) of ``dtype`` runs on and their peak FLOP/s over the whole
+        GPU (:meth:`CuConfig.gemm_units`, :meth:`CuConfig.gemm_peak`)."""
+        units = "matrix" if self.cu.gemm_units(dtype) else "vector"
+        return units, self.num_cus * self.cu.gemm_peak(dtype) * self.clock_hz
+
+    def vector_math(self, dtype: str) -> tuple[Literal["vector"], float]:
+        """The vector units and their peak FLOP/s for ``dtype`` over the whole GPU
+        (:meth:`CuConfig.vector_peak`)."""
+        return "vector", self.num_cus * self.cu.vector_peak(dtype) * self.clock_hz

@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import simpy
 
@@ -233,6 +234,11 @@ class Kernel:
     stalls
         Intervals (start, end in ns) in which the kernel's resident WGs all waited for their input
         to arrive, and none worked (:class:`StallClock`); results show them as ``waiting`` spans.
+    math_units, peak_flops_per_s
+        The units (``"matrix"`` or ``"vector"``) that run the FLOPs of ``info["flops"]``, and the
+        whole GPU's peak rate of those units for the kernel's type, FLOP/s (``None`` and 0: the
+        kernel's arithmetic is not counted).  The run counts ``flops / peak`` as the units' busy
+        time at full rate, which the energy model prices (:mod:`gpusim.energy`).
     """
 
     name: str
@@ -243,6 +249,8 @@ class Kernel:
     wg_order: Sequence[int] | None = None
     info: dict = field(default_factory=dict)
     stalls: list[tuple[float, float]] = field(default_factory=list)
+    math_units: Literal["matrix", "vector"] | None = None
+    peak_flops_per_s: float = 0.0
 
 
 WAITING_PREFIX = "waiting: "

@@ -153,7 +153,10 @@ class ChannelStats:
     bytes_read, bytes_written, bytes_updated
         Data moved by kind of request.
     activations
-        Row activations.
+        Row activations: of simulated rows (``lockstep_channels`` physical rows each), of the
+        physical rows of strided runs (``run_activations``) and of the near-bank ALUs' commands.
+    run_activations
+        The physical row activations of requests for strided data in runs shorter than a row.
     row_hits
         Segments that found their row open.
     busy_ns
@@ -164,6 +167,7 @@ class ChannelStats:
     bytes_written: float = 0.0
     bytes_updated: float = 0.0
     activations: int = 0
+    run_activations: int = 0
     row_hits: int = 0
     busy_ns: float = 0.0
 
@@ -305,6 +309,7 @@ class HbmChannel:
             start = self.activations_free if self.activations_free > now else now
             self.activations_free = start + runs / self.lockstep * self.activate_interval
             stats.activations += runs
+            stats.run_activations += runs
             opened = self.activations_free + self.t_rcd
             if opened > end:
                 end = opened

@@ -260,6 +260,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from gpusim import plot
     from gpusim.cli import parse_vary
+    from gpusim.energy import describe
     from gpusim.parameter_sweep import SYSTEM_KEY
     from gpusim.trace.breakdown import breakdown
 
@@ -310,6 +311,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         stats = result.stats
         print(f"{stats['simulated_rows']} of {stats['trace_rows']} rows simulated; {stats['events']} events in "
               f"{stats['wall_s']:.1f} s ({stats['events_per_s']:.0f} events/s)")
+        energy_line = describe(result)
+        if energy_line is not None:
+            print(energy_line)
         _report_not_modelled(trace)
         memory = _report_memory(trace, system) if args.model else None
         if stage is not None:

@@ -1,0 +1,136 @@
+"""The energy model: activity priced per component, against the presets' power sections and the
+H100/H200 power samples measured in this project."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpusim
+from gpusim import ops
+from gpusim.energy import ENERGY_COLUMNS, describe, energy, power
+from gpusim.errors import ConfigError, SimulationError
+from gpusim.trace.generator import transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = gpusim.load_system("h200-sxm")
+T3 = gpusim.load_system("t3-table8.1")
+BERT_BASE = [768 * 768] * 24 + [768 * 3072] * 12 + [768] * 100  # a BERT-base-like mix of tensor sizes
+
+
+def by_component(result) -> dict[str, float]:
+    return energy(result).set_index("component")["energy_j"].to_dict()
+
+
+def test_the_parts_add_up_and_idle_power_lasts_the_whole_run():
+    result = gpusim.run(H200, ops.Gemm(2048, 2048, 2048, "fp16"))
+    parts = energy(result)
+    assert list(parts.columns) == ENERGY_COLUMNS
+    totals = power(result).iloc[0]
+    assert totals["energy_j"] == pytest.approx(parts["energy_j"].sum())
+    assert totals["average_w"] == pytest.approx(totals["energy_j"] / result.time_s)
+    idle = parts.set_index("component").loc["idle"]
+    assert idle["energy_j"] == pytest.approx(125.0 * result.time_s)
+
+
+def test_a_flop_costs_the_units_power_over_their_peak():
+    """TF32 GEMMs run on Hopper's tensor cores at half the fp16 peak: twice the energy per FLOP;
+    fp32 ones (no TF32) on the vector units."""
+    half = by_component(gpusim.run(H200, ops.Gemm(1024, 1024, 1024, "fp16")))
+    tf32 = by_component(gpusim.run(H200, ops.Gemm(1024, 1024, 1024, "tf32")))
+    single = by_component(gpusim.run(H200, ops.Gemm(1024, 1024, 1024, "fp32")))
+    deeper = by_component(gpusim.run(H200, ops.Gemm(1024, 1024, 2048, "fp16")))
+    assert tf32["matrix"] == pytest.approx(2 * half["matrix"])
+    assert single["matrix"] == 0 and single["vector"] > half["matrix"]
+    assert deeper["matrix"] == pytest.approx(2 * half["matrix"])
+    flops = 2 * 1024**3
+    assert half["matrix"] / flops == pytest.approx(570 / H200.config.gpu.matrix_flops_per_s("fp16"))
+
+
+def test_near_memory_lamb_saves_the_data_movement():
+    gpu = by_component(gpusim.run(T3, ops.Optimizer("lamb", BERT_BASE, impl="multi_fused")))
+    nmc = by_component(gpusim.run(T3, ops.Optimizer("lamb", BERT_BASE, impl="nmc")))
+    assert nmc["dram_io"] < gpu["dram_io"] / 10
+    assert nmc["l2"] < gpu["l2"] / 10
+    assert nmc["nmc_bank"] > 0 and gpu["nmc_bank"] == 0
+    assert sum(nmc.values()) < sum(gpu.values())
+
+
+def test_more_temporary_storage_opens_fewer_rows():
+    """Each activation is paid for; 4x the storage per ALU reads more columns per row opened."""
+    small = gpusim.load_system("t3-table8.1", {"gpu.nmc.temp_storage_bytes": "256B"})
+    large = gpusim.load_system("t3-table8.1", {"gpu.nmc.temp_storage_bytes": "1KiB"})
+    spent = [by_component(gpusim.run(system, ops.Optimizer("lamb", BERT_BASE, impl="nmc")))
+             for system in (small, large)]
+    assert spent[1]["dram_activate"] < 0.7 * spent[0]["dram_activate"]
+
+
+def test_every_gpu_of_a_ring_pays_for_what_it_sends():
+    result = gpusim.run("t3-ring8", ops.AllReduce(8 * 2**20), mode="full")
+    links = energy(result).query("component == 'links'")
+    assert len(links) == 8
+    assert links["amount"].min() == pytest.approx(links["amount"].max())
+    assert links["amount"].iloc[0] == pytest.approx(result.links.query("src == 0")["bytes"].sum())
+
+
+@settings(max_examples=8, deadline=None)
+@given(elements=st.integers(min_value=2**12, max_value=2**21))
+def test_priced_bytes_are_the_bytes_the_memory_moved(elements):
+    result = gpusim.run(H200, ops.Elementwise("add", elements, "fp16"))
+    parts = energy(result).set_index("component")
+    assert (parts["energy_j"] >= 0).all()
+    assert parts.at["dram_io", "amount"] == pytest.approx(result.dram["bytes"].sum())
+    assert parts.at["l2", "amount"] >= 3 * elements * 2  # two inputs and an output pass the L2
+
+
+def test_a_gpu_without_a_power_model_says_how_to_add_one():
+    result = gpusim.run("mi210", ops.Gemm(256, 256, 256, "fp16"))
+    with pytest.raises(ConfigError, match=r"'mi210'.*no 'power' section.*h200-sxm.yaml"):
+        energy(result)
+    assert describe(result) is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"gpu.power.l2_pj_per_byte": -1}, r"l2_pj_per_byte"),
+        ({"gpu.power.idle_watts": 800}, r"idle_watts \(800\) must be below tdp_watts \(700\)"),
+    ],
+)
+def test_bad_power_values_name_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        gpusim.load_system("h200-sxm", override)
+
+
+def test_a_trace_replayed_with_layer_caching_has_no_energy():
+    trace = transformer("bert-base", phase="prompt", batch=1, seq_len=64, layers=4)
+    cached = trace.replay(H200, mode="symmetric")
+    assert cached.stats["simulated_rows"] < cached.stats["trace_rows"]
+    with pytest.raises(SimulationError, match="--no-cache"):
+        energy(cached)
+    assert describe(cached).startswith("energy not estimated")
+    whole = trace.replay(H200, mode="symmetric", cache_layers=False)
+    assert power(whole)["energy_j"].iloc[0] > 0
+
+
+def _calibration():
+    path = ROOT / "validation" / "calibration" / "power_hopper.py"
+    spec = importlib.util.spec_from_file_location("power_hopper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hopper_power_against_the_measured_samples():
+    """The H200 throttled in its GEMM section and not in its streaming one; the H100's streaming
+    section took no part in the fit (validation/calibration/power_hopper.py)."""
+    calibration = _calibration()
+    gemm = power(gpusim.run(H200, ops.Gemm(8192, 8192, 8192, "fp16"))).iloc[0]
+    assert gemm["over_tdp"]
+    copy = gpusim.run(H200, ops.Elementwise("copy", 2**28, "fp16"))
+    assert not power(copy)["over_tdp"].iloc[0]
+    measured = calibration.section_power("h100", "streaming")
+    modelled = power(gpusim.run("h100-sxm5", ops.Elementwise("copy", 2**28, "fp16")))["average_w"].iloc[0]
+    assert modelled == pytest.approx(measured, rel=0.2)
