@@ -27,7 +27,9 @@ or file as given).  Then, for a list of ops, one row per point and op:
 up to more than the iteration), ``simulated_rows``, and for a generated transformer the GPU's
 ``memory_bytes`` and whether it ``fits``.  Every row also has the point's ``total_s`` (first op start to
 last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
-for the point, s).
+for the point, s); where the GPU has a power model (:mod:`gpusim.energy`) and every row of a trace
+was simulated, also ``energy_per_gpu_j`` (the simulated GPUs' energy, averaged over them) and
+``average_w`` (the most power-hungry GPU's average power).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import pandas as pd
 from gpusim.checks import is_flag
 from gpusim.config.loader import load_system_config, override_field
 from gpusim.config.node import SystemConfig
+from gpusim.energy import has_energy, power
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
 from gpusim.hw.memctrl import PICK_POLICIES
 from gpusim.ops import Op
@@ -61,6 +64,8 @@ from gpusim.trace.trace import Trace
 MODES = ("full", "symmetric", "auto")
 POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
 """Columns of :func:`sweep_parameters` that belong to the point rather than to one op or GPU."""
+ENERGY_POINT_COLUMNS = ["energy_per_gpu_j", "average_w"]
+"""Point columns of :func:`sweep_parameters` where the points' GPUs have a power model."""
 SYSTEM_KEY = "system"
 """A key of ``vary`` whose values are whole systems (preset names or YAML paths) rather than a field."""
 BUSY_PREFIX = "busy_"
@@ -170,7 +175,8 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         (:func:`gpusim.trace.memory.memory_footprint`) and, for a mixture of experts under uneven
         routing, the share of the routed copies its layers drop at the experts' capacity, on
         average (``expert_dropped``).  Both with the
-        point's ``total_s``, ``mode`` (the mode that ran: ``"auto"`` resolved) and ``sim_wall_s``.
+        point's ``total_s``, ``mode`` (the mode that ran: ``"auto"`` resolved) and ``sim_wall_s``,
+        and :data:`ENERGY_POINT_COLUMNS` where :func:`gpusim.energy.has_energy`.
     """
     system = System(SystemConfig.model_validate(config), source)
     if isinstance(ops, Trace):
@@ -189,7 +195,11 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         result = run(system, [op.copy() for op in ops], streams, mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
         rows = rows.drop(columns="op_id").assign(op_index=range(len(rows)))
-    return rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
+    rows = rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
+    if has_energy(result):
+        watts = power(result)
+        rows = rows.assign(energy_per_gpu_j=float(watts["energy_j"].mean()), average_w=float(watts["average_w"].max()))
+    return rows
 
 
 def _checked_ops(ops: Op | Sequence[Op] | Trace, where: str = "sweep_parameters: ops") -> list[Op] | Trace:
@@ -457,7 +467,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     workload sweep does), for a trace the breakdown's parts and the busy times per kind of op
     averaged over the simulated GPUs (a kind a point does not run counts 0), and for a generated
     transformer the busiest GPU's ``memory_bytes`` and whether every GPU ``fits`` (and
-    ``expert_dropped`` where the rows have it).
+    ``expert_dropped`` where the rows have it); last, :data:`ENERGY_POINT_COLUMNS` where the table
+    has them.
 
     Raises
     ------
@@ -466,6 +477,8 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
     """
     fields = varied_fields(table)
     points = table.drop_duplicates("point")[["point", *fields, *POINT_COLUMNS]].set_index("point")
+    energy = table.drop_duplicates("point").set_index("point")[
+        [column for column in ENERGY_POINT_COLUMNS if column in table.columns]]
     if "gpu" in table.columns:
         parts = [column for column in BREAKDOWN_COLUMNS if column not in ("gpu", "total_s")]
         parts += [column for column in table.columns if column.startswith(BUSY_PREFIX)]
@@ -474,14 +487,14 @@ def point_totals(table: pd.DataFrame) -> pd.DataFrame:
             points = points.join(table.groupby("point").agg(memory_bytes=("memory_bytes", "max"), fits=("fits", "all")))
         if "expert_dropped" in table.columns:
             points = points.join(table.groupby("point")["expert_dropped"].first())
-        return points.reset_index()
+        return points.join(energy).reset_index()
     names = table["name"].astype(str)
     varies = names.groupby(table["op_index"]).transform("nunique") > 1  # a workload sweep renames its ops
     labels = table["op_index"].astype(str) + ": " + names.where(~varies, names.str.split().str[0])
     durations = table.assign(op=labels).pivot(index="point", columns="op", values="duration_s")
     durations = durations[list(dict.fromkeys(labels))]  # in the ops' order
     durations.columns.name = None
-    return points.join(durations).reset_index()
+    return points.join(durations).join(energy).reset_index()
 
 
 def elasticities(table: pd.DataFrame) -> pd.DataFrame:

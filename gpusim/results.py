@@ -47,6 +47,9 @@ KERNEL_DTYPES = {
 }
 """Columns every :attr:`Result.kernels` has, and their dtypes (kernels add their own, e.g. impl and workgroups)."""
 KERNEL_COLUMNS = list(KERNEL_DTYPES)
+L2_DTYPES = {"gpu": "int64", "t_s": "float64", "bytes": "float64"}
+"""Columns of :attr:`Result.l2` and their dtypes."""
+L2_COLUMNS = list(L2_DTYPES)
 DRAM_DTYPES = {"gpu": "int64", "channel": "int64", "stream": "str", "direction": "str", "t_s": "float64",
                "bytes": "float64"}
 """Columns of :attr:`Result.dram` and their dtypes."""
@@ -139,6 +142,11 @@ class Result:
         Simulator statistics: events, wall_s, events_per_s, mode.
     spans
         The raw timeline (for :meth:`to_perfetto`).
+    bin_s
+        Width of the traffic tables' time bins, s.
+    l2
+        Bytes read from and written to the L2 by the GPU's requesters: gpu, t_s (start of its time
+        bin), bytes; only bins with traffic have rows.
     """
 
     time_s: float
@@ -151,6 +159,7 @@ class Result:
     stats: dict[str, Any]
     spans: list[Span] = field(default_factory=list, repr=False)
     bin_s: float = 5e-6
+    l2: pd.DataFrame = field(default_factory=lambda: empty_frame(L2_DTYPES), repr=False)
 
     def summary(self) -> pd.DataFrame:
         """One row per op execution (over all its GPUs): :data:`SUMMARY_COLUMNS`.
@@ -264,7 +273,8 @@ class Result:
 
         Processes are GPUs; threads are streams (ops, kernels) and DMA engines; DRAM bandwidth per
         GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
-        last bin.  Spans of one thread that partly overlap (a fused collective's steps) go to extra
+        last bin; so is each GPU's power by kind of activity (:func:`gpusim.energy.power_timeline`)
+        where its GPU has a power model.  Spans of one thread that partly overlap (a fused collective's steps) go to extra
         threads of the same name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
 
         Span times are rounded to whole ns and written in us with three decimals, so ``ts + dur``
@@ -288,6 +298,8 @@ class Result:
         GpusimError
             ``path`` is empty or a folder, or the file cannot be written; the message names it.
         """
+        from gpusim.energy import has_energy, power_timeline
+
         target = Path(path)
         if not os.fspath(path):
             raise GpusimError("cannot write the Perfetto timeline to an empty path; give a file name")
@@ -327,6 +339,11 @@ class Result:
             events.append({"name": "thread_name", "ph": "M", "pid": int(gpu), "tid": tid, "args": {"name": lane}})
         for gpu in gpus:
             events += self._counter("DRAM GB/s", int(gpu), self._dram_rates(int(gpu)))
+        if has_energy(self):
+            for gpu in gpus:
+                timeline = power_timeline(self, int(gpu))
+                events += self._counter("power W", int(gpu), timeline.drop(columns="t_s").set_index(
+                    self._bin_of(timeline["t_s"])))
         if not self.links.empty:
             link_pid = (max(gpus) + 1) if gpus else 0
             events.append({"name": "process_name", "ph": "M", "pid": int(link_pid), "args": {"name": "links"}})
@@ -427,6 +444,8 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
     dram = pd.DataFrame(dram_rows, columns=DRAM_COLUMNS) if dram_rows else empty_frame(DRAM_DTYPES)
     link_rows = [(link, src, dst, b * bin_s, n) for (link, src, dst, b), n in recorder.links.items()]
     links = pd.DataFrame(link_rows, columns=LINK_COLUMNS) if link_rows else empty_frame(LINK_DTYPES)
+    l2_rows = [(gpu, b * bin_s, n) for (gpu, b), n in sorted(recorder.l2.items())]
+    l2 = pd.DataFrame(l2_rows, columns=L2_COLUMNS) if l2_rows else empty_frame(L2_DTYPES)
     time_s = float(ops["end_s"].max() - ops["start_s"].min()) if not ops.empty else 0.0
     return Result(
         time_s=time_s,
@@ -439,4 +458,5 @@ def build_result(records, recorder, config, stats: dict[str, Any]) -> Result:
         stats=stats,
         spans=list(recorder.spans),
         bin_s=bin_s,
+        l2=l2,
     )

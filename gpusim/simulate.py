@@ -242,6 +242,8 @@ def finish(system: System, sim: Simulation, machine: Machine, executor: Executor
         sim.recorder.count(f"gpu{rank}.l2_merged", l2.merged)
         sim.recorder.count(f"gpu{rank}.l2_bytes_read", l2.bytes_read)
         sim.recorder.count(f"gpu{rank}.l2_bytes_written", l2.bytes_written)
+        for time_bin, nbytes in gpu.l2.traffic.items():
+            sim.recorder.l2[(rank, time_bin)] += nbytes
         sim.recorder.count(f"gpu{rank}.dram_activations", sum(ch.stats.activations for ch in gpu.channels))
         sim.recorder.count(f"gpu{rank}.dram_run_activations", sum(ch.stats.run_activations for ch in gpu.channels))
         sim.recorder.count(f"gpu{rank}.mc_max_queue", max(mc.max_occupancy for mc in gpu.controllers))

@@ -329,8 +329,8 @@ def test_outputs_are_moved_into_out_all_together_or_not_at_all(tmp_path, capsys)
                  str(fresh)]) == 2
     assert not fresh.exists()  # the folder made for a run that failed is removed again
     assert main([*run, str(fresh)]) == 0
-    assert sorted(path.name for path in fresh.iterdir()) == ["ops.csv", "summary.csv", "timeline.perfetto.json",
-                                                              "timeline.png"]
+    assert sorted(path.name for path in fresh.iterdir()) == ["energy.csv", "ops.csv", "summary.csv",
+                                                              "timeline.perfetto.json", "timeline.png"]
 
 
 def test_a_failed_command_removes_the_parent_folders_it_made_for_out_but_no_others(tmp_path, capsys):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import gpusim
 from gpusim import ops
-from gpusim.energy import ENERGY_COLUMNS, describe, energy, power
+from gpusim.energy import ENERGY_COLUMNS, describe, energy, power, power_timeline
 from gpusim.errors import ConfigError, SimulationError
 from gpusim.trace.generator import transformer
 
@@ -75,6 +75,32 @@ def test_every_gpu_of_a_ring_pays_for_what_it_sends():
     assert links["amount"].iloc[0] == pytest.approx(result.links.query("src == 0")["bytes"].sum())
 
 
+@pytest.mark.parametrize(
+    ("system", "op", "mode"),
+    [
+        ("h200-sxm", ops.Gemm(2048, 2048, 4096, "fp16"), "full"),
+        ("t3-table8.1", ops.Optimizer("lamb", BERT_BASE, impl="nmc"), "symmetric"),
+        ("t3-ring8", ops.AllReduce(4 * 2**20), "full"),
+        ("t3-ring8", ops.GemmReduceScatter(4096, 2048, 1024, "fp16"), "symmetric"),
+    ],
+)
+def test_the_timeline_spends_the_energy_of_the_table(system, op, mode):
+    result = gpusim.run(system, op, mode=mode, memory_policy="t3-mca" if isinstance(op, ops.GemmReduceScatter) else None)
+    table = energy(result)
+    for gpu, parts in table.groupby("gpu"):
+        timeline = power_timeline(result, gpu)
+        dynamic = (timeline["total_w"] - timeline["idle_w"]).sum() * result.bin_s
+        assert dynamic == pytest.approx(parts.query("component != 'idle'")["energy_j"].sum(), rel=1e-9)
+        assert (timeline["total_w"] >= timeline["idle_w"]).all()
+
+
+def test_the_perfetto_timeline_shows_power_where_there_is_a_model(tmp_path):
+    with_model = gpusim.run(H200, ops.Gemm(1024, 1024, 1024, "fp16"))
+    without = gpusim.run("mi210", ops.Gemm(1024, 1024, 1024, "fp16"))
+    assert '"power W"' in with_model.to_perfetto(tmp_path / "a.json").read_text()
+    assert '"power W"' not in without.to_perfetto(tmp_path / "b.json").read_text()
+
+
 @settings(max_examples=8, deadline=None)
 @given(elements=st.integers(min_value=2**12, max_value=2**21))
 def test_priced_bytes_are_the_bytes_the_memory_moved(elements):
@@ -87,7 +113,7 @@ def test_priced_bytes_are_the_bytes_the_memory_moved(elements):
 
 def test_a_gpu_without_a_power_model_says_how_to_add_one():
     result = gpusim.run("mi210", ops.Gemm(256, 256, 256, "fp16"))
-    with pytest.raises(ConfigError, match=r"'mi210'.*no 'power' section.*h200-sxm.yaml"):
+    with pytest.raises(ConfigError, match=r"'mi210'.*no 'power' section.*h100-sxm5.yaml"):
         energy(result)
     assert describe(result) is None
 

@@ -156,7 +156,8 @@ def test_a_function_of_workload_parameters_makes_each_points_ops():
     assert ring["bytes"].tolist() == [2**20, 2**20, 2**24, 2**24]
     assert ring["duration_s"].iloc[2] > 2 * ring["duration_s"].iloc[0]  # 16 times the bytes
     totals = point_totals(table)
-    assert list(totals.columns[-2:]) == ["0: " + GEMM.label, "1: allreduce"]  # the all-reduce's name changes
+    assert list(totals.columns[-4:]) == ["0: " + GEMM.label, "1: allreduce",  # the all-reduce's name changes
+                                         "energy_per_gpu_j", "average_w"]
 
 
 def test_a_workload_function_makes_traces_too():

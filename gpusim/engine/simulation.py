@@ -128,6 +128,7 @@ class Recorder:
         self.spans: list[Span] = []
         self.dram: defaultdict[tuple[int, int, str, str, int], float] = defaultdict(float)
         self.links: defaultdict[tuple[str, int, int, int], float] = defaultdict(float)
+        self.l2: defaultdict[tuple[int, int], float] = defaultdict(float)
         self.counters: defaultdict[str, float] = defaultdict(float)
 
     def span(self, span: Span) -> None:

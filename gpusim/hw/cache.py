@@ -26,7 +26,7 @@ writes at the DRAM's pace, and only the last writes of a long write are left for
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass
 
 from gpusim.config.gpu import L2Config
@@ -135,9 +135,19 @@ class L2Cache:
     ----------
     config
         Capacity, block size, bandwidth and latency.
+    bin_ns
+        Width of the time bins of :attr:`traffic`, ns.
+
+    Attributes
+    ----------
+    traffic
+        Bytes read and written through the L2 per time bin (bin index: time // ``bin_ns``), which
+        :class:`gpusim.hw.memory.MemorySystem` adds to.
     """
 
-    def __init__(self, config: L2Config):
+    def __init__(self, config: L2Config, bin_ns: float = 5000.0):
+        self.bin_ns = bin_ns
+        self.traffic: defaultdict[int, float] = defaultdict(float)
         self.block_bytes = int(config.block_bytes)
         self.capacity_blocks = max(1, int(config.capacity_bytes * config.shared_fraction // self.block_bytes))
         self.capacity_sectors = self.capacity_blocks * SECTORS

@@ -237,8 +237,9 @@ class Kernel:
     math_units, peak_flops_per_s
         The units (``"matrix"`` or ``"vector"``) that run the FLOPs of ``info["flops"]``, and the
         whole GPU's peak rate of those units for the kernel's type, FLOP/s (``None`` and 0: the
-        kernel's arithmetic is not counted).  The run counts ``flops / peak`` as the units' busy
-        time at full rate, which the energy model prices (:mod:`gpusim.energy`).
+        kernel's arithmetic is not counted).  The kernel's row in ``Result.kernels`` gains them as
+        ``math_units`` and ``math_busy_s``, ``flops / peak``: the units' busy time at their full
+        rate, which the energy model prices (:mod:`gpusim.energy`).
     """
 
     name: str

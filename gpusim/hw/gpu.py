@@ -84,7 +84,7 @@ class Gpu(Component):
             MemoryController(sim, f"mc{i}", self, index, i, channel, config.memctrl, self.arbiter)
             for i, channel in enumerate(self.channels)
         ]
-        self.l2 = L2Cache(config.l2)
+        self.l2 = L2Cache(config.l2, sim.recorder.bin_ns)
         self.memory = MemorySystem(self.env, self.l2, self.address_map, self.controllers)
         miss_latency = self.unloaded_memory_latency_ns
         inflight_ns_per_byte = miss_latency / config.cu.max_inflight_bytes

@@ -102,6 +102,7 @@ class MemorySystem:
         served = nbytes if l2_bytes is None else l2_bytes
         join.extend_to(l2.bandwidth_done(now, served))
         l2.stats.bytes_read += served
+        l2.traffic[int(now // l2.bin_ns)] += served
         size = l2.block_bytes
         end = addr + nbytes
         block = addr // size
@@ -194,6 +195,7 @@ class MemorySystem:
             through = l2.write_through
         join.extend_to(l2.bandwidth_done(self.env.now, nbytes * l2.write_cost))
         l2.stats.bytes_written += nbytes
+        l2.traffic[int(self.env.now // l2.bin_ns)] += nbytes
         size = l2.block_bytes
         end = addr + nbytes
         block = addr // size

@@ -211,11 +211,11 @@ class OpContext:
             if config.kernel_device_ns:
                 yield self.env.timeout(config.kernel_device_ns)
         self.follows = True
+        args = dict(kernel.info)
+        if kernel.math_units is not None and kernel.peak_flops_per_s > 0:  # priced by gpusim.energy
+            args.update(math_units=kernel.math_units, math_busy_s=kernel.info.get("flops", 0.0) / kernel.peak_flops_per_s)
         self.sim.recorder.span(Span(kernel.name, "kernel", self.rank, lane, run.start_ns,
-                                    run.end_ns + config.kernel_device_ns, dict(kernel.info)))
-        if kernel.math_units is not None and kernel.peak_flops_per_s > 0:
-            busy_ns = kernel.info.get("flops", 0.0) / kernel.peak_flops_per_s * 1e9
-            self.sim.recorder.count(f"gpu{self.rank}.{kernel.math_units}_busy_ns", busy_ns)
+                                    run.end_ns + config.kernel_device_ns, args))
         for start_ns, end_ns in kernel.stalls:  # inside the kernel's span: all its resident workgroups wait
             self.sim.recorder.span(Span(f"{WAITING_PREFIX}{kernel.name}", "kernel", self.rank, lane, start_ns, end_ns,
                                         {"op_id": kernel.info.get("op_id"), "waiting": True}))

@@ -21,6 +21,7 @@ import pandas as pd
 from gpusim.checks import as_real, is_positive_int, items, names, one_of, positive_int, positive_ints
 from gpusim.config.gpu import DTYPE_BYTES, GpuConfig
 from gpusim.config.loader import load_gpu_config
+from gpusim.energy import energy
 from gpusim.errors import ConfigError
 from gpusim.hw.nmc import NearMemoryUnits
 from gpusim.kernels.optimizer import ALGORITHMS
@@ -358,6 +359,39 @@ def nmc_breakdown(
     frame.insert(0, "model", model)
     frame.insert(0, "system", system)
     return frame
+
+
+def lamb_energy(
+    system: str = "t3-table8.1",
+    model: str = "bert-large",
+    temp_storage_scales: Sequence[int] = (1, 4),
+    gpu_impls: Sequence[str] = ("multi_fused",),
+) -> pd.DataFrame:
+    """Energy of a LAMB step on the GPU's kernels and on the near-bank ALUs, by component
+    (:mod:`gpusim.energy`; the dissertation names the saving but does not evaluate it, section 9.2).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per run: system, model, impl, temp_storage (``"-"`` for the GPU's kernels),
+        time_s, energy_j, average_w, dynamic_j (above idle), then one ``*_j`` column per
+        component of :func:`gpusim.energy.energy`.
+    """
+    sizes = model_parameter_sizes(model)
+    base = _system(system, None)
+    storage = base.gpu.nmc.temp_storage_bytes
+    runs = [(impl, "-", base) for impl in gpu_impls]
+    runs += [("nmc", f"{scale}x", _system(system, {"gpu.nmc.temp_storage_bytes": storage * scale}))
+             for scale in temp_storage_scales]
+    rows = []
+    for impl, scale, point in runs:
+        result = run(point, Optimizer("lamb", sizes, impl=impl))
+        parts = energy(result).set_index("component")["energy_j"]
+        total = float(parts.sum())
+        rows.append({"system": system, "model": model, "impl": impl, "temp_storage": scale, "time_s": result.time_s,
+                     "energy_j": total, "average_w": total / result.time_s, "dynamic_j": total - float(parts["idle"]),
+                     **{f"{name}_j": float(value) for name, value in parts.items()}})
+    return pd.DataFrame(rows)
 
 
 def end_to_end(speedup: float, lamb_shares: Sequence[float] = (0.10, 0.20)) -> pd.DataFrame:

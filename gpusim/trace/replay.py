@@ -318,6 +318,7 @@ def _assemble(
     recorder = Recorder(sim.recorder.bin_ns)
     recorder.dram = sim.recorder.dram
     recorder.links = sim.recorder.links
+    recorder.l2 = sim.recorder.l2
     recorder.counters = sim.recorder.counters
     if not plan.reduced:  # the simulation's spans carry op uids: give them the trace's op_id
         trace_op_id = {record.op.uid: int(frame["op_id"].iat[position]) for position, record in record_of.items()}

@@ -18,6 +18,8 @@ Writes into ``--out``:
   LAMB on the GPU and on NMC: LAMB's share of the iteration and the iteration's speedup, beside
   the dissertation's 9-20%;
 * ``breakdown.csv``: where LAMB's time on NMC goes (column commands, row switches, GPU);
+* ``energy.csv``: the energy of a LAMB step on the GPU's multi-tensor kernels and on NMC with 1x
+  and 4x temporary storage, by component (``gpusim.energy``; docs/energy.md);
 * ``sweep_*.csv``: temporary storage, banks per ALU, model size, HBM generation, divide and square
   root cost, the other optimizers (their columns mean what ``lamb.csv``'s of the same name mean;
   docs/nmc.md);
@@ -275,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             temp_storage=f"{scale}x") for scale in (1, 4)]
     )
     breakdown.to_csv(out / "breakdown.csv", index=False)
+    lamb_energy = study.lamb_energy(model=model)
+    lamb_energy.to_csv(out / "energy.csv", index=False)
 
     adan = adan_table(args.quick, args.workers)
     adan.to_csv(out / "adan_v100.csv", index=False)
@@ -298,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                     "reference_speedup", "error", "data_reduction", "data_reduction_error"]].to_string(index=False))
         print("\nWhere LAMB's time on NMC goes")
         print(breakdown.to_string(index=False))
+        print("\nEnergy of a LAMB step (J; not evaluated in the dissertation, section 9.2)")
+        print(lamb_energy.drop(columns=["system", "model"]).to_string(index=False))
         print("\nBERT iterations with LAMB on the GPU and on NMC (dissertation: 9-20% faster)")
         print(end_to_end.to_string(index=False))
         print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
