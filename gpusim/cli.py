@@ -327,7 +327,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     op_list = [parse_op(spec) for spec in specs]
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        result = run(system, op_list, streams, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
+        if args.within_power_limit:
+            from gpusim.power_limit import run_within_power_limit
+
+            result = run_within_power_limit(system, op_list, streams=streams, mode=args.mode, memory_policy=args.policy)
+            print(f"within the {system.gpu.power.tdp_watts:.0f} W limit at {result.stats['clock_hz'] / 1e9:.3f} GHz "
+                  f"({result.stats['clock_scale']:.0%} of the configured clock)")
+        else:
+            result = run(system, op_list, streams, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(result.summary()[["name", "kind", "impl", "gpus", "duration_s", "tflop_per_s",
                                     "gb_per_s"]].to_string(index=False))
@@ -520,6 +527,9 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one)")
     parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
+    parser.add_argument("--within-power-limit", action="store_true",
+                        help="simulate at the highest SM clock at which every GPU's average power is within its "
+                             "limit (gpu.power.tdp_watts; several runs, no progress bar; docs/energy.md)")
     parser.add_argument("--out", help="folder for ops.csv, summary.csv, timeline.png and a Perfetto trace")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

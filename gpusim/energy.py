@@ -7,8 +7,8 @@ activity the components recorded (:class:`gpusim.config.gpu.PowerConfig`):
 component             activity (where the run recorded it)
 ====================  ==========================================================================
 ``idle``              the run's duration (``Result.time_s``)
-``matrix``            FLOPs on the matrix units, as time at their peak rate (``Result.kernels``:
-                      ``math_busy_s`` of the kernels whose ``math_units`` are ``matrix``)
+``matrix``            FLOPs on the matrix units, as CU-cycles at their peak rate (``Result.kernels``:
+                      ``math_cu_cycles`` of the kernels whose ``math_units`` are ``matrix``)
 ``vector``            FLOPs on the vector units, the same way
 ``l2``                bytes read from and written to the L2 (``Result.l2``)
 ``dram_activate``     physical row activations, the GPU's and the near-bank ALUs'
@@ -97,13 +97,13 @@ def _gpus(result: Result) -> list[int]:
     return sorted(ranks)
 
 
-def _math_busy_s(result: Result, gpu: int, units: str) -> float:
-    """Seconds at full rate the kernels of ``gpu`` kept ``units`` busy."""
+def _math_cu_cycles(result: Result, gpu: int, units: str) -> float:
+    """CU-cycles at full rate the kernels of ``gpu`` kept ``units`` busy."""
     kernels = result.kernels
     if "math_units" not in kernels.columns:
         return 0.0
     mine = kernels[(kernels["gpu"] == gpu) & (kernels["math_units"] == units)]
-    return float(mine["math_busy_s"].sum())
+    return float(mine["math_cu_cycles"].sum())
 
 
 def _activations(result: Result, gpu: int) -> tuple[float, float]:
@@ -142,8 +142,8 @@ def energy(result: Result) -> pd.DataFrame:
         activations = sum(_activations(result, gpu))
         activity = [
             ("idle", result.time_s, "s", config.idle_watts),
-            ("matrix", _math_busy_s(result, gpu, "matrix"), "s at peak", config.matrix_watts),
-            ("vector", _math_busy_s(result, gpu, "vector"), "s at peak", config.vector_watts),
+            ("matrix", _math_cu_cycles(result, gpu, "matrix"), "CU-cycles at peak", config.matrix_pj_per_cu_cycle * PJ),
+            ("vector", _math_cu_cycles(result, gpu, "vector"), "CU-cycles at peak", config.vector_pj_per_cu_cycle * PJ),
             ("l2", float(l2.get(gpu, 0.0)), "bytes", config.l2_pj_per_byte * PJ),
             ("dram_activate", activations, "activations", config.dram_activate_nj * NJ),
             ("dram_array", read + write + 2 * update, "bytes", config.dram_array_pj_per_byte * PJ),
@@ -206,9 +206,10 @@ def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
     if "math_units" in kernels.columns:
         mine = kernels[kernels["gpu"] == gpu]
         units = mine["math_units"].to_numpy(dtype=object)
-        watts = np.where(units == "matrix", config.matrix_watts, np.where(units == "vector", config.vector_watts, 0.0))
-        busy = np.nan_to_num(mine["math_busy_s"].to_numpy(dtype=float))
-        compute = list(zip(mine["start_s"].to_numpy(dtype=float), mine["end_s"].to_numpy(dtype=float), busy * watts))
+        price = np.where(units == "matrix", config.matrix_pj_per_cu_cycle,
+                         np.where(units == "vector", config.vector_pj_per_cu_cycle, 0.0)) * PJ
+        cycles = np.nan_to_num(mine["math_cu_cycles"].to_numpy(dtype=float))
+        compute = list(zip(mine["start_s"].to_numpy(dtype=float), mine["end_s"].to_numpy(dtype=float), cycles * price))
     l2 = result.l2[result.l2["gpu"] == gpu]
     dram = result.dram[result.dram["gpu"] == gpu]
     update = dram["direction"].to_numpy(dtype=object) == "update"

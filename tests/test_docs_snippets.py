@@ -1,4 +1,5 @@
-"""README.md's Python and YAML examples run as written against today's code (a new user copies them)."""
+"""README.md's (and docs/energy.md's) Python and YAML examples run as written against today's code
+(a new user copies them)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,25 @@ import pytest
 import gpusim
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+ENERGY = README.parent / "docs" / "energy.md"
 
 
-def code_blocks(language: str) -> list[str]:
-    """The fenced blocks of ``language`` in README.md, in order.
+def code_blocks(language: str, path: Path = README) -> list[str]:
+    """The fenced blocks of ``language`` in ``path`` (README.md), in order.
 
     Parameters
     ----------
     language
         The fence's info string, e.g. ``"python"``.
+    path
+        The Markdown file.
 
     Returns
     -------
     list[str]
         Each block's text without its fences.
     """
-    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
+    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(), flags=re.DOTALL | re.MULTILINE)
 
 
 @pytest.mark.parametrize("index", range(len(code_blocks("python"))))
@@ -38,6 +42,12 @@ def test_readme_python_block_runs(index: int, tmp_path: Path, monkeypatch: pytes
 
 def test_readme_has_python_blocks() -> None:
     assert code_blocks("python")
+
+
+def test_the_energy_page_python_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (block,) = code_blocks("python", ENERGY)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/energy.md python block", "exec"), {"__name__": "__docs__"})
 
 
 def test_readme_yaml_block_loads_as_it_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,7 +75,7 @@ def command_lines(path: Path) -> list[str]:
     return lines
 
 
-COMMAND_DOCS = [README, README.parent / "docs" / "what-if.md"]
+COMMAND_DOCS = [README, README.parent / "docs" / "what-if.md", ENERGY]
 
 
 @pytest.mark.parametrize("path", COMMAND_DOCS, ids=[path.name for path in COMMAND_DOCS])

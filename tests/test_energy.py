@@ -46,7 +46,16 @@ def test_a_flop_costs_the_units_power_over_their_peak():
     assert single["matrix"] == 0 and single["vector"] > half["matrix"]
     assert deeper["matrix"] == pytest.approx(2 * half["matrix"])
     flops = 2 * 1024**3
-    assert half["matrix"] / flops == pytest.approx(570 / H200.config.gpu.matrix_flops_per_s("fp16"))
+    assert half["matrix"] / flops == pytest.approx(2200e-12 / 4096)  # the preset's pJ per SM-cycle over its FLOPs
+
+
+@pytest.mark.parametrize("override", [{"gpu.clock_hz": "1.2 GHz"}, {"gpu.num_cus": 66}])
+def test_a_flop_costs_the_same_at_another_clock_or_cu_count(override):
+    """Energy per operation is a property of the units, not of how fast or how many they are."""
+    base = by_component(gpusim.run(H200, ops.Gemm(2048, 2048, 2048, "fp16")))
+    other = by_component(gpusim.run(H200.with_overrides(override), ops.Gemm(2048, 2048, 2048, "fp16")))
+    assert other["matrix"] == pytest.approx(base["matrix"])
+    assert other["idle"] > base["idle"]  # slower: idle power for longer
 
 
 def test_near_memory_lamb_saves_the_data_movement():
@@ -160,3 +169,23 @@ def test_hopper_power_against_the_measured_samples():
     measured = calibration.section_power("h100", "streaming")
     modelled = power(gpusim.run("h100-sxm5", ops.Elementwise("copy", 2**28, "fp16")))["average_w"].iloc[0]
     assert modelled == pytest.approx(measured, rel=0.2)
+
+
+def test_a_run_within_the_power_limit_lowers_the_clock_until_it_fits():
+    from gpusim.power_limit import run_within_power_limit
+
+    gemm = ops.Gemm(8192, 8192, 8192, "fp16")
+    free = gpusim.run(H200, gemm)
+    capped = run_within_power_limit(H200, gemm, tolerance=0.02)
+    scale = capped.stats["clock_scale"]
+    assert 0.6 < scale < 1.0 and capped.stats["clock_hz"] == pytest.approx(scale * 1.98e9)
+    assert not power(capped)["over_tdp"].any()
+    assert power(capped)["average_w"].iloc[0] > 0.95 * 700  # the highest clock that fits, not just any
+    assert capped.time_s > free.time_s
+    copy = run_within_power_limit(H200, ops.Elementwise("copy", 2**22, "fp16"))
+    assert copy.stats["clock_scale"] == 1.0
+    tight = H200.with_overrides({"gpu.power.tdp_watts": 130})
+    with pytest.raises(SimulationError, match="lowering the clock cannot bring it within"):
+        run_within_power_limit(tight, ops.Elementwise("copy", 2**22, "fp16"))
+    with pytest.raises(ConfigError, match="no 'power' section"):
+        run_within_power_limit("mi210", gemm)

@@ -662,13 +662,14 @@ class PowerConfig(Model):
     idle_watts
         Drawn with the clocks up and no kernel running, W (leakage, clocks, fans' share, the
         memory's refresh and background power).
-    matrix_watts
-        Power above idle of the matrix units (and the operand traffic that feeds them: register
-        file, shared memory) when all of them run at their peak rate, W.  A FLOP costs this divided
-        by the GPU's peak for the units it runs on, so a type with twice the peak costs half the
-        energy per FLOP.
-    vector_watts
-        The same for the vector (CUDA-core, SIMD) units at their peak rate, W.
+    matrix_pj_per_cu_cycle
+        Energy of one CU's matrix units (and the operand traffic that feeds them: register file,
+        shared memory) in a cycle at their peak rate, pJ.  A FLOP costs this divided by the CU's
+        peak FLOPs per cycle for the units it runs on, so a type with twice the peak costs half the
+        energy per FLOP, and neither the clock nor the number of CUs changes it.  Times the CUs and
+        the clock it is the units' power at peak.
+    vector_pj_per_cu_cycle
+        The same for one CU's vector (CUDA-core, SIMD) units at their peak rate, pJ.
     l2_pj_per_byte
         Energy of a byte read from or written to the L2, including the on-chip network, pJ.
     dram_activate_nj
@@ -691,8 +692,8 @@ class PowerConfig(Model):
 
     tdp_watts: PositiveFloat
     idle_watts: PositiveFloat
-    matrix_watts: Float = Field(ge=0)
-    vector_watts: Float = Field(ge=0)
+    matrix_pj_per_cu_cycle: Float = Field(ge=0)
+    vector_pj_per_cu_cycle: Float = Field(ge=0)
     l2_pj_per_byte: Float = Field(ge=0)
     dram_activate_nj: Float = Field(ge=0)
     dram_array_pj_per_byte: Float = Field(ge=0)
@@ -841,12 +842,12 @@ class GpuConfig(Model):
         return self.num_cus * self.cu.vector_flops_per_cycle.get(dtype, 0.0) * self.clock_hz
 
     def gemm_math(self, dtype: str) -> tuple[Literal["matrix", "vector"], float]:
-        """The units a GEMM (or attention) of ``dtype`` runs on and their peak FLOP/s over the whole
-        GPU (:meth:`CuConfig.gemm_units`, :meth:`CuConfig.gemm_peak`)."""
+        """The units a GEMM (or attention) of ``dtype`` runs on and their peak FLOPs per cycle of one
+        CU (:meth:`CuConfig.gemm_units`, :meth:`CuConfig.gemm_peak`)."""
         units = "matrix" if self.cu.gemm_units(dtype) else "vector"
-        return units, self.num_cus * self.cu.gemm_peak(dtype) * self.clock_hz
+        return units, self.cu.gemm_peak(dtype)
 
     def vector_math(self, dtype: str) -> tuple[Literal["vector"], float]:
-        """The vector units and their peak FLOP/s for ``dtype`` over the whole GPU
+        """The vector units and their peak FLOPs per cycle of one CU for ``dtype``
         (:meth:`CuConfig.vector_peak`)."""
-        return "vector", self.num_cus * self.cu.vector_peak(dtype) * self.clock_hz
+        return "vector", self.cu.vector_peak(dtype)

@@ -234,12 +234,12 @@ class Kernel:
     stalls
         Intervals (start, end in ns) in which the kernel's resident WGs all waited for their input
         to arrive, and none worked (:class:`StallClock`); results show them as ``waiting`` spans.
-    math_units, peak_flops_per_s
-        The units (``"matrix"`` or ``"vector"``) that run the FLOPs of ``info["flops"]``, and the
-        whole GPU's peak rate of those units for the kernel's type, FLOP/s (``None`` and 0: the
-        kernel's arithmetic is not counted).  The kernel's row in ``Result.kernels`` gains them as
-        ``math_units`` and ``math_busy_s``, ``flops / peak``: the units' busy time at their full
-        rate, which the energy model prices (:mod:`gpusim.energy`).
+    math_units, peak_flops_per_cu_cycle
+        The units (``"matrix"`` or ``"vector"``) that run the FLOPs of ``info["flops"]``, and one
+        CU's peak FLOPs per cycle on those units for the kernel's type (``None`` and 0: the
+        kernel's arithmetic is not counted).  The kernel's row in ``Result.kernels`` gains
+        ``math_units`` and ``math_cu_cycles``, ``flops / peak``: the CU-cycles the units would be
+        busy at their full rate, which the energy model prices (:mod:`gpusim.energy`).
     """
 
     name: str
@@ -251,7 +251,7 @@ class Kernel:
     info: dict = field(default_factory=dict)
     stalls: list[tuple[float, float]] = field(default_factory=list)
     math_units: Literal["matrix", "vector"] | None = None
-    peak_flops_per_s: float = 0.0
+    peak_flops_per_cu_cycle: float = 0.0
 
 
 WAITING_PREFIX = "waiting: "

@@ -393,7 +393,7 @@ class FlashForwardKernel(_AttentionKernel):
         num_wgs = self.row_blocks * tiling.splits * problem.batch * problem.heads
         self.kernel = Kernel(name=tiling.name("fwd"), num_wgs=num_wgs, shape=self.shape, body=self._workgroup,
                              info={"impl": tiling.name("fwd"), "flops": problem.flops(), "workgroups": num_wgs})
-        self.kernel.math_units, self.kernel.peak_flops_per_s = gpu.config.gemm_math(problem.dtype)
+        self.kernel.math_units, self.kernel.peak_flops_per_cu_cycle = gpu.config.gemm_math(problem.dtype)
 
     def key_range(self, row_block: int, split: int) -> tuple[int, int]:
         """Key tiles ``[first, stop)`` that ``row_block`` visits in ``split``."""
@@ -474,7 +474,7 @@ class FlashBackwardKernel(_AttentionKernel):
         self.kernel = Kernel(name=tiling.name("bwd"), num_wgs=num_wgs, shape=self.shape, body=self._workgroup,
                              info={"impl": tiling.name("bwd"), "flops": problem.flops(backward=True),
                                    "workgroups": num_wgs})
-        self.kernel.math_units, self.kernel.peak_flops_per_s = gpu.config.gemm_math(problem.dtype)
+        self.kernel.math_units, self.kernel.peak_flops_per_cu_cycle = gpu.config.gemm_math(problem.dtype)
 
     def first_row_block(self, key_block: int) -> int:
         """The first query row block that attends to a key of ``key_block``."""

@@ -241,7 +241,7 @@ class StreamingKernel:
             body=self._workgroup,
             info={"flops": flops, "bytes": sum(n for _, n in reads) + sum(n for _, n in writes)},
         )
-        self.kernel.math_units, self.kernel.peak_flops_per_s = gpu.config.vector_math(dtype)
+        self.kernel.math_units, self.kernel.peak_flops_per_cu_cycle = gpu.config.vector_math(dtype)
 
     def _span(self, wg: int, chunk: int) -> tuple[float, float]:
         """Fraction of every tensor that chunk ``chunk`` of workgroup ``wg`` covers, as [start, stop).

@@ -744,7 +744,7 @@ class GemmKernel:
                 "occupancy": occupancy(shape, gpu.config.cu),
             },
         )
-        self.kernel.math_units, self.kernel.peak_flops_per_s = gpu.config.gemm_math(problem.dtype)
+        self.kernel.math_units, self.kernel.peak_flops_per_cu_cycle = gpu.config.gemm_math(problem.dtype)
         self.stall_clock = None if ready is None else StallClock(self.kernel)
 
     # -- geometry -------------------------------------------------------------------------------
@@ -1019,7 +1019,7 @@ class GroupedGemmKernel:
             info={"impl": f"grouped_{spec.name}", "flops": sum(problem.flops for problem in problems),
                   "workgroups": len(order), "occupancy": self.parts[0].kernel.info["occupancy"]},
             math_units=self.parts[0].kernel.math_units,
-            peak_flops_per_s=self.parts[0].kernel.peak_flops_per_s,
+            peak_flops_per_cu_cycle=self.parts[0].kernel.peak_flops_per_cu_cycle,
         )
 
     def _workgroup(self, wg: int, cu: ComputeUnit):

@@ -500,7 +500,7 @@ class TensorListKernel:
             body=self._workgroup,
             info={"flops": total_flops, "bytes": total_bytes, "blocks": len(blocks)},
         )
-        self.kernel.math_units, self.kernel.peak_flops_per_s = gpu.config.vector_math(dtype)
+        self.kernel.math_units, self.kernel.peak_flops_per_cu_cycle = gpu.config.vector_math(dtype)
 
     def _pieces(self, wg: int) -> list[_Piece]:
         count = len(self.blocks)

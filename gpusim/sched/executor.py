@@ -212,8 +212,9 @@ class OpContext:
                 yield self.env.timeout(config.kernel_device_ns)
         self.follows = True
         args = dict(kernel.info)
-        if kernel.math_units is not None and kernel.peak_flops_per_s > 0:  # priced by gpusim.energy
-            args.update(math_units=kernel.math_units, math_busy_s=kernel.info.get("flops", 0.0) / kernel.peak_flops_per_s)
+        if kernel.math_units is not None and kernel.peak_flops_per_cu_cycle > 0:  # priced by gpusim.energy
+            args.update(math_units=kernel.math_units,
+                        math_cu_cycles=kernel.info.get("flops", 0.0) / kernel.peak_flops_per_cu_cycle)
         self.sim.recorder.span(Span(kernel.name, "kernel", self.rank, lane, run.start_ns,
                                     run.end_ns + config.kernel_device_ns, args))
         for start_ns, end_ns in kernel.stalls:  # inside the kernel's span: all its resident workgroups wait

@@ -1,4 +1,4 @@
-"""Fit the Hopper presets' idle power, on-chip data-movement energy and matrix-unit power to the
+"""Fit the Hopper presets' idle power, on-chip data-movement energy and matrix-unit energy to the
 nvidia-smi samples of this project's H200 and H100 runs.
 
 The measurement runs of ``validation/measured/h200`` and ``validation/measured/h100`` sampled
@@ -12,12 +12,11 @@ Three facts come out of them:
   section ran (element-wise kernels up to 2^30 values, most of the time in the large ones)
   equals the model's power for a copy of 2^28 fp16 values, given the presets' DRAM prices.
   The samples start 1 s after the section (``power.draw`` averages over about a second).
-* ``matrix_watts``: in the GEMM section the GPU reached its 700 W limit and lowered the SM clock
-  to a median ``f`` over the samples within 3% of it.  At that clock an 8192^3 fp16 GEMM's
-  activity (simulated at full clock) runs ``f / f_max`` as fast, so the limit is
-  ``idle + f / f_max x (its dynamic power at full clock)``.  This assumes that the energy per
-  FLOP and per byte does not change with the clock (the voltage held; lower voltages at lower
-  clocks would make ``matrix_watts`` larger).
+* ``matrix_pj_per_cu_cycle``: in the GEMM section the GPU reached its 700 W limit and lowered the
+  SM clock to a median ``f`` over the samples within 3% of it.  An 8192^3 fp16 GEMM simulated
+  with the SM and L2 clocks at ``f`` draws the limit with this price.  This assumes that the
+  energy per FLOP and per byte does not change with the clock (the voltage held; lower voltages
+  at lower clocks would make the price larger).
 
 The H100's streaming section is held out: the script prints the model's power for it.  The
 vector units' power, the DRAM's and the links' prices are not fitted (hwconfigs/gpus/h100-sxm5.yaml).
@@ -67,10 +66,13 @@ def section_power(gpu: str, section: str) -> float:
     return statistics.median(watts for stamp, _, watts, _ in rows if start <= stamp <= end)
 
 
-def dynamic_watts(system: str, op: str, prices: dict[str, float]) -> tuple[float, dict[str, float]]:
-    """Power above idle of ``op`` on ``system`` priced at ``prices`` (J per unit, by component; the
-    preset's own price for the rest), and the op's activity per second by component."""
-    result = gpusim.run(gpusim.load_system(system), [parse_op(op)])
+def dynamic_watts(system: str, op: str, prices: dict[str, float], clock_mhz: float = MAX_CLOCK_MHZ,
+                  ) -> tuple[float, dict[str, float]]:
+    """Power above idle of ``op`` on ``system`` with its SM and L2 clocks at ``clock_mhz``, priced at
+    ``prices`` (J per unit, by component; the preset's own price for the rest), and the op's
+    activity per second by component."""
+    overrides = {"gpu.clock_hz": clock_mhz * 1e6, "gpu.l2.clock_hz": clock_mhz * 1e6}
+    result = gpusim.run(gpusim.load_system(system, overrides), [parse_op(op)])
     table = result.energy().set_index("component")
     rates = (table["amount"] / result.time_s).to_dict()
     priced = {name: table.at[name, "energy_j"] / result.time_s for name in table.index if name != "idle"}
@@ -95,10 +97,11 @@ def main() -> None:
     print(f"copy on h200-sxm: {rates['l2'] / 1e12:.2f} TB/s through the L2, {rest:.0f} W in the DRAM: "
           f"l2_pj_per_byte = {l2_price * 1e12:.1f}")
 
-    rest, rates = dynamic_watts("h200-sxm", GEMM, {"l2": l2_price, "matrix": 0.0})
-    matrix = ((LIMIT_W - idle) * MAX_CLOCK_MHZ / capped - rest) / rates["matrix"]
-    print(f"8192^3 GEMM on h200-sxm: matrix units busy {rates['matrix']:.3f} of the time, {rest:.0f} W in memory: "
-          f"matrix_watts = {matrix:.0f}")
+    rest, rates = dynamic_watts("h200-sxm", GEMM, {"l2": l2_price, "matrix": 0.0}, capped)
+    matrix = (LIMIT_W - idle - rest) / rates["matrix"]
+    print(f"8192^3 GEMM on h200-sxm at {capped:.0f} MHz: {rates['matrix'] / 1e12:.3f} T CU-cycles/s at the tensor "
+          f"cores' peak, {rest:.0f} W in memory: matrix_pj_per_cu_cycle = {matrix * 1e12:.0f} "
+          f"({matrix * 1e12 / 4096:.2f} pJ per fp16 FLOP)")
 
     held_out = section_power("h100", "streaming")
     model, _ = dynamic_watts("h100-sxm5", COPY, {"l2": l2_price})

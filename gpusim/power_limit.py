@@ -1,0 +1,112 @@
+"""Simulate at the clock a board's power limit allows.
+
+A GPU whose work draws more than its limit (``gpu.power.tdp_watts``) lowers its clock until it
+does not.  :func:`run_within_power_limit` does the same to a simulation: it runs the ops at the
+configured clock and, where some GPU's average power (:func:`gpusim.energy.power`) is over the
+limit, searches for the highest clock at which every GPU keeps within it, scaling the SM clock
+(``gpu.clock_hz``) and the L2's (``gpu.l2.clock_hz``) together; the HBM keeps its clock.
+
+What it inherits from the energy model (docs/energy.md): the energy of an operation does not
+depend on the clock (the voltage is held), so a lower clock saves power only by spreading the
+same energy over more time.  Real GPUs also lower the voltage with the clock and save more: the
+clock found here is a lower bound of the one a real board would settle at, and the run an upper
+bound of its time.  The limit applies to the run's average, as boards enforce it over
+milliseconds to seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpusim.energy import power
+from gpusim.errors import ConfigError, SimulationError
+from gpusim.ops import Op
+from gpusim.results import Result
+from gpusim.simulate import run
+from gpusim.system import System, load_system
+
+LOWEST_SCALE = 0.3
+"""The lowest clock tried, as a fraction of the configured one."""
+
+
+def _over_limit(result: Result) -> bool:
+    return bool(power(result)["over_tdp"].any())
+
+
+def run_within_power_limit(
+    system: System | str,
+    ops: Op | Sequence[Op] | Any,
+    *,
+    tolerance: float = 0.01,
+    **options: Any,
+) -> Result:
+    """Simulate ``ops`` at the highest clock at which every GPU's average power is within its limit.
+
+    Parameters
+    ----------
+    system
+        A :class:`gpusim.System` or a preset name; its GPU needs a ``power`` section.
+    ops
+        One op, a list of ops (run on one stream), or a :class:`gpusim.trace.Trace` (replayed
+        with every row simulated, as energy needs: ``cache_layers=False``).
+    tolerance
+        How close to the limiting clock the search gets, as a fraction of the configured clock.
+    **options
+        Passed on to :func:`gpusim.run` (or :meth:`gpusim.trace.Trace.replay`): ``mode``,
+        ``memory_policy``, ...
+
+    Returns
+    -------
+    Result
+        The run at the clock found; its ``stats`` gain ``clock_scale`` (the clock found over the
+        configured one, 1 when the limit is not reached) and ``clock_hz``.
+
+    Raises
+    ------
+    ConfigError
+        The GPU has no power model, or ``tolerance`` is not in (0, 0.5).
+    SimulationError
+        Even at :data:`LOWEST_SCALE` of the clock some GPU draws more than its limit (its idle
+        power and memory traffic alone exceed it).
+    """
+    from gpusim.trace.trace import Trace
+
+    if isinstance(system, str):
+        system = load_system(system)
+    if system.config.gpu.power is None:
+        raise ConfigError(f"{system.name}: its GPU has no 'power' section, so there is no power limit to keep "
+                          "within (docs/energy.md)")
+    if not 0 < tolerance < 0.5:
+        raise ConfigError(f"tolerance must be a fraction of the clock in (0, 0.5), got {tolerance!r}")
+    clock, l2_clock = system.config.gpu.clock_hz, system.config.gpu.l2.clock_hz
+
+    def at(scale: float) -> Result:
+        point = system if scale == 1.0 else system.with_overrides(
+            {"gpu.clock_hz": clock * scale, "gpu.l2.clock_hz": l2_clock * scale})
+        if isinstance(ops, Trace):
+            result = ops.replay(point, cache_layers=False, **options)
+        else:
+            result = run(point, [op.copy() for op in ops] if isinstance(ops, Sequence) else ops.copy(), **options)
+        result.stats.update(clock_scale=scale, clock_hz=clock * scale)
+        return result
+
+    best = at(1.0)
+    if not _over_limit(best):
+        return best
+    low, high = LOWEST_SCALE, 1.0
+    best = at(low)
+    if _over_limit(best):
+        watts = power(best)["average_w"].max()
+        raise SimulationError(
+            f"{system.name}: at {LOWEST_SCALE:.0%} of its clock a GPU still draws {watts:.0f} W, over its "
+            f"{system.config.gpu.power.tdp_watts:.0f} W limit: lowering the clock cannot bring it within"
+        )
+    while high - low > tolerance:
+        middle = (low + high) / 2
+        result = at(middle)
+        if _over_limit(result):
+            high = middle
+        else:
+            low, best = middle, result
+    return best
