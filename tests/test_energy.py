@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import gpusim
 from gpusim import ops
+from gpusim.config.loader import list_presets
 from gpusim.energy import ENERGY_COLUMNS, describe, energy, power, power_timeline
 from gpusim.errors import ConfigError, SimulationError
 from gpusim.trace.generator import transformer
@@ -105,7 +106,7 @@ def test_the_timeline_spends_the_energy_of_the_table(system, op, mode):
 
 def test_the_perfetto_timeline_shows_power_where_there_is_a_model(tmp_path):
     with_model = gpusim.run(H200, ops.Gemm(1024, 1024, 1024, "fp16"))
-    without = gpusim.run("mi210", ops.Gemm(1024, 1024, 1024, "fp16"))
+    without = gpusim.run(H200.with_overrides({"gpu.power": None}), ops.Gemm(1024, 1024, 1024, "fp16"))
     assert '"power W"' in with_model.to_perfetto(tmp_path / "a.json").read_text()
     assert '"power W"' not in without.to_perfetto(tmp_path / "b.json").read_text()
 
@@ -120,9 +121,15 @@ def test_priced_bytes_are_the_bytes_the_memory_moved(elements):
     assert parts.at["l2", "amount"] >= 3 * elements * 2  # two inputs and an output pass the L2
 
 
-def test_a_gpu_without_a_power_model_says_how_to_add_one():
-    result = gpusim.run("mi210", ops.Gemm(256, 256, 256, "fp16"))
-    with pytest.raises(ConfigError, match=r"'mi210'.*no 'power' section.*h100-sxm5.yaml"):
+def test_every_preset_has_a_power_model():
+    for name in list_presets()["gpus"]:
+        assert gpusim.load_system(name).config.gpu.power is not None, name
+
+
+def test_a_gpu_without_a_power_model_says_how_to_add_one(tmp_path):
+    (tmp_path / "bare.yaml").write_text("base: mi210\nname: bare\npower: null\n")
+    result = gpusim.run(gpusim.load_system(tmp_path / "bare.yaml"), ops.Gemm(256, 256, 256, "fp16"))
+    with pytest.raises(ConfigError, match=r"'bare'.*no 'power' section.*h100-sxm5.yaml"):
         energy(result)
     assert describe(result) is None
 
@@ -188,4 +195,4 @@ def test_a_run_within_the_power_limit_lowers_the_clock_until_it_fits():
     with pytest.raises(SimulationError, match="lowering the clock cannot bring it within"):
         run_within_power_limit(tight, ops.Elementwise("copy", 2**22, "fp16"))
     with pytest.raises(ConfigError, match="no 'power' section"):
-        run_within_power_limit("mi210", gemm)
+        run_within_power_limit(H200.with_overrides({"gpu.power": None}), gemm)
