@@ -11,12 +11,13 @@ component             activity (where the run recorded it)
                       ``math_cu_cycles`` of the kernels whose ``math_units`` are ``matrix``)
 ``vector``            FLOPs on the vector units, the same way
 ``l2``                bytes read from and written to the L2 (``Result.l2``)
-``dram_activate``     physical row activations, the GPU's and the near-bank ALUs'
-                      (``dram_activations``: a simulated row is ``lockstep_channels`` physical
-                      ones; ``dram_run_activations`` and ``nmc_activations`` are physical)
+``dram_activate``     physical row activations for the GPU's requests (``dram_activations``
+                      less the near-bank ones: a simulated row is ``lockstep_channels`` physical
+                      rows; ``dram_run_activations`` are physical already)
 ``dram_array``        bytes read or written in the banks for the GPU (``Result.dram``; an
                       op-and-store reads and writes: twice)
 ``dram_io``           bytes between the DRAM stacks and the GPU (``Result.dram``)
+``nmc_activate``      the near-bank ALUs' row activations (``nmc_activations``, physical)
 ``nmc_bank``          bytes the near-bank ALUs read and write in their banks (``nmc_bytes_*``)
 ``nmc_alu``           bytes of operands the near-bank ALUs and op-and-stores combine
 ``links``             bytes the GPU sends over links, switch and network (``Result.links``)
@@ -24,7 +25,8 @@ component             activity (where the run recorded it)
 
 :func:`power_timeline` spreads the same energies over the run's time bins: each kernel's
 arithmetic evenly over the kernel, the L2's, DRAM's and links' over the bins their bytes moved in
-(the GPU's row activations with its DRAM bytes), the near-bank ALUs' over their commands' spans.
+(the GPU's row activations with its DRAM bytes), the near-bank ALUs' over their commands' spans
+(:func:`_parts` describes each component once for both).
 
 The clocks do not react to power (the simulator keeps the configured clock); :func:`power`
 flags a GPU whose average power exceeds its limit, where real hardware would run slower.  In
@@ -37,6 +39,7 @@ caching simulates only some of its rows, so its activity is incomplete: :func:`e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -97,23 +100,65 @@ def _gpus(result: Result) -> list[int]:
     return sorted(ranks)
 
 
-def _math_cu_cycles(result: Result, gpu: int, units: str) -> float:
-    """CU-cycles at full rate the kernels of ``gpu`` kept ``units`` busy."""
-    kernels = result.kernels
-    if "math_units" not in kernels.columns:
-        return 0.0
-    mine = kernels[(kernels["gpu"] == gpu) & (kernels["math_units"] == units)]
-    return float(mine["math_cu_cycles"].sum())
+@dataclass(frozen=True)
+class _Part:
+    """Some of a component's activity on one GPU: ``amount`` in ``unit`` at ``price`` J each,
+    spread over time as ``shape`` says (:func:`power_timeline`).
+
+    ``shape`` is ``("idle",)``, ``("kernels", units)`` (the kernels on those units, each in
+    proportion to its CU-cycles), ``("l2",)``, ``("links",)``, ``("dram", weights)`` (the GPU's DRAM
+    bins, each direction's bytes weighted) or ``("nmc",)`` (the near-bank commands' spans).
+    """
+
+    component: str
+    amount: float
+    unit: str
+    price: float
+    shape: tuple
 
 
-def _activations(result: Result, gpu: int) -> tuple[float, float]:
-    """Physical row activations of ``gpu``: for the GPU's requests, and for near-bank commands."""
-    lockstep = int(result.config["gpu"]["hbm"].get("lockstep_channels", 1))
+TIMELINE_OF = {"idle": "idle_w", "matrix": "compute_w", "vector": "compute_w", "l2": "l2_w", "dram_activate": "dram_w",
+               "dram_array": "dram_w", "dram_io": "dram_w", "nmc_activate": "nmc_w", "nmc_bank": "nmc_w",
+               "nmc_alu": "nmc_w", "links": "links_w"}
+"""The :func:`power_timeline` column of each component of :func:`energy`."""
+
+
+def _parts(result: Result, gpu: int, config: PowerConfig) -> list[_Part]:
+    """Every component's activity on ``gpu``, priced (the module's table)."""
     counters = result.counters
-    counted = counters.get(f"gpu{gpu}.dram_activations", 0.0)
-    runs = counters.get(f"gpu{gpu}.dram_run_activations", 0.0)
-    nmc = counters.get(f"gpu{gpu}.nmc_activations", 0.0)
-    return (counted - runs - nmc) * lockstep + runs, nmc
+
+    def counted(name: str) -> float:
+        return float(counters.get(f"gpu{gpu}.{name}", 0.0))
+
+    kernels = result.kernels
+    cycles = dict.fromkeys(("matrix", "vector"), 0.0)
+    if "math_units" in kernels.columns:
+        mine = kernels[kernels["gpu"] == gpu]
+        cycles.update(mine.groupby("math_units")["math_cu_cycles"].sum().to_dict())
+    dram = result.dram[result.dram["gpu"] == gpu].groupby("direction")["bytes"].sum()
+    read, write, update = (float(dram.get(direction, 0.0)) for direction in ("read", "write", "update"))
+    nmc_read, nmc_write, nmc_update = (counted(f"nmc_bytes_{kind}") for kind in ("read", "write", "update"))
+    lockstep = int(result.config["gpu"]["hbm"].get("lockstep_channels", 1))
+    runs, nmc_activations = counted("dram_run_activations"), counted("nmc_activations")
+    activations = (counted("dram_activations") - runs - nmc_activations) * lockstep + runs
+    all_bytes = {"read": 1.0, "write": 1.0, "update": 1.0}
+    return [
+        _Part("idle", result.time_s, "s", config.idle_watts, ("idle",)),
+        _Part("matrix", cycles["matrix"], "CU-cycles at peak", config.matrix_pj_per_cu_cycle * PJ, ("kernels", "matrix")),
+        _Part("vector", cycles["vector"], "CU-cycles at peak", config.vector_pj_per_cu_cycle * PJ, ("kernels", "vector")),
+        _Part("l2", float(result.l2.loc[result.l2["gpu"] == gpu, "bytes"].sum()), "bytes", config.l2_pj_per_byte * PJ,
+              ("l2",)),
+        _Part("dram_activate", activations, "activations", config.dram_activate_nj * NJ, ("dram", all_bytes)),
+        _Part("dram_array", read + write + 2 * update, "bytes", config.dram_array_pj_per_byte * PJ,
+              ("dram", {**all_bytes, "update": 2.0})),
+        _Part("dram_io", read + write + update, "bytes", config.dram_io_pj_per_byte * PJ, ("dram", all_bytes)),
+        _Part("nmc_activate", nmc_activations, "activations", config.dram_activate_nj * NJ, ("nmc",)),
+        _Part("nmc_bank", nmc_read + nmc_write + 2 * nmc_update, "bytes", config.nmc_bank_pj_per_byte * PJ, ("nmc",)),
+        _Part("nmc_alu", nmc_read + nmc_update, "bytes", config.nmc_alu_pj_per_byte * PJ, ("nmc",)),
+        _Part("nmc_alu", update, "bytes", config.nmc_alu_pj_per_byte * PJ, ("dram", {"update": 1.0})),  # op-and-store
+        _Part("links", float(result.links.loc[result.links["src"] == gpu, "bytes"].sum()), "bytes",
+              config.link_pj_per_byte * PJ, ("links",)),
+    ]
 
 
 def energy(result: Result) -> pd.DataFrame:
@@ -130,117 +175,94 @@ def energy(result: Result) -> pd.DataFrame:
         One row per GPU and component (the module's table), in GPU order.
     """
     config = power_config(result)
-    counters = result.counters
-    dram = result.dram.groupby(["gpu", "direction"])["bytes"].sum() if not result.dram.empty else pd.Series(dtype=float)
-    l2 = result.l2.groupby("gpu")["bytes"].sum() if not result.l2.empty else pd.Series(dtype=float)
-    sent = result.links.groupby("src")["bytes"].sum() if not result.links.empty else pd.Series(dtype=float)
-    rows = []
+    rows: dict[tuple[int, str], list] = {}
     for gpu in _gpus(result):
-        read, write, update = (float(dram.get((gpu, direction), 0.0)) for direction in ("read", "write", "update"))
-        nmc_read, nmc_write, nmc_update = (float(counters.get(f"gpu{gpu}.nmc_bytes_{kind}", 0.0))
-                                           for kind in ("read", "write", "update"))
-        activations = sum(_activations(result, gpu))
-        activity = [
-            ("idle", result.time_s, "s", config.idle_watts),
-            ("matrix", _math_cu_cycles(result, gpu, "matrix"), "CU-cycles at peak", config.matrix_pj_per_cu_cycle * PJ),
-            ("vector", _math_cu_cycles(result, gpu, "vector"), "CU-cycles at peak", config.vector_pj_per_cu_cycle * PJ),
-            ("l2", float(l2.get(gpu, 0.0)), "bytes", config.l2_pj_per_byte * PJ),
-            ("dram_activate", activations, "activations", config.dram_activate_nj * NJ),
-            ("dram_array", read + write + 2 * update, "bytes", config.dram_array_pj_per_byte * PJ),
-            ("dram_io", read + write + update, "bytes", config.dram_io_pj_per_byte * PJ),
-            ("nmc_bank", nmc_read + nmc_write + 2 * nmc_update, "bytes", config.nmc_bank_pj_per_byte * PJ),
-            ("nmc_alu", nmc_read + nmc_update + update, "bytes", config.nmc_alu_pj_per_byte * PJ),
-            ("links", float(sent.get(gpu, 0.0)), "bytes", config.link_pj_per_byte * PJ),
-        ]
-        rows.extend((gpu, name, amount, unit, amount * price) for name, amount, unit, price in activity)
-    return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
+        for part in _parts(result, gpu, config):
+            row = rows.setdefault((gpu, part.component), [gpu, part.component, 0.0, part.unit, 0.0])
+            row[2] += part.amount
+            row[4] += part.amount * part.price
+    return pd.DataFrame(list(rows.values()), columns=ENERGY_COLUMNS)
 
 
 def _spread(intervals: list[tuple[float, float, float]], bins: np.ndarray, bin_s: float) -> np.ndarray:
-    """Energy per bin, J, of ``(start_s, end_s, joules)`` intervals, each spread evenly over its time."""
+    """Weight per bin of ``(start_s, end_s, weight)`` intervals, each spread evenly over its time."""
     spent = np.zeros(len(bins))
     if not len(bins):
         return spent
     first = int(bins[0])
-    for start, end, joules in intervals:
-        if joules == 0:
+    for start, end, weight in intervals:
+        if weight == 0:
             continue
         if end <= start:
-            spent[min(max(int(start // bin_s) - first, 0), len(bins) - 1)] += joules
+            spent[min(max(int(start // bin_s) - first, 0), len(bins) - 1)] += weight
             continue
         for index in range(int(start // bin_s), int(np.ceil(end / bin_s))):
             overlap = min(end, (index + 1) * bin_s) - max(start, index * bin_s)
             if overlap > 0 and 0 <= index - first < len(bins):
-                spent[index - first] += joules * overlap / (end - start)
+                spent[index - first] += weight * overlap / (end - start)
     return spent
 
 
-def _per_bin(table: pd.DataFrame, joules_per_byte: np.ndarray | float, result: Result, bins: np.ndarray) -> np.ndarray:
-    """Energy per bin, J, of traffic rows (their ``t_s`` and ``bytes``) at ``joules_per_byte``."""
+def _per_bin(table: pd.DataFrame, weights: np.ndarray | float, result: Result, bins: np.ndarray) -> np.ndarray:
+    """Weight per bin of traffic rows (their ``t_s`` and ``bytes``), each byte weighted by ``weights``."""
     spent = np.zeros(len(bins))
     if table.empty or not len(bins):
         return spent
     index = result._bin_of(table["t_s"]) - int(bins[0])
     inside = (index >= 0) & (index < len(bins))
-    joules = table["bytes"].to_numpy(dtype=float) * joules_per_byte
-    np.add.at(spent, index[inside], joules[inside])
+    weighted = table["bytes"].to_numpy(dtype=float) * weights
+    np.add.at(spent, index[inside], weighted[inside])
     return spent
+
+
+def _shape(result: Result, gpu: int, shape: tuple, bins: np.ndarray) -> np.ndarray:
+    """How a part's energy falls on ``bins`` (:class:`_Part`): weights per bin (not normalised)."""
+    kind = shape[0]
+    if kind == "kernels":
+        kernels = result.kernels
+        if "math_units" not in kernels.columns:
+            return np.zeros(len(bins))
+        mine = kernels[(kernels["gpu"] == gpu) & (kernels["math_units"].to_numpy(dtype=object) == shape[1])]
+        return _spread(list(zip(mine["start_s"], mine["end_s"], mine["math_cu_cycles"])), bins, result.bin_s)
+    if kind == "nmc":
+        commands = [(span.start_ns * 1e-9, span.end_ns * 1e-9, (span.end_ns - span.start_ns) * 1e-9)
+                    for span in result.spans if span.category == "nmc" and span.gpu == gpu]
+        return _spread(commands, bins, result.bin_s)
+    if kind == "dram":
+        dram = result.dram[result.dram["gpu"] == gpu]
+        weights = np.array([shape[1].get(direction, 0.0) for direction in dram["direction"].to_numpy(dtype=object)])
+        return _per_bin(dram, weights, result, bins)
+    table = result.l2[result.l2["gpu"] == gpu] if kind == "l2" else result.links[result.links["src"] == gpu]
+    return _per_bin(table, 1.0, result, bins)
 
 
 def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
     """Power of ``gpu`` per time bin of the run, W, by kind of activity (:data:`TIMELINE_COLUMNS`).
 
-    ``compute_w`` is the matrix and vector units'; ``dram_w`` the GPU's DRAM traffic with its row
-    activations; ``nmc_w`` the near-bank ALUs' (their bank accesses, arithmetic and activations).
-    Summed over the bins and multiplied by the bin width, each column gives the energy of its
-    components in :func:`energy` (idle: over whole bins).  The L2's bytes are booked in the bin in
-    which they were requested, and a workgroup requests a chunk's data at once, so single bins
-    can show several times the power the L2 draws over a few microseconds; power limits act over
-    milliseconds, so judge the timeline over many bins (``Result.bin_s`` wide, 5 us by default).
+    ``compute_w`` is the matrix and vector units' (each kernel's energy spread evenly over it);
+    ``l2_w``, ``dram_w`` (with the row activations of the GPU's requests) and ``links_w`` follow the
+    bytes of their time bins; ``nmc_w`` is the near-bank ALUs' (their commands' bank accesses,
+    arithmetic and activations, spread over the commands' spans, and the op-and-stores'
+    arithmetic, with their DRAM bytes).  Summed over the bins and multiplied by the bin width,
+    each column gives the energy of its components in :func:`energy` (idle: over whole bins).  The
+    L2's bytes are booked in the bin in which they were requested, and a workgroup requests a
+    chunk's data at once, so single bins can show several times the power the L2 draws over a few
+    microseconds; power limits act over milliseconds, so judge the timeline over many bins
+    (``Result.bin_s`` wide, 5 us by default).
     """
     config = power_config(result)
     bins = result._bins()
-    bin_s = result.bin_s
-    kernels = result.kernels
-    compute: list[tuple[float, float, float]] = []
-    if "math_units" in kernels.columns:
-        mine = kernels[kernels["gpu"] == gpu]
-        units = mine["math_units"].to_numpy(dtype=object)
-        price = np.where(units == "matrix", config.matrix_pj_per_cu_cycle,
-                         np.where(units == "vector", config.vector_pj_per_cu_cycle, 0.0)) * PJ
-        cycles = np.nan_to_num(mine["math_cu_cycles"].to_numpy(dtype=float))
-        compute = list(zip(mine["start_s"].to_numpy(dtype=float), mine["end_s"].to_numpy(dtype=float), cycles * price))
-    l2 = result.l2[result.l2["gpu"] == gpu]
-    dram = result.dram[result.dram["gpu"] == gpu]
-    update = dram["direction"].to_numpy(dtype=object) == "update"
-    array, io, alu = config.dram_array_pj_per_byte, config.dram_io_pj_per_byte, config.nmc_alu_pj_per_byte
-    dram_j = _per_bin(dram, np.where(update, 2 * array + io + alu, array + io) * PJ, result, bins)
-    activations, nmc_activations = _activations(result, gpu)
-    if dram_j.sum() > 0:
-        dram_j += activations * config.dram_activate_nj * NJ * dram_j / dram_j.sum()
-    counters = result.counters
-    nmc_total = (config.nmc_bank_pj_per_byte * PJ * sum(
-        counters.get(f"gpu{gpu}.nmc_bytes_{kind}", 0.0) * (2 if kind == "update" else 1)
-        for kind in ("read", "write", "update"))
-        + config.nmc_alu_pj_per_byte * PJ * (counters.get(f"gpu{gpu}.nmc_bytes_read", 0.0)
-                                              + counters.get(f"gpu{gpu}.nmc_bytes_update", 0.0))
-        + nmc_activations * config.dram_activate_nj * NJ)
-    commands = [(span.start_ns * 1e-9, span.end_ns * 1e-9) for span in result.spans
-                if span.category == "nmc" and span.gpu == gpu]
-    busy = sum(end - start for start, end in commands)
-    nmc_j = _spread([(start, end, nmc_total * (end - start) / busy) for start, end in commands], bins, bin_s) \
-        if busy > 0 else np.zeros(len(bins))
-    links = result.links[result.links["src"] == gpu]
-    parts = {
-        "idle_w": np.full(len(bins), config.idle_watts),
-        "compute_w": _spread(compute, bins, bin_s) / bin_s,
-        "l2_w": _per_bin(l2, config.l2_pj_per_byte * PJ, result, bins) / bin_s,
-        "dram_w": dram_j / bin_s,
-        "nmc_w": nmc_j / bin_s,
-        "links_w": _per_bin(links, config.link_pj_per_byte * PJ, result, bins) / bin_s,
-    }
-    table = pd.DataFrame({"t_s": bins * bin_s, **parts})
-    table["total_w"] = table[list(parts)].sum(axis=1)
+    table = pd.DataFrame({"t_s": bins * result.bin_s, **{column: np.zeros(len(bins)) for column in TIMELINE_COLUMNS[1:]}})
+    for part in _parts(result, gpu, config):
+        column = TIMELINE_OF[part.component]
+        if part.shape[0] == "idle":
+            table[column] += part.price
+            continue
+        joules = part.amount * part.price
+        weights = _shape(result, gpu, part.shape, bins)
+        if joules and weights.sum() > 0:
+            table[column] += joules * weights / weights.sum() / result.bin_s
+    table["total_w"] = table[TIMELINE_COLUMNS[1:-1]].sum(axis=1)
     return table[TIMELINE_COLUMNS]
 
 

@@ -74,7 +74,7 @@ def test_more_temporary_storage_opens_fewer_rows():
     large = gpusim.load_system("t3-table8.1", {"gpu.nmc.temp_storage_bytes": "1KiB"})
     spent = [by_component(gpusim.run(system, ops.Optimizer("lamb", BERT_BASE, impl="nmc")))
              for system in (small, large)]
-    assert spent[1]["dram_activate"] < 0.7 * spent[0]["dram_activate"]
+    assert spent[1]["nmc_activate"] < 0.7 * spent[0]["nmc_activate"]
 
 
 def test_every_gpu_of_a_ring_pays_for_what_it_sends():
