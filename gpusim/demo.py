@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpusim import plot
+from gpusim.energy import power
 from gpusim.simulate import run
 from gpusim.studies import t3
 from gpusim.system import load_system
@@ -54,6 +55,10 @@ def main(out: Path, quick: bool = False) -> int:
         print(table.to_string(index=False))
     print("(t3 / t3-mca: gemm_s is the fused GEMM kernel with its launch and rs_s the reduce-scatter left after it; the ideal "
           "configurations combine the sequential run's kernels; rs_exposed_s is the reduce-scatter time not hidden)")
+    print(f"energy per GPU ({system.gpu.name}'s power section is assumed; docs/energy.md):")
+    for config in ("sequential", "t3", "t3-mca"):
+        watts = power(results[config]).iloc[0]
+        print(f"  {config:10s}: {watts['energy_j'] * 1e3:6.1f} mJ, {watts['average_w']:4.0f} W on average")
 
     fig, axes = plot.plt.subplots(3, 1, figsize=(10, 9))
     long = table.melt(id_vars="config", value_vars=["gemm_s", "rs_exposed_s", "ag_s"], var_name="part", value_name="seconds")
