@@ -230,7 +230,10 @@ def _shape(result: Result, gpu: int, shape: tuple, bins: np.ndarray) -> np.ndarr
         return _spread(commands, bins, result.bin_s)
     if kind == "dram":
         dram = result.dram[result.dram["gpu"] == gpu]
-        weights = np.array([shape[1].get(direction, 0.0) for direction in dram["direction"].to_numpy(dtype=object)])
+        directions = dram["direction"].to_numpy(dtype=object)
+        weights = np.zeros(len(directions))
+        for direction, weight in shape[1].items():
+            weights[directions == direction] = weight
         return _per_bin(dram, weights, result, bins)
     table = result.l2[result.l2["gpu"] == gpu] if kind == "l2" else result.links[result.links["src"] == gpu]
     return _per_bin(table, 1.0, result, bins)
