@@ -652,8 +652,9 @@ class PowerConfig(Model):
     The model is activity-based: every quantity the simulation counts (full-rate work of the matrix
     and vector units, L2 traffic, DRAM row activations, bytes moved inside and out of the DRAM dies,
     near-bank ALU work, link bytes) costs a fixed energy, and the GPU draws ``idle_watts`` for as
-    long as the run lasts.  The clock does not react to power: a run whose average exceeds
-    ``tdp_watts`` is flagged, where real hardware would lower its clock.
+    long as the run lasts.  The clock does not react to power by itself: a run whose average
+    exceeds ``tdp_watts`` is flagged, where real hardware would lower its clock, and
+    :func:`gpusim.power_limit.run_within_power_limit` finds the clock that keeps within it.
 
     Attributes
     ----------
@@ -673,7 +674,7 @@ class PowerConfig(Model):
     l2_pj_per_byte
         Energy of a byte read from or written to the L2, including the on-chip network, pJ.
     dram_activate_nj
-        Energy of one row activation (and its precharge) as the model counts them, nJ.
+        Energy of one activation (and precharge) of a physical row of ``hbm.row_bytes``, nJ.
     dram_array_pj_per_byte
         Energy of a byte read or written in a bank and carried across the DRAM die to its I/O
         (column access and on-die data movement), pJ.  An op-and-store reads and writes the bank:
