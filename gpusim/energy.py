@@ -304,6 +304,8 @@ def describe(result: Result) -> str | None:
         return None
     except SimulationError as error:
         return f"energy not estimated: {error}"
+    if not table["average_w"].notna().any():  # nothing ran, or it took no time
+        return None
     worst = table.loc[table["average_w"].idxmax()]
     line = (f"energy {table['energy_j'].sum():.4g} J over {len(table)} simulated GPU(s); average power up to "
             f"{worst['average_w']:.0f} W (GPU {int(worst['gpu'])}; limit {worst['tdp_w']:.0f} W)")

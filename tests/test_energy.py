@@ -196,3 +196,11 @@ def test_a_run_within_the_power_limit_lowers_the_clock_until_it_fits():
         run_within_power_limit(tight, ops.Elementwise("copy", 2**22, "fp16"))
     with pytest.raises(ConfigError, match="no 'power' section"):
         run_within_power_limit(H200.with_overrides({"gpu.power": None}), gemm)
+
+
+def test_a_run_that_takes_no_time_has_no_average_power_to_report():
+    idle = gpusim.run(H200, ops.Delay(0.0))
+    assert describe(idle) is None
+    waiting = gpusim.run(H200, ops.Delay(1e-6))
+    assert power(waiting)["energy_j"].iloc[0] == pytest.approx(125.0 * 1e-6)
+    assert describe(waiting).startswith("energy 0.000125 J")
