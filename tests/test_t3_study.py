@@ -83,6 +83,9 @@ def test_ci_subset_reproduces_the_cases_the_text_names(tmp_path):
     rs_reads = dram[dram["category"] == "rs_read"].pivot_table(index="sublayer", columns="config", values="bytes")
     assert (rs_reads["sequential"] / rs_reads["t3-mca"] > 1.5).all()  # NMC: no partial copies to read
     assert (tmp_path / "fig8_14_speedups.png").stat().st_size > 0
+    energy = pd.read_csv(tmp_path / "energy.csv").pivot_table(index=t3.CASE, columns="config", values="energy_ratio")
+    assert (energy["sequential"] == 1).all()
+    assert (energy["t3-mca"] < 1).all()  # shorter, so less idle energy; less L2 traffic (docs/energy.md)
     software = pd.read_csv(tmp_path / "software_overlap.csv")
     assert len(software) == 2 * (len(t3.DECOMPOSED_CHANNELS) + 1) and software["best"].sum() == 2
     on_cus = software[software["driver"] == "cu"]

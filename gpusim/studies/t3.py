@@ -38,6 +38,7 @@ import pandas as pd
 
 from gpusim import ops
 from gpusim.checks import is_positive_int, known_name, positive_int
+from gpusim.energy import power
 from gpusim.errors import ConfigError
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
@@ -211,13 +212,16 @@ def simulate_case(
     dict
         ``time_s`` (the sub-layer), ``gemm_s``, ``rs_s``, ``ag_s`` (the kernels' durations; for the
         fused configurations ``gemm_s`` is the fused GEMM kernel and ``rs_s`` the rest of the fused
-        op), ``dram_*`` categories of GPU 0, the MCA's threshold and simulator statistics.
+        op), ``dram_*`` categories of GPU 0, GPU 0's ``energy_j`` and ``average_w``
+        (:func:`gpusim.energy.power`), the MCA's threshold and simulator statistics.
     """
     system = load_system(node_for(tp), overrides or {})
     result = run(system, case_ops(model, sublayer, tp, config, tokens), mode=mode, memory_policy=POLICIES[config],
                  bin_s=bin_s)
     frame = result.ops[result.ops["gpu"] == 0].set_index("name")
     row: dict[str, Any] = {"time_s": result.time_s, "wall_s": result.stats["wall_s"], "events": result.stats["events"]}
+    watts = power(result).set_index("gpu").loc[0]
+    row.update(energy_j=float(watts["energy_j"]), average_w=float(watts["average_w"]))
     if config == "sequential":
         row.update(gemm_s=frame.at["GEMM", "duration_s"], rs_s=frame.at["RS", "duration_s"], ag_s=frame.at["AG", "duration_s"])
     elif config == "rs-nmc":
@@ -304,6 +308,29 @@ def speedups(raw: pd.DataFrame) -> pd.DataFrame:
                 rows.append(dict(zip(CASE, case), config=config, time_s=time_s, speedup=base["time_s"] / time_s,
                                  gemm_s=gemm_s, rs_s=rs_s, ag_s=ag_s))
     return pd.DataFrame(rows)
+
+
+def energy_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """Energy and average power of one GPU per sub-layer in the simulated configurations, beside
+    Sequential's (not in the dissertation, which names the effect in section 9.2; docs/energy.md).
+
+    Parameters
+    ----------
+    raw
+        Rows of :func:`simulate_case` (with the point's ``model, tp, sublayer, config``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``model, tp, sublayer, config, time_s, energy_j, average_w, energy_ratio, power_ratio``
+        (the last two over Sequential's) for Sequential, T3 and T3-MCA.
+    """
+    frame = raw[raw["config"].isin(["sequential", "t3", "t3-mca"])][[*CASE, "config", "time_s", "energy_j", "average_w"]]
+    base = frame[frame["config"] == "sequential"].set_index(CASE)
+    keys = pd.MultiIndex.from_frame(frame[CASE])
+    frame = frame.assign(energy_ratio=frame["energy_j"].to_numpy() / base["energy_j"].reindex(keys).to_numpy(),
+                         power_ratio=frame["average_w"].to_numpy() / base["average_w"].reindex(keys).to_numpy())
+    return frame.reset_index(drop=True)
 
 
 def dram_table(raw: pd.DataFrame) -> pd.DataFrame:

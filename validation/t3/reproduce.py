@@ -11,7 +11,8 @@ RS / AG split of Figs. 8.13-8.14), ``dram.csv`` (Fig. 8.16), ``dram_timeline.csv
 ``cu_sharing.csv`` (Fig. 8.4), ``future_2x_cus.csv`` (Fig. 8.18), ``end_to_end.csv`` (Fig. 8.17),
 ``large_models.csv`` (section 8.5.4), ``software_overlap.csv`` (the GEMM decomposed in software
 beside T3), ``end_to_end_replayed.csv`` (the iterations again, with the overlapped sub-layers replayed
-inside the generated layer instead of substituted), ``summary.csv`` (every reference number beside ours) and a
+inside the generated layer instead of substituted), ``energy.csv`` (one GPU's energy and average power in
+Sequential, T3 and T3-MCA; not in the dissertation), ``summary.csv`` (every reference number beside ours) and a
 PNG per figure.  All simulations run as one :func:`gpusim.sweep.sweep` (parallel processes, a
 progress bar, and a cache under ``--out`` so that a rerun only redoes what changed).
 """
@@ -124,6 +125,7 @@ def tables_from(raw: pd.DataFrame) -> dict[str, pd.DataFrame]:
     main = cases[cases["model"].isin(t3.MAIN_MODELS)]
     tables = {"raw_cases": cases, "speedups": t3.speedups(main)}
     tables["dram"] = t3.dram_table(main)
+    tables["energy"] = t3.energy_table(main)
     tables["dram_reductions"] = t3.dram_reductions(tables["dram"])
     tables["nmc_rs"] = t3.nmc_reduce_scatter(main)
     large = cases[cases["model"].isin(t3.LARGE_MODELS)]
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
              "nmc_rs": "nmc_reduce_scatter.csv", "large_models": "large_models.csv", "future_2x_cus": "future_2x_cus.csv",
              "cu_sharing": "cu_sharing.csv", "end_to_end": "end_to_end.csv", "dram_timeline": "dram_timeline.csv",
              "software_overlap": "software_overlap.csv", "end_to_end_replayed": "end_to_end_replayed.csv",
-             "raw_cases": "simulations.csv"}
+             "raw_cases": "simulations.csv", "energy": "energy.csv"}
     for key, name in names.items():
         if key in tables:
             tables[key].to_csv(out / name, index=False)
@@ -285,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                 variants = frame.groupby(["driver", "channels", "splits"])["speedup"].apply(t3.geomean)
                 print("  by variant (driver, CUs, kernels per chunk): " + ", ".join(
                     f"{driver}-{channels} x{splits} {value:.3f}" for (driver, channels, splits), value in variants.items()))
+    energy = tables["energy"][tables["energy"]["config"] != "sequential"]
+    print("energy per GPU over Sequential, geomean (energy.csv; not in the dissertation, docs/energy.md): " + ", ".join(
+        f"{config} {t3.geomean(frame['energy_ratio']):.3f} of the energy at {t3.geomean(frame['power_ratio']):.3f} "
+        "of the average power" for config, frame in energy.groupby("config")))
     if "end_to_end_replayed" in tables:
         replayed = tables["end_to_end_replayed"]
         for setting, frame in replayed.groupby("setting"):
