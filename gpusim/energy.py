@@ -203,20 +203,20 @@ def _spread(intervals: list[tuple[float, float, float]], bins: np.ndarray, bin_s
     return spent
 
 
-def _per_bin(table: pd.DataFrame, weights: np.ndarray | float, result: Result, bins: np.ndarray) -> np.ndarray:
-    """Weight per bin of traffic rows (their ``t_s`` and ``bytes``), each byte weighted by ``weights``."""
-    spent = np.zeros(len(bins))
+def _per_bin(table: pd.DataFrame, result: Result, bins: np.ndarray) -> np.ndarray:
+    """Bytes per bin of traffic rows (their ``t_s`` and ``bytes``)."""
+    moved = np.zeros(len(bins))
     if table.empty or not len(bins):
-        return spent
+        return moved
     index = result._bin_of(table["t_s"]) - int(bins[0])
     inside = (index >= 0) & (index < len(bins))
-    weighted = table["bytes"].to_numpy(dtype=float) * weights
-    np.add.at(spent, index[inside], weighted[inside])
-    return spent
+    np.add.at(moved, index[inside], table["bytes"].to_numpy(dtype=float)[inside])
+    return moved
 
 
-def _shape(result: Result, gpu: int, shape: tuple, bins: np.ndarray) -> np.ndarray:
-    """How a part's energy falls on ``bins`` (:class:`_Part`): weights per bin (not normalised)."""
+def _shape(result: Result, gpu: int, shape: tuple, bins: np.ndarray, traffic: dict[str, np.ndarray]) -> np.ndarray:
+    """How a part's energy falls on ``bins`` (:class:`_Part`): weights per bin (not normalised).
+    ``traffic`` holds the GPU's bytes per bin: ``"l2"``, ``"links"`` and each DRAM direction."""
     kind = shape[0]
     if kind == "kernels":
         kernels = result.kernels
@@ -229,14 +229,8 @@ def _shape(result: Result, gpu: int, shape: tuple, bins: np.ndarray) -> np.ndarr
                     for span in result.spans if span.category == "nmc" and span.gpu == gpu]
         return _spread(commands, bins, result.bin_s)
     if kind == "dram":
-        dram = result.dram[result.dram["gpu"] == gpu]
-        directions = dram["direction"].to_numpy(dtype=object)
-        weights = np.zeros(len(directions))
-        for direction, weight in shape[1].items():
-            weights[directions == direction] = weight
-        return _per_bin(dram, weights, result, bins)
-    table = result.l2[result.l2["gpu"] == gpu] if kind == "l2" else result.links[result.links["src"] == gpu]
-    return _per_bin(table, 1.0, result, bins)
+        return sum((weight * traffic[direction] for direction, weight in shape[1].items()), np.zeros(len(bins)))
+    return traffic[kind]
 
 
 def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
@@ -255,6 +249,11 @@ def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
     """
     config = power_config(result)
     bins = result._bins()
+    dram = result.dram[result.dram["gpu"] == gpu]
+    traffic = {direction: _per_bin(dram[dram["direction"] == direction], result, bins)
+               for direction in ("read", "write", "update")}
+    traffic["l2"] = _per_bin(result.l2[result.l2["gpu"] == gpu], result, bins)
+    traffic["links"] = _per_bin(result.links[result.links["src"] == gpu], result, bins)
     table = pd.DataFrame({"t_s": bins * result.bin_s, **{column: np.zeros(len(bins)) for column in TIMELINE_COLUMNS[1:]}})
     for part in _parts(result, gpu, config):
         column = TIMELINE_OF[part.component]
@@ -262,7 +261,7 @@ def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
             table[column] += part.price
             continue
         joules = part.amount * part.price
-        weights = _shape(result, gpu, part.shape, bins)
+        weights = _shape(result, gpu, part.shape, bins, traffic)
         if joules and weights.sum() > 0:
             table[column] += joules * weights / weights.sum() / result.bin_s
     table["total_w"] = table[TIMELINE_COLUMNS[1:-1]].sum(axis=1)
