@@ -330,7 +330,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.within_power_limit:
             from gpusim.power_limit import run_within_power_limit
 
-            result = run_within_power_limit(system, op_list, streams=streams, mode=args.mode, memory_policy=args.policy)
+            result = run_within_power_limit(system, op_list, streams=streams, mode=args.mode, memory_policy=args.policy,
+                                            progress=not args.quiet)
             print(f"within the {system.gpu.power.tdp_watts:.0f} W limit at {result.stats['clock_hz'] / 1e9:.3f} GHz "
                   f"({result.stats['clock_scale']:.0%} of the configured clock)")
         else:
@@ -529,7 +530,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
     parser.add_argument("--within-power-limit", action="store_true",
                         help="simulate at the highest SM clock at which every GPU's average power is within its "
-                             "limit (gpu.power.tdp_watts; several runs, no progress bar; docs/energy.md)")
+                             "limit (gpu.power.tdp_watts; several runs, a progress bar over them; docs/energy.md)")
     parser.add_argument("--out", help="folder for ops.csv, summary.csv, timeline.png and a Perfetto trace")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

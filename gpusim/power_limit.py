@@ -12,11 +12,17 @@ same energy over more time.  Real GPUs also lower the voltage with the clock and
 clock found here is a lower bound of the one a real board would settle at, and the run an upper
 bound of its time.  The limit applies to the run's average, as boards enforce it over
 milliseconds to seconds.
+
+A preset whose efficiencies were fitted to times measured under its limit already runs that work
+at its limited speed, and its prices make it draw the limit (the Hopper presets' large fp16
+GEMMs): the search then keeps the configured clock for it and lowers the clock only for work, or
+what-if hardware, that draws more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpusim.energy import power
@@ -39,6 +45,7 @@ def run_within_power_limit(
     ops: Op | Sequence[Op] | Any,
     *,
     tolerance: float = 0.01,
+    progress: bool = False,
     **options: Any,
 ) -> Result:
     """Simulate ``ops`` at the highest clock at which every GPU's average power is within its limit.
@@ -52,6 +59,8 @@ def run_within_power_limit(
         with every row simulated, as energy needs: ``cache_layers=False``).
     tolerance
         How close to the limiting clock the search gets, as a fraction of the configured clock.
+    progress
+        Show a progress bar of the search's runs, with the clock and power of the last one.
     **options
         Passed on to :func:`gpusim.run` (or :meth:`gpusim.trace.Trace.replay`): ``mode``,
         ``memory_policy``, ...
@@ -65,7 +74,8 @@ def run_within_power_limit(
     Raises
     ------
     ConfigError
-        The GPU has no power model, or ``tolerance`` is not in (0, 0.5).
+        The GPU has no power model, ``tolerance`` is not in (0, 0.5), or ``progress`` is not a
+        bool.
     SimulationError
         Even at :data:`LOWEST_SCALE` of the clock some GPU draws more than its limit (its idle
         power and memory traffic alone exceed it).
@@ -79,7 +89,10 @@ def run_within_power_limit(
                           "within (docs/energy.md)")
     if not 0 < tolerance < 0.5:
         raise ConfigError(f"tolerance must be a fraction of the clock in (0, 0.5), got {tolerance!r}")
+    if not isinstance(progress, bool):
+        raise ConfigError(f"progress must be True or False, got {progress!r}")
     clock, l2_clock = system.config.gpu.clock_hz, system.config.gpu.l2.clock_hz
+    bar = _search_bar(system.name, tolerance) if progress else None
 
     def at(scale: float) -> Result:
         point = system if scale == 1.0 else system.with_overrides(
@@ -89,8 +102,29 @@ def run_within_power_limit(
         else:
             result = run(point, [op.copy() for op in ops] if isinstance(ops, Sequence) else ops.copy(), **options)
         result.stats.update(clock_scale=scale, clock_hz=clock * scale)
+        if bar is not None:
+            bar.set_postfix_str(f"{clock * scale / 1e9:.3f} GHz: {power(result)['average_w'].max():.0f} W")
+            bar.update()
         return result
 
+    try:
+        return _search(system, at, tolerance)
+    finally:
+        if bar is not None:
+            bar.total = bar.n  # the search may end before its most runs
+            bar.close()
+
+
+def _search_bar(name: str, tolerance: float) -> Any:
+    """A progress bar over the most runs the search can take."""
+    from tqdm.auto import tqdm
+
+    most = 2 + math.ceil(math.log2((1.0 - LOWEST_SCALE) / tolerance))
+    return tqdm(total=most, desc=f"{name} within its power limit", unit="run")
+
+
+def _search(system: System, at: Callable[[float], Result], tolerance: float) -> Result:
+    """Bisect the clock scale between :data:`LOWEST_SCALE` and 1 with ``at(scale)`` (a run)."""
     best = at(1.0)
     if not _over_limit(best):
         return best

@@ -198,11 +198,24 @@ def test_a_run_within_the_power_limit_lowers_the_clock_until_it_fits():
     assert capped.time_s > free.time_s
     copy = run_within_power_limit(H200, ops.Elementwise("copy", 2**22, "fp16"))
     assert copy.stats["clock_scale"] == 1.0
+    with pytest.raises(ConfigError, match="progress must be True or False"):
+        run_within_power_limit(H200, ops.Elementwise("copy", 2**22, "fp16"), progress="yes")
     tight = H200.with_overrides({"gpu.power.tdp_watts": 130})
     with pytest.raises(SimulationError, match="lowering the clock cannot bring it within"):
         run_within_power_limit(tight, ops.Elementwise("copy", 2**22, "fp16"))
     with pytest.raises(ConfigError, match="no 'power' section"):
         run_within_power_limit(H200.with_overrides({"gpu.power": None}), gemm)
+
+
+def test_the_power_limited_search_shows_its_runs(capsys):
+    from gpusim.power_limit import run_within_power_limit
+
+    capped = run_within_power_limit(H200, ops.Gemm(2048, 2048, 2048, "tf32"), progress=True)
+    shown = capsys.readouterr().err
+    assert "h200-sxm within its power limit" in shown
+    assert f"{capped.stats['clock_hz'] / 1e9:.3f} GHz" in shown  # the run it settles on was among those shown
+    quiet = run_within_power_limit(H200, ops.Gemm(2048, 2048, 2048, "tf32"))
+    assert capsys.readouterr().err == "" and quiet.time_s == capped.time_s
 
 
 def test_a_run_that_takes_no_time_has_no_average_power_to_report():
