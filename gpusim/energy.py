@@ -208,7 +208,7 @@ def _per_bin(table: pd.DataFrame, result: Result, bins: np.ndarray) -> np.ndarra
     moved = np.zeros(len(bins))
     if table.empty or not len(bins):
         return moved
-    index = result._bin_of(table["t_s"]) - int(bins[0])
+    index = result.bin_of(table["t_s"]) - int(bins[0])
     inside = (index >= 0) & (index < len(bins))
     np.add.at(moved, index[inside], table["bytes"].to_numpy(dtype=float)[inside])
     return moved
@@ -248,7 +248,7 @@ def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
     (``Result.bin_s`` wide, 5 us by default).
     """
     config = power_config(result)
-    bins = result._bins()
+    bins = result.time_bins()
     dram = result.dram[result.dram["gpu"] == gpu]
     traffic = {direction: _per_bin(dram[dram["direction"] == direction], result, bins)
                for direction in ("read", "write", "update")}

@@ -210,23 +210,25 @@ class Result:
             return empty_frame(DRAM_TOTAL_DTYPES)
         return self.dram.groupby(["gpu", "stream", "direction"], as_index=False)["bytes"].sum()
 
-    def _bins(self) -> np.ndarray:
-        """Indices of the time bins from the first op's start to the last op's end (and any DRAM traffic)."""
+    def time_bins(self) -> np.ndarray:
+        """Indices of the ``bin_s``-wide time bins from the first op's start to the last op's end (and
+        any DRAM traffic): bin ``i`` starts at ``i * bin_s`` seconds.  The traffic tables (``dram``,
+        ``links``, ``l2``) and the timelines built from them use these bins."""
         first: list[int] = []
         last: list[int] = []
         if not self.ops.empty:
             first.append(math.floor(float(self.ops["start_s"].min()) / self.bin_s))
             last.append(max(first[0], math.ceil(float(self.ops["end_s"].max()) / self.bin_s) - 1))
         if not self.dram.empty:
-            indices = self._bin_of(self.dram["t_s"])
+            indices = self.bin_of(self.dram["t_s"])
             first.append(int(indices.min()))
             last.append(int(indices.max()))
         if not first:
             return np.arange(0)
         return np.arange(min(first), max(last) + 1)
 
-    def _bin_of(self, t_s: pd.Series) -> np.ndarray:
-        """The bin index of each bin start ``t_s``."""
+    def bin_of(self, t_s: pd.Series) -> np.ndarray:
+        """The bin index (:meth:`time_bins`) of each bin start ``t_s`` of a traffic table, s."""
         return np.rint(t_s.to_numpy(dtype=float) / self.bin_s).astype(int)
 
     def dram_bandwidth(self, gpu: int = 0) -> pd.DataFrame:
@@ -257,7 +259,7 @@ class Result:
             only = " (symmetric mode simulates GPU 0 only)" if self.stats.get("mode") == "symmetric" else ""
             raise GpusimError(f"dram_bandwidth: GPU {gpu!r} was not simulated; this run simulated GPUs "
                               f"0..{simulated - 1}{only}")
-        bins = self._bins()
+        bins = self.time_bins()
         table = self._dram_rates(gpu).reindex(bins, fill_value=0.0)
         table.columns = [str(column) for column in table.columns]
         table.insert(0, "t_s", bins * self.bin_s)
@@ -343,7 +345,7 @@ class Result:
             for gpu in gpus:
                 timeline = power_timeline(self, int(gpu))
                 events += self._counter("power W", int(gpu), timeline.drop(columns="t_s").set_index(
-                    self._bin_of(timeline["t_s"])))
+                    self.bin_of(timeline["t_s"])))
         if not self.links.empty:
             link_pid = (max(gpus) + 1) if gpus else 0
             events.append({"name": "process_name", "ph": "M", "pid": int(link_pid), "args": {"name": "links"}})
@@ -357,7 +359,7 @@ class Result:
         """GB/s per time bin (index: the bins with traffic, in order) and ``series`` (columns)."""
         if traffic.empty:
             return pd.DataFrame()
-        table = traffic.assign(bin=self._bin_of(traffic["t_s"]), series=series.to_numpy()).pivot_table(
+        table = traffic.assign(bin=self.bin_of(traffic["t_s"]), series=series.to_numpy()).pivot_table(
             index="bin", columns="series", values="bytes", aggfunc="sum")
         return table.fillna(0.0).sort_index() / self.bin_s / 1e9
 

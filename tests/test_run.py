@@ -414,6 +414,9 @@ def test_dram_bandwidth_is_zero_while_the_gpu_idles(tmp_path):
     idle = bandwidth[(bandwidth["t_s"] >= delay["start_s"]) & (bandwidth["t_s"] + result.bin_s <= delay["end_s"])]
     assert len(idle) >= 15 and (idle.drop(columns="t_s") == 0).all().all()
     span_s = len(bandwidth) * result.bin_s
+    bins = result.time_bins()
+    assert np.array_equal(bins * result.bin_s, bandwidth["t_s"])  # the public bins are the timeline's
+    assert set(result.bin_of(result.dram["t_s"])) <= set(bins)
     for (stream, direction), moved in result.dram.groupby(["stream", "direction"])["bytes"].sum().items():
         assert bandwidth[f"{stream}_{direction}"].mean() * 1e9 * span_s == pytest.approx(moved)
     events = json.loads(result.to_perfetto(tmp_path / "t.json").read_text())["traceEvents"]
