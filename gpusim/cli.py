@@ -426,6 +426,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, op_list, grid, overrides=None if system else parse_overrides(args.set),
                                  streams=streams, mode=args.mode, memory_policy=args.policy,
+                                 within_power_limit=args.within_power_limit,
                                  workers=args.workers, scheduler=args.scheduler, cache=cache,
                                  progress=not args.quiet)
         report_sweep(table, stage, f"{system.name if system else 'systems'}: {len(args.op)} op(s)")
@@ -552,6 +553,9 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
                         help="auto (default) takes symmetric where it is exact for the ops, else full")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one)")
+    parser.add_argument("--within-power-limit", action="store_true",
+                        help="run every point at the highest SM clock within its power limit and report it as "
+                             "clock_hz (e.g. --vary gpu.power.tdp_watts=400,550,700; docs/energy.md)")
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")
     parser.add_argument("--scheduler", help="address of a Dask scheduler to run the points on (the dist extra)")
     parser.add_argument("--cache", help="folder of finished points: a rerun simulates only what changed")

@@ -29,7 +29,9 @@ up to more than the iteration), ``simulated_rows``, and for a generated transfor
 last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
 for the point, s); where the GPU has a power model (:mod:`gpusim.energy`) and every row of a trace
 was simulated, also ``energy_per_gpu_j`` (the simulated GPUs' energy, averaged over them) and
-``average_w`` (the most power-hungry GPU's average power).
+``average_w`` (the most power-hungry GPU's average power).  With ``within_power_limit`` every point
+runs at the highest clock its power limit allows (:func:`gpusim.power_limit.run_within_power_limit`)
+and has that SM clock as ``clock_hz``: vary ``gpu.power.tdp_watts`` for a power-capping study.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from gpusim.energy import has_energy, power
 from gpusim.errors import ConfigError, GpusimError, NoEffectWarning, OpError, TraceError
 from gpusim.hw.memctrl import PICK_POLICIES
 from gpusim.ops import Op
+from gpusim.results import Result
 from gpusim.sched.executor import Stream
 from gpusim.simulate import run
 from gpusim.sweep import sweep
@@ -64,8 +67,9 @@ from gpusim.trace.trace import Trace
 MODES = ("full", "symmetric", "auto")
 POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
 """Columns of :func:`sweep_parameters` that belong to the point rather than to one op or GPU."""
-ENERGY_POINT_COLUMNS = ["energy_per_gpu_j", "average_w"]
-"""Point columns of :func:`sweep_parameters` where the points' GPUs have a power model."""
+ENERGY_POINT_COLUMNS = ["energy_per_gpu_j", "average_w", "clock_hz"]
+"""Point columns of :func:`sweep_parameters` where the points' GPUs have a power model
+(``clock_hz`` only in a sweep ``within_power_limit``)."""
 SYSTEM_KEY = "system"
 """A key of ``vary`` whose values are whole systems (preset names or YAML paths) rather than a field."""
 BUSY_PREFIX = "busy_"
@@ -143,7 +147,7 @@ def parameter_grid(vary: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op] | Trace, simulation_mode: str,
                    memory_policy: str | None, cache_layers: bool = True,
-                   streams: list[str | Stream] | None = None) -> pd.DataFrame:
+                   streams: list[str | Stream] | None = None, within_power_limit: bool = False) -> pd.DataFrame:
     """Simulate ``ops`` on one resolved description (a top-level function for :func:`gpusim.sweep.sweep`).
 
     Parameters
@@ -163,6 +167,10 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
     streams
         The stream of each op, a name or a :class:`gpusim.Stream` with a CU mask (:func:`gpusim.run`;
         ``None``: all on one).
+    within_power_limit
+        Run at the highest clock within the GPUs' power limit
+        (:func:`gpusim.power_limit.run_within_power_limit`; a trace then has every row simulated,
+        whatever ``cache_layers`` says).
 
     Returns
     -------
@@ -179,8 +187,8 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         and :data:`ENERGY_POINT_COLUMNS` where :func:`gpusim.energy.has_energy`.
     """
     system = System(SystemConfig.model_validate(config), source)
+    result = _point_result(system, ops, simulation_mode, memory_policy, cache_layers, streams, within_power_limit)
     if isinstance(ops, Trace):
-        result = ops.replay(system, mode=simulation_mode, memory_policy=memory_policy, cache_layers=cache_layers)
         busy = result.ops.pivot_table(index="gpu", columns="kind", values="duration_s", aggfunc="sum", fill_value=0.0)
         busy.columns = [f"{BUSY_PREFIX}{kind}_s" for kind in busy.columns]
         rows = breakdown(result.ops, result.kernels).drop(columns="total_s").merge(busy.reset_index(), on="gpu")
@@ -192,14 +200,28 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
         if dropped is not None:  # a generated mixture of experts under uneven routing: the copies dropped, on average
             rows["expert_dropped"] = sum(dropped) / len(dropped)
     else:
-        result = run(system, [op.copy() for op in ops], streams, mode=simulation_mode, memory_policy=memory_policy)
         rows = result.summary()  # in the list's order: the copies' op ids grow with it
         rows = rows.drop(columns="op_id").assign(op_index=range(len(rows)))
     rows = rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
     if has_energy(result):
         watts = power(result)
         rows = rows.assign(energy_per_gpu_j=float(watts["energy_j"].mean()), average_w=float(watts["average_w"].max()))
+    if within_power_limit:
+        rows = rows.assign(clock_hz=result.stats["clock_hz"])
     return rows
+
+
+def _point_result(system: System, ops: list[Op] | Trace, simulation_mode: str, memory_policy: str | None,
+                  cache_layers: bool, streams: list[str | Stream] | None, within_power_limit: bool) -> Result:
+    """The run of one point (:func:`simulate_point`'s arguments)."""
+    if within_power_limit:
+        from gpusim.power_limit import run_within_power_limit
+
+        options = {} if isinstance(ops, Trace) else {"streams": streams}
+        return run_within_power_limit(system, ops, mode=simulation_mode, memory_policy=memory_policy, **options)
+    if isinstance(ops, Trace):
+        return ops.replay(system, mode=simulation_mode, memory_policy=memory_policy, cache_layers=cache_layers)
+    return run(system, [op.copy() for op in ops], streams, mode=simulation_mode, memory_policy=memory_policy)
 
 
 def _checked_ops(ops: Op | Sequence[Op] | Trace, where: str = "sweep_parameters: ops") -> list[Op] | Trace:
@@ -302,6 +324,7 @@ def sweep_parameters(
     mode: str = "auto",
     memory_policy: str | None = None,
     cache_layers: bool = True,
+    within_power_limit: bool = False,
     workers: int | None = None,
     scheduler: str | None = None,
     cache: str | os.PathLike | None = None,
@@ -338,6 +361,10 @@ def sweep_parameters(
         Memory-controller policy of every GPU (default: each GPU's configured one).
     cache_layers
         A trace's runs of identical layers are simulated once (:meth:`gpusim.trace.Trace.replay`).
+    within_power_limit
+        Run every point at the highest SM clock at which its GPUs keep within their power limit
+        (:func:`gpusim.power_limit.run_within_power_limit`: several runs a point; a trace has every
+        row simulated, whatever ``cache_layers`` says) and add that clock as ``clock_hz``.
     workers, scheduler, cache, progress
         As :func:`gpusim.sweep.sweep` takes them; with ``cache`` a finished point is not simulated
         again unless the description, the ops or gpusim's code changed.
@@ -351,7 +378,8 @@ def sweep_parameters(
     ------
     ConfigError
         A bad grid, op list (also one a function made: the message names the point), streams (not
-        one per op), mode, memory policy, ``cache_layers`` or ``progress``; a function ``ops`` whose
+        one per op), mode, memory policy, ``cache_layers``, ``within_power_limit`` or ``progress``; a
+        function ``ops`` whose
         parameters ``vary`` does not give; a path in both ``vary`` and ``overrides`` (or a System's
         overrides); a field that two paths name (``links.bandwidth`` and
         ``links.bandwidth_bytes_per_s``), or two of its values that are one (``1 GHz`` and
@@ -371,7 +399,8 @@ def sweep_parameters(
                           f"got {streams!r}")
     if mode not in MODES:
         raise ConfigError(f"sweep_parameters: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    for name, value in (("cache_layers", cache_layers), ("progress", progress)):
+    for name, value in (("cache_layers", cache_layers), ("within_power_limit", within_power_limit),
+                        ("progress", progress)):
         if not is_flag(value):
             raise ConfigError(f"sweep_parameters: {name} must be True or False, got {value!r}")
     if memory_policy is not None and memory_policy not in PICK_POLICIES:
@@ -411,12 +440,13 @@ def sweep_parameters(
                                   f"give each value once")
         calls.append({"point": index, "config": config.model_dump(mode="json"), "source": point_source, "ops": made,
                       "simulation_mode": mode, "memory_policy": memory_policy, "cache_layers": cache_layers,
-                      "streams": None if streams is None else list(streams)})
+                      "streams": None if streams is None else list(streams), "within_power_limit": within_power_limit})
         columns.append({"point": index, **dict(fields.values())})
     column_of = {key: column for key, (column, _) in fields.items()}  # a varied key -> its column, alike at every point
     rows = sweep(simulate_point, calls, workers=workers, scheduler=scheduler, cache=cache, progress=progress,
                  description=f"sweep over {', '.join(vary)}", labels=[repr(values) for values in points])
-    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers", "streams"])
+    rows = rows.drop(columns=["config", "source", "ops", "simulation_mode", "memory_policy", "cache_layers", "streams",
+                              "within_power_limit"])
     table = pd.DataFrame(columns).merge(rows, on="point", how="left")
     first = [*columns[0], "gpu" if isinstance(made, Trace) else "op_index"]
     table = table[first + [column for column in table.columns if column not in first]]

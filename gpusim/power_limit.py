@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpusim.config.node import SystemConfig
 from gpusim.energy import power
 from gpusim.errors import ConfigError, SimulationError
 from gpusim.ops import Op
@@ -95,8 +96,7 @@ def run_within_power_limit(
     bar = _search_bar(system.name, tolerance) if progress else None
 
     def at(scale: float) -> Result:
-        point = system if scale == 1.0 else system.with_overrides(
-            {"gpu.clock_hz": clock * scale, "gpu.l2.clock_hz": l2_clock * scale})
+        point = system if scale == 1.0 else _at_clocks(system, clock * scale, l2_clock * scale)
         if isinstance(ops, Trace):
             result = ops.replay(point, cache_layers=False, **options)
         else:
@@ -113,6 +113,15 @@ def run_within_power_limit(
         if bar is not None:
             bar.total = bar.n  # the search may end before its most runs
             bar.close()
+
+
+def _at_clocks(system: System, clock_hz: float, l2_clock_hz: float) -> System:
+    """``system`` with its SM and L2 clocks set, changed in its resolved description (which a
+    sweep's point has without the overrides that made it, so reloading would lose them)."""
+    data = system.to_dict()
+    data["gpu"]["clock_hz"] = clock_hz
+    data["gpu"]["l2"]["clock_hz"] = l2_clock_hz
+    return System(SystemConfig.model_validate(data), system.source, system.overrides)
 
 
 def _search_bar(name: str, tolerance: float) -> Any:

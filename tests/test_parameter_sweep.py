@@ -229,6 +229,7 @@ def test_two_values_of_a_field_that_are_one_are_an_error(tmp_path, vary, message
     ({"overrides": {"gpu.num_cus": 80}}, "both varied and overridden"),
     ({"mode": "fast"}, "mode must be one of"),
     ({"overrides": ["gpu.num_cus=80"]}, "overrides must be a mapping"),
+    ({"within_power_limit": "yes"}, "within_power_limit must be True or False"),
 ])
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -315,6 +316,25 @@ def test_a_trace_sweep_may_simulate_every_layer():
     assert every["simulated_rows"].iloc[0] == rows > cached["simulated_rows"].iloc[0]
 
 
+def test_a_power_capping_sweep_lowers_the_clock_with_the_cap():
+    """Each point runs at the highest clock its own limit allows: the varied limit, not the preset's."""
+    caps = [450.0, 550.0, 700.0]
+    points = point_totals(sweep("h200-sxm", ops.Gemm(2048, 2048, 2048, "tf32"), {"gpu.power.tdp_watts": caps},
+                                within_power_limit=True))
+    assert (points["average_w"] <= points["gpu.power.tdp_watts"]).all()
+    assert (points["average_w"] > 0.9 * points["gpu.power.tdp_watts"]).all()  # the highest clock that fits
+    assert points["clock_hz"].is_monotonic_increasing and points["total_s"].is_monotonic_decreasing
+    free = point_totals(sweep("h200-sxm", ops.Gemm(2048, 2048, 2048, "tf32"), {"gpu.power.tdp_watts": [700.0]}))
+    assert "clock_hz" not in free.columns and free["average_w"].iloc[0] > 700  # the 700 W point above did throttle
+
+
+def test_a_power_capped_trace_point_simulates_every_row():
+    trace = transformer("megatron-gpt2", **{**TINY_PROMPT, "layers": 2})
+    capped = sweep("t3-ring8", trace, {"gpu.power.tdp_watts": [95.0]}, within_power_limit=True)
+    assert capped["simulated_rows"].iloc[0] == int((trace.frame["gpu"] == 0).sum())  # layer caching off: energy needs it
+    assert capped["average_w"].max() <= 95.0 and capped["clock_hz"].iloc[0] < 1.4e9  # 99 W at its 1.4 GHz
+
+
 def test_a_traces_cache_key_is_its_contents():
     one, same = transformer("megatron-gpt2", **TINY_PROMPT), transformer("megatron-gpt2", **TINY_PROMPT)
     longer = transformer("megatron-gpt2", **{**TINY_PROMPT, "seq_len": 256})
@@ -334,6 +354,14 @@ def test_cli_sweep_writes_tables_and_plot(tmp_path, capsys):
     assert (tmp_path / "sweep.png").stat().st_size > 0
     assert "elasticity of the total time" in out and "  gpu.num_cus: -" in out
     assert list(pd.read_csv(tmp_path / "elasticities.csv")["field"]) == ["links.bandwidth_bytes_per_s", "gpu.num_cus"]
+
+
+def test_cli_sweep_within_the_power_limit_reports_the_clock(tmp_path, capsys):
+    code = main(["sweep", "--system", "h200-sxm", "--op", "gemm m=2048 n=2048 k=2048 dtype=tf32", "--vary",
+                 "gpu.power.tdp_watts=450,700", "--within-power-limit", "--workers", "1", "--quiet", "--out", str(tmp_path)])
+    assert code == 0 and "clock_hz" in capsys.readouterr().out
+    points = pd.read_csv(tmp_path / "points.csv")
+    assert points["clock_hz"].iloc[0] < points["clock_hz"].iloc[1] <= 1.98e9
 
 
 def test_cli_simulate_vary_replays_at_every_point(tmp_path, capsys):
