@@ -29,7 +29,9 @@ arithmetic evenly over the kernel, the L2's, DRAM's and links' over the bins the
 (:func:`_parts` describes each component once for both).
 
 The clocks do not react to power (the simulator keeps the configured clock); :func:`power`
-flags a GPU whose average power exceeds its limit, where real hardware would run slower.  In
+flags a GPU whose average power exceeds its limit, where real hardware would run slower.  The
+voltage is held at every clock unless the power section's ``voltage_scaling`` says how it follows
+the SM clock: then the matrix, vector and L2 prices scale with its square.  In
 symmetric mode only GPU 0 is simulated, and only its rows appear: every GPU does the same work.
 Kernels that count no FLOPs (collectives' reductions, row reductions' instructions, near-bank
 commands' issue) cost only their data movement and the idle power.  A trace replayed with layer
@@ -142,11 +144,13 @@ def _parts(result: Result, gpu: int, config: PowerConfig) -> list[_Part]:
     runs, nmc_activations = counted("dram_run_activations"), counted("nmc_activations")
     activations = (counted("dram_activations") - runs - nmc_activations) * lockstep + runs
     all_bytes = {"read": 1.0, "write": 1.0, "update": 1.0}
+    scaling = config.voltage_scaling
+    core = PJ * (1.0 if scaling is None else scaling.factor(float(result.config["gpu"]["clock_hz"])))
     return [
         _Part("idle", result.time_s, "s", config.idle_watts, ("idle",)),
-        _Part("matrix", cycles["matrix"], "CU-cycles at peak", config.matrix_pj_per_cu_cycle * PJ, ("kernels", "matrix")),
-        _Part("vector", cycles["vector"], "CU-cycles at peak", config.vector_pj_per_cu_cycle * PJ, ("kernels", "vector")),
-        _Part("l2", float(result.l2.loc[result.l2["gpu"] == gpu, "bytes"].sum()), "bytes", config.l2_pj_per_byte * PJ,
+        _Part("matrix", cycles["matrix"], "CU-cycles at peak", config.matrix_pj_per_cu_cycle * core, ("kernels", "matrix")),
+        _Part("vector", cycles["vector"], "CU-cycles at peak", config.vector_pj_per_cu_cycle * core, ("kernels", "vector")),
+        _Part("l2", float(result.l2.loc[result.l2["gpu"] == gpu, "bytes"].sum()), "bytes", config.l2_pj_per_byte * core,
               ("l2",)),
         _Part("dram_activate", activations, "activations", config.dram_activate_nj * NJ, ("dram", all_bytes)),
         _Part("dram_array", read + write + 2 * update, "bytes", config.dram_array_pj_per_byte * PJ,

@@ -6,11 +6,12 @@ configured clock and, where some GPU's average power (:func:`gpusim.energy.power
 limit, searches for the highest clock at which every GPU keeps within it, scaling the SM clock
 (``gpu.clock_hz``) and the L2's (``gpu.l2.clock_hz``) together; the HBM keeps its clock.
 
-What it inherits from the energy model (docs/energy.md): the energy of an operation does not
-depend on the clock (the voltage is held), so a lower clock saves power only by spreading the
-same energy over more time.  Real GPUs also lower the voltage with the clock and save more: the
-clock found here is a lower bound of the one a real board would settle at, and the run an upper
-bound of its time.  The limit applies to the run's average, as boards enforce it over
+What it inherits from the energy model (docs/energy.md): unless the power section says how the
+voltage follows the clock (``voltage_scaling``, which no preset sets), the energy of an operation
+does not depend on the clock, so a lower clock saves power only by spreading the same energy over
+more time.  Real GPUs also lower the voltage with the clock and save more: without that section
+the clock found here is a lower bound of the one a real board would settle at, and the run an
+upper bound of its time.  The limit applies to the run's average, as boards enforce it over
 milliseconds to seconds.
 
 A preset whose efficiencies were fitted to times measured under its limit already runs that work

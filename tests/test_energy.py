@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import gpusim
 from gpusim import ops
+from gpusim.config.gpu import VoltageScalingConfig
 from gpusim.config.loader import list_presets
 from gpusim.energy import ENERGY_COLUMNS, describe, energy, power, power_timeline
 from gpusim.errors import ConfigError, SimulationError
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 H200 = gpusim.load_system("h200-sxm")
 T3 = gpusim.load_system("t3-table8.1")
 BERT_BASE = [768 * 768] * 24 + [768 * 3072] * 12 + [768] * 100  # a BERT-base-like mix of tensor sizes
+VOLTAGE = {"gpu.power.voltage_scaling.reference_clock_hz": "1.98 GHz", "gpu.power.voltage_scaling.slope": 0.6,
+           "gpu.power.voltage_scaling.floor": 0.7}
 
 
 def by_component(result) -> dict[str, float]:
@@ -140,11 +143,47 @@ def test_a_gpu_without_a_power_model_says_how_to_add_one(tmp_path):
     [
         ({"gpu.power.l2_pj_per_byte": -1}, r"l2_pj_per_byte"),
         ({"gpu.power.idle_watts": 800}, r"idle_watts \(800\) must be below tdp_watts \(700\)"),
+        ({**VOLTAGE, "gpu.power.voltage_scaling.slope": 3}, r"voltage_scaling.slope"),
+        ({"gpu.power.voltage_scaling.slope": 0.5, "gpu.power.voltage_scaling.floor": 0.7},
+         r"voltage_scaling.reference_clock_hz"),
     ],
 )
 def test_bad_power_values_name_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         gpusim.load_system("h200-sxm", override)
+
+
+@given(slope=st.floats(0, 2), floor=st.floats(0.05, 1), scale=st.floats(0.1, 1.5))
+def test_the_voltage_follows_the_clock_down_to_its_floor(slope, floor, scale):
+    scaling = VoltageScalingConfig(reference_clock_hz=2e9, slope=slope, floor=floor)
+    assert scaling.factor(2e9) == pytest.approx(1.0)
+    factor = scaling.factor(scale * 2e9)
+    assert factor >= floor**2 - 1e-12
+    assert (factor <= 1.0 + 1e-12) if scale <= 1 else (factor >= 1.0 - 1e-12)
+
+
+def test_with_voltage_scaling_a_lower_clock_saves_the_units_energy_but_not_the_drams():
+    """The SMs' and the L2's prices follow (V/V_ref)^2; idle, DRAM and links keep theirs."""
+    slow = {"gpu.clock_hz": "1.4 GHz", "gpu.l2.clock_hz": "1.4 GHz"}
+    held = by_component(gpusim.run(H200.with_overrides(slow), ops.Gemm(2048, 2048, 2048, "fp16")))
+    scaled = by_component(gpusim.run(H200.with_overrides({**slow, **VOLTAGE}), ops.Gemm(2048, 2048, 2048, "fp16")))
+    factor = (1 - 0.6 * (1 - 1.4 / 1.98)) ** 2
+    for component in ("matrix", "l2"):
+        assert scaled[component] == pytest.approx(factor * held[component])
+    for component in ("idle", "dram_array", "dram_io", "dram_activate"):
+        assert scaled[component] == pytest.approx(held[component])
+    at_reference = gpusim.run(H200.with_overrides(VOLTAGE), ops.Gemm(2048, 2048, 2048, "fp16"))
+    assert by_component(at_reference) == by_component(gpusim.run(H200, ops.Gemm(2048, 2048, 2048, "fp16")))
+
+
+def test_with_voltage_scaling_the_power_limit_allows_a_higher_clock():
+    from gpusim.power_limit import run_within_power_limit
+
+    gemm = ops.Gemm(4096, 4096, 4096, "tf32")
+    held = run_within_power_limit(H200, gemm, tolerance=0.02)
+    scaled = run_within_power_limit(H200.with_overrides(VOLTAGE), gemm, tolerance=0.02)
+    assert held.stats["clock_hz"] < scaled.stats["clock_hz"] < 1.98e9
+    assert power(scaled)["average_w"].iloc[0] <= 700
 
 
 def test_a_trace_replayed_with_layer_caching_has_no_energy():

@@ -646,6 +646,36 @@ class GemmTmaConfig(Model):
     cluster_size: PositiveInt = 1
 
 
+class VoltageScalingConfig(Model):
+    """How the supply voltage of the SMs and the L2 follows the SM clock (a what-if: no preset sets it).
+
+    Dynamic energy per operation scales with the square of the voltage.  With this section the
+    voltage at SM clock ``f`` is ``V(f) / V(reference) = max(floor, 1 - slope * (1 - f /
+    reference_clock_hz))`` (above the reference clock it rises along the same line), and the
+    matrix and vector units' and the L2's prices are multiplied by ``(V(f) / V(reference))^2``;
+    idle power, the DRAM, the near-bank ALUs and the links keep theirs.  Without it the voltage is
+    held at every clock.
+
+    Attributes
+    ----------
+    reference_clock_hz
+        The SM clock at which the power section's prices hold (where they were fitted), Hz.
+    slope
+        Relative voltage change per relative clock change, ``(dV / V) / (df / f)``: 0 holds the
+        voltage, 1 makes it proportional to the clock.
+    floor
+        The lowest voltage, as a fraction of the reference clock's.
+    """
+
+    reference_clock_hz: Hertz
+    slope: Float = Field(ge=0, le=2)
+    floor: Fraction
+
+    def factor(self, clock_hz: float) -> float:
+        """``(V(clock_hz) / V(reference))^2``: what the dynamic prices are multiplied by at that SM clock."""
+        return max(self.floor, 1.0 - self.slope * (1.0 - clock_hz / self.reference_clock_hz)) ** 2
+
+
 class PowerConfig(Model):
     """What the GPU's activity costs in energy (:mod:`gpusim.energy`).
 
@@ -667,7 +697,8 @@ class PowerConfig(Model):
         Energy of one CU's matrix units (and the operand traffic that feeds them: register file,
         shared memory) in a cycle at their peak rate, pJ.  A FLOP costs this divided by the CU's
         peak FLOPs per cycle for the units it runs on, so a type with twice the peak costs half the
-        energy per FLOP, and neither the clock nor the number of CUs changes it.  Times the CUs and
+        energy per FLOP, and neither the clock (unless ``voltage_scaling`` says the voltage follows
+        it) nor the number of CUs changes it.  Times the CUs and
         the clock it is the units' power at peak.
     vector_pj_per_cu_cycle
         The same for one CU's vector (CUDA-core, SIMD) units at their peak rate, pJ.
@@ -689,6 +720,9 @@ class PowerConfig(Model):
         Energy of a near-bank ALU's arithmetic per byte of operands it reads, pJ.
     link_pj_per_byte
         Energy of a byte this GPU sends over its links or the switch (SerDes at both ends), pJ.
+    voltage_scaling
+        How the voltage, and with it the matrix, vector and L2 prices, follows the SM clock
+        (:class:`VoltageScalingConfig`); ``None``: held at every clock.
     """
 
     tdp_watts: PositiveFloat
@@ -702,6 +736,7 @@ class PowerConfig(Model):
     nmc_bank_pj_per_byte: Float = Field(ge=0)
     nmc_alu_pj_per_byte: Float = Field(ge=0)
     link_pj_per_byte: Float = Field(ge=0)
+    voltage_scaling: VoltageScalingConfig | None = None
 
     @model_validator(mode="after")
     def _idle_below_limit(self) -> PowerConfig:
