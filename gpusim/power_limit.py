@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpusim.checks import is_flag
 from gpusim.config.node import SystemConfig
 from gpusim.energy import power
 from gpusim.errors import ConfigError, SimulationError
@@ -91,7 +92,7 @@ def run_within_power_limit(
                           "within (docs/energy.md)")
     if not 0 < tolerance < 0.5:
         raise ConfigError(f"tolerance must be a fraction of the clock in (0, 0.5), got {tolerance!r}")
-    if not isinstance(progress, bool):
+    if not is_flag(progress):
         raise ConfigError(f"progress must be True or False, got {progress!r}")
     clock, l2_clock = system.config.gpu.clock_hz, system.config.gpu.l2.clock_hz
     bar = _search_bar(system.name, tolerance) if progress else None
