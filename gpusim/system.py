@@ -59,7 +59,9 @@ class System:
     def with_overrides(self, overrides: dict[str, Any]) -> System:
         """A copy with more overrides applied (e.g. ``{"gpu.num_cus": 160}``); each replaces an earlier
         override of its field, however that one spelled it (``links.bandwidth_bytes_per_s`` for
-        ``links.bandwidth``)."""
+        ``links.bandwidth``).  The copy reloads ``source`` with the overrides, so a System made
+        directly from a description must carry the overrides that made it (a sweep's points do not:
+        :mod:`gpusim.power_limit` changes their clocks in the description instead)."""
         if not isinstance(overrides, Mapping):
             raise ConfigError(f"{self.name}: overrides must be a mapping of dotted fields to values, got {overrides!r}")
         replaced = {overridden_field(path, value) for path, value in overrides.items()}
