@@ -328,12 +328,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
         if args.within_power_limit:
-            from gpusim.power_limit import run_within_power_limit
+            from gpusim.power_limit import describe_clock, run_within_power_limit
 
             result = run_within_power_limit(system, op_list, streams=streams, mode=args.mode, memory_policy=args.policy,
                                             progress=not args.quiet)
-            print(f"within the {system.gpu.power.tdp_watts:.0f} W limit at {result.stats['clock_hz'] / 1e9:.3f} GHz "
-                  f"({result.stats['clock_scale']:.0%} of the configured clock)")
+            print(describe_clock(result))
         else:
             result = run(system, op_list, streams, mode=args.mode, memory_policy=args.policy, progress=not args.quiet)
         with pd.option_context("display.width", 160, "display.max_columns", 20):

@@ -117,6 +117,13 @@ def run_within_power_limit(
             bar.close()
 
 
+def describe_clock(result: Result) -> str:
+    """One line on the clock a :func:`run_within_power_limit` run settled at, for the commands."""
+    limit = result.config["gpu"]["power"]["tdp_watts"]
+    return (f"within the {limit:.0f} W limit at {result.stats['clock_hz'] / 1e9:.3f} GHz "
+            f"({result.stats['clock_scale']:.0%} of the configured clock)")
+
+
 def _at_clocks(system: System, clock_hz: float, l2_clock_hz: float) -> System:
     """``system`` with its SM and L2 clocks set, changed in its resolved description (which a
     sweep's point has without the overrides that made it, so reloading would lose them)."""

@@ -1,6 +1,7 @@
 """The simulate and validate-trace commands."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -36,6 +37,21 @@ def test_simulate_a_generated_model_writes_every_output(tmp_path, capsys):
     assert {"compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s"} <= set(summary["breakdown"][0])
     ops = pd.read_parquet(out / "ops.parquet")
     assert {"op_id", "kind", "duration_s", "measured_s"} <= set(ops.columns)
+
+
+def test_simulate_within_the_power_limit_replays_every_layer_at_a_lower_clock(tmp_path, capsys):
+    base = ["simulate", "--model", "megatron-gpt2", "--phase", "prompt", "--tp", "8", "--layers", "2", "--batch", "1",
+            "--seq-len", "128", "--system", "t3-ring8", "--quiet"]
+    assert main(base + ["--no-cache"]) == 0
+    free = capsys.readouterr().out
+    assert float(re.search(r"average power up to (\d+) W", free).group(1)) > 95 and "within the" not in free
+    assert main(base + ["--set", "gpu.power.tdp_watts=95", "--within-power-limit", "--out", str(tmp_path / "out")]) == 0
+    capped = capsys.readouterr().out
+    assert "within the 95 W limit at" in capped and "limit 95 W)" in capped  # the energy line: every row simulated
+    stats = json.loads((tmp_path / "out" / "summary.json").read_text())["stats"]
+    assert stats["simulated_rows"] == stats["trace_rows"] and stats["clock_hz"] < 1.4e9
+    assert main(base + ["--vary", "gpu.power.tdp_watts=95,300", "--within-power-limit", "--workers", "1"]) == 0
+    assert "clock_hz" in capsys.readouterr().out
 
 
 def test_simulate_overlaps_the_gemms_with_their_reductions_when_asked(tmp_path, capsys):

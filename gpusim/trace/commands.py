@@ -303,8 +303,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise GpusimError("simulate: --workers, --scheduler and --sweep-cache apply to a sweep (--vary)")
     out = output_folder(args.out)
     with staged_outputs(out) as stage:
-        result = trace.replay(system, mode=mode, memory_policy=args.policy, progress=not args.quiet,
-                              cache_layers=not args.no_cache)
+        if args.within_power_limit:
+            from gpusim.power_limit import describe_clock, run_within_power_limit
+
+            result = run_within_power_limit(system, trace, mode=mode, memory_policy=args.policy, progress=not args.quiet)
+            print(describe_clock(result))
+        else:
+            result = trace.replay(system, mode=mode, memory_policy=args.policy, progress=not args.quiet,
+                                  cache_layers=not args.no_cache)
         parts = breakdown(result.ops, result.kernels)
         print(f"{trace.source} on {system.name} ({mode} mode): {result.time_s * 1e3:.3f} ms per iteration")
         print((parts.set_index("gpu") * 1e3).round(3).rename(columns=lambda c: c.replace("_s", "_ms")).to_string())
@@ -376,6 +382,7 @@ def _simulate_sweep(args: argparse.Namespace, trace, system, grid: dict[str, lis
     with staged_outputs(out) as stage:
         table = sweep_parameters(system, trace, grid, overrides=None if system else parse_overrides(args.set),
                                  mode=args.mode, memory_policy=args.policy, cache_layers=not args.no_cache,
+                                 within_power_limit=args.within_power_limit,
                                  workers=args.workers, scheduler=args.scheduler, cache=cache,
                                  progress=not args.quiet)
         where = system.name if system else ", ".join(map(str, grid[SYSTEM_KEY]))
@@ -545,6 +552,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model: pad the vocabulary to a multiple of N x tp, as Megatron-LM's "
                              "--make-vocab-size-divisible-by (128 there) (default: 1, no padding)")
     parser.add_argument("--no-cache", action="store_true", help="simulate every layer (no layer caching)")
+    parser.add_argument("--within-power-limit", action="store_true",
+                        help="replay at the highest SM clock at which every GPU's average power is within its limit "
+                             "(gpu.power.tdp_watts; several replays, every layer simulated; with --vary, at every "
+                             "point, reported as clock_hz; docs/energy.md)")
     parser.add_argument("--overlap", choices=list(OVERLAP_FUNCTIONS),
                         help="overlap every GEMM with the reduce-scatter or all-reduce of its output: t3 (T3's fused "
                              "GEMM and reduce-scatter), decomposed (the GEMM cut into a kernel per rank beside a "
