@@ -177,6 +177,10 @@ class CollectiveConfig(Model):
         Protocols a ring collective may use; the library picks, per call, the one its cost model
         (latency per step and per call, bandwidth times wire efficiency) predicts fastest, as
         NCCL's tuner does.  Empty: one protocol with ``sync_ns`` per step and no overhead.
+    channel_inflight_bytes
+        Bytes one channel's workgroup of a CU-driven collective keeps in flight (its threads' loads
+        and stores, bytes): with the unloaded memory latency it bounds the channel's memory traffic
+        (Little's law), below its CU's ``cu.max_inflight_bytes``.  ``None``: only the CU's bound.
     """
 
     cus: PositiveInt = 16
@@ -184,6 +188,7 @@ class CollectiveConfig(Model):
     sync_ns: Nanoseconds = 1000.0
     launch_ns: Nanoseconds = 5000.0
     protocols: list[ProtocolConfig] = []
+    channel_inflight_bytes: Bytes | None = None
 
     def protocol_list(self) -> list[ProtocolConfig]:
         """The protocols to choose from (the one made of ``sync_ns`` when none are configured)."""

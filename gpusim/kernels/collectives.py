@@ -29,7 +29,7 @@ from simpy.events import Event
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.engine.primitives import Countdown, Join, succeed_at
 from gpusim.errors import OpError
-from gpusim.hw.compute import ComputeUnit, Kernel, WorkgroupShape
+from gpusim.hw.compute import ComputeUnit, InflightLimit, Kernel, WorkgroupShape
 from gpusim.hw.dma import DmaCommand
 from gpusim.hw.gpu import Buffer
 from gpusim.hw.hbm import UPDATE, WRITE
@@ -187,6 +187,15 @@ class Flags:
             self.raise_at(what, rank, self.env.now, *key)
 
 
+def channel_memory(ctx, cu: ComputeUnit) -> ComputeUnit | InflightLimit:
+    """What bounds one channel's memory traffic: the channel's own bytes in flight
+    (``collectives.channel_inflight_bytes``, when set) and its CU's."""
+    inflight = ctx.config.collectives.channel_inflight_bytes
+    if inflight is None:
+        return cu
+    return InflightLimit(cu, inflight, ctx.gpu.unloaded_memory_latency_ns)
+
+
 def channels_for(ctx, op, chunk_bytes: int, protocol=None, nbytes: int | None = None) -> int:
     """Channels (CUs) of a collective: the configured number, fewer for small messages."""
     configured = getattr(op, "channels", None) or ctx.config.collectives.cus
@@ -295,6 +304,7 @@ class RingKernel:
         flags = self.flags
         tag = self.tag
         pending_writes = Join(env)
+        bound = channel_memory(self.ctx, cu)
         stage_sends: set[tuple[int, int]] = set()  # (step index, slice) of the sends into the neighbour's stage
         for step in ring_program(self.kind, position, self.n):
             for s in range(self.slices):
@@ -329,7 +339,7 @@ class RingKernel:
                 if step.reduce:
                     elements = size / self.elem_bytes
                     reads.extend_to(cu.compute(env.now, elements, self.flops_per_ns, COLLECTIVE_SHAPE.threads // 64))
-                reads.extend_to(cu.memory(env.now, moved + (wire if step.send else 0)))
+                reads.extend_to(bound.memory(env.now, moved + (wire if step.send else 0)))
                 yield reads.close()
                 if step.recv == "stage":
                     flags.raise_at("ack", me, env.now, tag, step.index, channel, s)
@@ -398,11 +408,13 @@ class DirectKernel:
         stop = min(chunk * self.chunk + min((channel + 1) * self.piece, self.chunk), self.nbytes)
         return start, max(0, stop - start)
 
-    def _scatter(self, cu, channel, phase, source: Buffer, place: Callable[[int, int], tuple[int, int, int]]):
+    def _scatter(self, bound: ComputeUnit | InflightLimit, channel, phase, source: Buffer,
+                 place: Callable[[int, int], tuple[int, int, int]]):
         """Send a piece to every other rank.
 
-        ``place(dst_index, distance)`` gives this channel's piece for that rank: its offset in
-        ``source``, its size (0: nothing is sent) and the address it lands at there.
+        ``bound`` limits the channel's memory traffic (:func:`channel_memory`); ``place(dst_index,
+        distance)`` gives this channel's piece for that rank: its offset in ``source``, its size (0:
+        nothing is sent) and the address it lands at there.
         """
         env = self.env
         me = self.ctx.rank
@@ -419,7 +431,7 @@ class DirectKernel:
                 continue
             reads = Join(env)
             self.gpu.memory.read(source.addr + offset, size, reads, COMM, source.cached)
-            reads.extend_to(cu.memory(env.now, 2 * size))
+            reads.extend_to(bound.memory(env.now, 2 * size))
             yield reads.close()
             delivered = Countdown(self._arrival(dst, phase, distance, channel))
             yield from interconnect.transfer(me, dst, target, size, WRITE, delivered)
@@ -483,8 +495,9 @@ class DirectKernel:
         def piece_of(chunk: int) -> int:
             return self._piece(chunk, channel)[1]
 
+        bound = channel_memory(self.ctx, cu)
         if self.kind in ("rs", "ar"):
-            yield from self._scatter(cu, channel, 0, self.inp, self._chunk_place(channel, lambda j, me: (j, j, True)))
+            yield from self._scatter(bound, channel, 0, self.inp, self._chunk_place(channel, lambda j, me: (j, j, True)))
             yield from self._gather_wait(0, channel, lambda sender: piece_of(me_index))
             offset, size = self._piece(me_index, channel)
             if size:
@@ -496,20 +509,20 @@ class DirectKernel:
                 self.gpu.memory.read(self.inp.addr + offset, size, reads, COMM, self.inp.cached)
                 elements = size / self.elem_bytes * (self.n - 1)
                 reads.extend_to(cu.compute(env.now, elements, self.flops_per_ns, COLLECTIVE_SHAPE.threads // 64))
-                reads.extend_to(cu.memory(env.now, size * (self.n + 1)))
+                reads.extend_to(bound.memory(env.now, size * (self.n + 1)))
                 yield reads.close()
                 written = Join(env)
                 self.gpu.memory.write(self.out.addr + offset, size, written, COMM, self.out.cached)
                 yield written.close()
         if self.kind in ("ag", "ar"):
-            yield from self._scatter(cu, channel, 1, self.out, self._chunk_place(channel, lambda j, me: (me, me, False)))
+            yield from self._scatter(bound, channel, 1, self.out, self._chunk_place(channel, lambda j, me: (me, me, False)))
             yield from self._gather_wait(1, channel, piece_of)
         if self.kind == "a2a" and self.send_bytes is not None:
-            yield from self._scatter(cu, channel, 0, self.inp, self._uneven_place(channel))
+            yield from self._scatter(bound, channel, 0, self.inp, self._uneven_place(channel))
             yield from self._gather_wait(0, channel, lambda sender: self._uneven_piece(
                 self.send_bytes[sender][me_index], channel)[1])
         elif self.kind == "a2a":
-            yield from self._scatter(cu, channel, 0, self.inp, self._chunk_place(channel, lambda j, me: (j, me, False)))
+            yield from self._scatter(bound, channel, 0, self.inp, self._chunk_place(channel, lambda j, me: (j, me, False)))
             yield from self._gather_wait(0, channel, lambda sender: piece_of(me_index))
 
     def _arrival(self, rank: int, phase: int, distance: int, channel: int) -> Callable[[float], None]:
