@@ -261,3 +261,15 @@ def test_nccls_low_latency_protocols_shorten_the_generation_baseline_more_than_t
     assert steps[("nccl", "sequential")] < steps[("sync", "sequential")]
     gain = {protocols: steps[(protocols, "sequential")] / steps[(protocols, "t3")] for protocols in t3.GENERATION_PROTOCOLS}
     assert 1 < gain["nccl"] < gain["sync"]
+
+
+def test_the_t3_rings_all_reduce_on_few_cus_is_as_slow_as_fig_8_4_says():
+    """The T3 rings' channels keep ``collectives.channel_inflight_bytes`` in flight, fitted to the 8-CU
+    all-reduce (Fig. 8.4: ~41% slower than on 80 CUs); the 16-CU one (~7%) is the held-out check;
+    with only the CUs' own bound the link, not the channels, would bind
+    (validation/calibration/channel_inflight_t3.py)."""
+    on = {cus: t3.simulate_allreduce("T-NLG", "FC-2", 8, cus) for cus in (80, 8, 16)}
+    assert on[8] / on[80] == pytest.approx(1.41, abs=0.1)
+    assert on[16] / on[80] == pytest.approx(1.07, abs=0.05)
+    unbound = t3.simulate_allreduce("T-NLG", "FC-2", 8, 8, overrides={"collectives.channel_inflight_bytes": 2**20})
+    assert unbound / on[80] < 1.15
