@@ -82,4 +82,6 @@ $FIT --dataset allreduce-dgx-a100-2nodes --points 30 --mode full \
      --param "network.nic_bandwidth=5 GB/s,6 GB/s" --param "network.node_bandwidth=18 GB/s,22 GB/s" \
      --param "network.latency=15 us,25 us" \
      --holdout-dataset allreduce-dgx-a100 --holdout-query "gpus == 16" --holdout-points 24
+echo "== T3 rings: a collective channel's bytes in flight on the dissertation's Fig. 8.4 (8 CUs); held out: 16 CUs"
+$PY validation/calibration/channel_inflight_t3.py
 } 2>&1 | tee "$OUT/fits.log"
