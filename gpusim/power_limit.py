@@ -4,7 +4,10 @@ A GPU whose work draws more than its limit (``gpu.power.tdp_watts``) lowers its 
 does not.  :func:`run_within_power_limit` does the same to a simulation: it runs the ops at the
 configured clock and, where some GPU's average power (:func:`gpusim.energy.power`) is over the
 limit, searches for the highest clock at which every GPU keeps within it, scaling the SM clock
-(``gpu.clock_hz``) and the L2's (``gpu.l2.clock_hz``) together; the HBM keeps its clock.
+(``gpu.clock_hz``) and the L2's (``gpu.l2.clock_hz``) together; the HBM keeps its clock.  The
+configured clocks stay the GPU's rated ones (``rated_clock_hz``), for which its kernel library keeps
+picking kernels, as cuBLAS does on a throttled board: a GPU that is configured with a lower clock
+is another what-if, whose library picks for that clock.
 
 What it inherits from the energy model (docs/energy.md): unless the power section says how the
 voltage follows the clock (``voltage_scaling``, which no preset sets), the energy of an operation
@@ -126,10 +129,14 @@ def describe_clock(result: Result) -> str:
 
 def _at_clocks(system: System, clock_hz: float, l2_clock_hz: float) -> System:
     """``system`` with its SM and L2 clocks set, changed in its resolved description (which a
-    sweep's point has without the overrides that made it, so reloading would lose them)."""
+    sweep's point has without the overrides that made it, so reloading would lose them); the
+    clocks it had stay its rated ones, for which its kernel library picks kernels."""
     data = system.to_dict()
-    data["gpu"]["clock_hz"] = clock_hz
-    data["gpu"]["l2"]["clock_hz"] = l2_clock_hz
+    gpu, l2 = data["gpu"], data["gpu"]["l2"]
+    gpu["rated_clock_hz"] = gpu.get("rated_clock_hz") or gpu["clock_hz"]
+    l2["rated_clock_hz"] = l2.get("rated_clock_hz") or l2["clock_hz"]
+    gpu["clock_hz"] = clock_hz
+    l2["clock_hz"] = l2_clock_hz
     return System(SystemConfig.model_validate(data), system.source, system.overrides)
 
 

@@ -246,6 +246,23 @@ def test_a_run_within_the_power_limit_lowers_the_clock_until_it_fits():
         run_within_power_limit(H200.with_overrides({"gpu.power": None}), gemm)
 
 
+def test_a_throttled_gpu_runs_the_kernels_its_library_picks_for_its_rated_clock():
+    """cuBLAS picks kernels for the GPU it knows, not for the clock a power limit has lowered: the
+    capped run keeps the unthrottled run's kernel, where a GPU built for the lower clock (another
+    what-if) would get another."""
+    from gpusim.power_limit import run_within_power_limit
+
+    gemm = ops.Gemm(256, 1024, 4096, "tf32")
+    free = gpusim.run(H200, gemm)
+    capped = run_within_power_limit(H200.with_overrides({"gpu.power.tdp_watts": 300}), gemm)
+    scale = capped.stats["clock_scale"]
+    assert scale < 0.8
+    assert capped.kernels["name"].tolist() == free.kernels["name"].tolist()
+    assert capped.config["gpu"]["rated_clock_hz"] == H200.config.gpu.clock_hz
+    built_slower = gpusim.run(H200.with_overrides({"gpu.clock_hz": scale * 1.98e9, "gpu.l2.clock_hz": scale * 1.98e9}), gemm)
+    assert built_slower.kernels["name"].tolist() != free.kernels["name"].tolist()
+
+
 def test_the_power_limited_search_shows_its_runs(capsys):
     from gpusim.power_limit import run_within_power_limit
 

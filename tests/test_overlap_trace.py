@@ -137,10 +137,11 @@ def test_communication_bytes_count_the_collective_inside_an_overlapped_row():
 
 
 def test_overlapping_shortens_a_large_sub_layer_against_gemm_then_all_reduce():
-    """(On the small GEMM of the other tests a chunk per rank is too small for the decomposition to gain.)"""
+    """(On the small GEMM of the other tests a chunk per rank is too small for the decomposition to gain;
+    on 8 channels, which the T3 rings' fit makes 1.4x slower than 80, its reduce-scatter is too slow.)"""
     plain = gemm_then("allreduce", shape=(4096, 3072, 1024))
     base = gpusim.run(RING4, plain, mode="symmetric").time_s
-    for function, channels in (("t3", None), ("decomposed", 8), ("decomposed_dma", None)):
+    for function, channels in (("t3", None), ("decomposed", 16), ("decomposed_dma", None)):
         overlapped = overlap_gemm_collectives(plain, function, channels)
         assert gpusim.run(RING4, overlapped, mode="symmetric").time_s < base, function
 

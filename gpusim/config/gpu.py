@@ -186,6 +186,9 @@ class L2Config(Model):
         decided per byte present, tracked per 512-byte sector of a block, docs/model.md).
     banks, bytes_per_cycle_per_bank, clock_hz
         Together they give the L2's peak bandwidth to the CUs.
+    rated_clock_hz
+        The L2 clock the GPU is rated at, which its kernel library's heuristic assumes when it
+        picks a GEMM kernel; ``None``: ``clock_hz`` (see :attr:`GpuConfig.rated_clock_hz`).
     sustained_efficiency
         Fraction of that peak the CUs sustain when many of them stream hits from the L2, for the
         losses the model does not simulate (slice conflicts of the address hash, the crossbar, tag
@@ -229,6 +232,7 @@ class L2Config(Model):
     banks: PositiveInt
     bytes_per_cycle_per_bank: Bytes = 64
     clock_hz: Hertz
+    rated_clock_hz: Hertz | None = None
     sustained_efficiency: Fraction = 1.0
     write_cost: Float = Field(default=1.0, ge=1.0)
     hit_latency_ns: Nanoseconds = 200.0
@@ -757,6 +761,11 @@ class GpuConfig(Model):
         only exhaust the simulator's memory).
     clock_hz
         Compute clock.
+    rated_clock_hz
+        The compute clock the GPU is rated at, which its kernel library's heuristic assumes when it
+        picks a GEMM kernel (:meth:`as_rated`); ``None``: ``clock_hz``.  A power limit lowers
+        ``clock_hz`` below it (:mod:`gpusim.power_limit`) without the library knowing, so a
+        throttled GPU runs the kernels it would run unthrottled.
     gemm_efficiency
         Calibrated fraction of the matrix-unit peak that GEMM inner loops sustain, per dtype (the
         one efficiency per GPU and dtype DESIGN.md allows).
@@ -839,6 +848,7 @@ class GpuConfig(Model):
     sources: list[str] = []
     num_cus: Annotated[PositiveInt, Field(le=MAX_CUS)]
     clock_hz: Hertz
+    rated_clock_hz: Hertz | None = None
     cu: CuConfig
     gemm_efficiency: dict[Dtype, Fraction] = {"fp16": 0.8, "bf16": 0.8, "fp32": 0.8}
     vector_efficiency: Fraction = 0.5
@@ -860,6 +870,14 @@ class GpuConfig(Model):
     dma: DmaConfig = DmaConfig()
     tracker: TrackerConfig = TrackerConfig()
     power: PowerConfig | None = None
+
+    def as_rated(self) -> GpuConfig:
+        """This GPU at its rated SM and L2 clocks, as its kernel library sees it (itself when it runs
+        at them)."""
+        if self.rated_clock_hz is None and self.l2.rated_clock_hz is None:
+            return self
+        l2 = self.l2.model_copy(update={"clock_hz": self.l2.rated_clock_hz or self.l2.clock_hz, "rated_clock_hz": None})
+        return self.model_copy(update={"clock_hz": self.rated_clock_hz or self.clock_hz, "rated_clock_hz": None, "l2": l2})
 
     @property
     def unloaded_miss_latency_ns(self) -> float:

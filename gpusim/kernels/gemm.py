@@ -576,8 +576,10 @@ def choose_kernel(problem: GemmProblem, gpu: GpuConfig, cus: int | None = None) 
     The fastest by :func:`estimate_ns`; among those within :data:`HEURISTIC_TOLERANCE` of it, the
     one whose tile covers the most of the output, then the largest tile, then the fewest K splits,
     then the shallowest K-tile.  Like cuBLAS, it considers only kernels the operands' row alignment
-    allows (:func:`library_for`).
+    allows (:func:`library_for`), and, like cuBLAS, it knows the GPU's rated clocks, not how far a
+    power limit has lowered them (:meth:`GpuConfig.as_rated`).
     """
+    gpu = gpu.as_rated()
     library = library_for(gpu, problem.dtype, problem.row_alignment)
     return _preferred([(estimate_ns(problem, spec, gpu, cus), spec) for spec in candidates(problem, library)],
                       problem)
@@ -597,6 +599,7 @@ def choose_grouped_kernel(problems: list[GemmProblem], gpu: GpuConfig, cus: int 
     kernel: the larger of :func:`estimate_ns` for a batch of the problems' mean shape (all their
     tiles at once; exact for equal problems, which then get the batched GEMM's unsplit kernel) and
     for the slowest problem alone (its longest tiles, where the problems' depths or sizes differ)."""
+    gpu = gpu.as_rated()
     least_aligned = min(problems, key=lambda problem: problem.row_alignment)
     library = library_for(gpu, least_aligned.dtype, least_aligned.row_alignment)
     mean = GemmProblem(*(math.ceil(sum(dims) / len(problems)) for dims in zip(*((p.m, p.n, p.k) for p in problems))),
