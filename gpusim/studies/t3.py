@@ -375,7 +375,7 @@ def simulate_allreduce(model: str, sublayer: str, tp: int, cus: int, mode: str =
                        overrides: dict[str, Any] | None = None) -> float:
     """The sub-layer's all-reduce alone on the last ``cus`` CUs of every GPU, simulated seconds.
 
-    ``overrides`` change the hardware (``{"gpu.cu.max_inflight_bytes": 16384}``).
+    ``overrides`` change the hardware (``{"collectives.channel_inflight_bytes": 16384}``).
     """
     system = load_system(node_for(tp), overrides or {})
     shape = sublayer_gemm(model, sublayer, tp)
