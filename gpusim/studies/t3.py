@@ -371,6 +371,14 @@ CU_SPLITS = ((80, 80), (72, 8), (64, 16))
 """(GEMM CUs, all-reduce CUs); (80, 80) is each with the whole GPU in isolation."""
 
 
+def _allreduce_on_last_cus(system, model: str, sublayer: str, tp: int, cus: int) -> tuple[ops.AllReduce, Stream]:
+    """The sub-layer's all-reduce on ``cus`` channels and a stream masked to the GPU's last ``cus`` CUs."""
+    shape = sublayer_gemm(model, sublayer, tp)
+    total = system.gpu.num_cus
+    return (ops.AllReduce(shape["m"] * shape["n"] * DTYPE_BYTES, dtype=DTYPE, channels=cus),
+            Stream("allreduce", cu_mask=tuple(range(total - cus, total))))
+
+
 def simulate_allreduce(model: str, sublayer: str, tp: int, cus: int, mode: str = "symmetric",
                        overrides: dict[str, Any] | None = None) -> float:
     """The sub-layer's all-reduce alone on the last ``cus`` CUs of every GPU, simulated seconds.
@@ -378,10 +386,7 @@ def simulate_allreduce(model: str, sublayer: str, tp: int, cus: int, mode: str =
     ``overrides`` change the hardware (``{"collectives.channel_inflight_bytes": 16384}``).
     """
     system = load_system(node_for(tp), overrides or {})
-    shape = sublayer_gemm(model, sublayer, tp)
-    total = system.gpu.num_cus
-    stream = Stream("allreduce", cu_mask=tuple(range(total - cus, total)))
-    allreduce = ops.AllReduce(shape["m"] * shape["n"] * DTYPE_BYTES, dtype=DTYPE, channels=cus)
+    allreduce, stream = _allreduce_on_last_cus(system, model, sublayer, tp, cus)
     return run(system, [allreduce], streams=[stream], mode=mode).time_s
 
 
@@ -389,20 +394,18 @@ def simulate_cu_split(model: str, sublayer: str, tp: int, gemm_cus: int, ar_cus:
     """The sub-layer's GEMM and all-reduce with CU budgets (a top-level sweep function).
 
     Returns ``gemm_s`` (GEMM alone on its first ``gemm_cus`` CUs), ``ar_s`` (all-reduce alone on
-    ``ar_cus`` CUs, :func:`simulate_allreduce`) and, for a real split, ``concurrent_s`` (both at once
-    on disjoint CUs, sharing the memory).
+    ``ar_cus`` CUs, as :func:`simulate_allreduce`) and, for a real split, ``concurrent_s`` (both at
+    once on disjoint CUs, sharing the memory).
     """
     system = load_system(node_for(tp))
     shape = sublayer_gemm(model, sublayer, tp)
-    nbytes = shape["m"] * shape["n"] * DTYPE_BYTES
-    total = system.gpu.num_cus
+    allreduce, ar_stream = _allreduce_on_last_cus(system, model, sublayer, tp, ar_cus)
     gemm_stream = Stream("gemm", cu_mask=tuple(range(gemm_cus)))
-    ar_stream = Stream("allreduce", cu_mask=tuple(range(total - ar_cus, total)))
     gemm = run(system, [ops.Gemm(**shape, dtype=DTYPE)], streams=[gemm_stream], mode=mode)
-    row = {"gemm_s": gemm.time_s, "ar_s": simulate_allreduce(model, sublayer, tp, ar_cus, mode)}
-    if gemm_cus + ar_cus <= total:
-        both = run(system, [ops.Gemm(**shape, dtype=DTYPE), ops.AllReduce(nbytes, dtype=DTYPE, channels=ar_cus)],
-                   streams=[gemm_stream, ar_stream], mode=mode)
+    alone = run(system, [allreduce.copy()], streams=[ar_stream], mode=mode)
+    row = {"gemm_s": gemm.time_s, "ar_s": alone.time_s}
+    if gemm_cus + ar_cus <= system.gpu.num_cus:
+        both = run(system, [ops.Gemm(**shape, dtype=DTYPE), allreduce.copy()], streams=[gemm_stream, ar_stream], mode=mode)
         row["concurrent_s"] = both.time_s
     return row
 
