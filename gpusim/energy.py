@@ -34,9 +34,15 @@ voltage is held at every clock unless the power section's ``voltage_scaling`` sa
 the SM clock: then the matrix, vector and L2 prices scale with its square.  In
 symmetric mode only GPU 0 is simulated, and only its rows appear: every GPU does the same work.
 Kernels that count no FLOPs (collectives' reductions, row reductions' instructions, near-bank
-commands' issue) cost only their data movement and the idle power.  A trace replayed with layer
-caching simulates only some of its rows, so its activity is incomplete: :func:`energy` refuses it
-(replay with ``cache_layers=False``, ``gpusim simulate --no-cache``).
+commands' issue) cost only their data movement and the idle power.
+
+A trace replayed with layer caching simulates one representative of each run of identical layers
+(:mod:`gpusim.trace.caching`).  The kernels of the layers it stands for are in ``Result.kernels``,
+so their arithmetic is counted; their DRAM, L2 and link bytes are those of the representative's
+span on the same GPU (``Result.stats["replica_windows"]``), once per dropped layer, and the row
+activations and near-bank counters grow with the DRAM bytes.  Those bytes lie in the simulated
+timeline, not in the re-timed one, so such a result has energies but no :func:`power_timeline`
+(replay with ``cache_layers=False``, ``gpusim simulate --no-cache``, for one).
 """
 
 from __future__ import annotations
@@ -73,8 +79,6 @@ def power_config(result: Result) -> PowerConfig:
     ------
     ConfigError
         If the system's GPU has no ``power`` section.
-    SimulationError
-        If ``result`` is a trace replayed with layer caching (its activity is incomplete).
     """
     gpu = result.config.get("gpu", {})
     section = gpu.get("power")
@@ -84,13 +88,33 @@ def power_config(result: Result) -> PowerConfig:
             "so its energy cannot be estimated; add one to the GPU's YAML (fields: see gpusim.config.gpu.PowerConfig; "
             "hwconfigs/gpus/h100-sxm5.yaml has one) or override it (gpu.power.tdp_watts=..., every field)"
         )
+    return PowerConfig.model_validate(section)
+
+
+def _check_timeline(result: Result) -> None:
+    """Raise :class:`SimulationError` where ``result``'s traffic is not in its ops' timeline (layer caching)."""
     rows, simulated = result.stats.get("trace_rows"), result.stats.get("simulated_rows")
     if rows is not None and simulated is not None and simulated < rows:
         raise SimulationError(
-            f"layer caching simulated {simulated} of the trace's {rows} rows, so the run's activity is incomplete "
-            "and its energy unknown; replay with cache_layers=False (gpusim simulate --no-cache)"
+            f"layer caching simulated {simulated} of the trace's {rows} rows, so its traffic lies in the simulated "
+            "rows' timeline, not in the re-timed one, and it has no power timeline (its energy() is estimated); "
+            "replay with cache_layers=False (gpusim simulate --no-cache)"
         )
-    return PowerConfig.model_validate(section)
+
+
+def _replicated(table: pd.DataFrame, windows: list[dict], bin_s: float) -> float:
+    """Bytes of ``table`` (rows of ``t_s``, the start of a time bin, and ``bytes``) inside each of
+    ``windows`` (:func:`gpusim.trace.caching.replica_windows`), times its ``copies``, summed; a bin
+    on a window's edge counts by its overlap."""
+    if table.empty or not windows:
+        return 0.0
+    starts = table["t_s"].to_numpy(dtype=float)
+    moved = table["bytes"].to_numpy(dtype=float)
+    total = 0.0
+    for window in windows:
+        inside = np.minimum(starts + bin_s, window["end_s"]) - np.maximum(starts, window["start_s"])
+        total += window["copies"] * float(np.clip(inside, 0.0, None) @ moved) / bin_s
+    return total
 
 
 def _gpus(result: Result) -> list[int]:
@@ -137,12 +161,20 @@ def _parts(result: Result, gpu: int, config: PowerConfig) -> list[_Part]:
     if "math_units" in kernels.columns:
         mine = kernels[kernels["gpu"] == gpu]
         cycles.update(mine.groupby("math_units")["math_cu_cycles"].sum().to_dict())
-    dram = result.dram[result.dram["gpu"] == gpu].groupby("direction")["bytes"].sum()
-    read, write, update = (float(dram.get(direction, 0.0)) for direction in ("read", "write", "update"))
-    nmc_read, nmc_write, nmc_update = (counted(f"nmc_bytes_{kind}") for kind in ("read", "write", "update"))
+    windows = [window for window in result.stats.get("replica_windows", []) if window["gpu"] == gpu]
+
+    def moved(table: pd.DataFrame) -> float:
+        """Bytes of a traffic table, with the layers that layer caching left out (module doc)."""
+        return float(table["bytes"].sum()) + _replicated(table, windows, result.bin_s)
+
+    traffic = result.dram[result.dram["gpu"] == gpu]
+    read, write, update = (moved(traffic[traffic["direction"] == direction]) for direction in ("read", "write", "update"))
+    simulated_bytes = float(traffic["bytes"].sum())
+    grown = (read + write + update) / simulated_bytes if simulated_bytes > 0 else 1.0
+    nmc_read, nmc_write, nmc_update = (grown * counted(f"nmc_bytes_{kind}") for kind in ("read", "write", "update"))
     lockstep = int(result.config["gpu"]["hbm"].get("lockstep_channels", 1))
-    runs, nmc_activations = counted("dram_run_activations"), counted("nmc_activations")
-    activations = (counted("dram_activations") - runs - nmc_activations) * lockstep + runs
+    runs, nmc_activations = grown * counted("dram_run_activations"), grown * counted("nmc_activations")
+    activations = (grown * counted("dram_activations") - runs - nmc_activations) * lockstep + runs
     all_bytes = {"read": 1.0, "write": 1.0, "update": 1.0}
     scaling = config.voltage_scaling
     core = PJ * (1.0 if scaling is None else scaling.factor(float(result.config["gpu"]["clock_hz"])))
@@ -150,8 +182,7 @@ def _parts(result: Result, gpu: int, config: PowerConfig) -> list[_Part]:
         _Part("idle", result.time_s, "s", config.idle_watts, ("idle",)),
         _Part("matrix", cycles["matrix"], "CU-cycles at peak", config.matrix_pj_per_cu_cycle * core, ("kernels", "matrix")),
         _Part("vector", cycles["vector"], "CU-cycles at peak", config.vector_pj_per_cu_cycle * core, ("kernels", "vector")),
-        _Part("l2", float(result.l2.loc[result.l2["gpu"] == gpu, "bytes"].sum()), "bytes", config.l2_pj_per_byte * core,
-              ("l2",)),
+        _Part("l2", moved(result.l2[result.l2["gpu"] == gpu]), "bytes", config.l2_pj_per_byte * core, ("l2",)),
         _Part("dram_activate", activations, "activations", config.dram_activate_nj * NJ, ("dram", all_bytes)),
         _Part("dram_array", read + write + 2 * update, "bytes", config.dram_array_pj_per_byte * PJ,
               ("dram", {**all_bytes, "update": 2.0})),
@@ -160,8 +191,8 @@ def _parts(result: Result, gpu: int, config: PowerConfig) -> list[_Part]:
         _Part("nmc_bank", nmc_read + nmc_write + 2 * nmc_update, "bytes", config.nmc_bank_pj_per_byte * PJ, ("nmc",)),
         _Part("nmc_alu", nmc_read + nmc_update, "bytes", config.nmc_alu_pj_per_byte * PJ, ("nmc",)),
         _Part("nmc_alu", update, "bytes", config.nmc_alu_pj_per_byte * PJ, ("dram", {"update": 1.0})),  # op-and-store
-        _Part("links", float(result.links.loc[result.links["src"] == gpu, "bytes"].sum()), "bytes",
-              config.link_pj_per_byte * PJ, ("links",)),
+        _Part("links", moved(result.links[result.links["src"] == gpu]), "bytes", config.link_pj_per_byte * PJ,
+              ("links",)),
     ]
 
 
@@ -250,8 +281,16 @@ def power_timeline(result: Result, gpu: int = 0) -> pd.DataFrame:
     chunk's data at once, so single bins can show several times the power the L2 draws over a few
     microseconds; power limits act over milliseconds, so judge the timeline over many bins
     (``Result.bin_s`` wide, 5 us by default).
+
+    Raises
+    ------
+    ConfigError
+        If the system's GPU has no ``power`` section.
+    SimulationError
+        If ``result`` is a trace replayed with layer caching (module doc).
     """
     config = power_config(result)
+    _check_timeline(result)
     bins = result.time_bins()
     dram = result.dram[result.dram["gpu"] == gpu]
     traffic = {direction: _per_bin(dram[dram["direction"] == direction], result, bins)
@@ -289,29 +328,38 @@ def power(result: Result) -> pd.DataFrame:
 
 
 def has_energy(result: Result) -> bool:
-    """Whether :func:`energy` can price ``result``: its GPU has a power model and every row of a
-    replayed trace was simulated."""
+    """Whether :func:`energy` can price ``result``: its GPU has a power model."""
     try:
         power_config(result)
-    except (ConfigError, SimulationError):
+    except ConfigError:
         return False
     return True
 
 
+def has_power_timeline(result: Result) -> bool:
+    """Whether :func:`power_timeline` can draw ``result``: it has energy, and its traffic lies in its
+    ops' timeline (no layer caching left rows out)."""
+    try:
+        _check_timeline(result)
+    except SimulationError:
+        return False
+    return has_energy(result)
+
+
 def describe(result: Result) -> str | None:
-    """One line on the run's energy and average power per GPU, why they are unknown where the
-    run's activity is incomplete, or ``None`` where the GPU has no power model."""
+    """One line on the run's energy and average power per GPU, or ``None`` where the GPU has no
+    power model."""
     try:
         table = power(result)
     except ConfigError:
         return None
-    except SimulationError as error:
-        return f"energy not estimated: {error}"
     if not table["average_w"].notna().any():  # nothing ran, or it took no time
         return None
     worst = table.loc[table["average_w"].idxmax()]
     line = (f"energy {table['energy_j'].sum():.4g} J over {len(table)} simulated GPU(s); average power up to "
             f"{worst['average_w']:.0f} W (GPU {int(worst['gpu'])}; limit {worst['tdp_w']:.0f} W)")
+    if result.stats.get("replica_windows"):
+        line += "; the layers that layer caching left out are priced as their representatives"
     if bool(table["over_tdp"].any()):
         line += ": over the limit, where real hardware would lower its clock and run longer"
     return line

@@ -27,8 +27,9 @@ or file as given).  Then, for a list of ops, one row per point and op:
 up to more than the iteration), ``simulated_rows``, and for a generated transformer the GPU's
 ``memory_bytes`` and whether it ``fits``.  Every row also has the point's ``total_s`` (first op start to
 last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the simulator's own time
-for the point, s); where the GPU has a power model (:mod:`gpusim.energy`) and every row of a trace
-was simulated, also ``energy_per_gpu_j`` (the simulated GPUs' energy, averaged over them) and
+for the point, s); where the GPU has a power model (:mod:`gpusim.energy`; a trace's layers that
+layer caching left out priced as their representatives), also ``energy_per_gpu_j`` (the simulated
+GPUs' energy, averaged over them) and
 ``average_w`` (the most power-hungry GPU's average power).  With ``within_power_limit`` every point
 runs at the highest clock its power limit allows (:func:`gpusim.power_limit.run_within_power_limit`)
 and has that SM clock as ``clock_hz``: vary ``gpu.power.tdp_watts`` for a power-capping study.

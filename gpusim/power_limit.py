@@ -62,7 +62,7 @@ def run_within_power_limit(
         A :class:`gpusim.System` or a preset name; its GPU needs a ``power`` section.
     ops
         One op, a list of ops (run on one stream), or a :class:`gpusim.trace.Trace` (replayed
-        with every row simulated, as energy needs: ``cache_layers=False``).
+        with every row simulated, ``cache_layers=False``, so that its energy is exact).
     tolerance
         How close to the limiting clock the search gets, as a fraction of the configured clock.
     progress

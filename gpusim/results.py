@@ -276,7 +276,7 @@ class Result:
         Processes are GPUs; threads are streams (ops, kernels) and DMA engines; DRAM bandwidth per
         GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
         last bin; so is each GPU's power by kind of activity (:func:`gpusim.energy.power_timeline`)
-        where its GPU has a power model.  Spans of one thread that partly overlap (a fused collective's steps) go to extra
+        where its GPU has a power model (not for a trace replayed with layer caching).  Spans of one thread that partly overlap (a fused collective's steps) go to extra
         threads of the same name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
 
         Span times are rounded to whole ns and written in us with three decimals, so ``ts + dur``
@@ -300,7 +300,7 @@ class Result:
         GpusimError
             ``path`` is empty or a folder, or the file cannot be written; the message names it.
         """
-        from gpusim.energy import has_energy, power_timeline
+        from gpusim.energy import has_power_timeline, power_timeline
 
         target = Path(path)
         if not os.fspath(path):
@@ -341,7 +341,7 @@ class Result:
             events.append({"name": "thread_name", "ph": "M", "pid": int(gpu), "tid": tid, "args": {"name": lane}})
         for gpu in gpus:
             events += self._counter("DRAM GB/s", int(gpu), self._dram_rates(int(gpu)))
-        if has_energy(self):
+        if has_power_timeline(self):
             for gpu in gpus:
                 timeline = power_timeline(self, int(gpu))
                 events += self._counter("power W", int(gpu), timeline.drop(columns="t_s").set_index(

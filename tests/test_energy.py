@@ -2,6 +2,7 @@
 H100/H200 power samples measured in this project."""
 
 import importlib.util
+import json
 import statistics
 from pathlib import Path
 
@@ -186,15 +187,28 @@ def test_with_voltage_scaling_the_power_limit_allows_a_higher_clock():
     assert power(scaled)["average_w"].iloc[0] <= 700
 
 
-def test_a_trace_replayed_with_layer_caching_has_no_energy():
-    trace = transformer("bert-base", phase="prompt", batch=1, seq_len=64, layers=4)
-    cached = trace.replay(H200, mode="symmetric")
-    assert cached.stats["simulated_rows"] < cached.stats["trace_rows"]
+def test_a_layer_cached_replay_prices_the_left_out_layers_as_their_representatives(tmp_path):
+    """Layer caching simulates 20 of the 68 rows; the other layers' traffic comes from their
+    representative's span, so the energy is the whole replay's within a per cent (DRAM bytes within
+    10%: a layer's write-backs fall partly outside its span).  Its traffic is not in the re-timed
+    timeline, so it has no power timeline."""
+    trace = transformer("megatron-gpt2", phase="prompt", batch=1, seq_len=128, layers=4, tp=8)
+    cached = trace.replay("t3-ring8", mode="symmetric")
+    whole = trace.replay("t3-ring8", mode="symmetric", cache_layers=False)
+    assert cached.stats["simulated_rows"] < cached.stats["trace_rows"] == whole.stats["simulated_rows"]
+    assert [window["copies"] for window in cached.stats["replica_windows"]] == [3]  # layer 0 stands for 1-3
+    estimated, simulated = (energy(result).set_index("component") for result in (cached, whole))
+    assert estimated["energy_j"].sum() == pytest.approx(simulated["energy_j"].sum(), rel=0.01)
+    for component, tolerance in (("matrix", 1e-9), ("l2", 0.02), ("links", 0.02), ("dram_io", 0.1)):
+        assert estimated.at[component, "amount"] == pytest.approx(simulated.at[component, "amount"], rel=tolerance)
+    assert estimated.at["l2", "amount"] > 1.5 * cached.l2["bytes"].sum()  # not just the simulated rows' bytes
+    assert "priced as their representatives" in describe(cached)
     with pytest.raises(SimulationError, match="--no-cache"):
-        energy(cached)
-    assert describe(cached).startswith("energy not estimated")
-    whole = trace.replay(H200, mode="symmetric", cache_layers=False)
-    assert power(whole)["energy_j"].iloc[0] > 0
+        power_timeline(cached)
+    events = json.loads(cached.to_perfetto(tmp_path / "cached.json").read_text())["traceEvents"]
+    assert not any(event["name"] == "power W" for event in events)
+    assert any(event["name"] == "power W" for event in json.loads(
+        whole.to_perfetto(tmp_path / "whole.json").read_text())["traceEvents"])
 
 
 def _calibration():

@@ -284,3 +284,43 @@ def reconstruct(
             position = members[0]
             times[position] = (ready[position], ready[position] + duration(position))
     return times
+
+
+def replica_windows(frame: pd.DataFrame, plan: CachePlan, simulated: dict[int, tuple[float, float]]) -> list[dict]:
+    """Where each representative layer instance ran, per GPU, and how many dropped instances it stands for.
+
+    The dropped instances moved no bytes in the simulation: their DRAM, L2 and link traffic is
+    estimated as that of their representative's span on the same GPU, which includes what
+    overlapped it there (a neighbour's all-reduce on another stream), as it overlaps every layer of
+    the run (:func:`gpusim.energy.energy`).
+
+    Parameters
+    ----------
+    frame
+        The full trace table.
+    plan
+        The cache plan the simulation followed.
+    simulated
+        Simulated ``(start, end)`` of the rows that were simulated, ns.
+
+    Returns
+    -------
+    list of dict
+        One per GPU and representative instance: ``gpu``, ``start_s`` and ``end_s`` (its first
+        start and last end on that GPU in the simulated timeline, s) and ``copies`` (the dropped
+        instances timed from it).
+    """
+    copies: dict[int, int] = {}
+    for position in np.flatnonzero(~plan.simulate):
+        source = int(plan.representative[position])
+        copies[source] = copies.get(source, 0) + 1
+    gpus, phases, steps, layers = (frame[column].tolist() for column in ("gpu", "phase", "step", "layer"))
+    windows: dict[tuple, list] = {}
+    for source, count in copies.items():
+        if source not in simulated:  # a GPU that symmetric mode leaves out
+            continue
+        start, end = simulated[source]
+        window = windows.setdefault((gpus[source], phases[source], steps[source], layers[source]), [start, end, count])
+        window[0], window[1] = min(window[0], start), max(window[1], end)
+    return [{"gpu": int(key[0]), "start_s": start * 1e-9, "end_s": end * 1e-9, "copies": count}
+            for key, (start, end, count) in windows.items()]

@@ -39,7 +39,14 @@ from gpusim.simulate import (
     warn_if_symmetric_approximates,
 )
 from gpusim.system import System, load_system
-from gpusim.trace.caching import CachePlan, full_plan, plan_layer_cache, reconstruct, remap_dependencies
+from gpusim.trace.caching import (
+    CachePlan,
+    full_plan,
+    plan_layer_cache,
+    reconstruct,
+    remap_dependencies,
+    replica_windows,
+)
 from gpusim.trace.lowering import build_ops
 from gpusim.trace.schema import (
     GROUP_KINDS,
@@ -354,6 +361,7 @@ def _assemble(
         "trace_rows": len(records),
         "simulated_rows": int(sum(1 for position in times if plan.simulate[position])),
         "layer_runs": plan.runs,
+        "replica_windows": replica_windows(frame, plan, simulated) if plan.reduced else [],
     }
     result = build_result(records, recorder, system.config.model_dump(mode="json"), stats)
     ordered = sorted(times)
