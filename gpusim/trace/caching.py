@@ -21,7 +21,9 @@ The approximation: a dropped layer is assumed to run exactly as long as the repr
 saw the interference of its own neighbours (e.g. a gradient all-reduce of the previous layer
 overlapping its GEMMs).  Layers whose neighbourhood differs (a growing communication backlog,
 different overlap partners) are timed with the representative's durations, and the DAG decides
-how they line up.  DRAM and link traffic in the result cover the simulated rows only.
+how they line up.  DRAM, L2 and link traffic in the result cover the simulated rows only;
+:func:`replica_windows` says where to find one layer's traffic for each run, from which
+:func:`gpusim.energy.energy` prices the left-out layers.
 """
 
 from __future__ import annotations
@@ -59,11 +61,16 @@ class CachePlan:
         Per row position: the row whose simulated duration it takes (itself when simulated).
     runs
         One entry per run of alike layer instances: phase, step, layers, instances, simulated.
+    stand_ins
+        One entry per run with left-out instances: the row positions of its representative, those
+        of the instance simulated just before it (empty without warm-up), and how many instances
+        it stands for.
     """
 
     simulate: np.ndarray
     representative: np.ndarray
     runs: list[dict] = field(default_factory=list)
+    stand_ins: list[tuple[list[int], list[int], int]] = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -178,6 +185,8 @@ def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | N
                     positions = instances[key]
                     plan.simulate[positions] = False
                     plan.representative[positions] = representative
+                before = instances[run[simulated - 2]] if simulated > 1 else []
+                plan.stand_ins.append((representative, before, len(run) - simulated))
             start = end
     return plan
 
@@ -287,12 +296,15 @@ def reconstruct(
 
 
 def replica_windows(frame: pd.DataFrame, plan: CachePlan, simulated: dict[int, tuple[float, float]]) -> list[dict]:
-    """Where each representative layer instance ran, per GPU, and how many dropped instances it stands for.
+    """The span of one layer of each run in the simulated timeline, per GPU, and how many left-out
+    layers it stands for.
 
-    The dropped instances moved no bytes in the simulation: their DRAM, L2 and link traffic is
-    estimated as that of their representative's span on the same GPU, which includes what
-    overlapped it there (a neighbour's all-reduce on another stream), as it overlaps every layer of
-    the run (:func:`gpusim.energy.energy`).
+    The left-out layers moved no bytes in the simulation; :func:`gpusim.energy.energy` takes their
+    DRAM, L2 and link traffic from this span on the same GPU.  With a warm-up instance the span is
+    one period of the run in steady state: from the representative's first start for as long as
+    the warm-up instance's first start preceded it, so that it holds one layer's work and what
+    overlaps a layer (the previous layer's all-reduce on another stream) once.  Without warm-up
+    (one stream per GPU, nothing overlaps) it is the representative's own span.
 
     Parameters
     ----------
@@ -306,21 +318,18 @@ def replica_windows(frame: pd.DataFrame, plan: CachePlan, simulated: dict[int, t
     Returns
     -------
     list of dict
-        One per GPU and representative instance: ``gpu``, ``start_s`` and ``end_s`` (its first
-        start and last end on that GPU in the simulated timeline, s) and ``copies`` (the dropped
-        instances timed from it).
+        One per GPU and run with left-out instances: ``gpu``, ``start_s`` and ``end_s`` (s) and
+        ``copies`` (the left-out instances).
     """
-    copies: dict[int, int] = {}
-    for position in np.flatnonzero(~plan.simulate):
-        source = int(plan.representative[position])
-        copies[source] = copies.get(source, 0) + 1
-    gpus, phases, steps, layers = (frame[column].tolist() for column in ("gpu", "phase", "step", "layer"))
-    windows: dict[tuple, list] = {}
-    for source, count in copies.items():
-        if source not in simulated:  # a GPU that symmetric mode leaves out
-            continue
-        start, end = simulated[source]
-        window = windows.setdefault((gpus[source], phases[source], steps[source], layers[source]), [start, end, count])
-        window[0], window[1] = min(window[0], start), max(window[1], end)
-    return [{"gpu": int(key[0]), "start_s": start * 1e-9, "end_s": end * 1e-9, "copies": count}
-            for key, (start, end, count) in windows.items()]
+    gpus = frame["gpu"].tolist()
+    windows = []
+    for representative, before, copies in plan.stand_ins:
+        for gpu in sorted({gpus[position] for position in representative}):
+            rows = [simulated[p] for p in representative if gpus[p] == gpu and p in simulated]
+            if not rows:  # a GPU that symmetric mode leaves out
+                continue
+            start = min(begin for begin, _ in rows)
+            previous = [simulated[p][0] for p in before if gpus[p] == gpu and p in simulated]
+            end = start + (start - min(previous)) if previous else max(finish for _, finish in rows)
+            windows.append({"gpu": int(gpu), "start_s": start * 1e-9, "end_s": end * 1e-9, "copies": copies})
+    return windows
