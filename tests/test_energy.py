@@ -216,12 +216,12 @@ def test_with_overlapping_streams_a_left_out_layer_is_priced_as_one_period_of_it
     another stream, so one warm-up layer is simulated and the representative's span is one period
     of the run (from its start for as long as the warm-up layer's start preceded it), which holds
     one layer's work and one overlapping all-reduce.  The traffic's energy then matches the whole
-    replay's within 2%; the idle energy follows layer caching's own iteration time."""
+    replay's within 2%, and the idle energy follows layer caching's own iteration time."""
     trace = transformer("bert-base", phase="train", batch=8, seq_len=64, layers=4, dp=8)
     cached = trace.replay("hgx-h100", mode="symmetric")
     whole = trace.replay("hgx-h100", mode="symmetric", cache_layers=False)
     windows = cached.stats["replica_windows"]
-    assert [window["copies"] for window in windows] == [2, 2, 2]  # the forward, backward and optimizer runs
+    assert [window["copies"] for window in windows] == [2, 2]  # forward and backward (the optimizer steps: all)
     assert all(earlier["end_s"] <= later["start_s"] for earlier, later in zip(windows, windows[1:]))
     estimated, simulated = (energy(result).set_index("component") for result in (cached, whole))
     busy = estimated.drop(index="idle")["energy_j"].sum(), simulated.drop(index="idle")["energy_j"].sum()
@@ -229,6 +229,7 @@ def test_with_overlapping_streams_a_left_out_layer_is_priced_as_one_period_of_it
     for component in ("l2", "links", "dram_io"):
         assert estimated.at[component, "amount"] == pytest.approx(simulated.at[component, "amount"], rel=0.03)
     assert estimated.at["idle", "amount"] == pytest.approx(cached.time_s)
+    assert estimated["energy_j"].sum() == pytest.approx(simulated["energy_j"].sum(), rel=0.025)
 
 
 def _calibration():

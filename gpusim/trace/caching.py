@@ -50,6 +50,31 @@ the rows of one op) and the measured host issue time, which the list scheduling 
 
 
 @dataclass
+class StandIn:
+    """A run of alike layer instances from which some were left out of the simulation.
+
+    Attributes
+    ----------
+    run
+        Index of the run in :attr:`CachePlan.runs`.
+    representative
+        Row positions of the simulated instance whose timing the left-out ones take.
+    before
+        Row positions of the instance simulated just before it (empty without warm-up).
+    left_out
+        Row positions of each left-out instance, in the run's order.
+    kept
+        Row positions of all the run's simulated instances.
+    """
+
+    run: int
+    representative: list[int]
+    before: list[int]
+    left_out: list[list[int]]
+    kept: list[int]
+
+
+@dataclass
 class CachePlan:
     """Which rows to simulate and whose timing every row takes.
 
@@ -62,15 +87,13 @@ class CachePlan:
     runs
         One entry per run of alike layer instances: phase, step, layers, instances, simulated.
     stand_ins
-        One entry per run with left-out instances: the row positions of its representative, those
-        of the instance simulated just before it (empty without warm-up), and how many instances
-        it stands for.
+        One entry per run with left-out instances.
     """
 
     simulate: np.ndarray
     representative: np.ndarray
     runs: list[dict] = field(default_factory=list)
-    stand_ins: list[tuple[list[int], list[int], int]] = field(default_factory=list)
+    stand_ins: list[StandIn] = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -146,7 +169,8 @@ def default_warmup(frame: pd.DataFrame) -> int:
     return int((streams_per_gpu > 1).any())
 
 
-def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | None = None) -> CachePlan:
+def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | None = None,
+                     extra: dict[int, int] | None = None) -> CachePlan:
     """Decide which rows to simulate (see the module documentation).
 
     Parameters
@@ -157,7 +181,11 @@ def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | N
         Its parsed ``deps`` lists.
     warmup
         Instances of a run simulated before its representative (default: :func:`default_warmup`).
+    extra
+        More instances to simulate before the representative, by index of the run
+        (:func:`straddled_runs`).
     """
+    extra = extra or {}
     plan = full_plan(len(frame))
     if warmup is None:
         warmup = default_warmup(frame)
@@ -176,9 +204,7 @@ def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | N
             while signature is not None and end < len(keys) and signatures[keys[end]] == signature:
                 end += 1
             run = keys[start:end]
-            simulated = min(len(run), warmup + 1)
-            plan.runs.append({"phase": phase, "step": step, "first_layer": run[0][2], "last_layer": run[-1][2],
-                              "instances": len(run), "simulated": simulated})
+            simulated = min(len(run), warmup + 1 + extra.get(len(plan.runs), 0))
             if len(run) > simulated:
                 representative = instances[run[simulated - 1]]
                 for key in run[simulated:]:
@@ -186,7 +212,11 @@ def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | N
                     plan.simulate[positions] = False
                     plan.representative[positions] = representative
                 before = instances[run[simulated - 2]] if simulated > 1 else []
-                plan.stand_ins.append((representative, before, len(run) - simulated))
+                plan.stand_ins.append(StandIn(len(plan.runs), representative, before,
+                                              [instances[key] for key in run[simulated:]],
+                                              [p for key in run[:simulated] for p in instances[key]]))
+            plan.runs.append({"phase": phase, "step": step, "first_layer": run[0][2], "last_layer": run[-1][2],
+                              "instances": len(run), "simulated": simulated})
             start = end
     return plan
 
@@ -323,13 +353,60 @@ def replica_windows(frame: pd.DataFrame, plan: CachePlan, simulated: dict[int, t
     """
     gpus = frame["gpu"].tolist()
     windows = []
-    for representative, before, copies in plan.stand_ins:
-        for gpu in sorted({gpus[position] for position in representative}):
-            rows = [simulated[p] for p in representative if gpus[p] == gpu and p in simulated]
+    for stand_in in plan.stand_ins:
+        for gpu in sorted({gpus[position] for position in stand_in.representative}):
+            rows = [simulated[p] for p in stand_in.representative if gpus[p] == gpu and p in simulated]
             if not rows:  # a GPU that symmetric mode leaves out
                 continue
             start = min(begin for begin, _ in rows)
-            previous = [simulated[p][0] for p in before if gpus[p] == gpu and p in simulated]
+            previous = [simulated[p][0] for p in stand_in.before if gpus[p] == gpu and p in simulated]
             end = start + (start - min(previous)) if previous else max(finish for _, finish in rows)
-            windows.append({"gpu": int(gpu), "start_s": start * 1e-9, "end_s": end * 1e-9, "copies": copies})
+            windows.append({"gpu": int(gpu), "start_s": start * 1e-9, "end_s": end * 1e-9,
+                            "copies": len(stand_in.left_out)})
     return windows
+
+
+def straddled_runs(frame: pd.DataFrame, plan: CachePlan, times: dict[int, tuple[float, float]]) -> dict[int, int]:
+    """Runs whose left-out instances a simulated row outside the run ran beside, with the number
+    of those instances.
+
+    Such a row (the embedding's gradient all-reduce beside the per-layer optimizer steps) was
+    running where the run's simulated instances ended, and in the simulation the left-out
+    instances were not there to contend with it: it ran faster than beside them, by as much as
+    they would have slowed it, which only simulating them tells.  The run is then to be simulated
+    whole.  A row that begins after the first left-out instance began is not counted: what
+    follows a run overlapped the simulated representative's trailing work as it overlaps the last
+    instance's.
+
+    Parameters
+    ----------
+    frame
+        The full trace table.
+    plan
+        The cache plan the simulation followed.
+    times
+        Re-timed ``(start, end)`` of every row of the simulated GPUs (:func:`reconstruct`), ns.
+
+    Returns
+    -------
+    dict
+        Index of the run (:attr:`CachePlan.runs`): its left-out instances.
+    """
+    gpus = frame["gpu"].tolist()
+    others = [position for position in times if plan.simulate[position]]
+    straddled: dict[int, int] = {}
+    for stand_in in plan.stand_ins:
+        members = set(stand_in.kept)
+        for gpu in sorted({gpus[position] for position in stand_in.representative}):
+            first = _times_of(stand_in.left_out[0], gpu, gpus, times)
+            if not first:  # a GPU that symmetric mode leaves out
+                continue
+            start = min(begin for begin, _ in first)
+            if any(gpus[p] == gpu and p not in members and times[p][0] < start < times[p][1] for p in others):
+                straddled[stand_in.run] = len(stand_in.left_out)
+    return straddled
+
+
+def _times_of(positions: list[int], gpu: int, gpus: list[int], times: dict[int, tuple[float, float]]) -> list:
+    """The ``times`` of the rows among ``positions`` on ``gpu``."""
+    return [times[p] for p in positions if gpus[p] == gpu and p in times]

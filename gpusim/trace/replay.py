@@ -46,6 +46,7 @@ from gpusim.trace.caching import (
     reconstruct,
     remap_dependencies,
     replica_windows,
+    straddled_runs,
 )
 from gpusim.trace.lowering import build_ops
 from gpusim.trace.schema import (
@@ -252,8 +253,34 @@ def replay(
         _check_symmetric(trace)
     frame = trace.frame
     deps = parse_deps(frame)
-    plan: CachePlan = plan_layer_cache(frame, deps, warmup_layers) if cache_layers else full_plan(len(frame))
     on_simulated_gpu = (frame["gpu"].to_numpy() == 0) if mode == "symmetric" else np.ones(len(frame), dtype=bool)
+    plan: CachePlan = plan_layer_cache(frame, deps, warmup_layers) if cache_layers else full_plan(len(frame))
+    for rounds in range(1, MAX_CACHE_ROUNDS + 1):
+        record_of, simulated, sim, machine, released = _simulate(
+            trace, deps, plan, on_simulated_gpu, system, mode, memory_policy, dispatch_policy, seed, bin_s, progress,
+            wall_start)
+        if not plan.reduced:
+            times = simulated
+            break
+        times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu, released)
+        straddled = straddled_runs(frame, plan, times)
+        if not straddled or rounds == MAX_CACHE_ROUNDS:
+            break
+        plan = plan_layer_cache(frame, deps, warmup_layers, straddled)
+    return _assemble(trace, plan, record_of, simulated, sim, machine, times, system, wall_start, rounds)
+
+
+MAX_CACHE_ROUNDS = 2
+"""Simulations a layer-cached replay may take: a second one simulates whole the runs that a row
+outside them ran beside to their end (:func:`gpusim.trace.caching.straddled_runs`)."""
+
+
+def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated_gpu: np.ndarray, system: System,
+              mode: str, memory_policy: str | None, dispatch_policy: str | None, seed: int, bin_s: float,
+              progress: bool, wall_start: float):
+    """Simulate the rows ``plan`` keeps; return the records by row position, their simulated
+    ``(start, end)`` and stream release times (ns), the simulation and the machine."""
+    frame = trace.frame
     run_rows = plan.simulate & on_simulated_gpu
     run_deps = remap_dependencies(frame, deps, plan) if plan.reduced else deps
     reduced = frame[run_rows]
@@ -304,8 +331,7 @@ def replay(
     simulated = {position: (record.start_ns, record.end_ns) for position, record in record_of.items()}
     released = {position: record.released_ns for position, record in record_of.items()
                 if record.released_ns is not None}
-    times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu, released) if plan.reduced else simulated
-    return _assemble(trace, plan, record_of, simulated, times, sim, machine, system, wall_start)
+    return record_of, simulated, sim, machine, released
 
 
 def _assemble(
@@ -313,13 +339,15 @@ def _assemble(
     plan: CachePlan,
     record_of: dict[int, OpRecord],
     simulated: dict[int, tuple[float, float]],
-    times: dict[int, tuple[float, float]],
     sim: Simulation,
     machine: Machine,
+    times: dict[int, tuple[float, float]],
     system: System,
     wall_start: float,
+    simulations: int,
 ) -> Result:
-    """Build the Result from the row timings (simulated, or re-timed after layer caching)."""
+    """Build the Result from the row timings (simulated, or re-timed after layer caching) of the
+    last of ``simulations`` simulations."""
     frame = trace.frame
     kernels = _kernel_spans(sim.recorder)
     recorder = Recorder(sim.recorder.bin_ns)
@@ -361,6 +389,7 @@ def _assemble(
         "trace_rows": len(records),
         "simulated_rows": int(sum(1 for position in times if plan.simulate[position])),
         "layer_runs": plan.runs,
+        "simulations": simulations,
         "replica_windows": replica_windows(frame, plan, simulated) if plan.reduced else [],
     }
     result = build_result(records, recorder, system.config.model_dump(mode="json"), stats)
