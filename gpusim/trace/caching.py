@@ -355,12 +355,12 @@ def replica_windows(frame: pd.DataFrame, plan: CachePlan, simulated: dict[int, t
     windows = []
     for stand_in in plan.stand_ins:
         for gpu in sorted({gpus[position] for position in stand_in.representative}):
-            rows = [simulated[p] for p in stand_in.representative if gpus[p] == gpu and p in simulated]
+            rows = _times_of(stand_in.representative, gpu, gpus, simulated)
             if not rows:  # a GPU that symmetric mode leaves out
                 continue
             start = min(begin for begin, _ in rows)
-            previous = [simulated[p][0] for p in stand_in.before if gpus[p] == gpu and p in simulated]
-            end = start + (start - min(previous)) if previous else max(finish for _, finish in rows)
+            previous = _times_of(stand_in.before, gpu, gpus, simulated)
+            end = start + (start - min(begin for begin, _ in previous)) if previous else max(finish for _, finish in rows)
             windows.append({"gpu": int(gpu), "start_s": start * 1e-9, "end_s": end * 1e-9,
                             "copies": len(stand_in.left_out)})
     return windows

@@ -215,7 +215,9 @@ def replay(
     memory_policy, dispatch_policy, seed, progress, bin_s
         As in :func:`gpusim.run`.
     cache_layers
-        Simulate runs of identical layers once (:mod:`gpusim.trace.caching`).
+        Simulate runs of identical layers once (:mod:`gpusim.trace.caching`); a run whose left-out
+        layers a row outside it ran beside is then simulated whole, in a second simulation
+        (``stats["simulations"]``).
     warmup_layers
         Layers of each run simulated before the representative one (default: 1 when GPUs have
         several streams, else 0; see :func:`gpusim.trace.caching.default_warmup`).
@@ -258,7 +260,7 @@ def replay(
     for rounds in range(1, MAX_CACHE_ROUNDS + 1):
         record_of, simulated, sim, machine, released = _simulate(
             trace, deps, plan, on_simulated_gpu, system, mode, memory_policy, dispatch_policy, seed, bin_s, progress,
-            wall_start)
+            wall_start, rounds)
         if not plan.reduced:
             times = simulated
             break
@@ -271,15 +273,16 @@ def replay(
 
 
 MAX_CACHE_ROUNDS = 2
-"""Simulations a layer-cached replay may take: a second one simulates whole the runs that a row
-outside them ran beside to their end (:func:`gpusim.trace.caching.straddled_runs`)."""
+"""Simulations a layer-cached replay may take: a second one simulates whole the runs whose left-out
+layers a row outside them ran beside (:func:`gpusim.trace.caching.straddled_runs`)."""
 
 
 def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated_gpu: np.ndarray, system: System,
               mode: str, memory_policy: str | None, dispatch_policy: str | None, seed: int, bin_s: float,
-              progress: bool, wall_start: float):
-    """Simulate the rows ``plan`` keeps; return the records by row position, their simulated
-    ``(start, end)`` and stream release times (ns), the simulation and the machine."""
+              progress: bool, wall_start: float, rounds: int):
+    """Simulate the rows ``plan`` keeps (the replay's simulation number ``rounds``); return the
+    records by row position, their simulated ``(start, end)``, the simulation, the machine and
+    the stream release times (ns)."""
     frame = trace.frame
     run_rows = plan.simulate & on_simulated_gpu
     run_deps = remap_dependencies(frame, deps, plan) if plan.reduced else deps
@@ -296,7 +299,8 @@ def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated
     if mode == "symmetric":
         warn_if_symmetric_approximates(built.values(), system)
     if progress:
-        bar = progress_bar(int(run_rows.sum()), f"{trace.source} on {system.name}", sim)
+        again = ", again: runs that other rows ran beside simulated whole" if rounds > 1 else ""
+        bar = progress_bar(int(run_rows.sum()), f"{trace.source} on {system.name}{again}", sim)
     done: dict[tuple[int, int], object] = {}
     last: dict[tuple[int, str], object] = {}
     streams: dict[str, Stream] = {}
