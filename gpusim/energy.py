@@ -40,9 +40,10 @@ A trace replayed with layer caching simulates one representative of each run of 
 (:mod:`gpusim.trace.caching`).  The kernels of the layers it stands for are in ``Result.kernels``,
 so their arithmetic is counted; their DRAM, L2 and link bytes are those of one layer's span on the
 same GPU (``Result.stats["replica_windows"]``, :func:`gpusim.trace.caching.replica_windows`), once
-per left-out layer, and the row activations and near-bank counters grow with the DRAM bytes.  Those bytes lie in the simulated
-timeline, not in the re-timed one, so such a result has energies but no :func:`power_timeline`
-(replay with ``cache_layers=False``, ``gpusim simulate --no-cache``, for one).
+per left-out layer, and the row activations and near-bank counters grow with the DRAM bytes.
+Those bytes lie in the simulated timeline, not in the re-timed one, so such a result has energies
+but no :func:`power_timeline` (replay with ``cache_layers=False``, ``gpusim simulate --no-cache``,
+for one).
 """
 
 from __future__ import annotations

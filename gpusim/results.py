@@ -276,8 +276,9 @@ class Result:
         Processes are GPUs; threads are streams (ops, kernels) and DMA engines; DRAM bandwidth per
         GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
         last bin; so is each GPU's power by kind of activity (:func:`gpusim.energy.power_timeline`)
-        where its GPU has a power model (not for a trace replayed with layer caching).  Spans of one thread that partly overlap (a fused collective's steps) go to extra
-        threads of the same name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
+        where its GPU has a power model (not for a trace replayed with layer caching).  Spans of one
+        thread that partly overlap (a fused collective's steps) go to extra threads of the same
+        name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
 
         Span times are rounded to whole ns and written in us with three decimals, so ``ts + dur``
         is exactly the span's end as a reader that rounds to ns (Perfetto) sees it: an op that
