@@ -360,11 +360,11 @@ def test_a_row_beside_left_out_layers_gets_their_run_simulated_whole():
     plan = CachePlan(np.array([True, True, False, False, True, True]), np.array([0, 1, 1, 1, 4, 5]))
     plan.stand_ins.append(StandIn(0, [1], [0], [[2], [3]], [0, 1]))
     times = {0: (0.0, 10.0), 1: (10.0, 20.0), 2: (20.0, 30.0), 3: (30.0, 40.0), 4: (15.0, 45.0), 5: (25.0, 50.0)}
-    assert straddled_runs(frame, plan, times) == {0: 2}
+    assert straddled_runs(frame, plan, times) == {0}
     times[4] = (15.0, 25.0)
-    assert straddled_runs(frame, plan, times) == {0: 2}
+    assert straddled_runs(frame, plan, times) == {0}
     times[4] = (21.0, 45.0)
-    assert straddled_runs(frame, plan, times) == {}
+    assert straddled_runs(frame, plan, times) == set()
 
 
 def test_data_parallel_training_cached_is_close_to_every_layer_simulated():

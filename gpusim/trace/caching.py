@@ -170,7 +170,7 @@ def default_warmup(frame: pd.DataFrame) -> int:
 
 
 def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | None = None,
-                     extra: dict[int, int] | None = None) -> CachePlan:
+                     whole: set[int] | None = None) -> CachePlan:
     """Decide which rows to simulate (see the module documentation).
 
     Parameters
@@ -181,11 +181,10 @@ def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | N
         Its parsed ``deps`` lists.
     warmup
         Instances of a run simulated before its representative (default: :func:`default_warmup`).
-    extra
-        More instances to simulate before the representative, by index of the run
-        (:func:`straddled_runs`).
+    whole
+        Indices of the runs to simulate whole (:func:`straddled_runs`).
     """
-    extra = extra or {}
+    whole = whole or set()
     plan = full_plan(len(frame))
     if warmup is None:
         warmup = default_warmup(frame)
@@ -204,7 +203,7 @@ def plan_layer_cache(frame: pd.DataFrame, deps: list[list[int]], warmup: int | N
             while signature is not None and end < len(keys) and signatures[keys[end]] == signature:
                 end += 1
             run = keys[start:end]
-            simulated = min(len(run), warmup + 1 + extra.get(len(plan.runs), 0))
+            simulated = len(run) if len(plan.runs) in whole else min(len(run), warmup + 1)
             if len(run) > simulated:
                 representative = instances[run[simulated - 1]]
                 for key in run[simulated:]:
@@ -366,9 +365,8 @@ def replica_windows(frame: pd.DataFrame, plan: CachePlan, simulated: dict[int, t
     return windows
 
 
-def straddled_runs(frame: pd.DataFrame, plan: CachePlan, times: dict[int, tuple[float, float]]) -> dict[int, int]:
-    """Runs whose left-out instances a simulated row outside the run ran beside, with the number
-    of those instances.
+def straddled_runs(frame: pd.DataFrame, plan: CachePlan, times: dict[int, tuple[float, float]]) -> set[int]:
+    """Runs whose left-out instances a simulated row outside the run ran beside.
 
     Such a row (the embedding's gradient all-reduce beside the per-layer optimizer steps) was
     running where the run's simulated instances ended, and in the simulation the left-out
@@ -389,12 +387,12 @@ def straddled_runs(frame: pd.DataFrame, plan: CachePlan, times: dict[int, tuple[
 
     Returns
     -------
-    dict
-        Index of the run (:attr:`CachePlan.runs`): its left-out instances.
+    set
+        Indices of the runs (:attr:`CachePlan.runs`).
     """
     gpus = frame["gpu"].tolist()
     others = [position for position in times if plan.simulate[position]]
-    straddled: dict[int, int] = {}
+    straddled: set[int] = set()
     for stand_in in plan.stand_ins:
         members = set(stand_in.kept)
         for gpu in sorted({gpus[position] for position in stand_in.representative}):
@@ -403,7 +401,7 @@ def straddled_runs(frame: pd.DataFrame, plan: CachePlan, times: dict[int, tuple[
                 continue
             start = min(begin for begin, _ in first)
             if any(gpus[p] == gpu and p not in members and times[p][0] < start < times[p][1] for p in others):
-                straddled[stand_in.run] = len(stand_in.left_out)
+                straddled.add(stand_in.run)
     return straddled
 
 
