@@ -30,8 +30,11 @@ def test_simulate_a_generated_model_writes_every_output(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "per iteration" in printed and "exposed_comm_ms" in printed
-    for name in ("ops.parquet", "summary.json", "timeline.perfetto.json", "breakdown.png"):
+    for name in ("ops.parquet", "summary.json", "timeline.perfetto.json", "breakdown.png", "energy.csv"):
         assert (out / name).exists()
+    assert "energy.csv" in printed.splitlines()[-1]
+    energy = pd.read_csv(out / "energy.csv")  # the layer-cached replay priced whole (docs/energy.md)
+    assert set(energy["gpu"]) == {0} and (energy["energy_j"] >= 0).all() and energy["energy_j"].sum() > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "symmetric" and summary["time_s"] > 0
     assert {"compute_s", "exposed_comm_s", "overlapped_comm_s", "idle_s"} <= set(summary["breakdown"][0])

@@ -255,12 +255,12 @@ def _prepared_trace(args: argparse.Namespace, options: dict[str, object], report
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline and a breakdown plot."""
+    """Generate or read a trace, replay it, and write ops.parquet, summary.json, a timeline, a breakdown plot and the energy."""
     import matplotlib.pyplot as plt
 
     from gpusim import plot
     from gpusim.cli import parse_vary
-    from gpusim.energy import describe
+    from gpusim.energy import describe, has_energy
     from gpusim.parameter_sweep import SYSTEM_KEY
     from gpusim.trace.breakdown import breakdown
 
@@ -326,6 +326,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             result.ops.to_parquet(stage / "ops.parquet", index=False)
             if memory is not None:
                 memory.to_csv(stage / "memory.csv", index=False)
+            if has_energy(result):
+                result.energy().to_csv(stage / "energy.csv", index=False)
             summary = {
                 "trace": trace.source, "system": system.name, "mode": mode, "time_s": result.time_s,
                 "breakdown": parts.to_dict("records"), "stats": {k: v for k, v in stats.items() if k != "layer_runs"},
@@ -337,7 +339,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plot.breakdown(parts, ax=ax, title=f"{trace.source} on {system.name}")
             plot.save_figure(fig, stage / "breakdown.png")
     if out is not None:
-        extra = ", memory.csv" if memory is not None else ""
+        extra = (", memory.csv" if memory is not None else "") + (", energy.csv" if has_energy(result) else "")
         print(f"wrote {out}/ (ops.parquet{extra}, summary.json, timeline.perfetto.json, breakdown.png)")
     return 0
 
