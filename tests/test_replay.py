@@ -369,11 +369,26 @@ def test_a_row_beside_left_out_layers_gets_their_run_simulated_whole():
 
 def test_data_parallel_training_cached_is_close_to_every_layer_simulated():
     """BERT-base's embedding gradient all-reduce runs beside the per-layer optimizer steps: layer
-    caching simulates them all (a second simulation), so the cached iteration is within 2.5% of
-    the whole one (8.8% short when the left-out steps were not there to slow the all-reduce)."""
+    caching simulates them all (a second simulation); it was 8.8% short when the left-out steps
+    were not there to slow the all-reduce.  The backward layers' 1-12 us kernels drain the lead
+    the host gained during the output layer's GEMMs, so the left-out layers wait for the host where
+    their representative did not: the re-timing replays the host thread, and the cached iteration
+    is within 0.5% of the whole one (1.7% short without it)."""
     trace = transformer("bert-base", phase="train", batch=8, seq_len=64, layers=4, dp=8)
     cached = trace.replay("hgx-h100", mode="symmetric")
     whole = trace.replay("hgx-h100", mode="symmetric", cache_layers=False)
     assert cached.stats["simulations"] == 2 and whole.stats["simulations"] == 1
     assert [run["simulated"] for run in cached.stats["layer_runs"]] == [2, 2, 4]
-    assert cached.time_s == pytest.approx(whole.time_s, rel=0.025)
+    assert cached.time_s == pytest.approx(whole.time_s, rel=0.005)
+
+
+def test_pipeline_parallel_training_cached_is_close_to_every_layer_simulated():
+    """Two stages of four layers, two microbatches, two data-parallel replicas, full mode: a
+    representative that waited for the host gave that wait to its left-out layers, 6.7% too long,
+    until the re-timing replayed the host thread (within 1% since)."""
+    model = ModelConfig(name="tiny8", hidden=256, layers=8, heads=4, vocab=1024, seq_len=64, batch=4)
+    trace = transformer(model, pp=2, dp=2, batch=4, microbatches=2, seq_len=32)
+    cached = trace.replay(RING8, mode="full")
+    whole = trace.replay(RING8, mode="full", cache_layers=False)
+    assert cached.stats["simulated_rows"] < whole.stats["simulated_rows"]
+    assert cached.time_s == pytest.approx(whole.time_s, rel=0.01)

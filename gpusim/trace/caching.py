@@ -15,7 +15,9 @@ A kept row that depended on a dropped row depends instead on the row at the same
 representative.  Afterwards :func:`reconstruct` recomputes the start and end of *every* row by list
 scheduling over the full DAG (dependencies, stream order, collectives that wait for all their
 ranks), where each row takes the simulated duration of its representative (itself if it was
-simulated).  A collective's duration is counted from the arrival of its last rank.
+simulated), counted from its first kernel's launch: the host thread that issues the kernels is
+replayed too, so a left-out layer waits for the host where the host has fallen behind the GPU.
+A collective's duration is counted from the arrival of its last rank.
 
 The approximation: a dropped layer is assumed to run exactly as long as the representative, which
 saw the interference of its own neighbours (e.g. a gradient all-reduce of the previous layer
@@ -28,6 +30,7 @@ how they line up.  DRAM, L2 and link traffic in the result cover the simulated r
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -238,6 +241,17 @@ def remap_dependencies(frame: pd.DataFrame, deps: list[list[int]], plan: CachePl
     return remapped
 
 
+@dataclass(frozen=True)
+class HostLaunch:
+    """What the host thread did for one simulated row whose kernels it issued (no measured issue
+    time): when the call that launched its first kernel returned, what that call cost, and what
+    all of the row's calls cost, ns (:meth:`gpusim.sched.executor.Executor.issue`)."""
+
+    first_returned_ns: float
+    first_cost_ns: float
+    cost_ns: float
+
+
 def reconstruct(
     frame: pd.DataFrame,
     deps: list[list[int]],
@@ -245,8 +259,18 @@ def reconstruct(
     simulated: dict[int, tuple[float, float]],
     rows: np.ndarray,
     released: dict[int, float] | None = None,
+    launches: dict[int, HostLaunch] | None = None,
+    dependent_launch_ns: dict[int, float] | None = None,
 ) -> dict[int, tuple[float, float]]:
     """Start and end (ns) of every row in ``rows`` by list scheduling with representative durations.
+
+    Rows are scheduled in the order they become ready, as the simulation starts them.  A row whose
+    representative's kernels the host thread issued (``launches``) is split into the wait for its
+    first kernel's launch and the rest: the host thread is a cursor per GPU that every such row
+    advances by its calls' cost, as :meth:`gpusim.sched.executor.Executor.issue` does, so a
+    left-out layer waits for the host where the host has fallen behind, even if its representative,
+    simulated while the host was still ahead, did not.  Other rows last as long as their
+    representative from their start.
 
     Parameters
     ----------
@@ -261,8 +285,15 @@ def reconstruct(
     released
         When simulated rows let their stream move on before they ended (an ``async_collective``
         row, after its GEMM), ns; the next row on the stream follows that moment, not the end.
+    launches
+        The host's calls for the simulated rows whose kernels it issued.
+    dependent_launch_ns
+        Each simulated GPU's gap between a kernel and the one that waited for it
+        (``GpuConfig.dependent_launch_ns``), by GPU.
     """
     released = released or {}
+    launches = launches or {}
+    gaps = dependent_launch_ns or {}
     graph = dependency_graph(frame, deps)
     gpus = frame["gpu"].tolist()
     streams = frame["stream"].tolist()
@@ -277,50 +308,96 @@ def reconstruct(
         if lane in last:
             previous_on_stream[position] = last[lane]
         last[lane] = position
+
+    def gap(position: int) -> float:
+        """The dispatch gap before ``position``'s first kernel: none for a row that waits for nothing."""
+        follows = bool(deps[position]) or position in previous_on_stream
+        return gaps.get(gpus[position], 0.0) if follows else 0.0
+
+    def launched(source: int) -> float:
+        """When the simulated row ``source``'s first kernel was ready: its launch's return, and no
+        earlier than the dispatch gap after its start; its start where the host did not launch it."""
+        launch = launches.get(source)
+        start = simulated[source][0]
+        if launch is None:
+            return start
+        return max(launch.first_returned_ns, start + gap(source))
+
     arrival: dict[int, float] = {}
-    for position, (start, _) in simulated.items():
+    for position in simulated:
         if kinds[position] in SYNCHRONISING_KINDS:
             node = graph.node_of[position]
-            arrival[node] = max(arrival.get(node, start), start)
+            arrival[node] = max(arrival.get(node, -np.inf), launched(position))
 
     def begun(source: int) -> float:
-        """When the simulated row ``source`` began its work: its start, or its ranks' meeting."""
-        return arrival[graph.node_of[source]] if kinds[source] in SYNCHRONISING_KINDS else simulated[source][0]
+        """When the simulated row ``source`` began its work: its first kernel's launch, or its ranks' meeting."""
+        return arrival[graph.node_of[source]] if kinds[source] in SYNCHRONISING_KINDS else launched(source)
 
-    def duration(position: int) -> float:
+    def work(position: int) -> float:
         source = int(plan.representative[position])
         return simulated[source][1] - begun(source)
+
+    host: dict[int, float] = {}
+
+    def launch_of(position: int, ready: float) -> float:
+        """When ``position``'s first kernel is ready, having started at ``ready``; advances its GPU's host cursor."""
+        launch = launches.get(int(plan.representative[position]))
+        if launch is None:
+            return ready
+        gpu = gpus[position]
+        cursor = host.get(gpu, 0.0)
+        host[gpu] = cursor + launch.cost_ns
+        return max(ready + gap(position), cursor + launch.first_cost_ns)
+
+    times: dict[int, tuple[float, float]] = {}
+    begins: dict[int, float] = {}
 
     def moved_on(position: int) -> float:
         """When the next row on ``position``'s stream may start."""
         source = int(plan.representative[position])
-        end = times[position][1]
         if source not in released:
-            return end
-        return end - duration(position) + released[source] - begun(source)
+            return times[position][1]
+        return begins[position] + released[source] - begun(source)
 
-    times: dict[int, tuple[float, float]] = {}
-    for node in graph.topological_order():
+    def ready_of(position: int) -> float:
+        moment = 0.0
+        for dep in deps[position]:
+            target = position_of[(dep, gpus[position])]
+            moment = max(moment, times[target][1])
+        before = previous_on_stream.get(position)
+        if before is not None:
+            moment = max(moment, moved_on(before))
+        return moment
+
+    successors = graph.successors()
+    waiting = [len(preds) for preds in graph.predecessors]
+    heap: list[tuple[float, int, dict[int, float]]] = []
+
+    def offer(node: int) -> None:
         members = [p for p in graph.rows_of[node] if rows[p]]
-        if not members:
-            continue
-        ready = {}
-        for position in members:
-            moment = 0.0
-            for dep in deps[position]:
-                target = position_of[(dep, gpus[position])]
-                moment = max(moment, times[target][1])
-            before = previous_on_stream.get(position)
-            if before is not None:
-                moment = max(moment, moved_on(before))
-            ready[position] = moment
-        if kinds[members[0]] in SYNCHRONISING_KINDS:
-            begin = max(ready.values())
-            for position in members:
-                times[position] = (ready[position], begin + duration(position))
-        else:
-            position = members[0]
-            times[position] = (ready[position], ready[position] + duration(position))
+        ready = {position: ready_of(position) for position in members}
+        heapq.heappush(heap, (max(ready.values(), default=0.0), node, ready))
+
+    for node, count in enumerate(waiting):
+        if count == 0:
+            offer(node)
+    while heap:
+        _, node, ready = heapq.heappop(heap)
+        if ready:
+            members = list(ready)
+            if kinds[members[0]] in SYNCHRONISING_KINDS:
+                begin = max(launch_of(position, ready[position]) for position in members)
+                for position in members:
+                    begins[position] = begin
+                    times[position] = (ready[position], begin + work(position))
+            else:
+                position = members[0]
+                begins[position] = launch_of(position, ready[position])
+                times[position] = (ready[position], begins[position] + work(position))
+        for successor in successors[node]:
+            waiting[successor] -= 1
+            if waiting[successor] == 0:
+                offer(successor)
     return times
 
 

@@ -41,6 +41,7 @@ from gpusim.simulate import (
 from gpusim.system import System, load_system
 from gpusim.trace.caching import (
     CachePlan,
+    HostLaunch,
     full_plan,
     plan_layer_cache,
     reconstruct,
@@ -265,7 +266,9 @@ def replay(
         if not plan.reduced:
             times = simulated
             break
-        times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu, released)
+        gaps = {rank: machine.gpu(rank).config.dependent_launch_ns for rank in {record.rank for record in record_of.values()}}
+        times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu, released,
+                            host_launches(frame, sim, record_of), gaps)
         straddled = straddled_runs(frame, plan, times)
         if not straddled or rounds == MAX_CACHE_ROUNDS:
             break
@@ -345,6 +348,24 @@ def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated
     return record_of, simulated, sim, machine, released
 
 
+def host_launches(frame: pd.DataFrame, sim: Simulation, record_of: dict[int, OpRecord]) -> dict[int, HostLaunch]:
+    """The host thread's launch calls (its ``call`` spans) of each simulated row whose kernels it
+    issued, by row position; rows with a measured issue time are left out."""
+    calls: dict[tuple[int, int], list[Span]] = {}
+    for span in sim.recorder.spans:
+        if span.category == "call":
+            calls.setdefault((span.gpu, span.args["op_id"]), []).append(span)
+    measured = np.isfinite(frame["issue_s"].to_numpy(dtype=float))
+    launches = {}
+    for position, record in record_of.items():
+        spans = calls.get((record.rank, record.op.uid))
+        if spans and not measured[position]:
+            first = min(spans, key=lambda span: span.end_ns)
+            launches[position] = HostLaunch(first.end_ns, first.end_ns - first.start_ns,
+                                            sum(span.end_ns - span.start_ns for span in spans))
+    return launches
+
+
 def _assemble(
     trace: Trace,
     plan: CachePlan,
@@ -392,7 +413,7 @@ def _assemble(
         args = {"category": model.op.category, "op_id": int(row["op_id"]), "replica_of": info["replica_of"]}
         recorder.span(Span(name, "op", int(row["gpu"]), row["stream"], start, end, args))
         if plan.reduced:
-            shift = start - simulated[source][0]
+            shift = end - simulated[source][1]  # its kernels end with it; a host wait it did not have comes first
             for span in kernels.get((model.rank, model.op.uid), []):
                 recorder.span(_with_op_id(span, int(row["op_id"]), shift))
     stats = {

@@ -699,13 +699,18 @@ class DependencyGraph:
     rows_of: list[list[int]]
     predecessors: list[set[int]]
 
-    def topological_order(self) -> list[int] | None:
-        """Nodes in an order that respects every edge (Kahn's algorithm), or None if there is a cycle."""
+    def successors(self) -> list[list[int]]:
+        """The nodes that wait for each node."""
         successors: list[list[int]] = [[] for _ in self.rows_of]
-        waiting = [len(preds) for preds in self.predecessors]
         for node, preds in enumerate(self.predecessors):
             for pred in preds:
                 successors[pred].append(node)
+        return successors
+
+    def topological_order(self) -> list[int] | None:
+        """Nodes in an order that respects every edge (Kahn's algorithm), or None if there is a cycle."""
+        successors = self.successors()
+        waiting = [len(preds) for preds in self.predecessors]
         ready = [node for node, count in enumerate(waiting) if count == 0]
         order: list[int] = []
         while ready:
