@@ -268,7 +268,7 @@ def replay(
             break
         gaps = {rank: machine.gpu(rank).config.dependent_launch_ns for rank in {record.rank for record in record_of.values()}}
         times = reconstruct(frame, deps, plan, simulated, on_simulated_gpu, released,
-                            host_launches(frame, sim, record_of), gaps)
+                            _host_launches(frame, sim, record_of), gaps)
         straddled = straddled_runs(frame, plan, times)
         if not straddled or rounds == MAX_CACHE_ROUNDS:
             break
@@ -348,7 +348,7 @@ def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated
     return record_of, simulated, sim, machine, released
 
 
-def host_launches(frame: pd.DataFrame, sim: Simulation, record_of: dict[int, OpRecord]) -> dict[int, HostLaunch]:
+def _host_launches(frame: pd.DataFrame, sim: Simulation, record_of: dict[int, OpRecord]) -> dict[int, HostLaunch]:
     """The host thread's launch calls (its ``call`` spans) of each simulated row whose kernels it
     issued, by row position; rows with a measured issue time are left out."""
     calls: dict[tuple[int, int], list[Span]] = {}
