@@ -47,6 +47,26 @@ def test_extension_and_quick_sets():
     assert model_gemms("quick", dtype="fp16")["dtype"].eq("fp16").all()
 
 
+def test_an_app_keeps_the_passes_it_names(tmp_path):
+    """``passes`` keeps some of a layer's three training GEMMs (the CI set's transformers keep the
+    forward and weight-gradient ones, whose input-gradient twins repeat the forward m x n x k)."""
+    path = tmp_path / "passes.yaml"
+    path.write_text("apps:\n  - {name: all, layer: transformer, hidden: [64], tokens: [32]}\n"
+                    "  - {name: some, layer: transformer, hidden: [64], tokens: [32], passes: [weight-grad, forward]}\n"
+                    "  - {name: inference, layer: lstm, hidden: [16], batch: [8], passes: [forward]}\n")
+    gemms = model_gemms(path)
+    passes = gemms.groupby("app")["pass"].agg(set).to_dict()
+    assert passes == {"all": {"forward", "input-grad", "weight-grad"}, "some": {"forward", "weight-grad"},
+                      "inference": {"forward"}}
+    every, some = gemms[gemms["app"] == "all"], gemms[gemms["app"] == "some"]
+    assert len(every) == 9 and len(some) == 6  # three linear layers (qkvo, ffn1, ffn2)
+    assert sorted(zip(some["m"], some["n"], some["k"])) == sorted(
+        zip(*(every.loc[every["pass"] != "input-grad", column] for column in ("m", "n", "k"))))
+    quick = model_gemms("quick")
+    transformers = quick[quick["layer"] == "transformer"]
+    assert set(transformers["pass"]) == {"forward", "weight-grad"} and len(quick) == 36
+
+
 def test_attention_batched_gemms():
     gemms = attention_gemms()
     bert = gemms[(gemms["app"] == "bert_large") & (gemms["inputs"] == 512)]
@@ -78,6 +98,11 @@ def test_bad_workload_definitions_name_the_file_and_field(tmp_path):
         ("apps: [{name: x, layer: transformer, hidden: [8], tokens: [4], ffn_multiplier: x}]",
          "field 'ffn_multiplier' must be a positive integer, got 'x'"),
         ("apps: [{name: x, layer: transformer, hidden: ['768'], tokens: [4]}]", "field 'hidden' must be a non-empty list"),
+        ("apps: [{name: x, layer: lstm, hidden: [8], batch: [4], passes: [backward]}]",
+         r"app 'x': field 'passes' must be a non-empty list of names among forward, input-grad, weight-grad, got \['backward'\]"),
+        ("apps: [{name: x, layer: transformer, hidden: [8], tokens: [4], passes: []}]", "field 'passes' must be a non-empty list"),
+        ("apps: [{name: x, layer: gru, hidden: [8], batch: [4], passes: [forward, forward]}]",
+         "app 'x': field 'passes' names a pass twice"),
         ("models: [{name: m, hidden: 64, heads: 0, sequences: 1, sequence_lengths: [8]}]",
          "model 'm': field 'heads' must be a positive integer, got 0"),
         ("models: [{name: m, hidden: 64, heads: 4, sequences: 1, sequence_lengths: 128}]",

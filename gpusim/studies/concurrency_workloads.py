@@ -14,7 +14,8 @@ weight gradient           out             in              tokens          yes   
 A Transformer block's linear layers are the Q, K, V and output projections (hidden -> hidden) and
 the feed-forward pair (hidden -> ffn x hidden -> hidden); an LSTM (GRU) time step multiplies the
 batch's input and recurrent state by the 4 (3) gate matrices, so ``tokens`` is the batch and
-``out`` is 4 (3) x hidden.  Attention's strided batched GEMMs (scores ``Q K^T`` and context
+``out`` is 4 (3) x hidden.  An app's optional ``passes`` field keeps some of the three GEMMs
+(default: all; ``[forward]`` for inference).  Attention's strided batched GEMMs (scores ``Q K^T`` and context
 ``P V``, one batch entry per sequence and head) come from :func:`attention_gemms`.
 
 A GEMM's *shape* (m, n, k, transposes, batch, dtype) is what the simulation sees; GEMMs of
@@ -31,7 +32,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from gpusim.checks import is_positive_int, one_of, positive_int, positive_ints
+from gpusim.checks import is_positive_int, names, one_of, positive_int, positive_ints
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
 
@@ -40,6 +41,8 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
 
 GATES = {"lstm": 4, "gru": 3}
 FFN_MULTIPLIER = 4
+PASSES = ("forward", "input-grad", "weight-grad")
+"""The GEMMs of a training step, in :func:`linear_gemms`'s order; an app's ``passes`` field keeps some."""
 GEMM_COLUMNS = ["app", "layer", "hidden", "inputs", "linear", "pass", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 SHAPE_COLUMNS = ["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 
@@ -79,8 +82,8 @@ def _layers(app: dict[str, Any], hidden: int) -> list[tuple[str, int, int]]:
     return [(f"gates_in{width}" if width != 1 else "gates", width * hidden, gates) for width in widths]
 
 
-APP_FIELDS = {"transformer": {"name", "source", "layer", "hidden", "tokens", "ffn_multiplier"},
-              **{kind: {"name", "source", "layer", "hidden", "batch", "input_widths"} for kind in GATES}}
+APP_FIELDS = {"transformer": {"name", "source", "layer", "hidden", "tokens", "ffn_multiplier", "passes"},
+              **{kind: {"name", "source", "layer", "hidden", "batch", "input_widths", "passes"} for kind in GATES}}
 ATTENTION_FIELDS = {"name", "source", "hidden", "heads", "sequences", "sequence_lengths"}
 
 
@@ -106,6 +109,10 @@ def _check_app(app: Any, where: str) -> None:
         positive_ints("field 'input_widths'", app["input_widths"], where=here)
     if "ffn_multiplier" in app:
         positive_int("field 'ffn_multiplier'", app["ffn_multiplier"], here)
+    if "passes" in app:
+        passes = names("field 'passes'", app["passes"], PASSES, where=here)
+        if len(set(passes)) != len(passes):
+            raise ConfigError(f"{here}: field 'passes' names a pass twice: {app['passes']!r}")
 
 
 def _check_attention_model(model: Any, where: str) -> None:
@@ -163,7 +170,7 @@ def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None,
     pandas.DataFrame
         Columns ``app, layer, hidden, inputs, linear, pass, m, n, k, trans_a, trans_b, batch,
         dtype, role``; a GEMM that recurs within an app (e.g. the four hidden x hidden projections)
-        appears once per app.
+        appears once per app, and only the passes of the app's ``passes`` field (default: all three).
 
     Raises
     ------
@@ -187,10 +194,13 @@ def model_gemms(path: str | os.PathLike = "table7.3", dtype: str | None = None,
         if apps is not None and app["name"] not in wanted:
             continue
         inputs_field = "tokens" if app["layer"] == "transformer" else "batch"
+        passes = set(app.get("passes", PASSES))
         for hidden in app["hidden"]:
             for inputs in app[inputs_field]:
                 for linear, fan_in, fan_out in _layers(app, hidden):
                     for gemm in linear_gemms(inputs, fan_in, fan_out):
+                        if gemm["pass"] not in passes:
+                            continue
                         rows.append({"app": app["name"], "layer": app["layer"], "hidden": hidden, "inputs": inputs,
                                      "linear": linear, **gemm, "batch": 1, "dtype": dtype})
     frame = pd.DataFrame(rows, columns=GEMM_COLUMNS)
