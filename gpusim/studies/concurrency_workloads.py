@@ -42,7 +42,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
 GATES = {"lstm": 4, "gru": 3}
 FFN_MULTIPLIER = 4
 PASSES = ("forward", "input-grad", "weight-grad")
-"""The GEMMs of a training step, in :func:`linear_gemms`'s order; an app's ``passes`` field keeps some."""
+"""The GEMMs of a training step, as :func:`linear_gemms` names them; an app's ``passes`` field keeps some."""
 GEMM_COLUMNS = ["app", "layer", "hidden", "inputs", "linear", "pass", "m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 SHAPE_COLUMNS = ["m", "n", "k", "trans_a", "trans_b", "batch", "dtype"]
 
@@ -64,10 +64,11 @@ def linear_gemms(tokens: int, fan_in: int, fan_out: int) -> list[dict[str, Any]]
     """
     for name, value in (("tokens", tokens), ("fan_in", fan_in), ("fan_out", fan_out)):
         positive_int(name, value, "linear_gemms")
+    forward, input_grad, weight_grad = PASSES
     return [
-        {"pass": "forward", "m": tokens, "n": fan_out, "k": fan_in, "trans_a": False, "trans_b": True},
-        {"pass": "input-grad", "m": tokens, "n": fan_in, "k": fan_out, "trans_a": False, "trans_b": False},
-        {"pass": "weight-grad", "m": fan_out, "n": fan_in, "k": tokens, "trans_a": True, "trans_b": False},
+        {"pass": forward, "m": tokens, "n": fan_out, "k": fan_in, "trans_a": False, "trans_b": True},
+        {"pass": input_grad, "m": tokens, "n": fan_in, "k": fan_out, "trans_a": False, "trans_b": False},
+        {"pass": weight_grad, "m": fan_out, "n": fan_in, "k": tokens, "trans_a": True, "trans_b": False},
     ]
 
 
