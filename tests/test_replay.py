@@ -18,6 +18,16 @@ RING8 = gpusim.load_system("t3-ring8")
 TINY = ModelConfig(name="tiny", hidden=256, layers=5, heads=4, vocab=1024, seq_len=64, batch=4)
 
 
+def _kernels_inside_their_ops(result: gpusim.Result) -> pd.DataFrame:
+    """Every kernel joined to its op; asserts that each lies on its op's stream and inside its span."""
+    joined = result.kernels.merge(result.ops, on=["op_id", "gpu"], suffixes=("_kernel", "_op"), validate="many_to_one")
+    assert len(joined) == len(result.kernels)
+    assert (joined["stream_kernel"] == joined["stream_op"]).all()
+    assert (joined["start_s_kernel"] >= joined["start_s_op"] - 1e-12).all()
+    assert (joined["end_s_kernel"] <= joined["end_s_op"] + 1e-12).all()
+    return joined
+
+
 @pytest.mark.parametrize(("gpus", "reference_ms"), [(2, 134.853), (4, 166.27)])
 def test_data_parallel_backward_estimator_of_seed_000(gpus, reference_ms):
     """seeds/000 section 3.5.2 replayed from Tables 4.11-4.12 reproduces its estimates within 0.5 %."""
@@ -45,6 +55,9 @@ def test_layer_caching_agrees_with_replaying_every_layer():
     assert (gemm["duration_s_cached"] / gemm["duration_s_every"]).median() == pytest.approx(1.0, abs=0.02)
     replicated = cached.ops[~cached.ops["simulated"]]
     assert len(replicated) and (replicated["replica_of"] != replicated["op_id"]).all()
+    # A left-out layer's collectives take their representative's kernels, on every rank.
+    kernels = _kernels_inside_their_ops(cached)
+    assert kernels[~kernels["simulated"] & (kernels["kind"] == "collective")]["gpu"].nunique() == 4
     parts_cached, parts_every = breakdown(cached.ops), breakdown(every.ops)
     for part in ("compute_s", "exposed_comm_s", "overlapped_comm_s"):  # within 3 % of the iteration
         assert parts_cached[part].sum() == pytest.approx(parts_every[part].sum(), abs=0.03 * parts_every["total_s"].sum())
@@ -245,11 +258,8 @@ def test_kernels_carry_the_trace_op_id_of_their_op(tmp_path, cache_layers):
     trace = transformer(TINY, batch=1, seq_len=32, layers=3, optimizer=None)
     result = trace.replay(RING8, cache_layers=cache_layers)
     assert result.ops["simulated"].all() != cache_layers
-    joined = result.kernels.merge(result.ops, on=["op_id", "gpu"], suffixes=("_kernel", "_op"), validate="many_to_one")
-    assert len(joined) == len(result.kernels) > len(result.ops) // 2
-    assert (joined["stream_kernel"] == joined["stream_op"]).all()
-    assert (joined["start_s_kernel"] >= joined["start_s_op"] - 1e-12).all()
-    assert (joined["end_s_kernel"] <= joined["end_s_op"] + 1e-12).all()
+    joined = _kernels_inside_their_ops(result)
+    assert len(joined) > len(result.ops) // 2
     gemm_kernels = joined["name_kernel"].str.startswith(("gemm", "splitk"))
     assert (gemm_kernels == (joined["kind"] == "gemm")).all()
     layernorms = joined[joined["name_kernel"] == "vectorized_layer_norm_kernel"]
@@ -392,3 +402,4 @@ def test_pipeline_parallel_training_cached_is_close_to_every_layer_simulated():
     whole = trace.replay(RING8, mode="full", cache_layers=False)
     assert cached.stats["simulated_rows"] < whole.stats["simulated_rows"]
     assert cached.time_s == pytest.approx(whole.time_s, rel=0.01)
+    _kernels_inside_their_ops(cached)
