@@ -97,6 +97,22 @@ def test_validate_reads_a_vidur_profile_as_vidur_writes_it(tmp_path, capsys):
     assert "Meta-Llama-3-8B" in capsys.readouterr().out
 
 
+def test_a_failing_data_sets_verdict_is_on_its_own_row_not_on_its_groups(tmp_path, capsys):
+    """The tolerances judge the whole data set; its per-operation rows used to repeat its FAIL."""
+    path = _vidur_profile(tmp_path / "Meta-Llama-3-8B" / "mlp.csv", extra_row=False)
+    wide = pd.read_csv(path)
+    times = [column for column in wide.columns if column.startswith("time_stats.")]
+    wide[times] *= 1000  # seconds where vidur writes milliseconds: every point far too long
+    wide.to_csv(path, index=False)
+    out_dir = tmp_path / "out"
+    assert main(["validate", "--vidur", str(path), "--system", "h100-sxm5", "--out", str(out_dir), "--quiet",
+                 "--workers", "1"]) == 1
+    summary = pd.read_csv(out_dir / "summary.csv", keep_default_na=False)
+    assert summary.set_index("subset")["verdict"].to_dict() == {
+        "all": "FAIL", "op=add": "", "op=input_layernorm": "", "op=mlp_act": ""}
+    assert "vidur-Meta-Llama-3-8B-h100-sxm5: median |error|" in capsys.readouterr().err
+
+
 def test_a_bad_vidur_profile_is_an_error_naming_the_file_and_field(tmp_path, capsys):
     path = _vidur_profile(tmp_path / "m" / "mlp.csv")
     pd.read_csv(path).drop(columns=["n_kv_head"]).to_csv(path, index=False)
