@@ -452,10 +452,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise GpusimError("validate --vidur: give the preset to simulate it on with --system")
     if args.system and not args.vidur:
         raise GpusimError("validate --system: only a --vidur profile takes a preset (each --dataset has its own)")
+    overrides = parse_overrides(args.set)
     if args.system:
-        load_system(args.system)  # an unknown preset fails here, before any simulation
+        load_system(args.system, overrides)  # an unknown preset or override fails here, before any simulation
     extra = [validation.vidur_dataset(path, args.system) for path in args.vidur or []]
     names = [] if extra and not args.dataset else list(dict.fromkeys(args.dataset or validation.DATASETS))
+    if overrides:
+        for system in dict.fromkeys(validation.get(name).system for name in names):
+            load_system(system, overrides)
+        print("with the overrides " + ", ".join(f"{key}={value}" for key, value in overrides.items()) +
+              " at every point (not the presets' calibration)")
     out = output_folder(args.out)
     tables = []
     broken: list[str] = []
@@ -465,12 +471,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             name = dataset.name
             frame, table, violations = validation.report(
                 dataset, stage, points=args.points, seed=args.seed, mode=args.mode, workers=args.workers,
-                progress=not args.quiet,
+                progress=not args.quiet, overrides=overrides,
             )
             limits = ", ".join(f"{stat} <= {limit:.0%}" for stat, limit in dataset.tolerances.items())
             table["tolerance"] = [limits if subset == "all" else "" for subset in table["subset"]]
             # the tolerances judge the whole data set: its groups' rows carry no verdict of their own
             table["verdict"] = [("FAIL" if violations else "ok") if subset == "all" else "" for subset in table["subset"]]
+            if overrides:
+                table["overrides"] = " ".join(f"{key}={value}" for key, value in overrides.items())
             tables.append(table)
             broken += violations
             subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
@@ -508,6 +516,10 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
                         help="simulation mode of single-node collectives (multi-node ones run in full mode)")
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")
+    parser.add_argument("--set", action="append", metavar="PATH=VALUE",
+                        help="override at every point of every data set, over its preset and its own settings, to "
+                             "try a calibration value, e.g. gpu.l2.hit_latency_ns=250ns (repeatable; summary.csv "
+                             "records them)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

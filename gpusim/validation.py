@@ -1193,8 +1193,8 @@ def violations(frame: pd.DataFrame, dataset: DataSet | str) -> list[str]:
 
 
 def report(dataset: DataSet | str, out: str | Path | None = None, points: int | None = None, seed: int = 0,
-           mode: str = "full", workers: int | None = None, progress: bool = True
-           ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+           mode: str = "full", workers: int | None = None, progress: bool = True,
+           overrides: dict[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Compare ``dataset`` (or a random subset of ``points`` rows), and write its CSV and plot.
 
     Parameters
@@ -1209,8 +1209,8 @@ def report(dataset: DataSet | str, out: str | Path | None = None, points: int | 
         groups (:func:`sample`).
     seed
         Seed of that draw.
-    mode, workers, progress
-        As in :func:`compare`.
+    mode, workers, progress, overrides
+        As in :func:`compare` (the overrides apply to every point, over the data set's own).
 
     Returns
     -------
@@ -1219,7 +1219,7 @@ def report(dataset: DataSet | str, out: str | Path | None = None, points: int | 
     """
     dataset = get(dataset) if isinstance(dataset, str) else dataset
     rows = sample(dataset.load(), points, seed, by=dataset.group)
-    frame = compare(dataset, rows, mode=mode, workers=workers, progress=progress)
+    frame = compare(dataset, rows, overrides=overrides, mode=mode, workers=workers, progress=progress)
     table = summary(frame, dataset)
     broken = violations(frame, dataset)
     if out is not None:

@@ -60,6 +60,31 @@ def test_validate_compares_a_repeated_dataset_once(tmp_path, capsys, monkeypatch
     assert list(summary["dataset"]) == ["gelu-mi210"]
 
 
+def test_validate_tries_an_override_at_every_point_and_records_it(tmp_path, capsys, monkeypatch):
+    _two_row_gelu(monkeypatch)
+    assert main(["validate", "--dataset", "gelu-mi210", "--out", str(tmp_path / "preset"), "--quiet",
+                 "--workers", "1"]) == 0
+    status = main(["validate", "--dataset", "gelu-mi210", "--set", "gpu.kernel_launch_ns=1ms", "--out",
+                   str(tmp_path / "tried"), "--quiet", "--workers", "1"])
+    assert status == 1  # a millisecond per call is far beyond GeLU's tolerance
+    assert "with the overrides gpu.kernel_launch_ns=1ms at every point" in capsys.readouterr().out
+    preset = pd.read_csv(tmp_path / "preset" / "gelu-mi210.csv")
+    tried = pd.read_csv(tmp_path / "tried" / "gelu-mi210.csv")
+    assert (tried["simulated_s"] - preset["simulated_s"]).between(0.9e-3, 1.0e-3).all()
+    assert "overrides" not in pd.read_csv(tmp_path / "preset" / "summary.csv")
+    assert set(pd.read_csv(tmp_path / "tried" / "summary.csv")["overrides"]) == {"gpu.kernel_launch_ns=1ms"}
+
+
+def test_a_bad_override_is_refused_before_any_simulation(tmp_path, capsys):
+    assert main(["validate", "--dataset", "gelu-mi210", "--set", "gpu.no_such_field=1", "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 2
+    assert "no_such_field" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main(["validate", "--vidur", str(tmp_path / "none.csv"), "--system", "h100-sxm5", "--set",
+                 "gpu.num_cus=-1"]) == 2
+    assert "num_cus" in capsys.readouterr().err
+
+
 def _vidur_profile(path, ops=("input_layernorm", "mlp_act", "add"), extra_row=True):
     """A vidur MLP profile as vidur writes it: two token counts of a Llama-like layer (the second
     repeated, as vidur's files repeat some), ``time_stats.<op>.<stat>`` columns in ms."""
