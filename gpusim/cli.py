@@ -486,6 +486,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         shown = table.copy()
         for column in ("median", "p90", "max"):
             shown[column] = shown[column].map(lambda value: f"{value:.1%}")
+        shown["bias"] = shown["bias"].map(lambda value: f"{value:+.1%}")
         with pd.option_context("display.width", 200, "display.max_columns", 20):
             print(shown.to_string(index=False))
         if stage is not None:

@@ -1156,15 +1156,17 @@ def compare(dataset: DataSet | str, rows: pd.DataFrame | None = None, overrides:
 
 
 def error_stats(frame: pd.DataFrame) -> dict[str, float]:
-    """Median, 90th percentile and maximum of ``|error|``, and the number of points."""
+    """Median, 90th percentile and maximum of ``|error|``, the number of points, and the median of
+    the signed error (``bias``: below 0 where the simulator is fast in the main)."""
     errors = frame["abs_error"].to_numpy(dtype=float)
     if errors.size == 0:
-        return {"points": 0, "median": math.nan, "p90": math.nan, "max": math.nan}
+        return {"points": 0, "median": math.nan, "p90": math.nan, "max": math.nan, "bias": math.nan}
     return {
         "points": int(errors.size),
         "median": float(np.median(errors)),
         "p90": float(np.quantile(errors, 0.9)),
         "max": float(errors.max()),
+        "bias": float(np.median(frame["error"].to_numpy(dtype=float))),
     }
 
 

@@ -135,6 +135,7 @@ def test_a_failing_data_sets_verdict_is_on_its_own_row_not_on_its_groups(tmp_pat
     summary = pd.read_csv(out_dir / "summary.csv", keep_default_na=False)
     assert summary.set_index("subset")["verdict"].to_dict() == {
         "all": "FAIL", "op=add": "", "op=input_layernorm": "", "op=mlp_act": ""}
+    assert (summary["bias"].astype(float) < -0.99).all()  # the signed median: the model is 1000x fast
     assert "vidur-Meta-Llama-3-8B-h100-sxm5: median |error|" in capsys.readouterr().err
 
 
