@@ -457,11 +457,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         load_system(args.system, overrides)  # an unknown preset or override fails here, before any simulation
     extra = [validation.vidur_dataset(path, args.system) for path in args.vidur or []]
     names = [] if extra and not args.dataset else list(dict.fromkeys(args.dataset or validation.DATASETS))
+    given = " ".join(f"{key}={value}" for key, value in overrides.items())
     if overrides:
         for system in dict.fromkeys(validation.get(name).system for name in names):
             load_system(system, overrides)
-        print("with the overrides " + ", ".join(f"{key}={value}" for key, value in overrides.items()) +
-              " at every point (not the presets' calibration)")
+        print(f"with the overrides {given} at every point (not the presets' calibration)")
     out = output_folder(args.out)
     tables = []
     broken: list[str] = []
@@ -478,7 +478,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             # the tolerances judge the whole data set: its groups' rows carry no verdict of their own
             table["verdict"] = [("FAIL" if violations else "ok") if subset == "all" else "" for subset in table["subset"]]
             if overrides:
-                table["overrides"] = " ".join(f"{key}={value}" for key, value in overrides.items())
+                table["overrides"] = given
             tables.append(table)
             broken += violations
             subsets.append(f"{name} {len(frame)} of {len(dataset.load())}")
