@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.data_paths import data_root
 from gpusim.errors import ConfigError
 from gpusim.ops import Elementwise, as_int
 
-MEASURED_DIR = Path(__file__).resolve().parents[1] / "validation" / "measured"
+MEASURED_DIR = data_root() / "validation" / "measured"
 """Where the repository keeps its copies of the measured data (with SOURCES.md)."""
 
 STATISTICS = ("median", "p90", "max")

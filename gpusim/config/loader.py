@@ -40,6 +40,7 @@ from pydantic.fields import FieldInfo
 from gpusim.config.gpu import GpuConfig
 from gpusim.config.node import SystemConfig
 from gpusim.config.quantities import UNIT_SUFFIXES
+from gpusim.data_paths import data_root
 from gpusim.errors import ConfigError, UnknownPresetError
 from gpusim.units import QuantityError, parse_quantity
 
@@ -49,7 +50,7 @@ HWCONFIG_ENV = "GPUSIM_HWCONFIGS"
 def hwconfig_dirs() -> list[Path]:
     """Folders searched for presets: ``$GPUSIM_HWCONFIGS`` (os.pathsep-separated), then the repository's."""
     dirs = [Path(p) for p in os.environ.get(HWCONFIG_ENV, "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "hwconfigs")
+    dirs.append(data_root() / "hwconfigs")
     return dirs
 
 

@@ -34,9 +34,10 @@ import yaml
 
 from gpusim.checks import is_positive_int, names, one_of, positive_int, positive_ints
 from gpusim.config.gpu import DTYPE_BYTES
+from gpusim.data_paths import data_root
 from gpusim.errors import ConfigError
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "workloads" / "concurrency"
+WORKLOADS = data_root() / "workloads" / "concurrency"
 """The repository's concurrency workload definitions."""
 
 GATES = {"lstm": 4, "gru": 3}

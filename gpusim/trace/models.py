@@ -15,6 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpusim.data_paths import data_root
 from gpusim.errors import ConfigError
 
 MODELS_ENV = "GPUSIM_MODELS"
@@ -205,7 +206,7 @@ class ModelConfig(BaseModel):
 def model_dirs() -> list[Path]:
     """Folders searched for models: ``$GPUSIM_MODELS`` then the repository's ``workloads/models``."""
     dirs = [Path(p) for p in os.environ.get(MODELS_ENV, "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "workloads" / "models")
+    dirs.append(data_root() / "workloads" / "models")
     return dirs
 
 
