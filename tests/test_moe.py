@@ -149,12 +149,13 @@ def test_a_slower_network_slows_the_exchanges_and_padding_slows_the_experts():
 @pytest.mark.parametrize("options, message", [
     ({"model": "llama2-7b", "dp": 2, "ep": 2}, "ep=2 applies to a mixture-of-experts model"),
     ({"model": "llama2-7b", "expert_capacity_factor": 1.25}, "expert_capacity_factor=1.25 applies to a mixture"),
+    ({"model": "llama2-7b", "expert_capacity_factor": 1}, "expert_capacity_factor=1 applies to a mixture"),
     ({"dp": 3, "ep": 2}, "ep=2 must divide dp=3"),
     ({"dp": 8, "ep": 8}, "ep=8 must divide the 4 experts"),
     ({"ep": 0}, "'ep' must be a positive integer"),
-    ({"expert_capacity_factor": 0}, "'expert_capacity_factor' must be a positive number, got 0"),
-    ({"expert_capacity_factor": True}, "must be a positive number, got True"),
-    ({"expert_capacity_factor": float("nan")}, "must be a positive number, got nan"),
+    ({"expert_capacity_factor": 0}, "'expert_capacity_factor' must be a positive number or None (dropless), got 0"),
+    ({"expert_capacity_factor": True}, "must be a positive number or None (dropless), got True"),
+    ({"expert_capacity_factor": float("nan")}, "must be a positive number or None (dropless), got nan"),
     ({"tp": 2, "sequence_parallel": True}, "'sequence_parallel' with a mixture of experts is not modelled"),
     ({"dp": 2, "ep": 2, "distributed_optimizer": True}, "'distributed_optimizer' with ep > 1 is not modelled"),
 ])
@@ -188,7 +189,7 @@ def test_cli_simulates_and_sweeps_expert_options(tmp_path, capsys):
     assert points["expert_capacity_factor"].tolist() == [1.0, 2.0]
     assert points["compute_s"].iloc[1] > points["compute_s"].iloc[0]
     assert main([*common, "--vary", "expert_capacity_factor=1,x"]) == 2
-    assert "--vary expert_capacity_factor: expected numbers, got 'x'" in capsys.readouterr().err
+    assert "--vary expert_capacity_factor: expected numbers or none, got 'x'" in capsys.readouterr().err
 
 
 @settings(max_examples=20, deadline=None)

@@ -191,7 +191,7 @@ def test_a_hot_expert_slows_the_layer_on_every_rank():
 
 
 @settings(max_examples=20, deadline=None)
-@given(shares=SHARES, capacity=st.sampled_from([0.5, 0.9, 1.25, 2.0]), ep=st.sampled_from([2, 4]))
+@given(shares=SHARES, capacity=st.sampled_from([0.5, 0.9, 1.0, 1.25, 2.0]), ep=st.sampled_from([2, 4]))
 def test_a_capacity_bounds_every_expert_and_every_copy_is_kept_or_dropped(shares, capacity, ep):
     trace = transformer(MOE, phase="prompt", dp=4, ep=ep, batch=4, seq_len=32, optimizer=None, head=False,
                         layers=1, expert_load=shares, expert_capacity_factor=capacity)
@@ -206,7 +206,8 @@ def test_a_capacity_bounds_every_expert_and_every_copy_is_kept_or_dropped(shares
 
 def test_a_capacity_drops_the_copies_beyond_it_without_padding():
     """64 copies a rank, shares 5:1:1:1 give expert 0 40 of each rank's copies; at capacity factor
-    1.25 it keeps ceil(1.25 x 64 / 4) = 20 of them, and the other experts their 8."""
+    1.25 it keeps ceil(1.25 x 64 / 4) = 20 of them, and the other experts their 8; at 1 (Megatron-LM's
+    capacity of exactly the balanced share, not dropless) 16; with no factor all 40."""
     options = dict(phase="prompt", dp=4, ep=4, batch=4, seq_len=32, optimizer=None, head=False)
     trace = transformer(MOE, expert_load=[5, 1, 1, 1], expert_capacity_factor=1.25, **options)
     frame = trace.frame
@@ -216,6 +217,8 @@ def test_a_capacity_drops_the_copies_beyond_it_without_padding():
     fc1 = frame[frame["name"] == "L0.expert_fc1"].set_index("gpu")["shapes"]
     assert [parse_ints(fc1[gpu])[0] for gpu in range(4)] == [80, 32, 32, 32]
     assert trace.metadata["expert_dropped"] == [80 / 256] * 2
+    balanced_share = transformer(MOE, expert_load=[5, 1, 1, 1], expert_capacity_factor=1, **options)
+    assert balanced_share.metadata["expert_dropped"] == [96 / 256] * 2
     roomy = transformer(MOE, expert_load=[1, 1, 1, 1], expert_capacity_factor=1.25, **options)
     assert roomy.metadata["expert_dropped"] == [0.0, 0.0]  # nothing beyond the capacity, and nothing padded:
     assert roomy.frame.equals(transformer(MOE, expert_load=[1, 1, 1, 1], **options).frame)
@@ -340,11 +343,12 @@ def test_cli_takes_and_varies_the_expert_load(tmp_path, capsys):
     assert hot["L0.expert_fc1", 0] > 1.1 * hot["L0.expert_fc1", 3]
     assert hot["L1.expert_fc1", 3] > 1.1 * hot["L1.expert_fc1", 0]
     capsys.readouterr()
-    assert main([*common, "--expert-load", "8,1,1,1,1,1,1,1", "--vary", "expert_capacity_factor=1,1.25",
+    assert main([*common, "--expert-load", "8,1,1,1,1,1,1,1", "--vary", "expert_capacity_factor=none,1,1.25",
                  "--workers", "1", "--out", str(tmp_path / "capacity")]) == 0
     capped = pd.read_csv(tmp_path / "capacity" / "points.csv")
-    assert capped["expert_dropped"].iloc[0] == 0 and capped["expert_dropped"].iloc[1] > 0.3
-    assert capped["total_s"].iloc[1] < capped["total_s"].iloc[0]
+    dropped = capped["expert_dropped"].tolist()
+    assert dropped[0] == 0 and dropped[1] > dropped[2] > 0.3  # dropless, then capacities of 1 and 1.25
+    assert capped["total_s"].iloc[2] < capped["total_s"].iloc[0]
     assert "expert_dropped" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*common, "--expert-load", "4,x"])

@@ -162,6 +162,8 @@ INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "laye
                      "vocab_divisible_by", "virtual_stages", "ep", "expert_overlap_chunks", "prefill_tokens",
                      "prefill_context")
 FLOAT_MODEL_OPTIONS = ("expert_capacity_factor",)
+NO_NUMBER_WORDS = ("none", "dropless")
+"""Words a ``--vary`` value of a numeric model option takes for ``None`` (no capacity: dropless)."""
 FLAG_MODEL_OPTIONS = ("sequence_parallel", "async_tp_backward", "distributed_optimizer", "overlap_param_gather",
                       "shared_expert_overlap")
 
@@ -183,10 +185,12 @@ def _model_option_value(name: str, text: object) -> object:
             raise GpusimError(f"--vary {name}: expected whole numbers, got {text!r}")
         return int(word)
     if name in FLOAT_MODEL_OPTIONS:
+        if word in NO_NUMBER_WORDS:
+            return None
         try:
             return float(word)
         except ValueError:
-            raise GpusimError(f"--vary {name}: expected numbers, got {text!r}") from None
+            raise GpusimError(f"--vary {name}: expected numbers or none, got {text!r}") from None
     if name == "expert_load":  # kept as its text in the table; the generator gets the shares (_prepared_trace)
         try:
             expert_shares(word)
@@ -498,7 +502,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: 1)")
     parser.add_argument("--expert-capacity-factor", type=float,
                         help="--model with experts: tokens each expert processes and the all-to-all moves, as a "
-                             "multiple of the balanced share (default: 1)")
+                             "multiple of the balanced share; with --expert-load, each rank's tokens beyond it "
+                             "are dropped, 1 included (default: none: the balanced share, dropless with "
+                             "--expert-load; --vary expert_capacity_factor=none,1,1.25)")
     parser.add_argument("--expert-load", type=expert_shares,
                         help="--model with experts: uneven, dropless routing, each expert's share of the routed "
                              "tokens, e.g. 4,1,1,1,1,1,1,1, or one set per layer, 4,1,1,1/1,4,1,1 "

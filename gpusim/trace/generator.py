@@ -302,7 +302,7 @@ class _Transformer:
                  optimizer: str | None, optimizer_impl: str, decode_tokens: int, head: bool, attention: str,
                  sequence_parallel: bool, vocab_divisible_by: int, async_tp_backward: bool,
                  distributed_optimizer: bool, virtual_stages: int, overlap_param_gather: bool,
-                 expert_capacity_factor: float, prefill_tokens: int, prefill_context: int,
+                 expert_capacity_factor: float | None, prefill_tokens: int, prefill_context: int,
                  expert_load: tuple[tuple[tuple[float, ...], ...], ...] | None, expert_gemm: str,
                  expert_overlap_chunks: int, shared_expert_overlap: bool):
         self.model = model
@@ -532,19 +532,20 @@ class _Transformer:
         Uneven routing (``expert_load``): the rank at each place of an expert-parallel group gives
         each expert its share of its copies (:func:`apportion`; the layer's shares for the place,
         or for every place alike), with no padding; the expert at a place processes what all
-        ``ep`` ranks of the group send it.  With a capacity factor ``c`` other than 1 each rank
-        sends an expert at most ``ceil(c x copies / experts)`` of its copies and drops the rest
-        (Megatron-LM's ``--moe-expert-capacity-factor`` without padding); the buffer keeps room
-        for all copies.
+        ``ep`` ranks of the group send it.  With a capacity factor ``c`` (any number, 1 included;
+        ``None``: dropless) each rank sends an expert at most ``ceil(c x copies / experts)`` of its
+        copies and drops the rest (Megatron-LM's ``--moe-expert-capacity-factor`` without padding);
+        the buffer keeps room for all copies.
         """
         copies = tokens * self.model.top_k
         ep, local = self.par.ep, self.local_experts
         if self.expert_load is None:
+            padding = 1.0 if self.capacity_factor is None else self.capacity_factor
             active = min(local, copies)
-            per_expert = math.ceil(self.capacity_factor * copies / active)
-            return ExpertPlan(math.ceil(self.capacity_factor * copies), None, ((per_expert,) * active,) * ep)
+            per_expert = math.ceil(padding * copies / active)
+            return ExpertPlan(math.ceil(padding * copies), None, ((per_expert,) * active,) * ep)
         routed = [apportion(copies, shares) for shares in self.expert_load[layer]]  # by sending place
-        if self.capacity_factor != 1:
+        if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * copies / self.model.experts)
             routed = [[min(rows, capacity) for rows in place] for place in routed]
         return routed_plan(copies, routed, local)
@@ -1229,13 +1230,14 @@ def _check_experts(model: ModelConfig, par: Parallelism, capacity_factor: object
     ------
     TraceError
         Expert options for a dense model, an ``ep`` that divides neither ``dp`` nor the experts, a
-        capacity factor that is not a positive number, or a combination not modelled.
+        capacity factor that is neither a positive number nor ``None``, or a combination not modelled.
     """
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, int | float) \
-            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
-        raise TraceError(f"transformer(): 'expert_capacity_factor' must be a positive number, got {capacity_factor!r}")
+    if capacity_factor is not None and (isinstance(capacity_factor, bool) or not isinstance(capacity_factor, int | float)
+                                        or not math.isfinite(capacity_factor) or capacity_factor <= 0):
+        raise TraceError("transformer(): 'expert_capacity_factor' must be a positive number or None (dropless), "
+                         f"got {capacity_factor!r}")
     if model.experts is None:
-        if par.ep > 1 or capacity_factor != 1:
+        if par.ep > 1 or capacity_factor is not None:
             option = f"ep={par.ep}" if par.ep > 1 else f"expert_capacity_factor={capacity_factor}"
             raise TraceError(f"transformer(): {option} applies to a mixture-of-experts model ('experts' in its "
                              f"file); {model.name} has a dense MLP")
@@ -1346,7 +1348,7 @@ def transformer(
     virtual_stages: int = 1,
     overlap_param_gather: bool = False,
     ep: int = 1,
-    expert_capacity_factor: float = 1.0,
+    expert_capacity_factor: float | None = None,
     expert_load: Sequence[float] | Sequence[Sequence[float]] | None = None,
     expert_gemm: str = "grouped",
     expert_overlap_chunks: int = 1,
@@ -1377,12 +1379,13 @@ def transformer(
     expert_capacity_factor
         A mixture of experts's expert capacity (GShard, Switch Transformer): under balanced routing
         every expert processes, and the all-to-all moves, this many times the balanced share of the
-        routed tokens (1: the balanced share; 1.25: Switch Transformer's padding, or the busiest
-        expert's load under imbalance).  With ``expert_load``, each rank sends an expert at most
-        this many times its balanced share of the rank's copies and drops the rest, without
-        padding (Megatron-LM's ``--moe-expert-capacity-factor``); the trace's
-        ``metadata["expert_dropped"]`` gives the share dropped in each layer.  Positive; only for
-        mixture-of-experts models.
+        routed tokens (``None``, the default, or 1: the balanced share; 1.25: Switch Transformer's
+        padding, or the busiest expert's load under imbalance).  With ``expert_load``, each rank
+        sends an expert at most this many times its balanced share of the rank's copies and drops
+        the rest, without padding (Megatron-LM's ``--moe-expert-capacity-factor``: 1 drops all
+        beyond the balanced share); ``None`` is dropless.  The trace's
+        ``metadata["expert_dropped"]`` gives the share dropped in each layer.  A positive number or
+        ``None``; a number only for mixture-of-experts models.
     expert_load
         Uneven, dropless routing: each expert's relative share of the routed copies (one
         non-negative number per expert, not all zero; normalised), the same on every rank and in
@@ -1393,7 +1396,7 @@ def transformer(
         each rank's experts run as grouped GEMMs on their rows, and the rank holding the busiest
         experts sets the pace.  Layers that route differently are each simulated (layer caching
         reuses only alike layers).  ``None`` (default): balanced routing.  Dropless unless
-        ``expert_capacity_factor`` is not 1.
+        ``expert_capacity_factor`` is given.
     expert_gemm
         How each rank runs its experts' GEMMs: ``"grouped"`` (default), one kernel for all of them
         (a batched GEMM under balanced routing, a grouped GEMM under uneven routing: Megatron-LM's
@@ -1594,11 +1597,13 @@ def transformer(
         raise TraceError(f"transformer(): batch {batch} does not divide into dp={dp} x microbatches={microbatches}")
     micro_batch = batch // (dp * microbatches)
 
+    capacity = None if expert_capacity_factor is None else float(expert_capacity_factor)
+
     def builder_of(model_config: ModelConfig) -> _Transformer:
         return _Transformer(model_config, phase, par, micro_batch, seq_len, microbatches, schedule, dtype, recompute,
                             bucket_bytes, optimizer, optimizer_impl, decode_tokens, head, attention, sequence_parallel,
                             vocab_divisible_by, async_tp_backward, distributed_optimizer, virtual_stages,
-                            overlap_param_gather, float(expert_capacity_factor), prefill_tokens, prefill_context,
+                            overlap_param_gather, capacity, prefill_tokens, prefill_context,
                             load, expert_gemm, expert_overlap_chunks, shared_expert_overlap)
 
     builder = builder_of(config)
@@ -1615,7 +1620,7 @@ def transformer(
         "sequence_parallel": sequence_parallel, "vocab_divisible_by": vocab_divisible_by,
         "async_tp_backward": async_tp_backward, "distributed_optimizer": distributed_optimizer,
         "virtual_stages": virtual_stages, "overlap_param_gather": overlap_param_gather,
-        "ep": ep, "expert_capacity_factor": float(expert_capacity_factor),
+        "ep": ep, "expert_capacity_factor": capacity,
         "expert_load": _load_metadata(load), "expert_gemm": expert_gemm, "expert_overlap_chunks": expert_overlap_chunks,
         "shared_expert_overlap": shared_expert_overlap,
         "expert_dropped": None if load is None else [builder.expert_drops[layer] for layer in sorted(builder.expert_drops)],
