@@ -817,6 +817,15 @@ class GpuConfig(Model):
         (:mod:`gpusim.kernels.gemv`), as cuBLAS does on Volta, Turing and Ampere
         (``gemv2T_kernel_val``, ``gemvx``); ``False``: as tile kernels, as PyTorch's cuBLASLt does
         on Hopper (8-row ``nvjet`` tiles, ``validation/measured/h200/gemm_kernels.csv``).
+    gemm_selection
+        How the BLAS picks the kernel of a GEMM whose op names none
+        (:mod:`gpusim.kernels.gemm_selection`): ``heuristic``, by the library heuristic's estimate
+        (:func:`gpusim.kernels.gemm.choose_kernel`), as the shipped libraries pick, so that more
+        CUs or a faster memory can switch to a kernel that simulates slower (docs/model.md);
+        ``tuned``, by simulating the heuristic's pick and the best-estimated other kernels of the
+        library alone on this GPU and keeping the fastest, as a library tuned for this hardware
+        would ship (for what-if hardware; a few extra simulations per GEMM shape). Every preset
+        is calibrated with ``heuristic``.
     hardware_queues
         Hardware queues the runtime spreads streams over (HIP's ``GPU_MAX_HW_QUEUES``, CUDA's
         ``CUDA_DEVICE_MAX_CONNECTIONS``); streams beyond it share queues, whose kernels run one
@@ -860,6 +869,7 @@ class GpuConfig(Model):
     gemm_tma: GemmTmaConfig | None = None
     gemm_fallback: GemmFallbackConfig | None = None
     gemv_kernels: bool = False
+    gemm_selection: Literal["heuristic", "tuned"] = "heuristic"
     hardware_queues: PositiveInt = 4
     dispatch_policy: Literal["round_robin", "fifo"] = "round_robin"
     streaming_inflight_bytes_per_thread: Bytes = 16

@@ -74,7 +74,6 @@ from gpusim.kernels.collectives import Flags, ring_orders
 from gpusim.kernels.gemm import (
     GemmKernel,
     check_fits,
-    choose_kernel,
     execute_gemm,
     find_spec,
     for_operands,
@@ -84,6 +83,7 @@ from gpusim.kernels.gemm import (
     problem_of,
     tiles,
 )
+from gpusim.kernels.gemm_selection import select_kernel
 
 REMOTE = "remote"
 """``remote_map``: fine-grained remote stores/updates straight into a peer's memory."""
@@ -487,8 +487,8 @@ class DmaFeeder:
 
 
 def gemm_spec(ctx, op, problem, cus: int | None = None, whole_tiles: bool = False):
-    """The kernel of one of ``op``'s GEMMs: ``op``'s named kernel, else the library heuristic's choice
-    for ``cus`` CUs (default: the stream's), as the GPU runs it on the operands (:func:`for_operands`,
+    """The kernel of one of ``op``'s GEMMs: ``op``'s named kernel, else the library's choice for
+    ``cus`` CUs (default: the stream's; ``gpu.gemm_selection``), as the GPU runs it on the operands (:func:`for_operands`,
     :func:`pipelined`).  ``whole_tiles``: the output tiles must leave the workgroups whole, as where
     a fused GEMM's plain stores drive its collective (an all-gather or all-to-all: the partial tiles
     of a K split cannot be added there); the heuristic's choice then drops its K split, and a named
@@ -499,7 +499,7 @@ def gemm_spec(ctx, op, problem, cus: int | None = None, whole_tiles: bool = Fals
             raise OpError(f"{op.label}: field 'kernel': its stores are plain writes that cannot add K splits' "
                           f"partial tiles, so it needs whole output tiles, not split-K ({op.kernel})")
     else:
-        spec = choose_kernel(problem, ctx.gpu.config, ctx.cus if cus is None else cus)
+        spec = select_kernel(problem, ctx.gpu.config, ctx.cus if cus is None else cus)
         if whole_tiles:
             spec = spec.with_split(1)
     spec = pipelined(for_operands(spec, problem, ctx.gpu.config), ctx.gpu.config, op.dtype)

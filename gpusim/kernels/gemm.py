@@ -1053,8 +1053,8 @@ def execute_grouped_gemm(ctx, op):
 def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None):
     """Run a :class:`gpusim.ops.Gemm` on ``ctx``'s rank (a generator for the op's stream).
 
-    The kernel is ``spec``, else the op's named kernel, else the library heuristic's choice for
-    the CUs the stream may use, as the GPU runs it on the operands' rows (:func:`for_operands`:
+    The kernel is ``spec``, else the op's named kernel, else the library's choice for the CUs the
+    stream may use (``gpu.gemm_selection``: the heuristic's, or tuned by simulation), as the GPU runs it on the operands' rows (:func:`for_operands`:
     a named tile becomes its fallback variant where the rows are not aligned) and with the GPU's
     pipeline stages (:func:`pipelined`).  With split-K,
     fp32 partial tiles go to a workspace and an element-wise reduction kernel writes C.  A
@@ -1073,7 +1073,9 @@ def execute_gemm(ctx, op, spec: GemmKernelSpec | None = None):
         if op.kernel is not None:
             spec = find_spec(op.kernel)
         else:
-            spec = choose_kernel(problem, gpu.config, ctx.cus)
+            from gpusim.kernels.gemm_selection import select_kernel
+
+            spec = select_kernel(problem, gpu.config, ctx.cus)
     spec = pipelined(for_operands(spec, problem, gpu.config), gpu.config, problem.dtype)
     check_fits(spec, problem.dtype, gpu.config, op.label, named=op.kernel is not None)
     size = problem.dtype_bytes
