@@ -17,11 +17,12 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from gpusim import __version__
 from gpusim import ops as gops
 from gpusim.arguments import SEED_MAX, output_folder, positive_int, random_seed
 from gpusim.config.gpu import MAX_CUS
 from gpusim.errors import GpusimError, OpError
-from gpusim.output_files import staged_outputs
+from gpusim.output_files import remove_empty_created_folders, staged_outputs
 from gpusim.sched.executor import Stream
 from gpusim.trace.commands import add_simulate_arguments, add_validate_trace_arguments, cmd_simulate, cmd_validate_trace
 from gpusim.units import QuantityError, parse_quantity
@@ -612,6 +613,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def build_parser() -> argparse.ArgumentParser:
     """The ``gpusim`` command's argument parser, a subcommand per entry of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(prog="gpusim", description="Cycle-approximate multi-GPU simulator")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (handler, add_arguments, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
@@ -629,9 +631,13 @@ def main(argv: list[str] | None = None) -> int:
 
         matplotlib.use("Agg")
     try:
-        with warnings.catch_warnings():  # the library's warnings in the command line's words, not its source lines
-            warnings.showwarning = _show_warning
-            status = args.handler(args)
+        try:
+            with warnings.catch_warnings():  # the library's warnings in the command line's words, not its source lines
+                warnings.showwarning = _show_warning
+                status = args.handler(args)
+        except BaseException:
+            remove_empty_created_folders()
+            raise
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
         return status
     except GpusimError as exc:

@@ -97,6 +97,16 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
             _remove_created_folders(out)
 
 
+def remove_empty_created_folders() -> None:
+    """Remove every folder that :func:`gpusim.arguments.output_folder` created for the command and
+    that is still empty, the innermost first (a command that failed leaves no empty output or
+    cache folder behind)."""
+    for folder in sorted(CREATED_FOLDERS, key=lambda path: len(path.parts), reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        CREATED_FOLDERS.discard(folder)
+
+
 def _remove_created_folders(out: Path) -> None:
     """Remove ``out`` and the parents that :func:`gpusim.arguments.output_folder` created for it, the
     innermost first, as long as each is empty."""

@@ -333,6 +333,17 @@ def test_outputs_are_moved_into_out_all_together_or_not_at_all(tmp_path, capsys)
                                                               "timeline.perfetto.json", "timeline.png"]
 
 
+def test_a_rejected_sweep_leaves_no_cache_folder_it_made(tmp_path, capsys):
+    sweep = ["sweep", "--system", "t3-ring8", "--op", "gemm m=64 n=64 k=64", "--vary", "gpu.num_cus=80,-1",
+             "--quiet", "--cache"]
+    assert main([*sweep, str(tmp_path / "made" / "cache")]) == 2
+    assert "Input should be greater than 0" in capsys.readouterr().err
+    assert not (tmp_path / "made").exists()
+    (tmp_path / "mine").mkdir()
+    assert main([*sweep, str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()  # a folder the user had stays
+
+
 def test_a_failed_command_removes_the_parent_folders_it_made_for_out_but_no_others(tmp_path, capsys):
     failing = ["run", "--system", "t3-ring8", "--op", "gemm m=8 n=8 k=8 ranks=0,9", "--quiet", "--out"]
     assert main([*failing, str(tmp_path / "new" / "deeper" / "out")]) == 2

@@ -68,7 +68,7 @@ def test_simulate_overlaps_the_gemms_with_their_reductions_when_asked(tmp_path, 
     printed = capsys.readouterr().out
     # two tensor-parallel groups, 3 layers of 2 reductions each, and the embedding's all-reduce
     assert "--overlap t3: 12 of 14 reduce-scatters and all-reduces overlapped" in printed
-    assert "2  left as they were: no GEMM whose output it reduces" in printed
+    assert "2 left as they were: no GEMM whose output it reduces" in printed
     ops = pd.read_parquet(out / "ops.parquet")
     assert (ops["kind"] == "fused").sum() == 6  # GPU 0's, in symmetric mode
     summary = json.loads((out / "summary.json").read_text())
@@ -90,7 +90,7 @@ def test_simulate_overlaps_a_sequence_parallel_layers_gathers_when_asked(tmp_pat
     printed = capsys.readouterr().out
     # 3 layers' QKV and FC-1; the head's gather is left
     assert "--overlap-gathers decomposed_dma: 6 of 7 all-gathers overlapped with the GEMM that consumes" in printed
-    assert "1  left as they were: the GEMM after it does not take the gathered tensor" in printed
+    assert "1 left as they were: the GEMM after it does not take the gathered tensor" in printed
     assert "--overlap t3: 6 of 7 " in printed
     ops = pd.read_parquet(tmp_path / "out" / "ops.parquet")
     assert (ops.loc[ops["gpu"] == 0, "kind"] == "fused").sum() == 12  # QKV and FC-1 (gathers), OP and FC-2 (T3)

@@ -230,7 +230,7 @@ def _report_overlap(trace, flag: str, function: str, gathers: bool) -> None:
             "reduce-scatters and all-reduces overlapped with the GEMM that produces their input")
     print(f"{flag} {function}: {overlapped} of {report['collective_op_id'].nunique()} {what}")
     for reason, count in report.loc[report["status"] == "skipped", "reason"].value_counts().items():
-        print(f"  {count:6d}  left as they were: {reason}")
+        print(f"  {count} left as they were: {reason}")
 
 
 def _prepared_trace(args: argparse.Namespace, options: dict[str, object], report: bool):
@@ -368,7 +368,8 @@ def _report_memory(trace, system):
         whole = memory_footprint(trace, system, whole_model=True)
         layers = trace.metadata["model"]["layers"]
         print(f"  the whole model, in this layout: {whole['total_bytes'].max() / 2**30:.1f} GiB per GPU at the peak "
-              f"({'fits' if whole['fits'].all() else 'does not fit'}; {layers} layers simulated)")
+              f"({'fits' if whole['fits'].all() else 'does not fit'}; {layers} "
+              f"layer{'s' if layers != 1 else ''} simulated)")
     return table
 
 
