@@ -277,6 +277,8 @@ def cmd_show_config(args: argparse.Namespace) -> int:
     from gpusim.system import load_system
 
     system = load_system(args.name, parse_overrides(args.set))
+    if args.set:
+        print(f"# {args.name} with --set {' '.join(args.set)} (its name and description below are the preset's)")
     print(system.to_yaml(), end="")
     gpu = system.gpu
     print(
@@ -516,7 +518,8 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
                              "over its groups (default: all)")
     parser.add_argument("--seed", type=random_seed, default=0, help=f"seed of the random subset (0 to {SEED_MAX})")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric"],
-                        help="simulation mode of single-node collectives (multi-node ones run in full mode)")
+                        help="simulation mode of single-node collectives (default: full; multi-node ones run in "
+                             "full mode)")
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: all CPUs)")
     parser.add_argument("--set", action="append", metavar="PATH=VALUE",
                         help="override at every point of every data set, over its preset and its own settings, to "
@@ -538,11 +541,11 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                              "gemm_rs_decomposed: the software overlap it competes with; ag_gemm_decomposed: an "
                              "all-gather overlapped with the GEMM that consumes it)")
     parser.add_argument("--mode", default="full", choices=["full", "symmetric", "auto"],
-                        help="symmetric simulates rank 0 only (every op must run on rank 0); auto takes symmetric "
-                             "where it is exact for the ops, else full")
+                        help="full simulates every GPU (the default); symmetric simulates rank 0 only (every op "
+                             "must run on rank 0); auto takes symmetric where it is exact for the ops, else full")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one)")
-    parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
+    parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160 (repeatable)")
     parser.add_argument("--within-power-limit", action="store_true",
                         help="simulate at the highest SM clock at which every GPU's average power is within its "
                              "limit (gpu.power.tdp_watts; several runs, a progress bar over them; docs/energy.md)")
@@ -562,7 +565,8 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
                         help="a field and its values, e.g. links.bandwidth=75GB/s,150GB/s, or system=h100-sxm5,h200-sxm "
                              "(repeatable: every combination runs, the last --vary fastest)")
-    parser.add_argument("--set", action="append", help="override at every point, e.g. gpu.l2.capacity=32MiB")
+    parser.add_argument("--set", action="append",
+                        help="override at every point, e.g. gpu.l2.capacity=32MiB (repeatable)")
     parser.add_argument("--mode", default="auto", choices=["full", "symmetric", "auto"],
                         help="auto (default) takes symmetric where it is exact for the ops, else full")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
@@ -579,7 +583,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
 
 def _add_show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="preset name or YAML file")
-    parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160")
+    parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160 (repeatable)")
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:

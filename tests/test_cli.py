@@ -20,6 +20,7 @@ def test_show_config(capsys):
     assert main(["show-config", "t3-table8.1", "--set", "gpu.num_cus=160"]) == 0
     out = capsys.readouterr().out
     assert "num_cus: 160" in out and "TFLOP/s" in out
+    assert out.startswith("# t3-table8.1 with --set gpu.num_cus=160 (its name and description below are the preset's)")
 
 
 def test_set_values_are_read_as_their_fields_are_typed(capsys):

@@ -137,6 +137,15 @@ def test_unitless_bandwidth_override_is_an_error():
         gpusim.load_system("t3-ring8", {"links.bandwidth": 300})
 
 
+def test_a_wrong_unit_in_a_file_quotes_the_value_once(tmp_path):
+    path = tmp_path / "wide.yaml"
+    path.write_text("base: t3-ring8\nlinks: {bandwidth_bytes_per_s: 75 GHz}\n")
+    with pytest.raises(ConfigError) as info:
+        gpusim.load_system(path)
+    assert "unknown bandwidth unit 'GHz' in '75 GHz'" in str(info.value)
+    assert str(info.value).count("75 GHz") == 1
+
+
 def test_negative_bandwidth_is_an_error():
     with pytest.raises(ConfigError, match="links.bandwidth_bytes_per_s.*greater than 0"):
         gpusim.load_system("t3-ring8", {"links.bandwidth_bytes_per_s": "-3 GB/s"})

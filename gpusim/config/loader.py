@@ -502,7 +502,8 @@ def _format_validation(exc: ValidationError, system: _Description, gpu: _Descrip
         if err["type"] == "extra_forbidden":
             message = _unknown_field(parts, listed)
         shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict) and not bad_key
-        got = f" (got {err['input']!r})" if shown and not message.endswith(repr(err['input'])) else ""
+        quoted = isinstance(err["input"], str) and repr(err["input"]) in message  # a unit error quotes the value
+        got = f" (got {err['input']!r})" if shown and not quoted and not message.endswith(repr(err['input'])) else ""
         if written_in_a_file and err["type"] == "string_type" and isinstance(err["input"], bool | int | float):
             note += "; YAML reads it as a number or a boolean: quote the text"  # name: 1234, description: yes
         lines.append(f"{origin}: field '{field}': {message}{got}{note}")

@@ -479,7 +479,7 @@ def _common(parser: argparse.ArgumentParser, system_required: bool = True) -> No
     parser.add_argument("--system", required=system_required,
                         help="preset name or YAML file" + ("" if system_required else
                                                            " (with --vary, or the systems to compare: --vary system=A,B)"))
-    parser.add_argument("--set", action="append", help="override, e.g. links.bandwidth=300GB/s")
+    parser.add_argument("--set", action="append", help="override, e.g. links.bandwidth=300GB/s (repeatable)")
     parser.add_argument("--mode", default="auto", choices=["auto", "full", "symmetric"],
                         help="simulation mode (auto: symmetric when every GPU does the same work)")
     parser.add_argument("--unsupported", choices=["error", "delay"],
