@@ -73,6 +73,8 @@ SUMMARY_DTYPES = {
 }
 """Columns of :meth:`Result.summary` and their dtypes."""
 SUMMARY_COLUMNS = list(SUMMARY_DTYPES)
+RATED_KINDS = ("gemm", "fused", "attention")
+"""Kinds of op whose summary row has a ``tflop_per_s``: the ones whose FLOPs are their matrix products'."""
 DRAM_TOTAL_DTYPES = {"gpu": "int64", "stream": "str", "direction": "str", "bytes": "float64"}
 """Columns of :meth:`Result.dram_totals` and their dtypes."""
 
@@ -168,7 +170,8 @@ class Result:
         GPU 0 only); ``start_s`` and ``end_s`` are the earliest start and latest end over them, s,
         and ``duration_s`` the difference.  ``flops`` and ``bytes`` are one GPU's (each GPU of a
         collective or of a GEMM on several GPUs does the same work), so the rates ``tflop_per_s``
-        (GEMMs and attention only) and ``gb_per_s`` are per GPU, and the same in full and
+        (:data:`RATED_KINDS` only; a fused GEMM's FLOPs over its whole span, collective included) and
+        ``gb_per_s`` are per GPU, and the same in full and
         symmetric mode; an op that took no time has no rate (NaN).
         """
         if self.ops.empty:
@@ -187,7 +190,7 @@ class Result:
         table["duration_s"] = table["end_s"] - table["start_s"]
         took = table["duration_s"].where(table["duration_s"] > 0)  # an op that took no time has no rate
         table["tflop_per_s"] = table["flops"] / took / 1e12
-        table.loc[~table["kind"].isin(("gemm", "attention")), "tflop_per_s"] = float("nan")
+        table.loc[~table["kind"].isin(RATED_KINDS), "tflop_per_s"] = float("nan")
         table["gb_per_s"] = table["bytes"] / took / 1e9
         return table.reset_index()[SUMMARY_COLUMNS]
 

@@ -304,6 +304,15 @@ def test_an_empty_summary_has_the_summary_columns():
     assert list(gpusim.run(ONE, ops.Delay(1e-6)).summary().columns) == SUMMARY_COLUMNS
 
 
+def test_a_fused_gemm_has_the_rate_of_its_gemm_over_its_whole_span():
+    fused = ops.GemmReduceScatter(1024, 2048, 1024)
+    row = gpusim.run(RING8, fused, mode="symmetric").summary().iloc[0]
+    assert row["kind"] == "fused" and row["flops"] == 2 * 1024 * 2048 * 1024
+    assert row["tflop_per_s"] == pytest.approx(row["flops"] / row["duration_s"] / 1e12)
+    collective = gpusim.run(RING8, ops.AllReduce(2**20), mode="symmetric").summary().iloc[0]
+    assert np.isnan(collective["tflop_per_s"])
+
+
 def test_each_execution_of_one_op_object_has_its_own_row():
     gemm = ops.Gemm(256, 256, 256)
     twice = gpusim.run(ONE, [gemm, gemm]).summary()
