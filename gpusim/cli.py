@@ -367,6 +367,10 @@ def report_sweep(table, stage: Path | None, title: str) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(points_in_ms(points).to_string(index=False))
     print("\n".join([f"{len(points)} points", *elasticity_lines(table)]))
+    over = int(points["over_tdp"].sum()) if "over_tdp" in points.columns else 0
+    if over:
+        print(f"{over} of {len(points)} points average more than the GPUs' power limit (over_tdp); "
+              f"--within-power-limit runs each at the clock the limit allows")
     if stage is not None:
         table.to_csv(stage / "sweep.csv", index=False)
         points.to_csv(stage / "points.csv", index=False)

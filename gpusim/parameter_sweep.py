@@ -30,7 +30,8 @@ last op end, s), ``mode`` (the simulation mode that ran) and ``sim_wall_s`` (the
 for the point, s); where the GPU has a power model (:mod:`gpusim.energy`; a trace's layers that
 layer caching left out priced as their representatives), also ``energy_per_gpu_j`` (the simulated
 GPUs' energy, averaged over them) and
-``average_w`` (the most power-hungry GPU's average power).  With ``within_power_limit`` every point
+``average_w`` (the most power-hungry GPU's average power) and ``over_tdp`` (whether a GPU averages
+more than its power limit, which the simulation does not enforce).  With ``within_power_limit`` every point
 runs at the highest clock its power limit allows (:func:`gpusim.power_limit.run_within_power_limit`)
 and has that SM clock as ``clock_hz``: vary ``gpu.power.tdp_watts`` for a power-capping study.
 """
@@ -68,7 +69,7 @@ from gpusim.trace.trace import Trace
 MODES = ("full", "symmetric", "auto")
 POINT_COLUMNS = ["total_s", "mode", "sim_wall_s"]
 """Columns of :func:`sweep_parameters` that belong to the point rather than to one op or GPU."""
-ENERGY_POINT_COLUMNS = ["energy_per_gpu_j", "average_w", "clock_hz"]
+ENERGY_POINT_COLUMNS = ["energy_per_gpu_j", "average_w", "over_tdp", "clock_hz"]
 """Point columns of :func:`sweep_parameters` where the points' GPUs have a power model
 (``clock_hz`` only in a sweep ``within_power_limit``)."""
 SYSTEM_KEY = "system"
@@ -206,7 +207,8 @@ def simulate_point(point: int, config: dict[str, Any], source: str, ops: list[Op
     rows = rows.assign(total_s=result.time_s, mode=result.stats["mode"], sim_wall_s=result.stats["wall_s"])
     if has_energy(result):
         watts = power(result)
-        rows = rows.assign(energy_per_gpu_j=float(watts["energy_j"].mean()), average_w=float(watts["average_w"].max()))
+        rows = rows.assign(energy_per_gpu_j=float(watts["energy_j"].mean()), average_w=float(watts["average_w"].max()),
+                           over_tdp=bool(watts["over_tdp"].any()))
     if within_power_limit:
         rows = rows.assign(clock_hz=result.stats["clock_hz"])
     return rows

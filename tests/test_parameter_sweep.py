@@ -156,8 +156,8 @@ def test_a_function_of_workload_parameters_makes_each_points_ops():
     assert ring["bytes"].tolist() == [2**20, 2**20, 2**24, 2**24]
     assert ring["duration_s"].iloc[2] > 2 * ring["duration_s"].iloc[0]  # 16 times the bytes
     totals = point_totals(table)
-    assert list(totals.columns[-4:]) == ["0: " + GEMM.label, "1: allreduce",  # the all-reduce's name changes
-                                         "energy_per_gpu_j", "average_w"]
+    assert list(totals.columns[-5:]) == ["0: " + GEMM.label, "1: allreduce",  # the all-reduce's name changes
+                                         "energy_per_gpu_j", "average_w", "over_tdp"]
 
 
 def test_a_workload_function_makes_traces_too():
@@ -326,6 +326,7 @@ def test_a_power_capping_sweep_lowers_the_clock_with_the_cap():
     assert points["clock_hz"].is_monotonic_increasing and points["total_s"].is_monotonic_decreasing
     free = point_totals(sweep("h200-sxm", ops.Gemm(2048, 2048, 2048, "tf32"), {"gpu.power.tdp_watts": [700.0]}))
     assert "clock_hz" not in free.columns and free["average_w"].iloc[0] > 700  # the 700 W point above did throttle
+    assert free["over_tdp"].iloc[0] and not points["over_tdp"].any()
 
 
 def test_a_power_capped_trace_point_simulates_every_row():
@@ -359,9 +360,13 @@ def test_cli_sweep_writes_tables_and_plot(tmp_path, capsys):
 def test_cli_sweep_within_the_power_limit_reports_the_clock(tmp_path, capsys):
     code = main(["sweep", "--system", "h200-sxm", "--op", "gemm m=2048 n=2048 k=2048 dtype=tf32", "--vary",
                  "gpu.power.tdp_watts=450,700", "--within-power-limit", "--workers", "1", "--quiet", "--out", str(tmp_path)])
-    assert code == 0 and "clock_hz" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert code == 0 and "clock_hz" in out and "power limit (over_tdp)" not in out
     points = pd.read_csv(tmp_path / "points.csv")
     assert points["clock_hz"].iloc[0] < points["clock_hz"].iloc[1] <= 1.98e9
+    assert main(["sweep", "--system", "h200-sxm", "--op", "gemm m=2048 n=2048 k=2048 dtype=tf32", "--vary",
+                 "gpu.power.tdp_watts=450,700", "--workers", "1", "--quiet"]) == 0
+    assert "2 of 2 points average more than the GPUs' power limit (over_tdp)" in capsys.readouterr().out
 
 
 def test_cli_simulate_vary_replays_at_every_point(tmp_path, capsys):
