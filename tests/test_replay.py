@@ -240,7 +240,7 @@ def test_auto_mode_replays_a_lone_group_in_full_mode(tmp_path):
 def test_auto_mode_mirrors_one_ranks_profile(tmp_path, capsys):
     """GPU 0's rows alone, with an all-reduce over GPUs 0 and 1: one rank's profile of a 2-GPU job, as
     a Kineto trace of rank 0 is.  Full mode has no rows for rank 1, so auto mode mirrors it and
-    ``simulate`` replays it as docs/traces.md runs ``rank0.json.gz``."""
+    ``simulate`` replays it as docs/traces.md runs the shared A100 Kineto trace (rank 0's)."""
     path = tmp_path / "rank0.csv"
     path.write_text("op_id,gpu,stream,kind,m,n,k,collective,bytes,group\n"
                     "1,0,compute,gemm,256,256,256,,,\n"

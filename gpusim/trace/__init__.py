@@ -11,7 +11,8 @@ Quick use::
     fused = gpusim.trace.overlap_gemm_collectives(trace, "t3")   # T3: every TP GEMM fused with its reduce-scatter
     result = gpusim.run(gpusim.load_system("t3-ring8"), fused, mode="symmetric", memory_policy="t3-mca")
 
-    measured = gpusim.trace.read_kineto("rank0.json.gz", unsupported="delay")
+    measured = gpusim.trace.read_kineto("../shared/data/traces/kineto/a100_2rank_cnn_nccl_kineto.json.gz",
+                                        unsupported="delay", iteration=5)   # one rank's profile
     result = gpusim.run(gpusim.load_system("dgx-a100"), measured, mode="symmetric")
     print(gpusim.trace.compare(result.ops, kernels=result.kernels))
 
