@@ -92,6 +92,7 @@ def stacked_bars(frame: pd.DataFrame, x: str, y: str, stack: str, ax=None, ylabe
         return _no_data(ax)
     table = frame.pivot_table(index=x, columns=stack, values=y, aggfunc="sum", sort=False).fillna(0.0)
     table.plot.bar(stacked=True, ax=ax, rot=30)
+    ax.legend(title=stack, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # off the bars
     return ax
 
 

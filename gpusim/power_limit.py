@@ -142,10 +142,10 @@ def _at_clocks(system: System, clock_hz: float, l2_clock_hz: float) -> System:
 
 def _search_bar(name: str, tolerance: float) -> Any:
     """A progress bar over the most runs the search can take."""
-    from tqdm.auto import tqdm
+    from gpusim.progress import progress_bar
 
     most = 2 + math.ceil(math.log2((1.0 - LOWEST_SCALE) / tolerance))
-    return tqdm(total=most, desc=f"{name} within its power limit", unit="run")
+    return progress_bar(most, f"{name} within its power limit", "run")
 
 
 def _search(system: System, at: Callable[[float], Result], tolerance: float) -> Result:

@@ -159,9 +159,9 @@ def progress_bar(total: int, description: str, sim: Simulation):
     """A bar of ``total`` finished ops that also shows ``sim``'s simulated time, at most twice a
     wall-clock second (through :attr:`gpusim.engine.simulation.CountingEnvironment.on_progress`):
     a long op shows that it is moving before it finishes.  Close it with :func:`close_progress_bar`."""
-    from tqdm.auto import tqdm
+    from gpusim.progress import progress_bar as bar_of
 
-    bar = tqdm(total=total, desc=description, unit="op")
+    bar = bar_of(total, description, "op")
     shown = -1.0
 
     def show(now_ns: float) -> None:
@@ -169,7 +169,8 @@ def progress_bar(total: int, description: str, sim: Simulation):
         wall = time.perf_counter()
         if wall - shown >= 0.5:
             shown = wall
-            bar.set_postfix_str(f"simulated {now_ns / 1e3:,.1f} us")
+            bar.set_postfix_str(f"simulated {now_ns / 1e3:,.1f} us", refresh=False)
+            bar.update(0)  # shown as often as the bar's own updates (sparser in a log)
 
     sim.env.on_progress = show
     return bar

@@ -294,9 +294,9 @@ def sweep(
             todo.append(index)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from gpusim.progress import progress_bar
 
-        bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=description, unit="pt")
+        bar = progress_bar(len(points), description, "pt", initial=len(points) - len(todo))
 
     failed: list[tuple[int, BaseException]] = []
 
