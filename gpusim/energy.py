@@ -357,7 +357,9 @@ def describe(result: Result) -> str | None:
     if not table["average_w"].notna().any():  # nothing ran, or it took no time
         return None
     worst = table.loc[table["average_w"].idxmax()]
-    line = (f"energy {table['energy_j'].sum():.4g} J over {len(table)} simulated GPU(s); average power up to "
+    idle = len(table) - result.ops["gpu"].nunique()
+    idling = f", {idle} of them idle (priced at idle power)" if idle > 0 else ""
+    line = (f"energy {table['energy_j'].sum():.4g} J over {len(table)} simulated GPU(s){idling}; average power up to "
             f"{worst['average_w']:.0f} W (GPU {int(worst['gpu'])}; limit {worst['tdp_w']:.0f} W)")
     if result.stats.get("replica_windows"):
         line += "; the layers that layer caching left out are priced as their representatives"

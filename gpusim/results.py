@@ -172,7 +172,10 @@ class Result:
         collective or of a GEMM on several GPUs does the same work), so the rates ``tflop_per_s``
         (:data:`RATED_KINDS` only; a fused GEMM's FLOPs over its whole span, collective included) and
         ``gb_per_s`` are per GPU, and the same in full and
-        symmetric mode; an op that took no time has no rate (NaN).
+        symmetric mode; an op that took no time has no rate (NaN).  A collective's ``bytes`` are its
+        buffer's, so its ``gb_per_s`` is NCCL's algorithm bandwidth (``busbw`` is it times
+        ``2 (n - 1) / n`` for an all-reduce over ``n`` GPUs, ``(n - 1) / n`` for a reduce-scatter or
+        all-gather).
         """
         if self.ops.empty:
             return empty_frame(SUMMARY_DTYPES)

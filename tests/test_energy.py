@@ -315,3 +315,10 @@ def test_a_run_that_takes_no_time_has_no_average_power_to_report():
     waiting = gpusim.run(H200, ops.Delay(1e-6))
     assert power(waiting)["energy_j"].iloc[0] == pytest.approx(125.0 * 1e-6)
     assert describe(waiting).startswith("energy 0.000125 J")
+
+
+def test_the_energy_line_says_how_many_of_the_simulated_gpus_sat_idle():
+    one_rank = gpusim.run("t3-ring8", ops.Gemm(512, 512, 512, ranks=[0]), mode="full")
+    assert " over 8 simulated GPU(s), 7 of them idle (priced at idle power); " in describe(one_rank)
+    every_rank = gpusim.run("t3-ring8", ops.Gemm(512, 512, 512), mode="full")
+    assert "idle" not in describe(every_rank).split(";")[0]
