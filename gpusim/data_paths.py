@@ -9,6 +9,7 @@ wheel) copies them, through ``[options.data_files]`` in ``setup.cfg``, to
 
 from __future__ import annotations
 
+import site
 import sys
 from pathlib import Path
 
@@ -29,9 +30,13 @@ def data_root() -> Path:
     -------
     Path
         The source checkout's root when the package runs from one (:data:`CHECKOUT_ROOT` has a
-        ``hwconfigs/`` folder), else the installed copy, ``sys.prefix/share/gpusim``.  The latter
-        is returned even if it does not exist; readers then find no presets or models there.
+        ``hwconfigs/`` folder), else the installed copy: ``sys.prefix/share/gpusim``, or, where
+        only a user install (``pip install --user``) made one, ``site.getuserbase()/share/gpusim``.
+        ``sys.prefix/share/gpusim`` is returned when neither exists; readers then find no presets
+        or models there.
     """
     if (CHECKOUT_ROOT / CHECKOUT_MARKER).is_dir():
         return CHECKOUT_ROOT
-    return Path(sys.prefix) / INSTALLED_DATA
+    installed = Path(sys.prefix) / INSTALLED_DATA
+    user = Path(site.getuserbase()) / INSTALLED_DATA
+    return user if not installed.is_dir() and user.is_dir() else installed

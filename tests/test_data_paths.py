@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 import glob
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,15 @@ def test_data_root_falls_back_to_the_installed_copy(installed):
     assert hwconfig_dirs() == [installed / "share" / "gpusim" / "hwconfigs"]
     assert model_dirs() == [installed / "share" / "gpusim" / "workloads" / "models"]
     assert list_presets() == {"gpus": [], "nodes": []}  # nothing installed there yet
+
+
+def test_a_user_install_is_found_where_the_prefix_has_none(installed, tmp_path, monkeypatch):
+    monkeypatch.setattr(site, "getuserbase", lambda: str(tmp_path / "user"))
+    assert data_root() == installed / "share" / "gpusim"  # neither exists: the prefix's
+    (tmp_path / "user" / "share" / "gpusim").mkdir(parents=True)
+    assert data_root() == tmp_path / "user" / "share" / "gpusim"
+    (installed / "share" / "gpusim").mkdir(parents=True)
+    assert data_root() == installed / "share" / "gpusim"  # the environment's own copy first
 
 
 def test_the_installed_copy_serves_presets_and_models(installed):
