@@ -16,6 +16,14 @@ def progress_bar(total: int, description: str, unit: str, initial: int = 0) -> A
     standard error goes to a file or a pipe."""
     from tqdm.auto import tqdm
 
-    live = sys.stderr.isatty() or "ipykernel" in sys.modules
+    live = sys.stderr.isatty() or in_notebook()
     return tqdm(total=total, initial=initial, desc=description, unit=unit,
                 **({} if live else {"mininterval": LOG_INTERVAL_S}))
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (whose bars tqdm draws as widgets), not merely a
+    process that imported IPython or ipykernel."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and "IPKernelApp" in shell.config

@@ -2,10 +2,13 @@
 
 import gpusim
 from gpusim import ops
-from gpusim.progress import LOG_INTERVAL_S, progress_bar
+from gpusim.progress import LOG_INTERVAL_S, in_notebook, progress_bar
 
 
 def test_a_bar_written_to_a_log_updates_sparsely():
+    import ipykernel.kernelapp  # noqa: F401  (imported, as a process that runs notebooks has it: not a kernel)
+
+    assert not in_notebook()
     bar = progress_bar(10, "points", "pt")  # pytest's stderr is not a terminal
     assert bar.mininterval == LOG_INTERVAL_S
     bar.close()
