@@ -45,18 +45,20 @@ def benchmarked_kernels(problem: GemmProblem, gpu: GpuConfig, cus: int | None = 
     :data:`TUNED_CANDIDATES` best-estimated others of the library that ``gpu`` runs ``problem``'s
     operands with, kernels the estimate cannot tell apart counted once."""
     rated = gpu.as_rated()
-    pick = choose_kernel(problem, gpu, cus)
     library = library_for(rated, problem.dtype, problem.row_alignment)
-    estimates = sorted(((estimate_ns(problem, spec, rated, cus), spec) for spec in candidates(problem, library)),
-                       key=lambda pair: (pair[0], pair[1].name))
-    kernels, seen = [pick], {(estimate_ns(problem, pick, rated, cus), pick.tile_m * pick.tile_n, pick.split_k)}
-    for estimate, spec in estimates:
-        key = (estimate, spec.tile_m * spec.tile_n, spec.split_k)
-        if key not in seen:
-            seen.add(key)
-            kernels.append(spec)
+    estimates = {spec: estimate_ns(problem, spec, rated, cus) for spec in candidates(problem, library)}
+
+    def trade_off(spec: GemmKernelSpec) -> tuple[float, int, int]:
+        return estimates[spec], spec.tile_m * spec.tile_n, spec.split_k
+
+    pick = choose_kernel(problem, gpu, cus)  # one of the same candidates
+    kernels, seen = [pick], {trade_off(pick)}
+    for spec in sorted(estimates, key=lambda spec: (estimates[spec], spec.name)):
         if len(kernels) > TUNED_CANDIDATES:
             break
+        if trade_off(spec) not in seen:
+            seen.add(trade_off(spec))
+            kernels.append(spec)
     return kernels
 
 
