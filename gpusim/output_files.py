@@ -94,7 +94,7 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if not moved:
-            _remove_created_folders(out)
+            remove_empty_created_folders()
 
 
 def remove_empty_created_folders() -> None:
@@ -105,12 +105,3 @@ def remove_empty_created_folders() -> None:
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
         CREATED_FOLDERS.discard(folder)
-
-
-def _remove_created_folders(out: Path) -> None:
-    """Remove ``out`` and the parents that :func:`gpusim.arguments.output_folder` created for it, the
-    innermost first, as long as each is empty."""
-    for folder in (out.resolve(), *out.resolve().parents):
-        if folder not in CREATED_FOLDERS or any(folder.iterdir()):
-            return
-        folder.rmdir()
