@@ -265,9 +265,16 @@ def _as_numbers(raw: pd.Series, blank: pd.Series) -> pd.Series:
     return pd.to_numeric(raw.where(~blank & ~lookalikes), errors="coerce")
 
 
+def _blanks(raw: pd.Series) -> pd.Series:
+    """Where ``raw`` is missing or blank text (a column of numbers has no text to read)."""
+    if pd.api.types.is_numeric_dtype(raw.dtype) and not pd.api.types.is_bool_dtype(raw.dtype):
+        return raw.isna()
+    return raw.isna() | (raw.astype(str).str.strip() == "")
+
+
 def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool) -> pd.Series:
     raw = frame[column]
-    blank = raw.isna() | (raw.astype(str).str.strip() == "")
+    blank = _blanks(raw)
     numeric = _as_numbers(raw, blank)
     value = numeric.astype(float)
     bad = ~blank & ~(np.isfinite(value) & (value == np.floor(value)))
@@ -287,7 +294,7 @@ def _whole_numbers(frame: pd.DataFrame, column: str, source: str, nullable: bool
 
 def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     raw = frame[column]
-    blank = raw.isna() | (raw.astype(str).str.strip() == "")
+    blank = _blanks(raw)
     numeric = _as_numbers(raw, blank)
     bad = ~blank & ~np.isfinite(numeric.astype(float))
     if bad.any():
@@ -296,21 +303,22 @@ def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     return numeric.astype(float)
 
 
+_TRUTH = {"true": True, "1": True, "yes": True, "t": True, "false": False, "0": False, "no": False, "f": False,
+          "": False, "nan": False, "none": False, "<na>": False}
+"""How a boolean column's text reads (case and surrounding blanks aside; ``1.0`` reads as ``1``)."""
+
+
 def _booleans(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
-    truth = {"true": True, "1": True, "yes": True, "t": True, "false": False, "0": False, "no": False, "f": False,
-             "": False, "nan": False, "none": False, "<na>": False}
-    values = []
-    for position, value in enumerate(frame[column]):
-        if isinstance(value, (bool, np.bool_)):
-            values.append(bool(value))
-            continue
-        key = str(value).strip().lower()
-        if key.endswith(".0"):
-            key = key[:-2]
-        if key not in truth:
-            raise _fail(frame, position, source, column, f"must be true or false, got {format_value(value)}")
-        values.append(truth[key])
-    return pd.Series(values, index=frame.index, dtype=bool)
+    series = frame[column]
+    if pd.api.types.is_bool_dtype(series.dtype) and not series.isna().any():
+        return series.astype(bool)  # a generated trace's column: nothing to read
+    keys = series.map(str).str.strip().str.lower().str.replace(r"\.0$", "", regex=True)
+    values = keys.map(_TRUTH)
+    unknown = values.isna().to_numpy()
+    if unknown.any():
+        position = int(np.flatnonzero(unknown)[0])
+        raise _fail(frame, position, source, column, f"must be true or false, got {format_value(series.iloc[position])}")
+    return values.astype(bool)
 
 
 def _texts(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -628,17 +636,21 @@ def decomposition_problem(m: int, batch: int, ranks: int, splits: int = 1) -> tu
 def _parse_lists(frame: pd.DataFrame, source: str) -> tuple[list[list[int]], list[list[int]]]:
     groups: list[list[int]] = []
     deps: list[list[int]] = []
-    kinds = frame["kind"].to_numpy()
-    gpus = frame["gpu"].to_numpy()
-    for position, (group_text, deps_text) in enumerate(zip(frame["group"], frame["deps"])):
-        try:
-            group = parse_ints(group_text)
-        except ValueError:
-            raise _fail(frame, position, source, "group",
-                        f"must list GPU indices, got {format_value(group_text)}") from None
-        if any(rank < 0 for rank in group) or len(set(group)) != len(group):
-            raise _fail(frame, position, source, "group",
-                        f"must list distinct GPU indices >= 0, got {format_value(group_text)}")
+    kinds = frame["kind"].tolist()
+    gpus = frame["gpu"].tolist()
+    parsed: dict[str, list[int]] = {}  # a trace repeats few groups: each text is read and checked once
+    for position, (group_text, deps_text) in enumerate(zip(frame["group"].tolist(), frame["deps"].tolist())):
+        group = parsed.get(group_text)
+        if group is None:
+            try:
+                group = parse_ints(group_text)
+            except ValueError:
+                raise _fail(frame, position, source, "group",
+                            f"must list GPU indices, got {format_value(group_text)}") from None
+            if any(rank < 0 for rank in group) or len(set(group)) != len(group):
+                raise _fail(frame, position, source, "group",
+                            f"must list distinct GPU indices >= 0, got {format_value(group_text)}")
+            parsed[group_text] = group
         kind = kinds[position]
         if kind == "sendrecv" and len(group) != 2:
             raise _fail(frame, position, source, "group",
