@@ -97,7 +97,7 @@ def test_the_command_line_runs_qwen_moe_with_the_overlap(tmp_path):
     from gpusim.cli import main
 
     common = ["simulate", "--model", "qwen1.5-moe-a2.7b", "--phase", "prompt", "--layers", "1", "--batch", "4",
-              "--seq-len", "256", "--dp", "4", "--ep", "4", "--system", "hgx-h100", "--quiet"]
+              "--seq-len", "64", "--dp", "4", "--ep", "4", "--system", "hgx-h100", "--quiet"]
     assert main([*common, "--shared-expert-overlap", "--out", str(tmp_path / "one")]) == 0
     assert main([*common, "--vary", "shared_expert_overlap=false,true", "--workers", "1",
                  "--out", str(tmp_path / "sweep")]) == 0

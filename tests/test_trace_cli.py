@@ -252,8 +252,8 @@ def test_unsupported_applies_to_imported_traces_only(capsys):
 
 def test_simulate_a_generated_model_in_another_dtype(tmp_path, capsys):
     out = tmp_path / "fp32"
-    assert main(["simulate", "--model", "bert-base", "--layers", "1", "--dtype", "fp32", "--system", "a100-sxm4",
-                 "--quiet", "--out", str(out)]) == 0
+    assert main(["simulate", "--model", "bert-base", "--layers", "1", "--dtype", "fp32", "--phase", "prompt",
+                 "--batch", "1", "--seq-len", "128", "--system", "a100-sxm4", "--quiet", "--out", str(out)]) == 0
     query = pd.read_parquet(out / "ops.parquet").set_index("name").loc["L0.q"]
     tokens, hidden = query["flops"] / (2 * 768 * 768), 768  # bert-base: hidden 768
     assert query["bytes"] == 4 * (2 * tokens * hidden + hidden * hidden)  # input, weight and output in fp32
