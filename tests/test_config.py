@@ -88,8 +88,8 @@ def test_with_overrides_replaces_a_field_however_it_was_spelled():
 
 @pytest.mark.parametrize(("text", "line"), [
     ("base: a100-sxm4\nl2: {capcity_bytes: 32 MiB}\n", "field 'l2.capcity_bytes': unknown field (did you mean 'capacity_bytes'?)"),
-    ("base: a100-4-nvlink\nlinks: {bandwidth: 50 GB/s}\n", "field 'links.bandwidth': unknown field (did you mean "
-                                                          "'bandwidth_bytes_per_s'?)"),
+    ("base: a100-4-nvlink\nlinks: {bandwith: 50 GB/s}\n", "field 'links.bandwith': unknown field (did you mean "
+                                                         "'bandwidth_bytes_per_s'?)"),
     ("base: a100-4-nvlink\ncollectives: {protocols: [{name: ll, step_latency_ns: 1 us, wire_eff: 0.5}]}\n",
      "field 'collectives.protocols.0.wire_eff': unknown field (did you mean 'wire_efficiency'?)"),
     ("base: a100-4-nvlink\nlinks: {zzz: 1}\n", "field 'links.zzz': unknown field; known fields: bandwidth_bytes_per_s, "
@@ -144,6 +144,27 @@ def test_a_wrong_unit_in_a_file_quotes_the_value_once(tmp_path):
         gpusim.load_system(path)
     assert "unknown bandwidth unit 'GHz' in '75 GHz'" in str(info.value)
     assert str(info.value).count("75 GHz") == 1
+
+
+def test_a_file_may_drop_a_unit_suffix_as_an_override_may(tmp_path):
+    """``links.bandwidth: 300 GB/s`` in a file is ``links.bandwidth_bytes_per_s``, in a node's own
+    sections, its inline GPU and a GPU's file alike; the value must then say its unit."""
+    node = tmp_path / "node.yaml"
+    node.write_text("base: t3-ring8\nlinks: {bandwidth: 300 GB/s, latency: 1 us}\ngpu: {clock: 1.5 GHz}\n")
+    system = gpusim.load_system(node)
+    assert (system.config.links.bandwidth_bytes_per_s, system.config.links.latency_ns) == (300e9, 1000)
+    assert system.gpu.clock_hz == 1.5e9
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text("base: t3-table8.1\ndma: {setup: 0 ns}\n")
+    assert gpusim.load_system(gpu).gpu.dma.setup_ns == 0
+    node.write_text("base: t3-ring8\nlinks: {bandwidth: 300}\n")
+    with pytest.raises(ConfigError, match=r"node.yaml: field 'links.bandwidth' \(for 'bandwidth_bytes_per_s'\): "
+                                          r"expected a bandwidth with a unit"):
+        gpusim.load_system(node)
+    node.write_text("base: t3-ring8\nlinks: {bandwidth: 300 GB/s, bandwidth_bytes_per_s: 300 GB/s}\n")
+    with pytest.raises(ConfigError, match=r"field 'links.bandwidth': gives the field 'bandwidth_bytes_per_s' that "
+                                          r"'links.bandwidth_bytes_per_s' gives too; give it once"):
+        gpusim.load_system(node)
 
 
 def test_negative_bandwidth_is_an_error():

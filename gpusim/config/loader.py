@@ -7,7 +7,7 @@ relative to the file) and give only what differs: its mappings are merged into t
 other values replace the base's, and its ``sources`` come before the base's.  Overrides are dotted
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
-value must then say its unit.  A value may also be the text a user typed (``"160"``, ``"true"``,
+value must then say its unit.  A description's keys may drop it too (``links: {bandwidth: 300 GB/s}``).  A value may also be the text a user typed (``"160"``, ``"true"``,
 ``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``)
 and a list field reads it as a YAML list (``topology.edges="[[0, 1], [1, 2]]"``).
 
@@ -256,8 +256,52 @@ def _check_same_kind(own: dict[str, Any], inline: bool, base: _Description, ref:
     raise ConfigError(f"{origin}: field '{field}': {ref!r} is a {base_kind}'s description, but {given}; {advice}")
 
 
+def _unit_aliases_resolved(fields: dict[str, Any], known: Mapping[str, FieldInfo], origin: Path,
+                           keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``fields`` (a description's, or a section's at the dotted path ``keys``) with each key that
+    drops a known field's unit suffix (``bandwidth`` for ``bandwidth_bytes_per_s``) renamed to that
+    field, as overrides allow; sections and lists of sections are resolved in turn.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``origin`` and the field: such a key whose value does not say its unit, or a field
+        given both with and without its suffix.
+    """
+    resolved: dict[str, Any] = {}
+    for key, value in fields.items():
+        name = key
+        if isinstance(key, str) and key not in known:
+            name = next((key + suffix for suffix in UNIT_SUFFIXES if key + suffix in known), key)
+        where = ".".join((*keys, str(key)))
+        if name != key:
+            if name in fields:
+                raise ConfigError(f"{origin}: field '{where}': gives the field {name!r} that "
+                                  f"'{'.'.join((*keys, name))}' gives too; give it once")
+            try:
+                parse_quantity(value, UNIT_SUFFIXES[name.removeprefix(key)], require_unit=True)
+            except QuantityError as exc:
+                raise ConfigError(f"{origin}: field '{where}' (for {name!r}): {exc}") from exc
+        info = known.get(name)
+        annotation = info.annotation if info is not None else None
+        if typing.get_origin(annotation) in (list, tuple) and isinstance(value, list):
+            item_model = _model_of(typing.get_args(annotation)[0])
+            if item_model is not None:
+                value = [_unit_aliases_resolved(item, item_model.model_fields, origin, (*keys, name, str(index)))
+                         if isinstance(item, dict) else item for index, item in enumerate(value)]
+        elif isinstance(value, dict) and (model := _model_of(annotation)) is not None:
+            value = _unit_aliases_resolved(value, model.model_fields, origin, (*keys, name))
+        resolved[name] = value
+    return resolved
+
+
+_DESCRIPTION_FIELDS = {**GpuConfig.model_fields, **SystemConfig.model_fields}
+"""The fields a file's top level may give: a GPU's or a node's (whose ``gpu`` is a GPU's)."""
+
+
 def _description(fields: dict[str, Any], origin: Path, seen: tuple[Path, ...] = (), inline: bool = False) -> _Description:
     """Resolve the ``base`` chain of a description read from ``origin`` (or written ``inline`` in it)."""
+    fields = _unit_aliases_resolved(fields, GpuConfig.model_fields if inline else _DESCRIPTION_FIELDS, origin)
     if "base" not in fields:
         return _Description(copy.deepcopy(fields), [(origin, fields)], not inline)
     own = {key: value for key, value in fields.items() if key != "base"}
@@ -358,8 +402,8 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
             aliases = [f for f in fields for suffix in UNIT_SUFFIXES if f == part + suffix]
             if not aliases:
                 where = ".".join(parts[:index]) or "the system"
-                likely = difflib.get_close_matches(part, fields, n=1)
-                meant = f" (did you mean {likely[0]!r}?)" if likely else ""
+                likely = _likely_field(part, fields)
+                meant = f" (did you mean {likely!r}?)" if likely else ""
                 raise ConfigError(
                     f"override {path!r}: {where} has no field {part!r}{meant}; known fields: {', '.join(sorted(fields))}"
                 )
@@ -434,6 +478,19 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> tuple[d
     return resolved, created
 
 
+def _likely_field(name: str, fields: typing.Iterable[str]) -> str | None:
+    """The field that the unknown ``name`` was most likely meant to be, matched with and without
+    unit suffixes (``bandwith`` -> ``bandwidth_bytes_per_s``), or ``None``."""
+    spellings = {field: field for field in fields}
+    for field in list(spellings):
+        for suffix in UNIT_SUFFIXES:
+            if field.endswith(suffix):
+                spellings.setdefault(field.removesuffix(suffix), field)
+                break
+    likely = difflib.get_close_matches(name, spellings, n=1)
+    return spellings[likely[0]] if likely else None
+
+
 def _section_fields(parts: list[str]) -> list[str]:
     """The fields of the section at ``parts`` of a system's description (``["gpu", "l2"]``); none
     where ``parts`` is not a section."""
@@ -458,9 +515,9 @@ def _unknown_field(parts: list[str], listed: set[str]) -> str:
     else the fields its section has, unless an earlier message listed them (its section is in
     ``listed``, to which it is added)."""
     known = _section_fields(parts[:-1])
-    likely = difflib.get_close_matches(parts[-1], known, n=1)
+    likely = _likely_field(parts[-1], known)
     if likely:
-        return f"unknown field (did you mean '{likely[0]}'?)"
+        return f"unknown field (did you mean '{likely}'?)"
     section = ".".join(parts[:-1])
     if not known or section in listed:
         return "unknown field"
