@@ -70,7 +70,9 @@ def parse_op(spec: str) -> gops.Op:
     """Parse ``"gemm m=8192 n=8192 k=8192 dtype=fp16"`` (or ``allreduce nbytes=64MiB``...) into an op.
 
     The first word names the op (:data:`OP_NAMES`; ``softmax``, ``layernorm`` and ``rmsnorm`` are
-    row reductions of that kind, ``rowreduce`` takes ``kind=``); each field may be given once and
+    row reductions of that kind, ``rowreduce`` takes ``kind=``).  Values without a key come first
+    and give the op's fields in order (``gemm 8192 8192 8192 fp16``: m, n, k, dtype; ``allreduce
+    64MiB``: nbytes; ``softmax 4096 8192``: rows, cols); each field may be given once and
     is read as the op's field is typed (an attention's ``k=`` names a tensor, a GEMM's is a
     number).  ``ranks``, ``inputs`` and an optimizer's ``sizes`` are comma-separated lists; an
     optimizer's ``model=`` gives the sizes of a model's parameter tensors
@@ -85,11 +87,19 @@ def parse_op(spec: str) -> gops.Op:
     name = words[0].lower()
     cls = OP_NAMES[name]
     types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.init}
+    in_order = [field for field in types if field not in ("name", "ranks")
+                and not (cls is gops.RowReduce and name != "rowreduce" and field == "kind")]
     fields: dict[str, object] = {}
-    for previous, word in zip(words, words[1:]):
+    for index, (previous, word) in enumerate(zip(words, words[1:])):
         if "=" not in word:
-            spaced = f" (a value has no spaces: write {previous}{word})" if "=" in previous else ""
-            raise GpusimError(f"op {spec!r}: expected key=value, got {word!r}{spaced}")
+            if "=" in previous:
+                raise GpusimError(f"op {spec!r}: expected key=value after {previous!r}, got {word!r} "
+                                  f"(a value has no spaces: write {previous}{word}; values without a key "
+                                  f"come first)")
+            if index >= len(in_order):
+                raise GpusimError(f"op {spec!r}: {name} takes at most {len(in_order)} values without a key "
+                                  f"({', '.join(in_order)}), got {word!r} too")
+            word = f"{in_order[index]}={word}"
         key, value = word.split("=", 1)
         key = {"size": "nbytes", "bytes": "nbytes"}.get(key, key)
         if cls is gops.Optimizer and key == "model":  # the parameter tensors of a model definition
@@ -537,7 +547,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--system", required=True, help="preset name or YAML file")
     parser.add_argument("--op", action="append", required=True,
-                        help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" or "allreduce nbytes=64MiB algorithm=auto" '
+                        help='e.g. "gemm m=8192 n=8192 k=8192 dtype=fp16" (or "gemm 8192 8192 8192 fp16": values without a key, '
+                             'first, give the op\'s fields in order) or "allreduce nbytes=64MiB algorithm=auto" '
                              "(auto: direct for alltoall, ring for the other collectives); stream=NAME puts it on a "
                              "stream of its own, beside the others (default: all on one stream, in order), and "
                              "cus=0-65 masks that stream to those CUs; ops: "

@@ -117,6 +117,14 @@ def test_parse_op():
         parse_op("gemm m=big n=1 k=1")
 
 
+def test_parse_op_takes_values_without_a_key_in_the_fields_order():
+    assert parse_op("gemm 8192 4096 1024 bf16 trans_a=1") == parse_op("gemm m=8192 n=4096 k=1024 dtype=bf16 trans_a=1")
+    assert parse_op("allreduce 64MiB bf16").nbytes == 64 * 2**20
+    softmax = parse_op("softmax 4 8 fp32")  # a named row reduction's kind is its name: rows come first
+    assert (softmax.kind, softmax.rows, softmax.cols, softmax.dtype) == ("softmax", 4, 8, "fp32")
+    assert parse_op("rowreduce sum 4 8").kind == "sum"
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("gemm m=8 n=8", "missing field 'k'; gemm takes .*m, n, k"),
     ("gemm m=8 n=8 k=8 colour=red", "unknown field 'colour'; gemm takes"),
@@ -130,8 +138,12 @@ def test_parse_op():
     ("all_reduce nbytes=1MiB", r"must start with one of gemm, .*, optimizer \(did you mean 'allreduce'\?\)$"),
     ("attention batch=1 heads=8 q_len=128 kv_len=128 head_dims=64", r"unknown field 'head_dims' \(did you mean "
                                                                    r"'head_dim'\?\); attention takes name, ranks, batch"),
-    ("allreduce nbytes=1 MiB", r"expected key=value, got 'MiB' \(a value has no spaces: write nbytes=1MiB\)"),
-    ("gemm 8 n=8 k=8", r"expected key=value, got '8'$"),
+    ("allreduce nbytes=1 MiB", r"expected key=value after 'nbytes=1', got 'MiB' \(a value has no spaces: write "
+                               r"nbytes=1MiB; values without a key come first\)"),
+    ("gemm n=8 8 k=8", r"expected key=value after 'n=8', got '8'"),
+    ("softmax 4 8 fp32 x y z w", r"softmax takes at most 6 values without a key \(rows, cols, dtype, input, out, "
+                                 r"library\), got 'w' too"),
+    ("gemm 8 8 8 n=8", "field 'n' is given more than once"),
     ("allreduce size=1KiB nbytes=2KiB", "field 'nbytes' is given more than once"),
     ("layernorm rows=4 cols=4 kind=softmax", "layernorm is the row reduction of kind 'layernorm', but kind='softmax'"),
     ("gemm m=8 n=8 k=8 kernel=MT999", "Gemm: field 'kernel': unknown GEMM kernel 'MT999'"),
