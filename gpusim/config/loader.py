@@ -7,9 +7,10 @@ relative to the file) and give only what differs: its mappings are merged into t
 other values replace the base's, and its ``sources`` come before the base's.  Overrides are dotted
 paths into the system description: ``{"gpu.num_cus": 160, "links.bandwidth": "300 GB/s"}``.  A path
 may drop the unit suffix of a field (``links.bandwidth`` for ``links.bandwidth_bytes_per_s``); the
-value must then say its unit.  A description's keys may drop it too (``links: {bandwidth: 300 GB/s}``).  A value may also be the text a user typed (``"160"``, ``"true"``,
-``"0.5"``): it is read as the field's type, so a text field keeps it as typed (``gpu.name="007"``)
-and a list field reads it as a YAML list (``topology.edges="[[0, 1], [1, 2]]"``).
+value must then say its unit.  A description's keys may drop it too (``links: {bandwidth: 300
+GB/s}``).  A value may also be the text a user typed (``"160"``, ``"true"``, ``"0.5"``): it is
+read as the field's type, so a text field keeps it as typed (``gpu.name="007"``) and a list field
+reads it as a YAML list (``topology.edges="[[0, 1], [1, 2]]"``).
 
 An override changes one field and keeps the rest of its section.  Where the description leaves a
 section out, the override starts from the section's defaults (``gpu.nmc.op_cycles.div=2`` keeps
