@@ -273,12 +273,17 @@ def template_names(specs: list[str]) -> list[str]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Print the known presets."""
+    """Print the known presets, the transformer models ``simulate --model`` generates and the data
+    sets ``validate --dataset`` compares."""
     from gpusim.config.loader import list_presets
+    from gpusim.trace import list_models
+    from gpusim.validation import DATASETS
 
     presets = list_presets()
-    print("GPUs:  " + ", ".join(presets["gpus"]))
-    print("Nodes: " + ", ".join(presets["nodes"]))
+    print("GPUs:      " + ", ".join(presets["gpus"]))
+    print("Nodes:     " + ", ".join(presets["nodes"]))
+    print("Models:    " + ", ".join(list_models()) + "  (gpusim simulate --model)")
+    print("Data sets: " + ", ".join(DATASETS) + "  (gpusim validate --dataset)")
     return 0
 
 
@@ -607,7 +612,7 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, tuple[Callable, Callable[[argparse.ArgumentParser], None] | None, str]] = {
-    "list": (cmd_list, None, "list hardware presets"),
+    "list": (cmd_list, None, "list hardware presets, transformer models and validation data sets"),
     "show-config": (cmd_show_config, _add_show, "print a preset's resolved configuration"),
     "run": (cmd_run, _add_run, "simulate ops on a system"),
     "sweep": (cmd_sweep, _add_sweep, "simulate ops over a grid of hardware values (what-if)"),

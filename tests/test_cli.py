@@ -13,7 +13,9 @@ from gpusim.errors import ConfigError, GpusimError, OpError
 
 def test_list(capsys):
     assert main(["list"]) == 0
-    assert "t3-ring8" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["GPUs", "Nodes", "Models", "Data sets"]
+    assert "t3-ring8" in lines[1] and "llama2-70b" in lines[2] and "gemm-h200" in lines[3]
 
 
 def test_show_config(capsys):
