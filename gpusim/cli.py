@@ -560,9 +560,10 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
                              f"{', '.join(OP_NAMES)} (gemm_rs, gemm_ag, gemm_a2a: T3's fused GEMM and collective; "
                              "gemm_rs_decomposed: the software overlap it competes with; ag_gemm_decomposed: an "
                              "all-gather overlapped with the GEMM that consumes it)")
-    parser.add_argument("--mode", default="full", choices=["full", "symmetric", "auto"],
-                        help="full simulates every GPU (the default); symmetric simulates rank 0 only (every op "
-                             "must run on rank 0); auto takes symmetric where it is exact for the ops, else full")
+    parser.add_argument("--mode", default="auto", choices=["full", "symmetric", "auto"],
+                        help="auto (the default, as in sweep and simulate) takes symmetric where it is exact for "
+                             "the ops, else full; full simulates every GPU; symmetric simulates rank 0 only (every "
+                             "op must run on rank 0)")
     parser.add_argument("--policy", default=None, choices=list(PICK_POLICIES),
                         help="memory-controller policy (default: each GPU's configured one)")
     parser.add_argument("--set", action="append", help="override, e.g. gpu.num_cus=160 (repeatable)")

@@ -65,6 +65,17 @@ def test_run_writes_outputs(tmp_path, capsys):
         assert (tmp_path / name).exists()
 
 
+def test_run_takes_symmetric_mode_where_it_is_exact_unless_told_otherwise(capsys):
+    """As sweep and simulate do: a GEMM and an all-reduce on every GPU of a ring run on rank 0 alone, a
+    send between two GPUs in full mode, and --mode full still simulates every GPU."""
+    for extra, mode in [([], "symmetric"), (["--mode", "full"], "full")]:
+        assert main(["run", "--system", "t3-ring8", "--quiet", *extra, "--op", "gemm 512 512 512",
+                     "--op", "allreduce 1MiB"]) == 0
+        assert f"simulated ({mode} mode)" in capsys.readouterr().out
+    assert main(["run", "--system", "t3-ring8", "--quiet", "--op", "sendrecv 1MiB src=0 dst=1"]) == 0
+    assert "simulated (full mode)" in capsys.readouterr().out
+
+
 def test_run_timeline_plot_shows_the_gpus_that_ran_ops():
     """An op on GPU 3 only: the plot used to show GPU 0 alone ("no ops", "no DRAM traffic")."""
     import matplotlib.pyplot as plt
