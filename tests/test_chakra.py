@@ -197,6 +197,16 @@ def test_a_file_read_alone_is_rank_0_whatever_its_name(tmp_path):
     assert read_chakra(tmp_path).gpus == [3, 5]  # several files keep the ranks in their names
 
 
+def test_ranks_are_the_numbers_that_end_the_names_and_each_is_one_files(tmp_path):
+    """rank_10.et is rank 10, not the third file in name order; two files of one rank are an error."""
+    for rank in (0, 1, 2, 10, 11):
+        et_file(tmp_path / f"rank_{rank}.et", [node(1, "aten::mm", 4, shapes="[[64,32],[32,16]]")])
+    assert read_chakra(tmp_path).gpus == [0, 1, 2, 10, 11]
+    et_file(tmp_path / "copy_of_rank_1.et", [node(1, "aten::mm", 4, shapes="[[64,32],[32,16]]")])
+    with pytest.raises(TraceError, match=r"rank_1.et: its name gives rank 1, as the name of .*copy_of_rank_1.et does"):
+        read_chakra(tmp_path)
+
+
 def _all_reduce(node_id: int, size: int = 1024, comm_type: int = 0) -> bytes:
     return node(node_id, "ar", 7, attrs=[attribute("comm_type", int64=comm_type), attribute("comm_size", int64=size)])
 

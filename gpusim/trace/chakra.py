@@ -53,7 +53,7 @@ COLLECTIVE_TYPES = {
 MODELLED_COLLECTIVES = {"ALL_REDUCE": "allreduce", "REDUCE_SCATTER": "reducescatter", "ALL_GATHER": "allgather",
                         "ALL_TO_ALL": "alltoall"}
 GEMM_NAMES = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")
-_RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
+_RANK_IN_NAME = re.compile(r"(\d+)\.et$")
 
 # {number: (name, wire types)} of the fields gpusim reads, by message of et_def.proto
 _LEN = (pb.LENGTH_DELIMITED,)
@@ -250,16 +250,29 @@ def _expand(paths) -> list[Path]:
 
 
 def _ranks(files: list[Path]) -> list[int]:
-    """The rank of each file: the number before ``.et`` in the names when they all have distinct ones,
-    else the position in the list; a file read alone is rank 0 whatever its name."""
+    """The rank of each file: the number that ends its name before ``.et`` (``trace.3.et``,
+    ``rank_10.et``) when every name has one (files of some ranks of a job keep their ranks: their
+    collectives run among those GPUs), else its position in the list; a file read alone is rank 0
+    whatever its name.
+
+    Raises
+    ------
+    TraceError
+        When two names give one rank.
+    """
     if len(files) == 1:
         return [0]
     found = [_RANK_IN_NAME.search(f.name) for f in files]
-    if all(found):
-        ranks = [int(match.group(1)) for match in found]
-        if len(set(ranks)) == len(ranks):
-            return ranks
-    return list(range(len(files)))
+    if not all(found):
+        return list(range(len(files)))
+    ranks = [int(match.group(1)) for match in found]
+    named: dict[int, Path] = {}
+    for path, rank in zip(files, ranks):
+        if rank in named:
+            raise TraceError(f"{path}: its name gives rank {rank}, as the name of {named[rank]} does; each rank's "
+                             f"file needs its own number before '.et'")
+        named[rank] = path
+    return ranks
 
 
 def _topological(nodes: list[Node], path: Path) -> list[Node]:
