@@ -47,6 +47,20 @@ def test_round_trip(tmp_path, suffix):
         assert again.metadata == {"model": "x"}
 
 
+def test_a_number_column_of_deps_as_pandas_writes_it_is_read():
+    """A deps column of whole numbers and blanks is float in pandas (1.0): read as op_id 1."""
+    frame = rows().assign(deps=[None, None, 1.0])
+    assert Trace(frame).frame["deps"].tolist() == Trace(rows()).frame["deps"].tolist()
+
+
+def test_a_parquet_table_saved_with_op_id_as_its_index_is_read(tmp_path):
+    path = tmp_path / "indexed.parquet"
+    rows().set_index("op_id").to_parquet(path)
+    assert read(path).frame.equals(Trace(rows()).frame)
+    rows().set_index(pd.Index([7, 8, 9])).to_parquet(path)  # an unnamed index is no column
+    assert read(path).frame.equals(Trace(rows()).frame)
+
+
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [
@@ -67,6 +81,9 @@ def test_round_trip(tmp_path, suffix):
         (lambda f: f.assign(trans_a=["maybe", "", ""]), r"row 0 .*field 'trans_a' must be true or false"),
         (lambda f: f.assign(index_dims=[None, -1, None]), r"row 1 .*field 'index_dims' must be a whole number from 0 to 25"),
         (lambda f: f.assign(index_dims=[None, 26, None]), r"row 1 .*field 'index_dims' must be a whole number from 0 to 25"),
+        (lambda f: f.assign(stream=["compute", "", "side"]), r"row 1 \(op_id 2, gpu 0\): field 'stream' must not be blank"),
+        (lambda f: f.assign(stream=["compute", None, "side"]), r"row 1 .*field 'stream' must not be blank"),
+        (lambda f: f.assign(deps=[None, None, 1.5]), r"row 2 .*field 'deps' must list op_ids, got '1.5'"),
     ],
 )
 def test_malformed_traces_name_row_and_field(change, pattern):

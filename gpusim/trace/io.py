@@ -122,7 +122,12 @@ def read_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
     if not isinstance(metadata, dict):
         raise TraceError(f"{path}: the '{METADATA_KEY.decode()}' metadata must be a JSON object, "
                          f"got {type(metadata).__name__}")
-    return table.to_pandas(), metadata
+    frame = table.to_pandas()
+    if any(name is not None for name in frame.index.names):  # a column saved as the index (set_index("op_id"))
+        frame = frame.reset_index()
+    elif not isinstance(frame.index, pd.RangeIndex) or frame.index.start != 0 or frame.index.step != 1:
+        frame = frame.reset_index(drop=True)  # an unnamed index is no column
+    return frame, metadata
 
 
 def write_table(frame: pd.DataFrame, metadata: dict, path: str | os.PathLike) -> Path:

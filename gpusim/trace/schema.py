@@ -396,9 +396,16 @@ def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
             result[column] = _booleans(frame, column, source)
         else:
             values = _texts(frame, column)
+            if pd.api.types.is_float_dtype(frame[column].dtype):  # a list column of one number a row, as pandas
+                whole = (frame[column].abs() < 2.0**63) & (frame[column] % 1 == 0)  # makes it: 1.0 is op_id 1
+                values = values.where(~whole, frame[column][whole].astype("int64").astype(str))
             if column in DEFAULTS:
                 values = values.replace("", DEFAULTS[column])
             result[column] = values
+    blank_stream = (result["stream"] == "").to_numpy()
+    if blank_stream.any():  # a row without a stream would run beside every named stream of its GPU
+        raise _fail(frame, int(np.flatnonzero(blank_stream)[0]), source, "stream",
+                    "must not be blank (rows of one stream run in order; name it, e.g. compute)")
     result["kind"] = result["kind"].str.lower()
     for kind, function in FUNCTION_DEFAULTS.items():
         result.loc[(result["kind"] == kind) & (result["function"] == ""), "function"] = function
