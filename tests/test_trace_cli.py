@@ -215,10 +215,38 @@ def test_a_trace_that_is_not_there_is_named(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for path, message in [(tmp_path / "nope.csv", "no such file or folder"),
                           (tmp_path / "*.et", "no file matches the pattern"),
-                          (tmp_path / "*.csv", f"a pattern must select Chakra .et files, but it matches {tmp_path / 'gemms.csv'}"),
-                          (tmp_path / "empty", "a folder of Chakra traces must hold .et files, but it holds none")]:
+                          (tmp_path / "*.csv", "a pattern must select Chakra .et files or Kineto .json/.json.gz files, "
+                                               f"but it matches {tmp_path / 'gemms.csv'}"),
+                          (tmp_path / "empty", "the folder holds no trace files; give Chakra .et files or Kineto "
+                                               ".json/.json.gz files, one a rank")]:
         assert main(["simulate", "--trace", str(path), "--system", "t3-ring8", "--quiet"]) == 2
         assert capsys.readouterr().err == f"gpusim: error: {path}: {message}\n"
+
+
+def kineto_rank(folder, rank: int, name: str) -> None:
+    """A one-kernel Kineto trace of ``rank`` of a two-GPU job: an NCCL all-reduce of 1 MiB."""
+    nccl = {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "ts": 10.0, "dur": 20.0,
+            "args": {"stream": 7, "correlation": 1, "Collective name": "allreduce", "In msg nelems": 2**18,
+                     "Out msg nelems": 2**18, "dtype": "Float", "Process Group Ranks": "[0, 1]"}}
+    (folder / name).write_text(json.dumps({"traceEvents": [nccl], "distributedInfo": {"rank": rank, "world_size": 2}}))
+
+
+def test_a_folder_or_pattern_of_kineto_traces_is_one_job_of_a_file_a_rank(tmp_path, capsys):
+    job = tmp_path / "job"
+    job.mkdir()
+    kineto_rank(job, 1, "worker_a.json")  # the ranks come from distributedInfo, not the names
+    kineto_rank(job, 0, "worker_b.json")
+    for given in (job, job / "*.json"):
+        assert main(["simulate", "--trace", str(given), "--system", "mi210-4", "--quiet", "--out",
+                     str(tmp_path / "out")]) == 0
+        ops = pd.read_parquet(tmp_path / "out" / "ops.parquet")
+        assert sorted(ops["gpu"]) == [0, 1] and ops["op_id"].nunique() == 1
+    capsys.readouterr()
+    chakra = job / "rank.0.et"
+    chakra.write_bytes(b"")
+    assert main(["simulate", "--trace", str(job), "--system", "mi210-4", "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"gpusim: error: {job}: the folder holds Chakra traces (rank.0.et) and Kineto "
+                                       f"traces (worker_a.json); give the files of one job, of one kind\n")
 
 
 def test_an_unmodelled_kineto_kernel_points_to_the_option(tmp_path, capsys):
@@ -312,5 +340,6 @@ def test_a_trace_of_an_unknown_format_lists_what_the_commands_read(tmp_path, cap
         assert main([*command, "--system", "t3-ring8", "--quiet", "--out", str(tmp_path / "out")]) == 2
         assert capsys.readouterr().err == (f"gpusim: error: {trace}: unknown trace format; give a gpusim table (.csv, "
                                            ".csv.gz, .parquet, .pq), a Kineto trace (.json, .json.gz) or Chakra traces "
-                                           "(.et files, or a folder or pattern of them)\n")
+                                           "(.et files), or a folder or pattern of a job's Kineto or Chakra traces, "
+                                           "one a rank\n")
         assert not (tmp_path / "out").exists()

@@ -51,14 +51,42 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+KINETO_SUFFIXES = (".json", ".json.gz")
+
+
+def _kind_of_files(files: list[str], where: str, what: str) -> str:
+    """``"chakra"`` or ``"kineto"``: the one kind of trace ``files`` (a pattern's matches or a
+    folder's files, described as ``what`` of ``where``) are; a :class:`TraceError` otherwise."""
+    chakra = [name for name in files if name.lower().endswith(".et")]
+    kineto = [name for name in files if name.lower().endswith(KINETO_SUFFIXES)]
+    if chakra and kineto:
+        raise TraceError(f"{where}: {what} Chakra traces ({Path(chakra[0]).name}) and Kineto traces "
+                         f"({Path(kineto[0]).name}); give the files of one job, of one kind")
+    if chakra or kineto:
+        return "chakra" if chakra else "kineto"
+    raise TraceError(f"{where}: {what} no trace files; give Chakra .et files or Kineto .json/.json.gz files, one a rank")
+
+
+def _rank_files(path: str) -> list[str]:
+    """The files of the folder or pattern ``path`` that hold its traces, in name order: Chakra ``.et``
+    or Kineto ``.json``/``.json.gz`` ones (:func:`trace_format` says which)."""
+    suffixes = (".et",) if trace_format(path) == "chakra" else KINETO_SUFFIXES
+    files = glob.glob(path) if not Path(path).exists() else [str(item) for item in Path(path).iterdir()]
+    return sorted(name for name in files if name.lower().endswith(suffixes) and Path(name).is_file())
+
+
 def trace_format(path: str) -> str:
     """How :func:`load_any` reads ``path``: ``"kineto"``, ``"chakra"`` or ``"table"`` (gpusim CSV/Parquet).
+
+    A folder, or a pattern, of one job's traces (one file a rank) is read as Chakra traces when
+    they are ``.et`` files and as Kineto traces when they are ``.json``/``.json.gz`` ones.
 
     Raises
     ------
     gpusim.errors.TraceError
-        Nothing at ``path``, a pattern that matches nothing or matches other files than Chakra
-        ``.et`` ones, a folder without ``.et`` files, or a file of none of these formats (by suffix).
+        Nothing at ``path``, a pattern that matches nothing or matches other files than traces of one
+        kind, a folder without trace files or with both kinds, or a file of none of these formats
+        (by suffix).
     """
     name = path.lower()
     if not Path(path).exists():
@@ -67,27 +95,28 @@ def trace_format(path: str) -> str:
         matches = sorted(glob.glob(path))
         if not matches:
             raise TraceError(f"{path}: no file matches the pattern")
-        others = [match for match in matches if not match.lower().endswith(".et")]
+        others = [match for match in matches if not match.lower().endswith((".et", *KINETO_SUFFIXES))]
         if others:
-            raise TraceError(f"{path}: a pattern must select Chakra .et files, but it matches {others[0]}")
-        return "chakra"
+            raise TraceError(f"{path}: a pattern must select Chakra .et files or Kineto .json/.json.gz files, "
+                             f"but it matches {others[0]}")
+        return _kind_of_files(matches, path, "the pattern matches")
     if Path(path).is_dir():
-        if not any(Path(path).glob("*.et")):
-            raise TraceError(f"{path}: a folder of Chakra traces must hold .et files, but it holds none")
-        return "chakra"
-    if name.endswith((".json", ".json.gz")):
+        return _kind_of_files(sorted(item.name for item in Path(path).iterdir() if item.is_file()), path, "the folder holds")
+    if name.endswith(KINETO_SUFFIXES):
         return "kineto"
     if name.endswith(".et"):
         return "chakra"
     if name.endswith(CSV_SUFFIXES + PARQUET_SUFFIXES):
         return "table"
     raise TraceError(f"{path}: unknown trace format; give a gpusim table ({', '.join(CSV_SUFFIXES + PARQUET_SUFFIXES)}), "
-                     "a Kineto trace (.json, .json.gz) or Chakra traces (.et files, or a folder or pattern of them)")
+                     "a Kineto trace (.json, .json.gz) or Chakra traces (.et files), or a folder or pattern of a "
+                     "job's Kineto or Chakra traces, one a rank")
 
 
 def load_any(path: str, unsupported: str = "error", iteration: int | None = None, dataflow: bool = True):
     """A trace from a file by its kind (:func:`trace_format`): ``.csv``/``.parquet`` (gpusim),
-    ``.json``/``.json.gz`` (Kineto), ``.et``, a folder of them or a pattern matching them (Chakra).
+    ``.json``/``.json.gz`` (Kineto), ``.et`` (Chakra), or a folder or pattern of a job's Kineto or
+    Chakra traces, one a rank.
 
     Errors that point to the readers' ``unsupported='delay'`` name ``--unsupported delay`` instead.
     ``iteration`` and ``dataflow`` apply to Kineto traces (:func:`gpusim.trace.read_kineto`).
@@ -99,7 +128,8 @@ def load_any(path: str, unsupported: str = "error", iteration: int | None = None
     kind = trace_format(path)
     try:
         if kind == "kineto":
-            return read_kineto(path, unsupported=unsupported, iteration=iteration, dataflow=dataflow)
+            ranks = path if Path(path).is_file() else _rank_files(path)
+            return read_kineto(ranks, unsupported=unsupported, iteration=iteration, dataflow=dataflow)
         if kind == "chakra":
             return read_chakra(path, unsupported=unsupported)
         return read(path)
@@ -493,7 +523,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``gpusim simulate``."""
     from gpusim.trace.generator import DTYPES
 
-    parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et (or a folder or pattern of them)")
+    parser.add_argument("--trace", help="trace file: .csv/.parquet, Kineto .json(.gz), Chakra .et; or a folder or "
+                                           "pattern of a job's Kineto or Chakra traces, one a rank")
     parser.add_argument("--model", help="generate a transformer trace (see gpusim.trace.list_models())")
     parser.add_argument("--phase", choices=["train", "prompt", "decode"], help="--model: the phase to generate (default: train)")
     parser.add_argument("--tp", type=int, help="--model: tensor-parallel degree (default: 1)")
