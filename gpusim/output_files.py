@@ -3,12 +3,15 @@
 A file is written under a temporary name beside its target and renamed onto it, so a reader never
 sees half a file and a failed write leaves neither the temporary file nor a damaged target.  A
 command's set of files is staged in a hidden folder and moved into its output folder only once
-every file is written (:func:`staged_outputs`).
+every file is written (:func:`staged_outputs`), which also says when the folder still holds files
+that an earlier command wrote there and this one did not (a hidden list, :data:`WRITTEN_LIST`,
+remembers the last command's files).
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +19,9 @@ from pathlib import Path
 
 from gpusim.arguments import CREATED_FOLDERS, blocking_file
 from gpusim.errors import GpusimError
+
+WRITTEN_LIST = ".gpusim-written"
+"""The hidden file, in an output folder, naming the files the last command wrote there (one a line)."""
 
 
 def write_whole(path: Path, write: Callable[[Path], None], what: str, error: type[GpusimError] = GpusimError) -> Path:
@@ -61,6 +67,8 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
     an error they replace their namesakes in ``out``, and otherwise they are removed, so ``out``
     holds either the whole new set or what it held before (and the folders that
     :func:`gpusim.arguments.output_folder` created for the command are removed again while empty).
+    Files that the previous command wrote into ``out`` and this one did not are left, and named in a
+    note on standard error, so that they are not taken for this command's.
 
     Parameters
     ----------
@@ -91,10 +99,26 @@ def staged_outputs(out: Path | None) -> Iterator[Path | None]:
         for item in staged:
             item.replace(out / item.name)
         moved = True
+        _note_earlier_files(out, [item.name for item in staged])
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if not moved:
             remove_empty_created_folders()
+
+
+def _note_earlier_files(out: Path, written: list[str]) -> None:
+    """Name, on standard error, the files of ``out`` that the previous command wrote and this one
+    (which wrote ``written``) did not; then remember ``written`` as the last command's."""
+    listing = out / WRITTEN_LIST
+    try:
+        earlier = listing.read_text(encoding="utf-8").splitlines() if listing.is_file() else []
+        listing.write_text("".join(f"{name}\n" for name in written), encoding="utf-8")
+    except (OSError, UnicodeDecodeError):  # the list is a courtesy: the outputs are in place
+        return
+    left = sorted(name for name in set(earlier) - set(written) if (out / name).is_file())
+    if left:
+        print(f"note: {out} also holds {', '.join(left)} from an earlier command, which this one did not write",
+              file=sys.stderr)
 
 
 def remove_empty_created_folders() -> None:

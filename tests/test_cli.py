@@ -355,7 +355,7 @@ def test_outputs_are_moved_into_out_all_together_or_not_at_all(tmp_path, capsys)
                  str(fresh)]) == 2
     assert not fresh.exists()  # the folder made for a run that failed is removed again
     assert main([*run, str(fresh)]) == 0
-    assert sorted(path.name for path in fresh.iterdir()) == ["energy.csv", "ops.csv", "summary.csv",
+    assert sorted(path.name for path in fresh.iterdir()) == [".gpusim-written", "energy.csv", "ops.csv", "summary.csv",
                                                               "timeline.perfetto.json", "timeline.png"]
 
 
