@@ -111,6 +111,17 @@ def test_a100_nccl_collectives_groups_and_waits():
         read_kineto(shared_data(A100), unsupported="delay", iteration=99)
 
 
+def test_a_trace_without_gpu_kernels_says_what_it_holds_and_how_to_record_them(tmp_path):
+    cpu_only = tmp_path / "cpu.json"
+    cpu_only.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "args": {}},
+        {"ph": "X", "cat": "Kernel", "name": "volta_sgemm", "ts": 2, "dur": 1, "args": {}}]}))
+    with pytest.raises(TraceError, match=r"cpu.json: no GPU kernels \(events of category 'kernel', 'gpu_memcpy', "
+                                         r"'gpu_memset'\); its complete events' categories: Kernel, cpu_op\. Profile "
+                                         r"with activities=\[ProfilerActivity.CPU, ProfilerActivity.CUDA\]$"):
+        read_kineto(cpu_only)
+
+
 def test_two_ranks_share_their_collectives(tmp_path):
     data = json.load(gzip.open(shared_data(MI250), "rt"))
     for rank in (0, 1):

@@ -126,7 +126,7 @@ def test_simulate_rejects_a_layer_count_below_one(capsys):
 
 
 def test_validate_trace_reports_per_class_and_fails_loudly(tmp_path, capsys):
-    trace = str(shared_data("traces/kineto/mi250_minitoy_train_kineto.json.gz"))
+    trace = str(shared_data("traces/kineto/a100_2rank_cnn_nccl_kineto.json.gz"))
     out = tmp_path / "val"
     assert main(["validate-trace", trace, "--system", "mi210", "--unsupported", "delay", "--quiet",
                  "--out", str(out)]) == 0
@@ -144,7 +144,7 @@ def test_validate_trace_reports_per_class_and_fails_loudly(tmp_path, capsys):
 
 def test_validate_trace_replays_the_measured_host_unless_told_to_model_it(tmp_path):
     """The MI250 step is CPU-bound: its iteration is the measured host's, or far shorter without it."""
-    trace = str(shared_data("traces/kineto/mi250_minitoy_train_kineto.json.gz"))
+    trace = str(shared_data("traces/kineto/a100_2rank_cnn_nccl_kineto.json.gz"))
     errors = {}
     for flags in ([], ["--model-host"]):
         out = tmp_path / ("model" if flags else "measured")
@@ -197,6 +197,10 @@ TRACE = str(REPO / "workloads" / "traces" / "dp_backward_v100_2gpu.csv")
      "--overlap-splits applies to --overlap decomposed and decomposed_dma"),
     (["validate-trace", TRACE, "--iteration", "2"],
      f"--iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
+    (["simulate", "--trace", TRACE, "--iteration", "2"],
+     f"simulate: --iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), but the trace {TRACE} is not one"),
+    (["simulate", "--model", "bert-base", "--iteration", "2"],
+     "simulate: --iteration selects a ProfilerStep of Kineto traces (--trace), not of --model"),
     (["validate-trace", TRACE, "--dataflow"],
      f"--dataflow chooses how the tensors of a Kineto trace (.json/.json.gz) are inferred, but the trace {TRACE} is "
      "not one"),
@@ -247,6 +251,27 @@ def test_a_folder_or_pattern_of_kineto_traces_is_one_job_of_a_file_a_rank(tmp_pa
     assert main(["simulate", "--trace", str(job), "--system", "mi210-4", "--quiet"]) == 2
     assert capsys.readouterr().err == (f"gpusim: error: {job}: the folder holds Chakra traces (rank.0.et) and Kineto "
                                        f"traces (worker_a.json); give the files of one job, of one kind\n")
+
+
+def test_simulate_replays_one_profiler_step_of_a_kineto_trace(tmp_path, capsys):
+    """Two profiler steps of a 1 MiB and a 4 MiB all-reduce: --iteration 2 replays the second alone."""
+    events = []
+    for step, elements in ((1, 2**18), (2, 2**20)):
+        start = 100.0 * step
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": start, "dur": 90.0})
+        events.append({"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "ts": start + 10,
+                       "dur": 20.0, "args": {"stream": 7, "correlation": step, "Collective name": "allreduce",
+                                             "In msg nelems": elements, "Out msg nelems": elements, "dtype": "Float",
+                                             "Process Group Ranks": "[0, 1]"}})
+    trace = tmp_path / "steps.json"
+    trace.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 2}}))
+    simulate = ["simulate", "--trace", str(trace), "--system", "mi210-4", "--quiet"]
+    assert main([*simulate, "--iteration", "2", "--out", str(tmp_path / "out")]) == 0
+    ops = pd.read_parquet(tmp_path / "out" / "ops.parquet")
+    assert ops["bytes"].tolist() == [4 * 2**20]
+    capsys.readouterr()
+    assert main([*simulate, "--iteration", "3"]) == 2
+    assert "no ProfilerStep#3 annotation; the trace has ProfilerStep#1, ProfilerStep#2" in capsys.readouterr().err
 
 
 def test_an_unmodelled_kineto_kernel_points_to_the_option(tmp_path, capsys):

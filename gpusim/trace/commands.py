@@ -137,6 +137,17 @@ def load_any(path: str, unsupported: str = "error", iteration: int | None = None
         raise exc.naming("--unsupported delay") from None
 
 
+def _check_iteration(command: str, iteration: int | None, trace: str | None) -> None:
+    """Raise :class:`GpusimError` when ``--iteration`` is given for other than Kineto traces."""
+    if iteration is None:
+        return
+    if trace is None:
+        raise GpusimError(f"{command}: --iteration selects a ProfilerStep of Kineto traces (--trace), not of --model")
+    if trace_format(trace) != "kineto":
+        raise GpusimError(f"{command}: --iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), "
+                          f"but the trace {trace} is not one")
+
+
 def _system(args: argparse.Namespace):
     from gpusim.cli import parse_overrides
     from gpusim.system import load_system
@@ -274,7 +285,7 @@ def _prepared_trace(args: argparse.Namespace, options: dict[str, object], report
         shares = {"expert_load": expert_shares(load)} if isinstance(load, str) else {}  # a --vary value
         trace = transformer(args.model, **{**options, **shares})
     else:
-        trace = load_any(args.trace, unsupported=args.unsupported or "error")
+        trace = load_any(args.trace, unsupported=args.unsupported or "error", iteration=args.iteration)
     if args.overlap_gathers:  # first: a GEMM that gathers its A and feeds a reduction keeps the gather's overlap
         channels = args.overlap_channels if args.overlap_gathers == "decomposed" else None
         trace = overlap_gather_gemms(trace, args.overlap_gathers, channels)
@@ -310,6 +321,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     system = _system(args) if args.system else None
     if args.model and args.unsupported is not None:
         raise GpusimError("simulate: --unsupported applies to imported traces (--trace), not to --model")
+    _check_iteration("simulate", args.iteration, args.trace)
     if args.overlap_channels is not None and "decomposed" not in (args.overlap, args.overlap_gathers):
         raise GpusimError("simulate: --overlap-channels applies to --overlap decomposed and --overlap-gathers decomposed")
     if args.overlap_splits is not None and args.overlap not in ("decomposed", "decomposed_dma"):
@@ -441,9 +453,7 @@ def cmd_validate_trace(args: argparse.Namespace) -> int:
     from gpusim import plot
     from gpusim.trace.compare import compare, kernel_comparison
 
-    if args.iteration is not None and trace_format(args.trace) != "kineto":
-        raise GpusimError(f"validate-trace: --iteration selects a ProfilerStep of a Kineto trace (.json/.json.gz), "
-                          f"but the trace {args.trace} is not one")
+    _check_iteration("validate-trace", args.iteration, args.trace)
     if args.dataflow is not None and trace_format(args.trace) != "kineto":
         flag = "--dataflow" if args.dataflow else "--no-dataflow"
         raise GpusimError(f"validate-trace: {flag} chooses how the tensors of a Kineto trace (.json/.json.gz) are "
@@ -621,6 +631,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=positive_int, help="--vary: processes (default: all CPUs)")
     parser.add_argument("--scheduler", help="--vary: address of a Dask scheduler to run the points on")
     parser.add_argument("--sweep-cache", help="--vary: folder of finished points; a rerun simulates only what changed")
+    parser.add_argument("--iteration", type=int, help="--trace of Kineto traces: only the kernels of ProfilerStep#N")
     _common(parser, system_required=False)
 
 

@@ -897,7 +897,13 @@ def _rows_of_events(events: list[dict], path: Path, ranks: FileRanks, unsupporte
 
         gpu_events = [(index, e) for index, e in gpu_events if launched_in(e)]
     if not gpu_events:
-        raise TraceError(f"{path}: no GPU kernels{' in that iteration' if iteration is not None else ''}")
+        if iteration is not None:
+            raise TraceError(f"{path}: no GPU kernels in that iteration")
+        found = sorted({str(e.get("cat")) for e in events if e.get("ph") == "X"})
+        shown = ", ".join(found[:8]) + (", ..." if len(found) > 8 else "") if found else "none"
+        raise TraceError(f"{path}: no GPU kernels (events of category {', '.join(repr(c) for c in GPU_CATEGORIES)}); "
+                         f"its complete events' categories: {shown}. Profile with "
+                         "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
     _check_one_device(gpu_events, path)
     gpu_events.sort(key=lambda item: float(item[1]["ts"]))
     rows = []
