@@ -126,7 +126,7 @@ def test_simulate_rejects_a_layer_count_below_one(capsys):
 
 
 def test_validate_trace_reports_per_class_and_fails_loudly(tmp_path, capsys):
-    trace = str(shared_data("traces/kineto/a100_2rank_cnn_nccl_kineto.json.gz"))
+    trace = str(shared_data("traces/kineto/mi250_minitoy_train_kineto.json.gz"))
     out = tmp_path / "val"
     assert main(["validate-trace", trace, "--system", "mi210", "--unsupported", "delay", "--quiet",
                  "--out", str(out)]) == 0
@@ -144,7 +144,7 @@ def test_validate_trace_reports_per_class_and_fails_loudly(tmp_path, capsys):
 
 def test_validate_trace_replays_the_measured_host_unless_told_to_model_it(tmp_path):
     """The MI250 step is CPU-bound: its iteration is the measured host's, or far shorter without it."""
-    trace = str(shared_data("traces/kineto/a100_2rank_cnn_nccl_kineto.json.gz"))
+    trace = str(shared_data("traces/kineto/mi250_minitoy_train_kineto.json.gz"))
     errors = {}
     for flags in ([], ["--model-host"]):
         out = tmp_path / ("model" if flags else "measured")
