@@ -47,6 +47,15 @@ def test_round_trip(tmp_path, suffix):
         assert again.metadata == {"model": "x"}
 
 
+def test_a_csv_separated_by_semicolons_says_so(tmp_path):
+    path = tmp_path / "semicolons.csv"
+    path.write_text("op_id;gpu;stream;kind\n1;0;compute;delay\n")
+    with pytest.raises(TraceError, match=r"semicolons.csv: missing column 'op_id' \(every trace needs the columns "
+                                         r"op_id, gpu, stream, kind\); the header is one column holding ';': separate "
+                                         r"the columns with commas$"):
+        read(path)
+
+
 def test_a_number_column_of_deps_as_pandas_writes_it_is_read():
     """A deps column of whole numbers and blanks is float in pandas (1.0): read as op_id 1."""
     frame = rows().assign(deps=[None, None, 1.0])

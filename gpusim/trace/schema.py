@@ -366,8 +366,11 @@ def normalize(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     for column in REQUIRED_COLUMNS:
         if column not in frame.columns:
+            joined = next((separator for separator in (";", "\t", "|") if len(frame.columns) == 1
+                           and separator in str(frame.columns[0])), None)
+            hint = f"; the header is one column holding {joined!r}: separate the columns with commas" if joined else ""
             raise TraceError(
-                f"{source}: missing column '{column}' (every trace needs the columns {', '.join(REQUIRED_COLUMNS)})"
+                f"{source}: missing column '{column}' (every trace needs the columns {', '.join(REQUIRED_COLUMNS)}){hint}"
             )
     unknown = [column for column in frame.columns if column not in COLUMNS]
     if unknown:
