@@ -75,7 +75,7 @@ def command_lines(path: Path) -> list[str]:
     return lines
 
 
-COMMAND_DOCS = [README, README.parent / "docs" / "what-if.md", ENERGY]
+COMMAND_DOCS = [README, README.parent / "docs" / "what-if.md", README.parent / "docs" / "traces.md", ENERGY]
 
 
 @pytest.mark.parametrize("path", COMMAND_DOCS, ids=[path.name for path in COMMAND_DOCS])
