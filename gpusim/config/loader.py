@@ -257,6 +257,12 @@ def _check_same_kind(own: dict[str, Any], inline: bool, base: _Description, ref:
     raise ConfigError(f"{origin}: field '{field}': {ref!r} is a {base_kind}'s description, but {given}; {advice}")
 
 
+def _unit_alias(name: str, fields: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The field of ``fields`` that ``name`` is with its unit suffix dropped (``bandwidth`` for
+    ``bandwidth_bytes_per_s``) and the kind of quantity it holds, or ``None``."""
+    return next(((name + suffix, kind) for suffix, kind in UNIT_SUFFIXES.items() if name + suffix in fields), None)
+
+
 def _unit_aliases_resolved(fields: dict[str, Any], known: Mapping[str, FieldInfo], origin: Path,
                            keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """``fields`` (a description's, or a section's at the dotted path ``keys``) with each key that
@@ -271,16 +277,15 @@ def _unit_aliases_resolved(fields: dict[str, Any], known: Mapping[str, FieldInfo
     """
     resolved: dict[str, Any] = {}
     for key, value in fields.items():
-        name = key
-        if isinstance(key, str) and key not in known:
-            name = next((key + suffix for suffix in UNIT_SUFFIXES if key + suffix in known), key)
-        where = ".".join((*keys, str(key)))
-        if name != key:
+        alias = _unit_alias(key, known) if isinstance(key, str) and key not in known else None
+        name = key if alias is None else alias[0]
+        if alias is not None:
+            where = ".".join((*keys, key))
             if name in fields:
                 raise ConfigError(f"{origin}: field '{where}': gives the field {name!r} that "
                                   f"'{'.'.join((*keys, name))}' gives too; give it once")
             try:
-                parse_quantity(value, UNIT_SUFFIXES[name.removeprefix(key)], require_unit=True)
+                parse_quantity(value, alias[1], require_unit=True)
             except QuantityError as exc:
                 raise ConfigError(f"{origin}: field '{where}' (for {name!r}): {exc}") from exc
         info = known.get(name)
@@ -400,17 +405,16 @@ def _resolve_path(path: str, value: Any) -> tuple[list[str], list[FieldInfo | No
         if part in fields:
             name = part
         else:
-            aliases = [f for f in fields for suffix in UNIT_SUFFIXES if f == part + suffix]
-            if not aliases:
+            alias = _unit_alias(part, fields)
+            if alias is None:
                 where = ".".join(parts[:index]) or "the system"
                 likely = _likely_field(part, fields)
                 meant = f" (did you mean {likely!r}?)" if likely else ""
                 raise ConfigError(
                     f"override {path!r}: {where} has no field {part!r}{meant}; known fields: {', '.join(sorted(fields))}"
                 )
-            name = aliases[0]
+            name, kind = alias
             if index == len(parts) - 1:
-                kind = next(k for suffix, k in UNIT_SUFFIXES.items() if name.endswith(suffix))
                 try:
                     parse_quantity(value, kind, require_unit=True)
                 except QuantityError as exc:

@@ -67,12 +67,10 @@ def _kind_of_files(files: list[str], where: str, what: str) -> str:
     raise TraceError(f"{where}: {what} no trace files; give Chakra .et files or Kineto .json/.json.gz files, one a rank")
 
 
-def _rank_files(path: str) -> list[str]:
-    """The files of the folder or pattern ``path`` that hold its traces, in name order: Chakra ``.et``
-    or Kineto ``.json``/``.json.gz`` ones (:func:`trace_format` says which)."""
-    suffixes = (".et",) if trace_format(path) == "chakra" else KINETO_SUFFIXES
+def _kineto_files(path: str) -> list[str]:
+    """The Kineto traces (``.json``/``.json.gz``) of the folder or pattern ``path``, in name order."""
     files = glob.glob(path) if not Path(path).exists() else [str(item) for item in Path(path).iterdir()]
-    return sorted(name for name in files if name.lower().endswith(suffixes) and Path(name).is_file())
+    return sorted(name for name in files if name.lower().endswith(KINETO_SUFFIXES) and Path(name).is_file())
 
 
 def trace_format(path: str) -> str:
@@ -128,7 +126,7 @@ def load_any(path: str, unsupported: str = "error", iteration: int | None = None
     kind = trace_format(path)
     try:
         if kind == "kineto":
-            ranks = path if Path(path).is_file() else _rank_files(path)
+            ranks = path if Path(path).is_file() else _kineto_files(path)
             return read_kineto(ranks, unsupported=unsupported, iteration=iteration, dataflow=dataflow)
         if kind == "chakra":
             return read_chakra(path, unsupported=unsupported)
