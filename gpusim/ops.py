@@ -571,6 +571,7 @@ ELEMENTWISE_KINDS: dict[str, tuple[int, int, float]] = {
     "sigmoid": (1, 1, 10.0),
     "tanh": (1, 1, 10.0),
     "dropout": (1, 2, 4.0),
+    "dropout_backward": (2, 1, 2.0),
     "bias_gelu": (2, 1, 15.0),
     "residual_dropout": (2, 2, 5.0),
     "fill": (0, 1, 0.0),
@@ -591,6 +592,13 @@ element-wise measurements ran it), ``gelu_erf`` PyTorch's exact GeLU (``F.gelu``
 (:data:`gpusim.kernels.elementwise.INSTRUCTION_MIXES`), not its FLOPs."""
 ELEMENTWISE_INPUT_WIDTH = {"silu_and_mul": 2}
 """Kinds whose read tensor holds this many values per value written (default 1)."""
+ELEMENTWISE_MASKS: dict[str, str] = {"dropout": "write", "residual_dropout": "write", "dropout_backward": "read"}
+"""Kinds whose last tensor written (``write``) or read (``read``) is a dropout's mask of
+:data:`MASK_BYTES` per element whatever the dtype: ``dropout`` writes its output and the mask,
+``residual_dropout`` (``residual + dropout(x)``) too, ``dropout_backward`` reads the gradient and the
+mask (``grad * mask * scale``), as PyTorch's ``native_dropout`` and its backward do."""
+MASK_BYTES = 1
+"""Bytes per element of a dropout mask (PyTorch's ``native_dropout`` keeps a ``bool`` tensor)."""
 MAX_INDEX_DIMS = 25
 """Most dimensions PyTorch's ``TensorIterator`` handles (``MAX_DIMS``)."""
 

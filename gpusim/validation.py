@@ -13,6 +13,8 @@ Errors are relative to the measurement: ``error = simulated / measured - 1``; st
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,8 +117,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     kind
         ``gemm``, ``elementwise``, ``rowreduce``, ``allreduce``, ``attention`` (a prompt's fused
         attention: ``seqlen`` queries and keys), ``concurrency`` (see
-        :func:`simulate_concurrency`), ``reuse`` (see :func:`simulate_reuse`) or ``interference``
-        (see :func:`simulate_interference`).
+        :func:`simulate_concurrency`), ``reuse`` (see :func:`simulate_reuse`), ``interference``
+        (see :func:`simulate_interference`) or ``bert_layer`` (see :func:`simulate_bert_layer`).
     system
         Preset name.
     overrides
@@ -135,6 +137,8 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     import gpusim
     from gpusim import ops
 
+    if kind == "bert_layer":
+        return simulate_bert_layer(system, overrides or {}, mode, **params)
     hardware = gpusim.load_system(system, overrides or {})
     if kind == "concurrency":
         return simulate_concurrency(hardware, **params)
@@ -173,7 +177,7 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
                            dtype, bool(params["causal"]), direction=params["direction"])
     else:
         raise ValueError(f"unknown kind of validation point {kind!r}; known: gemm, elementwise, rowreduce, allreduce, "
-                         f"attention, concurrency, reuse, interference")
+                         f"attention, concurrency, reuse, interference, bert_layer")
     if warm or flush_bytes:
         # the op's kernels, from the first one's start (not the gap behind the one before) to the last one's end
         if producer is not None:
@@ -190,6 +194,50 @@ def simulate_point(kind: str, system: str, overrides: dict[str, Any] | None = No
     result = gpusim.run(hardware, op, mode=mode)
     return {"simulated_s": result.time_s, "impl": str(result.ops["impl"].iloc[0]),
             "sim_wall_s": result.stats["wall_s"]}
+
+
+def simulate_bert_layer(system: str, overrides: dict[str, Any], mode: str, direction: str, batch: int, seq_len: int,
+                        dtype: str, kernel: str | None = None) -> dict[str, Any]:
+    """One pass of Hugging Face's ``BertLayer`` (:func:`gpusim.hf_bert.bert_layer_ops`) on one stream.
+
+    Parameters
+    ----------
+    system, overrides, mode
+        As :func:`simulate_point`'s.
+    direction, batch, seq_len, dtype
+        The pass, as :func:`gpusim.hf_bert.bert_layer_ops` takes them.
+    kernel
+        A kernel's name (an op's ``impl``): ``simulated_s`` is then the mean duration of the pass's
+        calls of it; without one, the pass's span from its first kernel's start to its last's end.
+
+    Returns
+    -------
+    dict
+        ``simulated_s`` (s), ``impl`` and ``sim_wall_s``.
+    """
+    span_s, kernels, wall_s = _bert_layer_pass(system, json.dumps(overrides, sort_keys=True, default=str), mode,
+                                               direction, int(batch), int(seq_len), dtype)
+    if not kernel:
+        return {"simulated_s": span_s, "impl": f"BertLayer {direction}", "sim_wall_s": wall_s}
+    if kernel not in kernels:
+        raise ValueError(f"simulate_bert_layer: the {direction} pass runs no kernel {kernel!r}; it runs "
+                         f"{', '.join(sorted(kernels))}")
+    return {"simulated_s": kernels[kernel], "impl": kernel, "sim_wall_s": wall_s}
+
+
+@functools.lru_cache(maxsize=4)
+def _bert_layer_pass(system: str, overrides_json: str, mode: str, direction: str, batch: int, seq_len: int,
+                     dtype: str) -> tuple[float, dict[str, float], float]:
+    """The pass's span (s), the mean duration of each of its kernels (s) and the simulation's wall
+    time (s); cached, as the points of a pass share one simulation."""
+    import gpusim
+    from gpusim.hf_bert import bert_layer_ops
+
+    hardware = gpusim.load_system(system, json.loads(overrides_json))
+    result = gpusim.run(hardware, bert_layer_ops(direction, batch, seq_len, dtype), mode=mode)
+    span_s = float(result.kernels["end_s"].max() - result.kernels["start_s"].min())
+    kernels = result.ops.groupby("impl")["duration_s"].mean().astype(float).to_dict()
+    return span_s, kernels, float(result.stats["wall_s"])
 
 
 def simulate_concurrency(hardware: Any, m: int, n: int, k: int, count: int, measured_sequential_s: float,
@@ -936,6 +984,15 @@ def _attention_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
     return point
 
 
+def _bert_layer_point(system: str) -> Callable[[pd.Series], dict[str, Any]]:
+    def point(row: pd.Series) -> dict[str, Any]:
+        kernel = row["kernel"] if isinstance(row["kernel"], str) and row["kernel"] else None
+        return {"kind": "bert_layer", "system": system, "direction": str(row["pass"]), "batch": int(row["batch"]),
+                "seq_len": int(row["seq_len"]), "dtype": str(row["dtype"]), "kernel": kernel}
+
+    return point
+
+
 def _published_attention_s(frame: pd.DataFrame) -> pd.Series:
     """The time of each published FlashAttention-2 benchmark row, from its TFLOP/s and the
     benchmark's FLOP count: 4 per query, key and head value (half with a causal mask), 2.5 times
@@ -1055,6 +1112,11 @@ DATASETS: dict[str, DataSet] = {
                 "an unnamed GPU as fast (compared as an H100)", file="published/flash_attention_h100.csv",
                 system="h100-sxm5", point=_attention_point("h100-sxm5"), measured_s=_published_attention_s,
                 tolerances={"median": 0.10, "p90": 0.25}, group="direction", plot_x="seqlen", plot_by="direction"),
+        DataSet(name="bert-layer-v100", description="Hugging Face's BERT-Base layer training in fp32 (PyTorch eager, "
+                "batch 16 x 512 tokens) on an Azure V100 PCIe: one layer's forward and backward pass and its softmax "
+                "and layer-norm kernels (seeds/000 Table 3.3, profiler means)", file="published/bert_base_v100_seed000.csv",
+                system="v100-pcie", point=_bert_layer_point("v100-pcie"), measured_s=lambda frame: frame["measured_us"] * 1e-6,
+                tolerances={"median": 0.15, "max": 0.25}, group="pass"),
         _vidur_allreduce("allreduce-dgx-a100-2nodes", "vidur's NCCL all-reduce across two DGX A100 nodes with 1, 2 and "
                          "4 GPUs each, 1-64 MiB (the data the inter-node network is fitted to)",
                          "vidur_a100_dgx_all_reduce.csv", "dgx-a100", _two_node_select),

@@ -91,3 +91,18 @@ def test_the_exact_gelu_is_bound_by_its_instructions(preset):
     assert exact > issue_s
     assert exact < 1.3 * issue_s
     assert exact > 1.2 * tanh
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_dropout_mask_takes_one_byte_per_element(dtype):
+    """PyTorch's ``native_dropout`` keeps a bool mask: the forward pass writes it beside its output
+    and the backward pass reads it beside the gradient, one byte per element whatever the dtype."""
+    system = gpusim.load_system("v100-sxm2")
+    elements = 1 << 22
+    size = 4 if dtype == "fp32" else 2
+    forward = gpusim.run(system, ops.Elementwise("dropout", elements, dtype))
+    backward = gpusim.run(system, ops.Elementwise("dropout_backward", elements, dtype))
+    product = gpusim.run(system, ops.Elementwise("mul", elements, dtype))
+    assert forward.ops["bytes"].iloc[0] == backward.ops["bytes"].iloc[0] == elements * (2 * size + 1)
+    assert product.ops["bytes"].iloc[0] == 3 * elements * size
+    assert backward.time_s < product.time_s

@@ -317,7 +317,7 @@ def _per_row(ctx, op, source: Buffer, flops: float):
 
 def execute_elementwise(ctx, op):
     """Run a :class:`gpusim.ops.Elementwise` on ``ctx``'s rank."""
-    from gpusim.ops import ELEMENTWISE_INPUT_WIDTH, ELEMENTWISE_KINDS
+    from gpusim.ops import ELEMENTWISE_INPUT_WIDTH, ELEMENTWISE_KINDS, ELEMENTWISE_MASKS, MASK_BYTES
 
     n_in, n_out, flops = ELEMENTWISE_KINDS[op.kind]
     mix = INSTRUCTION_MIXES.get(op.kind)
@@ -325,14 +325,21 @@ def execute_elementwise(ctx, op):
     size = DTYPE_BYTES[op.dtype]
     nbytes = op.elements * size
     read_bytes = nbytes * ELEMENTWISE_INPUT_WIDTH.get(op.kind, 1)
+    masked = ELEMENTWISE_MASKS.get(op.kind)
+    read_sizes = [read_bytes] * n_in
+    write_sizes = [nbytes] * n_out
+    if masked == "read":
+        read_sizes[-1] = op.elements * MASK_BYTES
+    elif masked == "write":
+        write_sizes[-1] = op.elements * MASK_BYTES
     names_in = list(op.inputs or []) + [None] * n_in
     if op.kind == "rope" and names_in[0] is None:
         names_in[0] = op.out  # rotated in place: the tensor its output names
-    reads = [(ctx.tensor(names_in[i], read_bytes), read_bytes) for i in range(n_in)]
+    reads = [(ctx.tensor(names_in[i], read_sizes[i]), read_sizes[i]) for i in range(n_in)]
     if op.rows:
         yield from _per_row(ctx, op, reads[0][0], flops)
         return
-    writes = [(ctx.tensor(op.out if i == 0 else None, nbytes), nbytes) for i in range(n_out)]
+    writes = [(ctx.tensor(op.out if i == 0 else None, write_sizes[i]), write_sizes[i]) for i in range(n_out)]
     impl = f"{op.kind}_kernel"
     geometry = {}
     if op.index_dims:
@@ -349,5 +356,5 @@ def execute_elementwise(ctx, op):
         geometry["inflight_bytes_per_thread"] = op.inflight_bytes_per_thread
     kernel = StreamingKernel(ctx.gpu, impl, reads, writes, cost * op.elements, "fp32", cus=ctx.cus, **geometry)
     yield from ctx.launch(kernel.kernel)
-    ctx.info.update(impl=impl, flops=flops * op.elements, bytes=read_bytes * n_in + nbytes * n_out)
+    ctx.info.update(impl=impl, flops=flops * op.elements, bytes=sum(read_sizes) + sum(write_sizes))
 

@@ -834,7 +834,7 @@ class _Transformer:
 
         if self.recompute:
             after = [self.layer_forward(stage, layer, step, "bwd", after, prefix="recompute.")]
-        last = self._elementwise(gpus, after, at("mlp_residual_bwd"), "mul", t_rank * h)
+        last = self._elementwise(gpus, after, at("mlp_residual_bwd"), "dropout_backward", t_rank * h)
         self._tp_gather(stage, at("mlp_allgather_bwd"), nbytes)
         if model.experts:
             self._experts_backward(stage, layer, at, t)
@@ -862,7 +862,7 @@ class _Transformer:
                 self._core_attention(gpus, lambda op: self._labels(f"recompute.L{layer}.{op}", "bwd", layer, step), s, s)
             self._gemm(gpus, [], at("attn_context_dgrad"), hd, s, s, batch=bh)
             self._gemm(gpus, [], at("attn_context_wgrad"), s, s, hd, batch=bh)
-            self._elementwise(gpus, [], at("attn_dropout_bwd"), "mul", bh * s * s)
+            self._elementwise(gpus, [], at("attn_dropout_bwd"), "dropout_backward", bh * s * s)
             self._reduction(gpus, [], at("softmax_bwd"), "softmax_backward", bh * s, s)
             self._elementwise(gpus, [], at("attn_scale_bwd"), "scale", bh * s * s)
             self._gemm(gpus, [], at("attn_score_dgrad"), s, hd, s, batch=bh)

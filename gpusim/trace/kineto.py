@@ -99,7 +99,7 @@ ELEMENTWISE_FUNCTIONS = {
     "_to_copy": "copy", "to": "copy", "clone": "copy", "contiguous": "copy", "cat": "cat", "stack": "cat",
     "relu": "relu", "clamp": "relu", "clamp_min": "relu", "threshold": "relu", "threshold_backward": "relu",
     "gelu": "gelu_erf", "gelu_backward": "bias_gelu", "sigmoid": "sigmoid", "tanh": "tanh", "dropout": "dropout",
-    "native_dropout": "dropout", "native_dropout_backward": "mul", "tanh_backward": "mul",
+    "native_dropout": "dropout", "native_dropout_backward": "dropout_backward", "tanh_backward": "mul",
     "sigmoid_backward": "mul", "neg": "scale", "sqrt": "scale", "rsqrt": "scale", "exp": "scale", "pow": "scale",
     "silu": "sigmoid", "where": "add", "masked_fill": "add",
 }  # fmt: skip
