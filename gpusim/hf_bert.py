@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from gpusim.ops import Elementwise, Gemm, Op, RowReduce
 
+LIBRARY = "pytorch-2.0"
+"""Row-reduction kernels of the PyTorch release the layer ran on (before the register-cached softmax)."""
 PERMUTED_DIMS = 4
 """Dimensions of a ``[batch, heads, seq, head_dim]`` tensor's offsets in a strided copy."""
 BERT_BASE = {"hidden": 768, "heads": 12, "ffn": 3072}
@@ -42,7 +44,7 @@ def _linear_backward(tokens: int, inputs: int, outputs: int, dtype: str, name: s
     """The gradients of :func:`_linear`: of its input (``dy @ W``), its weight (``dy^T @ x``) and its bias."""
     return [Gemm(tokens, inputs, outputs, dtype, name=f"{name}.dgrad"),
             Gemm(outputs, inputs, tokens, dtype, trans_a=True, name=f"{name}.wgrad"),
-            RowReduce("colsum", tokens, outputs, dtype, library="pytorch-2.0", name=f"{name}.bias_grad")]
+            RowReduce("colsum", tokens, outputs, dtype, library=LIBRARY, name=f"{name}.bias_grad")]
 
 
 def _copy_heads(elements: int, dtype: str, name: str) -> Elementwise:
@@ -73,7 +75,6 @@ def bert_layer_ops(direction: str, batch: int, seq_len: int, dtype: str = "fp32"
         raise ValueError(f"bert_layer_ops: direction must be 'forward' or 'backward', got {direction!r}")
     tokens, head_dim, pairs = batch * seq_len, hidden // heads, batch * heads
     scores, activations = pairs * seq_len * seq_len, tokens * hidden
-    norm = "pytorch-2.0"
     if direction == "forward":
         layer: list[Op] = []
         for part in ("query", "key", "value"):
@@ -83,7 +84,7 @@ def bert_layer_ops(direction: str, batch: int, seq_len: int, dtype: str = "fp32"
                   Gemm(seq_len, seq_len, head_dim, dtype, batch=pairs, name="scores"),
                   Elementwise("scale", scores, dtype, name="scores.div"),
                   Elementwise("scale", scores, dtype, index_dims=2, name="scores.mask_add"),
-                  RowReduce("softmax", pairs * seq_len, seq_len, dtype, library=norm, name="softmax"),
+                  RowReduce("softmax", pairs * seq_len, seq_len, dtype, library=LIBRARY, name="softmax"),
                   Elementwise("dropout", scores, dtype, name="probs.dropout"),
                   _copy_heads(activations, dtype, "value.contiguous"),
                   Gemm(seq_len, head_dim, seq_len, dtype, batch=pairs, name="context"),
@@ -94,20 +95,20 @@ def bert_layer_ops(direction: str, batch: int, seq_len: int, dtype: str = "fp32"
         layer += [Elementwise("gelu_erf", tokens * ffn, dtype, name="intermediate.gelu")]
         layer += _linear(tokens, ffn, hidden, dtype, "output")
         return layer + _dropout_add_norm(tokens, hidden, dtype, "output")
-    layer = [RowReduce("layernorm_backward", tokens, hidden, dtype, library=norm, name="output.norm_grad"),
+    layer = [RowReduce("layernorm_backward", tokens, hidden, dtype, library=LIBRARY, name="output.norm_grad"),
              Elementwise("dropout_backward", activations, dtype, name="output.dropout_grad")]
     layer += _linear_backward(tokens, ffn, hidden, dtype, "output")
     layer += [Elementwise("bias_gelu", tokens * ffn, dtype, name="intermediate.gelu_grad")]
     layer += _linear_backward(tokens, hidden, ffn, dtype, "intermediate")
     layer += [Elementwise("add", activations, dtype, name="attention.residual_grad"),
-              RowReduce("layernorm_backward", tokens, hidden, dtype, library=norm, name="attention.norm_grad"),
+              RowReduce("layernorm_backward", tokens, hidden, dtype, library=LIBRARY, name="attention.norm_grad"),
               Elementwise("dropout_backward", activations, dtype, name="attention.dropout_grad")]
     layer += _linear_backward(tokens, hidden, hidden, dtype, "attention.output")
     layer += [_copy_heads(activations, dtype, "context_grad.contiguous"),
               Gemm(seq_len, seq_len, head_dim, dtype, trans_b=True, batch=pairs, name="probs_grad"),
               Gemm(seq_len, head_dim, seq_len, dtype, trans_a=True, batch=pairs, name="value_grad"),
               Elementwise("dropout_backward", scores, dtype, name="probs.dropout_grad"),
-              RowReduce("softmax_backward", pairs * seq_len, seq_len, dtype, library=norm, name="softmax_grad"),
+              RowReduce("softmax_backward", pairs * seq_len, seq_len, dtype, library=LIBRARY, name="softmax_grad"),
               Elementwise("scale", scores, dtype, name="scores.div_grad"),
               Gemm(seq_len, head_dim, seq_len, dtype, trans_b=True, batch=pairs, name="query_grad"),
               Gemm(head_dim, seq_len, seq_len, dtype, trans_a=True, batch=pairs, name="key_t_grad")]
@@ -122,4 +123,4 @@ def _dropout_add_norm(tokens: int, hidden: int, dtype: str, name: str) -> list[O
     """A sub-layer's end: ``LayerNorm(dropout(x) + residual)``."""
     return [Elementwise("dropout", tokens * hidden, dtype, name=f"{name}.dropout"),
             Elementwise("add", tokens * hidden, dtype, name=f"{name}.residual_add"),
-            RowReduce("layernorm", tokens, hidden, dtype, library="pytorch-2.0", name=f"{name}.norm")]
+            RowReduce("layernorm", tokens, hidden, dtype, library=LIBRARY, name=f"{name}.norm")]
