@@ -423,10 +423,15 @@ VECTOR_PRODUCTS = (
     ("linear", 1, 1, 16384, 4096, False),
     ("linear_bias", 1, 1, 16384, 4096, True),
     ("linear", 1, 2, 16384, 4096, False),
+    # weights narrow and deep, whose K cuBLAS splits, and their wide twins (vidur's Llama-2-7B and
+    # phi-2 layers at 1-64 tokens, docs/validation.md "Skinny weight-streaming GEMMs on Hopper")
+    *[("linear", 1, tokens, n, k, False) for tokens in (1, 16, 64)
+      for n, k in ((4096, 4096), (4096, 11008), (22016, 4096), (2560, 2560), (2560, 10240), (10240, 2560))],
 )
-"""One-row products: which kernels the BLAS runs for them (GEMV or tiles, ``gemv_kernels`` in the
-presets) and how fast they stream their matrix.  The batched ones multiply by ``B [k, n]`` (a
-``bmm``), the others by ``W [n, k]`` (``F.linear``, gpusim's ``trans_b``)."""
+"""One-row and few-row products: which kernels the BLAS runs for them (GEMV or tiles,
+``gemv_kernels`` in the presets; split K or not) and how fast they stream their matrix.  The batched
+ones multiply by ``B [k, n]`` (a ``bmm``), the others by ``W [n, k]`` (``F.linear``, gpusim's
+``trans_b``)."""
 
 
 def vector_products(bench: Bench, out: Path, dry: bool) -> None:
