@@ -174,6 +174,19 @@ def test_one_ranks_file_cannot_model_its_collectives(tmp_path):
     assert "only one rank's file" in trace.metadata["not_modelled"][0]["reason"]
 
 
+@pytest.mark.parametrize(("kept", "missing"), [((0, 1, 3), "2"), ((2, 3), "0, 1")])
+def test_files_with_ranks_missing_cannot_model_their_collectives(tmp_path, kept, missing):
+    """A job's collective spans all its ranks: read with a rank's file missing, it would silently run
+    over the others."""
+    for rank in kept:
+        et_file(tmp_path / f"job.{rank}.et", [_all_reduce(rank + 1)])
+    with pytest.raises(TraceError, match=rf"node {kept[0] + 1} \('ar'\): .*the files read are ranks "
+                                         rf"{', '.join(map(str, kept))}, without {missing} \(read the files"):
+        read_chakra(tmp_path)
+    trace = read_chakra(tmp_path, unsupported="delay")
+    assert set(trace.frame["kind"]) == {"delay"} and len(trace.metadata["not_modelled"]) == len(kept)
+
+
 @pytest.mark.parametrize(("number", "name"), [(4, "ctrl_deps"), (5, "data_deps")])
 def test_a_dependency_on_a_node_not_in_the_file_names_both(tmp_path, number, name):
     mm = node(3, "aten::mm", 4, shapes="[[64,32],[32,16]]") + field(number, varint(1) + varint(77))

@@ -251,9 +251,9 @@ def _expand(paths) -> list[Path]:
 
 def _ranks(files: list[Path]) -> list[int]:
     """The rank of each file: the number that ends its name before ``.et`` (``trace.3.et``,
-    ``rank_10.et``) when every name has one (files of some ranks of a job keep their ranks: their
-    collectives run among those GPUs), else its position in the list; a file read alone is rank 0
-    whatever its name.
+    ``rank_10.et``) when every name has one (files of some ranks of a job keep their ranks; their
+    collectives then cannot be modelled, see :func:`read_chakra`), else its position in the list; a
+    file read alone is rank 0 whatever its name.
 
     Raises
     ------
@@ -379,8 +379,9 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     paths
         A folder of ``.et`` files, a glob pattern, or a list of files; the rank is the number
         before ``.et`` in the name (``all_reduce.3.et``), else the position in the sorted list.
-        A single file is rank 0 (GPU 0) whatever its name.  Collectives span the ranks read: a
-        single file's collectives cannot be modelled.
+        A single file is rank 0 (GPU 0) whatever its name.  A collective spans every rank of the
+        job, so it is modelled only when the files read are ranks 0 to N-1: those of a single file,
+        or of files with ranks missing, cannot be (a missing last rank cannot be told apart).
     unsupported
         ``"error"``: a node that cannot be modelled is an error naming the file and node;
         ``"delay"``: it becomes a delay of its ``duration_micros``.
@@ -401,6 +402,8 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
     files = _expand(paths)
     ranks = _ranks(files)
     world = sorted(ranks)
+    # a collective spans every rank of its job: read with ranks missing, it cannot say over which
+    gaps = ", ".join(map(str, sorted(set(range(world[-1] + 1)) - set(world))))
     rows: list[dict] = []
     next_id = 0
     collectives: dict[int, tuple[int, Path, Node, str, int]] = {}  # k-th collective: op_id, first rank's file...
@@ -433,6 +436,9 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                 elif len(files) == 1:
                     reason = ("a collective over all ranks, but only one rank's file was given (read the files "
                               "of every rank together, e.g. their folder)")
+                elif gaps:
+                    reason = (f"a collective over all ranks, but the files read are ranks {', '.join(map(str, world))}, "
+                              f"without {gaps} (read the files of every rank together, e.g. their folder)")
                 else:
                     row.update(kind="collective", stream="comm", collective=MODELLED_COLLECTIVES[collective],
                                bytes=size, group=format_ints(world), kernel_class="collective")
