@@ -90,5 +90,5 @@ class SymmetricModeWarning(UserWarning):
 
 
 class NoEffectWarning(UserWarning):
-    """A what-if sweep varied a field that changed no point's simulated time (a field the ops do not
-    depend on, or one the system does not use, such as ``links.bandwidth`` on a switch topology)."""
+    """An override of a field the system does not use (such as ``links.bandwidth`` on a switch
+    topology), or a what-if sweep's field that changed no point's simulated time."""

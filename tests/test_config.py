@@ -2,6 +2,7 @@
 
 import re
 import textwrap
+import warnings
 from copy import deepcopy
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import gpusim
 from gpusim.config import load_system_config
 from gpusim.config.loader import list_presets, override_field
 from gpusim.config.quantities import UNIT_SUFFIXES
-from gpusim.errors import ConfigError, UnknownPresetError
+from gpusim.errors import ConfigError, NoEffectWarning, UnknownPresetError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,6 +37,30 @@ def test_overrides_with_aliases():
     assert system.with_overrides({"gpu.num_cus": 40}).gpu.num_cus == 40
     with pytest.raises(ConfigError, match="'gpu.num_cus'.*less than or equal to 16384"):
         system.with_overrides({"gpu.num_cus": 10**9})  # would exhaust the simulator's memory
+
+
+@pytest.mark.parametrize(("preset", "path", "value", "reason"), [
+    ("t3-ring8", "switch.port_bandwidth", "1 GB/s", r"its topology is ring of 8 GPU\(s\), without a switch"),
+    ("dgx-a100", "links.bandwidth", "1 GB/s", r"its GPUs reach each other through the switch's ports \(switch\.\*\)"),
+    ("h100-sxm5", "links.bandwidth", "1 GB/s", "it has one GPU"),
+    ("h100-sxm5", "topology.kind", "ring", "it has one GPU"),
+])
+def test_an_override_the_system_does_not_use_is_a_warning(preset, path, value, reason):
+    """A what-if value that nothing reads would otherwise look like a result."""
+    with pytest.warns(NoEffectWarning, match=rf"override '{path}': {preset} does not use .*: {reason}; the value "
+                                             "changes nothing"):
+        load_system_config(preset, {path: value})
+
+
+@pytest.mark.parametrize(("preset", "overrides"), [
+    ("dgx-a100", {"switch.port_bandwidth": "100 GB/s", "links.credit_bytes": "256 KiB"}),  # its routes take both
+    ("dgx-a100", {"topology.kind": "ring", "links.bandwidth": "100 GB/s"}),
+    ("t3-ring8", {"nodes": 2, "network.nic_bandwidth": "25 GB/s", "links.bandwidth": "150 GB/s"}),
+])
+def test_an_override_the_system_uses_is_no_warning(preset, overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        load_system_config(preset, overrides)
 
 
 def test_two_overrides_of_one_field_are_an_error_naming_both():

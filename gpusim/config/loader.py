@@ -30,6 +30,7 @@ import difflib
 import os
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from gpusim.config.gpu import GpuConfig
 from gpusim.config.node import SystemConfig
 from gpusim.config.quantities import UNIT_SUFFIXES
 from gpusim.data_paths import data_root
-from gpusim.errors import ConfigError, UnknownPresetError
+from gpusim.errors import ConfigError, NoEffectWarning, UnknownPresetError
 from gpusim.units import QuantityError, parse_quantity
 
 HWCONFIG_ENV = "GPUSIM_HWCONFIGS"
@@ -621,9 +622,37 @@ def load_system_config(name_or_path: str | os.PathLike, overrides: Mapping[str, 
         raise ConfigError(f"overrides must be a mapping of dotted paths to values, got {type(overrides).__name__}")
     overridden, created = _apply_overrides(data, overrides or {})
     try:
-        return SystemConfig.model_validate(data)
+        config = SystemConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation(exc, system, gpu, overridden, created)) from None
+    for field, path in overridden.items():
+        unused = _unused_by(config, field)
+        if unused:
+            warnings.warn(f"override {path!r}: {config.name} does not use {field}: {unused}; the value changes "
+                          "nothing", NoEffectWarning, stacklevel=2)
+    return config
+
+
+LINK_SPEED_FIELDS = ("links.bandwidth_bytes_per_s", "links.latency_ns")
+"""The link fields a switch topology does not use (its GPUs reach each other through the switch's
+ports); its routes still take the links' ``packet_bytes`` and ``credit_bytes``."""
+
+
+def _unused_by(config: SystemConfig, field: str) -> str | None:
+    """Why ``config`` does not use the (resolved, dotted) ``field``, or ``None`` when it does."""
+    section = field.split(".", 1)[0]
+    if section in ("links", "switch", "topology") and config.total_gpus == 1:
+        return "it has one GPU"
+    if section == "topology" and config.num_gpus == 1:
+        return "its nodes have one GPU each"
+    if section == "switch" and (config.topology.kind != "switch" or config.num_gpus == 1):
+        return f"its topology is {config.topology.kind} of {config.num_gpus} GPU(s), without a switch"
+    if field in LINK_SPEED_FIELDS and (config.topology.kind == "switch" or config.num_gpus == 1):
+        return ("its GPUs reach each other through the switch's ports (switch.*)" if config.num_gpus > 1
+                else "its nodes have one GPU each")
+    if section == "network" and config.nodes == 1:
+        return "it is one node"
+    return None
 
 
 def override_field(config: SystemConfig, path: str, value: Any) -> tuple[str, Any]:
