@@ -8,6 +8,7 @@ whole number -- ``true`` included -- is an error naming the file and the field) 
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Literal
@@ -266,7 +267,21 @@ def load_model(name_or_path: str | os.PathLike | ModelConfig, **overrides) -> Mo
     try:
         return ModelConfig(**data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in error['loc']) or 'model'}': {error['msg']}" for error in exc.errors()
-        )
-        raise ConfigError(f"{origin}: {problems}") from None
+        raise ConfigError(f"{origin}: {'; '.join(_problem(error) for error in exc.errors())}") from None
+
+
+def _problem(error: dict) -> str:
+    """One of pydantic's errors in a model file as the hardware files say theirs: the field (or the
+    fields a check of several compares), the likely field an unknown one was meant to be, and the
+    value received."""
+    field = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        likely = difflib.get_close_matches(field, ModelConfig.model_fields, n=1)
+        return f"field '{field}': unknown field" + (f" (did you mean '{likely[0]}'?)" if likely else
+                                                     f"; fields: {', '.join(ModelConfig.model_fields)}")
+    if not field:  # a check across fields (hidden and heads); its message names them
+        return message
+    value = error["input"]
+    shown = error["type"] != "missing" and not isinstance(value, dict) and repr(value) not in message
+    return f"field '{field}': {message}" + (f" (got {value!r})" if shown else "")
