@@ -360,12 +360,12 @@ def run(
         warn_if_symmetric_approximates(op_list, system)
     if progress:
         bar = progress_bar(len(plans), system.name, sim)
-    for op, rank, stream in plans:
-        key = (rank, stream.name)
-        previous = last.get(key)
-        last[key] = executor.submit(op, rank, stream, [previous] if previous is not None else [])
-        expected += 1
     try:
+        for op, rank, stream in plans:
+            key = (rank, stream.name)
+            previous = last.get(key)
+            last[key] = executor.submit(op, rank, stream, [previous] if previous is not None else [])
+            expected += 1
         return finish(system, sim, machine, executor, expected, wall_start)
     finally:
         if bar is not None:

@@ -311,31 +311,31 @@ def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated
     if progress:
         again = ", again: runs that other rows ran beside simulated whole" if rounds > 1 else ""
         bar = progress_bar(int(run_rows.sum()), f"{trace.source} on {system.name}{again}", sim)
-    done: dict[tuple[int, int], object] = {}
-    last: dict[tuple[int, str], object] = {}
-    streams: dict[str, Stream] = {}
-    position_of: dict[tuple[int, int], int] = {}
-    op_ids = frame["op_id"].tolist()
-    gpus = frame["gpu"].tolist()
-    stream_names = frame["stream"].tolist()
-    issued_ns = (frame["issue_s"].to_numpy(dtype=float) * 1e9).tolist()
-    asynchronous = frame["async_collective"].tolist()
-    for position in np.flatnonzero(run_rows):
-        op_id, gpu, stream_name = op_ids[position], gpus[position], stream_names[position]
-        op = built[op_id]
-        stream = streams.setdefault(stream_name, Stream(stream_name))
-        after = [done[(dep, gpu)] for dep in run_deps[position]]
-        previous = last.get((gpu, stream_name))
-        if previous is not None:
-            after.append(previous)
-        issue_ns = issued_ns[position]
-        released = sim.event() if asynchronous[position] else None  # the stream moves on after its GEMM
-        event = executor.submit(op, gpu, stream, after, issue_ns=issue_ns if math.isfinite(issue_ns) else None,
-                                released=released)
-        done[(op_id, gpu)] = event
-        last[(gpu, stream_name)] = event if released is None else released
-        position_of[(op.uid, gpu)] = int(position)
     try:
+        done: dict[tuple[int, int], object] = {}
+        last: dict[tuple[int, str], object] = {}
+        streams: dict[str, Stream] = {}
+        position_of: dict[tuple[int, int], int] = {}
+        op_ids = frame["op_id"].tolist()
+        gpus = frame["gpu"].tolist()
+        stream_names = frame["stream"].tolist()
+        issued_ns = (frame["issue_s"].to_numpy(dtype=float) * 1e9).tolist()
+        asynchronous = frame["async_collective"].tolist()
+        for position in np.flatnonzero(run_rows):
+            op_id, gpu, stream_name = op_ids[position], gpus[position], stream_names[position]
+            op = built[op_id]
+            stream = streams.setdefault(stream_name, Stream(stream_name))
+            after = [done[(dep, gpu)] for dep in run_deps[position]]
+            previous = last.get((gpu, stream_name))
+            if previous is not None:
+                after.append(previous)
+            issue_ns = issued_ns[position]
+            released = sim.event() if asynchronous[position] else None  # the stream moves on after its GEMM
+            event = executor.submit(op, gpu, stream, after, issue_ns=issue_ns if math.isfinite(issue_ns) else None,
+                                    released=released)
+            done[(op_id, gpu)] = event
+            last[(gpu, stream_name)] = event if released is None else released
+            position_of[(op.uid, gpu)] = int(position)
         finish(system, sim, machine, executor, len(position_of), wall_start)
     finally:
         if bar is not None:
