@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import signal
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -86,8 +87,14 @@ def point_key(fn: Callable, point: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+CACHE_MAGIC = b"gpusim-sweep-1\n"
+"""First bytes of a cache entry, before the SHA-256 of the pickled rows and the rows themselves."""
+
+
 class ResultCache:
-    """Finished points on disk, one pickle each (written atomically).
+    """Finished points on disk, one pickle each (written atomically), behind the SHA-256 of its
+    bytes: an entry that is damaged (cut short, altered on disk) or was not written by this cache is
+    a miss, reported with a warning, and its point is simulated again.
 
     Parameters
     ----------
@@ -113,14 +120,30 @@ class ResultCache:
         return self.folder / f"{key}.pkl"
 
     def get(self, key: str) -> list[Row] | None:
-        """The stored rows of ``key``, or ``None``."""
+        """The stored rows of ``key``, or ``None`` (none stored, or a damaged entry: warned)."""
         path = self._path(key)
-        if not path.exists():
-            return None
         try:
-            return pickle.loads(path.read_bytes())
-        except (pickle.UnpicklingError, EOFError):
+            data = path.read_bytes()
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            return self._damaged(path, f"cannot be read ({exc.strerror or exc})")
+        body = data[len(CACHE_MAGIC):]
+        digest, payload = body[:32], body[32:]
+        if not data.startswith(CACHE_MAGIC) or hashlib.sha256(payload).digest() != digest:
+            return self._damaged(path, "its checksum does not match its contents (cut short or altered)")
+        try:
+            rows = pickle.loads(payload)
+        except Exception as exc:  # any failure to unpickle makes the entry a miss
+            return self._damaged(path, f"cannot be unpickled ({type(exc).__name__}: {exc})")
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            return self._damaged(path, f"holds a {type(rows).__name__}, not a list of rows")
+        return rows
+
+    @staticmethod
+    def _damaged(path: Path, why: str) -> None:
+        warnings.warn(f"sweep cache {path}: {why}; the point is simulated again", UserWarning, stacklevel=3)
+        return None
 
     def put(self, key: str, rows: list[Row]) -> None:
         """Store the rows of ``key``.
@@ -131,8 +154,9 @@ class ResultCache:
             The entry cannot be written (a full disk, the folder removed); the message names the
             file and the reason, and no partial file is left.
         """
-        write_whole(self._path(key), lambda tmp: tmp.write_bytes(pickle.dumps(rows)), "a sweep point's cached rows",
-                    ConfigError)
+        payload = pickle.dumps(rows)
+        entry = CACHE_MAGIC + hashlib.sha256(payload).digest() + payload
+        write_whole(self._path(key), lambda tmp: tmp.write_bytes(entry), "a sweep point's cached rows", ConfigError)
 
 
 def _as_rows(value: Any, point: dict[str, Any]) -> list[Row]:

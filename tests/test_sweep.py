@@ -1,8 +1,10 @@
 """The sweep layer: parallel points, caching and resumption, Dask."""
 
+import pickle
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,29 @@ def test_cache_resumes_without_repeating(tmp_path):
     again = sweep(gemm_time, points + [{"m": 384}], workers=1, cache=tmp_path, progress=False)
     assert len(list(tmp_path.glob("*.pkl"))) == 3
     assert list(again["time_s"][:2]) == list(first["time_s"])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "legacy"])
+def test_a_damaged_cache_entry_is_a_miss_and_is_said(tmp_path, damage):
+    """An entry altered on disk, cut short, or not written by the cache is never used: the point
+    runs again (a warning names the file) and the table is the undamaged run's."""
+    points = [{"m": 256}, {"m": 512}]
+    first = sweep(gemm_time, points, workers=1, cache=tmp_path, progress=False)
+    entry = sorted(tmp_path.glob("*.pkl"))[0]
+    data = bytearray(entry.read_bytes())
+    if damage == "flip":
+        data[-3] ^= 0x01
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data = bytearray(pickle.dumps([{"m": 256, "time_s": 1.0}]))  # a bare pickle: no checksum
+    entry.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=rf"sweep cache .*{entry.name}: .*; the point is simulated again"):
+        again = sweep(gemm_time, points, workers=1, cache=tmp_path, progress=False)
+    pd.testing.assert_frame_equal(again, first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the entry was written again, whole
+        sweep(gemm_time, points, workers=1, cache=tmp_path, progress=False)
 
 
 def test_keys_depend_on_function_and_point():
