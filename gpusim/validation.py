@@ -838,7 +838,7 @@ def _vidur_mlp_point(model: VidurModel, system: str) -> Callable[[pd.Series], di
 
     def point(row: pd.Series) -> dict[str, Any]:
         tokens, parts = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
-        heads, kv_heads, head = model.heads // parts, model.kv_heads // parts, model.head
+        heads, kv_heads, head = model.heads // parts, max(1, model.kv_heads // parts), model.head
         hidden, mlp = model.hidden, model.mlp // parts
         gemms = {"attn_pre_proj": ((heads + 2 * kv_heads) * head, hidden), "attn_post_proj": (hidden, heads * head),
                  "mlp_up_proj": ((2 if model.gated else 1) * mlp, hidden), "mlp_down_proj": (hidden, mlp)}
@@ -879,9 +879,13 @@ VIDUR_OPERATIONS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_
                     "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 """The operations of vidur's MLP profiles gpusim simulates (their ``emb``, the embedding's gather, is
 left out)."""
+VIDUR_UNSIMULATED = ("emb",)
+"""Operations vidur's MLP profiles time that gpusim leaves out."""
 VIDUR_MODEL_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp", "num_tokens",
                        "num_tensor_parallel_workers")
 """Columns every row of a vidur MLP profile has beside its timings."""
+VIDUR_COUNT_COLUMNS = tuple(column for column in VIDUR_MODEL_COLUMNS if column != "use_gated_mlp")
+"""Those of them that are counts: whole numbers above 0."""
 
 
 def read_vidur_profile(path: str | Path) -> pd.DataFrame:
@@ -913,6 +917,15 @@ def read_vidur_profile(path: str | Path) -> pd.DataFrame:
     operations = [op for op in VIDUR_OPERATIONS if f"time_stats.{op}.median" in wide.columns]
     if not operations:
         raise ConfigError(f"{path}: no time_stats.<op>.median column of the operations {', '.join(VIDUR_OPERATIONS)}")
+    timed = {column.split(".")[1] for column in wide.columns if column.startswith("time_stats.")}
+    unknown = sorted(timed - set(VIDUR_OPERATIONS) - set(VIDUR_UNSIMULATED))
+    if unknown:
+        raise ConfigError(f"{path}: field 'time_stats.{unknown[0]}.*' times an operation gpusim does not know; a vidur "
+                          f"MLP profile times {', '.join(VIDUR_OPERATIONS)} (and {', '.join(VIDUR_UNSIMULATED)}, not "
+                          "simulated)")
+    for column in VIDUR_COUNT_COLUMNS:
+        _check_column(path, wide, column, lambda v: v > 0 and float(v).is_integer(), "a whole number above 0",
+                      allow_missing=False)
     wide = wide.drop_duplicates(["num_tokens", "num_tensor_parallel_workers"])
     frames = []
     for op in operations:
@@ -920,8 +933,34 @@ def read_vidur_profile(path: str | Path) -> pd.DataFrame:
         absent = [column for column in columns if column not in wide.columns]
         if absent:
             raise ConfigError(f"{path}: field {absent[0]!r} is missing")
+        for column in columns:
+            _check_column(path, wide, column, lambda v: v > 0 and math.isfinite(v), "a time above 0 ms")
+        low, middle, high = (pd.to_numeric(wide[f"time_stats.{op}.{stat}"]) for stat in ("min", "median", "max"))
+        disordered = wide.index[(middle < low) | (middle > high)]
+        if len(disordered):
+            raise ConfigError(f"{path}: line {_line(wide, disordered[0])}: field 'time_stats.{op}.median' "
+                              f"({middle[disordered[0]]}) must lie between its min ({low[disordered[0]]}) and max "
+                              f"({high[disordered[0]]})")
         frames.append(wide[[*VIDUR_MODEL_COLUMNS, *columns]].rename(columns=columns).assign(op=op))
     return pd.concat(frames, ignore_index=True).dropna(subset=["time_ms_median"])
+
+
+def _line(frame: pd.DataFrame, index: Any) -> int:
+    """The line of the CSV file that holds row ``index`` of ``frame`` (read with its header)."""
+    return int(index) + 2
+
+
+def _check_column(path: Path, frame: pd.DataFrame, column: str, valid: Callable[[float], bool], expected: str,
+                  allow_missing: bool = True) -> None:
+    """Refuse the first row whose ``column`` is not a number for which ``valid`` holds (an empty cell
+    is allowed where ``allow_missing``), naming the file, the line, the field and the value."""
+    numbers = pd.to_numeric(frame[column], errors="coerce")
+    for index, raw in frame[column].items():
+        number = numbers[index]
+        if pd.isna(raw) and allow_missing:
+            continue
+        if pd.isna(number) or not valid(float(number)):
+            raise ConfigError(f"{path}: line {_line(frame, index)}: field {column!r} must be {expected}, got {raw!r}")
 
 
 def vidur_model(frame: pd.DataFrame, name: str = "the profile's model") -> VidurModel:
@@ -932,6 +971,14 @@ def vidur_model(frame: pd.DataFrame, name: str = "the profile's model") -> Vidur
         raise ConfigError(f"{name}: a vidur profile holds one model; got {len(models)} sets of model columns")
     heads, kv_heads, hidden, mlp, gated = models.iloc[0].tolist()
     gated = str(gated).strip().lower() in ("true", "1")
+    for parts in sorted(set(frame["num_tensor_parallel_workers"].astype(int))):
+        # Megatron's split: whole heads and MLP columns per GPU; key/value heads fewer than the GPUs
+        # are replicated (each GPU keeps one), so the GPUs must be a multiple of them
+        kv_split = kv_heads % parts == 0 if kv_heads >= parts else parts % kv_heads == 0
+        if heads % parts or mlp % parts or not kv_split:
+            raise ConfigError(f"{name}: field 'num_tensor_parallel_workers': {parts} GPUs do not split the model "
+                              f"({int(heads)} heads, {int(kv_heads)} key/value heads, an MLP of {int(mlp)}) into "
+                              "equal parts")
     return VidurModel(name, hidden=int(hidden), heads=int(heads), kv_heads=int(kv_heads), mlp=int(mlp), gated=gated,
                       post_attention_norm=bool((frame["op"] == "post_attention_layernorm").any()))
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pandas as pd
+import pytest
 
 from gpusim import validation
 from gpusim.cli import main
@@ -153,3 +155,26 @@ def test_a_bad_vidur_profile_is_an_error_naming_the_file_and_field(tmp_path, cap
                                        f"(data/profiling/compute/<gpu>/<model>/mlp.csv)\n")
     assert main(["validate", "--vidur", "", "--system", "h100-sxm5"]) == 2  # not the current folder
     assert capsys.readouterr().err == "gpusim: error: vidur profile: expected the path of an mlp.csv, got an empty path\n"
+
+
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("time_stats.add.median", "abc", r"line 2: field 'time_stats.add.median' must be a time above 0 ms, got 'abc'"),
+    ("time_stats.add.median", -0.01, r"line 2: field 'time_stats.add.median' must be a time above 0 ms, got -0.01"),
+    ("time_stats.add.median", 0.5, r"line 2: field 'time_stats.add.median' \(0.5\) must lie between its min \(0.004\) and max \(0.004\)"),
+    ("num_tokens", "x", r"line 2: field 'num_tokens' must be a whole number above 0, got 'x'"),
+    ("num_tokens", None, r"line 2: field 'num_tokens' must be a whole number above 0, got nan"),
+    ("n_head", 0, r"line 2: field 'n_head' must be a whole number above 0, got 0"),
+    ("num_tensor_parallel_workers", 3, r"field 'num_tensor_parallel_workers': 3 GPUs do not split the model \(32 heads, "
+                                       r"8 key/value heads, an MLP of 14336\) into equal parts"),
+    ("time_stats.mlp_actt.median", 0.004, r"field 'time_stats.mlp_actt.\*' times an operation gpusim does not know"),
+])
+def test_a_vidur_profile_with_a_bad_value_names_the_line_and_field(tmp_path, capsys, column, value, message):
+    """A cell that is not a count, not a time or out of order is refused, not simulated or scored."""
+    path = _vidur_profile(tmp_path / "m" / "mlp.csv")
+    wide = pd.read_csv(path)
+    wide[column] = wide[column].astype(object) if column in wide else None
+    wide.loc[0, column] = value
+    wide.to_csv(path, index=False)
+    assert main(["validate", "--vidur", str(path), "--system", "h100-sxm5", "--quiet", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
