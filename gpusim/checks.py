@@ -160,3 +160,21 @@ def positive_ints(name: str, values: object, unit: str = "", where: str = "",
     """The items of ``values``, a non-empty list of positive integers (see :func:`items`); ``unit``
     (``" (bytes)"``) follows "positive integers" in the message."""
     return items(name, values, is_positive_int, f"positive integers{unit}", where, error)
+
+
+def table_with(name: str, frame: object, columns: Iterable[str], where: str = "", source: str = "",
+               error: type[Exception] = ConfigError) -> None:
+    """Check that ``frame`` is a DataFrame with ``columns`` (``source``: what makes such a table,
+    for the message), so that a table builder given the wrong table says so instead of failing on
+    a missing key."""
+    import pandas as pd
+
+    columns = list(columns)
+    made_by = f" ({source})" if source else ""
+    if not isinstance(frame, pd.DataFrame):
+        raise _fail(error, where, f"{name} must be a DataFrame with the columns {', '.join(columns)}{made_by}, "
+                                  f"got {type(frame).__name__}")
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise _fail(error, where, f"{name} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                                  f"it needs {', '.join(columns)}{made_by}")

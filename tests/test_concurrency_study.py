@@ -231,6 +231,10 @@ def test_bad_gemm_sets_and_method_arguments_are_config_errors(cached):
             tiny.size_trend(**arguments)
     with pytest.raises(ConfigError, match="band must be a fraction from 0 to below 1, got 2"):
         impact(result.speedups, band=2)
+    with pytest.raises(ConfigError, match=r"^impact: speedups lacks the columns label, concurrency, config, speedup"):
+        impact(pd.DataFrame())
+    with pytest.raises(ConfigError, match="^impact: speedups needs rows of the configurations goldyloc and default"):
+        impact(result.speedups[result.speedups["config"] != "goldyloc"])
 
 
 def test_point_functions_refuse_unknown_arrangements_policies_and_copies():

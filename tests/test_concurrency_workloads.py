@@ -146,6 +146,9 @@ def test_bad_workload_arguments_are_config_errors_naming_them():
         with_shapes(gemms.drop(columns=["m", "batch"]))
     with pytest.raises(ConfigError, match="with_shapes: column 'n' must hold positive integers, got -4"):
         with_shapes(gemms.assign(n=-4))
+    with pytest.raises(ConfigError, match=r"with_shapes: column 'trans_a' must hold True or False \(whether the operand "
+                                          r"is transposed\), got 'yes'"):
+        with_shapes(gemms.assign(trans_a="yes"))
 
 
 def test_sampling_an_empty_set_is_empty():

@@ -229,6 +229,14 @@ def test_an_unknown_model_lists_the_known_ones():
     (lambda: t3.simulate_layer_rest("T-NLG", 8, "bogus"), "unknown setting 'bogus'"),
     (lambda: t3.simulate_layer_replayed("T-NLG", 8, "prompt", "t4"), "unknown configuration 't4'; known: sequential"),
     (lambda: t3.simulate_megatron_layout("T-NLG", "prompt", "zero", "t3-mca"), "unknown layout 'zero'; known: tp, sp"),
+    (lambda: t3.simulate_case("T-NLG", 4, "OP", "sequential", tokens=256), r"tp must be one of 8, 16, 32 \(the t3-ring "
+                                                                            r"node presets\), got 4"),
+    (lambda: t3.case_points(tps=[5]), "tp must be one of 8, 16, 32"),
+    (lambda: t3.simulate_case("T-NLG", 8, "OP", "ideal-overlap", tokens=256), "unknown configuration 'ideal-overlap'; "
+                                                                              "known: sequential, t3, t3-mca, rs-nmc"),
+    (lambda: t3.speedups(pd.DataFrame()), "speedups: raw lacks the columns model, tp"),
+    (lambda: t3.speedups(pd.DataFrame([{"model": "T-NLG", "tp": 8, "sublayer": "OP", "config": "sequential", "time_s": 1,
+                                        "gemm_s": 1, "rs_s": 1, "ag_s": 1}])), "no rows of the configuration rs-nmc"),
 ])
 def test_bad_study_arguments_are_config_errors(call, message):
     with pytest.raises(gpusim.ConfigError, match=message):

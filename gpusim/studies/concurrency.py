@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpusim.checks import as_int, as_real, as_sequence, is_positive_int, known_name, one_of, positive_int
+from gpusim.checks import as_int, as_real, as_sequence, is_positive_int, known_name, one_of, positive_int, table_with
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.errors import ConfigError
 from gpusim.kernels.gemm import GemmProblem, choose_kernel, num_workgroups, resident_workgroups
@@ -899,6 +899,9 @@ def impact(speedups: pd.DataFrame, band: float = UNCHANGED_BAND) -> pd.DataFrame
     """
     if as_real(band) is None or not 0 <= band < 1:
         raise ConfigError(f"impact: band must be a fraction from 0 to below 1, got {band!r}")
+    table_with("speedups", speedups, ["label", "concurrency", "config", "speedup"], "impact", "StudyResult.speedups")
+    if not {"goldyloc", "default"} <= set(speedups["config"]):
+        raise ConfigError("impact: speedups needs rows of the configurations goldyloc and default")
     table = speedups.pivot_table(index=["label", "concurrency"], columns="config", values="speedup").reset_index()
     rows = []
     for available, group in table.groupby("concurrency"):

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from gpusim.checks import is_positive_int, names, one_of, positive_int, positive_ints
+from gpusim.checks import as_int, is_flag, is_positive_int, names, one_of, positive_int, positive_ints
 from gpusim.config.gpu import DTYPE_BYTES
 from gpusim.data_paths import data_root
 from gpusim.errors import ConfigError
@@ -285,6 +285,11 @@ def check_gemms(frame: Any, where: str, empty: bool = False) -> None:
         bad = [value for value in frame[column] if not is_positive_int(value)]
         if bad:
             raise ConfigError(f"{where}: column {column!r} must hold positive integers, got {bad[0]!r}")
+    for column in ("trans_a", "trans_b"):
+        bad = [value for value in frame[column] if not (is_flag(value) or as_int(value) in (0, 1))]
+        if bad:
+            raise ConfigError(f"{where}: column {column!r} must hold True or False (whether the operand is "
+                              f"transposed), got {bad[0]!r}")
     unknown = sorted({str(value) for value in frame["dtype"] if not isinstance(value, str) or value not in DTYPE_BYTES})
     if unknown:
         raise ConfigError(f"{where}: column 'dtype' must hold {', '.join(DTYPE_BYTES)}, got {', '.join(unknown)}")

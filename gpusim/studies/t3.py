@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from gpusim import ops
-from gpusim.checks import is_positive_int, known_name, positive_int
+from gpusim.checks import is_positive_int, known_name, positive_int, table_with
 from gpusim.energy import power
 from gpusim.errors import ConfigError
 from gpusim.sched.executor import Stream
@@ -146,8 +146,20 @@ def sublayer_gemm(model: str, sublayer: str, tp: int, tokens: int | None = None)
     }
 
 
+RING_TPS = (8, 16, 32)
+"""Tensor-parallel degrees with a ring node preset (``t3-ring8``, ``t3-ring16``, ``t3-ring32``)."""
+
+
 def node_for(tp: int) -> str:
-    """The ring node preset with ``tp`` GPUs (``t3-ring8``, ``t3-ring16``, ``t3-ring32``)."""
+    """The ring node preset with ``tp`` GPUs (``t3-ring8``, ``t3-ring16``, ``t3-ring32``).
+
+    Raises
+    ------
+    ConfigError
+        ``tp`` is not one of :data:`RING_TPS`.
+    """
+    if not (is_positive_int(tp) and tp in RING_TPS):
+        raise ConfigError(f"tp must be one of {', '.join(map(str, RING_TPS))} (the t3-ring node presets), got {tp!r}")
     return f"t3-ring{tp}"
 
 
@@ -215,6 +227,7 @@ def simulate_case(
         op), ``dram_*`` categories of GPU 0, GPU 0's ``energy_j`` and ``average_w``
         (:func:`gpusim.energy.power`), the MCA's threshold and simulator statistics.
     """
+    known_name("configuration", config, SIMULATED, "simulate_case")
     system = load_system(node_for(tp), overrides or {})
     result = run(system, case_ops(model, sublayer, tp, config, tokens), mode=mode, memory_policy=POLICIES[config],
                  bin_s=bin_s)
@@ -266,6 +279,8 @@ def sublayer_cases(models=MAIN_MODELS, tps=None) -> list[dict[str, Any]]:
     """``{model, tp, sublayer}`` of every sub-layer of ``models`` (one name or several) at their TP
     degrees, or at ``tps``."""
     names = [models] if isinstance(models, str) else models
+    for tp in tps or ():
+        node_for(tp)
     return [{"model": model, "tp": tp, "sublayer": sublayer}
             for model in names for tp in (_model(model).tp if tps is None else tps) for sublayer in SUBLAYERS]
 
@@ -287,7 +302,13 @@ def speedups(raw: pd.DataFrame) -> pd.DataFrame:
         ``model, tp, sublayer, config, time_s, speedup, gemm_s, rs_s, ag_s`` for the configurations
         of :data:`CONFIGS` (ideal ones combined from the sequential run and the NMC reduce-scatter).
     """
+    table_with("raw", raw, [*CASE, "config", "time_s", "gemm_s", "rs_s", "ag_s"], "speedups",
+               "the rows of simulate_case with their points")
     by = {config: frame.set_index(CASE) for config, frame in raw.groupby("config")}
+    absent = [config for config in ("sequential", "rs-nmc") if config not in by]
+    if absent:
+        raise ConfigError(f"speedups: raw has no rows of the configuration {' or '.join(absent)}; the ideal "
+                          "configurations are combined from the sequential and rs-nmc runs")
     seq, nmc = by["sequential"], by["rs-nmc"]
     rows = []
     for case in seq.index:
