@@ -43,6 +43,7 @@ from gpusim import plot
 from gpusim.arguments import output_folder_or_exit, positive_int, run_script
 from gpusim.cli import parse_overrides
 from gpusim.errors import GpusimError
+from gpusim.output_files import staged_outputs
 from gpusim.studies import concurrency_e2e
 from gpusim.studies.concurrency import ConcurrencyStudy, geomean
 from gpusim.studies.concurrency_workloads import attention_gemms, model_gemms, systematic_sample, with_shapes
@@ -423,78 +424,79 @@ def main(argv: list[str] | None = None) -> int:
             check_scheduler(args.scheduler)
     except GpusimError as error:
         parser.error(str(error))
-    out = output_folder_or_exit(parser, args.out, "--out")  # before the cache: a bad --out leaves nothing
-    if args.cache:
-        output_folder_or_exit(parser, args.cache, "--cache")
-    started = time.perf_counter()
-    result = study.run(gemms, training)
-    empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
+    final = output_folder_or_exit(parser, args.out, "--out")  # before the cache: a bad --out leaves nothing
+    with staged_outputs(final) as out:  # all of this run's files, or none (an interrupted run leaves the last set)
+        if args.cache:
+            output_folder_or_exit(parser, args.cache, "--cache")
+        started = time.perf_counter()
+        result = study.run(gemms, training)
+        empty = pd.DataFrame(columns=["concurrency", "config", "geomean_speedup", "over_default"])
 
-    trend = study.size_trend()
+        trend = study.size_trend()
 
-    def write(mixes: pd.DataFrame, batched: pd.DataFrame, sizes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Write the main tables, the comparison and the checks (again after each further experiment)."""
-        comparison = compare(result, mixes, batched)
-        verdicts = checks(result, trend)
-        tables = {
-            "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
-            "speedups": result.speedups, "shapes": result.shapes.drop(columns=["features"]),
-            "go_properties": result.go_properties, "selected": selected, "comparison": comparison, "checks": verdicts,
-            "size_trend": trend,
-        }
-        for name, table in tables.items():
-            table.to_csv(out / f"{name}.csv", index=False)
-        plots(out, result, selected, sizes, comparison)
-        return comparison, verdicts
+        def write(mixes: pd.DataFrame, batched: pd.DataFrame, sizes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+            """Write the main tables, the comparison and the checks (again after each further experiment)."""
+            comparison = compare(result, mixes, batched)
+            verdicts = checks(result, trend)
+            tables = {
+                "summary": result.summary, "predictor": result.predictor, "per_app": result.per_app, "impact": result.impact,
+                "speedups": result.speedups, "shapes": result.shapes.drop(columns=["features"]),
+                "go_properties": result.go_properties, "selected": selected, "comparison": comparison, "checks": verdicts,
+                "size_trend": trend,
+            }
+            for name, table in tables.items():
+                table.to_csv(out / f"{name}.csv", index=False)
+            plots(out, result, selected, sizes, comparison)
+            return comparison, verdicts
 
-    selected = selected_gemms(result)
-    comparison, verdicts = write(empty, empty, pd.DataFrame())
-    mixes, batched_table = empty, empty
-    if args.quick:
-        cp_check(study, result.shapes, 2).to_csv(out / "cp_check.csv", index=False)
-    else:
-        raw = study.mixes(heterogeneous_pairs(result.gemms), result.shapes)
-        raw.to_csv(out / "heterogeneous_runs.csv", index=False)
-        mixes = mix_summary(raw)
-        mixes.to_csv(out / "heterogeneous.csv", index=False)
-        cp_check(study, result.shapes, 6).to_csv(out / "cp_check.csv", index=False)
-        attention = attention_gemms()
-        measured, batched_speedups = study.evaluate(attention, result.model)
-        batched_speedups.to_csv(out / "batched_homogeneous.csv", index=False)
-        raw_batched = study.mixes(batched_pairs(with_shapes(attention)), measured.shapes, degrees=(2, 4))
-        raw_batched.to_csv(out / "batched_runs.csv", index=False)
-        batched_table = mix_summary(raw_batched)
-        batched_table.to_csv(out / "batched.csv", index=False)
-    comparison, verdicts = write(mixes, batched_table, pd.DataFrame())
-    sizes, go16, fp16_cpu_s = fp16_experiments(args, result, cache)
-    sizes.to_csv(out / "fp16.csv", index=False)
-    go16.to_csv(out / "fp16_go16.csv", index=False)
-    comparison, verdicts = write(mixes, batched_table, sizes)
-    if args.end_to_end:
-        groups, totals = end_to_end(study, result.model, small=args.end_to_end == "small")
-        groups.to_csv(out / "end_to_end_groups.csv", index=False)
-        totals.to_csv(out / "end_to_end.csv", index=False)
-    cpu_s = study.cpu_s + fp16_cpu_s
-
-    wall = time.perf_counter() - started
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 100):
-        print(result.summary.pivot(index="concurrency", columns="config", values="geomean_speedup").round(3).to_string())
-        print()
-        print(comparison[["metric", "concurrency", "config", "value", "simulated", "difference_points", "status"]]
-              .to_string(index=False, float_format="{:.3f}".format, na_rep="-"))
-        print(comparison_summary(comparison))
-        for note in comparison.loc[comparison["status"] == "not run", "note"].drop_duplicates():
-            print(f"  not run: {note}")
-        print()
-        print(verdicts.to_string(index=False))
+        selected = selected_gemms(result)
+        comparison, verdicts = write(empty, empty, pd.DataFrame())
+        mixes, batched_table = empty, empty
+        if args.quick:
+            cp_check(study, result.shapes, 2).to_csv(out / "cp_check.csv", index=False)
+        else:
+            raw = study.mixes(heterogeneous_pairs(result.gemms), result.shapes)
+            raw.to_csv(out / "heterogeneous_runs.csv", index=False)
+            mixes = mix_summary(raw)
+            mixes.to_csv(out / "heterogeneous.csv", index=False)
+            cp_check(study, result.shapes, 6).to_csv(out / "cp_check.csv", index=False)
+            attention = attention_gemms()
+            measured, batched_speedups = study.evaluate(attention, result.model)
+            batched_speedups.to_csv(out / "batched_homogeneous.csv", index=False)
+            raw_batched = study.mixes(batched_pairs(with_shapes(attention)), measured.shapes, degrees=(2, 4))
+            raw_batched.to_csv(out / "batched_runs.csv", index=False)
+            batched_table = mix_summary(raw_batched)
+            batched_table.to_csv(out / "batched.csv", index=False)
+        comparison, verdicts = write(mixes, batched_table, pd.DataFrame())
+        sizes, go16, fp16_cpu_s = fp16_experiments(args, result, cache)
+        sizes.to_csv(out / "fp16.csv", index=False)
+        go16.to_csv(out / "fp16_go16.csv", index=False)
+        comparison, verdicts = write(mixes, batched_table, sizes)
         if args.end_to_end:
+            groups, totals = end_to_end(study, result.model, small=args.end_to_end == "small")
+            groups.to_csv(out / "end_to_end_groups.csv", index=False)
+            totals.to_csv(out / "end_to_end.csv", index=False)
+        cpu_s = study.cpu_s + fp16_cpu_s
+
+        wall = time.perf_counter() - started
+        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 100):
+            print(result.summary.pivot(index="concurrency", columns="config", values="geomean_speedup").round(3).to_string())
             print()
-            print(totals.to_string(index=False, float_format="{:.4g}".format))
-    print(f"\n{len(result.gemms)} GEMMs ({result.gemms['shape'].nunique()} shapes) evaluated, "
-          f"{len(result.shapes)} shapes for the predictor; {wall:.0f} s wall, {cpu_s:.0f} s simulator CPU; wrote {out}/")
-    if args.check and not verdicts["holds"].all():
-        return 1
-    return 0
+            print(comparison[["metric", "concurrency", "config", "value", "simulated", "difference_points", "status"]]
+                  .to_string(index=False, float_format="{:.3f}".format, na_rep="-"))
+            print(comparison_summary(comparison))
+            for note in comparison.loc[comparison["status"] == "not run", "note"].drop_duplicates():
+                print(f"  not run: {note}")
+            print()
+            print(verdicts.to_string(index=False))
+            if args.end_to_end:
+                print()
+                print(totals.to_string(index=False, float_format="{:.4g}".format))
+        print(f"\n{len(result.gemms)} GEMMs ({result.gemms['shape'].nunique()} shapes) evaluated, "
+              f"{len(result.shapes)} shapes for the predictor; {wall:.0f} s wall, {cpu_s:.0f} s simulator CPU; wrote {final}/")
+        if args.check and not verdicts["holds"].all():
+            return 1
+        return 0
 
 
 if __name__ == "__main__":

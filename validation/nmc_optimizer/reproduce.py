@@ -42,6 +42,7 @@ import pandas as pd
 import gpusim
 from gpusim import ops, plot
 from gpusim.arguments import output_folder_or_exit, positive_int, run_script
+from gpusim.output_files import staged_outputs
 from gpusim.studies import nmc_optimizer as study
 
 HERE = Path(__file__).resolve().parent
@@ -261,66 +262,67 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a reference number leaves its tolerance (checks.csv)")
     args = parser.parse_args(argv)
-    out = output_folder_or_exit(parser, args.out, "--out")
-    model = "bert-base" if args.quick else "bert-large"
-    start = time.perf_counter()
+    final = output_folder_or_exit(parser, args.out, "--out")
+    with staged_outputs(final) as out:  # all of this run's files, or none (an interrupted run leaves the last set)
+        model = "bert-base" if args.quick else "bert-large"
+        start = time.perf_counter()
 
-    lamb = lamb_table(model)
-    lamb.to_csv(out / "lamb.csv", index=False)
-    plot_lamb(lamb, out)
-    end_to_end = end_to_end_table(args.quick, args.workers)
-    end_to_end.to_csv(out / "end_to_end.csv", index=False)
-    plot_end_to_end(end_to_end, out)
-    storage = gpusim.load_system("t3-table8.1").gpu.nmc.temp_storage_bytes
-    breakdown = pd.concat(
-        [study.nmc_breakdown(model=model, overrides={"gpu.nmc.temp_storage_bytes": storage * scale}).assign(
-            temp_storage=f"{scale}x") for scale in (1, 4)]
-    )
-    breakdown.to_csv(out / "breakdown.csv", index=False)
-    lamb_energy = study.lamb_energy(model=model)
-    lamb_energy.to_csv(out / "energy.csv", index=False)
+        lamb = lamb_table(model)
+        lamb.to_csv(out / "lamb.csv", index=False)
+        plot_lamb(lamb, out)
+        end_to_end = end_to_end_table(args.quick, args.workers)
+        end_to_end.to_csv(out / "end_to_end.csv", index=False)
+        plot_end_to_end(end_to_end, out)
+        storage = gpusim.load_system("t3-table8.1").gpu.nmc.temp_storage_bytes
+        breakdown = pd.concat(
+            [study.nmc_breakdown(model=model, overrides={"gpu.nmc.temp_storage_bytes": storage * scale}).assign(
+                temp_storage=f"{scale}x") for scale in (1, 4)]
+        )
+        breakdown.to_csv(out / "breakdown.csv", index=False)
+        lamb_energy = study.lamb_energy(model=model)
+        lamb_energy.to_csv(out / "energy.csv", index=False)
 
-    adan = adan_table(args.quick, args.workers)
-    adan.to_csv(out / "adan_v100.csv", index=False)
-    plot_adan(adan, out)
-    adam = adam_h200_table(args.quick, args.workers)
-    adam.to_csv(out / "adam_h200.csv", index=False)
-    plot_adam_h200(adam, out)
+        adan = adan_table(args.quick, args.workers)
+        adan.to_csv(out / "adan_v100.csv", index=False)
+        plot_adan(adan, out)
+        adam = adam_h200_table(args.quick, args.workers)
+        adam.to_csv(out / "adam_h200.csv", index=False)
+        plot_adam_h200(adam, out)
 
-    sweeps = run_sweeps(args.quick, args.workers, model)
-    for name, frame in sweeps.items():
-        frame.drop(columns=["overrides"], errors="ignore").to_csv(out / f"sweep_{name}.csv", index=False)
-    plot_sweeps(sweeps, out)
+        sweeps = run_sweeps(args.quick, args.workers, model)
+        for name, frame in sweeps.items():
+            frame.drop(columns=["overrides"], errors="ignore").to_csv(out / f"sweep_{name}.csv", index=False)
+        plot_sweeps(sweeps, out)
 
-    timeline = gpusim.run(gpusim.load_system("t3-table8.1"),
-                          ops.Optimizer("lamb", study.model_parameter_sizes("bert-base"), impl="nmc"))
-    timeline.to_perfetto(out / "lamb_nmc.perfetto.json")
+        timeline = gpusim.run(gpusim.load_system("t3-table8.1"),
+                              ops.Optimizer("lamb", study.model_parameter_sizes("bert-base"), impl="nmc"))
+        timeline.to_perfetto(out / "lamb_nmc.perfetto.json")
 
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
-        print("LAMB on near-memory ALUs vs the ideal GPU (dissertation Figure 6.4)")
-        print(lamb[["grad_norm", "baseline", "temp_storage", "temp_storage_bytes", "nmc_time_s", "speedup",
-                    "reference_speedup", "error", "data_reduction", "data_reduction_error"]].to_string(index=False))
-        print("\nWhere LAMB's time on NMC goes")
-        print(breakdown.to_string(index=False))
-        print("\nEnergy of a LAMB step (J; not evaluated in the dissertation, section 9.2)")
-        print(lamb_energy.drop(columns=["system", "model"]).to_string(index=False))
-        print("\nBERT iterations with LAMB on the GPU and on NMC (dissertation: 9-20% faster)")
-        print(end_to_end.to_string(index=False))
-        print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
-        print(adan.drop(columns=["source"]).to_string(index=False))
-        print("\nAdam step on H200 (validation/measured/h200/optimizer.csv; busy: the kernels' summed durations)")
-        print(adam.to_string(index=False))
-    checks = checks_table(lamb, adan, end_to_end)
-    checks.to_csv(out / "checks.csv", index=False)
-    with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
-        print(f"\nReference numbers{' (--quick compares BERT-base with BERT-Large references)' if args.quick else ''}")
-        print(checks.to_string(index=False))
-    print(f"\nwrote {out}/ in {time.perf_counter() - start:.0f} s")
-    missed = checks[checks["status"] == "miss"]
-    if args.check and not missed.empty:
-        print(f"--check: {len(missed)} reference numbers outside their tolerance: {', '.join(missed['check'])}")
-        return 1
-    return 0
+        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
+            print("LAMB on near-memory ALUs vs the ideal GPU (dissertation Figure 6.4)")
+            print(lamb[["grad_norm", "baseline", "temp_storage", "temp_storage_bytes", "nmc_time_s", "speedup",
+                        "reference_speedup", "error", "data_reduction", "data_reduction_error"]].to_string(index=False))
+            print("\nWhere LAMB's time on NMC goes")
+            print(breakdown.to_string(index=False))
+            print("\nEnergy of a LAMB step (J; not evaluated in the dissertation, section 9.2)")
+            print(lamb_energy.drop(columns=["system", "model"]).to_string(index=False))
+            print("\nBERT iterations with LAMB on the GPU and on NMC (dissertation: 9-20% faster)")
+            print(end_to_end.to_string(index=False))
+            print("\nAdan step on V100 (seed 000 Tables 4.3-4.5)")
+            print(adan.drop(columns=["source"]).to_string(index=False))
+            print("\nAdam step on H200 (validation/measured/h200/optimizer.csv; busy: the kernels' summed durations)")
+            print(adam.to_string(index=False))
+        checks = checks_table(lamb, adan, end_to_end)
+        checks.to_csv(out / "checks.csv", index=False)
+        with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
+            print(f"\nReference numbers{' (--quick compares BERT-base with BERT-Large references)' if args.quick else ''}")
+            print(checks.to_string(index=False))
+        print(f"\nwrote {final}/ in {time.perf_counter() - start:.0f} s")
+        missed = checks[checks["status"] == "miss"]
+        if args.check and not missed.empty:
+            print(f"--check: {len(missed)} reference numbers outside their tolerance: {', '.join(missed['check'])}")
+            return 1
+        return 0
 
 
 if __name__ == "__main__":

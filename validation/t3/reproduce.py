@@ -27,6 +27,7 @@ import pandas as pd
 
 from gpusim import plot
 from gpusim.arguments import output_folder_or_exit, positive_int, run_script
+from gpusim.output_files import staged_outputs
 from gpusim.studies import t3
 from gpusim.sweep import sweep
 
@@ -255,53 +256,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=positive_int, default=None, help="processes (default: the CPUs available)")
     parser.add_argument("--no-cache", action="store_true", help="do not reuse results cached under --out")
     args = parser.parse_args(argv)
-    out = output_folder_or_exit(parser, args.out, "--out")
-    raw = sweep(t3.run_point, points(args.subset), workers=args.workers,
-                cache=None if args.no_cache else out / "cache", description="T3 study")
-    tables = tables_from(raw)
-    names = {"speedups": "speedups.csv", "dram": "dram.csv", "dram_reductions": "dram_reductions.csv",
-             "nmc_rs": "nmc_reduce_scatter.csv", "large_models": "large_models.csv", "future_2x_cus": "future_2x_cus.csv",
-             "cu_sharing": "cu_sharing.csv", "end_to_end": "end_to_end.csv", "dram_timeline": "dram_timeline.csv",
-             "software_overlap": "software_overlap.csv", "end_to_end_replayed": "end_to_end_replayed.csv",
-             "raw_cases": "simulations.csv", "energy": "energy.csv"}
-    for key, name in names.items():
-        if key in tables:
-            tables[key].to_csv(out / name, index=False)
-    table = summary(metrics(tables))
-    if args.subset == "ci":  # aggregates over two cases say nothing about the 16-case references
-        table = table[table["metric"].str.startswith("speedup.")].reset_index(drop=True)
-    table.to_csv(out / "summary.csv", index=False)
-    write_plots(tables, out)
-    with pd.option_context("display.width", 200, "display.max_colwidth", 40, "display.max_rows", 200):
-        print(table[["metric", "ours", "reference", "difference", "tolerance", "status"]].to_string(index=False,
-                                                                                              float_format="{:.3f}".format))
-    if "software_overlap" in tables:
-        software = tables["software_overlap"]
-        for large, models in ((False, "main models"), (True, "TP32 models")):
-            frame = software[software["model"].isin(t3.LARGE_MODELS) == large]
-            if len(frame):
-                best, dma = frame[frame["best"]], frame[(frame["driver"] == "dma") & (frame["splits"] == 1)]
-                print(f"decomposed overlap, {models}, geomean speedup over Sequential: software (best CU variant) "
-                      f"{t3.geomean(best['speedup']):.3f}, on DMA + NMC {t3.geomean(dma['speedup']):.3f}; "
-                      f"T3-MCA {t3.geomean(best['t3_mca_speedup']):.3f} (software_overlap.csv)")
-                variants = frame.groupby(["driver", "channels", "splits"])["speedup"].apply(t3.geomean)
-                print("  by variant (driver, CUs, kernels per chunk): " + ", ".join(
-                    f"{driver}-{channels} x{splits} {value:.3f}" for (driver, channels, splits), value in variants.items()))
-    energy = tables["energy"][tables["energy"]["config"] != "sequential"]
-    print("energy per GPU over Sequential, geomean (energy.csv; not in the dissertation, docs/energy.md): " + ", ".join(
-        f"{config} {t3.geomean(frame['energy_ratio']):.3f} of the energy at {t3.geomean(frame['power_ratio']):.3f} "
-        "of the average power" for config, frame in energy.groupby("config")))
-    if "end_to_end_replayed" in tables:
-        replayed = tables["end_to_end_replayed"]
-        for setting, frame in replayed.groupby("setting"):
-            geomeans = ", ".join(f"{config} {t3.geomean(group['speedup']):.3f}"
-                                 for config, group in frame.groupby("config", sort=False) if config != "sequential")
-            print(f"end to end with the overlaps replayed in the layer, {setting}, geomean speedup: {geomeans} "
-                  "(end_to_end_replayed.csv)")
-    misses = table[table["status"] == "MISS"]
-    print(f"{len(table)} reference numbers: {(table['status'] == 'ok').sum()} within tolerance, {len(misses)} outside, "
-          f"{(table['status'] == 'info').sum()} without a tolerance; wrote {out}/")
-    return 1 if args.check and len(misses) else 0
+    final = output_folder_or_exit(parser, args.out, "--out")
+    with staged_outputs(final) as out:  # all of this run's files, or none (an interrupted run leaves the last set)
+        raw = sweep(t3.run_point, points(args.subset), workers=args.workers,
+                    cache=None if args.no_cache else final / "cache", description="T3 study")
+        tables = tables_from(raw)
+        names = {"speedups": "speedups.csv", "dram": "dram.csv", "dram_reductions": "dram_reductions.csv",
+                 "nmc_rs": "nmc_reduce_scatter.csv", "large_models": "large_models.csv", "future_2x_cus": "future_2x_cus.csv",
+                 "cu_sharing": "cu_sharing.csv", "end_to_end": "end_to_end.csv", "dram_timeline": "dram_timeline.csv",
+                 "software_overlap": "software_overlap.csv", "end_to_end_replayed": "end_to_end_replayed.csv",
+                 "raw_cases": "simulations.csv", "energy": "energy.csv"}
+        for key, name in names.items():
+            if key in tables:
+                tables[key].to_csv(out / name, index=False)
+        table = summary(metrics(tables))
+        if args.subset == "ci":  # aggregates over two cases say nothing about the 16-case references
+            table = table[table["metric"].str.startswith("speedup.")].reset_index(drop=True)
+        table.to_csv(out / "summary.csv", index=False)
+        write_plots(tables, out)
+        with pd.option_context("display.width", 200, "display.max_colwidth", 40, "display.max_rows", 200):
+            print(table[["metric", "ours", "reference", "difference", "tolerance", "status"]].to_string(index=False,
+                                                                                                  float_format="{:.3f}".format))
+        if "software_overlap" in tables:
+            software = tables["software_overlap"]
+            for large, models in ((False, "main models"), (True, "TP32 models")):
+                frame = software[software["model"].isin(t3.LARGE_MODELS) == large]
+                if len(frame):
+                    best, dma = frame[frame["best"]], frame[(frame["driver"] == "dma") & (frame["splits"] == 1)]
+                    print(f"decomposed overlap, {models}, geomean speedup over Sequential: software (best CU variant) "
+                          f"{t3.geomean(best['speedup']):.3f}, on DMA + NMC {t3.geomean(dma['speedup']):.3f}; "
+                          f"T3-MCA {t3.geomean(best['t3_mca_speedup']):.3f} (software_overlap.csv)")
+                    variants = frame.groupby(["driver", "channels", "splits"])["speedup"].apply(t3.geomean)
+                    print("  by variant (driver, CUs, kernels per chunk): " + ", ".join(
+                        f"{driver}-{channels} x{splits} {value:.3f}" for (driver, channels, splits), value in variants.items()))
+        energy = tables["energy"][tables["energy"]["config"] != "sequential"]
+        print("energy per GPU over Sequential, geomean (energy.csv; not in the dissertation, docs/energy.md): " + ", ".join(
+            f"{config} {t3.geomean(frame['energy_ratio']):.3f} of the energy at {t3.geomean(frame['power_ratio']):.3f} "
+            "of the average power" for config, frame in energy.groupby("config")))
+        if "end_to_end_replayed" in tables:
+            replayed = tables["end_to_end_replayed"]
+            for setting, frame in replayed.groupby("setting"):
+                geomeans = ", ".join(f"{config} {t3.geomean(group['speedup']):.3f}"
+                                     for config, group in frame.groupby("config", sort=False) if config != "sequential")
+                print(f"end to end with the overlaps replayed in the layer, {setting}, geomean speedup: {geomeans} "
+                      "(end_to_end_replayed.csv)")
+        misses = table[table["status"] == "MISS"]
+        print(f"{len(table)} reference numbers: {(table['status'] == 'ok').sum()} within tolerance, {len(misses)} outside, "
+              f"{(table['status'] == 'info').sum()} without a tolerance; wrote {final}/")
+        return 1 if args.check and len(misses) else 0
 
 
 if __name__ == "__main__":
