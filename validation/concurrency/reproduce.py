@@ -23,7 +23,8 @@ Writes into ``--out``: ``summary.csv`` (concurrency, config, geomean_speedup ove
 section 7.5.7 mixes with ``--quick``), ``checks.csv`` (the signs and orderings the issue asks for, and Fig. 7.1a's) and PNG plots;
 with ``--end-to-end`` also ``end_to_end.csv`` (app, policy, iteration_s, speedups over sequential and
 default, the dissertation's speedup over default) and ``end_to_end_groups.csv``.
-Simulations are cached (default ``DIR/cache``), so an interrupted run resumes.  With ``--check``
+Simulations are cached (default ``DIR/cache``), so an interrupted run resumes; the tables and plots reach ``DIR``
+only when the run ends, all of them together (an interrupted run leaves the previous set).  With ``--check``
 the exit status is 1 when a sign or ordering check of ``checks.csv`` fails (the comparison with the reference numbers
 does not count).
 """
@@ -435,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         trend = study.size_trend()
 
         def write(mixes: pd.DataFrame, batched: pd.DataFrame, sizes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-            """Write the main tables, the comparison and the checks (again after each further experiment)."""
+            """Write the main tables, the comparison and the checks (again after each further experiment) into
+            the stage."""
             comparison = compare(result, mixes, batched)
             verdicts = checks(result, trend)
             tables = {
