@@ -531,7 +531,8 @@ def _add_validate(parser: argparse.ArgumentParser) -> None:
                         help="also (or, without --dataset, only) compare a vidur MLP profile as vidur writes it "
                              "(data/profiling/compute/<gpu>/<model>/mlp.csv), simulated on --system (repeatable)")
     parser.add_argument("--system", help="preset a --vidur profile is simulated on")
-    parser.add_argument("--out", default="out/validate", help="folder for the CSVs, plots and summary.csv")
+    parser.add_argument("--out", default="out/validate",
+                        help="folder for the CSVs, plots and summary.csv (default: out/validate in the current folder)")
     parser.add_argument("--points", type=positive_int, default=None,
                         help="simulate a random subset of at most this many points per data set, spread evenly "
                              "over its groups (default: all)")

@@ -232,6 +232,8 @@ def test_an_unknown_model_lists_the_known_ones():
     (lambda: t3.simulate_case("T-NLG", 4, "OP", "sequential", tokens=256), r"tp must be one of 8, 16, 32 \(the t3-ring "
                                                                             r"node presets\), got 4"),
     (lambda: t3.case_points(tps=[5]), "tp must be one of 8, 16, 32"),
+    (lambda: t3.simulate_allreduce("T-NLG", "OP", 8, cus=-1), "the all-reduce's cus must be a number of CUs from 1 to 80"),
+    (lambda: t3.simulate_cu_split("T-NLG", "OP", 8, 0, 8), "gemm_cus must be a number of CUs from 1 to 80, got 0"),
     (lambda: t3.simulate_case("T-NLG", 8, "OP", "ideal-overlap", tokens=256), "unknown configuration 'ideal-overlap'; "
                                                                               "known: sequential, t3, t3-mca, rs-nmc"),
     (lambda: t3.speedups(pd.DataFrame()), "speedups: raw lacks the columns model, tp"),

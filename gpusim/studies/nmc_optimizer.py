@@ -378,6 +378,8 @@ def lamb_energy(
         component of :func:`gpusim.energy.energy`.
     """
     sizes = model_parameter_sizes(model)
+    positive_ints("temp_storage_scales", temp_storage_scales, " (multiples of the preset's temporary storage)",
+                  "lamb_energy")
     base = _system(system, None)
     storage = base.gpu.nmc.temp_storage_bytes
     runs = [(impl, "-", base) for impl in gpu_impls]

@@ -396,6 +396,8 @@ def _allreduce_on_last_cus(system, model: str, sublayer: str, tp: int, cus: int)
     """The sub-layer's all-reduce on ``cus`` channels and a stream masked to the GPU's last ``cus`` CUs."""
     shape = sublayer_gemm(model, sublayer, tp)
     total = system.gpu.num_cus
+    if not (is_positive_int(cus) and cus <= total):
+        raise ConfigError(f"{model} {sublayer}: the all-reduce's cus must be a number of CUs from 1 to {total}, got {cus!r}")
     return (ops.AllReduce(shape["m"] * shape["n"] * DTYPE_BYTES, dtype=DTYPE, channels=cus),
             Stream("allreduce", cu_mask=tuple(range(total - cus, total))))
 
@@ -421,6 +423,9 @@ def simulate_cu_split(model: str, sublayer: str, tp: int, gemm_cus: int, ar_cus:
     system = load_system(node_for(tp))
     shape = sublayer_gemm(model, sublayer, tp)
     allreduce, ar_stream = _allreduce_on_last_cus(system, model, sublayer, tp, ar_cus)
+    if not (is_positive_int(gemm_cus) and gemm_cus <= system.gpu.num_cus):
+        raise ConfigError(f"{model} {sublayer}: gemm_cus must be a number of CUs from 1 to {system.gpu.num_cus}, "
+                          f"got {gemm_cus!r}")
     gemm_stream = Stream("gemm", cu_mask=tuple(range(gemm_cus)))
     gemm = run(system, [ops.Gemm(**shape, dtype=DTYPE)], streams=[gemm_stream], mode=mode)
     alone = run(system, [allreduce.copy()], streams=[ar_stream], mode=mode)
