@@ -1031,8 +1031,11 @@ class AllToAll(Collective):
 class SendRecv(Op):
     """Rank ``src`` sends ``nbytes`` to rank ``dst`` (pipeline-parallel activations).
 
-    It runs on exactly the two ranks ``src`` and ``dst`` (the sender's DMA engine copies the
-    data), in full mode only: ``ranks`` is ``(src, dst)``; giving other ranks is an error.
+    It runs on exactly the two ranks ``src`` and ``dst``, in full mode only: ``ranks`` is
+    ``(src, dst)``; giving other ranks is an error.  As NCCL's send/receive, the sender's kernel
+    moves the data on ``collectives.cus`` CUs (fewer for a small message), each reading its part
+    and writing it over the links into the receiver's memory, slice by slice; ``driver="dma"``
+    has the sender's first DMA engine copy it instead (``cudaMemcpyPeerAsync``).
 
     Attributes
     ----------
@@ -1042,6 +1045,8 @@ class SendRecv(Op):
         Sender and receiver ranks.
     input, out
         Names of the sent tensor on ``src`` and of the received one on ``dst`` (optional).
+    driver
+        ``"cu"`` (default) or ``"dma"``.
     """
 
     nbytes: int
@@ -1049,6 +1054,7 @@ class SendRecv(Op):
     dst: int = 1
     input: str | None = None
     out: str | None = None
+    driver: str = "cu"
     category: ClassVar[str] = "sendrecv"
     symmetric: ClassVar[bool] = False
 
@@ -1062,6 +1068,8 @@ class SendRecv(Op):
             setattr(self, field_name, rank)
         if self.src == self.dst:
             raise OpError(f"SendRecv: 'src' and 'dst' must differ, both are {self.src}")
+        if not is_one_of(self.driver, ("cu", "dma")):
+            raise OpError(f"SendRecv: field 'driver' must be 'cu' or 'dma', got {self.driver!r}")
         super().__post_init__()
         if self.ranks is not None and set(self.ranks) != {self.src, self.dst}:
             raise OpError(f"SendRecv: field 'ranks' must be the two ranks src and dst, {self.src} and {self.dst} "

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 import gpusim
 from gpusim import ops
+from gpusim.trace import breakdown
 
 RING8 = gpusim.load_system("t3-ring8")
 LINK = RING8.config.links.bandwidth_bytes_per_s
@@ -90,6 +91,35 @@ def test_sendrecv_moves_data_between_two_gpus():
     result = gpusim.run(RING8, ops.SendRecv(2**20, src=0, dst=1))
     assert set(result.ops["gpu"]) == {0, 1}
     assert result.time_s >= 2**20 / LINK
+
+
+def test_a_send_runs_on_the_senders_cus_at_link_speed_not_on_one_copy_engine():
+    """NCCL's send/receive is a kernel whose channels write over every link lane; one DMA engine
+    (50 GB/s on the H100 preset) would take a 371 GB/s NVSwitch port to a seventh of its rate."""
+    node = gpusim.load_system("hgx-h100")
+    nbytes = 12 * 2**20
+    on_cus = gpusim.run(node, ops.SendRecv(nbytes, src=0, dst=1))
+    by_dma = gpusim.run(node, ops.SendRecv(nbytes, src=0, dst=1, driver="dma"))
+    port = node.config.switch.port_bandwidth_bytes_per_s
+    assert 0.5 * port < nbytes / on_cus.time_s <= port
+    assert by_dma.time_s > 4 * on_cus.time_s
+    assert on_cus.ops.set_index("gpu").loc[0, "impl"].startswith("send_")
+    with pytest.raises(gpusim.OpError, match="SendRecv: field 'driver' must be 'cu' or 'dma', got 'nic'"):
+        ops.SendRecv(1024, driver="nic")
+
+
+def test_a_receive_waiting_for_its_sender_is_idle_not_communication():
+    """The receiver's op is issued at once but its sender first computes: that wait is the bubble of
+    a pipeline (idle), and only the transfer counts as exposed communication."""
+    gemm = ops.Gemm(4096, 4096, 4096, ranks=[0])
+    send = ops.SendRecv(2**20, src=0, dst=1)
+    result = gpusim.run(RING8, [gemm, send], mode="full")
+    receive = result.ops[(result.ops["gpu"] == 1) & (result.ops["kind"] == "sendrecv")].iloc[0]
+    gemm_s = float(result.ops[result.ops["gpu"] == 0].iloc[0]["duration_s"])
+    assert receive["wait_s"] == pytest.approx(gemm_s, rel=0.05)
+    table = breakdown(result.ops).set_index("gpu")
+    assert table.loc[1, "idle_s"] >= 0.95 * gemm_s
+    assert table.loc[1, "exposed_comm_s"] < 0.5 * gemm_s
 
 
 MI210_4 = gpusim.load_system("mi210-4")

@@ -771,24 +771,75 @@ def _hierarchical(ctx, op, group, inp, out, flags, set_up):
 
 
 def execute_sendrecv(ctx, op):
-    """Run a :class:`gpusim.ops.SendRecv` on ``ctx``'s rank: the sender's DMA engine copies the data."""
+    """Run a :class:`gpusim.ops.SendRecv` on ``ctx``'s rank: the sender's kernel (or, with
+    ``driver="dma"``, its DMA engine) writes the data into the receiver's memory; the receiver waits
+    for all of it.  The receiver's ``wait_s`` is how long it waited before the sender began (a
+    pipeline's bubble, not communication: :func:`gpusim.trace.breakdown`)."""
     shared = ctx.shared()
     flags = shared.setdefault("flags", Flags(ctx))
     buf = ctx.tensor(op.input if ctx.rank == op.src else op.out, op.nbytes)
     if ctx.machine.mode != "full":
         raise OpError(f"{op.label}: send/recv needs full mode (the two ranks do different work)")
+    channels = 1 if op.driver == "dma" else channels_for(ctx, op, op.nbytes)
     if ctx.rank == op.src:
-        finished = Join(ctx.env)
-        finished.add()
+        shared["sending_ns"] = ctx.env.now
+        flags.raise_at("sending", op.dst, ctx.env.now)
+        if op.driver == "dma":
+            finished = Join(ctx.env)
+            finished.add()
 
-        def done(time_ns: float) -> None:
-            flags.raise_at("data", op.dst, time_ns, 0)
-            finished.done_at(time_ns)
+            def done(time_ns: float) -> None:
+                flags.raise_at("data", op.dst, time_ns, 0)
+                finished.done_at(time_ns)
 
-        ctx.gpu.dma[0].submit(DmaCommand(buf.addr, op.nbytes, op.dst, buf.addr, WRITE, buf.cached, done, "send"))
-        yield finished.close()
+            ctx.gpu.dma[0].submit(DmaCommand(buf.addr, op.nbytes, op.dst, buf.addr, WRITE, buf.cached, done, "send"))
+            yield finished.close()
+            ctx.info.update(impl="dma_copy", bytes=op.nbytes)
+            return
+        kernel = SendKernel(ctx, op, buf, flags, channels)
+        yield from ctx.launch(kernel.kernel, latency_ns=ctx.config.collectives.launch_ns)
+        ctx.info.update(impl=kernel.kernel.info["impl"], bytes=op.nbytes, channels=channels)
     elif ctx.rank == op.dst:
-        arrived = flags.event("data", op.dst, 0)
-        if not arrived.processed:
-            yield arrived
-    ctx.info.update(impl="dma_copy", bytes=op.nbytes)
+        issued = ctx.env.now
+        sending = flags.event("sending", op.dst)
+        if not sending.processed:
+            yield sending
+        ctx.info.update(wait_s=max(0.0, shared["sending_ns"] - issued) * 1e-9)
+        for channel in range(channels):
+            arrived = flags.event("data", op.dst, channel)
+            if not arrived.processed:
+                yield arrived
+        ctx.info.update(impl="dma_copy" if op.driver == "dma" else f"recv_{channels}ch", bytes=op.nbytes)
+
+
+class SendKernel:
+    """NCCL's send on the sender: ``channels`` workgroups, each moving its part of the message slice
+    by slice (``collectives.slice_bytes``): it reads a slice, bounded by the channel's bytes in
+    flight (:func:`channel_memory`), and writes it over the links into the receiver's memory while
+    it reads the next; the receiver's flag for the channel rises when its last slice has landed."""
+
+    def __init__(self, ctx, op, buf: Buffer, flags: Flags, channels: int):
+        self.ctx, self.op, self.buf, self.flags = ctx, op, buf, flags
+        self.part = math.ceil(op.nbytes / channels)
+        self.slice = max(1, int(ctx.config.collectives.slice_bytes))
+        self.kernel = Kernel(name=f"send_{channels}ch", num_wgs=channels, shape=COLLECTIVE_SHAPE, body=self._workgroup,
+                             info={"impl": f"send_{channels}ch", "channels": channels})
+
+    def _workgroup(self, channel: int, cu: ComputeUnit):
+        ctx, op, buf = self.ctx, self.op, self.buf
+        env, memory = ctx.env, ctx.gpu.memory
+        start = channel * self.part
+        stop = min(op.nbytes, start + self.part)
+        if stop <= start:
+            self.flags.raise_for_empty("data", op.dst, channel)
+            return
+        bound = channel_memory(ctx, cu)
+        delivered = Countdown(lambda time_ns: self.flags.raise_at("data", op.dst, time_ns, channel))
+        for offset in range(start, stop, self.slice):
+            size = min(self.slice, stop - offset)
+            reads = Join(env)
+            memory.read(buf.addr + offset, size, reads, COMM, buf.cached)
+            reads.extend_to(bound.memory(env.now, 2 * size))
+            yield reads.close()
+            yield from ctx.machine.interconnect.transfer(ctx.rank, op.dst, buf.addr + offset, size, WRITE, delivered)
+        delivered.close(env.now)

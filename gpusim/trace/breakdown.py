@@ -128,7 +128,9 @@ def breakdown(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.Data
     Parameters
     ----------
     ops
-        ``Result.ops`` (gpu, kind, start_s, end_s; optionally kernel_class, op_id and chunks).
+        ``Result.ops`` (gpu, kind, start_s, end_s; optionally kernel_class, op_id, chunks, and
+        wait_s: the time at an op's start that it waited for its sender to begin, which counts as
+        idle, as the bubble of a pipeline is).
     kernels
         ``Result.kernels`` of the same run (gpu, op_id, name, start_s, end_s): an op of kind
         ``fused`` that exchanged data (``chunks`` > 1) then counts its GEMM kernels as compute and
@@ -156,7 +158,10 @@ def breakdown(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.Data
         fused = ((ops["kind"] == FUSED_KIND) & (pd.to_numeric(ops["chunks"], errors="coerce") > 1)).to_numpy()
     empty = pd.DataFrame(columns=["gpu", "start_s", "end_s"])
     inner_compute, inner_comm = _fused_intervals(ops, fused, kernels) if fused.any() else (empty, empty)
-    starts, ends = ops["start_s"].to_numpy(), ops["end_s"].to_numpy()
+    starts, ends = ops["start_s"].to_numpy(dtype=float), ops["end_s"].to_numpy(dtype=float)
+    if "wait_s" in ops.columns:  # a receive waiting for its sender to begin: the pipeline's bubble, idle
+        waits = pd.to_numeric(ops["wait_s"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
+        starts = np.minimum(starts + waits, ends)
 
     def covered(mask: np.ndarray, inner: pd.DataFrame, gpu: int) -> float:
         """Length of the union of the ``mask`` rows' spans and ``inner``'s intervals on ``gpu``."""
