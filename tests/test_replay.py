@@ -3,6 +3,7 @@
 import json
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -403,3 +404,18 @@ def test_pipeline_parallel_training_cached_is_close_to_every_layer_simulated():
     assert cached.stats["simulated_rows"] < whole.stats["simulated_rows"]
     assert cached.time_s == pytest.approx(whole.time_s, rel=0.01)
     _kernels_inside_their_ops(cached)
+
+
+def test_a_kernel_measured_at_zero_is_left_out_of_the_comparison():
+    """A profiler writes 0 for a kernel it did not time: an error against it would be infinite."""
+    ops_table = pd.DataFrame([
+        {"op_id": 1, "gpu": 0, "name": "a", "kind": "gemm", "measured_s": 2e-6, "duration_s": 1e-6, "start_s": 0.0,
+         "end_s": 1e-6},
+        {"op_id": 2, "gpu": 0, "name": "b", "kind": "gemm", "measured_s": 0.0, "duration_s": 1e-6, "start_s": 1e-6,
+         "end_s": 2e-6},
+    ])
+    with pytest.warns(UserWarning, match=r"1 kernel\(s\) with a measured duration of 0 are left out"):
+        table = compare(ops_table).set_index("kernel_class")
+    assert table.loc["all kernels", "kernels"] == 1
+    assert table.loc["all kernels", "error"] == pytest.approx(-0.5)
+    assert np.isfinite(table["median_kernel_error"].dropna()).all()

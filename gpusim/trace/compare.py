@@ -11,6 +11,8 @@ error and the iteration's are NaN, so that no tolerance can be met by measured d
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -22,7 +24,8 @@ COMPARISON_COLUMNS = ["kernel_class", "kernels", "measured_s", "simulated_s", "e
 
 
 def kernel_comparison(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per kernel with a measured duration: name, kernel_class, simulated (bool), measured_s, simulated_s.
+    """One row per kernel with a measured duration (above 0: a kernel measured at 0 is left out, with a
+    warning): name, kernel_class, simulated (bool), measured_s, simulated_s.
 
     A profiler's kernel duration runs from the kernel's start to its end on the GPU, without the
     host's launch cost; so an op's simulated duration is the span of its kernels in ``kernels``
@@ -37,7 +40,12 @@ def kernel_comparison(ops: pd.DataFrame, kernels: pd.DataFrame | None = None) ->
     check_result_table("kernel_comparison", "ops", ops, ("op_id", "gpu", "name", "kind", "measured_s", "duration_s"))
     if kernels is not None:
         check_result_table("kernel_comparison", "kernels", kernels, ("op_id", "gpu", "start_s", "end_s"))
-    frame = ops[np.isfinite(pd.to_numeric(ops["measured_s"], errors="coerce"))].copy()
+    measured = pd.to_numeric(ops["measured_s"], errors="coerce")
+    unresolved = int((measured == 0).sum())
+    if unresolved:  # a profiler writes 0 for a kernel it did not time: no error can be taken against it
+        warnings.warn(f"{unresolved} kernel(s) with a measured duration of 0 are left out of the comparison",
+                      UserWarning, stacklevel=2)
+    frame = ops[np.isfinite(measured) & (measured > 0)].copy()
     classes = frame["kernel_class"] if "kernel_class" in frame.columns else frame["kind"]
     frame["kernel_class"] = np.where(classes.astype(str) != "", classes, frame["kind"])
     frame["modelled"] = frame["kind"] != "delay"
