@@ -1514,9 +1514,11 @@ def transformer(
     Raises
     ------
     TraceError
-        Parameters that do not divide (heads by ``tp``, batch by ``dp * microbatches``, ``dp`` or
-        the experts by ``ep``...), ``sequence_parallel`` in the ``decode`` phase, or expert options
-        for a dense model.
+        Parameters that do not divide (batch by ``dp * microbatches``, ``dp`` or the experts by
+        ``ep``...), ``tp`` above the heads, ``sequence_parallel`` in the ``decode`` phase, or expert
+        options for a dense model.  Heads that ``tp`` does not divide are not an error: every rank
+        gets the busiest rank's ``ceil(heads / tp)`` (the module's description; T-NLG's 28 heads
+        over 8 GPUs in the dissertation's chapter 8).
     """
     config = whole = load_model(model)
     _check_prefill(phase, prefill_tokens, prefill_context)
