@@ -197,6 +197,24 @@ def _checked_model_options(given: dict[str, object]) -> dict[str, object]:
     return given
 
 
+def _check_flags_take_effect(options: dict[str, object]) -> None:
+    """Refuse a flag that a model run's fixed degrees make do nothing (a sweep that varies the
+    degree may well include 1: it is not checked).
+
+    Raises
+    ------
+    GpusimError
+        ``--sequence-parallel`` or ``--async-tp-backward`` with ``--tp 1``, or
+        ``--distributed-optimizer`` with ``--dp 1``.
+    """
+    for name, degree, what in (("sequence_parallel", "tp", "splits the tensor-parallel ranks' sequence"),
+                               ("async_tp_backward", "tp", "overlaps the tensor-parallel communication"),
+                               ("distributed_optimizer", "dp", "shards the optimizer over the data-parallel ranks")):
+        if options.get(name) is True and options.get(degree, 1) == 1:
+            raise GpusimError(f"simulate: {_option(name)} {what}; with --{degree} 1 it changes nothing (give "
+                              f"--{degree} 2 or more)")
+
+
 INT_MODEL_OPTIONS = ("tp", "dp", "pp", "batch", "seq_len", "microbatches", "layers", "decode_tokens",
                      "vocab_divisible_by", "virtual_stages", "ep", "expert_overlap_chunks", "prefill_tokens",
                      "prefill_context")
@@ -339,6 +357,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return _prepared_trace(args, _checked_model_options({**options, **values}), report=False)
 
         return _simulate_sweep(args, WorkloadFunction(make, varied), system, grid)
+    if args.model:
+        _check_flags_take_effect(options)
     trace = _prepared_trace(args, options, report=True)
     if grid:
         return _simulate_sweep(args, trace, system, grid)
