@@ -144,9 +144,16 @@ class Interconnect:
             for link in links:
                 pipe = link.pipe
                 start = pipe.reserve(t, size, now)
-                traffic[(link.name, src, dst, int(start // bin_ns))] += size
+                sent = start + size * pipe.ns_per_unit
+                first = int(start // bin_ns)
+                if sent > (first + 1) * bin_ns:  # a packet across a bin's end: each bin its share (rates <= the link's)
+                    before = size * ((first + 1) * bin_ns - start) / (sent - start)
+                    traffic[(link.name, src, dst, first)] += before
+                    traffic[(link.name, src, dst, first + 1)] += size - before
+                else:
+                    traffic[(link.name, src, dst, first)] += size
                 link.bytes_sent += size
-                t = start + size * pipe.ns_per_unit + link.latency
+                t = sent + link.latency
             if done is not None:
                 done.pending += 1
             arrival = env.timeout(t - now)
