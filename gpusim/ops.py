@@ -844,9 +844,9 @@ class Attention(Op):
         if not is_one_of(self.dtype, ATTENTION_DTYPES):
             raise OpError(f"Attention: field 'dtype' must be one of {', '.join(ATTENTION_DTYPES)} "
                           f"(FlashAttention-2's inputs), got {self.dtype!r}")
-        if self.head_dim > HEAD_DIMS[-1]:
-            raise OpError(f"Attention: field 'head_dim' must be at most {HEAD_DIMS[-1]} (FlashAttention-2's "
-                          f"largest kernel), got {self.head_dim}")
+        if self.head_dim > HEAD_DIMS[-1] or self.head_dim % 8:
+            raise OpError(f"Attention: field 'head_dim' must be a multiple of 8 up to {HEAD_DIMS[-1]} "
+                          f"(FlashAttention-2's kernels), got {self.head_dim}")
         self.causal = _bool("Attention", "causal", self.causal)
         if self.kv_heads is not None:
             self.kv_heads = _positive_int("Attention", "kv_heads", self.kv_heads)

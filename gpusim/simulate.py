@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -104,6 +105,16 @@ def routes_directly(op: Op) -> bool:
     return algorithm == "direct"
 
 
+def leaves_ranks_empty(op: Op, ranks: int) -> bool:
+    """Whether collective ``op`` over ``ranks`` ranks is too small to give every rank's chunk a byte
+    (a 1-byte all-reduce on 8 GPUs): its ranks then do different work, which symmetric mode, which
+    mirrors rank 0's, cannot show."""
+    nbytes = getattr(op, "nbytes", None)
+    if getattr(op, "collective", None) is None or not isinstance(nbytes, int) or ranks < 2:
+        return False
+    return (ranks - 1) * math.ceil(nbytes / ranks) >= nbytes
+
+
 def one_symmetric_node(system: System) -> bool:
     """Whether ``system`` is a single node whose GPUs all see the same network (symmetric mode's
     first condition)."""
@@ -115,8 +126,9 @@ def choose_mode(op_list: Sequence[Op], system: System) -> str:
 
     Exact means: a single node whose GPUs all see the same network; every op runs on every GPU
     alike (no :class:`gpusim.ops.SendRecv`, no op on a subset of the GPUs, which symmetric mode
-    would mirror as if every rotation of its group ran it); and no direct collective or all-to-all
-    where peers are several hops apart (:func:`warn_if_symmetric_approximates`).
+    would mirror as if every rotation of its group ran it, no collective too small to give every
+    rank a chunk: :func:`leaves_ranks_empty`); and no direct collective or all-to-all where peers
+    are several hops apart (:func:`warn_if_symmetric_approximates`).
     """
     topology = system.topology
     if not one_symmetric_node(system):
@@ -124,6 +136,8 @@ def choose_mode(op_list: Sequence[Op], system: System) -> str:
     everyone = list(range(system.num_gpus))
     for op in op_list:
         if not op.symmetric or (op.ranks is not None and sorted(op.ranks) != everyone):
+            return "full"
+        if leaves_ranks_empty(op, len(everyone)):
             return "full"
         if routes_directly(op) and not topology.mirrors_direct_traffic:
             return "full"

@@ -29,7 +29,8 @@ def _kernel_s(result) -> float:
 
 @pytest.mark.parametrize("fields, message", [
     ({"dtype": "fp32"}, "'dtype' must be one of fp16, bf16"),
-    ({"head_dim": 320}, "'head_dim' must be at most 256"),
+    ({"head_dim": 320}, "'head_dim' must be a multiple of 8 up to 256 (FlashAttention-2's kernels), got 320"),
+    ({"head_dim": 3}, "'head_dim' must be a multiple of 8 up to 256 (FlashAttention-2's kernels), got 3"),
     ({"kv_heads": 3}, "'kv_heads' must divide heads (8)"),
     ({"direction": "sideways"}, "'direction' must be one of forward, backward"),
     ({"q_len": 0}, "'q_len' must be a positive integer"),

@@ -150,6 +150,9 @@ def choose_mode(trace: Trace, system: System) -> str:
     0 is) is the exception: full mode has no rows for its peers, so on a symmetric single-node
     topology it is mirrored.
 
+    A collective too small to give every rank a byte of its own (a 1-byte all-reduce on 8 GPUs) is
+    replayed in full mode too: its ranks do different work.
+
     Symmetric mode is exact for ring collectives and, on a fully connected node, for direct ones;
     on a switch it is within 1.5% of full mode for direct collectives and all-to-all.  On a ring
     those route over several hops, where one GPU's mirrored traffic meets the other ranks' at other
@@ -170,6 +173,11 @@ def choose_mode(trace: Trace, system: System) -> str:
     collectives = frame[frame["kind"].isin(GROUP_KINDS)]
     direct = (collectives["collective"] == "alltoall") | (collectives["algorithm"] == "direct")
     if direct.any() and not system.topology.mirrors_direct_traffic:
+        return "full"
+    ranks = collectives["group"].map(lambda group: len(group.split()) if isinstance(group, str) and group.strip()
+                                     else system.num_gpus)  # blank: all GPUs
+    nbytes = pd.to_numeric(collectives["bytes"], errors="coerce")
+    if ((ranks > 1) & ((ranks - 1) * np.ceil(nbytes / ranks) >= nbytes)).any():  # as simulate.leaves_ranks_empty
         return "full"
     return "symmetric"
 
