@@ -174,10 +174,10 @@ def choose_mode(trace: Trace, system: System) -> str:
     direct = (collectives["collective"] == "alltoall") | (collectives["algorithm"] == "direct")
     if direct.any() and not system.topology.mirrors_direct_traffic:
         return "full"
-    ranks = collectives["group"].map(lambda group: len(group.split()) if isinstance(group, str) and group.strip()
-                                     else system.num_gpus)  # blank: all GPUs
-    nbytes = pd.to_numeric(collectives["bytes"], errors="coerce")
-    if ((ranks > 1) & ((ranks - 1) * np.ceil(nbytes / ranks) >= nbytes)).any():  # as simulate.leaves_ranks_empty
+    ranks = np.array([len(group.split()) if isinstance(group, str) and group.strip() else system.num_gpus
+                      for group in collectives["group"]], dtype=float)  # blank: all GPUs
+    nbytes = pd.to_numeric(collectives["bytes"], errors="coerce").to_numpy(dtype=float)
+    if ((ranks > 1) & ((ranks - 1) * np.ceil(nbytes / np.maximum(ranks, 1)) >= nbytes)).any():  # as leaves_ranks_empty
         return "full"
     return "symmetric"
 
