@@ -419,3 +419,12 @@ def test_a_kernel_measured_at_zero_is_left_out_of_the_comparison():
     assert table.loc["all kernels", "kernels"] == 1
     assert table.loc["all kernels", "error"] == pytest.approx(-0.5)
     assert np.isfinite(table["median_kernel_error"].dropna()).all()
+
+
+@pytest.mark.parametrize(("nbytes", "group", "mode"), [(2, "", "full"), (2, "0 1 2 3 4 5 6 7", "full"),
+                                                      (2**20, "", "symmetric")])
+def test_auto_mode_replays_a_collective_too_small_for_every_rank_in_full_mode(nbytes, group, mode):
+    """Two bytes over 8 ranks leave six ranks without a chunk: their work differs from rank 0's."""
+    rows = [{"op_id": 1, "gpu": gpu, "stream": "s", "kind": "collective", "collective": "allreduce",
+             "bytes": nbytes, "group": group} for gpu in range(8)]
+    assert choose_mode(Trace(pd.DataFrame(rows)), gpusim.load_system("hgx-h100")) == mode
