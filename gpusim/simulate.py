@@ -105,14 +105,18 @@ def routes_directly(op: Op) -> bool:
     return algorithm == "direct"
 
 
+def chunks_leave_ranks_empty(nbytes: int, ranks: int) -> bool:
+    """Whether a collective of ``nbytes`` over ``ranks`` ranks is too small to give every rank's
+    chunk a byte (a 1-byte all-reduce on 8 GPUs): its ranks then do different work, which symmetric
+    mode, which mirrors rank 0's, cannot show."""
+    return ranks > 1 and (ranks - 1) * math.ceil(nbytes / ranks) >= nbytes
+
+
 def leaves_ranks_empty(op: Op, ranks: int) -> bool:
-    """Whether collective ``op`` over ``ranks`` ranks is too small to give every rank's chunk a byte
-    (a 1-byte all-reduce on 8 GPUs): its ranks then do different work, which symmetric mode, which
-    mirrors rank 0's, cannot show."""
+    """:func:`chunks_leave_ranks_empty` for an op: false for an op that is not a collective."""
     nbytes = getattr(op, "nbytes", None)
-    if getattr(op, "collective", None) is None or not isinstance(nbytes, int) or ranks < 2:
-        return False
-    return (ranks - 1) * math.ceil(nbytes / ranks) >= nbytes
+    return (getattr(op, "collective", None) is not None and isinstance(nbytes, int)
+            and chunks_leave_ranks_empty(nbytes, ranks))
 
 
 def one_symmetric_node(system: System) -> bool:

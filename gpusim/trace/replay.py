@@ -29,6 +29,7 @@ from gpusim.hw.system import Machine
 from gpusim.results import Result, build_result
 from gpusim.sched.executor import OpRecord, Stream
 from gpusim.simulate import (
+    chunks_leave_ranks_empty,
     close_progress_bar,
     finish,
     one_symmetric_node,
@@ -174,10 +175,10 @@ def choose_mode(trace: Trace, system: System) -> str:
     direct = (collectives["collective"] == "alltoall") | (collectives["algorithm"] == "direct")
     if direct.any() and not system.topology.mirrors_direct_traffic:
         return "full"
-    ranks = np.array([len(group.split()) if isinstance(group, str) and group.strip() else system.num_gpus
-                      for group in collectives["group"]], dtype=float)  # blank: all GPUs
-    nbytes = pd.to_numeric(collectives["bytes"], errors="coerce").to_numpy(dtype=float)
-    if ((ranks > 1) & ((ranks - 1) * np.ceil(nbytes / np.maximum(ranks, 1)) >= nbytes)).any():  # as leaves_ranks_empty
+    ranks = [len(group.split()) if isinstance(group, str) and group.strip() else system.num_gpus  # blank: all
+             for group in collectives["group"]]
+    sizes = pd.to_numeric(collectives["bytes"], errors="coerce")
+    if any(chunks_leave_ranks_empty(int(size), n) for size, n in zip(sizes, ranks) if not pd.isna(size)):
         return "full"
     return "symmetric"
 
