@@ -40,6 +40,15 @@ def _check_dtype(op: str, dtype: object) -> None:
     one_of("field 'dtype'", dtype, DTYPE_BYTES, op, OpError)
 
 
+def _check_whole_elements(op: str, field: str, nbytes: int, dtype: str) -> None:
+    """A collective moves whole elements (NCCL counts them): ``nbytes`` must be a multiple of the
+    dtype's size."""
+    size = DTYPE_BYTES[dtype]
+    if nbytes % size:
+        raise OpError(f"{op}: field {field!r} must be a whole number of {dtype} elements ({size} bytes each), "
+                      f"got {nbytes} bytes")
+
+
 def _ranks(op: str, ranks: object) -> tuple[int, ...] | None:
     if ranks is None:
         return None
@@ -926,6 +935,7 @@ class Collective(Op):
         name = type(self).__name__
         self.nbytes = _positive_int(name, "nbytes", self.nbytes)
         _check_dtype(name, self.dtype)
+        _check_whole_elements(name, "nbytes", self.nbytes, self.dtype)
         one_of("field 'algorithm'", self.algorithm, self.algorithms, name, OpError)
         if not is_one_of(self.driver, ("cu", "dma")):
             raise OpError(f"{name}: field 'driver' must be 'cu' or 'dma', got {self.driver!r}")
@@ -1007,6 +1017,9 @@ class AllToAll(Collective):
                 raise OpError(f"AllToAll: row {i} of field 'send_bytes' must be {len(rows)} non-negative integers "
                               f"(bytes to each rank), got {row!r}")
             matrix.append(tuple(int(v) for v in values))
+        for i, row in enumerate(matrix):
+            for value in row:
+                _check_whole_elements("AllToAll", f"send_bytes[{i}]", value, self.dtype)
         self.send_bytes = tuple(matrix)
         sent = max(sum(row) for row in matrix)
         received = max(sum(column) for column in zip(*matrix))

@@ -266,3 +266,13 @@ def test_negative_shapes_and_huge_durations_name_the_node_and_field(tmp_path):
 def test_an_unknown_unsupported_option_is_a_config_error_naming_it(tmp_path):
     with pytest.raises(ConfigError, match=r"^read_chakra\(\): unsupported must be 'error' or 'delay', got 'skip'$"):
         read_chakra(tmp_path / "any.et", unsupported="skip")
+
+
+@pytest.mark.parametrize(("size", "dtype"), [(1024, "fp16"), (1001, "int8")])
+def test_a_collective_of_an_odd_size_moves_bytes(tmp_path, size, dtype):
+    """The file records no element type; a collective moves whole elements, so an odd size is one of
+    bytes rather than an error."""
+    for rank in (0, 1):
+        et_file(tmp_path / f"job.{rank}.et", [_all_reduce(1, size=size)])
+    frame = read_chakra(tmp_path).frame
+    assert frame["dtype"].tolist() == [dtype, dtype] and frame["bytes"].tolist() == [size, size]

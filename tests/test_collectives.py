@@ -13,7 +13,7 @@ LINK = RING8.config.links.bandwidth_bytes_per_s
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.integers(4096, 32 * 2**20), st.sampled_from([2, 4, 8]))
+@given(st.integers(2048, 16 * 2**20).map(lambda elements: 2 * elements), st.sampled_from([2, 4, 8]))
 def test_ring_allreduce_never_beats_the_bandwidth_bound(nbytes, n):
     system = RING8.with_overrides({"num_gpus": n})
     result = gpusim.run(system, ops.AllReduce(nbytes), mode="symmetric")
@@ -200,3 +200,17 @@ def test_a_dma_reduction_without_near_memory_alus_is_an_op_error():
     system = gpusim.load_system("dgx-a100", {"gpu.nmc.enabled": False})
     with pytest.raises(gpusim.OpError, match="needs near-memory op-and-store, which a100-sxm4 lacks"):
         gpusim.run(system, ops.AllReduce(2**20, driver="dma"))
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: ops.AllReduce(1001), r"AllReduce: field 'nbytes' must be a whole number of fp16 elements \(2 bytes each\), "
+                                  r"got 1001 bytes"),
+    (lambda: ops.ReduceScatter(4098, dtype="fp32"), r"ReduceScatter: field 'nbytes' .* fp32 elements \(4 bytes each\)"),
+    (lambda: ops.AllToAll(4096, send_bytes=[[0, 3], [2, 0]], ranks=[0, 1]),
+     r"AllToAll: field 'send_bytes\[0\]' must be a whole number of fp16 elements"),
+])
+def test_a_collective_moves_whole_elements(make, message):
+    """NCCL counts a collective in elements: a size that splits an element is a mistake."""
+    with pytest.raises(gpusim.OpError, match=message):
+        make()
+    assert ops.AllReduce(1001, dtype="int8").nbytes == 1001

@@ -10,11 +10,12 @@ from gpusim.hw.system import Machine
 
 RING4 = gpusim.load_system("t3-ring8", {"num_gpus": 4})
 
+FP16_BYTES = st.integers(1, 2**21).map(lambda elements: 2 * elements)
 op_strategy = st.one_of(
     st.builds(ops.Gemm, st.integers(16, 768), st.integers(16, 768), st.integers(16, 768)),
-    st.builds(ops.AllReduce, st.integers(1, 2**22)),
-    st.builds(ops.ReduceScatter, st.integers(1, 2**22)),
-    st.builds(ops.AllGather, st.integers(1, 2**22)),
+    st.builds(ops.AllReduce, FP16_BYTES),
+    st.builds(ops.ReduceScatter, FP16_BYTES),
+    st.builds(ops.AllGather, FP16_BYTES),
     st.builds(ops.Elementwise, st.sampled_from(["add", "gelu", "copy"]), st.integers(1, 2**20)),
 )
 

@@ -93,6 +93,10 @@ def test_a_parquet_table_saved_with_op_id_as_its_index_is_read(tmp_path):
         (lambda f: f.assign(stream=["compute", "", "side"]), r"row 1 \(op_id 2, gpu 0\): field 'stream' must not be blank"),
         (lambda f: f.assign(stream=["compute", None, "side"]), r"row 1 .*field 'stream' must not be blank"),
         (lambda f: f.assign(deps=[None, None, 1.5]), r"row 2 .*field 'deps' must list op_ids, got '1.5'"),
+        (lambda f: f.assign(kind=["gemm", "collective", "delay"], collective=["", "allreduce", ""],
+                            bytes=[None, 1001, None], dtype=["fp16", "fp32", "fp16"]),
+         r"row 1 \(op_id 2, gpu 0\): field 'bytes' must be a whole number of the row's fp32 elements \(4 bytes each\) "
+         r"for a collective row, got 1001"),
     ],
 )
 def test_malformed_traces_name_row_and_field(change, pattern):

@@ -4,7 +4,8 @@ A ``.et`` file is a stream of varint-length-delimited protobuf messages: one ``G
 then ``Node`` messages (schema ``et_def.proto`` of mlcommons/chakra).  Nodes map onto ops:
 
 * ``COMM_COLL_NODE``: ``comm_type`` ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL with
-  ``comm_size`` bytes over all ranks; the k-th collective of every rank is one op (ranks whose
+  ``comm_size`` bytes over all ranks (the file records no element type: fp16, or int8 for an odd
+  size, since a collective moves whole elements); the k-th collective of every rank is one op (ranks whose
   k-th collectives differ in type or size, or that run different numbers of them, are an error
   naming the files and nodes).  The ranks are the files read, so one rank's file alone cannot
   model its collectives.
@@ -441,7 +442,8 @@ def read_chakra(paths, *, unsupported: str = "error") -> Trace:
                               f"without {gaps} (read the files of every rank together, e.g. their folder)")
                 else:
                     row.update(kind="collective", stream="comm", collective=MODELLED_COLLECTIVES[collective],
-                               bytes=size, group=format_ints(world), kernel_class="collective")
+                               bytes=size, dtype="int8" if size % 2 else "fp16", group=format_ints(world),
+                               kernel_class="collective")
                     if collectives_seen in collectives:
                         _check_same_collective(node, path, collective, size, collectives[collectives_seen],
                                                collectives_seen)

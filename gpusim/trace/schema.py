@@ -449,6 +449,14 @@ def _check_kind_fields(frame: pd.DataFrame, source: str) -> None:
                 got = format_value(frame[field].iloc[position])
                 raise _fail(frame, position, source, field,
                             f"must be a positive whole number for a {kind} row, got {got}")
+    element_bytes = frame["dtype"].map(DTYPE_BYTES)
+    partial = ((kinds == "collective") & (frame["bytes"].fillna(0) % element_bytes != 0)).to_numpy()
+    if partial.any():
+        position = int(np.flatnonzero(partial)[0])
+        dtype = frame["dtype"].iloc[position]
+        raise _fail(frame, position, source, "bytes",
+                    f"must be a whole number of the row's {dtype} elements ({DTYPE_BYTES[dtype]} bytes each) for a "
+                    f"collective row, got {format_value(frame['bytes'].iloc[position])}")
     choices = (
         ("elementwise", "function", tuple(ELEMENTWISE_KINDS)),
         ("reduction", "function", tuple(ROW_REDUCE_KINDS)),
