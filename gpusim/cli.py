@@ -305,13 +305,19 @@ def cmd_show_config(args: argparse.Namespace) -> int:
 
 def timeline_figure(result, title: str):
     """The figure of ``gpusim run --out``'s timeline.png: the ops of every GPU and stream that ran
-    one, over time (ms), and the DRAM traffic (GB/s) of the lowest-numbered GPU that ran an op."""
+    one, over time (ms), and the DRAM traffic (GB/s) of the lowest-numbered GPU that ran an op
+    (not for a trace replayed with layer caching, :attr:`gpusim.results.Result.traffic_on_timeline`)."""
     import matplotlib.pyplot as plt
 
     from gpusim import plot
 
     lanes = result.ops[["gpu", "stream"]].drop_duplicates()
     gpu = int(lanes["gpu"].min()) if not lanes.empty else 0
+    if not result.traffic_on_timeline:  # layer caching: the traffic is not on the ops' time axis
+        fig, ax = plt.subplots(figsize=(9, 2.5 + 0.25 * len(lanes)))
+        plot.timeline(result.ops, ax=ax)
+        ax.set_title(f"{title}\n(layer caching: no DRAM traffic over time; --no-cache simulates every row)")
+        return fig
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.5 + 0.25 * len(lanes)))
     plot.timeline(result.ops, ax=axes[0])
     axes[0].set_title(title)
@@ -571,7 +577,8 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--within-power-limit", action="store_true",
                         help="simulate at the highest SM clock at which every GPU's average power is within its "
                              "limit (gpu.power.tdp_watts; several runs, a progress bar over them; docs/energy.md)")
-    parser.add_argument("--out", help="folder for ops.csv, summary.csv, timeline.png and a Perfetto trace")
+    parser.add_argument("--out", help="folder for ops.csv, summary.csv, energy.csv (where the GPU has a power "
+                        "model), timeline.png and timeline.perfetto.json (Perfetto)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -94,8 +94,8 @@ def power_config(result: Result) -> PowerConfig:
 
 def _check_timeline(result: Result) -> None:
     """Raise :class:`SimulationError` where ``result``'s traffic is not in its ops' timeline (layer caching)."""
-    rows, simulated = result.stats.get("trace_rows"), result.stats.get("simulated_rows")
-    if rows is not None and simulated is not None and simulated < rows:
+    if not result.traffic_on_timeline:
+        rows, simulated = result.stats["trace_rows"], result.stats["simulated_rows"]
         raise SimulationError(
             f"layer caching simulated {simulated} of the trace's {rows} rows, so its traffic lies in the simulated "
             "rows' timeline, not in the re-timed one, and it has no power timeline (its energy() is estimated); "

@@ -10,6 +10,7 @@ remembers the last command's files).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -32,7 +33,8 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
     path
         The target file; its folder is created if missing.
     write
-        Writes the whole content to the path it is given.
+        Writes the whole content to the path it is given (a new name beside ``path`` that ends in
+        ``.tmp``, hidden, and unique, so no file of the user's is overwritten on the way).
     what
         What the file is, for the error message (``"the trace file"``).
     error
@@ -42,11 +44,15 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
     ------
     GpusimError
         (``error``) naming the path and the reason (a file where a folder of the path should be
-        names that file); nothing is left behind.
+        names that file); nothing is left behind, not even the folders it created.
     """
-    tmp = path.with_name(path.name + ".tmp")
+    created = _missing_folders(path.parent)
+    tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(handle)
+        tmp = Path(name)
         write(tmp)
         tmp.replace(path)
     except OSError as exc:
@@ -54,9 +60,28 @@ def write_whole(path: Path, write: Callable[[Path], None], what: str, error: typ
         reason = f"{blocking} is a file, not a folder" if blocking is not None else exc.strerror or exc
         raise error(f"{path}: cannot write {what}: {reason}") from exc
     finally:
-        if tmp.is_file():
+        if tmp is not None and tmp.is_file():
             tmp.unlink()
+        if not path.exists():
+            for folder in created:
+                _remove_if_empty(folder)
     return path
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders of ``folder``'s path that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty, or not there: leave it
 
 
 @contextmanager

@@ -130,7 +130,8 @@ class Result:
         ``op_id`` of the op that launched it, as in ``ops``) and the kernel's own fields.
     dram
         DRAM traffic: gpu, channel, stream, direction, t_s (start of its time bin), bytes; only
-        bins with traffic have rows.
+        bins with traffic have rows.  With layer caching, the simulated rows' traffic on their own
+        time axis (:attr:`traffic_on_timeline`); so are ``links`` and ``l2``.
     links
         Link traffic: link, src, dst, t_s, bytes; only bins with traffic have rows.  Bytes are
         wire bytes: a collective's protocol flags are included (NCCL's LL moves twice its
@@ -210,6 +211,15 @@ class Result:
 
         return power(self)
 
+    @property
+    def traffic_on_timeline(self) -> bool:
+        """Whether ``dram``, ``links`` and ``l2`` lie on the ops' time axis.  Not for a trace replayed
+        with layer caching: its traffic is that of the rows it simulated, on their own (shorter) time
+        axis, while its ops are re-timed over the whole iteration; the totals of the simulated rows
+        still hold."""
+        rows, simulated = self.stats.get("trace_rows"), self.stats.get("simulated_rows")
+        return rows is None or simulated is None or simulated >= rows
+
     def dram_totals(self) -> pd.DataFrame:
         """DRAM bytes per GPU, stream and direction."""
         if self.dram.empty:
@@ -282,9 +292,12 @@ class Result:
         Processes are GPUs; threads are streams (ops, kernels) and DMA engines; DRAM bandwidth per
         GPU and stream, and link bandwidth, are counter tracks, 0 while nothing moves and after the
         last bin; so is each GPU's power by kind of activity (:func:`gpusim.energy.power_timeline`)
-        where its GPU has a power model (not for a trace replayed with layer caching).  Spans of one
-        thread that partly overlap (a fused collective's steps) go to extra threads of the same
-        name, numbered (:func:`nested_lanes`): a thread shows nested slices only.
+        where its GPU has a power model.  A trace replayed with layer caching has no counter
+        tracks: its traffic is the simulated rows' on their own time axis
+        (:attr:`traffic_on_timeline`), which Perfetto would draw against the wrong ops.  Spans of
+        one thread that partly overlap (a fused collective's steps) go to extra threads of the same
+        name, numbered (:func:`nested_lanes`): a thread shows nested slices only, written in order
+        of start and, at one start, longest first (the parent before its children).
 
         Span times are rounded to whole ns and written in us with three decimals, so ``ts + dur``
         is exactly the span's end as a reader that rounds to ns (Perfetto) sees it: an op that
@@ -309,6 +322,9 @@ class Result:
         """
         from gpusim.energy import has_power_timeline, power_timeline
 
+        if not isinstance(path, (str, os.PathLike)):
+            raise GpusimError(f"cannot write the Perfetto timeline to {path!r}: give the file's path as text or a "
+                              f"pathlib.Path, not {type(path).__name__}")
         target = Path(path)
         if not os.fspath(path):
             raise GpusimError("cannot write the Perfetto timeline to an empty path; give a file name")
@@ -326,6 +342,7 @@ class Result:
             for key in keys:  # a thread's extra lanes follow it, in order
                 lanes[key] = len(lanes) + 1
             placed += [(span, keys[lane]) for span, lane in zip(spans, chosen)]
+        placed.sort(key=lambda item: (lanes[item[1]], round(item[0].start_ns), -round(item[0].end_ns)))
         for span, key in placed:
             start_ns = round(span.start_ns)  # whole ns: ts + dur is then exactly the end, see the docstring
             end_ns = max(start_ns, round(span.end_ns))
@@ -346,20 +363,21 @@ class Result:
             events.append({"name": "process_name", "ph": "M", "pid": int(gpu), "args": {"name": f"GPU {gpu}"}})
         for (gpu, lane), tid in lanes.items():
             events.append({"name": "thread_name", "ph": "M", "pid": int(gpu), "tid": tid, "args": {"name": lane}})
-        for gpu in gpus:
-            events += self._counter("DRAM GB/s", int(gpu), self._dram_rates(int(gpu)))
+        if self.traffic_on_timeline:
+            for gpu in gpus:
+                events += self._counter("DRAM GB/s", int(gpu), self._dram_rates(int(gpu)))
         if has_power_timeline(self):
             for gpu in gpus:
                 timeline = power_timeline(self, int(gpu))
                 events += self._counter("power W", int(gpu), timeline.drop(columns="t_s").set_index(
                     self.bin_of(timeline["t_s"])))
-        if not self.links.empty:
+        if not self.links.empty and self.traffic_on_timeline:
             link_pid = (max(gpus) + 1) if gpus else 0
             events.append({"name": "process_name", "ph": "M", "pid": int(link_pid), "args": {"name": "links"}})
-            for link, traffic in self.links.groupby("link", sort=True):
-                rates = self._rates(traffic, pd.Series("GB/s", index=traffic.index))
-                events += self._counter(f"{link} GB/s", int(link_pid), rates)
-        text = json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}, allow_nan=False, separators=(",", ":"))
+            for link, traffic in self.links.groupby("link", sort=True):  # Perfetto names the track "<link> GB/s"
+                events += self._counter(str(link), int(link_pid), self._rates(traffic, pd.Series("GB/s",
+                                                                                               index=traffic.index)))
+        text = json.dumps({"traceEvents": events}, allow_nan=False, separators=(",", ":"))
         return write_whole(target, lambda tmp: tmp.write_text(text), "the Perfetto timeline")
 
     def _rates(self, traffic: pd.DataFrame, series: pd.Series) -> pd.DataFrame:

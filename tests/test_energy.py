@@ -206,7 +206,8 @@ def test_a_layer_cached_replay_prices_the_left_out_layers_as_their_representativ
     with pytest.raises(SimulationError, match="--no-cache"):
         power_timeline(cached)
     events = json.loads(cached.to_perfetto(tmp_path / "cached.json").read_text())["traceEvents"]
-    assert not any(event["name"] == "power W" for event in events)
+    assert not cached.traffic_on_timeline and whole.traffic_on_timeline
+    assert not any(event["ph"] == "C" for event in events)  # no traffic drawn against the re-timed ops
     assert any(event["name"] == "power W" for event in json.loads(
         whole.to_perfetto(tmp_path / "whole.json").read_text())["traceEvents"])
 

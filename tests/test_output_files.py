@@ -1,5 +1,7 @@
 """A command's outputs replace their namesakes whole, and files an earlier command left are named."""
 
+import pytest
+
 from gpusim.output_files import WRITTEN_LIST, staged_outputs
 
 
@@ -33,3 +35,20 @@ def test_a_failed_command_leaves_the_folder_and_its_list_as_they_were(tmp_path, 
         pass
     assert sorted(path.name for path in tmp_path.iterdir()) == [WRITTEN_LIST, "ops.csv"]
     assert (tmp_path / WRITTEN_LIST).read_text() == "ops.csv\n" and capsys.readouterr().err == ""
+
+
+def test_a_whole_write_spares_the_users_files_and_removes_the_folders_of_a_failed_one(tmp_path):
+    from gpusim.errors import GpusimError
+    from gpusim.output_files import write_whole
+
+    (tmp_path / "keep.json.tmp").write_text("mine")
+    write_whole(tmp_path / "keep.json", lambda tmp: tmp.write_text("{}"), "a file")
+    assert (tmp_path / "keep.json.tmp").read_text() == "mine" and (tmp_path / "keep.json").read_text() == "{}"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["keep.json", "keep.json.tmp"]
+
+    def fail(tmp):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(GpusimError, match=r"new/deeper/x.json: cannot write a file: No space left on device"):
+        write_whole(tmp_path / "new" / "deeper" / "x.json", fail, "a file")
+    assert not (tmp_path / "new").exists()

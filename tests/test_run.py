@@ -445,7 +445,7 @@ def test_link_counters_are_zero_while_links_idle(tmp_path):
     links = set(result.links["link"])
     assert links
     for link in links:
-        held, samples = _counter_at(events, f"{link} GB/s", pid, (delay["start_s"] + delay["end_s"]) / 2 * 1e6)
+        held, samples = _counter_at(events, link, pid, (delay["start_s"] + delay["end_s"]) / 2 * 1e6)
         assert held == {"GB/s": 0.0}
         assert samples[-1][1] == {"GB/s": 0.0} and samples[-1][0] > result.links["t_s"].max() * 1e6
         assert max(args["GB/s"] for _, args in samples) > 0
@@ -674,3 +674,18 @@ def test_a_file_where_an_output_folder_should_be_is_named(tmp_path):
                                         rf"{re.escape(str(tmp_path / 'afile'))} is a file, not a folder$"):
             write(target)
     assert [path.name for path in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "kept"
+
+
+def test_perfetto_slices_of_one_start_are_written_longest_first(tmp_path):
+    """A reader that keeps the file's order at equal starts would make the shorter slice the parent
+    of the longer one, which ends after it: misnested."""
+    result = gpusim.run(RING8, [ops.GemmReduceScatter(2048, 2048, 1024, out="y")], mode="full",
+                        memory_policy="t3-mca")
+    events = json.loads(result.to_perfetto(tmp_path / "t.json").read_text())
+    assert "displayTimeUnit" not in events  # older Perfetto read "ns" as the unit of ts
+    slices = [e for e in events["traceEvents"] if e["ph"] == "X"]
+    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for event in slices:
+        by_thread.setdefault((event["pid"], event["tid"]), []).append((event["ts"], -event["dur"]))
+    assert any(len({ts for ts, _ in spans}) < len(spans) for spans in by_thread.values())  # equal starts exist
+    assert all(spans == sorted(spans) for spans in by_thread.values())
