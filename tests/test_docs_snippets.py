@@ -100,3 +100,16 @@ def test_documented_commands_parse(path: Path) -> None:
             for key in filter(lambda key: "." in key, grid):  # a field of the description
                 for value in grid[key]:
                     gpusim.load_system(system, {**overrides, key: value})
+
+
+def test_the_generators_signature_in_docs_traces_md_is_the_real_one() -> None:
+    """docs/traces.md quotes transformer()'s whole signature, which readers copy keywords from."""
+    import inspect
+
+    from gpusim.trace import transformer
+
+    text = (README.parent / "docs" / "traces.md").read_text()
+    quoted = re.search(r"`gpusim\.trace\.transformer\((.*?)\)`\s*returns", text, flags=re.DOTALL)
+    assert quoted, "docs/traces.md no longer quotes the signature"
+    names = re.findall(r"(?:^|,)\s*(\w+)(?==|,|$)", re.sub(r"\([^)]*\)", "", quoted.group(1)))
+    assert names == list(inspect.signature(transformer).parameters)
