@@ -467,3 +467,11 @@ def test_ops_on_streams_of_their_own_run_side_by_side(tmp_path, capsys):
     assert main(["run", "--system", "h200-sxm", "--quiet", "--op", f"{gemm} stream=a cus=0-65",
                  "--op", f"{gemm} stream=a"]) == 2
     assert "stream 'a' is given other CUs by another op" in capsys.readouterr().err
+
+
+def test_python_dash_m_gpusim_is_the_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpusim", "--version"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == f"gpusim {gpusim.__version__}"
