@@ -208,7 +208,6 @@ def prepare(
     mode: str = "full",
     memory_policy: str | None = None,
     dispatch_policy: str | None = None,
-    seed: int = 0,
     bin_s: float = 5e-6,
     on_op_done=None,
 ) -> tuple[System, Simulation, Machine, Executor]:
@@ -220,10 +219,8 @@ def prepare(
         system = load_system(system)
     if not isinstance(system, System):
         raise ConfigError(f"expected a gpusim.System or a preset name, got {type(system).__name__}")
-    if as_int(seed) is None or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     _check_bin(bin_s)
-    sim = Simulation(seed=seed, bin_ns=bin_s * 1e9)
+    sim = Simulation(bin_ns=bin_s * 1e9)
     machine = Machine(sim, system.config, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
                       topology=system.topology)
     executor = Executor(sim, machine, on_op_done=on_op_done)
@@ -278,7 +275,6 @@ def run(
     mode: str = "full",
     memory_policy: str | None = None,
     dispatch_policy: str | None = None,
-    seed: int = 0,
     progress: bool = False,
     bin_s: float = 5e-6,
 ) -> Result:
@@ -311,8 +307,6 @@ def run(
     dispatch_policy
         How concurrent kernels share CUs for all GPUs: ``round_robin`` or ``fifo``; default: each
         GPU's configured policy (``gpu.dispatch_policy``).
-    seed
-        Random seed (the same inputs and seed give identical results).
     progress
         Show a progress bar of finished ops.
     bin_s
@@ -336,7 +330,7 @@ def run(
         if streams is not None:
             raise OpError(f"streams applies to a list of ops, not to a trace, whose rows name their streams (its "
                           f"'stream' column); got {streams!r}")
-        return ops.replay(system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy, seed=seed,
+        return ops.replay(system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
                           progress=progress, bin_s=bin_s)
     op_list = [ops] if isinstance(ops, Op) else list(ops) if isinstance(ops, Iterable) else None
     if not op_list or not all(isinstance(op, Op) for op in op_list):
@@ -360,7 +354,7 @@ def run(
         if bar is not None:
             bar.update()
 
-    system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
+    system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, bin_s, advance)
     stream_list = [_checked_cu_mask(stream, system.gpu.num_cus, system.name) for stream in stream_list]
     last: dict[tuple[int, str], Any] = {}
     expected = 0

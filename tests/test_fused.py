@@ -70,8 +70,7 @@ def test_a_ring_chunk_expects_the_local_partials_and_what_arrives():
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 12), st.lists(st.integers(1, 4096), min_size=1, max_size=70), st.integers(1, 4))
 def test_thresholds_are_tile_size_times_updates_per_element(n, valid, partials):
-    """Full mode: the dissertation's threshold (with a GEMM's K splits, each a partial update);
-    symmetric mode: the same wherever the mirror exists."""
+    """Full mode: the dissertation's threshold (with a GEMM's K splits, each a partial update)."""
     layout = ChunkLayout(4096, valid, n)
     ring = list(range(n))
     configs = [ring_reduce_scatter_config(ring, r, partials) for r in ring]
@@ -80,9 +79,17 @@ def test_thresholds_are_tile_size_times_updates_per_element(n, valid, partials):
         for tile, value in enumerate(full[: layout.tiles]):
             kind = me.mappings[layout.chunk_of(tile)].kind
             assert value == (0 if kind == REMOTE else me.mappings[layout.chunk_of(tile)].updates_per_element * valid[tile])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 6), st.integers(1, 4096), st.integers(1, 4))
+def test_symmetric_thresholds_are_the_full_modes_where_the_mirror_exists(n, tiles_per_chunk, tile_bytes, partials):
+    """Symmetric mode mirrors rank 0's own stores into the other ranks' places: with equal tiles and
+    chunks, the bytes each tile expects are those of the real neighbours' stores."""
+    layout = ChunkLayout(4096, [tile_bytes] * (n * tiles_per_chunk), n)
+    configs = [ring_reduce_scatter_config(list(range(n)), r, partials) for r in range(n)]
     mirrored = expected_bytes(configs[0], [configs[0]], layout, Frame(configs[0], layout, True))
-    if layout.tiles % n == 0 and len(set(valid)) == 1:
-        assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
+    assert mirrored == expected_bytes(configs[0], configs[1:], layout, Frame(configs[0], layout, False))
 
 
 def test_chunks_are_segments_of_the_gemm_order_and_staggering_rotates_them():

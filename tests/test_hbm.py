@@ -63,14 +63,20 @@ def test_row_hit_is_faster_than_row_miss():
 
 
 def test_one_bank_group_gets_ccd_s_over_ccd_l_of_the_bus():
-    address_map, channel = fresh(LINEAR)
-    stride = address_map.row_bytes * address_map.bank_groups  # same group, next bank
-    bursts = 0
-    end = 0.0
-    for i in range(64):
-        end = channel.access(i * stride, address_map.row_bytes, "read", 0.0)
-        bursts += address_map.row_bytes // channel.burst_bytes
-    assert end >= bursts * channel.t_ccd_l
+    """Whole rows from banks of one group come t_ccd_l apart; from banks of alternating groups,
+    t_ccd_s apart (the bus's rate): one group gets t_ccd_s / t_ccd_l of the bus."""
+    ends = {}
+    for name, groups_apart in (("one group", True), ("every group", False)):
+        address_map, channel = fresh(LINEAR)
+        stride = address_map.row_bytes * (address_map.bank_groups if groups_apart else 1)
+        bursts = 0
+        for i in range(64):
+            ends[name] = channel.access(i * stride, address_map.row_bytes, "read", 0.0)
+            bursts += address_map.row_bytes // channel.burst_bytes
+    first_row = channel.t_rcd + channel.t_rp
+    assert ends["one group"] == pytest.approx(bursts * channel.t_ccd_l, abs=first_row)
+    assert ends["every group"] == pytest.approx(bursts * channel.t_ccd_s, abs=first_row)
+    assert ends["every group"] / ends["one group"] == pytest.approx(channel.t_ccd_s / channel.t_ccd_l, rel=0.02)
 
 
 def test_updates_to_one_group_are_slower_than_writes():

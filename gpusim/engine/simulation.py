@@ -1,4 +1,4 @@
-"""The simulation: a simpy environment (time in ns), a seeded random generator and a recorder."""
+"""The simulation: a simpy environment (time in ns) and a recorder."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Any
 
-import numpy as np
 import simpy
 from simpy.core import BoundClass, EventPriority, StopSimulation
 from simpy.events import NORMAL, Event
@@ -143,17 +142,16 @@ class Recorder:
 class Simulation:
     """A simpy environment plus the state every component shares.
 
+    Nothing in it is random: the same inputs give identical results.
+
     Parameters
     ----------
-    seed
-        Seed of the random generator; the same seed and inputs give identical results.
     bin_ns
         Width of the time bins in which DRAM and link traffic is recorded, ns.
     """
 
-    def __init__(self, seed: int = 0, bin_ns: float = 5000.0):
+    def __init__(self, bin_ns: float = 5000.0):
         self.env = CountingEnvironment()
-        self.rng = np.random.default_rng(seed)
         self.recorder = Recorder(bin_ns)
 
     @property

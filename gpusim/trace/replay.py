@@ -205,7 +205,6 @@ def replay(
     mode: str = "full",
     memory_policy: str | None = None,
     dispatch_policy: str | None = None,
-    seed: int = 0,
     progress: bool = False,
     bin_s: float = 5e-6,
     cache_layers: bool = True,
@@ -222,7 +221,7 @@ def replay(
     mode
         ``"full"`` (every GPU), ``"symmetric"`` (GPU 0 stands for all; see the module doc) or
         ``"auto"`` (symmetric where :func:`choose_mode` finds it exact for the trace, else full).
-    memory_policy, dispatch_policy, seed, progress, bin_s
+    memory_policy, dispatch_policy, progress, bin_s
         As in :func:`gpusim.run`.
     cache_layers
         Simulate runs of identical layers once (:mod:`gpusim.trace.caching`); a run whose left-out
@@ -270,7 +269,7 @@ def replay(
     earlier_events = 0
     for rounds in range(1, MAX_CACHE_ROUNDS + 1):
         record_of, simulated, sim, machine, released = _simulate(
-            trace, deps, plan, on_simulated_gpu, system, mode, memory_policy, dispatch_policy, seed, bin_s, progress,
+            trace, deps, plan, on_simulated_gpu, system, mode, memory_policy, dispatch_policy, bin_s, progress,
             wall_start, rounds)
         if not plan.reduced:
             times = simulated
@@ -297,7 +296,7 @@ layers a row outside them ran beside (:func:`gpusim.trace.caching.straddled_runs
 
 
 def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated_gpu: np.ndarray, system: System,
-              mode: str, memory_policy: str | None, dispatch_policy: str | None, seed: int, bin_s: float,
+              mode: str, memory_policy: str | None, dispatch_policy: str | None, bin_s: float,
               progress: bool, wall_start: float, rounds: int):
     """Simulate the rows ``plan`` keeps (the replay's simulation number ``rounds``); return the
     records by row position, their simulated ``(start, end)``, the simulation, the machine and
@@ -314,7 +313,7 @@ def _simulate(trace: Trace, deps: list[list[int]], plan: CachePlan, on_simulated
         if bar is not None:
             bar.update()
 
-    system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, seed, bin_s, advance)
+    system, sim, machine, executor = prepare(system, mode, memory_policy, dispatch_policy, bin_s, advance)
     if mode == "symmetric":
         warn_if_symmetric_approximates(built.values(), system)
     if progress:

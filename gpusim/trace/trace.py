@@ -83,7 +83,6 @@ class Trace:
         mode: str = "full",
         memory_policy: str | None = None,
         dispatch_policy: str | None = None,
-        seed: int = 0,
         progress: bool = False,
         bin_s: float = 5e-6,
         cache_layers: bool = True,
@@ -93,7 +92,7 @@ class Trace:
         from gpusim.trace.replay import replay
 
         return replay(self, system, mode=mode, memory_policy=memory_policy, dispatch_policy=dispatch_policy,
-                      seed=seed, progress=progress, bin_s=bin_s, cache_layers=cache_layers,
+                      progress=progress, bin_s=bin_s, cache_layers=cache_layers,
                       warmup_layers=warmup_layers)
 
     def with_modelled_host(self) -> Trace:
