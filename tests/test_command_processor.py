@@ -191,7 +191,7 @@ def test_cu_masked_streams_stay_in_their_partitions():
 @given(st.integers(1, 200), st.integers(1, 16))
 def test_cu_masks_partition_every_cu(cus, parts):
     if parts > cus:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=rf"cu_masks: parts must be between 1 and the {cus} CUs, got {parts}"):
             cu_masks(cus, parts)
         return
     masks = cu_masks(cus, parts)

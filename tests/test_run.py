@@ -612,13 +612,14 @@ def test_the_progress_bar_ends_showing_every_op_and_the_final_simulated_time(cap
 
 
 @pytest.mark.parametrize("mode", ["full", "symmetric"])
-@pytest.mark.parametrize("nbytes", [2**20, 2**22])
-def test_ring_all_reduce_link_bytes_are_wire_bytes(mode, nbytes):
+@pytest.mark.parametrize(("nbytes", "protocol", "efficiency"), [(2**20, "ll", 0.5), (2**22, "ll128", 120 / 128),
+                                                                 (2**26, "simple", 1.0)])
+def test_ring_all_reduce_link_bytes_are_wire_bytes(mode, nbytes, protocol, efficiency):
     """Each GPU of an N-GPU ring all-reduce sends 2 (N - 1) / N of its array, in wire bytes: the
-    payload over the chosen protocol's wire efficiency (LL 0.5, LL128 120/128)."""
+    payload over the protocol's wire efficiency (NCCL's LL below its threshold, LL128, then Simple)."""
     result = gpusim.run("a100-4-nvlink", ops.AllReduce(nbytes, algorithm="ring"), mode=mode)
-    efficiency = {p["name"]: p["wire_efficiency"] for p in result.config["collectives"]["protocols"]}
-    expected = 2 * 3 / 4 * nbytes / efficiency[result.ops["protocol"].iloc[0]]
+    assert result.ops["protocol"].iloc[0] == protocol
+    expected = 2 * 3 / 4 * nbytes / efficiency
     sent = result.links.groupby("src")["bytes"].sum()
     assert list(sent.index) == ([0, 1, 2, 3] if mode == "full" else [0])
     assert sent.to_numpy() == pytest.approx(expected, rel=1e-3)

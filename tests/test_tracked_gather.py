@@ -108,8 +108,10 @@ def test_stalls_are_ordered_disjoint_and_non_empty(events):
 def test_every_rank_forwards_every_chunk_but_its_neighbours_once(mode):
     m, n, k = 4096, 1536, 1024
     result = gpusim.run(RING4, ops.AllGatherGemm(m, n, k), mode=mode)
-    if mode == "full":
-        assert result.links["bytes"].sum() == 4 * 3 * m * k * 2 // 4
+    per_link = result.links.groupby(["src", "dst"])["bytes"].sum()
+    ring = {(0, 1), (1, 2), (2, 3), (3, 0)} if mode == "full" else {(0, 1)}  # symmetric: GPU 0's own link
+    assert set(per_link.index) == ring
+    assert per_link.to_numpy() == pytest.approx(3 * m * k * 2 / 4)  # three chunks of A's rows over each link
     assert result.ops["chunks"].iloc[0] == 4
 
 

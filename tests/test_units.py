@@ -85,7 +85,7 @@ def test_an_all_lower_case_bandwidth_unit_is_ambiguous(text, advice):
 def test_a_size_takes_byte_units_written_with_a_capital_b(text, message, fixed):
     with pytest.raises(QuantityError, match=message):
         parse_quantity(text, "bytes")
-    assert parse_quantity(fixed, "bytes") > 0
+    assert parse_quantity(fixed, "bytes") == {"16 MB": 16e6, "16 GB": 16e9, "16 MiB": 16 * 2**20}[fixed]
 
 
 def test_the_known_units_listed_for_an_unknown_one_are_spelled_with_their_case():
