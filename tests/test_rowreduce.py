@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -293,3 +295,25 @@ def test_a_norm_finishes_each_row_after_its_reduction(monkeypatch):
     monkeypatch.setattr(rowreduce, "NORM_FINISH_OPS", 0.0)
     assert time_of(system, norm) < 0.9 * with_finish[0]
     assert time_of(system, softmax) == with_finish[1]
+
+
+def test_a_narrow_rows_warp_reduces_over_its_own_lanes():
+    """PyTorch's warp softmax gives a row of n <= 16 elements n lanes (the next power of two), and
+    reduces it in log2(n) shuffles, the warp's rows side by side: a row of one element needs none."""
+    gpu = H200.config.gpu
+    for cols, lanes in ((1, 1), (8, 8), (64, 32)):
+        spec = kernel("softmax", 4096, cols)
+        assert spec.name == "softmax_warp_forward" and (spec.reduction_lanes or 32) == lanes
+        assert reduction_cycles("wave", spec.threads, gpu, lanes=spec.reduction_lanes) == \
+            pytest.approx(math.log2(lanes) * gpu.cu.shuffle_cycles)
+    assert rowreduce.reduction_ops("wave", 128, 256, gpu, 2.0, lanes=1) == 0.0
+    assert rowreduce.reduction_ops("wave", 128, 8, gpu, 2.0, lanes=32) == 8 * 5 * 2.0 * 32  # a wave per row
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_softmax_is_never_faster_on_wider_rows(rows):
+    """More columns is more work: a one-element row used to take 4x a 32-element one, its 256
+    nominal rows each reduced across a whole warp."""
+    times = [gpusim.run(H200, ops.RowReduce("softmax", rows, cols)).kernels["duration_s"].iloc[0]
+             for cols in (1, 2, 4, 8, 16, 32, 64, 256, 1024)]
+    assert times == sorted(times)

@@ -211,6 +211,10 @@ class RowKernelSpec:
         incoming gradient beside the forward pass's input or output).
     fma_share
         Share of its instructions that run on the FP32 (FMA) pipe (:data:`FMA_PIPE_SHARE`).
+    reduction_lanes
+        Lanes that reduce one row together in a ``"wave"`` reduction (a narrow row's kernel packs
+        several rows into a wavefront, each reduced over fewer exchange steps); ``None``: the whole
+        wavefront.
     """
 
     name: str
@@ -224,6 +228,7 @@ class RowKernelSpec:
     combine_loads: int = 0
     inputs: int = 1
     fma_share: float = field(kw_only=True)
+    reduction_lanes: int | None = field(default=None, kw_only=True)
 
 
 def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> tuple[RowPass, ...]:
@@ -240,10 +245,11 @@ def _softmax_passes(first: str, later: str, reduction: str, load_ops: float) -> 
 
 
 def _pytorch_softmax(name: str, threads: int, rows_per_workgroup: int, vector_bytes: int, registers: int,
-                     later: str, reduction: str) -> RowKernelSpec:
+                     later: str, reduction: str, lanes: int | None = None) -> RowKernelSpec:
     """PyTorch's softmax kernel ``name`` in the given geometry: its three passes with their counts
     (:data:`SOFTMAX_PASS_OPS`), the last two reading the row from ``later``, each ending in a
-    ``reduction`` but the last, and its FMA-pipe share (:data:`FMA_PIPE_SHARE`)."""
+    ``reduction`` but the last (over ``lanes`` per row, :attr:`RowKernelSpec.reduction_lanes`), and
+    its FMA-pipe share (:data:`FMA_PIPE_SHARE`)."""
     (first_ops, _), (sum_ops, sum_special), (out_ops, out_special) = SOFTMAX_PASS_OPS[name]
     passes = (
         RowPass("memory", ops_per_element=first_ops, reduction=reduction, combine_ops=MAX_COMBINE_OPS),
@@ -251,7 +257,7 @@ def _pytorch_softmax(name: str, threads: int, rows_per_workgroup: int, vector_by
         RowPass(later, ops_per_element=out_ops, transcendentals_per_element=out_special, writes=True),
     )
     return RowKernelSpec(name, threads, rows_per_workgroup, vector_bytes, registers, passes,
-                         fma_share=FMA_PIPE_SHARE[name])
+                         fma_share=FMA_PIPE_SHARE[name], reduction_lanes=lanes)
 
 
 LIBRARIES = ("pytorch", "pytorch-2.0", "inductor", "inductor-2.0", "vllm")
@@ -425,7 +431,7 @@ def _softmax_kernel(cols: int, size: int, gpu: GpuConfig, library: str) -> RowKe
         per_block = (128 // lanes) * batch
         registers = SOFTMAX_WARP_REGISTERS + batch * (width // lanes)
         return _pytorch_softmax("softmax_warp_forward", 128, per_block, -(-per_block * row_bytes // 128), registers,
-                                "registers", "wave")
+                                "registers", "wave", lanes)
     if library == "pytorch-2.0":
         most = max(1, min(row_bytes // 16, 1024) // 2)
         threads = max(warp, 1 << (most - 1).bit_length())
@@ -526,8 +532,8 @@ def _reduce_kernel(outputs: int, inputs: int, contiguous: bool, size: int, gpu: 
     # the last block reads the partials with all its threads (row sums) or one wavefront row at a time
     combine_loads = -(-split // (threads if contiguous else height)) if split > 1 else 0
     return RowKernelSpec("reduce_kernel", threads, per_block, load_bytes, registers, passes, split=split,
-                         fma_share=FMA_PIPE_SHARE["reduce_kernel"],
-                         columns=not contiguous, combine_loads=combine_loads)
+                         fma_share=FMA_PIPE_SHARE["reduce_kernel"], columns=not contiguous,
+                         combine_loads=combine_loads, reduction_lanes=width if reduction == "wave" else None)
 
 
 def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig, pytorch_2_0: bool = False) -> RowKernelSpec:
@@ -568,10 +574,12 @@ def _inductor_kernel(kind: str, cols: int, size: int, gpu: GpuConfig, pytorch_2_
     return RowKernelSpec(f"{name}_fused_{kind}", threads, 1, vector, 32, passes, fma_share=FMA_PIPE_SHARE[name])
 
 
-def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cycles: float = 0.0) -> float:
+def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cycles: float = 0.0,
+                     lanes: int | None = None) -> float:
     """Latency of a reduction across ``threads`` lanes, cycles.
 
-    A wavefront reduces in ``log2(wavefront)`` dependent exchange steps; a block-wide reduction adds
+    A wavefront reduces in ``log2(wavefront)`` dependent exchange steps (``log2(lanes)`` where
+    ``lanes`` of it share a row, :attr:`RowKernelSpec.reduction_lanes`); a block-wide reduction adds
     a barrier, one exchange through the local data share, ``log2(wavefronts)`` more steps in one
     wavefront, and a barrier to broadcast the result.
     """
@@ -579,31 +587,34 @@ def reduction_cycles(kind: str | None, threads: int, gpu: GpuConfig, combine_cyc
         return 0.0
     cu = gpu.cu
     step = cu.shuffle_cycles + combine_cycles
-    wave_steps = math.log2(min(threads, cu.wavefront_size))
     if kind == "wave":
-        return wave_steps * step
+        return math.log2(min(threads, lanes or cu.wavefront_size, cu.wavefront_size)) * step
+    wave_steps = math.log2(min(threads, cu.wavefront_size))
     waves = max(1, -(-threads // cu.wavefront_size))
     return (wave_steps + 1 + math.log2(waves)) * step + 2 * cu.barrier_cycles
 
 
-def reduction_ops(kind: str | None, threads: int, rows: int, gpu: GpuConfig, combine_ops: float) -> float:
+def reduction_ops(kind: str | None, threads: int, rows: int, gpu: GpuConfig, combine_ops: float,
+                  lanes: int | None = None) -> float:
     """Lane-instructions a workgroup of ``threads`` issues for the reductions of its ``rows``: every
     wavefront runs ``log2(wavefront)`` steps of ``combine_ops`` instructions for each row it reduces
-    (a wavefront reduction) or for the row (a block-wide one, which adds the exchange through the
-    local data share in every wavefront, :data:`BLOCK_EXCHANGE_OPS`, and ``log2(wavefronts)`` steps
-    of one wavefront).  They take the CU's issue slots
-    (:meth:`ComputeUnit.compute`) beside the steps' latency (:func:`reduction_cycles`): with many
-    workgroups resident, the instructions bound a reduction-heavy kernel, not the latency."""
+    (a wavefront reduction; where ``lanes`` of it share a row, ``log2(lanes)`` steps for each of its
+    rows, the wavefront's rows side by side in one instruction) or for the row (a block-wide one,
+    which adds the exchange through the local data share in every wavefront,
+    :data:`BLOCK_EXCHANGE_OPS`, and ``log2(wavefronts)`` steps of one wavefront).  They take the
+    CU's issue slots (:meth:`ComputeUnit.compute`) beside the steps' latency
+    (:func:`reduction_cycles`): with many workgroups resident, the instructions bound a
+    reduction-heavy kernel, not the latency."""
     if kind is None:
         return 0.0
     wave = gpu.cu.wavefront_size
     waves = max(1, -(-threads // wave))
-    instructions = waves * math.log2(min(threads, wave)) * combine_ops
     if kind == "block":
-        instructions = rows * (instructions + waves * BLOCK_EXCHANGE_OPS + math.log2(waves) * combine_ops)
-    else:
-        instructions *= max(1, rows // waves)
-    return instructions * wave
+        steps = waves * math.log2(min(threads, wave)) * combine_ops
+        return rows * (steps + waves * BLOCK_EXCHANGE_OPS + math.log2(waves) * combine_ops) * wave
+    lanes = min(threads, lanes or wave, wave)
+    rounds = max(1, -(-rows * lanes // wave))  # one per wavefront's worth of rows
+    return rounds * math.log2(lanes) * combine_ops * wave
 
 
 def _rounds_ns(iterations: int, latency_ns: float, transfer_ns: float) -> float:
@@ -678,13 +689,14 @@ class RowReduceKernel:
         # a wavefront issues one instruction in every cu.dependent_issue_cycles slots of its SIMD
         self.issuing = self.wavefronts / config.cu.dependent_issue_cycles
         clock_ns = 1e9 / config.clock_hz
-        self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles) * clock_ns
-                             for p in spec.passes]
+        self.reduction_ns = [reduction_cycles(p.reduction, spec.threads, config, p.combine_cycles,
+                                              spec.reduction_lanes) * clock_ns for p in spec.passes]
         # each pass's reduction tree and, after a norm's, each wavefront's finishing of its rows
         # (RowPass.finish_ops); a column reduction's lanes each combine their own columns' partial
         # sums: no row's tree
         self.reduction_ops = [0.0 if spec.columns else
-                              reduction_ops(p.reduction, spec.threads, spec.rows_per_workgroup, config, p.combine_ops)
+                              reduction_ops(p.reduction, spec.threads, min(spec.rows_per_workgroup, lines), config,
+                                            p.combine_ops, spec.reduction_lanes)
                               + p.finish_ops * spec.rows_per_workgroup * self.wavefronts * config.cu.wavefront_size
                               for p in spec.passes]
         # a loop iteration queues behind those of every workgroup resident with it (_rounds_ns): a
