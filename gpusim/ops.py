@@ -189,8 +189,11 @@ class GemmShape(Op):
         return 2.0 * self.m * self.n * self.k * self.batch
 
     def _shape_text(self) -> str:
+        """``m x n x k[x batch] dtype``, and ``A^T`` / ``B^T`` for an operand stored transposed (the
+        layout changes the kernel's memory traffic, so two GEMMs that differ only in it differ here)."""
         batch = f"x{self.batch}" if self.batch > 1 else ""
-        return f"{self.m}x{self.n}x{self.k}{batch} {self.dtype}"
+        transposed = "".join(f" {operand}^T" for operand, flag in (("A", self.trans_a), ("B", self.trans_b)) if flag)
+        return f"{self.m}x{self.n}x{self.k}{batch} {self.dtype}{transposed}"
 
 
 @dataclass

@@ -243,3 +243,10 @@ def test_the_op_after_a_gemm_finds_its_output_and_a_gemm_finds_its_input_in_the_
     add, consumer = ops.Elementwise("add", m * 4096, out="x"), ops.Gemm(m, 4096, 4096, trans_b=True, a="x")
     misses = [gpusim.run(h100, work).counters["gpu0.l2_misses"] for work in ([add, consumer], add, consumer)]
     assert misses[0] < misses[1] + misses[2]
+
+
+def test_a_gemms_label_names_its_transposed_operands():
+    """The layout changes the traffic: two GEMMs that differ only in it must not share a label."""
+    assert ops.Gemm(64, 32, 16).label == "gemm 64x32x16 fp16"
+    assert ops.Gemm(64, 32, 16, trans_a=True).label == "gemm 64x32x16 fp16 A^T"
+    assert ops.GemmReduceScatter(64, 32, 16, batch=2, trans_b=True).label == "gemm+rs 64x32x16x2 fp16 B^T"
