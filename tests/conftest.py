@@ -16,7 +16,7 @@ SHARED = REPO.parent / "shared"
 @pytest.fixture
 def sim() -> Simulation:
     """A fresh simulation."""
-    return Simulation(seed=0)
+    return Simulation()
 
 
 @pytest.fixture

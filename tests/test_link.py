@@ -56,12 +56,13 @@ def _delivery_time_ns(credit_bytes: str, latency: str) -> float:
 
 def test_a_window_of_one_packet_pays_the_round_trip_per_packet():
     # 16 packets of 64 KiB over a 75 GB/s link with 20 us of flight: with a window of one packet
-    # each packet waits for the previous one's credit (about 20.9 us per packet); with room for
-    # all of them the link streams (16 x 0.87 us + 20 us).
+    # each packet waits for the previous one's credit, which comes back over the link (about
+    # 40.9 us per packet, the last one's credit not waited for); with room for all of them the link
+    # streams (16 x 0.87 us + 20 us).
     one = _delivery_time_ns("64 KiB", "20 us")
     wide = _delivery_time_ns("4 MiB", "20 us")
     assert wide == pytest.approx(16 * 65536 / 75 + 20_000, rel=0.05)
-    assert one == pytest.approx(16 * (65536 / 75 + 20_000), rel=0.05)
+    assert one == pytest.approx(16 * (65536 / 75 + 2 * 20_000) - 20_000, rel=0.02)
 
 
 def test_a_link_serves_a_packet_that_arrives_first_even_if_it_was_booked_last():

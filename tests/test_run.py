@@ -201,8 +201,6 @@ def test_ops_reject_values_of_the_wrong_type_when_made(make, message):
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
-    (lambda: gpusim.run(ONE, ops.Gemm(8, 8, 8), seed=-1), gpusim.ConfigError, "seed must be a non-negative integer"),
-    (lambda: gpusim.run(ONE, ops.Gemm(8, 8, 8), seed="a"), gpusim.ConfigError, "seed must be"),
     (lambda: gpusim.run(ONE, [ops.Gemm(8, 8, 8)] * 3, streams="abc"), gpusim.OpError, "a stream for each op"),
     (lambda: gpusim.run(ONE, ops.Gemm(8, 8, 8), streams=[gpusim.Stream(3)]), gpusim.OpError, "stream's name"),
     (lambda: gpusim.run(5, ops.Gemm(8, 8, 8)), gpusim.ConfigError, "expected a gpusim.System or a preset name"),

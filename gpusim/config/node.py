@@ -34,14 +34,16 @@ class LinkConfig(Model):
         Default 64 KiB, every node's but the T3 rings' (docs/model.md).
     credit_bytes
         End-to-end flow control: bytes a sender may have in flight towards one destination before
-        the destination's memory controllers have accepted them (512 KiB by default: fitted on
-        the DGX A100's all-reduces).  Collectives whose rings share one neighbour can be bound by it.
+        their credits are back: the destination's memory controllers accept the bytes and the
+        credits travel the route back, so a route of latency L carries at most credit_bytes / 2L
+        (768 KiB by default: fitted on the DGX A100's all-reduces).  Collectives whose rings share
+        one neighbour can be bound by it.
     """
 
     bandwidth_bytes_per_s: Bandwidth
     latency_ns: Nanoseconds = 500.0
     packet_bytes: Bytes = 65536
-    credit_bytes: Bytes = 524288
+    credit_bytes: Bytes = 786432
 
 
 class TopologyConfig(Model):
@@ -119,7 +121,7 @@ class NetworkConfig(Model):
         Largest packet (one simulation event each) on routes that cross the fabric.
     credit_bytes
         Bytes in flight from a sender to one destination on routes that cross the fabric (see
-        :class:`LinkConfig`).  Default 512 KiB, the links' window fitted on the DGX A100 (not
+        :class:`LinkConfig`).  Default 768 KiB, the links' window fitted on the DGX A100 (not
         fitted on a network).
     """
 
@@ -128,7 +130,7 @@ class NetworkConfig(Model):
     node_bandwidth_bytes_per_s: Bandwidth | None = None
     latency_ns: Nanoseconds = 3000.0
     packet_bytes: Bytes = 65536
-    credit_bytes: Bytes = 524288
+    credit_bytes: Bytes = 786432
 
 
 class ProtocolConfig(Model):

@@ -5,8 +5,10 @@ plus a time of flight.  A message is cut into packets; each packet books every l
 turn (store and forward), each for when it will get there, and costs one simulation event: its
 arrival, when its data is handed to the destination GPU's memory.
 End-to-end flow control bounds the bytes a sender may have in flight towards one destination:
-credits come back when the destination's memory controllers accept the packet's data, so a
-congested memory back-pressures the senders.
+a packet's credits leave the destination when its memory controllers accept the packet's data,
+so a congested memory back-pressures the senders, and reach the sender one time of flight of the
+route later (the window covers a round trip: a route of latency L and window W carries at most
+W / 2L).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class Interconnect:
         for u, v, data in topology.graph.edges(data=True):
             self.links[(u, v)] = Link(f"{u}->{v}", data["bandwidth_bytes_per_s"], data["latency_ns"], data["kind"])
         self._routes: dict[tuple[int, int], tuple[list[Link], int]] = {}
+        self._return_ns: dict[tuple[int, int], float] = {}
         self._credits: dict[tuple[int, int], Credits] = {}
 
     def _route(self, src: int, dst: int) -> tuple[list[Link], int]:
@@ -95,6 +98,7 @@ class Interconnect:
             crosses_fabric = any(link.kind == "nic" for link in links)
             packet = self.network_packet_bytes if crosses_fabric else self.packet_bytes
             route = self._routes[key] = (links, packet)
+            self._return_ns[key] = sum(link.latency for link in links)  # the credits' way back
             self._credits[key] = Credits(self.env, self.network_credit_bytes if crosses_fabric else self.credit_bytes)
         return route
 
@@ -157,14 +161,21 @@ class Interconnect:
             if done is not None:
                 done.pending += 1
             arrival = env.timeout(t - now)
-            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits, done, cached))
+            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits,
+                                                            self._return_ns[(src, dst)], done, cached))
             offset += size
 
     def _arrival_callback(self, memory: MemorySystem, addr: int, size: int, kind: str, credits: Credits,
-                          done: Countdown | None, cached: bool):
+                          return_ns: float, done: Countdown | None, cached: bool):
+        env = self.env
+
         def arrive(_event) -> None:
             def accepted(time_ns: float) -> None:
-                credits.give(size)
+                back = time_ns - env.now + return_ns
+                if back > 0:
+                    env.timeout(back).callbacks.append(lambda _returned: credits.give(size))
+                else:
+                    credits.give(size)
                 if done is not None:
                     done.done_at(time_ns)
 

@@ -72,7 +72,7 @@ $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 60 \
      --param "gpu.cu.max_inflight_bytes=16384,20480,24576" --param "collectives.launch_ns=20 us,25 us,30 us"
 echo "== DGX A100: links' flow-control window, 2-8 GPUs in a node (random half / other half)"
 $FIT --dataset allreduce-dgx-a100 --query "gpus < 16" --points 150 --mode full \
-     --param "links.credit_bytes=256 KiB,384 KiB,512 KiB,768 KiB,1 MiB"
+     --param "links.credit_bytes=512 KiB,768 KiB,1 MiB,1536 KiB,2 MiB"
 echo "== HGX H100: CU in-flight bytes (NCCL channel throughput) and collective launch cost, 2-8 GPUs (random half / other half)"
 $FIT --dataset allreduce-hgx-h100 \
      --param "collectives.launch_ns=2 us,5 us,8 us,10 us,15 us,20 us" \
