@@ -678,3 +678,15 @@ def test_every_field_takes_the_text_a_command_line_would_pass(name):
     config = load_system_config(name)
     text = {path: str(value).lower() if isinstance(value, bool) else str(value) for path, value in _leaves(config.model_dump())}
     assert load_system_config(name, text) == config
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm5", "a100-sxm4", "mi210", "t3-table8.1", "v100-pcie"])
+def test_the_l2_runs_at_the_sm_clock_and_follows_an_override_of_it(preset):
+    """Every preset runs its L2 at the SM clock; a faster SM clock speeds the L2 up with it, unless
+    the L2's own clock is given."""
+    system = gpusim.load_system(preset)
+    assert system.gpu.l2.clock_hz == system.gpu.clock_hz
+    faster = gpusim.load_system(preset, {"gpu.clock_hz": system.gpu.clock_hz * 2})
+    assert faster.gpu.l2.clock_hz == faster.gpu.clock_hz == 2 * system.gpu.clock_hz
+    apart = gpusim.load_system(preset, {"gpu.clock_hz": system.gpu.clock_hz * 2, "gpu.l2.clock": "1 GHz"})
+    assert apart.gpu.l2.clock_hz == 1e9

@@ -7,7 +7,7 @@ else carries its unit in its name.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -185,7 +185,9 @@ class L2Config(Model):
         granularity, not a line size (the default 16 KiB, every preset's; hits and misses are
         decided per byte present, tracked per 512-byte sector of a block, docs/model.md).
     banks, bytes_per_cycle_per_bank, clock_hz
-        Together they give the L2's peak bandwidth to the CUs.
+        Together they give the L2's peak bandwidth to the CUs.  ``clock_hz`` may be left out of a
+        GPU's description: it is then the GPU's SM clock (``GpuConfig.clock_hz``), as on every
+        preset, and follows an override of it.
     rated_clock_hz
         The L2 clock the GPU is rated at, which its kernel library's heuristic assumes when it
         picks a GEMM kernel; ``None``: ``clock_hz`` (see :attr:`GpuConfig.rated_clock_hz`).
@@ -880,6 +882,15 @@ class GpuConfig(Model):
     dma: DmaConfig = DmaConfig()
     tracker: TrackerConfig = TrackerConfig()
     power: PowerConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _l2_at_the_sm_clock(cls, data: Any) -> Any:
+        """An L2 without a clock of its own runs at the SM clock (:attr:`L2Config.clock_hz`)."""
+        if isinstance(data, dict) and isinstance(data.get("l2"), dict) and "clock_hz" not in data["l2"] \
+                and "clock_hz" in data:
+            return {**data, "l2": {**data["l2"], "clock_hz": data["clock_hz"]}}
+        return data
 
     def as_rated(self) -> GpuConfig:
         """This GPU at its rated SM and L2 clocks, as its kernel library sees it (itself when it runs
