@@ -86,7 +86,6 @@ class Interconnect:
         for u, v, data in topology.graph.edges(data=True):
             self.links[(u, v)] = Link(f"{u}->{v}", data["bandwidth_bytes_per_s"], data["latency_ns"], data["kind"])
         self._routes: dict[tuple[int, int], tuple[list[Link], int]] = {}
-        self._return_ns: dict[tuple[int, int], float] = {}
         self._credits: dict[tuple[int, int], Credits] = {}
 
     def _route(self, src: int, dst: int) -> tuple[list[Link], int]:
@@ -98,7 +97,6 @@ class Interconnect:
             crosses_fabric = any(link.kind == "nic" for link in links)
             packet = self.network_packet_bytes if crosses_fabric else self.packet_bytes
             route = self._routes[key] = (links, packet)
-            self._return_ns[key] = sum(link.latency for link in links)  # the credits' way back
             self._credits[key] = Credits(self.env, self.network_credit_bytes if crosses_fabric else self.credit_bytes)
         return route
 
@@ -133,6 +131,7 @@ class Interconnect:
             raise ValueError(f"transfer from GPU {src} to itself")
         links, packet = self._route(src, dst)
         credits = self._credits[(src, dst)]
+        return_ns = sum(link.latency for link in links)  # the credits' way back
         memory = self.memory_of(dst)
         traffic, bin_ns = self.sim.recorder.links, self.sim.recorder.bin_ns
         env = self.env
@@ -161,8 +160,8 @@ class Interconnect:
             if done is not None:
                 done.pending += 1
             arrival = env.timeout(t - now)
-            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits,
-                                                            self._return_ns[(src, dst)], done, cached))
+            arrival.callbacks.append(self._arrival_callback(memory, addr + offset, size, kind, credits, return_ns,
+                                                            done, cached))
             offset += size
 
     def _arrival_callback(self, memory: MemorySystem, addr: int, size: int, kind: str, credits: Credits,

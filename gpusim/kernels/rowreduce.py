@@ -694,10 +694,11 @@ class RowReduceKernel:
         # each pass's reduction tree and, after a norm's, each wavefront's finishing of its rows
         # (RowPass.finish_ops); a column reduction's lanes each combine their own columns' partial
         # sums: no row's tree
+        rows_here = min(spec.rows_per_workgroup, lines)  # a grid of one workgroup may have fewer
         self.reduction_ops = [0.0 if spec.columns else
-                              reduction_ops(p.reduction, spec.threads, min(spec.rows_per_workgroup, lines), config,
-                                            p.combine_ops, spec.reduction_lanes)
-                              + p.finish_ops * spec.rows_per_workgroup * self.wavefronts * config.cu.wavefront_size
+                              reduction_ops(p.reduction, spec.threads, rows_here, config, p.combine_ops,
+                                            spec.reduction_lanes)
+                              + p.finish_ops * rows_here * self.wavefronts * config.cu.wavefront_size
                               for p in spec.passes]
         # a loop iteration queues behind those of every workgroup resident with it (_rounds_ns): a
         # slot's n-th chunk runs beside the n-th chunks of the other slots, and a grid that overflows
