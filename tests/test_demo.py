@@ -16,7 +16,9 @@ def test_the_quick_demo_writes_its_table_plot_and_timelines(tmp_path, capsys):
     assert (table["time_s"] > 0).all() and table.loc["sequential", "speedup"] == 1
     # the overlap hides the reduce-scatter: T3 gains 20-40%, and no configuration is slower than sequential
     assert 1.2 < table.loc["t3-mca", "speedup"] < 1.5 and (table["speedup"] >= 1).all()
-    assert (table.loc[["t3", "t3-mca"], "rs_exposed_s"] == 0).all()
+    # what is left of the reduce-scatter after the fused GEMM is at most its last update's trip: under 1 us of the
+    # sequential reduce-scatter's hundreds
+    assert (table.loc[["t3", "t3-mca"], "rs_exposed_s"] < 1e-6).all() and table.loc["sequential", "rs_s"] > 1e-4
     beats_ideal = table.loc[["t3", "t3-mca"], "time_s"].min() < table.loc["ideal-overlap", "time_s"]
     assert ("T3 beats the ideal overlap here" in printed) == beats_ideal
     assert (tmp_path / "t3_demo.png").stat().st_size > 0

@@ -51,7 +51,7 @@ def test_any_shape_gathers_every_byte_once_and_ends(ranks, rows_per_rank, n, k, 
     m = 16 * rows_per_rank * ranks
     op = ops.DecomposedAllGatherGemm(m, n, k, driver=driver, channels=None if driver == "dma" else 4)
     result = gpusim.run(system, op, mode="full")
-    sent = result.links["bytes"].sum()
+    sent = round(result.links["bytes"].sum())  # whole bytes: the link table's time bins split a packet between them
     payload = ranks * (ranks - 1) * m * k * 2 // ranks
     assert sent == payload if driver == "dma" else payload <= sent <= 1.25 * payload
     chunks = result.kernels[result.kernels["name"].str.startswith("gemm_chunk")]
